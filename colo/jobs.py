@@ -1,0 +1,123 @@
+"""What a job is: its spec, its state, and the one table of allowed state changes."""
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class State(str, enum.Enum):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"  # its process or container vanished while colo was not watching
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.LOST})
+ACTIVE = frozenset({State.STARTING, State.RUNNING})
+
+# The only place that says which state may follow which.
+ALLOWED: dict[State, frozenset[State]] = {
+    State.QUEUED: frozenset({State.STARTING, State.CANCELLED, State.FAILED}),
+    # STARTING -> QUEUED: a start that failed for a passing reason (e.g. MPS server refusing) is retried.
+    State.STARTING: frozenset({State.RUNNING, State.FAILED, State.CANCELLED, State.LOST, State.QUEUED}),
+    State.RUNNING: frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.LOST, State.QUEUED}),
+    State.SUCCEEDED: frozenset(),
+    State.FAILED: frozenset(),
+    State.CANCELLED: frozenset(),
+    State.LOST: frozenset(),
+}
+
+
+class InvalidTransition(ValueError):
+    pass
+
+
+def check_transition(old: State, new: State) -> None:
+    if new not in ALLOWED[State(old)]:
+        raise InvalidTransition(f"a job cannot go from {old} to {new}")
+
+
+class Mode(str, enum.Enum):
+    MPS = "mps"
+    TIMESLICED = "timesliced"
+    NONE = "none"  # a job that uses no GPU
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class Mount:
+    source: str
+    target: str
+    read_only: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> "Mount":
+        parts = text.split(":")
+        if len(parts) not in (2, 3) or not parts[0] or not parts[1] or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+            raise ValueError(f"malformed mount {text!r}: use SRC:DST or SRC:DST:ro")
+        return cls(parts[0], parts[1], len(parts) == 3 and parts[2] == "ro")
+
+
+@dataclass
+class JobSpec:
+    """What the submitter asked for. Validated by the daemon, stored as JSON."""
+    argv: list[str]
+    image: str | None = None  # None: a host process
+    name: str | None = None
+    gpu_mem: int = 0  # bytes per GPU
+    gpus: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)
+    workdir: str | None = None
+    after: list[int] = field(default_factory=list)
+    priority: int = 0
+    profile: str | None = None
+    retries: int = 0  # times a job may be requeued after a fault that was not its own (MPS server fault)
+
+    @property
+    def runtime(self) -> str:
+        return "docker" if self.image else "process"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "JobSpec":
+        d = dict(d)
+        d["mounts"] = [m if isinstance(m, Mount) else Mount(**m) for m in d.get("mounts", [])]
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class Job:
+    id: int
+    spec: JobSpec
+    uid: int
+    gid: int
+    user: str
+    state: State = State.QUEUED
+    reason: str = ""
+    submitted_at: float = 0.0
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    gpus: list[str] = field(default_factory=list)  # UUIDs
+    mode: Mode | None = None
+    handle: str | None = None  # runtime's id: container id, or "pid:starttime"
+    attempts: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = str(self.state)
+        d["mode"] = str(self.mode) if self.mode else None
+        return d

@@ -1,0 +1,58 @@
+"""The interface both runtimes keep. The daemon calls these from worker threads."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from ..jobs import Mount
+
+
+class Gone(RuntimeError):
+    """The job's container or process no longer exists (removed or reaped behind colo's back)."""
+
+
+class StartError(RuntimeError):
+    """The job could not be started (unknown image, no shell, bad workdir...): a one-line reason."""
+
+
+@dataclass
+class Launch:
+    job_id: int
+    argv: list[str]
+    uid: int
+    gid: int
+    log_path: Path  # the job's output; kept after the job ends, read by `colo logs`
+    run_dir: Path  # per-job private dir owned by colo (exit file, ledger...)
+    image: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # complete additions: user env + colo's own
+    mounts: list[Mount] = field(default_factory=list)  # user mounts (validated) + colo's own
+    workdir: str | None = None
+    gpus: list[str] = field(default_factory=list)  # UUIDs
+    labels: dict[str, str] = field(default_factory=dict)
+    share_host_shm: bool = False  # MPS clients in containers share /dev/shm with the server
+
+
+class Runtime(Protocol):
+    name: str
+
+    def start(self, launch: Launch) -> str:
+        """Start the job; return a handle that survives a daemon restart. Raises StartError."""
+
+    def wait(self, handle: str) -> int:
+        """Block until the job ends; its exit code (128+signal when killed). Raises Gone."""
+
+    def poll(self, handle: str) -> int | None:
+        """None while running, else the exit code. Raises Gone when it vanished without one."""
+
+    def stop(self, handle: str, grace: float) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds. Returns when it has stopped."""
+
+    def adopt(self) -> dict[int, str]:
+        """Jobs of colo's still known to this runtime (running or exited, not yet cleaned): id -> handle."""
+
+    def pids(self, handle: str) -> list[int]:
+        """Host pids of the job's processes (to map NVML's processes to jobs)."""
+
+    def cleanup(self, handle: str) -> None:
+        """Remove what is left (the container); the log file stays."""

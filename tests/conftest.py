@@ -1,0 +1,67 @@
+"""Shared fixtures: the built native parts, a simulated GPU node, and Docker when present.
+
+Only the NVIDIA driver is replaced (by native/fakegpu); everything else is real.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from colo import native
+
+GiB = 1024**3
+REQUIRE_DOCKER = os.environ.get("COLO_REQUIRE_DOCKER") == "1"
+
+
+@pytest.fixture(scope="session")
+def native_dir():
+    return native.ensure_built()
+
+
+@pytest.fixture
+def fakegpu(tmp_path, native_dir):
+    """Two simulated 16 GiB GPUs in a private state file; .env is what a process needs to use them."""
+    from colo import fakegpu as fg
+
+    state = tmp_path / "fakegpu.state"
+    fg.create(state, count=2, mem=16 * GiB)
+    return fg.FakeNode(state)
+
+
+def _docker_or_none():
+    try:
+        import docker
+
+        c = docker.from_env(timeout=10)
+        c.ping()
+        return c
+    except Exception as e:  # noqa: BLE001 - any failure means "no engine here"
+        return e
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    c = _docker_or_none()
+    if isinstance(c, Exception):
+        if REQUIRE_DOCKER:
+            pytest.fail(f"COLO_REQUIRE_DOCKER=1 but no Docker engine answers: {c}")
+        pytest.skip(f"no Docker engine: {c}")
+    return c
+
+
+@pytest.fixture(scope="session")
+def test_image(docker_client):
+    """A tiny local image (docker import, no registry) with a shell and coreutils."""
+    from colo.runtimes.image import build_local_image
+
+    return build_local_image(docker_client, "colo-test/base:1", with_shell=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    have_gpu = shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidiactl")
+    skip_gpu = pytest.mark.skip(reason="needs a real NVIDIA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not have_gpu:
+            item.add_marker(skip_gpu)
