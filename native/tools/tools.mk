@@ -1,0 +1,3 @@
+# placeholder: filled in by the tools work
+tools:
+	@true
