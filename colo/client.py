@@ -1,0 +1,134 @@
+"""Talks to the daemon. The CLI and the TUI reach colo only through this module."""
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import protocol
+from .config import default_socket
+
+
+class ClientError(RuntimeError):
+    """One line for the user; `code` says what kind (not_found, forbidden, invalid, ...)."""
+
+    def __init__(self, message: str, code: str = "error"):
+        super().__init__(message)
+        self.code = code
+
+
+class DaemonUnavailable(ClientError):
+    pass
+
+
+class Client:
+    def __init__(self, socket_path: Path | str | None = None, timeout: float | None = 30.0):
+        self.path = Path(socket_path) if socket_path else default_socket()
+        self.timeout = timeout
+
+    def _connect(self, timeout: float | None) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect(str(self.path))
+        except FileNotFoundError:
+            s.close()
+            raise DaemonUnavailable(f"colo daemon is not running (no socket at {self.path}); "
+                                    "start it with `colo daemon &` or `systemctl start colo`", "unavailable")
+        except ConnectionRefusedError:
+            s.close()
+            raise DaemonUnavailable(f"colo daemon is not running (stale socket {self.path}); "
+                                    "start it with `colo daemon &`", "unavailable")
+        except PermissionError:
+            s.close()
+            raise DaemonUnavailable(f"permission denied on {self.path}: ask an admin to add you to the "
+                                    "group that may use colo", "forbidden")
+        return s
+
+    def _stream(self, op: str, timeout: float | None, **args: Any) -> Iterator[dict]:
+        s = self._connect(timeout)
+        try:
+            s.sendall(protocol.request(op, **args))
+            f = s.makefile("rb")
+            while True:
+                try:
+                    line = f.readline()
+                except socket.timeout:
+                    raise DaemonUnavailable(f"colo daemon did not answer within {timeout:.0f}s", "timeout")
+                except OSError as e:
+                    raise DaemonUnavailable(f"connection to colo daemon lost: {e}", "unavailable")
+                if not line:
+                    raise DaemonUnavailable("colo daemon closed the connection before answering "
+                                            "(did it stop or restart?)", "unavailable")
+                msg = json.loads(line)
+                if msg.get("v") != protocol.VERSION:
+                    raise ClientError(f"daemon speaks protocol {msg.get('v')}, this colo speaks "
+                                      f"{protocol.VERSION}: use matching versions", protocol.VERSION_MISMATCH)
+                yield msg
+                if "ok" in msg:
+                    return
+        finally:
+            s.close()
+
+    def call(self, op: str, **args: Any) -> Any:
+        for msg in self._stream(op, self.timeout, **args):
+            if "ok" in msg:
+                if not msg["ok"]:
+                    raise ClientError(msg.get("error", "unknown error"), msg.get("code", "error"))
+                return msg["result"]
+        raise DaemonUnavailable("no reply from colo daemon", "unavailable")
+
+    def stream(self, op: str, **args: Any) -> Iterator[Any]:
+        """Events of a streaming op; the final reply's result is returned via StopIteration.value."""
+        for msg in self._stream(op, None, **args):
+            if "event" in msg:
+                yield msg["event"]
+            elif not msg["ok"]:
+                raise ClientError(msg.get("error", "unknown error"), msg.get("code", "error"))
+            else:
+                return msg["result"]
+
+    # one method per op ------------------------------------------------------------------------
+    def hello(self) -> dict:
+        return self.call("hello")
+
+    def submit(self, spec: dict) -> dict:
+        return self.call("submit", spec=spec)
+
+    def ls(self, all: bool = True, limit: int | None = None) -> list[dict]:
+        return self.call("ls", all=all, limit=limit)
+
+    def show(self, job_id: int) -> dict:
+        return self.call("show", id=job_id)
+
+    def explain(self, job_id: int) -> dict:
+        return self.call("explain", id=job_id)
+
+    def cancel(self, job_id: int) -> dict:
+        return self.call("cancel", id=job_id)
+
+    def gpus(self) -> dict:
+        return self.call("gpus")
+
+    def top(self) -> dict:
+        return self.call("top")
+
+    def history(self) -> list[dict]:
+        return self.call("history")
+
+    def logs(self, job_id: int, follow: bool = False, tail: int | None = None) -> Iterator[str]:
+        gen = self.stream("logs", id=job_id, follow=follow, tail=tail)
+        for ev in gen:
+            yield ev["data"]
+
+    def wait(self, job_ids: list[int]) -> list[dict]:
+        gen = self.stream("wait", ids=job_ids)
+        try:
+            while True:
+                next(gen)
+        except StopIteration as stop:
+            return stop.value
+
+    def shutdown(self) -> None:
+        self.call("shutdown")

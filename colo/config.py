@@ -1,0 +1,94 @@
+"""Where colo keeps things and the knobs of its daemon, from defaults, a TOML file and flags."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from .units import parse_size
+
+
+def default_socket() -> Path:
+    env = os.environ.get("COLO_SOCKET")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/run/colo/colo.sock")
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/colo-{os.geteuid()}"
+    return Path(runtime) / "colo" / "colo.sock"
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("COLO_STATE_DIR")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/lib/colo")
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "colo"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class Config:
+    state_dir: Path = field(default_factory=default_state_dir)
+    socket: Path = field(default_factory=default_socket)
+    socket_mode: int = 0o666  # who may talk to colo at all; identity comes from SO_PEERCRED
+    socket_group: str | None = None
+    admin_group: str | None = "colo-admin"  # may cancel other users' jobs (root always may)
+    reserve: int = 256 * 1024**2  # bytes kept unbudgeted on every GPU
+    stop_grace: float = 10.0  # seconds between SIGTERM and SIGKILL on cancel
+    saturation: float = 0.85
+    multi_user_mps: bool = False
+    use_mps: bool = True
+    set_default_compute_mode: bool = False
+    mps_idle_stop: float = 300.0
+    sample_interval: float = 1.0
+    fakegpu_state: Path | None = None  # use the simulated driver (tests, `colo demo`)
+    profile_dirs: list[Path] = field(default_factory=list)
+    allowed_mount_roots: list[str] = field(default_factory=list)  # empty: any path the submitter can read
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "colo.db"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.state_dir / "jobs"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.state_dir / "colo.lock"
+
+    @classmethod
+    def load(cls, path: Path | None = None, **overrides) -> "Config":
+        values: dict = {}
+        path = path or (Path(os.environ["COLO_CONFIG"]) if os.environ.get("COLO_CONFIG") else None)
+        if path is not None:
+            try:
+                values = tomllib.loads(Path(path).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as e:
+                raise ConfigError(f"cannot read config {path}: {e}") from e
+        if os.environ.get("COLO_FAKEGPU_STATE") and "fakegpu_state" not in values:
+            values["fakegpu_state"] = os.environ["COLO_FAKEGPU_STATE"]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
+        if "reserve" in values:
+            values["reserve"] = parse_size(values["reserve"]) if values["reserve"] else 0
+        for k in ("state_dir", "socket", "fakegpu_state"):
+            if values.get(k) is not None:
+                values[k] = Path(values[k])
+        if "profile_dirs" in values:
+            values["profile_dirs"] = [Path(p) for p in values["profile_dirs"]]
+        return cls(**values)

@@ -1,0 +1,137 @@
+"""The node's GPUs as NVML reports them. The only module that imports pynvml.
+
+Every call goes through one wrapper so that a missing function or a failing device becomes
+"not available" instead of an exception in the daemon.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pynvml
+
+from . import native
+
+
+class NoDriver(RuntimeError):
+    pass
+
+
+NO_DRIVER = ("no NVIDIA driver found (libnvidia-ml.so.1 could not be loaded): GPU jobs cannot run here; "
+             "CPU-only jobs (--gpus 0) still can, and `colo demo` shows colo on simulated GPUs")
+
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    used: int | None  # bytes; None when NVML cannot say (e.g. some MPS setups)
+    mps: bool = False
+
+
+@dataclass
+class GpuInfo:
+    index: int
+    uuid: str
+    name: str
+    total: int  # bytes
+    used: int  # bytes
+    sm_util: int | None = None  # percent over NVML's last sample period
+    mem_util: int | None = None  # percent (memory bandwidth)
+    compute_mode: str = "default"
+    processes: list[GpuProcess] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Nvml:
+    """One NVML session. `fake_state` makes it read the simulated driver instead (tests, demo)."""
+
+    def __init__(self, fake_state: Path | None = None):
+        self.fake_state = fake_state
+        self._lock = threading.Lock()
+        self._ok = False
+        self._missing: set[str] = set()
+
+    def init(self) -> None:
+        with self._lock:
+            if self._ok:
+                return
+            if self.fake_state is not None:
+                os.environ["COLO_FAKEGPU_STATE"] = str(self.fake_state)
+                lib = native.native_dir() / native.FAKEGPU_DIR / "libnvidia-ml.so.1"
+                # Loaded first under its SONAME, so pynvml's dlopen("libnvidia-ml.so.1") gets the fake.
+                ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+            try:
+                pynvml.nvmlInit()
+            except pynvml.NVMLError_LibraryNotFound as e:
+                raise NoDriver(NO_DRIVER) from e
+            except pynvml.NVMLError as e:
+                raise NoDriver(f"NVIDIA driver present but NVML failed to start: {e}") from e
+            self._ok = True
+
+    def _get(self, fn, *args, default=None):
+        try:
+            return fn(*args)
+        except pynvml.NVMLError_FunctionNotFound:
+            self._missing.add(fn.__name__)
+            return default
+        except pynvml.NVMLError:
+            return default
+
+    def driver_version(self) -> str | None:
+        self.init()
+        v = self._get(pynvml.nvmlSystemGetDriverVersion)
+        return _s(v) if v is not None else None
+
+    def cuda_version(self) -> int | None:
+        self.init()
+        return self._get(pynvml.nvmlSystemGetCudaDriverVersion)
+
+    def devices(self) -> list[GpuInfo]:
+        self.init()
+        out = []
+        for i in range(self._get(pynvml.nvmlDeviceGetCount, default=0)):
+            h = self._get(pynvml.nvmlDeviceGetHandleByIndex, i)
+            if h is None:
+                continue
+            mem = self._get(pynvml.nvmlDeviceGetMemoryInfo, h)
+            util = self._get(pynvml.nvmlDeviceGetUtilizationRates, h)
+            mode = self._get(pynvml.nvmlDeviceGetComputeMode, h, default=0)
+            procs: dict[int, GpuProcess] = {}
+            for p in self._get(pynvml.nvmlDeviceGetComputeRunningProcesses, h, default=[]) or []:
+                procs[p.pid] = GpuProcess(p.pid, _used(p), False)
+            for p in self._get(pynvml.nvmlDeviceGetMPSComputeRunningProcesses, h, default=[]) or []:
+                procs[p.pid] = GpuProcess(p.pid, _used(p), True)
+            out.append(GpuInfo(
+                index=i, uuid=_s(self._get(pynvml.nvmlDeviceGetUUID, h, default=f"GPU-unknown-{i}")),
+                name=_s(self._get(pynvml.nvmlDeviceGetName, h, default="?")),
+                total=mem.total if mem else 0, used=mem.used if mem else 0,
+                sm_util=util.gpu if util else None, mem_util=util.memory if util else None,
+                compute_mode=COMPUTE_MODES.get(mode, str(mode)), processes=list(procs.values())))
+        return out
+
+    def process_utilization(self, index: int) -> dict[int, tuple[int, int]]:
+        """pid -> (SM %, memory bandwidth %) over NVML's recent samples."""
+        self.init()
+        h = self._get(pynvml.nvmlDeviceGetHandleByIndex, index)
+        samples = self._get(pynvml.nvmlDeviceGetProcessUtilization, h, 0, default=[]) if h else []
+        out: dict[int, tuple[int, int]] = {}
+        for s in samples or []:
+            out[s.pid] = (s.smUtil, s.memUtil)
+        return out
+
+
+def _used(p) -> int | None:
+    v = getattr(p, "usedGpuMemory", None)
+    # NVML_VALUE_NOT_AVAILABLE comes back as a huge unsigned number
+    return None if v is None or v >= (1 << 63) else int(v)

@@ -1,0 +1,235 @@
+"""The durable state: jobs, their events and decisions, usage samples. The only module with SQL.
+
+SQLite in WAL mode: every state change is one transaction, so a daemon killed at any moment
+leaves each job in exactly one state, with the event that put it there.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from .jobs import Job, JobSpec, Mode, State, check_transition
+
+# Each entry moves the schema from version i to i+1; never edit one that has shipped.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        spec TEXT NOT NULL,
+        uid INTEGER NOT NULL, gid INTEGER NOT NULL, user TEXT NOT NULL,
+        state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
+        priority INTEGER NOT NULL DEFAULT 0,
+        submitted_at REAL NOT NULL, started_at REAL, ended_at REAL,
+        exit_code INTEGER, gpus TEXT NOT NULL DEFAULT '[]', mode TEXT, handle TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX jobs_state ON jobs(state);
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id INTEGER NOT NULL REFERENCES jobs(id),
+        at REAL NOT NULL, old_state TEXT, new_state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX events_job ON events(job_id);
+    CREATE TABLE decisions (
+        job_id INTEGER PRIMARY KEY REFERENCES jobs(id),
+        at REAL NOT NULL, action TEXT NOT NULL, mode TEXT, gpus TEXT NOT NULL DEFAULT '[]',
+        reason TEXT NOT NULL, details TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE samples (
+        job_id INTEGER NOT NULL REFERENCES jobs(id),
+        at REAL NOT NULL, sm REAL, mem INTEGER, membw REAL
+    );
+    CREATE INDEX samples_job ON samples(job_id);
+    """,
+]
+
+_JOB_COLS = ("id, spec, uid, gid, user, state, reason, submitted_at, started_at, ended_at, "
+             "exit_code, gpus, mode, handle, attempts")
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+class NotFound(KeyError):
+    pass
+
+
+def _row_to_job(r: tuple) -> Job:
+    return Job(
+        id=r[0], spec=JobSpec.from_dict(json.loads(r[1])), uid=r[2], gid=r[3], user=r[4],
+        state=State(r[5]), reason=r[6], submitted_at=r[7], started_at=r[8], ended_at=r[9],
+        exit_code=r[10], gpus=json.loads(r[11]), mode=Mode(r[12]) if r[12] else None,
+        handle=r[13], attempts=r[14])
+
+
+class Store:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self.db.execute("PRAGMA busy_timeout=5000")
+            ok = self.db.execute("PRAGMA quick_check").fetchone()[0]
+            if ok != "ok":
+                raise StoreError(f"state database {self.path} is damaged ({ok}); move it aside to start afresh")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"state database {self.path} cannot be used: {e}") from e
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(MIGRATIONS):
+            raise StoreError(f"state database {self.path} has schema {version}, newer than this colo "
+                             f"({len(MIGRATIONS)}); upgrade colo")
+        if version:
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if "jobs" not in tables:
+                raise StoreError(f"{self.path} is not a colo state database")
+        elif self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+            raise StoreError(f"{self.path} is not a colo state database")
+        for i in range(version, len(MIGRATIONS)):
+            # executescript commits first, so the migration carries its own transaction.
+            self.db.executescript(f"BEGIN IMMEDIATE;{MIGRATIONS[i]};PRAGMA user_version={i + 1};COMMIT;")
+
+    def tx(self):
+        return _Tx(self.db)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # jobs -------------------------------------------------------------------------------------
+    def add_job(self, spec: JobSpec, uid: int, gid: int, user: str, now: float | None = None) -> Job:
+        now = time.time() if now is None else now
+        with self.tx():
+            cur = self.db.execute(
+                "INSERT INTO jobs(spec, uid, gid, user, state, priority, submitted_at) VALUES (?,?,?,?,?,?,?)",
+                (json.dumps(spec.to_dict()), uid, gid, user, State.QUEUED.value, spec.priority, now))
+            job_id = cur.lastrowid
+            self.db.execute("INSERT INTO events(job_id, at, old_state, new_state, reason) VALUES (?,?,?,?,?)",
+                            (job_id, now, None, State.QUEUED.value, f"submitted by {user}"))
+        return self.get(job_id)
+
+    def get(self, job_id: int) -> Job:
+        r = self.db.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if r is None:
+            raise NotFound(job_id)
+        return _row_to_job(r)
+
+    def jobs(self, states: Iterable[State] | None = None, limit: int | None = None,
+             newest_first: bool = False) -> list[Job]:
+        q = f"SELECT {_JOB_COLS} FROM jobs"
+        args: list[Any] = []
+        if states is not None:
+            states = list(states)
+            q += f" WHERE state IN ({','.join('?' * len(states))})"
+            args += [str(s) for s in states]
+        q += " ORDER BY id DESC" if newest_first else " ORDER BY id"
+        if limit:
+            q += " LIMIT ?"
+            args.append(limit)
+        return [_row_to_job(r) for r in self.db.execute(q, args)]
+
+    def count(self) -> int:
+        return self.db.execute("SELECT count(*) FROM jobs").fetchone()[0]
+
+    def transition(self, job_id: int, new: State, reason: str = "", now: float | None = None,
+                   **fields: Any) -> Job:
+        """Move a job to `new`, checked against the one table of allowed transitions, with its event."""
+        now = time.time() if now is None else now
+        with self.tx():
+            r = self.db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
+            if r is None:
+                raise NotFound(job_id)
+            old = State(r[0])
+            check_transition(old, new)
+            sets = {"state": new.value, "reason": reason, **fields}
+            if new == State.RUNNING and "started_at" not in fields:
+                sets["started_at"] = now
+            if new in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.LOST):
+                sets.setdefault("ended_at", now)
+            if new == State.QUEUED:
+                sets.update(started_at=None, handle=None, gpus="[]", mode=None)
+            for k in ("gpus",):
+                if k in sets and not isinstance(sets[k], str):
+                    sets[k] = json.dumps(list(sets[k]))
+            if isinstance(sets.get("mode"), Mode):
+                sets["mode"] = sets["mode"].value
+            cols = ", ".join(f"{k}=?" for k in sets)
+            self.db.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*sets.values(), job_id))
+            self.db.execute("INSERT INTO events(job_id, at, old_state, new_state, reason) VALUES (?,?,?,?,?)",
+                            (job_id, now, old.value, new.value, reason))
+        return self.get(job_id)
+
+    def set_fields(self, job_id: int, **fields: Any) -> None:
+        """Facts that are not a state change (the runtime handle once known)."""
+        if "gpus" in fields:
+            fields["gpus"] = json.dumps(list(fields["gpus"]))
+        cols = ", ".join(f"{k}=?" for k in fields)
+        with self.tx():
+            self.db.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
+
+    def events(self, job_id: int) -> list[dict]:
+        return [dict(at=r[0], old=r[1], new=r[2], reason=r[3]) for r in self.db.execute(
+            "SELECT at, old_state, new_state, reason FROM events WHERE job_id=? ORDER BY id", (job_id,))]
+
+    # decisions --------------------------------------------------------------------------------
+    def record_decisions(self, decisions: Iterable[tuple[int, str, str | None, list[str], str, dict]],
+                         now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self.tx():
+            self.db.executemany(
+                "INSERT INTO decisions(job_id, at, action, mode, gpus, reason, details) VALUES (?,?,?,?,?,?,?) "
+                "ON CONFLICT(job_id) DO UPDATE SET at=excluded.at, action=excluded.action, mode=excluded.mode, "
+                "gpus=excluded.gpus, reason=excluded.reason, details=excluded.details",
+                [(j, now, a, m, json.dumps(list(g)), r, json.dumps(d)) for j, a, m, g, r, d in decisions])
+
+    def decision(self, job_id: int) -> dict | None:
+        r = self.db.execute("SELECT at, action, mode, gpus, reason, details FROM decisions WHERE job_id=?",
+                            (job_id,)).fetchone()
+        if r is None:
+            return None
+        return dict(at=r[0], action=r[1], mode=r[2], gpus=json.loads(r[3]), reason=r[4], details=json.loads(r[5]))
+
+    def wait_reasons(self, job_ids: list[int]) -> dict[int, str]:
+        if not job_ids:
+            return {}
+        out: dict[int, str] = {}
+        for i in range(0, len(job_ids), 900):
+            chunk = job_ids[i:i + 900]
+            for j, reason in self.db.execute(
+                    f"SELECT job_id, reason FROM decisions WHERE job_id IN ({','.join('?' * len(chunk))})", chunk):
+                out[j] = reason
+        return out
+
+    # samples ----------------------------------------------------------------------------------
+    def add_samples(self, rows: Iterable[tuple[int, float, float | None, int | None, float | None]]) -> None:
+        with self.tx():
+            self.db.executemany("INSERT INTO samples(job_id, at, sm, mem, membw) VALUES (?,?,?,?,?)", rows)
+
+    def samples(self, job_id: int) -> list[tuple[float, float | None, int | None, float | None]]:
+        return list(self.db.execute("SELECT at, sm, mem, membw FROM samples WHERE job_id=? ORDER BY at", (job_id,)))
+
+
+class _Tx:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on error; nests as a no-op."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+        self.outer = False
+
+    def __enter__(self):
+        if not self.db.in_transaction:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.outer = True
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.outer:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        return False

@@ -1,0 +1,4 @@
+shim: $(BUILD)/colo-shim
+$(BUILD)/colo-shim: shim/colo-shim.c | $(BUILD)
+	$(CC) $(CFLAGS) -o $@ $<
+.PHONY: shim
