@@ -1,0 +1,1 @@
+"""The colo daemon: socket server, scheduler loop, launcher, monitor and recovery."""

@@ -1,0 +1,236 @@
+"""One handler per request op. Each checks who is asking (SO_PEERCRED) before it looks."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from .. import __version__, protocol
+from ..jobs import ACTIVE, TERMINAL, Job, State
+from ..policy import can_ever_fit
+from ..store import NotFound
+from ..units import format_size
+from .validate import Caller, Forbidden, Invalid, check_spec, is_admin
+
+if TYPE_CHECKING:
+    from .core import Daemon
+
+
+class ApiError(Exception):
+    def __init__(self, message: str, code: str = protocol.INVALID):
+        super().__init__(message)
+        self.code = code
+
+
+def job_id_arg(args: dict) -> int:
+    v = args.get("id")
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise ApiError(f"malformed job id {v!r}", protocol.BAD_REQUEST)
+    return v
+
+
+class Api:
+    def __init__(self, daemon: "Daemon"):
+        self.d = daemon
+
+    def _job(self, args: dict) -> Job:
+        job_id = job_id_arg(args)
+        try:
+            return self.d.store.get(job_id)
+        except NotFound:
+            raise ApiError(f"no job {job_id}", protocol.NOT_FOUND) from None
+
+    def _own(self, job: Job, caller: Caller, verb: str) -> Job:
+        if job.uid != caller.uid and not is_admin(caller, self.d.config.admin_group):
+            raise ApiError(f"job {job.id} belongs to {job.user}; you may not {verb} it", protocol.FORBIDDEN)
+        return job
+
+    def summary(self, job: Job, reasons: dict[int, str] | None = None) -> dict:
+        out = {
+            "id": job.id, "name": job.spec.name, "user": job.user, "uid": job.uid, "state": str(job.state),
+            "gpus": job.gpus, "mode": str(job.mode) if job.mode else None, "budget": job.spec.gpu_mem,
+            "ngpus": job.spec.gpus, "image": job.spec.image, "argv": job.spec.argv,
+            "submitted_at": job.submitted_at, "started_at": job.started_at, "ended_at": job.ended_at,
+            "exit_code": job.exit_code, "priority": job.spec.priority, "reason": job.reason,
+        }
+        if reasons is not None and job.state == State.QUEUED and job.id in reasons:
+            out["reason"] = reasons[job.id]
+        u = self.d.usage(job)
+        if u:
+            out["used"] = u["used"]
+            out["refused"] = u["refused"]
+        return out
+
+    # ops ----------------------------------------------------------------------------------------
+    async def hello(self, caller: Caller, args: dict) -> dict:
+        return {"version": __version__, "protocol": protocol.VERSION, "uid": caller.uid, "user": caller.user,
+                "admin": is_admin(caller, self.d.config.admin_group), "gpu_error": self.d.gpu_error,
+                "docker_error": self.d.docker_error, "fake_gpu": self.d.config.fakegpu_state is not None}
+
+    async def submit(self, caller: Caller, args: dict) -> dict:
+        d = self.d
+        try:
+            spec = check_spec(args.get("spec"), caller, [d.config.state_dir, d.config.socket.parent])
+        except Invalid as e:
+            raise ApiError(str(e), protocol.INVALID) from None
+        except Forbidden as e:
+            raise ApiError(str(e), protocol.FORBIDDEN) from None
+        if spec.gpus:
+            if d.gpu_error:
+                raise ApiError(d.gpu_error, protocol.INVALID)
+            why = can_ever_fit(spec.gpu_mem, spec.gpus, d.gpu_views())
+            if why:
+                raise ApiError(f"job can never run here: {why}", protocol.INVALID)
+        for a in spec.after:
+            try:
+                d.store.get(a)
+            except NotFound:
+                raise ApiError(f"--after {a}: no such job", protocol.NOT_FOUND) from None
+        if spec.image is not None:
+            rt = d.runtimes.get("docker")
+            if rt is None:
+                raise ApiError(d.docker_error or "no Docker engine", protocol.INVALID)
+            if not await asyncio.to_thread(rt.has_image, spec.image):
+                raise ApiError(f"image {spec.image!r} not found locally (colo does not pull; "
+                               "build or load it first)", protocol.NOT_FOUND)
+        job = d.store.add_job(spec, caller.uid, caller.gid, caller.user)
+        d.wake()
+        return self.summary(job)
+
+    async def ls(self, caller: Caller, args: dict) -> list[dict]:
+        limit = args.get("limit")
+        jobs = self.d.store.jobs(None if args.get("all", True) else [State.QUEUED, *ACTIVE],
+                                 limit=limit if isinstance(limit, int) and limit > 0 else None)
+        reasons = self.d.store.wait_reasons([j.id for j in jobs if j.state == State.QUEUED])
+        return [self.summary(j, reasons) for j in jobs]
+
+    async def show(self, caller: Caller, args: dict) -> dict:
+        job = self._own(self._job(args), caller, "see the details of")
+        out = self.summary(job, self.d.store.wait_reasons([job.id]))
+        out["spec"] = job.spec.to_dict()
+        out["events"] = self.d.store.events(job.id)
+        out["decision"] = self.d.store.decision(job.id)
+        out["log"] = str(self.d.log_path(job.id))
+        out["attempts"] = job.attempts
+        return out
+
+    async def explain(self, caller: Caller, args: dict) -> dict:
+        job = self._own(self._job(args), caller, "see the details of")
+        dec = self.d.store.decision(job.id)
+        return {"id": job.id, "state": str(job.state), "decision": dec, "reason": job.reason}
+
+    async def cancel(self, caller: Caller, args: dict) -> dict:
+        job = self._own(self._job(args), caller, "cancel")
+        if job.state in TERMINAL:
+            raise ApiError(f"job {job.id} already ended ({job.state})", protocol.INVALID)
+        job = await self.d.cancel(job.id, caller.user)
+        return self.summary(job)
+
+    async def gpus(self, caller: Caller, args: dict) -> dict:
+        d = self.d
+        active = d.store.jobs(ACTIVE)
+        views = {v.uuid: v for v in d.gpu_views()}
+        out = []
+        for g in d.devices:
+            placed = [j for j in active if g.uuid in j.gpus]
+            out.append({**g.to_dict(), "usable": views[g.uuid].usable, "mps": views[g.uuid].mps,
+                        "budgeted": sum(j.spec.gpu_mem for j in placed), "jobs": [j.id for j in placed]})
+        return {"gpus": out, "error": d.gpu_error, "fake": d.config.fakegpu_state is not None}
+
+    async def top(self, caller: Caller, args: dict) -> dict:
+        """Everything `colo top` shows, in one snapshot."""
+        d = self.d
+        gpus = await self.gpus(caller, args)
+        live = d.store.jobs([State.QUEUED, *ACTIVE])
+        recent = [j for j in d.store.jobs(TERMINAL, limit=20, newest_first=True)]
+        reasons = d.store.wait_reasons([j.id for j in live if j.state == State.QUEUED])
+        ours = set()
+        for j in live:
+            if j.handle and j.state in ACTIVE:
+                try:
+                    ours.update(d.runtime_for(j).pids(j.handle))
+                except Exception:  # noqa: BLE001 - a job ending right now
+                    pass
+        foreign = [{"gpu": g["uuid"], "pid": p["pid"], "used": p["used"], "command": _cmd(p["pid"]),
+                    "user": _user(p["pid"])}
+                   for g in gpus["gpus"] for p in g["processes"] if p["pid"] not in ours]
+        return {"at": time.time(), "gpus": gpus["gpus"], "gpu_error": gpus["error"], "fake": gpus["fake"],
+                "jobs": [self.summary(j, reasons) for j in live] + [self.summary(j) for j in recent],
+                "foreign": foreign, "you": caller.user}
+
+    async def history(self, caller: Caller, args: dict) -> list[dict]:
+        return [j.to_dict() for j in self.d.store.jobs(TERMINAL)]
+
+    async def shutdown(self, caller: Caller, args: dict) -> dict:
+        if not is_admin(caller, self.d.config.admin_group) and caller.uid != __import__("os").geteuid():
+            raise ApiError("only root or the daemon's owner may stop the daemon", protocol.FORBIDDEN)
+        self.d.stopping = True
+        self.d.wake()
+        return {"stopping": True}
+
+    # streams --------------------------------------------------------------------------------------
+    async def logs(self, caller: Caller, args: dict) -> AsyncIterator[Any]:
+        job = self._own(self._job(args), caller, "read the logs of")
+        path = self.d.log_path(job.id)
+        follow = bool(args.get("follow"))
+        tail = args.get("tail")
+        pos = 0
+        if isinstance(tail, int) and tail >= 0 and path.exists():
+            data = path.read_bytes()
+            lines = data.splitlines(keepends=True)
+            pos = len(data) - sum(len(x) for x in lines[-tail:]) if tail else len(data)
+        while True:
+            chunk = b""
+            if path.exists():
+                with open(path, "rb") as f:
+                    f.seek(pos)
+                    chunk = f.read(1 << 20)
+            if chunk:
+                pos += len(chunk)
+                yield {"data": chunk.decode(errors="replace")}
+                continue
+            state = self.d.store.get(job.id).state
+            if not follow or state in TERMINAL:
+                return
+            async with self.d.changed:
+                try:
+                    await asyncio.wait_for(self.d.changed.wait(), timeout=0.25)  # or new output
+                except asyncio.TimeoutError:
+                    pass
+
+    async def wait(self, caller: Caller, args: dict) -> AsyncIterator[Any]:
+        ids = args.get("ids")
+        if not isinstance(ids, list) or not ids:
+            raise ApiError("wait needs job ids", protocol.BAD_REQUEST)
+        jobs = [self._own(self._job({"id": i}), caller, "wait for") for i in ids]
+        while True:
+            jobs = [self.d.store.get(j.id) for j in jobs]
+            if all(j.state in TERMINAL for j in jobs):
+                yield {"final": [self.summary(j) for j in jobs]}
+                return
+            async with self.d.changed:
+                try:
+                    await asyncio.wait_for(self.d.changed.wait(), timeout=5)
+                except asyncio.TimeoutError:
+                    pass
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()[:80]
+    except OSError:
+        return "?"
+
+
+def _user(pid: int) -> str:
+    import pwd
+
+    try:
+        import os
+
+        return pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+    except (OSError, KeyError):
+        return "?"
+
+
+STREAMS = {"logs", "wait"}

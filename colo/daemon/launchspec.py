@@ -1,0 +1,69 @@
+"""What a job is started with: its GPU pinned by UUID, the interposer and ledger, the MPS pipe
+(or one that leads nowhere), the simulated driver when in use, and the submitter's own mounts."""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from .. import interposer, mps, native, policy
+from ..jobs import Job, Mount
+from ..runtimes.base import Launch
+
+if TYPE_CHECKING:
+    from .core import Daemon
+
+IN_JOB = "/opt/colo"  # where colo's own files appear inside a container
+
+
+def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
+    run_dir = d.run_dir(job.id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.chown(run_dir, job.uid, job.gid)
+    os.chmod(run_dir, 0o700)
+    in_container = job.spec.image is not None
+    env = dict(job.spec.env)
+    env["COLO_JOB_ID"] = str(job.id)
+    mounts = list(job.spec.mounts)
+    share_shm = False
+
+    if job.spec.gpus:
+        ledger = run_dir / "ledger"
+        interposer.create_ledger(ledger, job.spec.gpu_mem, devices=len(dec.gpus), uid=job.uid, gid=job.gid)
+        ndir = native.native_dir()
+        if in_container:
+            mounts.append(Mount(str(ndir), f"{IN_JOB}/native", True))
+            mounts.append(Mount(str(run_dir), f"{IN_JOB}/run", False))
+            lib, led = f"{IN_JOB}/native/{native.INTERPOSER}", f"{IN_JOB}/run/ledger"
+        else:
+            lib, led = str(ndir / native.INTERPOSER), str(ledger)
+        env.update(interposer.job_env(job.spec.gpu_mem, led, lib))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(dec.gpus)
+        if d.config.fakegpu_state is not None:
+            state = d.config.fakegpu_state
+            if in_container:
+                mounts.append(Mount(str(state.parent), f"{IN_JOB}/fakegpu", False))
+                env["COLO_FAKEGPU_STATE"] = f"{IN_JOB}/fakegpu/{state.name}"
+                env["LD_LIBRARY_PATH"] = f"{IN_JOB}/native/{native.FAKEGPU_DIR}"
+            else:
+                env.update(d.fake_env())
+        if dec.mode == "mps" and d.mps is not None:
+            gpu = next(g for g in d.devices if g.uuid == dec.gpus[0])
+            daemon = d.mps.ensure(gpu.uuid, gpu.index)
+            client = daemon.client_env(job.spec.gpu_mem, dec.thread_pct)
+            if in_container:
+                mounts.append(Mount(str(daemon.pipe_dir), f"{IN_JOB}/mps", False))
+                client["CUDA_MPS_PIPE_DIRECTORY"] = f"{IN_JOB}/mps"
+                share_shm = True
+            env.update(client)
+        else:
+            null = mps.null_pipe_dir(d.config.state_dir / "mps")
+            env["CUDA_MPS_PIPE_DIRECTORY"] = f"{IN_JOB}/nomps" if in_container else str(null)
+            if in_container:
+                mounts.append(Mount(str(null), f"{IN_JOB}/nomps", True))
+
+    log_path = d.log_path(job.id)
+    log_path.touch(mode=0o600, exist_ok=True)
+    return Launch(job_id=job.id, argv=job.spec.argv, uid=job.uid, gid=job.gid, log_path=log_path,
+                  run_dir=run_dir, image=job.spec.image, env=env, mounts=mounts, workdir=job.spec.workdir,
+                  gpus=list(dec.gpus), labels={"colo.job": str(job.id), "colo.user": job.user},
+                  share_host_shm=share_shm)

@@ -1,0 +1,120 @@
+"""The Unix socket: one JSON request per line, caller identified by SO_PEERCRED."""
+from __future__ import annotations
+
+import asyncio
+import grp
+import logging
+import os
+import signal
+import socket
+import struct
+import traceback
+
+from .. import protocol
+from ..config import Config
+from .api import STREAMS, Api, ApiError
+from .core import Daemon
+from .validate import Caller
+
+log = logging.getLogger("colo")
+IDLE_TIMEOUT = 60.0  # a connection that sends no request in this long is closed
+
+
+def peer(writer: asyncio.StreamWriter) -> Caller:
+    sock = writer.get_extra_info("socket")
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return Caller(pid, uid, gid)
+
+
+class Server:
+    def __init__(self, daemon: Daemon):
+        self.d = daemon
+        self.api = Api(daemon)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            caller = peer(writer)
+            try:
+                line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT)
+            except (asyncio.LimitOverrunError, ValueError):
+                writer.write(protocol.error(f"request larger than {protocol.MAX_LINE} bytes", protocol.BAD_REQUEST))
+                return
+            except asyncio.TimeoutError:
+                return
+            if not line.strip():
+                return
+            try:
+                op, args = protocol.parse_request(line)
+            except protocol.ProtocolError as e:
+                writer.write(protocol.error(str(e), e.code))
+                return
+            try:
+                fn = getattr(self.api, op)
+                if op in STREAMS:
+                    async for ev in fn(caller, args):
+                        if "final" in ev:
+                            writer.write(protocol.ok(ev["final"]))
+                            break
+                        writer.write(protocol.event(ev))
+                        await writer.drain()
+                    else:
+                        writer.write(protocol.ok(None))
+                else:
+                    writer.write(protocol.ok(await fn(caller, args)))
+            except ApiError as e:
+                writer.write(protocol.error(str(e), e.code))
+            except Exception as e:  # noqa: BLE001 - one bad request must not take the daemon down
+                log.error("op %s failed: %s", op, traceback.format_exc())
+                writer.write(protocol.error(f"internal error: {e.__class__.__name__}: {e}", protocol.INTERNAL))
+        except (ConnectionError, BrokenPipeError):
+            pass
+        finally:
+            try:
+                await writer.drain()
+                writer.close()
+            except (ConnectionError, BrokenPipeError, RuntimeError):
+                pass
+
+
+def _prepare_socket(config: Config) -> None:
+    path = config.socket
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(str(path))
+        except OSError:
+            path.unlink()  # stale: its daemon is gone (the state lock already said so)
+        else:
+            raise RuntimeError(f"another daemon answers on {path}")
+        finally:
+            s.close()
+
+
+async def serve(config: Config) -> None:
+    daemon = Daemon(config)
+    daemon.open()
+    try:
+        _prepare_socket(config)
+        server = Server(daemon)
+        srv = await asyncio.start_unix_server(server.handle, path=str(config.socket), limit=protocol.MAX_LINE)
+        if config.socket_group:
+            os.chown(config.socket, -1, grp.getgrnam(config.socket_group).gr_gid)
+        os.chmod(config.socket, config.socket_mode)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: (setattr(daemon, "stopping", True), daemon.wake()))
+        log.info("colo daemon listening on %s, state in %s", config.socket, config.state_dir)
+        try:
+            await daemon.run()
+        finally:
+            srv.close()
+            for live in list(daemon.live.values()):
+                if live.task:
+                    live.task.cancel()
+            try:
+                config.socket.unlink()
+            except FileNotFoundError:
+                pass
+    finally:
+        daemon.close()
