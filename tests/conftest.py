@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import pytest
 
 from colo import native
+
+sys.path.insert(0, os.path.dirname(__file__))
 
 GiB = 1024**3
 REQUIRE_DOCKER = os.environ.get("COLO_REQUIRE_DOCKER") == "1"
@@ -65,3 +68,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not have_gpu:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def daemon(tmp_path, fakegpu):
+    """A real daemon on two simulated GPUs, private state dir and socket."""
+    from daemon_util import DaemonProc
+
+    d = DaemonProc(tmp_path, fakegpu.state).start()
+    yield d
+    d.stop()

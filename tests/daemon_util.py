@@ -1,0 +1,101 @@
+"""A real colo daemon in a temporary directory, driven through the real CLI and client."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from colo.client import Client, ClientError
+
+
+def wait_for(cond, timeout: float = 20.0, what: str = "condition", interval: float = 0.05):
+    """Poll `cond` until it returns something truthy; fail with `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class DaemonProc:
+    def __init__(self, root: Path, fake_state: Path | None = None, config: dict | None = None):
+        self.root = root
+        self.state_dir = root / "state"
+        self.socket = root / "run" / "colo.sock"
+        self.fake_state = fake_state
+        self.config_path = root / "colo.toml"
+        cfg = {"stop_grace": 3.0, "sample_interval": 0.5, "reserve": "0", **(config or {})}
+        self.config_path.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in cfg.items()) + "\n")
+        self.proc: subprocess.Popen | None = None
+        self.client = Client(self.socket, timeout=30)
+        self.log = root / "daemon.log"
+
+    def env(self) -> dict:
+        e = dict(os.environ)
+        e["COLO_SOCKET"] = str(self.socket)
+        e.pop("COLO_FAKEGPU_STATE", None)
+        return e
+
+    def start(self) -> "DaemonProc":
+        args = [sys.executable, "-m", "colo", "daemon", "-v", "--state-dir", str(self.state_dir),
+                "--socket", str(self.socket), "--config", str(self.config_path)]
+        if self.fake_state:
+            args += ["--fake-gpus", str(self.fake_state)]
+        self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=self.env())
+
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                return self.client.hello()
+            except ClientError:
+                return None
+
+        wait_for(up, 30, "daemon to answer")
+        return self
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def cli_args(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "colo", *args]
+
+    def cli(self, *args: str, check: bool = False, input: str | None = None, user: int | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess:
+        kw = {}
+        if user is not None:
+            kw.update(user=user, group=user)
+        r = subprocess.run([sys.executable, "-m", "colo", *args], capture_output=True, text=True, env=self.env(),
+                           input=input, timeout=timeout, **kw)
+        if check and r.returncode != 0:
+            raise AssertionError(f"colo {' '.join(args)} failed ({r.returncode}): {r.stderr}")
+        return r
+
+    def submit(self, *args: str, user: int | None = None) -> int:
+        r = self.cli("submit", *args, user=user)
+        assert r.returncode == 0, r.stderr
+        return int(r.stdout.strip())
+
+    def job(self, job_id: int) -> dict:
+        return self.client.show(job_id)
+
+    def wait_state(self, job_id: int, *states: str, timeout: float = 30) -> dict:
+        return wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout,
+                        f"job {job_id} to reach {states}")

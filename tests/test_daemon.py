@@ -1,0 +1,279 @@
+"""The daemon end to end with host-process jobs: a real daemon, real CLI, real SQLite, real processes.
+
+Jobs that must stay running wait for a file the test creates ("gate"), so no test sleeps to
+synchronise.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+
+import pytest
+
+from daemon_util import DaemonProc, wait_for
+
+GiB = 1024**3
+
+
+def gate_cmd(gate, then: str = "exit 0") -> list[str]:
+    return ["--", "sh", "-c", f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done; {then}"]
+
+
+def test_process_job_lifecycle_logs_and_exit_code(daemon, tmp_path):
+    j = daemon.submit("--process", "--gpus", "0", "--name", "hello", "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+    r = daemon.cli("wait", str(j))
+    assert r.returncode == 3
+    job = daemon.job(j)
+    assert job["state"] == "failed" and job["exit_code"] == 3 and "exited with code 3" in job["reason"]
+    out = daemon.cli("logs", str(j), check=True).stdout
+    assert "out\n" in out and "err\n" in out
+    states = [e["new"] for e in job["events"]]
+    assert states == ["queued", "starting", "running", "failed"]
+
+
+def test_wait_returns_first_nonzero_and_ls_json(daemon):
+    a = daemon.submit("--process", "--gpus", "0", "--", "true")
+    b = daemon.submit("--process", "--gpus", "0", "--", "sh", "-c", "exit 7")
+    assert daemon.cli("wait", str(a)).returncode == 0
+    assert daemon.cli("wait", str(a), str(b)).returncode == 7
+    rows = json.loads(daemon.cli("ls", "--json", check=True).stdout)
+    assert {r["id"]: r["state"] for r in rows} == {a: "succeeded", b: "failed"}
+    table = daemon.cli("ls", check=True).stdout.splitlines()
+    assert table[0].split()[:5] == ["ID", "NAME", "USER", "STATE", "GPU"] and len(table) == 3
+
+
+def test_logs_follow_streams_until_end(daemon, tmp_path):
+    gate = tmp_path / "go"
+    j = daemon.submit("--process", "--gpus", "0", *gate_cmd(gate, "echo finished"))
+    daemon.wait_state(j, "running")
+    p = subprocess.Popen(daemon.cli_args("logs", "-f", str(j)), stdout=subprocess.PIPE, text=True, env=daemon.env())
+    assert p.stdout.readline() == "started\n"
+    gate.touch()
+    rest = p.stdout.read()
+    assert p.wait(30) == 0 and "finished" in rest
+
+
+def test_budget_admission_best_fit_and_backfill(daemon, tmp_path):
+    gate = tmp_path / "go"
+    big = [daemon.submit("--process", "--gpu-mem", "10GiB", *gate_cmd(gate)) for _ in range(3)]
+    daemon.wait_state(big[0], "running")
+    daemon.wait_state(big[1], "running")
+    j0, j1 = daemon.job(big[0]), daemon.job(big[1])
+    assert j0["gpus"] != j1["gpus"]  # 10 + 10 > 16: one per GPU
+    waiting = daemon.job(big[2])
+    assert waiting["state"] == "queued" and "waiting for memory" in waiting["reason"]
+    small = daemon.submit("--process", "--gpu-mem", "6GiB", *gate_cmd(gate))  # backfills behind the big one
+    daemon.wait_state(small, "running")
+    gpus = daemon.client.gpus()["gpus"]
+    for g in gpus:  # invariant 1
+        assert g["budgeted"] <= g["usable"]
+    gate.touch()
+    for j in [*big, small]:
+        daemon.wait_state(j, "succeeded")
+    assert "CUDA_VISIBLE_DEVICES" not in daemon.job(small)["spec"]["env"]
+
+
+def test_priority_then_fifo(daemon, tmp_path):
+    gate = tmp_path / "go"
+    hog = [daemon.submit("--process", "--gpu-mem", "16GiB", *gate_cmd(gate)) for _ in range(2)]
+    for h in hog:
+        daemon.wait_state(h, "running")
+    low = daemon.submit("--process", "--gpu-mem", "16GiB", "--", "true")
+    high = daemon.submit("--process", "--gpu-mem", "16GiB", "--priority", "5", "--", "true")
+    gate.touch()
+    daemon.wait_state(low, "succeeded")
+    daemon.wait_state(high, "succeeded")
+    assert daemon.job(high)["started_at"] <= daemon.job(low)["started_at"]
+
+
+def test_after_dependency(daemon, tmp_path):
+    gate = tmp_path / "go"
+    first = daemon.submit("--process", "--gpus", "0", *gate_cmd(gate))
+    second = daemon.submit("--process", "--gpus", "0", "--after", str(first), "--", "true")
+    daemon.wait_state(first, "running")
+    assert daemon.job(second)["state"] == "queued"
+    assert "waiting for job" in daemon.cli("explain", str(second), check=True).stdout
+    gate.touch()
+    daemon.wait_state(second, "succeeded")
+    bad = daemon.submit("--process", "--gpus", "0", "--", "false")
+    dep = daemon.submit("--process", "--gpus", "0", "--after", str(bad), "--", "true")
+    j = daemon.wait_state(dep, "failed")
+    assert f"dependency failed: job {bad}" in j["reason"]
+
+
+def test_cancel_queued_and_running(daemon, tmp_path):
+    gate = tmp_path / "never"
+    run = daemon.submit("--process", "--gpus", "0", "--", "sh", "-c", "trap 'echo got TERM; exit 143' TERM; "
+                        "echo started; while true; do sleep 0.05; done")
+    daemon.wait_state(run, "running")
+    wait_for(lambda: "started" in daemon.cli("logs", str(run)).stdout, what="job output")
+    hog = [daemon.submit("--process", "--gpu-mem", "16GiB", *gate_cmd(gate)) for _ in range(2)]
+    queued = daemon.submit("--process", "--gpu-mem", "16GiB", "--", "true")
+    assert daemon.cli("cancel", str(queued)).returncode == 0
+    assert daemon.job(queued)["state"] == "cancelled"
+    assert daemon.cli("cancel", str(run)).returncode == 0
+    j = daemon.wait_state(run, "cancelled")
+    assert "cancelled by" in j["reason"]
+    assert "got TERM" in daemon.cli("logs", str(run)).stdout
+    for h in hog:
+        daemon.cli("cancel", str(h), check=True)
+        daemon.wait_state(h, "cancelled")
+
+
+def test_cancel_forces_after_grace(daemon):
+    j = daemon.submit("--process", "--gpus", "0", "--", "sh", "-c", "trap '' TERM; echo started; "
+                      "while true; do sleep 0.05; done")
+    wait_for(lambda: "started" in daemon.cli("logs", str(j)).stdout, what="job output")
+    daemon.cli("cancel", str(j), check=True)
+    job = daemon.wait_state(j, "cancelled", timeout=20)
+    assert job["exit_code"] == 137  # SIGKILL after the grace period
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpu-mem", "4XB"], "malformed size"),
+    (["--gpu-mem", "-1G"], "malformed size"),
+    (["--gpu-mem", "0"], "greater than zero"),
+    (["--gpu-mem", "64GiB"], "can never run here"),
+    (["--gpus", "3", "--gpu-mem", "1GiB"], "needs 3 GPUs"),
+    (["--env", "LD_PRELOAD=/x.so", "--gpu-mem", "1GiB"], "set by colo itself"),
+    (["--env", "COLO_GPU_BUDGET=99", "--gpu-mem", "1GiB"], "set by colo itself"),
+    (["--after", "999", "--gpus", "0"], "no such job"),
+])
+def test_bad_submit_is_refused_and_stores_nothing(daemon, args, needle):
+    r = daemon.cli("submit", "--process", *args, "--", "true")
+    assert r.returncode != 0 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert daemon.client.ls() == []
+
+
+def test_missing_command_and_unknown_job(daemon):
+    r = daemon.cli("submit", "--process", "--gpus", "0")
+    assert r.returncode != 0 and "missing command" in r.stderr
+    for cmd in (["show", "42"], ["cancel", "42"], ["logs", "42"], ["wait", "42"]):
+        r = daemon.cli(*cmd)
+        assert r.returncode == 1 and r.stderr.strip() == "colo: no job 42", (cmd, r.stderr)
+
+
+def test_job_that_cannot_exec(daemon):
+    j = daemon.submit("--process", "--gpus", "0", "--", "/nonexistent/prog")
+    assert daemon.cli("wait", str(j)).returncode == 127
+    assert "cannot run /nonexistent/prog" in daemon.cli("logs", str(j)).stdout
+
+
+def test_daemon_not_running_says_how_to_start(tmp_path):
+    d = DaemonProc(tmp_path)
+    r = d.cli("ls")
+    assert r.returncode == 1 and "daemon is not running" in r.stderr and "colo daemon" in r.stderr
+
+
+def test_second_daemon_on_same_state_dir_is_refused(daemon, tmp_path):
+    other = DaemonProc(tmp_path)  # same state dir, other socket
+    other.socket = tmp_path / "other.sock"
+    r = other.cli("daemon", "--state-dir", str(daemon.state_dir), "--socket", str(other.socket))
+    assert r.returncode == 1 and "another colo daemon" in r.stderr
+
+
+def test_corrupt_database_refused_and_kept(tmp_path):
+    d = DaemonProc(tmp_path)
+    d.state_dir.mkdir(parents=True)
+    db = d.state_dir / "colo.db"
+    db.write_bytes(b"this is not sqlite" * 100)
+    r = d.cli("daemon", "--state-dir", str(d.state_dir), "--socket", str(d.socket))
+    assert r.returncode == 1 and str(db) in r.stderr
+    assert db.read_bytes() == b"this is not sqlite" * 100
+
+
+def test_restart_after_kill9_recovers_everything(daemon, tmp_path):
+    gate = tmp_path / "go"
+    done = daemon.submit("--process", "--gpus", "0", "--", "true")
+    daemon.wait_state(done, "succeeded")
+    running = daemon.submit("--process", "--gpu-mem", "12GiB", *gate_cmd(gate, "exit 5"))
+    finishes_while_down = daemon.submit("--process", "--gpus", "0", *gate_cmd(tmp_path / "go2", "exit 4"))
+    hog = daemon.submit("--process", "--gpu-mem", "12GiB", *gate_cmd(gate))
+    queued = daemon.submit("--process", "--gpu-mem", "12GiB", "--", "true")
+    for j in (running, finishes_while_down, hog):
+        daemon.wait_state(j, "running")
+    daemon.kill9()
+    (tmp_path / "go2").touch()
+    wait_for(lambda: (daemon.state_dir / "jobs" / str(finishes_while_down) / "exit").exists(),
+             what="job to finish while the daemon is down")
+    daemon.start()
+    assert daemon.job(done)["state"] == "succeeded"
+    assert daemon.job(running)["state"] == "running"
+    j = daemon.wait_state(finishes_while_down, "failed")
+    assert j["exit_code"] == 4
+    assert daemon.job(queued)["state"] == "queued"
+    gate.touch()
+    assert daemon.wait_state(running, "failed")["exit_code"] == 5
+    daemon.wait_state(queued, "succeeded")
+    ids = [r["id"] for r in daemon.client.ls()]
+    assert sorted(ids) == sorted({done, running, finishes_while_down, hog, queued})
+
+
+def test_job_killed_with_its_shim_while_down_is_lost(daemon, tmp_path):
+    j = daemon.submit("--process", "--gpus", "0", *gate_cmd(tmp_path / "never"))
+    daemon.wait_state(j, "running")
+    pid = _handle_pid(daemon, j)
+    daemon.kill9()
+    os.killpg(pid, 9)
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z",
+             what="job to die")
+    daemon.start()
+    job = daemon.wait_state(j, "lost")
+    assert "lost" in job["reason"]
+
+
+def _handle_pid(daemon, job_id) -> int:
+    import sqlite3
+
+    db = sqlite3.connect(daemon.state_dir / "colo.db")
+    (handle,) = db.execute("SELECT handle FROM jobs WHERE id=?", (job_id,)).fetchone()
+    db.close()
+    return int(handle.split(":")[0])
+
+
+@pytest.fixture(scope="session")
+def other_user():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second user")
+    name = "colotest2"
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+        pw = pwd.getpwnam(name)
+    return pw
+
+
+def test_permissions_between_two_users(daemon, tmp_path, other_user):
+    os.chmod(tmp_path, 0o755)
+    uid = other_user.pw_uid
+    mine = daemon.submit("--process", "--gpus", "0", *gate_cmd(tmp_path / "never"))
+    theirs = daemon.submit("--process", "--gpus", "0", "--", "id", "-u", user=uid)
+    assert daemon.cli("wait", str(theirs), user=uid).returncode == 0
+    assert daemon.cli("logs", str(theirs), check=True, user=uid).stdout.strip() == str(uid)  # ran as them
+    rows = json.loads(daemon.cli("ls", "--json", user=uid, check=True).stdout)
+    assert {r["id"] for r in rows} == {mine, theirs}  # everyone sees the queue
+    for cmd in (["cancel", str(mine)], ["logs", str(mine)], ["show", str(mine)]):
+        r = daemon.cli(*cmd, user=uid)
+        assert r.returncode == 1 and "belongs to root" in r.stderr, r.stderr
+    assert daemon.job(mine)["state"] == "running"
+    secret = tmp_path / "secret"
+    secret.mkdir(mode=0o700)
+    r = daemon.cli("submit", "--image", "x", "--mount", f"{secret}:/data", "--gpus", "0", "--", "true", user=uid)
+    assert r.returncode == 1 and "cannot read" in r.stderr
+    daemon.cli("cancel", str(mine), check=True)  # root may
+    daemon.wait_state(mine, "cancelled")
+
+
+def test_client_sees_daemon_going_away(daemon, tmp_path):
+    j = daemon.submit("--process", "--gpus", "0", *gate_cmd(tmp_path / "never"))
+    daemon.wait_state(j, "running")
+    p = subprocess.Popen(daemon.cli_args("wait", str(j)), stderr=subprocess.PIPE, text=True, env=daemon.env())
+    daemon.kill9()
+    err = p.stderr.read()
+    assert p.wait(30) == 1 and "closed the connection" in err
+    daemon.start()
+    daemon.cli("cancel", str(j), check=True)
+    daemon.wait_state(j, "cancelled")
