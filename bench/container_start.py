@@ -1,0 +1,121 @@
+"""Submit-to-running latency of a small container job: DockerRuntime.start vs `docker run -d`.
+
+    python bench/container_start.py [-n 10]
+
+Both sides start the same locally imported image running `sleep 30` and are timed until the
+engine reports the container started (what `docker run -d` returns on). Runs alternate between
+the two so drift in the machine's load hits both alike. `measure` is reused by the daemon bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+RUN = uuid.uuid4().hex[:8]
+LABEL = f"colo.bench={RUN}"
+
+
+def measure(
+    fn: Callable[[], object], n: int, cleanup: Callable[[object], None] | None = None
+) -> list[float]:
+    """Wall time of n calls of fn, in seconds; cleanup(result) runs after each call, untimed."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        r = fn()
+        out.append(time.perf_counter() - t0)
+        if cleanup is not None:
+            cleanup(r)
+    return out
+
+
+def p90(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=10, help="runs of each (default 10)")
+    args = ap.parse_args(argv)
+
+    import docker
+
+    from colo.runtimes.base import Launch
+    from colo.runtimes.docker import DockerRuntime
+    from colo.runtimes.image import build_local_image
+
+    client = docker.from_env(max_pool_size=32)
+    image = build_local_image(client, "colo-test/base:1")
+    rt = DockerRuntime(client)
+    tmp = Path(tempfile.mkdtemp(prefix="colo-bench-"))
+    seq = iter(range(10**9))
+
+    def colo_start() -> str:
+        i = next(seq)
+        return rt.start(
+            Launch(
+                job_id=900_000_000 + i,
+                argv=["sleep", "30"],
+                uid=1000,
+                gid=1000,
+                log_path=tmp / f"{i}.log",
+                run_dir=tmp,
+                image=image,
+                labels={"colo.bench": RUN},
+            )
+        )
+
+    def cli_start() -> str:
+        r = subprocess.run(
+            ["docker", "run", "-d", "--user", "1000:1000", "--label", LABEL, image, "sleep", "30"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return r.stdout.strip()
+
+    def remove(handle: str) -> None:
+        rt.cleanup(handle)
+
+    try:
+        measure(
+            colo_start, 1, remove
+        )  # warm-up: first connection, image metadata in the engine's cache
+        measure(cli_start, 1, remove)
+        colo, cli = [], []
+        for _ in range(args.n):
+            colo += measure(colo_start, 1, remove)
+            cli += measure(cli_start, 1, remove)
+    finally:
+        rt.close()
+        for c in client.api.containers(all=True, filters={"label": LABEL}):
+            client.api.remove_container(c["Id"], force=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    ms = lambda x: f"{x * 1000:7.1f} ms"  # noqa: E731
+    print(
+        f"container start, submit-to-running, n={args.n} each "
+        f"(engine {client.version()['Version']})"
+    )
+    print(f"{'':24}{'median':>10}{'p90':>11}")
+    print(f"{'DockerRuntime.start':24}{ms(statistics.median(colo))}  {ms(p90(colo))}")
+    print(f"{'docker run -d (CLI)':24}{ms(statistics.median(cli))}  {ms(p90(cli))}")
+    print(
+        f"{'difference (colo - cli)':24}{ms(statistics.median(colo) - statistics.median(cli))}  "
+        f"{ms(p90(colo) - p90(cli))}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

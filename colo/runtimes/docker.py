@@ -1,0 +1,410 @@
+"""The Docker runtime: one container per job, found again after a restart by its labels.
+
+Output goes to the job's log file while it runs (a follower thread per container), so it
+survives the container's removal and `colo logs -f` can read it live. Where the follower got to
+is kept in a sidecar cursor file, so a follower started after a daemon restart continues
+exactly there: no line lost, none written twice.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import docker.errors
+import docker.types
+import requests
+import urllib3
+
+from .base import Gone, Launch, StartError
+
+LABEL_JOB = "colo.job"
+LABEL_MANAGED = "colo.managed"
+LABEL_LOG = "colo.log"  # where the job's output goes; lets a restarted daemon re-attach a follower
+JOIN_TIMEOUT = 30.0  # how long wait() gives the follower to drain what the container wrote last
+RETRIES = 30  # reconnects of a follower (1 s apart) before it gives up
+CURSOR_EVERY = (
+    0.25  # seconds between cursor saves while output flows (a stale cursor only costs a re-read)
+)
+
+log = logging.getLogger(__name__)
+
+
+def detect_nvidia_runtime(client) -> bool:
+    """True when the engine has the NVIDIA container runtime (so GPUs go in by device request)."""
+    try:
+        return "nvidia" in (client.info().get("Runtimes") or {})
+    except docker.errors.DockerException:
+        return False
+
+
+def cursor_path(log_path: Path) -> Path:
+    return Path(log_path).with_suffix(".cursor")
+
+
+def _since(stamp: str) -> int | None:
+    """Whole seconds (rounded down) of a Docker log timestamp, for the inclusive `since=` filter."""
+    if not stamp:
+        return None
+    return calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))
+
+
+def _write_all(fd: int, data: bytes) -> int:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    return len(data)
+
+
+def _write_cursor(path: Path, ts: str, n: int, offset: int) -> None:
+    tmp = path.with_suffix(".cursor.tmp")
+    tmp.write_text(json.dumps({"ts": ts, "n": n, "offset": offset}))
+    os.replace(tmp, path)  # atomic: a crash leaves the old cursor or the new one, never half of one
+
+
+class _Follower(threading.Thread):
+    """Copies one container's output into its log file, resuming from the cursor file.
+
+    The cursor holds (timestamp of the last written message, how many messages carried exactly
+    that timestamp, byte size of the log at that point). On start the log is cut back to that
+    size and messages up to that position are skipped, so the log matches Docker's exactly.
+    Docker writes log timestamps in a fixed-width UTC form ('2024-05-01T10:00:00.123456789Z'),
+    so comparing them as strings orders them in time.
+    """
+
+    def __init__(self, api, handle: str, log_path: Path):
+        super().__init__(name=f"colo-logs-{handle[:12]}", daemon=True)
+        self.api, self.handle, self.log_path = api, handle, Path(log_path)
+        self.cursor = cursor_path(self.log_path)
+        self.error: BaseException | None = None
+        self._stream = None
+        self._halt = threading.Event()
+
+    def _load(self) -> tuple[str, int, int]:
+        try:
+            c = json.loads(self.cursor.read_text())
+            return str(c["ts"]), int(c["n"]), int(c["offset"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return "", 0, 0
+
+    def _save(self, ts: str, n: int, offset: int) -> None:
+        _write_cursor(self.cursor, ts, n, offset)
+
+    def run(self) -> None:
+        failures = 0
+        while not self._halt.is_set():
+            try:
+                self._pump()
+                return
+            except docker.errors.NotFound:
+                return  # removed: what was written stays
+            except (
+                docker.errors.APIError,
+                requests.exceptions.RequestException,
+                urllib3.exceptions.HTTPError,
+                OSError,
+            ) as e:
+                # The engine restarted or dropped the stream: go on from the cursor, a few times.
+                failures += 1
+                if failures > RETRIES or self._halt.wait(1.0):
+                    self.error = e
+                    break
+            except Exception as e:  # noqa: BLE001 - a thread must not die silently
+                self.error = e
+                break
+        if self.error is not None and not self._halt.is_set():
+            log.warning(
+                "output of container %s may be incomplete in %s: %s",
+                self.handle[:12],
+                self.log_path,
+                self.error,
+            )
+
+    def _pump(self) -> None:
+        ts, n, offset = self._load()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT, 0o640)
+        try:
+            os.truncate(fd, offset)  # drop what was written after the last cursor save
+            os.lseek(fd, offset, os.SEEK_SET)
+            follow = True
+            while not self._halt.is_set():
+                # since= is inclusive and whole seconds here; the exact resume point is found below.
+                self._stream = self.api.logs(
+                    self.handle,
+                    stdout=True,
+                    stderr=True,
+                    stream=True,
+                    follow=follow,
+                    timestamps=True,
+                    since=_since(ts),
+                )
+                ts0, n0, equal, past = ts, n, 0, not ts
+                last_save = time.monotonic()
+                for frame in self._stream:
+                    stamp, _, msg = frame.partition(b" ")
+                    t = stamp.decode()
+                    if not past:
+                        # Skip up to the cursor: older stamps, then the first n0 at its stamp.
+                        if t < ts0:
+                            continue
+                        if t == ts0:
+                            equal += 1
+                            if equal <= n0:
+                                continue
+                        past = True
+                    ts, n = (ts, n + 1) if t == ts else (t, 1)
+                    offset += _write_all(fd, msg)
+                    if time.monotonic() - last_save > CURSOR_EVERY:
+                        self._save(ts, n, offset)
+                        last_save = time.monotonic()
+                self._save(ts, n, offset)
+                if not follow:
+                    return
+                # The follow stream ended: the container stopped (or the connection dropped). A last
+                # plain read from the cursor then catches anything a follow could miss at exit.
+                follow = self.api.inspect_container(self.handle)["State"]["Running"]
+        finally:
+            os.close(fd)
+
+    def stop(self) -> None:
+        self._halt.set()
+        s = self._stream
+        if s is not None:
+            try:
+                s.close()
+            except Exception:  # noqa: BLE001 - a half-dead stream may fail to close; it is going anyway
+                pass
+
+
+class DockerRuntime:
+    """Jobs as containers of the local engine. Thread-safe; every method may block on the engine."""
+
+    name = "docker"
+
+    def __init__(self, client=None, gpu_runtime: str | None = None, init: bool = False):
+        # Each running job holds two long requests (wait, log follow): a pool much larger than
+        # the SDK's default 10 avoids churning connections with many jobs.
+        self.client = client if client is not None else docker.from_env(max_pool_size=128)
+        self.api = self.client.api
+        self.gpu_runtime = gpu_runtime
+        # init=True puts docker-init (tini) as pid 1 so SIGTERM reaches programs without a handler;
+        # off by default because then a missing command is a job exit 127, not a StartError.
+        self.init = init
+        self._followers: dict[str, _Follower] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls) -> "DockerRuntime":
+        client = docker.from_env(max_pool_size=128)
+        return cls(client, "nvidia" if detect_nvidia_runtime(client) else None)
+
+    def has_image(self, image: str) -> bool:
+        """Is this image here already? colo never pulls."""
+        try:
+            self.api.inspect_image(image)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.APIError as e:  # a malformed reference is "not found" to the submitter
+            if e.status_code in (400, 404):
+                return False
+            raise
+
+    # -- start -------------------------------------------------------------------------------
+
+    def _host_config(self, launch: Launch) -> dict:
+        mounts = [
+            docker.types.Mount(m.target, m.source, type="bind", read_only=m.read_only)
+            for m in launch.mounts
+        ]
+        if launch.share_host_shm:
+            # MPS clients talk to their server through files in /dev/shm: share the host's.
+            mounts.append(docker.types.Mount("/dev/shm", "/dev/shm", type="bind"))
+        device_requests = None
+        if self.gpu_runtime and launch.gpus:
+            device_requests = [
+                docker.types.DeviceRequest(device_ids=list(launch.gpus), capabilities=[["gpu"]])
+            ]
+        return self.api.create_host_config(
+            mounts=mounts,
+            device_requests=device_requests,
+            # Docker's default capability set stays (ordinary programs need it, and it grants a
+            # non-root uid nothing); no-new-privileges stops setuid binaries raising privileges.
+            security_opt=["no-new-privileges"],
+            privileged=False,
+            init=self.init or None,
+            # json-file can be read back by `logs` whatever the engine's default log driver is.
+            log_config=docker.types.LogConfig(type="json-file"),
+        )
+
+    def start(self, launch: Launch) -> str:
+        if not launch.image:
+            raise StartError("a docker job needs an image")
+        if not launch.argv:
+            raise StartError("missing command")
+        labels = {
+            **launch.labels,
+            LABEL_JOB: str(launch.job_id),
+            LABEL_MANAGED: "1",
+            LABEL_LOG: str(launch.log_path),
+        }
+        try:
+            created = self.api.create_container(
+                launch.image,
+                command=list(launch.argv),
+                environment=[f"{k}={v}" for k, v in launch.env.items()],
+                working_dir=launch.workdir,
+                user=f"{launch.uid}:{launch.gid}",
+                labels=labels,
+                name=f"colo-{launch.job_id}-{uuid.uuid4().hex[:6]}",
+                host_config=self._host_config(launch),
+            )
+        except docker.errors.ImageNotFound:
+            raise StartError(
+                f"image {launch.image!r} not found locally "
+                "(colo does not pull; build or load it first)"
+            ) from None
+        except docker.errors.APIError as e:
+            raise StartError(f"cannot create the container: {_reason(e)}") from None
+        handle = created["Id"]
+        # A fresh cursor: this container's output is appended after what an earlier attempt left.
+        log = Path(launch.log_path)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        _write_cursor(cursor_path(log), "", 0, log.stat().st_size if log.exists() else 0)
+        try:
+            self.api.start(handle)
+        except docker.errors.APIError as e:
+            self._remove(handle)
+            raise StartError(_start_reason(e, launch)) from None
+        self.follow_logs(handle, launch.log_path)
+        return handle
+
+    # -- output ------------------------------------------------------------------------------
+
+    def follow_logs(self, handle: str, log_path: Path) -> None:
+        """Copy the container's output into log_path, from where the last follower stopped.
+
+        Idempotent; the daemon calls it for every container adopt() returns."""
+        with self._lock:
+            f = self._followers.get(handle)
+            if f is not None and f.is_alive():
+                return
+            f = self._followers[handle] = _Follower(self.api, handle, Path(log_path))
+            f.start()
+
+    def _drain(self, handle: str, timeout: float = JOIN_TIMEOUT) -> None:
+        with self._lock:
+            f = self._followers.get(handle)
+        if f is not None:
+            f.join(timeout)
+
+    def close(self) -> None:
+        """Stop all followers (daemon shutdown); their cursors let the next daemon go on."""
+        with self._lock:
+            followers = list(self._followers.values())
+            self._followers.clear()
+        for f in followers:
+            f.stop()
+        for f in followers:
+            f.join(5)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _state(self, handle: str) -> dict:
+        try:
+            return self.api.inspect_container(handle)["State"]
+        except docker.errors.NotFound:
+            raise Gone(f"container {handle[:12]} no longer exists") from None
+
+    def wait(self, handle: str) -> int:
+        state = self._state(handle)
+        if state.get("Status") == "created":
+            raise Gone(f"container {handle[:12]} was created but never started")
+        try:
+            code = int(self.api.wait(handle, timeout=None)["StatusCode"])
+        except docker.errors.NotFound:
+            raise Gone(f"container {handle[:12]} no longer exists") from None
+        self._drain(handle)
+        return code
+
+    def poll(self, handle: str) -> int | None:
+        state = self._state(handle)
+        if state.get("Status") == "created":
+            raise Gone(f"container {handle[:12]} was created but never started")
+        if state.get("Running") or state.get("Restarting"):
+            return None
+        return int(state.get("ExitCode", 0))
+
+    def stop(self, handle: str, grace: float) -> None:
+        try:
+            # docker stop: SIGTERM, then SIGKILL after t whole seconds; returns once it has stopped.
+            self.api.stop(handle, timeout=max(0, math.ceil(grace)))
+        except docker.errors.NotFound:
+            pass
+
+    def adopt(self) -> dict[int, str]:
+        found: dict[int, str] = {}
+        for c in self.api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
+            try:
+                found[int(c["Labels"][LABEL_JOB])] = c["Id"]
+            except (KeyError, ValueError):
+                continue  # labelled by hand, not by colo
+        return found
+
+    def pids(self, handle: str) -> list[int]:
+        try:
+            top = self.api.top(handle, ps_args="-eo pid")
+        except docker.errors.NotFound:
+            raise Gone(f"container {handle[:12]} no longer exists") from None
+        except docker.errors.APIError:
+            return []  # not running: no processes
+        col = top["Titles"].index("PID")
+        return [int(p[col]) for p in top.get("Processes") or []]
+
+    def cleanup(self, handle: str) -> None:
+        try:
+            if not self._state(handle).get("Running"):
+                self._drain(handle)  # normally done by wait() already; do not cut the tail if not
+        except Gone:
+            pass
+        self._remove(handle)
+        with self._lock:
+            f = self._followers.pop(handle, None)
+        if f is not None:
+            f.stop()
+            f.join(5)
+
+    def _remove(self, handle: str) -> None:
+        try:
+            self.api.remove_container(handle, force=True)
+        except docker.errors.NotFound:
+            pass
+
+
+def _reason(e: docker.errors.APIError) -> str:
+    text = str(e.explanation or e)
+    return text.strip().splitlines()[0] if text.strip() else str(e.status_code)
+
+
+def _start_reason(e: docker.errors.APIError, launch: Launch) -> str:
+    text = str(e.explanation or e)
+    # runc: 'exec: "sh": executable file not found in $PATH'
+    #   or  'exec: "/x": stat /x: no such file or directory'
+    m = re.search(r'exec: "([^"]*)": (.*?)(?:: unknown)?$', text)
+    if m and ("not found" in m.group(2) or "no such file" in m.group(2)):
+        return f"command {m.group(1)!r} not found in image {launch.image!r}"
+    if m and "permission denied" in m.group(2):
+        return (
+            f"command {m.group(1)!r} in image {launch.image!r} is not executable (uid {launch.uid})"
+        )
+    return f"cannot start the container: {_reason(e)}"
