@@ -2,16 +2,36 @@
 
 Pure: no I/O, no clock. The daemon and `colo sim` both call plan(); nothing about scheduling
 is written anywhere else.
+
+Rules, in order, for each candidate (priority, then submission order; smaller jobs behind a
+waiting one may start: backfill):
+1. Memory is a hard rule (invariant 1): the sum of budgets on a GPU never exceeds its usable
+   memory. Best fit: among the GPUs that can take the job, the one left with the least room.
+2. A job with no profile runs time-sliced (its first run is profiled).
+3. From the profiles of the jobs already on the GPU (aligned on their elapsed time) and the
+   candidate's, predicted combined SM activity and memory bandwidth over the overlap:
+   MPS when both stay below `saturation` and MPS is allowed there (not in FAULT, the uid rule of
+   invariant 5); time-sliced when it would saturate but time-slicing is predicted to raise the
+   GPU's throughput over waiting by `min_gain`; otherwise wait. Throughput comes from the co-run
+   model in colo/simmodel.py.
+4. EXCLUSIVE_PROCESS GPUs take MPS clients only (invariant 4); PROHIBITED GPUs take nothing.
 """
 from __future__ import annotations
 
+import gc
+import math
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
+
+from . import simmodel
 from .units import format_size
 
 START = "start"
 WAIT = "wait"
+GiB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -61,9 +81,194 @@ class Decision:
 @dataclass(frozen=True)
 class PolicyConfig:
     reserve: int = 0  # bytes kept free on every GPU
-    saturation: float = 0.85
+    saturation: float = 0.85  # predicted combined SM activity below which MPS is chosen
     multi_user_mps: bool = False
     use_mps: bool = True
+    bw_saturation: float = 0.85  # same, for combined memory bandwidth
+    min_gain: float = 0.25  # sharing past saturation must beat waiting by this much throughput (alone-speed jobs)
+    step: float = 2.0  # seconds per point when profiles are compared
+    horizon: float = 3600.0  # seconds of overlap looked at
+    max_mps_clients: int = 48  # per device (Volta and newer)
+    thread_headroom: float = 1.25  # MPS active threads = peak SM of the job x this, in 5 % steps
+    unknown_sm: float = 1.0  # a running job with no profile is assumed to use this much...
+    unknown_membw: float = 0.5  # ...and this much bandwidth
+
+
+# ---- per-profile arrays, cached --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Arr:
+    sm: np.ndarray
+    membw: np.ndarray
+    cache_bound: bool
+    peak_sm: float
+    peak_membw: float
+
+
+_CACHE: dict[tuple[int, float], tuple[Any, _Arr]] = {}
+
+
+def _arrays(profile: Any, step: float, horizon: float) -> _Arr:
+    """The profile on the policy's grid (peak within each grid step), cached per profile object."""
+    key = (id(profile), step)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    sm = np.asarray(profile.sm, dtype=float)
+    bw = np.asarray(getattr(profile, "membw", None) if getattr(profile, "membw", None) is not None else np.zeros_like(sm), dtype=float)
+    pstep = float(profile.step)
+    runtime = float(getattr(profile, "runtime", 0.0) or len(sm) * pstep)
+    n = max(1, min(math.ceil(runtime / step - 1e-9), math.ceil(horizon / step)))
+    starts = np.minimum((np.arange(n) * step / pstep).astype(int), len(sm) - 1)
+    arr = _Arr(np.maximum.reduceat(sm, starts), np.maximum.reduceat(bw, starts),
+               bool(getattr(profile, "cache_bound", False)), float(sm.max()), float(bw.max()))
+    if len(_CACHE) > 4096:
+        _CACHE.clear()
+    _CACHE[key] = (profile, arr)
+    return arr
+
+
+def _unknown(cfg: PolicyConfig) -> _Arr:
+    n = max(1, math.ceil(cfg.horizon / cfg.step))
+    return _Arr(np.full(n, cfg.unknown_sm), np.full(n, cfg.unknown_membw), False, cfg.unknown_sm, cfg.unknown_membw)
+
+
+def thread_pct(arr: _Arr, cfg: PolicyConfig) -> int:
+    pct = math.ceil(arr.peak_sm * cfg.thread_headroom * 20) * 5
+    return int(min(100, max(10, pct)))
+
+
+# ---- the GPU as the pass sees it ---------------------------------------------------------------
+
+@dataclass
+class _Res:
+    job_id: int
+    arr: _Arr | None  # None: no profile
+    off: int  # grid index the job has reached
+    mode: str
+    uid: int
+
+
+@dataclass
+class _Gpu:
+    view: GpuView
+    free: int
+    res: list[_Res]
+    version: int = 0
+    wait_tp: dict = field(default_factory=dict)
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.0f} %"
+
+
+def _mem_text(g: _Gpu, budget_after: int) -> str:
+    return f"memory {(g.view.usable - budget_after) / GiB:.1f} of {g.view.usable / GiB:.1f} GiB budgeted"
+
+
+def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig) -> tuple[str | None, str, dict, bool]:
+    """(mode or None to wait, reason core, details, costly) for the candidate on this GPU;
+    costly: the start is predicted to slow someone (so an empty GPU is better)."""
+    v = g.view
+    name = f"GPU{v.index}"
+    allow_ts = v.compute_mode == "default"
+    mps_res = [r for r in g.res if r.mode == "mps"]
+    block = None
+    if not cfg.use_mps:
+        block = "MPS is turned off"
+    elif v.mps == "fault":
+        block = f"the MPS server of {name} is in FAULT"
+    elif not cfg.multi_user_mps and any(r.uid != uid for r in mps_res):
+        other = next(r.uid for r in mps_res if r.uid != uid)
+        block = f"{name} runs the MPS server of uid {other} (no multi-user MPS)"
+    elif len(mps_res) >= cfg.max_mps_clients:
+        block = f"{name} has {len(mps_res)} MPS clients, the most one server takes"
+    allow_mps = block is None
+    if v.compute_mode == "exclusive_process" and not allow_mps:
+        return None, f"{name} is EXCLUSIVE_PROCESS (MPS clients only) and {block}", {"gpu": v.index}, False
+
+    if arr is None:  # never profiled: run it time-sliced and learn
+        if allow_ts:
+            return "timesliced", f"time-sliced on {name}: no profile yet, this run is profiled", {"gpu": v.index}, False
+        if not g.res:
+            return "mps", f"MPS on {name}: no profile yet; EXCLUSIVE_PROCESS GPU takes MPS clients only", {"gpu": v.index}, False
+        return None, f"{name} is EXCLUSIVE_PROCESS and busy; a job with no profile is not co-located under MPS", {"gpu": v.index}, False
+
+    if not g.res:
+        sat = arr.peak_sm >= cfg.saturation or arr.peak_membw >= cfg.bw_saturation
+        d = {"gpu": v.index, "peak_sm": arr.peak_sm, "peak_membw": arr.peak_membw}
+        if allow_mps and (not sat or not allow_ts):
+            return "mps", f"MPS on {name}: alone, peak SM {_pct(arr.peak_sm)}", d, False
+        if allow_ts:
+            why = f"MPS {'off: ' + block if block else 'not needed: it saturates the GPU by itself'}"
+            return "timesliced", f"time-sliced on {name}: alone ({why}, peak SM {_pct(arr.peak_sm)})", d, False
+        return None, f"{name}: {block}", d, False
+
+    # Align everyone on the candidate's future: resident r is at grid index r.off now.
+    L = len(arr.sm)
+    rows_sm, rows_bw, cb, is_mps, ids = [], [], [], [], []
+    for r in g.res:
+        ra = r.arr if r.arr is not None else _unknown(cfg)
+        off = min(r.off, len(ra.sm) - 1)  # still running: it holds its last level
+        s, b = ra.sm[off:off + L], ra.membw[off:off + L]
+        rows_sm.append(s), rows_bw.append(b), cb.append(ra.cache_bound), is_mps.append(r.mode == "mps"), ids.append(r.job_id)
+    overlap = max(len(s) for s in rows_sm)
+    sm = np.zeros((len(rows_sm) + 1, overlap))
+    bw = np.zeros_like(sm)
+    for i, (s, b) in enumerate(zip(rows_sm, rows_bw)):
+        sm[i, :len(s)], bw[i, :len(b)] = s, b
+    sm[-1], bw[-1] = arr.sm[:overlap], arr.membw[:overlap]
+    cb.append(arr.cache_bound)
+    cbv = np.array(cb)
+    mps_rows = np.array(is_mps + [True])
+    group_sm = sm[mps_rows].sum(axis=0)
+    group_bw = bw[mps_rows].sum(axis=0)
+    fits = float(group_sm.max()) < cfg.saturation and float(group_bw.max()) < cfg.bw_saturation
+    peak_sm, peak_bw = float(sm.sum(axis=0).max()), float(bw.sum(axis=0).max())  # everyone, for the reason
+    per_job = {str(j): float(sm[i].max()) for i, j in enumerate(ids)}
+    per_job["this"] = float(arr.sm[:overlap].max())
+    d = {"gpu": v.index, "overlap_s": overlap * cfg.step, "peak_sm": peak_sm, "peak_membw": peak_bw,
+         "sm_by_job": per_job, "saturation": cfg.saturation}
+    who = ", ".join([f"job {j}: {_pct(x)}" for j, x in per_job.items() if j != "this"] + [f"this job: {_pct(per_job['this'])}"])
+    ts_busy = any(not m and float(sm[i].max()) > 0 for i, m in enumerate(is_mps))
+    if allow_mps and fits and not ts_busy:
+        return "mps", (f"MPS on {name}: predicted peak SM {_pct(peak_sm)} ({who}) < {_pct(cfg.saturation)}"
+                       + (f", bandwidth {_pct(peak_bw)}" if peak_bw > 0.5 else "")), d, False
+
+    # Throughput (sum of progress rates, in jobs' alone speed) over the overlap.
+    wkey = (g.version, overlap)
+    wait_tp = g.wait_tp.get(wkey)
+    if wait_tp is None:  # the status quo is the same for every candidate of this length
+        wait_tp = g.wait_tp[wkey] = float(simmodel.rates(sm[:-1], bw[:-1], cbv[:-1], mps_rows[:-1]).sum(axis=0).mean())
+    tp = {"wait": wait_tp}
+    if allow_mps and fits:
+        tp["mps"] = float(simmodel.rates(sm, bw, cbv, mps_rows).sum(axis=0).mean())
+    if allow_ts:
+        tp["timesliced"] = float(simmodel.rates(sm, bw, cbv, np.array(is_mps + [False])).sum(axis=0).mean())
+    d["throughput"] = tp
+    best = max((m for m in tp if m != "wait"), key=lambda m: tp[m], default=None)
+    sat_text = (f"sharing would saturate: predicted peak SM {_pct(peak_sm)} ({who})"
+                + (f", bandwidth {_pct(peak_bw)}" if peak_bw >= cfg.bw_saturation else "")
+                + f" >= {_pct(cfg.saturation)}") if not fits else (f"MPS: {block}" if block else "time-sliced neighbours")
+    if best is not None and tp[best] >= wait_tp + cfg.min_gain:
+        label = "MPS" if best == "mps" else "time-sliced"
+        return best, (f"{label} on {name}: {sat_text}; predicted throughput {tp[best]:.2f} vs "
+                      f"{wait_tp:.2f} waiting"), d, True
+    alt = f"{tp[best]:.2f} {'under MPS' if best == 'mps' else 'time-sliced'}" if best else "no way to share"
+    return None, (f"co-running on {name} predicted to cost more than it gains: {sat_text}; "
+                  f"throughput {alt} vs {wait_tp:.2f} waiting"), d, False
+
+
+# ---- the pass ---------------------------------------------------------------------------------
+
+def _decision(job_id: int, action: str, gpus: tuple = (), mode: str | None = None, reason: str = "",
+              details: dict | None = None, thread_pct: int | None = None) -> Decision:
+    """Decision without the frozen dataclass's per-field __setattr__ (10,000 a pass must be cheap)."""
+    d = object.__new__(Decision)
+    object.__setattr__(d, "__dict__", {"job_id": job_id, "action": action, "gpus": gpus, "mode": mode,
+                                       "reason": reason, "details": {} if details is None else details,
+                                       "thread_pct": thread_pct})
+    return d
 
 
 def free_budget(gpus: Sequence[GpuView], placed: Sequence[Placed]) -> dict[str, int]:
@@ -90,35 +295,117 @@ def can_ever_fit(budget: int, ngpus: int, gpus: Sequence[GpuView]) -> str | None
 
 def order(candidates: Sequence[Candidate]) -> list[Candidate]:
     """Priority first, then first come first served."""
-    return sorted(candidates, key=lambda c: (-c.priority, c.seq))
+    out = sorted(candidates, key=attrgetter("seq"))
+    out.sort(key=attrgetter("priority"), reverse=True)  # stable: equal priorities keep seq order
+    return out
 
 
 def plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequence[Placed],
          config: PolicyConfig = PolicyConfig()) -> list[Decision]:
     """One decision per candidate, in queue order; a job that cannot start now lets smaller ones
     behind it start (backfill) when they fit."""
+    # A pass allocates ~3 small objects per candidate and frees none; cyclic GC runs in the
+    # middle of it would double its time and find nothing to collect.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _plan(candidates, gpus, placed, config)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequence[Placed],
+          config: PolicyConfig) -> list[Decision]:
+    cfg = config
     free = free_budget(gpus, placed)
-    by_uuid = {g.uuid: g for g in gpus}
+    state: dict[str, _Gpu] = {g.uuid: _Gpu(g, free[g.uuid], []) for g in gpus if g.compute_mode != "prohibited"}
+    for p in placed:
+        arr = _arrays(p.profile, cfg.step, cfg.horizon) if p.profile is not None else None
+        for u in p.gpus:
+            if u in state:
+                state[u].res.append(_Res(p.job_id, arr, int(p.elapsed / cfg.step), p.mode, p.uid))
+    most_free = max((g.free for g in state.values()), default=0)
+    memo: dict[tuple, tuple] = {}
+    refused: dict[tuple, tuple] = {}
+    refused_like: dict[tuple, tuple] = {}
+    wait_text: dict[tuple[int, int, int], str] = {}
     out: list[Decision] = []
+    append = out.append
     for c in order(candidates):
         if c.gpus == 0:
-            out.append(Decision(c.job_id, START, (), "none", "needs no GPU"))
+            append(_decision(c.job_id, START, (), "none", "needs no GPU"))
             continue
-        usable = [u for u, g in by_uuid.items() if g.compute_mode != "prohibited"]
-        fitting = sorted((u for u in usable if free[u] >= c.budget), key=lambda u: free[u] - c.budget)
+        if c.budget > most_free or c.gpus > len(state):  # the common case in a long queue: no numpy
+            key = (c.budget, c.gpus, most_free)
+            text = wait_text.get(key)
+            if text is None:
+                text = wait_text[key] = (f"waiting for memory: needs {format_size(c.budget)} on {c.gpus} GPU(s), "
+                                         f"most free budget on one GPU is {format_size(most_free)}")
+            append(_decision(c.job_id, WAIT, reason=text, details={"need": c.budget, "most_free": most_free}))
+            continue
+        # Within a pass GPUs only fill up: a job like one already refused (same profile, uid and
+        # GPU count) with at least its budget is refused for the same reason, without more work.
+        same = (id(c.profile), c.uid, c.gpus)
+        prev = refused_like.get(same)
+        if prev is not None and c.budget >= prev[0]:
+            append(_decision(c.job_id, WAIT, reason=prev[1], details=dict(prev[2])))
+            continue
+        fitting = [g for g in state.values() if g.free >= c.budget]
         if len(fitting) < c.gpus:
-            best = max(free.values(), default=0)
-            out.append(Decision(c.job_id, WAIT, reason=(
+            append(Decision(c.job_id, WAIT, reason=(
                 f"waiting for memory: needs {format_size(c.budget)} on {c.gpus} GPU(s), "
-                f"most free budget on one GPU is {format_size(best)}"),
-                details={"need": c.budget, "most_free": best}))
+                f"{len(fitting)} GPU(s) have that much free budget"),
+                details={"need": c.budget, "most_free": most_free}))
             continue
-        chosen = tuple(fitting[: c.gpus])  # best fit: the least room left over
-        for u in chosen:
-            free[u] -= c.budget
-        g = by_uuid[chosen[0]]
-        out.append(Decision(c.job_id, START, chosen, "timesliced", (
-            f"time-sliced on GPU{g.index}: budget {format_size(c.budget)} fits, "
-            f"{format_size(free[chosen[0]])} of {format_size(g.usable)} left unbudgeted"),
-            details={"budget": c.budget, "left": free[chosen[0]], "usable": g.usable}))
+        arr = _arrays(c.profile, cfg.step, cfg.horizon) if c.profile is not None else None
+        # Best fit first; the first placement predicted to cost nobody anything is the answer,
+        # so most candidates are assessed on one or two GPUs, and each assessment is memoised.
+        fitting.sort(key=lambda g: (g.free - c.budget, g.view.index))
+        options, free_ones = [], 0
+        for g in fitting:
+            uid_ok = cfg.multi_user_mps or all(r.uid == c.uid for r in g.res if r.mode == "mps")
+            rk = (id(c.profile), uid_ok, g.view.uuid)  # the uid matters only through uid_ok
+            got = refused.get(rk)  # within a pass a GPU only gets busier: a refusal stands
+            if got is None:
+                k = rk + (g.version,)
+                got = memo.get(k)
+                if got is None:
+                    got = memo[k] = _assess(arr, c.uid, g, cfg)
+                    if got[0] is None:
+                        refused[rk] = got
+            options.append((g, got))
+            if got[0] is not None and not got[3]:
+                free_ones += 1
+                if free_ones >= c.gpus:
+                    break
+        ok = [(g, a) for g, a in options if a[0] is not None]
+        if len(ok) < c.gpus:
+            g, a = options[0]
+            text = f"waiting: {a[1]}"
+            append(_decision(c.job_id, WAIT, reason=text, details=dict(a[2])))
+            if prev is None or c.budget < prev[0]:
+                refused_like[same] = (c.budget, text, a[2])
+            continue
+        # predicted-free placements first, then best fit (least budget left over)
+        ok.sort(key=lambda ga: (ga[1][3], ga[0].free - c.budget, ga[0].view.index))
+        chosen = ok[: c.gpus]
+        modes = {a[0] for _, a in chosen}
+        mode = modes.pop() if len(modes) == 1 else "timesliced"
+        if mode == "timesliced" and any(g.view.compute_mode != "default" for g, _ in chosen):
+            append(Decision(c.job_id, WAIT, reason="waiting: no set of GPUs takes this job in one mode"))
+            continue
+        for g, _ in chosen:
+            g.free -= c.budget
+            g.res.append(_Res(c.job_id, arr, 0, mode, c.uid))
+            g.version += 1
+        most_free = max((g.free for g in state.values()), default=0)
+        g0, a0 = chosen[0]
+        reason = a0[1] if a0[0] == mode else f"time-sliced on {', '.join(f'GPU{g.view.index}' for g, _ in chosen)}"
+        details = dict(a0[2], mode=mode, budget=c.budget, left=g0.free, usable=g0.view.usable)
+        tp = thread_pct(arr, cfg) if (mode == "mps" and arr is not None) else None
+        if tp is not None:
+            details["thread_pct"] = tp
+        append(Decision(c.job_id, START, tuple(g.view.uuid for g, _ in chosen), mode,
+                        f"{reason}; {_mem_text(g0, g0.free)}", details, tp))
     return out

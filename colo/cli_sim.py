@@ -1,0 +1,154 @@
+"""CLI: `colo sim` and `colo profile ls|show|record`. The main app calls register(app)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import typer
+
+from . import profiles as prof
+from . import sim
+from .units import format_duration, format_size
+
+# The lead wires this to the daemon: a function returning job rows (colo.jobs.Job.to_dict()).
+load_history_rows: Callable[[], list[dict]] | None = None
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"colo: {msg}", err=True)
+    raise typer.Exit(1)
+
+
+def profile_dirs() -> list[Path]:
+    """The user's own profiles first (written by record/learn), then the shipped ones."""
+    own = Path(os.environ.get("COLO_USER_PROFILES") or Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local/share") / "colo/profiles")
+    return [own, prof.shipped_dir()]
+
+
+def nvml_sampler(index: int | None = None) -> Callable[[], dict]:
+    """Whole-GPU readings from NVML (the command runs alone, so they are its own)."""
+    import pynvml  # noqa: TID251 - `colo profile record` samples NVML directly by design
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise prof.ProfileError(f"NVML not available ({e}): recording needs an NVIDIA driver") from None
+    if index is None:
+        vis = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+        h = pynvml.nvmlDeviceGetHandleByUUID(vis) if vis.startswith("GPU-") else pynvml.nvmlDeviceGetHandleByIndex(int(vis or 0))
+    else:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+
+    def sample() -> dict:
+        u = pynvml.nvmlDeviceGetUtilizationRates(h)
+        m = pynvml.nvmlDeviceGetMemoryInfo(h)
+        try:
+            pcie = 1024.0 * (pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+                             + pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES))
+        except pynvml.NVMLError:
+            pcie = None
+        return {"sm": u.gpu / 100.0, "mem": int(m.used), "membw": u.memory / 100.0, "pcie": pcie}
+
+    name = pynvml.nvmlDeviceGetName(h)
+    sample.gpu_name = name.decode() if isinstance(name, bytes) else str(name)  # type: ignore[attr-defined]
+    return sample
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("sim")
+    def sim_cmd(
+        workload: Optional[str] = typer.Argument(None, help="workload file, or a shipped mix: " + ", ".join(sim.MIXES)),
+        policy: List[str] = typer.Option([], "--policy", "-p", help="policy to run (repeat); default: all baselines and colo"),
+        gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs in the simulated node"),
+        as_json: bool = typer.Option(False, "--json", help="results as JSON"),
+        plot: bool = typer.Option(False, "--plot", help="text plot of GPU occupancy per policy"),
+        from_history: bool = typer.Option(False, "--from-history", help="replay the jobs the daemon ran"),
+    ):
+        """Replay a workload through colo's policy and the baselines; compare."""
+        store = prof.ProfileStore(profile_dirs())
+        try:
+            if from_history:
+                if load_history_rows is None:
+                    _fail("--from-history is not wired to the daemon in this build")
+                jobs, gpu_mem, name = sim.jobs_from_history(load_history_rows(), store), sim.DEFAULT_GPU_MEM, "history"
+            elif workload is None:
+                _fail("give a workload file or a shipped mix (" + ", ".join(sim.MIXES) + ")")
+            else:
+                w = sim.load_workload(workload, store)
+                jobs, gpu_mem, name = w.jobs, w.gpu_mem, w.name
+            if not jobs:
+                _fail(f"workload {name} has no jobs")
+            results = sim.compare(jobs, policy or sim.DEFAULT_POLICIES, gpus, gpu_mem)
+        except (sim.SimError, prof.ProfileError) as e:
+            _fail(str(e))
+        if as_json:
+            typer.echo(json.dumps({"workload": name, "gpus": gpus, "gpu_mem": gpu_mem, "jobs": len(jobs),
+                                   "results": [r.summary() for r in results]}, indent=2))
+            return
+        typer.echo(f"workload {name}: {len(jobs)} jobs on {gpus} GPU(s) of {format_size(gpu_mem)}")
+        typer.echo(sim.table(results))
+        if plot:
+            for r in results:
+                typer.echo("")
+                typer.echo(sim.plot(r, gpus))
+
+    profile_app = typer.Typer(help="Profiles: what workloads do to a GPU over time", no_args_is_help=True)
+
+    @profile_app.command("ls")
+    def ls_cmd(as_json: bool = typer.Option(False, "--json")):
+        """List known profiles."""
+        items = prof.ProfileStore(profile_dirs()).ls()
+        if as_json:
+            typer.echo(json.dumps([p.summary() for p in items], indent=2))
+            return
+        typer.echo(f"{'NAME':28s} {'RUNS':>4s} {'RUNTIME':>8s} {'MEAN SM':>7s} {'PEAK SM':>7s} {'PEAK MEM':>8s} {'CACHE':>5s}  GPU")
+        for p in items:
+            typer.echo(f"{p.name:28s} {p.runs:4d} {format_duration(p.runtime):>8s} {p.mean_sm * 100:6.0f}% "
+                       f"{p.peak_sm * 100:6.0f}% {format_size(p.peak_mem):>8s} {'yes' if p.cache_bound else 'no':>5s}  {p.gpu}")
+
+    @profile_app.command("show")
+    def show_cmd(name: str, as_json: bool = typer.Option(False, "--json")):
+        """Show one profile: summary and its series."""
+        p = prof.ProfileStore(profile_dirs()).get(name)
+        if p is None:
+            _fail(f"no profile named {name!r}")
+        if as_json:
+            d = p.summary()
+            d.update(sm=p.sm.tolist(), mem=p.mem.tolist(), membw=p.membw.tolist(),
+                     pcie=None if p.pcie is None else p.pcie.tolist())
+            typer.echo(json.dumps(d))
+            return
+        typer.echo(prof.dumps(p), nl=False)
+
+    @profile_app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def record_cmd(ctx: typer.Context, name: Optional[str] = typer.Option(None, "--name"),
+                   hz: float = typer.Option(10.0, "--hz", min=0.1, max=100.0)):
+        """Run a command alone and record its profile: colo profile record [--name N] -- CMD ..."""
+        argv = list(ctx.args)
+        if not argv:
+            _fail("give the command after --, e.g. colo profile record --name train -- python train.py")
+        try:
+            sampler = nvml_sampler()
+            p = prof.record(argv, sampler, hz=hz, name=name or prof.key_for(None, argv),
+                            gpu=getattr(sampler, "gpu_name", ""))
+            path = prof.ProfileStore(profile_dirs()).save(p)
+        except prof.ProfileError as e:
+            _fail(str(e))
+        typer.echo(f"recorded {p.name}: {format_duration(p.runtime)}, peak SM {p.peak_sm * 100:.0f} %, "
+                   f"peak memory {format_size(p.peak_mem)} -> {path}")
+
+    app.add_typer(profile_app, name="profile")
+
+
+def main() -> None:  # for trying it without the main CLI: python -m colo.cli_sim
+    app = typer.Typer(no_args_is_help=True)
+    register(app)
+    app(prog_name="colo")
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

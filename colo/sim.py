@@ -1,0 +1,509 @@
+"""`colo sim`: replay a workload through colo's own policy (policy.plan, unchanged) and through
+baseline policies, on a discrete-event model of the GPUs (colo/simmodel.py), and compare.
+
+Events: arrivals, job ends and failures, profile step boundaries (a job's demand changes), and a
+re-plan tick. Between events every demand is constant, so progress is exact.
+Memory: a job whose use passes its budget fails (the interposer makes its allocation fail);
+without budgets, a job whose allocation passes the device's capacity fails. A job that fails by
+OOM is re-run from the start, at most MAX_TRIES times in all, as the study's baselines were.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import policy as pol
+from . import simmodel
+from .profiles import Profile, ProfileStore, shipped_dir
+from .units import format_size, parse_size
+
+GiB = 1024**3
+MiB = 1024**2
+MAX_TRIES = 3
+REPLAN_EVERY = 10.0  # seconds: the daemon re-plans on events and on a periodic tick
+WORKLOAD_FORMAT = "colo-workload"
+WORKLOAD_VERSION = 1
+DEFAULT_GPU_MEM = 12 * GiB  # the study's TITAN Xp
+
+
+class SimError(ValueError):
+    pass
+
+
+@dataclass
+class SimJob:
+    id: int
+    profile: Profile  # what the job really does (the simulator's truth)
+    arrival: float = 0.0
+    budget: int | None = None  # bytes; None: colo budgets the profile's peak
+    uid: int = 0
+    priority: int = 0
+    known: bool = True  # colo's policy sees the profile (False: a first run, unprofiled)
+    name: str = ""
+
+
+@dataclass
+class Workload:
+    name: str
+    jobs: list[SimJob]
+    gpu_mem: int = DEFAULT_GPU_MEM
+    seed: int | None = None
+
+
+# ---- workload files -------------------------------------------------------------------------
+
+def budget_for(p: Profile) -> int:
+    """Peak use plus 5 %, rounded up to 256 MiB: the budget a careful user would ask for."""
+    q = 256 * MiB
+    return int(math.ceil(p.peak_mem * 1.05 / q) * q) or q
+
+
+def dumps_workload(w: Workload) -> str:
+    lines = [f"{WORKLOAD_FORMAT} {WORKLOAD_VERSION}", f"name {w.name}", f"gpu_mem {w.gpu_mem // MiB}MiB"]
+    if w.seed is not None:
+        lines.append(f"seed {w.seed}")
+    lines.append("# job ARRIVAL_S PROFILE BUDGET [uid=N] [priority=N] [known=no]")
+    for j in w.jobs:
+        extra = "".join([f" uid={j.uid}" if j.uid else "", f" priority={j.priority}" if j.priority else "",
+                         "" if j.known else " known=no"])
+        b = "-" if j.budget is None else f"{j.budget // MiB}MiB"
+        lines.append(f"job {j.arrival:g} {j.profile.name} {b}{extra}")
+    return "\n".join(lines) + "\n"
+
+
+def loads_workload(text: str, store: ProfileStore, origin: str = "<workload>") -> Workload:
+    name, gpu_mem, seed, jobs, seen = Path(origin).stem, DEFAULT_GPU_MEM, None, [], False
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        where = f"{origin}:{n}"
+        if not seen:
+            if parts[:1] != [WORKLOAD_FORMAT] or len(parts) != 2 or not parts[1].isdigit():
+                raise SimError(f"{where}: not a workload (first line must be '{WORKLOAD_FORMAT} {WORKLOAD_VERSION}')")
+            if int(parts[1]) > WORKLOAD_VERSION:
+                raise SimError(f"{where}: workload format {parts[1]} is newer than this colo reads")
+            seen = True
+            continue
+        try:
+            if parts[0] == "name":
+                name = parts[1]
+            elif parts[0] == "gpu_mem":
+                gpu_mem = parse_size(parts[1])
+            elif parts[0] == "seed":
+                seed = int(parts[1])
+            elif parts[0] == "job":
+                if len(parts) < 4:
+                    raise SimError(f"{where}: use 'job ARRIVAL PROFILE BUDGET [key=value ...]'")
+                prof = store.get(parts[2])
+                if prof is None:
+                    raise SimError(f"{where}: no profile named {parts[2]!r}")
+                opts = dict(kv.split("=", 1) for kv in parts[4:])
+                jobs.append(SimJob(id=len(jobs) + 1, profile=prof, arrival=float(parts[1]),
+                                   budget=None if parts[3] == "-" else parse_size(parts[3]),
+                                   uid=int(opts.get("uid", 0)), priority=int(opts.get("priority", 0)),
+                                   known=opts.get("known", "yes") != "no", name=parts[2]))
+            else:
+                raise SimError(f"{where}: unknown line {parts[0]!r}")
+        except (ValueError, IndexError) as e:
+            if isinstance(e, SimError):
+                raise
+            raise SimError(f"{where}: {e}") from None
+    if not seen:
+        raise SimError(f"{origin}: empty workload")
+    return Workload(name, jobs, gpu_mem, seed)
+
+
+def workloads_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "workloads"
+
+
+MIXES = ("heavy", "light", "memory-heavy", "memory-light", "random")
+
+
+def load_workload(name_or_path: str, store: ProfileStore | None = None) -> Workload:
+    """A path, or the name of a shipped mix (heavy, light, memory-heavy, memory-light, random)."""
+    store = store or ProfileStore([shipped_dir()])
+    p = Path(name_or_path)
+    if not p.is_file():
+        shipped = workloads_dir() / f"{name_or_path}.workload"
+        if re.fullmatch(r"[A-Za-z0-9_-]+", name_or_path) and shipped.is_file():
+            p = shipped
+        else:
+            raise SimError(f"no workload file {name_or_path!r} (shipped mixes: {', '.join(MIXES)})")
+    return loads_workload(p.read_text(), store, str(p))
+
+
+# The classes of DESIGN.md "Workloads from the studies".
+CLASSES = {
+    "heavy": ["vgg11", "vgg16", "resnet50", "resnet101", "resnet152", "qmcpack", "hoomd", "lammps"],
+    "light": ["alexnet", "gromacs"],
+    "memory-heavy": ["vgg11", "vgg16", "resnet50", "resnet101", "resnet152"],
+    "memory-light": ["alexnet", "googlenet", "qmcpack", "hoomd", "gromacs"],
+    "random": ["vgg11", "vgg16", "resnet50", "resnet101", "resnet152", "alexnet", "googlenet",
+               "lammps", "qmcpack", "hoomd", "gromacs"],
+}
+
+
+def make_mix(kind: str, seed: int, store: ProfileStore | None = None, n: int = 30) -> Workload:
+    """n jobs drawn at random from a class, all arriving at once (as in the study)."""
+    store = store or ProfileStore([shipped_dir()])
+    if kind not in CLASSES:
+        raise SimError(f"unknown mix {kind!r}: one of {', '.join(CLASSES)}")
+    rng = np.random.default_rng(seed)
+    names = [CLASSES[kind][i] for i in rng.integers(0, len(CLASSES[kind]), n)]
+    jobs = []
+    for i, nm in enumerate(names, 1):
+        p = store.get(nm)
+        if p is None:
+            raise SimError(f"mix {kind}: profile {nm!r} missing")
+        jobs.append(SimJob(i, p, 0.0, budget_for(p), name=nm))
+    return Workload(kind, jobs, DEFAULT_GPU_MEM, seed)
+
+
+def jobs_from_history(rows: list[dict], store: ProfileStore | None = None) -> list[SimJob]:
+    """SimJobs from the daemon's job rows (colo.jobs.Job.to_dict()). A job's profile is the one it
+    ran under when the store has it (its run time alone); else a flat profile made from its budget
+    and measured run time (SM unknown: 0.5). Jobs that never started or need no GPU are skipped."""
+    store = store or ProfileStore([shipped_dir()])
+    ran = [r for r in rows if r.get("started_at") is not None and r.get("ended_at") is not None
+           and (r.get("spec") or {}).get("gpus", 1) > 0]
+    if not ran:
+        return []
+    t0 = min(float(r.get("submitted_at") or r["started_at"]) for r in ran)
+    out = []
+    for i, r in enumerate(sorted(ran, key=lambda r: (r.get("submitted_at") or 0, r.get("id", 0))), 1):
+        spec = r.get("spec") or {}
+        name = spec.get("profile")
+        prof = store.get(name) if name else None
+        budget = int(spec.get("gpu_mem") or 0) or None
+        known = prof is not None
+        if prof is None:
+            runtime = max(1.0, float(r["ended_at"]) - float(r["started_at"]))
+            step = max(1.0, runtime / 500)
+            npts = max(1, math.ceil(runtime / step))
+            mem = int(budget * 0.8) if budget else 1 * GiB
+            prof = Profile(name=name or f"job{r.get('id', i)}", step=step, runtime=runtime, sm=np.full(npts, 0.5),
+                           mem=np.full(npts, mem, dtype=np.int64), membw=np.full(npts, 0.3))
+        out.append(SimJob(id=int(r.get("id", i)), profile=prof,
+                          arrival=float(r.get("submitted_at") or r["started_at"]) - t0, budget=budget,
+                          uid=int(r.get("uid", 0)), priority=int(spec.get("priority", 0)), known=known,
+                          name=prof.name))
+    return out
+
+
+# ---- the simulated node ---------------------------------------------------------------------
+
+class _Run:
+    """One job in the simulation (and its current attempt)."""
+
+    def __init__(self, job: SimJob, seq: int):
+        self.job, self.seq = job, seq
+        p = job.profile
+        self.sm, self.mem, self.membw = p.sm, p.mem, p.membw
+        self.step, self.runtime, self.n = p.step, p.runtime, len(p.sm)
+        self.p = 0.0  # progress in seconds of alone work
+        self.state = "pending"
+        self.gpu: int | None = None
+        self.mode = ""
+        self.budget: int | None = None  # enforced budget of this attempt (None: no budget)
+        self.start = self.end = None
+        self.tries = 0
+        self.ooms = 0
+        self.seg = 0
+        self.reason = ""
+
+    def segment(self) -> int:
+        return min(int(self.p / self.step + 1e-9), self.n - 1)
+
+    def next_boundary(self) -> float:
+        return min(self.runtime, (self.segment() + 1) * self.step)
+
+
+@dataclass
+class SimGpu:
+    index: int
+    capacity: int
+    usable: int
+    runs: list = field(default_factory=list)
+
+
+Start = tuple  # (run, gpu index, mode, enforced budget or None)
+PolicyFn = Callable[[float, list, list, list, pol.PolicyConfig], list]
+
+
+@dataclass
+class Result:
+    policy: str
+    makespan: float
+    mean_jct: float
+    p95_jct: float
+    p95_slowdown: float
+    sm_util: float
+    mem_util: float
+    oom: int  # OOM failures (each attempt counted)
+    lost: int  # jobs that never completed
+    unslowed: int  # jobs that ran with no slowdown (< 1 %)
+    jobs: list[dict] = field(default_factory=list)
+    timeline: list[tuple] = field(default_factory=list)  # (t0, t1, gpu, sm use, jobs running)
+
+    def summary(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("policy", "makespan", "mean_jct", "p95_jct", "p95_slowdown",
+                                              "sm_util", "mem_util", "oom", "lost", "unslowed")}
+
+
+def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int = 1,
+             gpu_mem: int = DEFAULT_GPU_MEM, config: pol.PolicyConfig | None = None,
+             replan_every: float | None = REPLAN_EVERY, name: str | None = None) -> Result:
+    config = config or pol.PolicyConfig()
+    fn = POLICIES[policy] if isinstance(policy, str) else policy
+    label = policy if isinstance(policy, str) else (name or getattr(policy, "__name__", "custom"))
+    node = [SimGpu(i, gpu_mem, gpu_mem - config.reserve) for i in range(gpus)]
+    runs = [_Run(j, i) for i, j in enumerate(sorted(jobs, key=lambda j: (j.arrival, j.id)))]
+    pending = list(runs)
+    queue: list[_Run] = []
+    t = 0.0
+    oom = 0
+    sm_area = mem_area = 0.0
+    timeline: list[tuple] = []
+    next_tick = 0.0
+    replan = True
+
+    def fail(r: _Run, why: str) -> None:
+        nonlocal oom, replan
+        oom += 1
+        r.ooms += 1
+        node[r.gpu].runs.remove(r)
+        r.gpu, replan = None, True
+        if r.tries >= MAX_TRIES:
+            r.state, r.reason, r.end = "lost", why, t
+        else:
+            r.state, r.p, r.reason = "queued", 0.0, why
+            queue.append(r)
+            queue.sort(key=lambda x: x.seq)
+
+    def check_memory(g: SimGpu, grown: list[_Run]) -> None:
+        for r in list(grown):
+            if r.budget is not None and r.mem[r.segment()] > r.budget:
+                fail(r, f"OOM: {format_size(int(r.mem[r.segment()]))} passes its budget {format_size(r.budget)}")
+        used = sum(int(r.mem[r.segment()]) for r in g.runs)
+        for r in [r for r in grown if r in g.runs]:
+            if used <= g.capacity:
+                break
+            used -= int(r.mem[r.segment()])
+            fail(r, f"OOM: GPU{g.index} memory exhausted")
+
+    while True:
+        while pending and pending[0].job.arrival <= t + 1e-9:
+            r = pending.pop(0)
+            r.state = "queued"
+            queue.append(r)
+            replan = True
+        if replan_every is not None and t >= next_tick - 1e-9:
+            replan, next_tick = True, t + replan_every
+        if replan and queue:
+            running = [r for g in node for r in g.runs]
+            for r, gi, mode, budget in fn(t, list(queue), running, node, config):
+                queue.remove(r)
+                g = node[gi]
+                r.state, r.gpu, r.mode, r.budget, r.start, r.p = "running", gi, mode, budget, t, 0.0
+                r.tries += 1
+                r.seg = 0
+                g.runs.append(r)
+                check_memory(g, [r])
+        replan = False
+        running = [r for g in node for r in g.runs]
+        if not running and not pending:
+            for r in queue:
+                r.state, r.reason, r.end = "lost", "never started: no GPU can take it", t
+            break
+        # rates of everyone, per GPU
+        rate: dict[int, float] = {}
+        for g in node:
+            if not g.runs:
+                continue
+            seg = [r.segment() for r in g.runs]
+            sm = np.array([r.sm[s] for r, s in zip(g.runs, seg)])
+            bw = np.array([r.membw[s] for r, s in zip(g.runs, seg)])
+            cb = np.array([r.job.profile.cache_bound for r in g.runs])
+            mps = np.array([r.mode == "mps" for r in g.runs])
+            rr = simmodel.rates(sm, bw, cb, mps)[:, 0]
+            for r, x in zip(g.runs, rr):
+                rate[id(r)] = float(x)
+        dt = math.inf
+        if pending:
+            dt = pending[0].job.arrival - t
+        if replan_every is not None and queue:
+            dt = min(dt, next_tick - t)
+        for r in running:
+            dt = min(dt, (r.next_boundary() - r.p) / rate[id(r)])
+        dt = max(dt, 0.0)
+        for g in node:
+            if g.runs:
+                use = min(1.0, sum(r.sm[r.segment()] * rate[id(r)] for r in g.runs))
+                memu = sum(int(r.mem[r.segment()]) for r in g.runs) / g.capacity
+                sm_area += use * dt
+                mem_area += min(1.0, memu) * dt
+                if dt > 0:
+                    timeline.append((t, t + dt, g.index, use, len(g.runs)))
+        t += dt
+        for g in node:
+            grown = []
+            for r in list(g.runs):
+                before = r.segment()
+                r.p = min(r.runtime, r.p + rate[id(r)] * dt)
+                if r.p >= r.runtime - 1e-6:
+                    g.runs.remove(r)
+                    r.state, r.end, r.gpu, replan = "done", t, None, True
+                elif r.segment() != before and r.mem[r.segment()] > r.mem[before]:
+                    grown.append(r)
+            if grown:
+                check_memory(g, grown)
+    return _result(label, runs, t, sm_area, mem_area, oom, gpus, timeline)
+
+
+def _result(label, runs, t_end, sm_area, mem_area, oom, gpus, timeline) -> Result:
+    done = [r for r in runs if r.state == "done"]
+    makespan = max((r.end for r in runs if r.end is not None), default=0.0)  # lost jobs end too
+    jct = np.array([r.end - r.job.arrival for r in done]) if done else np.zeros(1)
+    slow = np.array([(r.end - r.start) / r.runtime for r in done]) if done else np.ones(1)
+    span = max(t_end, 1e-9) * gpus
+    jobs = [{"id": r.job.id, "profile": r.job.profile.name, "state": r.state, "arrival": r.job.arrival,
+             "start": r.start, "end": r.end, "mode": r.mode, "gpu": r.gpu, "tries": r.tries,
+             "ooms": r.ooms, "reason": r.reason} for r in runs]
+    return Result(label, float(makespan), float(jct.mean()), float(np.percentile(jct, 95)),
+                  float(np.percentile(slow, 95)), sm_area / span, mem_area / span, oom,
+                  sum(r.state == "lost" for r in runs), int((slow < 1.01).sum()) if done else 0, jobs, timeline)
+
+
+# ---- policies ---------------------------------------------------------------------------------
+
+def colo(now, queue, running, node, cfg):
+    """colo's own policy: policy.plan(), unchanged; budgets enforced (the interposer)."""
+    views = [pol.GpuView(f"sim-gpu{g.index}", g.index, g.usable, mps="active") for g in node]
+    placed = [pol.Placed(r.job.id, (f"sim-gpu{r.gpu}",), r.budget or 0, r.job.uid, r.mode,
+                         r.job.profile if r.job.known else None, now - r.start) for r in running]
+    by_id = {r.job.id: r for r in queue}
+    cands = [pol.Candidate(r.job.id, r.job.budget or budget_for(r.job.profile), 1, r.job.uid,
+                           r.job.priority, r.seq, r.job.profile if r.job.known else None) for r in queue]
+    out = []
+    for d in pol.plan(cands, views, placed, cfg):
+        if d.action == pol.START:
+            r = by_id[d.job_id]
+            out.append((r, int(d.gpus[0].removeprefix("sim-gpu")), d.mode, r.job.budget or budget_for(r.job.profile)))
+    return out
+
+
+def _exclusive(key):
+    def fn(now, queue, running, node, cfg):
+        idle = [g for g in node if not g.runs]
+        q = sorted(queue, key=key)
+        return [(r, g.index, "timesliced", None) for g, r in zip(idle, q)]
+    return fn
+
+
+exclusive_fifo = _exclusive(lambda r: r.seq)
+exclusive_sjf = _exclusive(lambda r: (r.runtime, r.seq))
+
+
+def _pack(sm_of, mem_of, tetris: bool):
+    """Co-locate under MPS while the summed SM (per job: sm_of) stays <= 1 and the summed memory
+    (mem_of) within capacity. No budgets: a job may grow past what it was packed by."""
+    def fn(now, queue, running, node, cfg):
+        load = {g.index: [sum(sm_of(r) for r in g.runs), sum(mem_of(r) for r in g.runs)] for g in node}
+        out, q = [], sorted(queue, key=lambda r: r.seq)
+        for g in node:
+            while q:
+                free_sm, free_mem = 1.0 - load[g.index][0], g.capacity - load[g.index][1]
+                fits = [r for r in q if (sm_of(r) <= free_sm + 1e-9 or not (g.runs or load[g.index][1]))
+                        and mem_of(r) <= free_mem]
+                if not fits:
+                    break
+                # Tetris: the best-aligned job (demand . free); else first fit in arrival order
+                r = max(fits, key=lambda r: sm_of(r) * free_sm + mem_of(r) / g.capacity * free_mem / g.capacity) if tetris else fits[0]
+                q.remove(r)
+                load[g.index][0] += sm_of(r)
+                load[g.index][1] += mem_of(r)
+                out.append((r, g.index, "mps", None))
+        return out
+    return fn
+
+
+tetris = _pack(lambda r: r.job.profile.peak_sm, lambda r: r.job.profile.peak_mem, True)
+mean_pack = _pack(lambda r: r.job.profile.mean_sm, lambda r: r.job.profile.mean_mem, False)
+
+
+def naive(now, queue, running, node, cfg):
+    """Time-slicing replicas: everything starts at once, no budgets."""
+    counts = {g.index: len(g.runs) for g in node}
+    out = []
+    for r in sorted(queue, key=lambda r: r.seq):
+        gi = min(counts, key=lambda i: (counts[i], i))
+        counts[gi] += 1
+        out.append((r, gi, "timesliced", None))
+    return out
+
+
+def mps_all(now, queue, running, node, cfg):
+    """Everything at once under MPS, with budgets; for calibration, not a contender."""
+    return [(r, i % len(node), "mps", r.job.budget) for i, r in enumerate(sorted(queue, key=lambda r: r.seq))]
+
+
+POLICIES: dict[str, PolicyFn] = {"exclusive-fifo": exclusive_fifo, "exclusive-sjf": exclusive_sjf,
+                                 "tetris": tetris, "mean-pack": mean_pack, "naive": naive, "colo": colo,
+                                 "mps-all": mps_all}
+DEFAULT_POLICIES = ["exclusive-fifo", "exclusive-sjf", "tetris", "mean-pack", "naive", "colo"]
+
+
+def compare(jobs: Sequence[SimJob], policies: Sequence[str] = DEFAULT_POLICIES, gpus: int = 1,
+            gpu_mem: int = DEFAULT_GPU_MEM, config: pol.PolicyConfig | None = None) -> list[Result]:
+    for p in policies:
+        if p not in POLICIES:
+            raise SimError(f"unknown policy {p!r}: one of {', '.join(POLICIES)}")
+    return [simulate(jobs, p, gpus, gpu_mem, config) for p in policies]
+
+
+# ---- output -------------------------------------------------------------------------------------
+
+def table(results: Sequence[Result], baseline: str = "exclusive-sjf") -> str:
+    base = next((r.makespan for r in results if r.policy == baseline), None)
+    head = f"{'policy':15s} {'makespan':>9s} {'vs SJF':>7s} {'mean JCT':>9s} {'p95 JCT':>8s} {'p95 slow':>8s} {'SM util':>7s} {'mem util':>8s} {'OOM':>4s} {'lost':>4s}"
+    lines = [head]
+    for r in results:
+        rel = f"{r.makespan / base:.3f}" if base else "-"
+        mark = "*" if r.lost else "s"  # lost jobs end early: the makespan covers fewer jobs
+        lines.append(f"{r.policy:15s} {r.makespan:8.0f}{mark} {rel:>7s} {r.mean_jct:8.0f}s {r.p95_jct:7.0f}s "
+                     f"{r.p95_slowdown:7.2f}x {r.sm_util * 100:6.0f}% {r.mem_util * 100:7.0f}% {r.oom:4d} {r.lost:4d}")
+    if any(r.lost for r in results):
+        lines.append("* jobs were lost (OOM more than MAX_TRIES times, or never fit): makespan ends with the last loss")
+    return "\n".join(lines)
+
+
+_SHADES = " .:-=+*#%@"
+
+
+def plot(result: Result, gpus: int, width: int = 72) -> str:
+    """Text occupancy: per GPU, mean SM use over time (shade) and jobs running (digit)."""
+    end = max((t1 for _, t1, *_ in result.timeline), default=0.0)
+    if end <= 0:
+        return f"{result.policy}: nothing ran"
+    sm = np.zeros((gpus, width))
+    cnt = np.zeros((gpus, width))
+    for t0, t1, g, use, n in result.timeline:
+        a, b = t0 / end * width, t1 / end * width
+        for col in range(int(a), min(width, int(math.ceil(b)))):
+            w = min(b, col + 1) - max(a, col)
+            if w > 0:
+                sm[g, col] += use * w
+                cnt[g, col] = max(cnt[g, col], n)
+    lines = [f"{result.policy}: 0 .. {end:.0f}s, shade = SM use, digit = jobs running"]
+    for g in range(gpus):
+        lines.append(f"GPU{g} SM   |" + "".join(_SHADES[min(9, int(x * 9.999))] for x in sm[g]) + "|")
+        lines.append(f"GPU{g} jobs |" + "".join(" " if c == 0 else (str(int(c)) if c < 10 else "+") for c in cnt[g]) + "|")
+    return "\n".join(lines)

@@ -1,0 +1,184 @@
+"""plan(): memory admission (invariant 1), and the MPS / time-sliced / wait choice from profiles."""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from colo import policy as pol
+from colo.policy import START, WAIT, Candidate, GpuView, Placed, PolicyConfig, plan
+from colo.profiles import Profile, ProfileStore, shipped_dir
+
+GiB = 1024**3
+
+
+def flat(name, sm, bw=0.2, runtime=100.0, cache_bound=False, mem=GiB):
+    n = int(runtime)
+    return Profile(name=name, step=1.0, sm=np.full(n, sm), mem=np.full(n, mem), membw=np.full(n, bw),
+                   runtime=runtime, cache_bound=cache_bound)
+
+
+LIGHT = flat("light", 0.30)
+LIGHT2 = flat("light2", 0.32)
+HOT = flat("hot", 1.0, bw=0.9, cache_bound=True)
+HOT2 = flat("hot2", 1.0, bw=0.9, cache_bound=True)
+G0 = GpuView("gpu-0", 0, int(79.6 * GiB), mps="active")
+
+
+def one(cands, gpus=(G0,), placed=(), **cfg):
+    return plan(cands, list(gpus), list(placed), PolicyConfig(**cfg))
+
+
+# ---- memory: the hard rule, unchanged behaviour for jobs without profiles ----------------------
+
+def test_priority_then_fifo_and_backfill():
+    g = GpuView("g", 0, 10 * GiB)
+    d = plan([Candidate(1, 8 * GiB, seq=1), Candidate(2, 4 * GiB, seq=2, priority=5),
+              Candidate(3, 6 * GiB, seq=3), Candidate(4, 2 * GiB, seq=4)], [g], [])
+    assert [x.job_id for x in d] == [2, 1, 3, 4]
+    by = {x.job_id: x for x in d}
+    assert by[2].action == START and by[1].action == WAIT and "waiting for memory" in by[1].reason
+    assert by[3].action == START and by[4].action == WAIT  # 4 + 6 = 10: full
+    assert by[2].mode == "timesliced"  # no profile: time-sliced, profiled
+
+
+def test_best_fit_and_no_gpu_jobs():
+    a, b = GpuView("a", 0, 16 * GiB), GpuView("b", 1, 16 * GiB)
+    placed = [Placed(9, ("a",), 10 * GiB)]
+    d = plan([Candidate(1, 4 * GiB, seq=1), Candidate(2, 0, gpus=0, seq=2)], [a, b], placed)
+    assert d[0].gpus == ("a",)  # least room left over
+    assert (d[1].action, d[1].mode, d[1].gpus) == (START, "none", ())
+
+
+def test_prohibited_gpu_takes_nothing_and_can_ever_fit():
+    g = GpuView("p", 0, 16 * GiB, compute_mode="prohibited")
+    assert plan([Candidate(1, GiB, profile=LIGHT)], [g], [])[0].action == WAIT
+    assert pol.can_ever_fit(20 * GiB, 1, [g]) is not None and pol.can_ever_fit(GiB, 0, []) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 2), st.sampled_from([None, LIGHT, HOT, LIGHT2]),
+                          st.integers(0, 1)), min_size=1, max_size=25),
+       st.lists(st.tuples(st.integers(0, 2), st.integers(1, 8)), max_size=4))
+def test_invariant_1_budgets_never_exceed_usable(cands, placed):
+    gpus = [GpuView(f"g{i}", i, 16 * GiB, compute_mode="exclusive_process" if i == 2 else "default", mps="active")
+            for i in range(3)]
+    pl = [Placed(100 + i, (f"g{gi}",), b * GiB, mode="mps", profile=LIGHT) for i, (gi, b) in enumerate(placed)
+          if sum(bb for g2, bb in placed[: i + 1] if g2 == gi) <= 16]
+    cs = [Candidate(i, b * GiB, gpus=n, seq=i, profile=p, uid=u) for i, (b, n, p, u) in enumerate(cands)]
+    used = pol.free_budget(gpus, pl)
+    for d in plan(cs, gpus, pl):
+        for u in d.gpus:
+            used[u] -= next(c.budget for c in cs if c.job_id == d.job_id)
+        if d.action == START and any(u == "g2" for u in d.gpus):
+            assert d.mode == "mps"  # invariant 4: EXCLUSIVE_PROCESS takes MPS clients only
+        json.dumps(d.details)
+    assert all(v >= 0 for v in used.values())
+
+
+# ---- profiles decide the mode ------------------------------------------------------------------
+
+def test_light_pair_shares_under_mps_with_the_reason_colo_explain_prints():
+    d = one([Candidate(5, 3 * GiB, profile=LIGHT2)], placed=[Placed(4, ("gpu-0",), 3 * GiB, mode="mps", profile=LIGHT, elapsed=10)])[0]
+    assert (d.action, d.mode) == (START, "mps")
+    assert d.reason == ("MPS on GPU0: predicted peak SM 62 % (job 4: 30 %, this job: 32 %) < 85 %; "
+                        "memory 6.0 of 79.6 GiB budgeted")
+    assert d.details["peak_sm"] == pytest.approx(0.62) and d.details["sm_by_job"] == {"4": 0.3, "this": 0.32}
+    assert d.thread_pct == 40  # 32 % x 1.25 headroom, rounded up to 5 %
+    json.dumps(d.details)
+
+
+def test_two_light_candidates_start_together_under_mps():
+    d = one([Candidate(1, GiB, seq=1, profile=LIGHT), Candidate(2, GiB, seq=2, profile=LIGHT2)])
+    assert [(x.action, x.mode) for x in d] == [(START, "mps"), (START, "mps")]
+
+
+def test_saturating_cache_bound_pair_waits():
+    d = one([Candidate(2, GiB, profile=HOT2)], placed=[Placed(1, ("gpu-0",), GiB, profile=HOT, mode="timesliced")])[0]
+    assert d.action == WAIT
+    assert "predicted to cost more than it gains" in d.reason and "peak SM 200 %" in d.reason
+    tp = d.details["throughput"]
+    assert tp["timesliced"] < tp["wait"] and "mps" not in tp
+
+
+def test_time_sliced_when_it_beats_waiting():
+    """A resident that leaves the GPU idle for a while: sharing it in time pays off."""
+    idle_then_hot = Profile(name="phases", step=1.0, sm=np.r_[np.zeros(80), np.ones(20)], mem=np.full(100, GiB),
+                            membw=np.r_[np.zeros(80), np.full(20, 0.5)], runtime=100)
+    d = one([Candidate(2, GiB, profile=HOT)], placed=[Placed(1, ("gpu-0",), GiB, profile=idle_then_hot, mode="mps")])[0]
+    assert (d.action, d.mode) == (START, "timesliced"), d.reason
+    assert re.search(r"sharing would saturate: predicted peak SM 200 %.*throughput [\d.]+ vs 1\.00 waiting", d.reason)
+
+
+def test_unprofiled_job_runs_time_sliced_next_to_others():
+    d = one([Candidate(2, GiB)], placed=[Placed(1, ("gpu-0",), GiB, profile=HOT)])[0]
+    assert (d.action, d.mode) == (START, "timesliced") and "no profile yet" in d.reason
+
+
+def test_uid_rule_without_and_with_multi_user_mps():
+    placed = [Placed(1, ("gpu-0",), GiB, uid=1000, mode="mps", profile=LIGHT)]
+    c = [Candidate(2, GiB, uid=1001, profile=LIGHT2)]
+    d = one(c, placed=placed)[0]
+    assert d.mode != "mps" and (d.action == WAIT or d.mode == "timesliced")
+    assert "uid 1000" in d.reason
+    assert one(c, placed=placed, multi_user_mps=True)[0].mode == "mps"
+    assert one([Candidate(2, GiB, uid=1000, profile=LIGHT2)], placed=placed)[0].mode == "mps"
+
+
+def test_mps_fault_and_mps_off():
+    g = GpuView("gpu-0", 0, 16 * GiB, mps="fault")
+    assert one([Candidate(1, GiB, profile=LIGHT)], gpus=[g])[0].mode == "timesliced"
+    assert one([Candidate(1, GiB, profile=LIGHT)], use_mps=False)[0].mode == "timesliced"
+
+
+def test_exclusive_process_gpu_takes_mps_clients_only():
+    g = GpuView("x", 0, 16 * GiB, compute_mode="exclusive_process", mps="active")
+    assert one([Candidate(1, GiB, profile=HOT)], gpus=[g])[0].mode == "mps"
+    busy = [Placed(1, ("x",), GiB, mode="mps", profile=LIGHT)]
+    assert one([Candidate(2, GiB)], gpus=[g], placed=busy)[0].action == WAIT  # unprofiled: not co-located
+    assert one([Candidate(2, GiB, profile=LIGHT2)], gpus=[g], placed=busy)[0].mode == "mps"
+    assert one([Candidate(2, GiB, profile=HOT)], gpus=[g], placed=busy)[0].action == WAIT
+    faulted = GpuView("x", 0, 16 * GiB, compute_mode="exclusive_process", mps="fault")
+    d = one([Candidate(1, GiB, profile=LIGHT)], gpus=[faulted])[0]
+    assert d.action == WAIT and "EXCLUSIVE_PROCESS" in d.reason
+
+
+def test_prefers_a_free_gpu_over_a_costly_share():
+    a, b = GpuView("a", 0, 16 * GiB, mps="active"), GpuView("b", 1, 16 * GiB, mps="active")
+    idle_then_hot = Profile(name="ph", step=1.0, sm=np.r_[np.zeros(80), np.ones(20)], mem=np.full(100, GiB),
+                            membw=np.zeros(100), runtime=100)
+    d = plan([Candidate(2, GiB, profile=HOT)], [a, b], [Placed(1, ("a",), GiB, profile=idle_then_hot)])[0]
+    assert d.gpus == ("b",)
+
+
+def test_shipped_profiles_light_pair_and_heavy_pair():
+    s = ProfileStore([shipped_dir()])
+    g = GpuView("t", 0, 12 * GiB, mps="active")
+    light = plan([Candidate(1, 3 * GiB, seq=1, profile=s.get("alexnet")), Candidate(2, GiB, seq=2, profile=s.get("gromacs"))], [g], [])
+    assert [x.mode for x in light] == ["mps", "mps"]
+    heavy = plan([Candidate(1, 2 * GiB, seq=1, profile=s.get("hoomd")), Candidate(2, 2 * GiB, seq=2, profile=s.get("hoomd"))], [g], [])
+    assert heavy[0].action == START and heavy[1].action == WAIT
+
+
+def test_plan_is_fast_on_a_long_queue():
+    """10,000 queued over 8 GPUs: the pass must stay far below the scheduler's tick."""
+    import time
+
+    s = ProfileStore([shipped_dir()])
+    profs = s.ls()
+    gpus = [GpuView(f"u{i}", i, 80 * GiB, mps="active") for i in range(8)]
+    placed = [Placed(i, (f"u{i % 8}",), 70 * GiB, mode="mps", profile=profs[i % len(profs)], elapsed=5.0) for i in range(8)]
+    rng = np.random.default_rng(1)
+    cands = [Candidate(100 + i, int(rng.integers(1, 40)) * GiB, seq=i, uid=int(rng.integers(0, 3)),
+                       profile=profs[i % len(profs)] if i % 5 else None) for i in range(10_000)]
+    best = min(_timed(lambda: plan(cands, gpus, placed), time) for _ in range(7))
+    assert best < 0.020, f"plan() took {best * 1000:.1f} ms"
+
+
+def _timed(fn, time):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t

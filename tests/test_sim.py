@@ -1,0 +1,198 @@
+"""colo sim: calibration against DESIGN.md, hand-built cases with known answers, the bar on the
+shipped mixes, determinism, history replay, and the CLI."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from colo import cli_sim, policy, sim, simmodel
+from colo.profiles import Profile, ProfileStore, shipped_dir
+
+GiB = 1024**3
+
+
+def flat(name, sm, bw, runtime, cache_bound=False, mem=GiB, step=None):
+    step = step or runtime / 10
+    n = 10
+    return Profile(name=name, step=step, sm=np.full(n, sm), mem=np.full(n, mem), membw=np.full(n, bw),
+                   runtime=runtime, cache_bound=cache_bound)
+
+
+def pair(p, budget=2 * GiB):
+    return [sim.SimJob(1, p, budget=budget), sim.SimJob(2, p, budget=budget)]
+
+
+LIGHT = flat("cal-light", **{k: simmodel.CAL_LIGHT[k] for k in ("sm", "runtime", "cache_bound")}, bw=simmodel.CAL_LIGHT["membw"])
+HEAVY = flat("cal-heavy", **{k: simmodel.CAL_HEAVY[k] for k in ("sm", "runtime", "cache_bound")}, bw=simmodel.CAL_HEAVY["membw"])
+
+
+def test_model_reproduces_the_study_figures():
+    assert sim.simulate(pair(LIGHT), "mps-all").makespan == pytest.approx(0.74, abs=0.005)
+    assert sim.simulate(pair(LIGHT), "naive").makespan == pytest.approx(1.50, abs=0.005)
+    assert sim.simulate(pair(HEAVY), "mps-all").makespan == pytest.approx(223.6, abs=0.2)
+    assert sim.simulate(pair(HEAVY), "naive").makespan == pytest.approx(61.5, abs=0.1)
+
+
+def test_colo_shares_two_light_jobs_under_mps():
+    r = sim.simulate(pair(LIGHT), "colo")
+    assert [j["mode"] for j in r.jobs] == ["mps", "mps"] and [j["start"] for j in r.jobs] == [0.0, 0.0]
+    assert r.makespan == pytest.approx(0.74, abs=0.005) and r.oom == 0
+
+
+def test_colo_does_not_share_two_saturating_cache_bound_jobs():
+    r = sim.simulate(pair(HEAVY), "colo")
+    starts = sorted(j["start"] for j in r.jobs)
+    assert starts[1] >= starts[0] + HEAVY.runtime - 1e-6  # one after the other
+    assert r.makespan == pytest.approx(2 * HEAVY.runtime, rel=1e-3)  # beats 61.5 (TS) and 223.6 (MPS)
+
+
+def test_naive_sharing_ooms_where_budgets_queue():
+    grow = Profile(name="grow", step=10, sm=np.full(10, 0.5), membw=np.full(10, 0.3),
+                   mem=(np.linspace(1, 8, 10) * GiB).astype(np.int64), runtime=100)
+    jobs = pair(grow, budget=8 * GiB + GiB // 2)
+    naive = sim.simulate(jobs, "naive")
+    assert naive.oom >= 1
+    colo = sim.simulate(jobs, "colo")
+    assert colo.oom == 0 and colo.lost == 0 and colo.makespan == pytest.approx(200, rel=1e-3)
+    assert sim.simulate(jobs, "mean-pack").oom >= 1  # packs by mean use: runs out
+
+
+def test_a_job_past_its_budget_fails_alone():
+    grow = Profile(name="grow", step=10, sm=np.full(10, 0.2), membw=np.full(10, 0.1),
+                   mem=(np.linspace(1, 4, 10) * GiB).astype(np.int64), runtime=100)
+    ok = flat("ok", 0.2, 0.1, 100)
+    r = sim.simulate([sim.SimJob(1, grow, budget=2 * GiB), sim.SimJob(2, ok, budget=2 * GiB)], "colo")
+    by = {j["id"]: j for j in r.jobs}
+    assert by[1]["state"] == "lost" and "passes its budget" in by[1]["reason"] and by[1]["ooms"] == sim.MAX_TRIES
+    assert by[2]["state"] == "done" and by[2]["ooms"] == 0
+
+
+def test_colo_in_sim_is_policy_plan(monkeypatch):
+    calls = []
+    real = policy.plan
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(policy, "plan", spy)
+    sim.simulate(pair(LIGHT), "colo")
+    assert calls
+
+
+def test_mixes_are_deterministic_and_match_the_shipped_files():
+    for kind in sim.MIXES:
+        a, b = sim.make_mix(kind, 7), sim.make_mix(kind, 7)
+        assert sim.dumps_workload(a) == sim.dumps_workload(b)
+        assert sim.dumps_workload(a) == (sim.workloads_dir() / f"{kind}.workload").read_text()
+        assert len(a.jobs) == 30 and {j.profile.name for j in a.jobs} <= set(sim.CLASSES[kind])
+    assert sim.dumps_workload(sim.make_mix("random", 8)) != sim.dumps_workload(sim.make_mix("random", 7))
+    w = sim.load_workload("random")
+    first = [r.summary() for r in sim.compare(w.jobs, ["colo", "tetris"])]
+    assert first == [r.summary() for r in sim.compare(w.jobs, ["colo", "tetris"])]
+
+
+@pytest.fixture(scope="module")
+def mix_results():
+    return {k: {r.policy: r for r in sim.compare(sim.load_workload(k).jobs)} for k in sim.MIXES}
+
+
+@pytest.mark.parametrize("kind", ["heavy", "memory-heavy"])
+def test_bar_heavy_mixes_no_worse_than_sjf_by_3_percent(mix_results, kind):
+    r = mix_results[kind]
+    assert r["colo"].makespan <= 1.03 * r["exclusive-sjf"].makespan
+
+
+@pytest.mark.parametrize("kind", ["light", "memory-light"])
+def test_bar_light_mixes_clearly_better(mix_results, kind):
+    r = mix_results[kind]
+    assert r["colo"].makespan <= 0.8 * r["exclusive-sjf"].makespan
+
+
+def test_bar_colo_never_loses_a_job_to_oom(mix_results):
+    for kind, r in mix_results.items():
+        assert (r["colo"].oom, r["colo"].lost) == (0, 0), kind
+    assert sum(r["naive"].oom for r in mix_results.values()) > 0  # the model can OOM at all
+
+
+def test_workload_file_round_trip_and_errors(tmp_path):
+    store = ProfileStore([shipped_dir()])
+    text = ("colo-workload 1\nname mine\ngpu_mem 24GiB\n# a comment\n"
+            "job 0 alexnet 3GiB\njob 12.5 gromacs - uid=1001 priority=2 known=no\n")
+    w = sim.loads_workload(text, store)
+    assert (w.name, w.gpu_mem, len(w.jobs)) == ("mine", 24 * GiB, 2)
+    j = w.jobs[1]
+    assert (j.arrival, j.budget, j.uid, j.priority, j.known) == (12.5, None, 1001, 2, False)
+    assert sim.loads_workload(sim.dumps_workload(w), store).jobs[1].uid == 1001
+    for bad, msg in [("job 0 x 1G\n", "not a workload"), ("colo-workload 1\njob 0 nosuch 1G\n", "no profile"),
+                     ("colo-workload 1\njob 0 alexnet lots\n", "malformed size"),
+                     ("colo-workload 1\nfrob 1\n", "unknown line")]:
+        with pytest.raises(sim.SimError, match=msg):
+            sim.loads_workload(bad, store)
+
+
+def test_jobs_from_history():
+    rows = [
+        {"id": 3, "uid": 1000, "spec": {"profile": "alexnet", "gpu_mem": 3 * GiB, "gpus": 1}, "submitted_at": 100.0,
+         "started_at": 101.0, "ended_at": 150.0},
+        {"id": 4, "uid": 1001, "spec": {"profile": None, "gpu_mem": 2 * GiB, "gpus": 1}, "submitted_at": 110.0,
+         "started_at": 120.0, "ended_at": 180.0},
+        {"id": 5, "uid": 1001, "spec": {"gpu_mem": 2 * GiB, "gpus": 1}, "submitted_at": 111.0,
+         "started_at": None, "ended_at": 112.0},  # cancelled in the queue
+        {"id": 6, "uid": 0, "spec": {"gpus": 0}, "submitted_at": 100.0, "started_at": 100.0, "ended_at": 101.0},
+    ]
+    jobs = sim.jobs_from_history(rows)
+    assert [j.id for j in jobs] == [3, 4]
+    assert jobs[0].known and jobs[0].profile.name == "alexnet" and jobs[0].arrival == 0.0
+    assert not jobs[1].known and jobs[1].profile.runtime == pytest.approx(60.0) and jobs[1].arrival == 10.0
+    r = sim.simulate(jobs, "colo")
+    assert r.lost == 0 and [j["mode"] for j in r.jobs][1] == "timesliced"
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLO_USER_PROFILES", str(tmp_path / "mine"))
+    app = typer.Typer()
+    cli_sim.register(app)
+    return lambda *args: CliRunner().invoke(app, list(args))
+
+
+def test_cli_sim_json_and_table(cli):
+    r = cli("sim", "light", "--json", "-p", "colo", "-p", "exclusive-sjf")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert [x["policy"] for x in d["results"]] == ["colo", "exclusive-sjf"] and d["jobs"] == 30
+    r = cli("sim", "light", "--gpus", "2", "--plot", "-p", "colo")
+    assert r.exit_code == 0 and "GPU1 SM" in r.stdout and "colo" in r.stdout
+
+
+@pytest.mark.parametrize("args,msg", [(["sim", "nosuch"], "no workload file"),
+                                      (["sim", "light", "-p", "magic"], "unknown policy"),
+                                      (["sim", "--from-history"], "not wired"),
+                                      (["profile", "show", "nosuch"], "no profile named"),
+                                      (["profile", "record"], "give the command")])
+def test_cli_errors_are_one_line_exit_1(cli, args, msg):
+    r = cli(*args)
+    assert r.exit_code == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_profile_ls_show(cli):
+    r = cli("profile", "ls")
+    assert r.exit_code == 0 and "vgg16" in r.stdout and "gromacs" in r.stdout
+    r = cli("profile", "show", "qmcpack")
+    assert r.exit_code == 0 and r.stdout.startswith("colo-profile 1\nname qmcpack\n")
+    assert json.loads(cli("profile", "show", "qmcpack", "--json").stdout)["peak_mem"] == 5135 * 1024**2
+
+
+def test_cli_from_history_hook(cli, monkeypatch):
+    rows = [{"id": 1, "uid": 0, "spec": {"profile": "alexnet", "gpu_mem": 3 * GiB, "gpus": 1},
+             "submitted_at": 0.0, "started_at": 0.0, "ended_at": 45.0}]
+    monkeypatch.setattr(cli_sim, "load_history_rows", lambda: rows)
+    r = cli("sim", "--from-history", "--json", "-p", "colo")
+    assert r.exit_code == 0 and json.loads(r.stdout)["results"][0]["makespan"] == pytest.approx(45.0)
