@@ -20,6 +20,10 @@ class BuildWithNative(build_py):
             if dest.exists():
                 shutil.rmtree(dest)
             shutil.copytree(HERE / "native" / "build", dest, symlinks=False)
+            for data in ("profiles", "workloads"):
+                target = Path(self.build_lib) / "colo" / "data" / data
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.copytree(HERE / data, target)
             for p in dest.rglob("*"):
                 if p.is_file() and os.access(HERE / "native" / "build" / p.relative_to(dest), os.X_OK):
                     p.chmod(0o755)

@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import typer
 
+from . import cli_sim
 from .client import Client, ClientError
 from .units import BadSize, format_duration, format_size, parse_size
 
@@ -266,15 +267,12 @@ def demo(keep: bool = typer.Option(False, "--keep", help="keep the demo's state 
     raise typer.Exit(run_demo(keep=keep))
 
 
-def _register_optional() -> None:
-    try:
-        from . import cli_sim
-    except ImportError:
-        return
-    cli_sim.register(app)
+def _history() -> list[dict]:
+    return _call(Client(None).history)
 
 
-_register_optional()
+cli_sim.load_history_rows = _history  # `colo sim --from-history` replays what the daemon ran
+cli_sim.register(app)
 
 
 def main() -> None:

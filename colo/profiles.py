@@ -271,7 +271,8 @@ def shipped_dir() -> Path:
     env = os.environ.get("COLO_PROFILES_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "profiles"
+    packaged = Path(__file__).resolve().parent / "data" / "profiles"  # a wheel's copy (setup.py)
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "profiles"
 
 
 def valid_name(name: str) -> bool:

@@ -121,7 +121,8 @@ def loads_workload(text: str, store: ProfileStore, origin: str = "<workload>") -
 
 
 def workloads_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "workloads"
+    packaged = Path(__file__).resolve().parent / "data" / "workloads"  # a wheel's copy (setup.py)
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "workloads"
 
 
 MIXES = ("heavy", "light", "memory-heavy", "memory-light", "random")

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import interposer, mps, native, policy
+from .. import interposer, mps, native, policy, profiles
 from ..config import Config
 from ..gpu import GpuInfo, NoDriver, Nvml
 from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
@@ -60,6 +60,9 @@ class Daemon:
         self.mps: mps.MpsManager | None = None
         self.started_at = time.time()
         self.pass_count = 0
+        self.profiles = profiles.ProfileStore(
+            [*config.profile_dirs, config.state_dir / "profiles", profiles.shipped_dir()])
+        self._profile_cache: dict[str, tuple[float, profiles.Profile | None]] = {}
 
     # start-up ---------------------------------------------------------------------------------
     def open(self) -> None:
@@ -75,7 +78,7 @@ class Daemon:
             raise AlreadyRunning(f"another colo daemon (pid {pid}) is using {c.state_dir}")
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
-        for d in (c.jobs_dir, c.state_dir / "logs"):
+        for d in (c.jobs_dir, c.state_dir / "logs", c.state_dir / "profiles"):
             d.mkdir(exist_ok=True)
             os.chmod(d, 0o711 if d == c.jobs_dir else 0o700)
         self.store = Store(c.db_path)
@@ -89,13 +92,11 @@ class Daemon:
 
     def _init_docker(self) -> None:
         try:
-            import docker
+            from ..runtimes.docker import DockerRuntime
 
-            from ..runtimes.docker import DockerRuntime, detect_nvidia_runtime
-
-            client = docker.from_env(timeout=30)
-            client.ping()
-            self.runtimes["docker"] = DockerRuntime(client, "nvidia" if detect_nvidia_runtime(client) else None)
+            rt = DockerRuntime.from_env()
+            rt.client.ping()
+            self.runtimes["docker"] = rt
         except Exception as e:  # noqa: BLE001 - any failure: container jobs are refused with this reason
             self.docker_error = f"Docker engine not reachable ({e.__class__.__name__}: {str(e)[:120]})"
             log.warning("%s; container jobs will be refused", self.docker_error)
@@ -112,6 +113,8 @@ class Daemon:
         return {"COLO_FAKEGPU_STATE": str(self.config.fakegpu_state), "LD_LIBRARY_PATH": str(lib)}
 
     def close(self) -> None:
+        if "docker" in self.runtimes:
+            self.runtimes["docker"].close()
         if self.mps is not None:
             self.mps.stop_all()
         if self.store is not None:
@@ -178,8 +181,9 @@ class Daemon:
             return []
         candidates, waits = self._eligible(queued)
         active = self.store.jobs(ACTIVE)
+        now = time.time()
         placed = [policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),
-                                None, time.time() - (j.started_at or time.time())) for j in active if j.gpus]
+                                self.profile_of(j), now - (j.started_at or now)) for j in active if j.gpus]
         decisions = policy.plan(candidates, self.gpu_views(), placed, self.cfg_policy)
         self._record([*waits, *decisions])
         for d in decisions:
@@ -209,7 +213,8 @@ class Daemon:
             if j.spec.gpus and self.gpu_error:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=self.gpu_error))
                 continue
-            cands.append(policy.Candidate(j.id, j.spec.gpu_mem, j.spec.gpus, j.uid, j.spec.priority, j.id, None))
+            cands.append(policy.Candidate(j.id, j.spec.gpu_mem, j.spec.gpus, j.uid, j.spec.priority, j.id,
+                                          self.profile_of(j) if j.spec.gpus else None))
         return cands, waits
 
     def _record(self, decisions: list[policy.Decision]) -> None:
@@ -219,6 +224,39 @@ class Daemon:
                                         for d in changed)
             for d in changed:
                 self._decision_cache[d.job_id] = d.reason
+
+    def profile_name(self, job: Job) -> str:
+        return job.spec.profile or profiles.key_for(job.spec.image, job.spec.argv)
+
+    def profile_of(self, job: Job) -> "profiles.Profile | None":
+        """The stored profile a job runs under; looked up at most every 10 s per name."""
+        name = self.profile_name(job)
+        hit = self._profile_cache.get(name)
+        now = time.monotonic()
+        if hit is None or now - hit[0] > 10:
+            try:
+                prof = self.profiles.get(name)
+            except profiles.ProfileError as e:
+                log.warning("profile %s unreadable: %s", name, e)
+                prof = None
+            hit = self._profile_cache[name] = (now, prof)
+        return hit[1]
+
+    def learn(self, job: Job) -> None:
+        """A job that ran to its end teaches the profile it ran under (invariant: samples, not guesses)."""
+        rows = self.store.samples(job.id)
+        if len(rows) < 2 or not job.gpus:
+            return
+        t0 = rows[0][0]
+        samples = {"times": [r[0] - t0 for r in rows], "sm": [r[1] or 0.0 for r in rows],
+                   "mem": [r[2] or 0 for r in rows], "membw": [r[3] or 0.0 for r in rows]}
+        gpu = next((d.name for d in self.devices if d.uuid == job.gpus[0]), "")
+        runtime = (job.ended_at or time.time()) - (job.started_at or t0)
+        try:
+            self.profiles.learn(self.profile_name(job), samples, runtime=runtime, gpu=gpu)
+            self._profile_cache.pop(self.profile_name(job), None)
+        except (profiles.ProfileError, OSError) as e:
+            log.warning("could not learn profile for job %d: %s", job.id, e)
 
     # launching and monitoring -----------------------------------------------------------------
     def start_job(self, d: policy.Decision) -> None:
@@ -258,20 +296,21 @@ class Daemon:
             return
         except asyncio.CancelledError:
             return  # the daemon is stopping; the job runs on and is found again at restart
-        self.record_exit(job_id, code)
+        job = self.record_exit(job_id, code)
+        if job.state == State.SUCCEEDED:
+            self.learn(job)
         self._finish(job_id, rt, handle)
 
-    def record_exit(self, job_id: int, code: int) -> None:
+    def record_exit(self, job_id: int, code: int) -> Job:
         live = self.live.get(job_id)
         refused = self._refused(job_id)
         note = f"; {refused} allocation(s) refused by its {interposer_budget_text(self.store.get(job_id))}" \
             if refused else ""
         if live and live.cancelled_by:
-            self.transition(job_id, State.CANCELLED, f"cancelled by {live.cancelled_by}", exit_code=code)
-        elif code == 0:
-            self.transition(job_id, State.SUCCEEDED, f"exited with code 0{note}", exit_code=0)
-        else:
-            self.transition(job_id, State.FAILED, f"exited with code {code}{note}", exit_code=code)
+            return self.transition(job_id, State.CANCELLED, f"cancelled by {live.cancelled_by}", exit_code=code)
+        if code == 0:
+            return self.transition(job_id, State.SUCCEEDED, f"exited with code 0{note}", exit_code=0)
+        return self.transition(job_id, State.FAILED, f"exited with code {code}{note}", exit_code=code)
 
     def _refused(self, job_id: int) -> int:
         try:
@@ -379,6 +418,31 @@ class Daemon:
         if self.mps is not None:
             for uuid, event, clients in await asyncio.to_thread(self.mps.check):
                 self._mps_event(uuid, event, clients)
+        rows = await asyncio.to_thread(self._usage_samples, self.store.jobs([State.RUNNING]))
+        if rows:
+            self.store.add_samples(rows)
+
+    def _usage_samples(self, running: list[Job]) -> list[tuple]:
+        """Per running GPU job: memory from its ledger, SM and bandwidth from NVML's per-process samples."""
+        if self.gpu_error or not running:
+            return []
+        util: dict[int, tuple[int, int]] = {}
+        for dev in self.devices:
+            if any(dev.uuid in j.gpus for j in running):
+                util.update(self.nvml.process_utilization(dev.index))
+        now, rows = time.time(), []
+        for j in running:
+            if not j.gpus or not j.handle:
+                continue
+            u = self.usage(j)
+            try:
+                pids = self.runtime_for(j).pids(j.handle)
+            except Exception:  # noqa: BLE001 - it may be ending right now
+                pids = []
+            sm = sum(util.get(p, (0, 0))[0] for p in pids) / 100.0
+            bw = sum(util.get(p, (0, 0))[1] for p in pids) / 100.0
+            rows.append((j.id, now, min(sm, 1.0), u["used"] if u else None, min(bw, 1.0)))
+        return rows
 
     def _mps_event(self, uuid: str, event: str, clients: list[int]) -> None:
         log.warning("MPS on %s: %s", uuid, event)
