@@ -1,0 +1,153 @@
+/* colo-fakegpu: create, inspect and change a simulated-GPU state file.
+ *
+ *   colo-fakegpu create PATH [--count N] [--mem SIZE] [--name NAME] [--sms N] [--uuid UUID]...
+ *   colo-fakegpu show PATH                      JSON on stdout (pids as this process sees them)
+ *   colo-fakegpu set-compute-mode PATH INDEX default|exclusive_process|prohibited
+ */
+#include "fakegpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int usage(void)
+{
+    fprintf(stderr,
+            "usage: colo-fakegpu create PATH [--count N] [--mem SIZE] [--name NAME] [--sms N] [--uuid UUID]...\n"
+            "       colo-fakegpu show PATH\n"
+            "       colo-fakegpu set-compute-mode PATH INDEX default|exclusive_process|prohibited\n");
+    return 2;
+}
+
+static const char *mode_name(uint32_t m)
+{
+    return m == FG_MODE_EXCLUSIVE_PROCESS ? "exclusive_process" : m == FG_MODE_PROHIBITED ? "prohibited" : "default";
+}
+
+static const char *kind_name(int k)
+{
+    return k == FG_KIND_MPS_CLIENT ? "mps_client" : k == FG_KIND_MPS_SERVER ? "mps_server" : "process";
+}
+
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+static int cmd_create(int argc, char **argv)
+{
+    int count = 2, sms = 108, nuuid = 0;
+    uint64_t mem = 16ull << 30;
+    const char *name = "Colo Simulated GPU";
+    char *uuids[FG_MAX_DEV];
+    for (int i = 3; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v)
+            return usage();
+        if (!strcmp(a, "--count"))
+            count = atoi(v);
+        else if (!strcmp(a, "--mem")) {
+            if (fg_parse_size(v, &mem) != 0)
+                return usage();
+        } else if (!strcmp(a, "--name"))
+            name = v;
+        else if (!strcmp(a, "--sms"))
+            sms = atoi(v);
+        else if (!strcmp(a, "--uuid") && nuuid < FG_MAX_DEV)
+            uuids[nuuid++] = (char *)v;
+        else
+            return usage();
+        i++;
+    }
+    int r = fg_create(argv[2], count, mem, name, sms, uuids, nuuid);
+    if (r != 0) {
+        fprintf(stderr, "colo-fakegpu: cannot create %s: %s\n", argv[2], strerror(-r));
+        return 1;
+    }
+    return 0;
+}
+
+static int cmd_show(fg_state *s)
+{
+    static struct fg_proc procs[FG_MAX_SLOTS];
+    printf("{\"devices\": [");
+    for (uint32_t d = 0; d < s->h->ndev; d++) {
+        int sm = 0, bw = 0;
+        fg_lock(s);
+        int n = fg_device_procs(s, (int)d, procs, FG_MAX_SLOTS, &sm, &bw);
+        struct fg_device dv = s->h->dev[d];
+        fg_unlock(s);
+        printf("%s{\"index\": %u, \"uuid\": ", d ? ", " : "", d);
+        json_str(dv.uuid);
+        printf(", \"name\": ");
+        json_str(dv.name);
+        printf(", \"total\": %llu, \"used\": %llu, \"free\": %llu, \"sms\": %u, \"compute_mode\": \"%s\", "
+               "\"cc\": [%u, %u], \"sm_util\": %d, \"mem_util\": %d, \"processes\": [",
+               (unsigned long long)dv.total, (unsigned long long)dv.used,
+               (unsigned long long)(dv.total - dv.used), dv.sms, mode_name(dv.compute_mode), dv.cc_major,
+               dv.cc_minor, sm, bw);
+        for (int i = 0; i < n && i < FG_MAX_SLOTS; i++)
+            printf("%s{\"pid\": %d, \"uid\": %u, \"used\": %llu, \"kind\": \"%s\", \"mps\": %s, \"sm\": %d, "
+                   "\"membw\": %d}",
+                   i ? ", " : "", procs[i].pid, procs[i].uid, (unsigned long long)procs[i].used,
+                   kind_name(procs[i].kind), procs[i].kind == FG_KIND_MPS_CLIENT ? "true" : "false",
+                   procs[i].sm, procs[i].membw);
+        printf("]}");
+    }
+    printf("]}\n");
+    return 0;
+}
+
+static int cmd_mode(fg_state *s, const char *idx, const char *mode)
+{
+    int d = atoi(idx), m;
+    if (!strcmp(mode, "default"))
+        m = FG_MODE_DEFAULT;
+    else if (!strcmp(mode, "exclusive_process"))
+        m = FG_MODE_EXCLUSIVE_PROCESS;
+    else if (!strcmp(mode, "prohibited"))
+        m = FG_MODE_PROHIBITED;
+    else
+        return usage();
+    if (d < 0 || (uint32_t)d >= s->h->ndev) {
+        fprintf(stderr, "colo-fakegpu: no device %s\n", idx);
+        return 1;
+    }
+    fg_lock(s);
+    s->h->dev[d].compute_mode = (uint32_t)m;
+    fg_unlock(s);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3)
+        return usage();
+    if (!strcmp(argv[1], "create"))
+        return cmd_create(argc, argv);
+    fg_state s;
+    int r = fg_open(&s, argv[2]);
+    if (r != 0) {
+        fprintf(stderr, "colo-fakegpu: cannot open %s: %s\n", argv[2],
+                r == -22 ? "not a simulated GPU state file" : strerror(-r));
+        return 1;
+    }
+    if (!strcmp(argv[1], "show") && argc == 3)
+        r = cmd_show(&s);
+    else if (!strcmp(argv[1], "set-compute-mode") && argc == 5)
+        r = cmd_mode(&s, argv[3], argv[4]);
+    else
+        r = usage();
+    fg_close(&s);
+    return r;
+}

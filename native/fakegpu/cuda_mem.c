@@ -1,0 +1,505 @@
+/* Fake libcuda.so.1: every allocation family takes bytes from the simulated device in the state
+ * file (so a full device answers CUDA_ERROR_OUT_OF_MEMORY to every process) and gives them back on
+ * free, on context destruction, or (through slot reaping) when the process dies. Pointers are
+ * made-up device addresses: nothing is mapped on the host. */
+#include "cuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { K_MEM = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_VA };
+
+struct alloc {
+    uint64_t ptr, size;
+    int ord, kind;
+    struct fg_ctx *ctx;
+    struct alloc *next;
+};
+
+#define NBUCKET 4096
+#define GRANULE (2ull << 20)
+static struct alloc *g_tab[NBUCKET];
+static uint64_t g_next_addr = 0x7f2000000000ull;
+
+static unsigned bucket(uint64_t p) { return (unsigned)((p >> 9) * 0x9E3779B97F4A7C15ull >> 52) % NBUCKET; }
+
+static uint64_t new_addr(uint64_t size)
+{
+    uint64_t p = g_next_addr;
+    g_next_addr += (size + GRANULE - 1) / GRANULE * GRANULE + GRANULE; /* a guard gap between */
+    return p;
+}
+
+static struct alloc *find(uint64_t p)
+{
+    for (struct alloc *a = g_tab[bucket(p)]; a; a = a->next)
+        if (a->ptr == p)
+            return a;
+    return NULL;
+}
+
+static struct alloc *unlink_alloc(uint64_t p, int kind)
+{
+    for (struct alloc **pp = &g_tab[bucket(p)]; *pp; pp = &(*pp)->next)
+        if ((*pp)->ptr == p && (*pp)->kind == kind) {
+            struct alloc *a = *pp;
+            *pp = a->next;
+            return a;
+        }
+    return NULL;
+}
+
+/* Give the bytes of a back to the device (the daemon already did if the client was terminated). */
+static void give_back(struct alloc *a)
+{
+    if (a->kind != K_VA) {
+        fg_lock(&S);
+        struct fg_slot *sl = &S.h->slot[g_slot];
+        if (!(sl->flags & FG_F_TERMINATED)) {
+            int phys = g_vis[a->ord];
+            sl->used[phys] -= a->size;
+            S.h->dev[phys].used -= a->size;
+        }
+        fg_unlock(&S);
+    }
+    free(a);
+}
+
+/* Take size bytes on ordinal ord for an allocation of kind in ctx; *out gets its address. */
+static CUresult take(int ord, uint64_t size, int kind, struct fg_ctx *ctx, unsigned long long *out)
+{
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct alloc *a = calloc(1, sizeof *a);
+    if (!a)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (kind != K_VA) {
+        int phys = g_vis[ord];
+        CUresult r = CUDA_SUCCESS;
+        fg_lock(&S);
+        struct fg_device *dv = &S.h->dev[phys];
+        struct fg_slot *sl = &S.h->slot[g_slot];
+        if (sl->limit[phys] && (size > sl->limit[phys] || sl->used[phys] > sl->limit[phys] - size))
+            r = CUDA_ERROR_OUT_OF_MEMORY; /* MPS pinned device memory limit */
+        else if (size > dv->total - dv->used) {
+            fg_reap(&S); /* memory of processes that died since is free again */
+            if (size > dv->total - dv->used)
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        if (!r) {
+            sl->used[phys] += size;
+            dv->used += size;
+        }
+        fg_unlock(&S);
+        if (r) {
+            free(a);
+            return r;
+        }
+    }
+    *a = (struct alloc){.ptr = new_addr(size), .size = size, .ord = ord, .kind = kind, .ctx = ctx};
+    unsigned b = bucket(a->ptr);
+    a->next = g_tab[b];
+    g_tab[b] = a;
+    *out = a->ptr;
+    return CUDA_SUCCESS;
+}
+
+void fg_mem_drop_ctx(struct fg_ctx *c)
+{
+    for (unsigned b = 0; b < NBUCKET; b++)
+        for (struct alloc **pp = &g_tab[b]; *pp;) {
+            struct alloc *a = *pp;
+            if (a->ctx == c) {
+                *pp = a->next;
+                give_back(a);
+            } else {
+                pp = &a->next;
+            }
+        }
+}
+
+void fg_mem_reset(void)
+{
+    for (unsigned b = 0; b < NBUCKET; b++)
+        for (struct alloc *a = g_tab[b], *n; a; a = n) {
+            n = a->next;
+            free(a);
+        }
+    memset(g_tab, 0, sizeof g_tab);
+}
+
+/* Allocation in the calling thread's current context. */
+static CUresult ctx_take(uint64_t size, int kind, CUdeviceptr *out)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    return take(c->ord, size, kind, c, out);
+}
+
+static CUresult ctx_give(uint64_t p, int kind)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    if (p == 0)
+        return CUDA_SUCCESS;
+    struct alloc *a = unlink_alloc(p, kind);
+    if (!a)
+        return CUDA_ERROR_INVALID_VALUE;
+    give_back(a);
+    return CUDA_SUCCESS;
+}
+
+#define LOCKED(expr)                   \
+    do {                               \
+        pthread_mutex_lock(&g_mu);     \
+        CUresult r_ = (expr);          \
+        pthread_mutex_unlock(&g_mu);   \
+        return r_;                     \
+    } while (0)
+
+FG_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { LOCKED(ctx_take(n, K_MEM, p)); }
+FG_API CUresult cuMemFree_v2(CUdeviceptr p) { LOCKED(ctx_give(p, K_MEM)); }
+
+FG_API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned flags)
+{
+    if (flags != 1 && flags != 2) /* CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST */
+        return CUDA_ERROR_INVALID_VALUE;
+    LOCKED(ctx_take(n, K_MEM, p));
+}
+
+FG_API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned elem)
+{
+    if (!pitch || (elem != 4 && elem != 8 && elem != 16) || width == 0 || height == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pt = (width + 511) / 512 * 512;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = ctx_take((uint64_t)pt * height, K_MEM, p);
+    pthread_mutex_unlock(&g_mu);
+    if (r == CUDA_SUCCESS)
+        *pitch = pt;
+    return r;
+}
+
+FG_API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s)
+{
+    (void)s;
+    LOCKED(ctx_take(n, K_MEM, p));
+}
+FG_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s)
+{
+    (void)s;
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    LOCKED(ctx_take(n, K_MEM, p));
+}
+FG_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    (void)s;
+    LOCKED(ctx_give(p, K_MEM));
+}
+FG_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) __attribute__((alias("cuMemAllocAsync")));
+FG_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s)
+    __attribute__((alias("cuMemAllocFromPoolAsync")));
+FG_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) __attribute__((alias("cuMemFreeAsync")));
+
+static CUresult mem_info(size_t *free_b, size_t *total_b)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    if (!free_b || !total_b)
+        return CUDA_ERROR_INVALID_VALUE;
+    int phys = g_vis[c->ord];
+    fg_lock(&S);
+    fg_reap(&S);
+    struct fg_device *dv = &S.h->dev[phys];
+    struct fg_slot *sl = &S.h->slot[g_slot];
+    uint64_t total = dv->total, avail = dv->total - dv->used;
+    if (sl->limit[phys]) { /* an MPS client sees its pinned limit as the device */
+        uint64_t own = sl->limit[phys] > sl->used[phys] ? sl->limit[phys] - sl->used[phys] : 0;
+        total = sl->limit[phys];
+        avail = avail < own ? avail : own;
+    }
+    fg_unlock(&S);
+    *free_b = (size_t)avail;
+    *total_b = (size_t)total;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) { LOCKED(mem_info(free_b, total_b)); }
+FG_API CUresult cuMemGetInfo(unsigned *free_b, unsigned *total_b)
+{
+    size_t f = 0, t = 0;
+    if (!free_b || !total_b)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = mem_info(&f, &t);
+    pthread_mutex_unlock(&g_mu);
+    *free_b = f > 0xffffffffu ? 0xffffffffu : (unsigned)f;
+    *total_b = t > 0xffffffffu ? 0xffffffffu : (unsigned)t;
+    return r;
+}
+
+/* Pre-3.2 entry points took 32-bit device pointers, which cannot hold this driver's addresses. */
+FG_API CUresult cuMemAlloc(unsigned *p, unsigned n) { (void)p; (void)n; return CUDA_ERROR_NOT_SUPPORTED; }
+FG_API CUresult cuMemFree(unsigned p) { (void)p; return CUDA_ERROR_NOT_SUPPORTED; }
+
+static CUresult memset_check(CUdeviceptr p, uint64_t bytes)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    if (bytes == 0)
+        return CUDA_SUCCESS;
+    for (unsigned b = 0; b < NBUCKET; b++)
+        for (struct alloc *a = g_tab[b]; a; a = a->next)
+            if ((a->kind == K_MEM || a->kind == K_VA) && p >= a->ptr && p - a->ptr < a->size)
+                return bytes <= a->size - (p - a->ptr) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+FG_API CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n)
+{
+    (void)v;
+    LOCKED(memset_check(p, n));
+}
+FG_API CUresult cuMemsetD32_v2(CUdeviceptr p, unsigned v, size_t n)
+{
+    (void)v;
+    if (p % 4)
+        return CUDA_ERROR_INVALID_VALUE;
+    LOCKED(memset_check(p, (uint64_t)n * 4));
+}
+FG_API CUresult cuMemsetD8_v2_ptds(CUdeviceptr p, unsigned char v, size_t n) __attribute__((alias("cuMemsetD8_v2")));
+FG_API CUresult cuMemsetD32_v2_ptds(CUdeviceptr p, unsigned v, size_t n) __attribute__((alias("cuMemsetD32_v2")));
+
+/* ---- arrays ---------------------------------------------------------------------------- */
+
+typedef struct { size_t Width, Height; int Format; unsigned NumChannels; } ARRAY_DESC;
+typedef struct { size_t Width, Height, Depth; int Format; unsigned NumChannels, Flags; } ARRAY3D_DESC;
+
+static uint64_t fmt_bytes(int f)
+{
+    switch (f) {
+    case 0x01: case 0x08: return 1;
+    case 0x02: case 0x09: case 0x10: return 2;
+    case 0x03: case 0x0a: case 0x20: return 4;
+    default: return 0;
+    }
+}
+
+static CUresult array_bytes(size_t w, size_t h, size_t d, int fmt, unsigned ch, uint64_t *out)
+{
+    uint64_t e = fmt_bytes(fmt);
+    if (!e || (ch != 1 && ch != 2 && ch != 4) || w == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = (uint64_t)w * (h ? h : 1) * (d ? d : 1) * e * ch;
+    return CUDA_SUCCESS;
+}
+
+static CUresult array_take(void **out, uint64_t bytes, int kind)
+{
+    CUdeviceptr p;
+    CUresult r = ctx_take(bytes, kind, &p);
+    if (r == CUDA_SUCCESS)
+        *out = (void *)(uintptr_t)p;
+    return r;
+}
+
+static CUresult array_create(CUarray *arr, const ARRAY_DESC *d)
+{
+    uint64_t n;
+    CUresult r;
+    if (!arr || !d)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((r = array_bytes(d->Width, d->Height, 0, d->Format, d->NumChannels, &n)))
+        return r;
+    return array_take(arr, n, K_ARRAY);
+}
+FG_API CUresult cuArrayCreate_v2(CUarray *arr, const ARRAY_DESC *d) { LOCKED(array_create(arr, d)); }
+
+static CUresult array3d_create(CUarray *arr, const ARRAY3D_DESC *d)
+{
+    uint64_t n;
+    CUresult r;
+    if (!arr || !d)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((r = array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, &n)))
+        return r;
+    return array_take(arr, n, K_ARRAY);
+}
+FG_API CUresult cuArray3DCreate_v2(CUarray *arr, const ARRAY3D_DESC *d) { LOCKED(array3d_create(arr, d)); }
+
+FG_API CUresult cuArrayDestroy(CUarray arr)
+{
+    if (!arr)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = ctx_give((uint64_t)(uintptr_t)arr, K_ARRAY);
+    pthread_mutex_unlock(&g_mu);
+    return r == CUDA_ERROR_INVALID_VALUE ? CUDA_ERROR_INVALID_HANDLE : r;
+}
+
+static CUresult mipmap_create(CUmipmappedArray *h, const ARRAY3D_DESC *d, unsigned levels)
+{
+    uint64_t total = 0, n;
+    CUresult r;
+    if (!h || !d || levels == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t w = d->Width, hh = d->Height, dd = d->Depth;
+    for (unsigned l = 0; l < levels; l++) {
+        if ((r = array_bytes(w, hh, dd, d->Format, d->NumChannels, &n)))
+            return r;
+        total += n;
+        w = w > 1 ? w / 2 : 1;
+        hh = hh > 1 ? hh / 2 : hh;
+        dd = dd > 1 ? dd / 2 : dd;
+    }
+    return array_take(h, total, K_MIPMAP);
+}
+FG_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const ARRAY3D_DESC *d, unsigned levels)
+{
+    LOCKED(mipmap_create(h, d, levels));
+}
+FG_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
+{
+    if (!h)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = ctx_give((uint64_t)(uintptr_t)h, K_MIPMAP);
+    pthread_mutex_unlock(&g_mu);
+    return r == CUDA_ERROR_INVALID_VALUE ? CUDA_ERROR_INVALID_HANDLE : r;
+}
+
+/* ---- virtual memory management ----------------------------------------------------------- */
+
+typedef struct {
+    int type, requestedHandleTypes;
+    struct { int type, id; } location;
+    void *win32HandleMetaData;
+    unsigned char compressionType, gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+} MEM_PROP;
+
+static CUresult prop_ordinal(const MEM_PROP *p, int *ord)
+{
+    if (!p || p->type != 1 /* PINNED */ || p->location.type != 1 /* DEVICE */)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (p->location.id < 0 || p->location.id >= g_nvis)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *ord = p->location.id;
+    return CUDA_SUCCESS;
+}
+
+static CUresult mem_create(CUmemGenericAllocationHandle *h, size_t size, const MEM_PROP *prop, unsigned long long flags)
+{
+    int ord;
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (!h || flags != 0 || size == 0 || size % GRANULE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((r = prop_ordinal(prop, &ord)))
+        return r;
+    return take(ord, size, K_HANDLE, NULL, h); /* handles outlive contexts: freed by cuMemRelease */
+}
+FG_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const MEM_PROP *prop, unsigned long long flags)
+{
+    LOCKED(mem_create(h, size, prop, flags));
+}
+
+static CUresult mem_release(CUmemGenericAllocationHandle h)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct alloc *a = unlink_alloc(h, K_HANDLE);
+    if (!a)
+        return CUDA_ERROR_INVALID_VALUE;
+    give_back(a);
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuMemRelease(CUmemGenericAllocationHandle h) { LOCKED(mem_release(h)); }
+
+FG_API CUresult cuMemGetAllocationGranularity(size_t *g, const MEM_PROP *prop, int option)
+{
+    int ord;
+    (void)option;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = fg_check_live();
+    if (!r)
+        r = g ? prop_ordinal(prop, &ord) : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&g_mu);
+    if (!r)
+        *g = GRANULE;
+    return r;
+}
+
+static CUresult va_reserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags)
+{
+    (void)align;
+    (void)addr;
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (!p || flags != 0 || size == 0 || size % GRANULE)
+        return CUDA_ERROR_INVALID_VALUE;
+    return take(0, size, K_VA, NULL, p);
+}
+FG_API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags)
+{
+    LOCKED(va_reserve(p, size, align, addr, flags));
+}
+
+static CUresult va_free(CUdeviceptr p, size_t size)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct alloc *a = find(p);
+    if (!a || a->kind != K_VA || a->size != size)
+        return CUDA_ERROR_INVALID_VALUE;
+    give_back(unlink_alloc(p, K_VA));
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuMemAddressFree(CUdeviceptr p, size_t size) { LOCKED(va_free(p, size)); }
+
+static CUresult va_map(CUdeviceptr p, size_t size, CUmemGenericAllocationHandle h)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct alloc *a = find(h);
+    if (!a || a->kind != K_HANDLE || size == 0 || size > a->size || p == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags)
+{
+    (void)offset;
+    (void)flags;
+    LOCKED(va_map(p, size, h));
+}
+FG_API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
+{
+    (void)size;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = fg_check_live();
+    pthread_mutex_unlock(&g_mu);
+    return r ? r : p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+FG_API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count)
+{
+    (void)size;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = fg_check_live();
+    pthread_mutex_unlock(&g_mu);
+    return r ? r : (p && desc && count) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}

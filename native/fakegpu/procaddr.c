@@ -1,0 +1,145 @@
+/* cuGetProcAddress(_v2): the driver's answer depends on (name, requested CUDA version), because
+ * some _v2/_v3 entry points take other arguments than their base name. Each row says from which
+ * version a symbol answers for a base name; the newest row not above the request wins. */
+#include "cuda_internal.h"
+
+#include <string.h>
+
+#define F(name) extern void name(void);
+#define FUNCS(X)                                                                                  \
+    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName)       \
+    X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2) X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2)         \
+    X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)            \
+    X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset) X(cuDevicePrimaryCtxReset_v2)    \
+    X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxSetFlags_v2) X(cuCtxCreate)               \
+    X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2)    \
+    X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPushCurrent_v2)            \
+    X(cuCtxPopCurrent) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) X(cuCtxGetDevice_v2)             \
+    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemFree)      \
+    X(cuMemFree_v2) X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemAllocAsync)               \
+    X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz)           \
+    X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemGetInfo) X(cuMemGetInfo_v2)                 \
+    X(cuMemsetD8_v2) X(cuMemsetD8_v2_ptds) X(cuMemsetD32_v2) X(cuMemsetD32_v2_ptds)             \
+    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy) X(cuMipmappedArrayCreate)       \
+    X(cuMipmappedArrayDestroy) X(cuMemCreate) X(cuMemRelease) X(cuMemGetAllocationGranularity)  \
+    X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)      \
+    X(cuGetErrorName) X(cuGetErrorString)
+FUNCS(F)
+#undef F
+FG_API CUresult cuGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags);
+FG_API CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cuuint64_t flags, int *status);
+
+/* ptds: the per-thread-default-stream variant, answered when that flag is passed. */
+static const struct { const char *name; int version; void *fn, *ptds; } TABLE[] = {
+    {"cuInit", 2000, (void *)cuInit, 0},
+    {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion, 0},
+    {"cuDeviceGet", 2000, (void *)cuDeviceGet, 0},
+    {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount, 0},
+    {"cuDeviceGetName", 2000, (void *)cuDeviceGetName, 0},
+    {"cuDeviceGetUuid", 9020, (void *)cuDeviceGetUuid, 0},
+    {"cuDeviceGetUuid", 11040, (void *)cuDeviceGetUuid_v2, 0},
+    {"cuDeviceTotalMem", 2000, (void *)cuDeviceTotalMem, 0},
+    {"cuDeviceTotalMem", 3020, (void *)cuDeviceTotalMem_v2, 0},
+    {"cuDeviceGetAttribute", 2000, (void *)cuDeviceGetAttribute, 0},
+    {"cuDevicePrimaryCtxRetain", 7000, (void *)cuDevicePrimaryCtxRetain, 0},
+    {"cuDevicePrimaryCtxRelease", 7000, (void *)cuDevicePrimaryCtxRelease, 0},
+    {"cuDevicePrimaryCtxRelease", 11000, (void *)cuDevicePrimaryCtxRelease_v2, 0},
+    {"cuDevicePrimaryCtxReset", 7000, (void *)cuDevicePrimaryCtxReset, 0},
+    {"cuDevicePrimaryCtxReset", 11000, (void *)cuDevicePrimaryCtxReset_v2, 0},
+    {"cuDevicePrimaryCtxGetState", 7000, (void *)cuDevicePrimaryCtxGetState, 0},
+    {"cuDevicePrimaryCtxSetFlags", 11000, (void *)cuDevicePrimaryCtxSetFlags_v2, 0},
+    {"cuCtxCreate", 2000, (void *)cuCtxCreate, 0},
+    {"cuCtxCreate", 3020, (void *)cuCtxCreate_v2, 0},
+    {"cuCtxCreate", 11040, (void *)cuCtxCreate_v3, 0},
+    {"cuCtxCreate", 12050, (void *)cuCtxCreate_v4, 0},
+    {"cuCtxDestroy", 2000, (void *)cuCtxDestroy, 0},
+    {"cuCtxDestroy", 4000, (void *)cuCtxDestroy_v2, 0},
+    {"cuCtxSetCurrent", 4000, (void *)cuCtxSetCurrent, 0},
+    {"cuCtxGetCurrent", 4000, (void *)cuCtxGetCurrent, 0},
+    {"cuCtxPushCurrent", 2000, (void *)cuCtxPushCurrent, 0},
+    {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent_v2, 0},
+    {"cuCtxPopCurrent", 2000, (void *)cuCtxPopCurrent, 0},
+    {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent_v2, 0},
+    {"cuCtxGetDevice", 2000, (void *)cuCtxGetDevice, 0},
+    {"cuCtxGetDevice", 13000, (void *)cuCtxGetDevice_v2, 0},
+    {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize, 0},
+    {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2, 0},
+    {"cuMemAlloc", 2000, (void *)cuMemAlloc, 0},
+    {"cuMemAlloc", 3020, (void *)cuMemAlloc_v2, 0},
+    {"cuMemFree", 2000, (void *)cuMemFree, 0},
+    {"cuMemFree", 3020, (void *)cuMemFree_v2, 0},
+    {"cuMemAllocPitch", 3020, (void *)cuMemAllocPitch_v2, 0},
+    {"cuMemAllocManaged", 6000, (void *)cuMemAllocManaged, 0},
+    {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync, (void *)cuMemAllocAsync_ptsz},
+    {"cuMemAllocFromPoolAsync", 11020, (void *)cuMemAllocFromPoolAsync, (void *)cuMemAllocFromPoolAsync_ptsz},
+    {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync, (void *)cuMemFreeAsync_ptsz},
+    {"cuMemGetInfo", 2000, (void *)cuMemGetInfo, 0},
+    {"cuMemGetInfo", 3020, (void *)cuMemGetInfo_v2, 0},
+    {"cuMemsetD8", 3020, (void *)cuMemsetD8_v2, (void *)cuMemsetD8_v2_ptds},
+    {"cuMemsetD32", 3020, (void *)cuMemsetD32_v2, (void *)cuMemsetD32_v2_ptds},
+    {"cuArrayCreate", 3020, (void *)cuArrayCreate_v2, 0},
+    {"cuArray3DCreate", 3020, (void *)cuArray3DCreate_v2, 0},
+    {"cuArrayDestroy", 2000, (void *)cuArrayDestroy, 0},
+    {"cuMipmappedArrayCreate", 5000, (void *)cuMipmappedArrayCreate, 0},
+    {"cuMipmappedArrayDestroy", 5000, (void *)cuMipmappedArrayDestroy, 0},
+    {"cuMemCreate", 10020, (void *)cuMemCreate, 0},
+    {"cuMemRelease", 10020, (void *)cuMemRelease, 0},
+    {"cuMemGetAllocationGranularity", 10020, (void *)cuMemGetAllocationGranularity, 0},
+    {"cuMemAddressReserve", 10020, (void *)cuMemAddressReserve, 0},
+    {"cuMemAddressFree", 10020, (void *)cuMemAddressFree, 0},
+    {"cuMemMap", 10020, (void *)cuMemMap, 0},
+    {"cuMemUnmap", 10020, (void *)cuMemUnmap, 0},
+    {"cuMemSetAccess", 10020, (void *)cuMemSetAccess, 0},
+    {"cuGetErrorName", 6000, (void *)cuGetErrorName, 0},
+    {"cuGetErrorString", 6000, (void *)cuGetErrorString, 0},
+    {"cuGetProcAddress", 11030, (void *)cuGetProcAddress, 0},
+    {"cuGetProcAddress", 12000, (void *)cuGetProcAddress_v2, 0},
+};
+
+extern int fakegpuSetActivity(int, int);
+
+enum { PA_SUCCESS = 0, PA_SYMBOL_NOT_FOUND = 1, PA_VERSION_NOT_SUFFICIENT = 2 };
+
+static CUresult lookup(const char *sym, void **pfn, int version, cuuint64_t flags, int *status)
+{
+    if (!sym || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    if (strcmp(sym, "fakegpuSetActivity") == 0) {
+        *pfn = (void *)fakegpuSetActivity;
+        *status = PA_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    int best = -1, seen = 0;
+    for (size_t i = 0; i < sizeof TABLE / sizeof TABLE[0]; i++) {
+        if (strcmp(TABLE[i].name, sym) != 0)
+            continue;
+        seen = 1;
+        if (TABLE[i].version <= version && (best < 0 || TABLE[i].version > TABLE[best].version))
+            best = (int)i;
+    }
+    if (best < 0) {
+        *status = seen ? PA_VERSION_NOT_SUFFICIENT : PA_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = (flags & 2 /* PER_THREAD_DEFAULT_STREAM */) && TABLE[best].ptds ? TABLE[best].ptds : TABLE[best].fn;
+    *status = PA_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+FG_API CUresult cuGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags)
+{
+    int status;
+    return lookup(sym, pfn, version, flags, &status);
+}
+
+FG_API CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cuuint64_t flags, int *status)
+{
+    int st = PA_SYMBOL_NOT_FOUND;
+    CUresult r = lookup(sym, pfn, version, flags, &st);
+    if (status)
+        *status = st;
+    return r;
+}
+FG_API CUresult cuGetProcAddress_v2_ptsz(const char *sym, void **pfn, int version, cuuint64_t flags, int *status)
+    __attribute__((alias("cuGetProcAddress_v2")));

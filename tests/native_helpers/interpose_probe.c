@@ -1,0 +1,382 @@
+/* Test caller for the interposer: runs a little script of driver calls given on the command line
+ * and prints one line per command ("<cmd> <CUresult> [values]").
+ *
+ *   interpose_probe [--via direct|dlsym|gpa|gpa2] [--ver N] [--ptds] CMD...
+ *
+ * --via picks how the driver's functions are reached: linked directly, dlopen + dlsym, or
+ * through cuGetProcAddress / _v2 with CUDA version N. Built by tests/test_interposer.py against
+ * the simulated driver. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+
+#include "cuda_types.h"
+#include "fakegpu.h"
+
+typedef void *CUcontext;
+/* What the program links against directly (the --via direct path). */
+CUresult cuInit(unsigned int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
+CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, int *);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned int);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+CUresult cuArrayDestroy(CUarray);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
+
+#define FNS(X)                                                                                     \
+    X(cuMemAlloc_v2, "cuMemAlloc") X(cuMemAllocPitch_v2, "cuMemAllocPitch")                        \
+    X(cuMemAllocManaged, "cuMemAllocManaged") X(cuMemAllocAsync, "cuMemAllocAsync")                \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync") X(cuMemFree_v2, "cuMemFree")             \
+    X(cuMemFreeAsync, "cuMemFreeAsync") X(cuMemCreate, "cuMemCreate") X(cuMemRelease, "cuMemRelease") \
+    X(cuMemMap, "cuMemMap") X(cuMemUnmap, "cuMemUnmap")                                            \
+    X(cuArrayCreate_v2, "cuArrayCreate") X(cuArray3DCreate_v2, "cuArray3DCreate")                  \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate") X(cuArrayDestroy, "cuArrayDestroy")        \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy") X(cuMemGetInfo_v2, "cuMemGetInfo")       \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem")
+
+#define AS_PTR(sym, base) static __typeof__(&sym) p_##sym;
+FNS(AS_PTR)
+
+static const char *via = "direct";
+static int ver = 12000, ptds;
+static struct fg_header *fake; /* the simulated driver's own state: its count, not ours */
+static const char *tag = "";
+
+static void *lookup(void *h, void *direct, const char *versioned, const char *base)
+{
+    if (!strcmp(via, "direct")) return direct;
+    if (!strcmp(via, "dlsym")) return dlsym(h, versioned);
+    void *p = NULL;
+    CUresult rc;
+    if (!strcmp(via, "gpa")) {
+        CUresult (*gpa)(const char *, void **, int, cuuint64_t) = dlsym(h, "cuGetProcAddress");
+        rc = gpa(base, &p, ver, ptds ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0);
+    } else {
+        int st = 0;
+        CUresult (*gpa2)(const char *, void **, int, cuuint64_t, int *) = dlsym(h, "cuGetProcAddress_v2");
+        rc = gpa2(base, &p, ver, ptds ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0, &st);
+    }
+    return rc == CUDA_SUCCESS ? p : NULL;
+}
+
+static void resolve(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) { fprintf(stderr, "probe: %s\n", dlerror()); exit(90); }
+#define AS_LOOKUP(sym, base)                                                                       \
+    p_##sym = (__typeof__(p_##sym))lookup(h, (void *)&sym, #sym, base);                            \
+    if (!p_##sym) { fprintf(stderr, "probe: cannot resolve %s\n", #sym); exit(91); }
+    FNS(AS_LOOKUP)
+    const char *st = getenv("COLO_FAKEGPU_STATE");
+    int fd = st ? open(st, O_RDONLY) : -1;
+    if (fd >= 0) {
+        void *m = mmap(NULL, sizeof *fake, PROT_READ, MAP_SHARED, fd, 0);
+        if (m != MAP_FAILED) fake = m;
+        close(fd);
+    }
+}
+
+/* Stack of live allocations so that "free" knows what to call. */
+enum { A_PTR, A_ASYNC, A_VMM, A_ARR, A_MIP };
+static struct { int kind; uint64_t v, va, size; } live[4096];
+static int nlive;
+static int cur_dev;
+
+static void push(int kind, uint64_t v, uint64_t va, uint64_t size)
+{
+    if (nlive < 4096) { live[nlive].kind = kind; live[nlive].v = v; live[nlive].va = va; live[nlive++].size = size; }
+}
+
+/* Bytes the simulated driver has handed out on a device, all processes (CUDA_VISIBLE_DEVICES is
+ * not set in these tests, so ordinal = physical index). */
+static uint64_t fake_used(int dev) { return fake ? __atomic_load_n(&fake->dev[dev].used, __ATOMIC_ACQUIRE) : 0; }
+
+static CUresult free_one(int i)
+{
+    CUresult rc;
+    switch (live[i].kind) {
+    case A_ASYNC: rc = p_cuMemFreeAsync(live[i].v, NULL); break;
+    case A_VMM:
+        rc = live[i].va ? p_cuMemUnmap(live[i].va, live[i].size) : CUDA_SUCCESS;
+        if (live[i].va) cuMemAddressFree(live[i].va, live[i].size);
+        if (live[i].v) { CUresult r2 = p_cuMemRelease(live[i].v); if (!rc) rc = r2; }
+        break;
+    case A_ARR: rc = p_cuArrayDestroy((CUarray)(uintptr_t)live[i].v); break;
+    case A_MIP: rc = p_cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)live[i].v); break;
+    default: rc = p_cuMemFree_v2(live[i].v);
+    }
+    live[i] = live[--nlive];
+    return rc;
+}
+
+static uint64_t num(const char *s)
+{
+    char *e;
+    double v = strtod(s, &e);
+    uint64_t m = *e == 'K' ? 1ULL << 10 : *e == 'M' ? 1ULL << 20 : *e == 'G' ? 1ULL << 30 : 1;
+    return (uint64_t)(v * (double)m);
+}
+
+static void out(const char *cmd, CUresult rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void out(const char *cmd, CUresult rc, const char *fmt, ...)
+{
+    char extra[256] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(extra, sizeof extra, fmt, ap);
+        va_end(ap);
+    }
+    printf("%s%s %d%s%s\n", tag, cmd, rc, *extra ? " " : "", extra);
+    fflush(stdout);
+}
+
+struct race { int iters; uint64_t size, budget; long ok, oom, bad, other; };
+
+static void *racer(void *arg)
+{
+    struct race *r = arg;
+    CUcontext c;
+    cuDevicePrimaryCtxRetain(&c, cur_dev);
+    cuCtxSetCurrent(c);
+    for (int i = 0; i < r->iters; i++) {
+        CUdeviceptr p;
+        CUresult rc = p_cuMemAlloc_v2(&p, r->size);
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY) { r->oom++; continue; }
+        if (rc) { r->other++; continue; }
+        r->ok++;
+        if (fake_used(cur_dev) > r->budget) r->bad++;
+        p_cuMemFree_v2(p);
+    }
+    return NULL;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int run(int argc, char **argv, int i);
+
+int main(int argc, char **argv)
+{
+    int i = 1;
+    for (; i < argc && !strncmp(argv[i], "--", 2); i++) {
+        if (!strcmp(argv[i], "--via")) via = argv[++i];
+        else if (!strcmp(argv[i], "--ver")) ver = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ptds")) ptds = 1;
+    }
+    resolve();
+    return run(argc, argv, i);
+}
+
+static int run(int argc, char **argv, int i)
+{
+    for (; i < argc; i++) {
+        const char *c = argv[i];
+        CUresult rc;
+        if (!strcmp(c, "init")) {
+            cur_dev = (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9') ? atoi(argv[++i]) : 0;
+            CUcontext ctx;
+            rc = cuInit(0);
+            if (!rc) rc = cuDevicePrimaryCtxRetain(&ctx, cur_dev);
+            if (!rc) rc = cuCtxSetCurrent(ctx);
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "alloc") || !strcmp(c, "managed") || !strcmp(c, "async") || !strcmp(c, "pool")) {
+            uint64_t n = num(argv[++i]);
+            CUdeviceptr p = 0;
+            rc = !strcmp(c, "alloc") ? p_cuMemAlloc_v2(&p, n)
+                 : !strcmp(c, "managed") ? p_cuMemAllocManaged(&p, n, 1)
+                 : !strcmp(c, "async") ? p_cuMemAllocAsync(&p, n, NULL)
+                                       : p_cuMemAllocFromPoolAsync(&p, n, (CUmemoryPool)(uintptr_t)1, NULL); /* the fake has no pools to create */
+            if (!rc) push(!strcmp(c, "alloc") || !strcmp(c, "managed") ? A_PTR : A_ASYNC, p, 0, n);
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "pitch")) {
+            uint64_t w = num(argv[++i]), h = num(argv[++i]);
+            CUdeviceptr p = 0;
+            size_t pitch = 0;
+            rc = p_cuMemAllocPitch_v2(&p, &pitch, w, h, 4);
+            if (!rc) push(A_PTR, p, 0, pitch * h);
+            out(c, rc, "%zu", pitch);
+        } else if (!strcmp(c, "create") || !strcmp(c, "vmm")) {
+            /* create: a bare handle; vmm: handle mapped into a reserved range, handle released. */
+            uint64_t n = num(argv[++i]);
+            CUmemAllocationProp prop = {.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = cur_dev}};
+            CUmemGenericAllocationHandle h = 0;
+            rc = p_cuMemCreate(&h, n, &prop, 0);
+            uint64_t va = 0;
+            if (!rc && !strcmp(c, "vmm")) {
+                CUdeviceptr a = 0;
+                rc = cuMemAddressReserve(&a, n, 0, 0, 0);
+                if (!rc) rc = p_cuMemMap(a, n, 0, h, 0);
+                if (!rc) rc = p_cuMemRelease(h);
+                if (!rc) { va = a; h = 0; }
+            }
+            if (!rc) push(A_VMM, h, va, n);
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "array") || !strcmp(c, "array3d") || !strcmp(c, "mipmap")) {
+            uint64_t w = num(argv[++i]), h = num(argv[++i]);
+            if (!strcmp(c, "array")) {
+                CUDA_ARRAY_DESCRIPTOR d = {.Width = w, .Height = h, .Format = 0x20, .NumChannels = 1};
+                CUarray a = NULL;
+                rc = p_cuArrayCreate_v2(&a, &d);
+                if (!rc) push(A_ARR, (uintptr_t)a, 0, 0);
+            } else {
+                uint64_t z = num(argv[++i]);
+                CUDA_ARRAY3D_DESCRIPTOR d = {.Width = w, .Height = h, .Depth = z, .Format = 0x20, .NumChannels = 1};
+                if (!strcmp(c, "array3d")) {
+                    CUarray a = NULL;
+                    rc = p_cuArray3DCreate_v2(&a, &d);
+                    if (!rc) push(A_ARR, (uintptr_t)a, 0, 0);
+                } else {
+                    CUmipmappedArray m = NULL;
+                    rc = p_cuMipmappedArrayCreate(&m, &d, (unsigned)num(argv[++i]));
+                    if (!rc) push(A_MIP, (uintptr_t)m, 0, 0);
+                }
+            }
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "free")) {
+            out(c, nlive ? free_one(nlive - 1) : CUDA_ERROR_INVALID_VALUE, NULL);
+        } else if (!strcmp(c, "freeall")) {
+            rc = 0;
+            while (nlive) { CUresult r = free_one(nlive - 1); if (!rc) rc = r; }
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "info")) {
+            size_t f = 0, t = 0;
+            rc = p_cuMemGetInfo_v2(&f, &t);
+            out(c, rc, "%zu %zu", f, t);
+        } else if (!strcmp(c, "rawused")) {
+            out(c, fake ? 0 : CUDA_ERROR_NOT_FOUND, "%llu", (unsigned long long)fake_used(cur_dev));
+        } else if (!strcmp(c, "total")) {
+            size_t t = 0;
+            rc = p_cuDeviceTotalMem_v2(&t, cur_dev);
+            out(c, rc, "%zu", t);
+        } else if (!strcmp(c, "null")) {
+            /* Every entry point with NULL where the driver rejects it: codes must be CUresults. */
+            size_t f;
+            CUmemAllocationProp prop = {.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+            CUDA_ARRAY_DESCRIPTOR d = {.Width = 4, .Height = 4, .Format = 0x20, .NumChannels = 1};
+            CUDA_ARRAY3D_DESCRIPTOR d3 = {.Width = 4, .Height = 4, .Depth = 4, .Format = 0x20, .NumChannels = 1};
+            printf("%snull", tag);
+            printf(" %d", p_cuMemAlloc_v2(NULL, 1024));
+            printf(" %d", p_cuMemAllocPitch_v2(NULL, NULL, 64, 64, 4));
+            printf(" %d", p_cuMemAllocManaged(NULL, 1024, 1));
+            printf(" %d", p_cuMemAllocAsync(NULL, 1024, NULL));
+            printf(" %d", p_cuMemAllocFromPoolAsync(NULL, 1024, NULL, NULL));
+            printf(" %d", p_cuMemCreate(NULL, 1 << 21, &prop, 0));
+            printf(" %d", p_cuMemCreate((CUmemGenericAllocationHandle *)&f, 1 << 21, NULL, 0));
+            printf(" %d", p_cuArrayCreate_v2(NULL, &d));
+            printf(" %d", p_cuArrayCreate_v2((CUarray *)&f, NULL));
+            printf(" %d", p_cuArray3DCreate_v2(NULL, &d3));
+            printf(" %d", p_cuMipmappedArrayCreate(NULL, &d3, 2));
+            printf(" %d", p_cuMemGetInfo_v2(NULL, &f));
+            printf(" %d", p_cuMemGetInfo_v2(&f, NULL));
+            printf(" %d", p_cuDeviceTotalMem_v2(NULL, 0));
+            printf(" %d", p_cuMemFree_v2(0));
+            printf(" %d", p_cuMemFreeAsync(0, NULL));
+            printf(" %d", p_cuArrayDestroy(NULL));
+            printf(" %d", p_cuMipmappedArrayDestroy(NULL));
+            printf(" %d", p_cuMemRelease(0));
+            printf("\n");
+            fflush(stdout);
+        } else if (!strcmp(c, "which")) {
+            /* Which library answers cuGetProcAddress(NAME, VER, FLAGS)? "interpose" or "driver". */
+            const char *name = argv[++i];
+            int v = atoi(argv[++i]);
+            int fl = atoi(argv[++i]);
+            void *h = dlopen("libcuda.so.1", RTLD_NOW);
+            void *p = NULL;
+            int st = 0;
+            CUresult (*gpa2)(const char *, void **, int, cuuint64_t, int *) = dlsym(h, "cuGetProcAddress_v2");
+            CUresult (*gpa)(const char *, void **, int, cuuint64_t) = dlsym(h, "cuGetProcAddress");
+            rc = !strcmp(via, "gpa2") ? gpa2(name, &p, v, (cuuint64_t)fl, &st) : gpa(name, &p, v, (cuuint64_t)fl);
+            Dl_info info = {0};
+            if (p) dladdr(p, &info);
+            out(c, rc, "%s %s %s", name, info.dli_fname && strstr(info.dli_fname, "interpose") ? "interpose" : "driver",
+                info.dli_sname ? info.dli_sname : "?");
+        } else if (!strcmp(c, "loop")) {
+            int n = (int)num(argv[++i]);
+            uint64_t size = num(argv[++i]);
+            long ok = 0, oom = 0;
+            double t0 = now();
+            for (int k = 0; k < n; k++) {
+                CUdeviceptr p;
+                rc = p_cuMemAlloc_v2(&p, size);
+                if (!rc) { ok++; p_cuMemFree_v2(p); } else oom++;
+            }
+            out(c, 0, "%ld %ld %.1f", ok, oom, (now() - t0) * 1e9 / (n ? n : 1));
+        } else if (!strcmp(c, "race")) {
+            int nt = atoi(argv[++i]);
+            struct race r[64] = {0};
+            pthread_t th[64];
+            int iters = atoi(argv[++i]);
+            uint64_t size = num(argv[++i]), budget = num(argv[++i]);
+            for (int t = 0; t < nt && t < 64; t++) {
+                r[t].iters = iters; r[t].size = size; r[t].budget = budget;
+                pthread_create(&th[t], NULL, racer, &r[t]);
+            }
+            long ok = 0, oom = 0, bad = 0, other = 0;
+            for (int t = 0; t < nt && t < 64; t++) {
+                pthread_join(th[t], NULL);
+                ok += r[t].ok; oom += r[t].oom; bad += r[t].bad; other += r[t].other;
+            }
+            out(c, 0, "%ld %ld %ld %ld", ok, oom, bad, other);
+        } else if (!strcmp(c, "ready")) {
+            out(c, 0, NULL); /* the test reads this line, then acts */
+        } else if (!strcmp(c, "wait")) {
+            char line[16];
+            if (!fgets(line, sizeof line, stdin)) {}
+        } else if (!strcmp(c, "fork")) {
+            /* The child runs the commands up to "--parent" and exits; the parent waits for it,
+             * then runs what follows. */
+            int j = i + 1;
+            while (j < argc && strcmp(argv[j], "--parent")) j++;
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) { tag = "child "; int r = run(j, argv, i + 1); fflush(stdout); _exit(r); }
+            int st = 0;
+            waitpid(pid, &st, 0);
+            out(c, 0, "%d", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+            i = j;
+        } else if (!strcmp(c, "exit")) {
+            fflush(stdout);
+            _exit(0); /* without freeing: the driver and the ledger must cope */
+        } else {
+            fprintf(stderr, "probe: unknown command %s\n", c);
+            return 2;
+        }
+    }
+    return 0;
+}
