@@ -85,7 +85,11 @@ class Config:
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
         if "reserve" in values:
-            values["reserve"] = parse_size(values["reserve"]) if values["reserve"] else 0
+            r = values["reserve"]
+            try:
+                values["reserve"] = 0 if r in (0, "0") else parse_size(r)
+            except ValueError as e:
+                raise ConfigError(f"reserve: {e}") from None
         for k in ("state_dir", "socket", "fakegpu_state"):
             if values.get(k) is not None:
                 values[k] = Path(values[k])

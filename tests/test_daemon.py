@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import pwd
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from colo.client import Client, DaemonUnavailable
 from daemon_util import DaemonProc, wait_for
 
 GiB = 1024**3
@@ -246,34 +251,82 @@ def other_user():
     return pw
 
 
-def test_permissions_between_two_users(daemon, tmp_path, other_user):
-    os.chmod(tmp_path, 0o755)
-    uid = other_user.pw_uid
-    mine = daemon.submit("--process", "--gpus", "0", *gate_cmd(tmp_path / "never"))
-    theirs = daemon.submit("--process", "--gpus", "0", "--", "id", "-u", user=uid)
-    assert daemon.cli("wait", str(theirs), user=uid).returncode == 0
-    assert daemon.cli("logs", str(theirs), check=True, user=uid).stdout.strip() == str(uid)  # ran as them
-    rows = json.loads(daemon.cli("ls", "--json", user=uid, check=True).stdout)
+def as_user(pw, fn):
+    """Run fn in a forked child with another uid: a real second peer on the socket."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            res = ("ok", fn())
+        except Exception as e:  # noqa: BLE001
+            res = ("err", (type(e).__name__, str(e), getattr(e, "code", None)))
+        os.write(w, pickle.dumps(res))
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        kind, value = pickle.loads(f.read())
+    os.waitpid(pid, 0)
+    return (kind, value)
+
+
+@pytest.fixture
+def shared_daemon(fakegpu):
+    """A daemon whose state dir other users can traverse (pytest's tmp dirs are private)."""
+    root = Path(tempfile.mkdtemp(prefix="colo-perm-"))
+    os.chmod(root, 0o755)
+    d = DaemonProc(root, fakegpu.state).start()
+    os.chmod(d.socket.parent, 0o755)
+    yield d
+    d.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_permissions_between_two_users(shared_daemon, other_user):
+    d = shared_daemon
+    mine = d.submit("--process", "--gpus", "0", *gate_cmd(d.root / "never"))
+    spec = {"argv": ["id", "-u"], "gpus": 0, "workdir": "/tmp"}
+    kind, theirs = as_user(other_user, lambda: Client(d.socket).submit(spec)["id"])
+    assert kind == "ok", theirs
+    kind, final = as_user(other_user, lambda: Client(d.socket).wait([theirs]))
+    assert kind == "ok" and final[0]["state"] == "succeeded", final
+    kind, out = as_user(other_user, lambda: "".join(Client(d.socket).logs(theirs)))
+    assert out.strip() == str(other_user.pw_uid)  # it ran as them
+    kind, rows = as_user(other_user, lambda: Client(d.socket).ls())
     assert {r["id"] for r in rows} == {mine, theirs}  # everyone sees the queue
-    for cmd in (["cancel", str(mine)], ["logs", str(mine)], ["show", str(mine)]):
-        r = daemon.cli(*cmd, user=uid)
-        assert r.returncode == 1 and "belongs to root" in r.stderr, r.stderr
-    assert daemon.job(mine)["state"] == "running"
-    secret = tmp_path / "secret"
+    for op in (lambda c: c.cancel(mine), lambda c: "".join(c.logs(mine)), lambda c: c.show(mine),
+               lambda c: c.explain(mine)):
+        kind, err = as_user(other_user, lambda: op(Client(d.socket)))
+        assert kind == "err" and err[2] == "forbidden" and f"job {mine} belongs to root" in err[1], err
+    assert d.job(mine)["state"] == "running"
+    secret = d.root / "secret"
     secret.mkdir(mode=0o700)
-    r = daemon.cli("submit", "--image", "x", "--mount", f"{secret}:/data", "--gpus", "0", "--", "true", user=uid)
-    assert r.returncode == 1 and "cannot read" in r.stderr
-    daemon.cli("cancel", str(mine), check=True)  # root may
-    daemon.wait_state(mine, "cancelled")
+    bad = {"argv": ["true"], "image": "x", "gpus": 0, "mounts": [f"{secret}:/data"]}
+    kind, err = as_user(other_user, lambda: Client(d.socket).submit(bad))
+    assert kind == "err" and err[2] == "forbidden" and "cannot read" in err[1], err
+    for hostile, needle in (({"privileged": True}, "not allowed in a job"),
+                            ({"mounts": ["/var/run/docker.sock:/s"]}, "not allowed"),
+                            ({"mounts": [f"{d.state_dir}:/s"]}, "not allowed"),
+                            ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "set by colo itself")):
+        kind, err = as_user(other_user, lambda: Client(d.socket).submit({**bad, "mounts": [], **hostile}))
+        assert kind == "err" and needle in err[1], (hostile, err)
+    assert len(d.client.ls()) == 2  # nothing stored
+    d.cli("cancel", str(mine), check=True)  # root may
+    d.wait_state(mine, "cancelled")
 
 
 def test_client_sees_daemon_going_away(daemon, tmp_path):
     j = daemon.submit("--process", "--gpus", "0", *gate_cmd(tmp_path / "never"))
     daemon.wait_state(j, "running")
-    p = subprocess.Popen(daemon.cli_args("wait", str(j)), stderr=subprocess.PIPE, text=True, env=daemon.env())
+    stream = Client(daemon.socket).stream("wait", ids=[j])
+    assert next(stream) == {"waiting": [j]}  # the daemon holds the request now
     daemon.kill9()
-    err = p.stderr.read()
-    assert p.wait(30) == 1 and "closed the connection" in err
+    with pytest.raises(DaemonUnavailable, match="closed the connection"):
+        next(stream)
+    r = daemon.cli("wait", str(j))
+    assert r.returncode == 1 and "daemon is not running" in r.stderr
     daemon.start()
     daemon.cli("cancel", str(j), check=True)
     daemon.wait_state(j, "cancelled")

@@ -203,6 +203,7 @@ class Api:
         if not isinstance(ids, list) or not ids:
             raise ApiError("wait needs job ids", protocol.BAD_REQUEST)
         jobs = [self._own(self._job({"id": i}), caller, "wait for") for i in ids]
+        yield {"waiting": [j.id for j in jobs]}  # the request is accepted; the client now just waits
         while True:
             jobs = [self.d.store.get(j.id) for j in jobs]
             if all(j.state in TERMINAL for j in jobs):

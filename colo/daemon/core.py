@@ -50,7 +50,8 @@ class Daemon:
         self.nvml = Nvml(config.fakegpu_state)
         self.gpu_error: str | None = None
         self.devices: list[GpuInfo] = []
-        self.runtimes: dict = {"process": ProcessRuntime()}
+        self.runtimes: dict = {}
+        self.native = native.native_dir()
         self.docker_error: str | None = None
         self.live: dict[int, Live] = {}
         self.wake_event: asyncio.Event | None = None
@@ -82,6 +83,8 @@ class Daemon:
             d.mkdir(exist_ok=True)
             os.chmod(d, 0o711 if d == c.jobs_dir else 0o700)
         self.store = Store(c.db_path)
+        self.native = native.publish(c.state_dir)
+        self.runtimes["process"] = ProcessRuntime(shim=self.native / "colo-shim")
         try:
             self.devices = self.nvml.devices()
         except NoDriver as e:
@@ -102,14 +105,14 @@ class Daemon:
             log.warning("%s; container jobs will be refused", self.docker_error)
 
     def _init_mps(self) -> None:
-        control = (native.native_dir() / native.FAKEGPU_DIR / "nvidia-cuda-mps-control"
+        control = (self.native / native.FAKEGPU_DIR / "nvidia-cuda-mps-control"
                    if self.config.fakegpu_state else "nvidia-cuda-mps-control")
         env = self.fake_env() if self.config.fakegpu_state else {}
         self.mps = mps.MpsManager(self.config.state_dir / "mps", control, env,
                                   multi_user=self.config.multi_user_mps, idle_stop_s=self.config.mps_idle_stop)
 
     def fake_env(self) -> dict[str, str]:
-        lib = native.native_dir() / native.FAKEGPU_DIR
+        lib = self.native / native.FAKEGPU_DIR
         return {"COLO_FAKEGPU_STATE": str(self.config.fakegpu_state), "LD_LIBRARY_PATH": str(lib)}
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
     if job.spec.gpus:
         ledger = run_dir / "ledger"
         interposer.create_ledger(ledger, job.spec.gpu_mem, devices=len(dec.gpus), uid=job.uid, gid=job.gid)
-        ndir = native.native_dir()
+        ndir = d.native
         if in_container:
             mounts.append(Mount(str(ndir), f"{IN_JOB}/native", True))
             mounts.append(Mount(str(run_dir), f"{IN_JOB}/run", False))

@@ -31,7 +31,8 @@ def _exit_code_file(run_dir: Path) -> int | None:
 class ProcessRuntime:
     name = "process"
 
-    def __init__(self, base_env: dict[str, str] | None = None):
+    def __init__(self, shim: Path | None = None, base_env: dict[str, str] | None = None):
+        self.shim = shim
         self.base_env = base_env if base_env is not None else {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
         self._children: dict[str, subprocess.Popen] = {}
@@ -39,7 +40,7 @@ class ProcessRuntime:
         self._lock = threading.Lock()
 
     def start(self, launch: Launch) -> str:
-        shim = str(native.path("colo-shim"))
+        shim = str(self.shim or native.path("colo-shim"))
         env = dict(self.base_env)
         try:
             pw = pwd.getpwuid(launch.uid)
