@@ -9,9 +9,23 @@ from typing import Callable, List, Optional
 
 import typer
 
-from . import profiles as prof
-from . import sim
+from .config import default_state_dir
 from .units import format_duration, format_size
+
+class _Lazy:
+    """numpy-heavy modules load when a sim/profile command runs, not on every `colo` start."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        import importlib
+
+        return getattr(importlib.import_module(self._name, __package__), attr)
+
+
+sim = _Lazy(".sim")
+prof = _Lazy(".profiles")
 
 # The lead wires this to the daemon: a function returning job rows (colo.jobs.Job.to_dict()).
 load_history_rows: Callable[[], list[dict]] | None = None
@@ -25,7 +39,8 @@ def _fail(msg: str) -> None:
 def profile_dirs() -> list[Path]:
     """The user's own profiles first (written by record/learn), then the shipped ones."""
     own = Path(os.environ.get("COLO_USER_PROFILES") or Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local/share") / "colo/profiles")
-    return [own, prof.shipped_dir()]
+    learned = default_state_dir() / "profiles"  # what the daemon learned from finished jobs
+    return [own, learned, prof.shipped_dir()]
 
 
 def nvml_sampler(index: int | None = None) -> Callable[[], dict]:
@@ -60,7 +75,7 @@ def nvml_sampler(index: int | None = None) -> Callable[[], dict]:
 def register(app: typer.Typer) -> None:
     @app.command("sim")
     def sim_cmd(
-        workload: Optional[str] = typer.Argument(None, help="workload file, or a shipped mix: " + ", ".join(sim.MIXES)),
+        workload: Optional[str] = typer.Argument(None, help="workload file, or a shipped mix: heavy, light, memory-heavy, memory-light, random"),
         policy: List[str] = typer.Option([], "--policy", "-p", help="policy to run (repeat); default: all baselines and colo"),
         gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs in the simulated node"),
         as_json: bool = typer.Option(False, "--json", help="results as JSON"),
