@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <signal.h>
 #include <stdint.h>
@@ -175,6 +176,8 @@ static void *racer(void *arg)
         if (rc == CUDA_ERROR_OUT_OF_MEMORY) { r->oom++; continue; }
         if (rc) { r->other++; continue; }
         r->ok++;
+        if (fake_used(cur_dev) > r->budget) r->bad++;
+        sched_yield(); /* hold it while others try: the point is to contend */
         if (fake_used(cur_dev) > r->budget) r->bad++;
         p_cuMemFree_v2(p);
     }

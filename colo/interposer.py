@@ -1,0 +1,177 @@
+"""The memory-budget interposer seen from Python: where the library is, the environment a job
+needs, and the job's ledger (create it before the job starts, read it while it runs).
+
+The ledger layout is defined in native/interpose/ledger.h; this module mirrors it. Reading never
+writes: a slot counts only while its owner holds the OFD lock on the slot's first byte, so dead
+processes are excluded at once (the job's own processes reclaim their bytes in the file).
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from colo import native
+
+MAGIC = b"COLOLDG1"
+VERSION = 1
+HEADER_SIZE = 4096
+SLOT_SIZE = 320
+MAX_DEVICES = 32
+DEFAULT_SLOTS = 1024
+
+# magic, version, header_size, nslots, slot_size, max_devices, devices, budget, refused
+_HEAD = struct.Struct("<8s6IQQ")
+_USED_AT, _PEAK_AT = 64, 320
+_DEV = struct.Struct(f"<{MAX_DEVICES}Q")
+_SLOT = struct.Struct("<IIiIQ")  # state, gen, pid, spare, refused
+_SLOT_OWNED = 1
+_FLOCK = struct.Struct("hh4xqqi4x")  # struct flock on x86_64/aarch64 Linux
+
+ENV_BUDGET = "COLO_GPU_BUDGET"
+ENV_LEDGER = "COLO_LEDGER"
+
+
+class LedgerError(RuntimeError):
+    pass
+
+
+@dataclass
+class Ledger:
+    budget: int                                         # bytes per device
+    devices: int
+    used: dict[int, int] = field(default_factory=dict)   # device -> bytes held by live processes
+    peak: dict[int, int] = field(default_factory=dict)   # device -> highest total ever counted
+    processes: list[dict] = field(default_factory=list)  # {"pid", "host_pid", "used", "by_device", "refused"}
+    refused: int = 0                                    # refused allocations, all processes
+    counted: dict[int, int] = field(default_factory=dict)  # device -> header total (dead not yet reclaimed included)
+
+    @property
+    def total_used(self) -> int:
+        return sum(self.used.values())
+
+
+def library_path() -> Path:
+    return native.path(native.INTERPOSER)
+
+
+def create_ledger(path: Path, budget: int, devices: int = 1, uid: int | None = None,
+                  gid: int | None = None, slots: int = DEFAULT_SLOTS) -> None:
+    """Write a fresh ledger (mode 0600, owned by uid:gid when given) atomically at `path`."""
+    if budget <= 0:
+        raise ValueError("budget must be a positive number of bytes")
+    if not 1 <= devices <= MAX_DEVICES:
+        raise ValueError(f"devices must be 1..{MAX_DEVICES}")
+    path = Path(path)
+    head = bytearray(HEADER_SIZE)
+    _HEAD.pack_into(head, 0, MAGIC, VERSION, HEADER_SIZE, slots, SLOT_SIZE, MAX_DEVICES, devices, budget, 0)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, bytes(head))
+        os.ftruncate(fd, HEADER_SIZE + slots * SLOT_SIZE)
+        if uid is not None or gid is not None:
+            os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _lock_holder(fd: int, cmd: int, start: int) -> tuple[bool, int]:
+    """(someone holds a lock on byte `start`, their pid as F_GETLK reports it: 0/-1 if unknown)."""
+    req = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, start, 1, 0)
+    ltype, _, _, _, pid = _FLOCK.unpack(fcntl.fcntl(fd, cmd, req))
+    return ltype != fcntl.F_UNLCK, pid
+
+
+def read_ledger(path: Path) -> Ledger:
+    """A snapshot of the ledger; processes that died are left out (their bytes too)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.pread(fd, 1 << 24, 0)
+        if len(data) < HEADER_SIZE:
+            raise LedgerError(f"{path}: too small to be a colo ledger")
+        magic, version, hsize, nslots, ssize, maxdev, devices, budget, refused = _HEAD.unpack_from(data, 0)
+        if magic != MAGIC or version != VERSION or (hsize, ssize, maxdev) != (HEADER_SIZE, SLOT_SIZE, MAX_DEVICES):
+            raise LedgerError(f"{path}: not a colo ledger of version {VERSION}")
+        peak = _DEV.unpack_from(data, _PEAK_AT)
+        counted = _DEV.unpack_from(data, _USED_AT)
+        used = [0] * MAX_DEVICES
+        procs = []
+        for i in range(nslots):
+            off = HEADER_SIZE + i * SLOT_SIZE
+            if off + SLOT_SIZE > len(data):
+                break
+            state, _gen, pid, _, slot_refused = _SLOT.unpack_from(data, off)
+            if state != _SLOT_OWNED:
+                continue
+            alive, _ = _lock_holder(fd, fcntl.F_OFD_GETLK, off)
+            if not alive:
+                continue
+            # A classic lock beside it tells the pid as this reader's namespace sees it.
+            _, host_pid = _lock_holder(fd, fcntl.F_GETLK, off + 1)
+            by_dev = _DEV.unpack_from(data, off + 64)
+            for d, b in enumerate(by_dev):
+                used[d] += b
+            procs.append({
+                "slot": i, "pid": pid, "host_pid": host_pid if host_pid > 0 else None,
+                "used": sum(by_dev), "by_device": {d: b for d, b in enumerate(by_dev) if b},
+                "refused": slot_refused,
+            })
+    finally:
+        os.close(fd)
+    shown = range(max(devices, 1))
+    return Ledger(
+        budget=budget, devices=devices,
+        used={d: used[d] for d in range(MAX_DEVICES) if d in shown or used[d]},
+        peak={d: peak[d] for d in range(MAX_DEVICES) if d in shown or peak[d]},
+        processes=procs, refused=refused,
+        counted={d: counted[d] for d in range(MAX_DEVICES) if d in shown or counted[d]},
+    )
+
+
+def job_env(budget: int, ledger_in_job: str, library_in_job: str, preload: str = "") -> dict[str, str]:
+    """What a job's processes need: the budget, the ledger and the library preloaded first.
+
+    `preload` is the job's own LD_PRELOAD, kept after ours. colo's variables must be set last,
+    over anything the submitter asked for.
+    """
+    return {
+        ENV_BUDGET: str(int(budget)),
+        ENV_LEDGER: ledger_in_job,
+        "LD_PRELOAD": f"{library_in_job}:{preload}" if preload else library_in_job,
+    }
+
+
+def library_problem(library: Path | None = None) -> str | None:
+    """None when the library preloads cleanly into a program here, else the loader's complaint."""
+    try:
+        lib = library or library_path()
+    except native.NativeMissing as e:
+        return str(e)
+    r = subprocess.run(["/bin/true"], env={**os.environ, "LD_PRELOAD": str(lib)},
+                       capture_output=True, text=True, timeout=30)
+    return r.stderr.strip() or None
+
+
+def _visible_devices(env: dict[str, str]) -> int:
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None or not cvd.strip():
+        return 1  # all of the host's GPUs, or none: budgets still apply to every ordinal
+    return min(MAX_DEVICES, len([t for t in cvd.split(",") if t.strip()]))
+
+
+def run_budgeted(argv: list[str], budget: int, extra_env: dict | None = None) -> int:
+    """Run one command under the interposer with a private ledger (no daemon); its exit code
+    (128 + N when a signal N ended it, as a shell reports it)."""
+    env = {**os.environ, **(extra_env or {})}
+    with tempfile.TemporaryDirectory(prefix="colo-budget-") as d:
+        ledger = Path(d) / "ledger"
+        create_ledger(ledger, budget, devices=_visible_devices(env))
+        env.update(job_env(budget, str(ledger), str(library_path()), env.get("LD_PRELOAD", "")))
+        rc = subprocess.call(argv, env=env)
+    return 128 - rc if rc < 0 else rc

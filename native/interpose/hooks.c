@@ -1,0 +1,704 @@
+/* The CUDA driver API and NVML entry points that colo's memory budget needs, and the three ways
+ * a program can reach them: direct linking (these exported names), dlopen + dlsym (our dlsym),
+ * and cuGetProcAddress / _v2 (we look at what the driver returned and wrap it when it is one of
+ * ours). Everything else passes straight through, and with no COLO_GPU_BUDGET nothing changes. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_types.h"
+#include "ledger.h"
+#include "table.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* Hooked entry points: X(name, family) with family 'c' (libcuda) or 'n' (libnvidia-ml). */
+#define HOOKS(X)                                                                                   \
+    X(cuGetProcAddress, c) X(cuGetProcAddress_v2, c)                                               \
+    X(cuMemAlloc, c) X(cuMemAlloc_v2, c) X(cuMemAllocPitch, c) X(cuMemAllocPitch_v2, c)            \
+    X(cuMemAllocManaged, c) X(cuMemAllocAsync, c) X(cuMemAllocAsync_ptsz, c)                       \
+    X(cuMemAllocFromPoolAsync, c) X(cuMemAllocFromPoolAsync_ptsz, c)                               \
+    X(cuMemFree, c) X(cuMemFree_v2, c) X(cuMemFreeAsync, c) X(cuMemFreeAsync_ptsz, c)              \
+    X(cuMemCreate, c) X(cuMemRelease, c) X(cuMemMap, c) X(cuMemUnmap, c)                           \
+    X(cuMemRetainAllocationHandle, c)                                                              \
+    X(cuArrayCreate, c) X(cuArrayCreate_v2, c) X(cuArray3DCreate, c) X(cuArray3DCreate_v2, c)      \
+    X(cuMipmappedArrayCreate, c) X(cuArrayDestroy, c) X(cuMipmappedArrayDestroy, c)                \
+    X(cuMemGetInfo, c) X(cuMemGetInfo_v2, c) X(cuDeviceTotalMem, c) X(cuDeviceTotalMem_v2, c)      \
+    X(nvmlDeviceGetMemoryInfo, n) X(nvmlDeviceGetMemoryInfo_v2, n)
+/* Real functions we call ourselves but do not wrap. */
+#define HELPERS(X) X(cuCtxGetDevice, c) X(cuDeviceGetCount, c) X(nvmlDeviceGetIndex, n) X(nvmlDeviceGetUUID, n)
+
+#define AS_ENUM(n, f) H_##n,
+enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
+#define AS_NAME(n, f) #n,
+static const char *const names[N_ALL] = {HOOKS(AS_NAME) "", HELPERS(AS_NAME)};
+#define AS_FAMILY(n, f) (#f[0] == 'n'),
+static const char is_nvml[N_ALL] = {HOOKS(AS_FAMILY) 0, HELPERS(AS_FAMILY)};
+
+static void *reals[N_ALL];          /* the driver's functions, resolved once (atomic) */
+static void *lib_handle[2];         /* libcuda / libnvidia-ml as the program opened them */
+static void *(*real_dlsym_fn)(void *, const char *);
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+static void resolve_dlsym(void)
+{
+    /* glibc >= 2.34 has dlsym@@GLIBC_2.34 in libc; older ones only dlsym@GLIBC_2.2.5 (libdl). */
+    void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!p) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    STORE(&real_dlsym_fn, (void *(*)(void *, const char *))p);
+}
+
+static void *real_dlsym(void *h, const char *n)
+{
+    if (!LOAD(&real_dlsym_fn)) resolve_dlsym();
+    return real_dlsym_fn ? real_dlsym_fn(h, n) : NULL;
+}
+
+static void *const *wrappers(void);
+
+static int is_ours(void *p)
+{
+    void *const *w = wrappers();
+    for (int i = 0; i < N_HOOKS; i++)
+        if (w[i] == p) return 1;
+    return 0;
+}
+
+static void *library(int nvml)
+{
+    void *h = LOAD(&lib_handle[nvml]);
+    if (!h) {
+        /* Only a library the program already loaded: never load the driver on our own. */
+        h = dlopen(nvml ? "libnvidia-ml.so.1" : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (h) STORE(&lib_handle[nvml], h);
+    }
+    return h;
+}
+
+static void *real(int id)
+{
+    void *p = LOAD(&reals[id]);
+    if (p) return p;
+    p = real_dlsym(RTLD_NEXT, names[id]);
+    if (!p || is_ours(p)) {
+        void *h = library(is_nvml[id]);
+        p = h ? real_dlsym(h, names[id]) : NULL;
+        if (p && is_ours(p)) p = NULL;
+    }
+    if (p) STORE(&reals[id], p);
+    return p;
+}
+
+#define REAL(id, T, f, missing)                                                                    \
+    __typeof__(T) f = (__typeof__(T))real(H_##id);                                                 \
+    if (!f) return missing
+#define ON (ledger_enabled())
+
+/* ---- accounting helpers ---------------------------------------------------------------------- */
+
+static int g_ndev; /* devices this process sees, once the driver could tell (0: not yet) */
+
+static int cur_dev(void)
+{
+    /* A job usually sees only its own GPU: then every context is on ordinal 0 and there is no
+     * need to ask the driver on each allocation. */
+    int n = LOAD(&g_ndev);
+    if (!n) {
+        CUresult (*count)(int *) = (CUresult(*)(int *))real(H_cuDeviceGetCount);
+        if (count && count(&n) == CUDA_SUCCESS && n > 0) STORE(&g_ndev, n);
+        else n = 0;
+    }
+    if (n == 1) return 0;
+    CUresult (*f)(CUdevice *) = (CUresult(*)(CUdevice *))real(H_cuCtxGetDevice);
+    CUdevice d = 0;
+    if (f && f(&d) == CUDA_SUCCESS) return d;
+    return 0; /* no context: the driver will refuse the allocation itself */
+}
+
+static void record(int kind, uint64_t key, int dev, uint64_t size)
+{
+    struct alloc a = {.key = key, .size = size, .kind = (uint16_t)kind, .dev = (uint16_t)dev, .refs = 1};
+    table_put(&a);
+}
+
+/* Reserve, call the driver, then record or roll back: never check-then-allocate-then-add. */
+#define COUNTED_ALLOC(dev, size, kind, call, key)                                                  \
+    do {                                                                                           \
+        int d_ = (dev);                                                                            \
+        uint64_t s_ = (size);                                                                      \
+        int e_ = ledger_reserve(d_, s_);                                                           \
+        if (e_) return e_;                                                                         \
+        CUresult rc_ = (call);                                                                     \
+        if (rc_ == CUDA_SUCCESS) record(kind, (uint64_t)(key), d_, s_);                            \
+        else ledger_release(d_, s_);                                                               \
+        return rc_;                                                                                \
+    } while (0)
+
+/* Forget first (so a concurrent allocation that gets the same address back is not confused with
+ * it), free, then subtract: the bytes leave the ledger only once the driver has them back. */
+#define COUNTED_FREE(kind, key, call)                                                              \
+    do {                                                                                           \
+        struct alloc a_;                                                                           \
+        int had_ = table_take(kind, (uint64_t)(key), &a_);                                         \
+        CUresult rc_ = (call);                                                                     \
+        if (had_) {                                                                                \
+            if (rc_ == CUDA_SUCCESS) ledger_release(a_.dev, a_.size);                              \
+            else table_put(&a_);                                                                   \
+        }                                                                                          \
+        return rc_;                                                                                \
+    } while (0)
+
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t texel_bytes(int format)
+{
+    switch (format) {
+    case 0x01: case 0x08: return 1;            /* (UN)SIGNED_INT8 */
+    case 0x02: case 0x09: case 0x10: return 2; /* (UN)SIGNED_INT16, HALF */
+    case 0x03: case 0x0a: case 0x20: return 4; /* (UN)SIGNED_INT32, FLOAT */
+    default: return 8;                         /* newer packed formats: err on the large side */
+    }
+}
+
+static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, int fmt, unsigned ch)
+{
+    uint64_t n = mul_sat(mul_sat(w ? w : 1, h ? h : 1), d ? d : 1);
+    return mul_sat(n, mul_sat(texel_bytes(fmt), ch ? ch : 1));
+}
+
+/* ---- allocation wrappers ---------------------------------------------------------------------- */
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    REAL(cuMemAlloc_v2, CUresult(*)(CUdeviceptr *, size_t), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !dptr || !bytesize) return f(dptr, bytesize);
+    COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize), *dptr);
+}
+
+EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+    REAL(cuMemAlloc, CUresult(*)(CUdeviceptr_v1 *, unsigned int), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !dptr || !bytesize) return f(dptr, bytesize);
+    COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize), *dptr);
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    REAL(cuMemAllocManaged, CUresult(*)(CUdeviceptr *, size_t, unsigned int), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !dptr || !bytesize) return f(dptr, bytesize, flags);
+    COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize, flags), *dptr);
+}
+
+/* Stream-ordered allocations are counted against the calling thread's current device. */
+#define ALLOC_ASYNC(name)                                                                          \
+    EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream s)                          \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUdeviceptr *, size_t, CUstream), f, CUDA_ERROR_NOT_FOUND);         \
+        if (!ON || !dptr || !bytesize) return f(dptr, bytesize, s);                                \
+        COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize, s), *dptr);                    \
+    }
+ALLOC_ASYNC(cuMemAllocAsync)
+ALLOC_ASYNC(cuMemAllocAsync_ptsz)
+
+#define ALLOC_POOL(name)                                                                           \
+    EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)       \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUdeviceptr *, size_t, CUmemoryPool, CUstream), f,                  \
+             CUDA_ERROR_NOT_FOUND);                                                                \
+        if (!ON || !dptr || !bytesize) return f(dptr, bytesize, pool, s);                          \
+        COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize, pool, s), *dptr);              \
+    }
+ALLOC_POOL(cuMemAllocFromPoolAsync)
+ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz)
+
+/* The pitch is only known afterwards: reserve an estimate, then settle on the real size (and
+ * give the memory back if the difference does not fit). */
+static CUresult settle_pitch(int dev, uint64_t est, uint64_t actual, uint64_t ptr, CUresult (*freefn)(uint64_t))
+{
+    if (actual > est && ledger_reserve(dev, actual - est) != 0) {
+        freefn(ptr);
+        ledger_release(dev, est);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (actual < est) ledger_release(dev, est - actual);
+    record(K_PTR, ptr, dev, actual);
+    return CUDA_SUCCESS;
+}
+
+static CUresult free_v2_raw(uint64_t p)
+{
+    CUresult (*f)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))real(H_cuMemFree_v2);
+    return f ? f(p) : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult free_v1_raw(uint64_t p)
+{
+    CUresult (*f)(CUdeviceptr_v1) = (CUresult(*)(CUdeviceptr_v1))real(H_cuMemFree);
+    return f ? f((CUdeviceptr_v1)p) : CUDA_ERROR_NOT_FOUND;
+}
+
+static uint64_t pitch_estimate(uint64_t w, uint64_t h) { return mul_sat((w + 511) & ~511ULL, h); }
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem)
+{
+    REAL(cuMemAllocPitch_v2, CUresult(*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int), f,
+         CUDA_ERROR_NOT_FOUND);
+    if (!ON || !dptr || !pitch || !w || !h) return f(dptr, pitch, w, h, elem);
+    int dev = cur_dev();
+    uint64_t est = pitch_estimate(w, h);
+    int e = ledger_reserve(dev, est);
+    if (e) return e;
+    CUresult rc = f(dptr, pitch, w, h, elem);
+    if (rc != CUDA_SUCCESS) { ledger_release(dev, est); return rc; }
+    return settle_pitch(dev, est, mul_sat(*pitch, h), *dptr, free_v2_raw);
+}
+
+EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int w, unsigned int h,
+                                unsigned int elem)
+{
+    REAL(cuMemAllocPitch,
+         CUresult(*)(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int, unsigned int), f,
+         CUDA_ERROR_NOT_FOUND);
+    if (!ON || !dptr || !pitch || !w || !h) return f(dptr, pitch, w, h, elem);
+    int dev = cur_dev();
+    uint64_t est = pitch_estimate(w, h);
+    int e = ledger_reserve(dev, est);
+    if (e) return e;
+    CUresult rc = f(dptr, pitch, w, h, elem);
+    if (rc != CUDA_SUCCESS) { ledger_release(dev, est); return rc; }
+    return settle_pitch(dev, est, mul_sat(*pitch, h), *dptr, free_v1_raw);
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
+{
+    REAL(cuMemFree_v2, CUresult(*)(CUdeviceptr), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !p) return f(p);
+    COUNTED_FREE(K_PTR, p, f(p));
+}
+
+EXPORT CUresult cuMemFree(CUdeviceptr_v1 p)
+{
+    REAL(cuMemFree, CUresult(*)(CUdeviceptr_v1), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !p) return f(p);
+    COUNTED_FREE(K_PTR, p, f(p));
+}
+
+#define FREE_ASYNC(name)                                                                           \
+    EXPORT CUresult name(CUdeviceptr p, CUstream s)                                               \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUdeviceptr, CUstream), f, CUDA_ERROR_NOT_FOUND);                   \
+        if (!ON || !p) return f(p, s);                                                             \
+        COUNTED_FREE(K_PTR, p, f(p, s));                                                           \
+    }
+FREE_ASYNC(cuMemFreeAsync)
+FREE_ASYNC(cuMemFreeAsync_ptsz)
+
+/* ---- virtual memory management: physical memory lives until the handle is released AND every
+ * mapping of it is unmapped, so a handle's bytes leave the ledger only when both happened. ---- */
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags)
+{
+    REAL(cuMemCreate,
+         CUresult(*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long), f,
+         CUDA_ERROR_NOT_FOUND);
+    if (!ON || !h || !prop || !size || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return f(h, size, prop, flags); /* host memory, or the driver's own error */
+    COUNTED_ALLOC(prop->location.id, size, K_VMM, f(h, size, prop, flags), *h);
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+    REAL(cuMemRelease, CUresult(*)(CUmemGenericAllocationHandle), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON) return f(h);
+    struct alloc a;
+    int r = table_ref(h, -1, &a); /* -1: imported or foreign, never counted */
+    CUresult rc = f(h);
+    if (rc == CUDA_SUCCESS) {
+        if (r == 1) ledger_release(a.dev, a.size);
+    } else if (r == 1) {
+        table_put(&a);
+    } else if (r == 0) {
+        table_ref(h, +1, &a);
+    }
+    return rc;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                         unsigned long long flags)
+{
+    REAL(cuMemMap, CUresult(*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long), f,
+         CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(ptr, size, offset, h, flags);
+    struct alloc a;
+    if (ON && rc == CUDA_SUCCESS && table_ref(h, +1, &a) == 0) {
+        struct alloc m = {.key = ptr, .size = size, .aux = h, .kind = K_MAP, .refs = 1};
+        table_put(&m);
+    }
+    return rc;
+}
+
+static void unmapped(const struct alloc *m)
+{
+    struct alloc a;
+    if (table_ref(m->aux, -1, &a) == 1) ledger_release(a.dev, a.size);
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    REAL(cuMemUnmap, CUresult(*)(CUdeviceptr, size_t), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(ptr, size);
+    if (ON && rc == CUDA_SUCCESS) table_take_range(ptr, ptr + size, unmapped);
+    return rc;
+}
+
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr)
+{
+    REAL(cuMemRetainAllocationHandle, CUresult(*)(CUmemGenericAllocationHandle *, void *), f,
+         CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(h, addr);
+    struct alloc a;
+    if (ON && rc == CUDA_SUCCESS && h) table_ref(*h, +1, &a);
+    return rc;
+}
+
+/* ---- arrays: sized from the descriptor (texel size x extent), recorded by handle ---------------- */
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    REAL(cuArrayCreate_v2, CUresult(*)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !ph || !d) return f(ph, d);
+    COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), K_ARRAY,
+                  f(ph, d), (uintptr_t)*ph);
+}
+
+EXPORT CUresult cuArrayCreate(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    REAL(cuArrayCreate, CUresult(*)(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !ph || !d) return f(ph, d);
+    COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), K_ARRAY,
+                  f(ph, d), (uintptr_t)*ph);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    REAL(cuArray3DCreate_v2, CUresult(*)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *), f, CUDA_ERROR_NOT_FOUND);
+    /* Sparse / deferred arrays have no backing of their own: it comes from cuMemCreate. */
+    if (!ON || !ph || !d || (d->Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING))) return f(ph, d);
+    COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), K_ARRAY,
+                  f(ph, d), (uintptr_t)*ph);
+}
+
+EXPORT CUresult cuArray3DCreate(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    REAL(cuArray3DCreate, CUresult(*)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !ph || !d) return f(ph, d);
+    COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), K_ARRAY,
+                  f(ph, d), (uintptr_t)*ph);
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    REAL(cuMipmappedArrayCreate, CUresult(*)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int), f,
+         CUDA_ERROR_NOT_FOUND);
+    if (!ON || !ph || !d || (d->Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)))
+        return f(ph, d, levels);
+    uint64_t total = 0;
+    for (unsigned l = 0; l < (levels ? levels : 1) && l < 64; l++) {
+        uint64_t w = d->Width >> l, h = d->Height >> l, z = (d->Flags & 1) ? d->Depth : d->Depth >> l;
+        uint64_t b = array_bytes(w ? w : 1, h ? h : 1, z ? z : 1, d->Format, d->NumChannels);
+        total = total + b < total ? UINT64_MAX : total + b;
+    }
+    COUNTED_ALLOC(cur_dev(), total, K_MIPMAP, f(ph, d, levels), (uintptr_t)*ph);
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray a)
+{
+    REAL(cuArrayDestroy, CUresult(*)(CUarray), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !a) return f(a);
+    COUNTED_FREE(K_ARRAY, (uintptr_t)a, f(a));
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
+{
+    REAL(cuMipmappedArrayDestroy, CUresult(*)(CUmipmappedArray), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !a) return f(a);
+    COUNTED_FREE(K_MIPMAP, (uintptr_t)a, f(a));
+}
+
+/* ---- capacity views: total = budget, free = what is left of it (never above the real free) ---- */
+
+static void virtualise(int dev, uint64_t *free_b, uint64_t *total_b)
+{
+    uint64_t budget = ledger_budget(), used = ledger_job_used(dev);
+    uint64_t left = used >= budget ? 0 : budget - used;  /* unusable ledger: used is UINT64_MAX */
+    if (*total_b > budget) *total_b = budget;
+    if (*free_b > left) *free_b = left;
+    if (*free_b > *total_b) *free_b = *total_b;
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
+{
+    REAL(cuMemGetInfo_v2, CUresult(*)(size_t *, size_t *), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(free_b, total_b);
+    if (!ON || rc != CUDA_SUCCESS) return rc;
+    uint64_t fr = free_b ? *free_b : UINT64_MAX, to = total_b ? *total_b : UINT64_MAX;
+    virtualise(cur_dev(), &fr, &to);
+    if (free_b) *free_b = fr;
+    if (total_b) *total_b = to;
+    return rc;
+}
+
+EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total_b)
+{
+    REAL(cuMemGetInfo, CUresult(*)(unsigned int *, unsigned int *), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(free_b, total_b);
+    if (!ON || rc != CUDA_SUCCESS) return rc;
+    uint64_t fr = free_b ? *free_b : UINT64_MAX, to = total_b ? *total_b : UINT64_MAX;
+    virtualise(cur_dev(), &fr, &to);
+    if (free_b) *free_b = (unsigned int)fr;  /* only ever smaller than what the driver wrote */
+    if (total_b) *total_b = (unsigned int)to;
+    return rc;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    REAL(cuDeviceTotalMem_v2, CUresult(*)(size_t *, CUdevice), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(bytes, dev);
+    if (ON && rc == CUDA_SUCCESS && bytes && *bytes > ledger_budget()) *bytes = ledger_budget();
+    return rc;
+}
+
+EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    REAL(cuDeviceTotalMem, CUresult(*)(unsigned int *, CUdevice), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(bytes, dev);
+    if (ON && rc == CUDA_SUCCESS && bytes && *bytes > ledger_budget()) *bytes = (unsigned int)ledger_budget();
+    return rc;
+}
+
+/* NVML numbers devices its own way: find which CUDA ordinal (as CUDA_VISIBLE_DEVICES orders them
+ * for this process) an NVML device is; -1 when it is not one of the job's devices. */
+static int nvml_ordinal(nvmlDevice_t dev)
+{
+    nvmlReturn_t (*get_index)(nvmlDevice_t, unsigned int *) =
+        (nvmlReturn_t(*)(nvmlDevice_t, unsigned int *))real(H_nvmlDeviceGetIndex);
+    nvmlReturn_t (*get_uuid)(nvmlDevice_t, char *, unsigned int) =
+        (nvmlReturn_t(*)(nvmlDevice_t, char *, unsigned int))real(H_nvmlDeviceGetUUID);
+    unsigned int idx = 0;
+    int have_idx = get_index && get_index(dev, &idx) == NVML_SUCCESS;
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (!cvd) return have_idx ? (int)idx : 0;
+    char uuid[96] = "";
+    int have_uuid = get_uuid && get_uuid(dev, uuid, sizeof uuid) == NVML_SUCCESS;
+    int ordinal = 0;
+    for (const char *t = cvd; *t; ordinal++) {
+        while (*t == ' ') t++;
+        size_t n = strcspn(t, ",");
+        if ((n > 4 && (!strncmp(t, "GPU-", 4) || !strncmp(t, "MIG-", 4)))) {
+            if (have_uuid && n <= strlen(uuid) && !strncmp(uuid, t, n)) return ordinal;
+        } else {
+            char *end;
+            long v = strtol(t, &end, 10);
+            if (end == t) return -1; /* CUDA stops at the first malformed entry */
+            if (have_idx && v == (long)idx) return ordinal;
+        }
+        t += n;
+        if (*t == ',') t++;
+    }
+    return -1;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m)
+{
+    REAL(nvmlDeviceGetMemoryInfo, nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *), f, 13);
+    nvmlReturn_t rc = f(dev, m);
+    int ord;
+    if (!ON || rc != NVML_SUCCESS || !m || (ord = nvml_ordinal(dev)) < 0) return rc;
+    uint64_t fr = m->free, to = m->total;
+    virtualise(ord, &fr, &to);
+    m->total = to;
+    m->free = fr;
+    m->used = to - fr;
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m)
+{
+    REAL(nvmlDeviceGetMemoryInfo_v2, nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_v2_t *), f, 13);
+    nvmlReturn_t rc = f(dev, m);
+    int ord;
+    if (!ON || rc != NVML_SUCCESS || !m || (ord = nvml_ordinal(dev)) < 0) return rc;
+    uint64_t fr = m->free, to = m->total;
+    virtualise(ord, &fr, &to);
+    m->total = to;
+    m->free = fr;
+    m->reserved = 0;
+    m->used = to - fr;
+    return rc;
+}
+
+/* ---- cuGetProcAddress ------------------------------------------------------------------------- */
+
+/* Which of our wrappers stands for the versioned function (name, cudaVersion, flags) resolves
+ * to. Used only when the driver's pointer is not one we know by address. */
+static const struct rule {
+    const char *base;
+    int v2_from;            /* cudaVersion from which the _v2 ABI is returned (0: one version) */
+    int old_id, new_id, ptsz_id;
+} rules[] = {
+    {"cuMemAlloc", 3020, H_cuMemAlloc, H_cuMemAlloc_v2, -1},
+    {"cuMemAllocPitch", 3020, H_cuMemAllocPitch, H_cuMemAllocPitch_v2, -1},
+    {"cuMemFree", 3020, H_cuMemFree, H_cuMemFree_v2, -1},
+    {"cuMemGetInfo", 3020, H_cuMemGetInfo, H_cuMemGetInfo_v2, -1},
+    {"cuDeviceTotalMem", 3020, H_cuDeviceTotalMem, H_cuDeviceTotalMem_v2, -1},
+    {"cuArrayCreate", 3020, H_cuArrayCreate, H_cuArrayCreate_v2, -1},
+    {"cuArray3DCreate", 3020, H_cuArray3DCreate, H_cuArray3DCreate_v2, -1},
+    {"cuGetProcAddress", 12000, H_cuGetProcAddress, H_cuGetProcAddress_v2, -1},
+    {"cuMemAllocAsync", 0, H_cuMemAllocAsync, H_cuMemAllocAsync, H_cuMemAllocAsync_ptsz},
+    {"cuMemFreeAsync", 0, H_cuMemFreeAsync, H_cuMemFreeAsync, H_cuMemFreeAsync_ptsz},
+    {"cuMemAllocFromPoolAsync", 0, H_cuMemAllocFromPoolAsync, H_cuMemAllocFromPoolAsync,
+     H_cuMemAllocFromPoolAsync_ptsz},
+    {"cuMemAllocManaged", 0, H_cuMemAllocManaged, H_cuMemAllocManaged, -1},
+    {"cuMemCreate", 0, H_cuMemCreate, H_cuMemCreate, -1},
+    {"cuMemRelease", 0, H_cuMemRelease, H_cuMemRelease, -1},
+    {"cuMemMap", 0, H_cuMemMap, H_cuMemMap, -1},
+    {"cuMemUnmap", 0, H_cuMemUnmap, H_cuMemUnmap, -1},
+    {"cuMemRetainAllocationHandle", 0, H_cuMemRetainAllocationHandle, H_cuMemRetainAllocationHandle, -1},
+    {"cuMipmappedArrayCreate", 0, H_cuMipmappedArrayCreate, H_cuMipmappedArrayCreate, -1},
+    {"cuArrayDestroy", 0, H_cuArrayDestroy, H_cuArrayDestroy, -1},
+    {"cuMipmappedArrayDestroy", 0, H_cuMipmappedArrayDestroy, H_cuMipmappedArrayDestroy, -1},
+};
+
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+static void resolve_all_cu(void)
+{
+    for (int i = 0; i < N_HOOKS; i++)
+        if (!is_nvml[i]) real(i);
+}
+
+/* Does the driver export a newer ABI than the one our rule would pick? Then an unmatched pointer
+ * is that newer function, and it must pass through untouched. */
+static int newer_abi_exists(const char *picked)
+{
+    char buf[96];
+    const char *v = strstr(picked, "_v");
+    int n = v && v[2] >= '2' && v[2] <= '9' && !v[3] ? v[2] - '0' : 1;
+    size_t base = v && n > 1 ? (size_t)(v - picked) : strlen(picked);
+    if (base > 80) return 1;
+    snprintf(buf, sizeof buf, "%.*s_v%d", (int)base, picked, n + 1);
+    void *h = library(0);
+    return (h && real_dlsym(h, buf)) || real_dlsym(RTLD_NEXT, buf);
+}
+
+static void *substitute(const char *sym, void *p, int ver, cuuint64_t flags)
+{
+    pthread_once(&cu_once, resolve_all_cu);
+    void *const *w = wrappers();
+    for (int i = 0; i < N_HOOKS; i++)
+        if (!is_nvml[i] && LOAD(&reals[i]) == p) return w[i];
+    if (is_ours(p)) return p;
+    for (size_t r = 0; r < sizeof rules / sizeof rules[0]; r++) {
+        if (strcmp(sym, rules[r].base) != 0) continue;
+        int id = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && rules[r].ptsz_id >= 0
+                     ? rules[r].ptsz_id
+                     : (rules[r].v2_from && ver < rules[r].v2_from ? rules[r].old_id : rules[r].new_id);
+        if (newer_abi_exists(names[id])) return p;
+        void *expect = NULL;
+        __atomic_compare_exchange_n(&reals[id], &expect, p, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        return w[id];
+    }
+    return p; /* not an entry point we count: pass through (future _vN names included) */
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags)
+{
+    REAL(cuGetProcAddress, CUresult(*)(const char *, void **, int, cuuint64_t), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(symbol, pfn, ver, flags);
+    if (ON && rc == CUDA_SUCCESS && symbol && pfn && *pfn) *pfn = substitute(symbol, *pfn, ver, flags);
+    return rc;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status)
+{
+    REAL(cuGetProcAddress_v2,
+         CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *), f,
+         CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(symbol, pfn, ver, flags, status);
+    if (ON && rc == CUDA_SUCCESS && symbol && pfn && *pfn) *pfn = substitute(symbol, *pfn, ver, flags);
+    return rc;
+}
+
+static void *const *wrappers(void)
+{
+#define AS_PTR(n, f) (void *)&n,
+    static void *const w[N_HOOKS] = {HOOKS(AS_PTR)};
+    return w;
+}
+
+/* ---- dlsym ------------------------------------------------------------------------------------ */
+
+static int hook_id(const char *name)
+{
+    if (!name || !((name[0] == 'c' && name[1] == 'u') || !strncmp(name, "nvml", 4))) return -1;
+    for (int i = 0; i < N_HOOKS; i++)
+        if (!strcmp(name, names[i])) return i;
+    return -1;
+}
+
+static void *dlsym_hooked(void *handle, const char *name, int id)
+{
+    void *p;
+    if (handle == RTLD_DEFAULT || handle == RTLD_NEXT) {
+        p = real(id); /* the driver's own, skipping us */
+    } else {
+        p = real_dlsym(handle, name);
+        if (p && is_ours(p)) p = real(id); /* the handle's scope includes us (dlopen(NULL)) */
+        else if (p) {
+            void *expect = NULL;
+            __atomic_compare_exchange_n(&lib_handle[(int)is_nvml[id]], &expect, handle, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE);
+            expect = NULL;
+            __atomic_compare_exchange_n(&reals[id], &expect, p, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        }
+    }
+    return p ? wrappers()[id] : NULL; /* NULL: the library really lacks it; say so */
+}
+
+/* The pass-through is a tail call so that the real dlsym sees the program as its caller, which
+ * RTLD_NEXT lookups depend on. */
+#define DLSYM_BODY                                                                                 \
+    int id;                                                                                        \
+    if (!ledger_enabled() || (id = hook_id(name)) < 0) {                                           \
+        if (!LOAD(&real_dlsym_fn)) resolve_dlsym();                                                \
+        return real_dlsym_fn(handle, name);                                                        \
+    }                                                                                              \
+    return dlsym_hooked(handle, name, id);
+
+EXPORT void *colo_dlsym_234(void *handle, const char *name) { DLSYM_BODY }
+EXPORT void *colo_dlsym_225(void *handle, const char *name) { DLSYM_BODY }
+__asm__(".symver colo_dlsym_234, dlsym@@GLIBC_2.34");
+__asm__(".symver colo_dlsym_225, dlsym@GLIBC_2.2.5");
+
+/* ---- process set-up: read the environment only; the ledger opens at the first counted call --- */
+
+static void before_fork(void) { ledger_atfork_prepare(); table_atfork_prepare(); }
+static void after_fork_parent(void) { table_atfork_parent(); ledger_atfork_parent(); }
+static void after_fork_child(void) { table_atfork_child(); ledger_atfork_child(); }
+
+__attribute__((constructor)) static void colo_interpose_init(void)
+{
+    resolve_dlsym();
+    ledger_env_init();
+    if (ledger_enabled()) pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}

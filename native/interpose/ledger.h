@@ -1,0 +1,77 @@
+/* The job's ledger: a small file shared by every process of one job (and read by the colo daemon
+ * from the host). Layout (little-endian, fixed; colo/interposer.py mirrors it):
+ *
+ *   [0, 4096)            header: magic, budget, per-device totals and peaks, refused count,
+ *                        and a process-shared robust mutex at offset 1024
+ *   [4096 + i*320, ...)  slot i: state, generation, pid, per-device bytes of one process
+ *
+ * Liveness: the owner of slot i holds an OFD write lock on the slot's first byte (and a classic
+ * POSIX lock on its second byte, so that a reader in another pid namespace can learn the pid
+ * through F_GETLK). A lock that can be taken means a dead owner: the kernel drops the lock when
+ * the process dies, whatever the signal, and a reused pid cannot hold it. */
+#ifndef COLO_LEDGER_H
+#define COLO_LEDGER_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#define LEDGER_MAGIC "COLOLDG1"
+#define LEDGER_VERSION 1
+#define LEDGER_HEADER_SIZE 4096
+#define LEDGER_SLOT_SIZE 320
+#define LEDGER_MAX_DEV 32
+#define LEDGER_MUTEX_OFFSET 1024
+#define LEDGER_INIT_DONE 0x600d
+
+enum { SLOT_FREE = 0, SLOT_OWNED = 1 };
+
+struct ledger_header {
+    char magic[8];
+    uint32_t version;
+    uint32_t header_size;
+    uint32_t nslots;
+    uint32_t slot_size;
+    uint32_t max_devices;
+    uint32_t devices;          /* informational: how many GPUs the job was given */
+    uint64_t budget;           /* bytes per device */
+    uint64_t refused;          /* allocations refused, all processes (atomic) */
+    uint32_t init_state;       /* LEDGER_INIT_DONE once the mutex is initialised */
+    uint32_t next_slot;        /* where the next claimer starts looking (atomic hint) */
+    uint64_t spare0;
+    uint64_t used[LEDGER_MAX_DEV];   /* sum of all slots' used[]: what check-and-add compares */
+    uint64_t peak[LEDGER_MAX_DEV];
+    char pad[LEDGER_MUTEX_OFFSET - 576];
+    pthread_mutex_t mutex;     /* guards used[], peak[] and every slot's state and used[] */
+};
+
+struct ledger_slot {
+    uint32_t state;
+    uint32_t gen;
+    int32_t pid;               /* in the owner's pid namespace (informational) */
+    uint32_t spare0;
+    uint64_t refused;          /* this process's refusals */
+    char pad[64 - 24];
+    uint64_t used[LEDGER_MAX_DEV];
+};
+
+/* Set up from the environment once per process (constructor); nothing touches the ledger yet. */
+void ledger_env_init(void);
+/* 1 when COLO_GPU_BUDGET is set: only then does the interposer change anything. */
+int ledger_enabled(void);
+/* Budget per device in bytes (0 when it could not be read: everything is refused). */
+uint64_t ledger_budget(void);
+
+/* Check-and-add `size` bytes on device `dev` for this process. 0 = reserved, else
+ * CUDA_ERROR_OUT_OF_MEMORY (the refusal is counted and logged once per process). */
+int ledger_reserve(int dev, uint64_t size);
+void ledger_release(int dev, uint64_t size);
+/* Bytes the whole job holds on `dev` (dead processes reclaimed first if they hold any);
+ * UINT64_MAX when the ledger is unusable (fail closed). */
+uint64_t ledger_job_used(int dev);
+
+/* fork(): the child drops the parent's slot and takes its own on first use. */
+void ledger_atfork_prepare(void);
+void ledger_atfork_parent(void);
+void ledger_atfork_child(void);
+
+#endif

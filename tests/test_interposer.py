@@ -1,0 +1,362 @@
+"""The memory-budget interposer against the simulated driver: real processes, real files, the real
+pynvml; C callers (tests/native_helpers/interpose_probe.c) and ctypes callers."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from colo import interposer
+
+MiB = 1 << 20
+BUDGET = 64 * MiB
+HERE = Path(__file__).parent
+NATIVE = HERE.parent / "native"
+
+
+@pytest.fixture(scope="module")
+def probe(native_dir, tmp_path_factory):
+    """The C test caller, linked directly against the simulated libcuda."""
+    out = tmp_path_factory.mktemp("probe") / "interpose_probe"
+    lib = native_dir / "fakegpu" / "libcuda.so.1"
+    subprocess.run(
+        ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", f"-I{NATIVE / 'interpose'}",
+         f"-I{NATIVE / 'fakegpu'}", "-o", str(out), str(HERE / "native_helpers" / "interpose_probe.c"),
+         str(lib), "-ldl", "-lpthread"],
+        check=True, timeout=120,
+    )
+    return out
+
+
+@pytest.fixture
+def job(tmp_path, fakegpu):
+    """A fresh ledger with a 64 MiB budget and the environment of a job that uses it."""
+    ledger = tmp_path / "ledger"
+    interposer.create_ledger(ledger, BUDGET)
+    env = {**os.environ, **fakegpu.env,
+           **interposer.job_env(BUDGET, str(ledger), str(interposer.library_path()))}
+    return env, ledger
+
+
+def run(probe, env, *script, via="direct", extra=(), timeout=60):
+    r = subprocess.run([str(probe), "--via", via, *extra, *script], env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    return r.stdout.splitlines(), r.stderr
+
+
+def codes(lines, cmd):
+    return [int(line.split()[1]) for line in lines if line.split()[0] == cmd]
+
+
+def info(lines):
+    """(free, total) of every `info` line."""
+    return [tuple(map(int, line.split()[2:4])) for line in lines if line.startswith("info ")]
+
+
+# name -> (script under budget, bytes the ledger counts for it, script that passes the budget)
+FAMILIES = {
+    "alloc": (["alloc", "32M"], 32 * MiB, ["alloc", "40M"]),
+    "pitch": (["pitch", "1000", "8K"], None, ["pitch", "4000", "16K"]),
+    "managed": (["managed", "32M"], 32 * MiB, ["managed", "40M"]),
+    "async": (["async", "32M"], 32 * MiB, ["async", "40M"]),
+    "pool": (["pool", "32M"], 32 * MiB, ["pool", "40M"]),
+    "create": (["create", "32M"], 32 * MiB, ["create", "40M"]),
+    "vmm": (["vmm", "32M"], 32 * MiB, ["vmm", "40M"]),
+    "array": (["array", "2048", "4096"], 32 * MiB, ["array", "4096", "4096"]),
+    "array3d": (["array3d", "256", "256", "128"], 32 * MiB, ["array3d", "256", "256", "256"]),
+    "mipmap": (["mipmap", "1024", "1024", "1", "3"], (4 * MiB + MiB + MiB // 4), ["mipmap", "4096", "4096", "1", "2"]),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_is_counted_refused_over_budget_and_freed_exactly(probe, job, family):
+    env, ledger = job
+    under, size, over = FAMILIES[family]
+    lines, err = run(probe, env, "init", "info", *under, "info", *over, "info", "rawused", "freeall", "info",
+                     "rawused")
+    cmd = under[0]
+    assert codes(lines, cmd) == [0, 2], lines
+    if family == "pitch":
+        pitch = int(next(line.split()[2] for line in lines if line.startswith("pitch 0")))
+        size = pitch * 8 * 1024
+    views = info(lines)
+    assert views[0] == (BUDGET, BUDGET)
+    assert views[1] == (BUDGET - size, BUDGET)       # exactly what the allocation took
+    assert views[2] == views[1]                      # the refused one took nothing
+    assert views[3] == (BUDGET, BUDGET)              # and every byte came back
+    assert [int(x.split()[2]) for x in lines if x.startswith("rawused")][-1] == 0
+    assert err.count("colo: allocation of") == 1 and "refused: job budget 64.0 MiB" in err
+    led = interposer.read_ledger(ledger)
+    assert led.used[0] == 0 and led.refused == 1 and 0 < led.peak[0] <= BUDGET
+
+
+def test_vmm_memory_counts_until_released_and_unmapped(probe, job):
+    env, _ = job
+    # vmm: created, mapped, handle released at once: still counted while mapped.
+    lines, _ = run(probe, env, "init", "vmm", "48M", "info", "alloc", "32M", "freeall", "info", "alloc", "60M")
+    assert info(lines) == [(BUDGET - 48 * MiB, BUDGET), (BUDGET, BUDGET)]
+    assert codes(lines, "alloc") == [2, 0]
+
+
+@pytest.mark.parametrize("via,extra", [
+    ("direct", []), ("dlsym", []), ("gpa", ["--ver", "12000"]), ("gpa", ["--ver", "11040"]),
+    ("gpa", ["--ver", "12000", "--ptds"]), ("gpa2", ["--ver", "12080"]), ("gpa2", ["--ver", "13000", "--ptds"]),
+])
+def test_every_lookup_path_is_enforced(probe, job, via, extra):
+    env, ledger = job
+    lines, _ = run(probe, env, "init", "alloc", "40M", "async", "20M", "alloc", "8M", "managed", "8M",
+                   "info", "freeall", via=via, extra=extra)
+    assert codes(lines, "alloc") == [0, 2] and codes(lines, "async") == [0] and codes(lines, "managed") == [2]
+    assert info(lines) == [(4 * MiB, BUDGET)]
+    assert interposer.read_ledger(ledger).refused == 2
+
+
+@pytest.mark.parametrize("via", ["gpa", "gpa2"])
+def test_get_proc_address_wraps_by_name_version_and_flags(probe, job, via):
+    env, _ = job
+    lines, _ = run(probe, env, "init",
+                   "which", "cuMemAlloc", "3000", "0",        # the 32-bit v1 ABI: its own wrapper
+                   "which", "cuMemAlloc", "12000", "0",
+                   "which", "cuMemFree", "12000", "0",
+                   "which", "cuMemGetInfo", "12000", "0",
+                   "which", "cuMemAllocAsync", "12000", "2",  # per-thread default stream
+                   "which", "cuGetProcAddress", "12000", "0",
+                   "which", "cuGetProcAddress", "11030", "0",
+                   "which", "cuCtxGetDevice", "13000", "0",   # not ours, a newer ABI: untouched
+                   "which", "cuNoSuchFunction", "12000", "0", via=via)
+    got = [line.split()[1:] for line in lines if line.startswith("which")]
+    assert got == [
+        ["0", "cuMemAlloc", "interpose", "cuMemAlloc"],
+        ["0", "cuMemAlloc", "interpose", "cuMemAlloc_v2"],
+        ["0", "cuMemFree", "interpose", "cuMemFree_v2"],
+        ["0", "cuMemGetInfo", "interpose", "cuMemGetInfo_v2"],
+        ["0", "cuMemAllocAsync", "interpose", got[4][3]],
+        ["0", "cuGetProcAddress", "interpose", "cuGetProcAddress_v2"],
+        ["0", "cuGetProcAddress", "interpose", "cuGetProcAddress"],
+        ["0", "cuCtxGetDevice", "driver", "cuCtxGetDevice_v2"],
+        ["500", "cuNoSuchFunction", "driver", "?"],
+    ]
+    assert got[4][3].startswith("cuMemAllocAsync")
+
+
+CTYPES_CALLER = textwrap.dedent("""
+    import ctypes, sys
+    cu = ctypes.CDLL("libcuda.so.1")
+    ctx, p, free, total = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_size_t()
+    assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+    a = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(48 << 20))
+    b = cu.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(32 << 20))
+    cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+    print(a, b, free.value, total.value)
+""")
+
+
+def test_ctypes_caller_is_enforced(job):
+    env, _ = job
+    r = subprocess.run([sys.executable, "-c", CTYPES_CALLER], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "2", str(16 * MiB), str(BUDGET)]
+
+
+NVML_CALLER = textwrap.dedent("""
+    import pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    m = pynvml.nvmlDeviceGetMemoryInfo(h)
+    m2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+    other = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(1))
+    print(m.total, m.free, m.used, m2.total, m2.free, other.total)
+""")
+
+
+def test_capacity_views_show_the_budget(probe, job):
+    env, _ = job
+    holder = subprocess.Popen([str(probe), "init", "alloc", "24M", "total", "ready", "wait"], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "init 0\n"
+        assert holder.stdout.readline() == "alloc 0\n"
+        assert holder.stdout.readline() == f"total 0 {BUDGET}\n"
+        assert holder.stdout.readline() == "ready 0\n"
+        lines, _ = run(probe, env, "init", "info", "total")
+        assert info(lines) == [(BUDGET - 24 * MiB, BUDGET)]
+        # pynvml as a job would use it; CUDA_VISIBLE_DEVICES=1 makes NVML device 1 the job's GPU 0.
+        r = subprocess.run([sys.executable, "-c", NVML_CALLER], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        total, free, used, total2, free2, other = map(int, r.stdout.split())
+        assert (total, free, used) == (BUDGET, BUDGET - 24 * MiB, 24 * MiB)
+        assert (total2, free2) == (BUDGET, BUDGET - 24 * MiB)
+        assert other == BUDGET  # no CUDA_VISIBLE_DEVICES: every device is the job's
+        r = subprocess.run([sys.executable, "-c", NVML_CALLER], env={**env, "CUDA_VISIBLE_DEVICES": "1"},
+                           capture_output=True, text=True, timeout=60)
+        total, free, _, _, _, other = map(int, r.stdout.split())
+        assert total > BUDGET and other == BUDGET  # NVML device 0 is not the job's: untouched
+    finally:
+        holder.communicate("go\n", timeout=30)
+
+
+def test_racing_threads_and_processes_never_pass_the_budget(probe, job):
+    env, ledger = job
+    # 4 processes x 8 threads, each allocating 24 MiB against 64 MiB: at most two fit at once. Each
+    # thread checks the simulated driver's own count after every allocation it got.
+    procs = [subprocess.Popen([str(probe), "init", "race", "8", "500", "24M", str(BUDGET)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    seen = 0
+    while any(p.poll() is None for p in procs):
+        led = interposer.read_ledger(ledger)
+        assert led.used[0] <= BUDGET and led.counted[0] <= BUDGET
+        seen = max(seen, led.used[0])
+    totals = [0, 0, 0, 0]
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        fields = next(line for line in out.splitlines() if line.startswith("race")).split()[2:]
+        totals = [t + int(f) for t, f in zip(totals, fields)]
+    ok, oom, over, other = totals
+    assert over == 0 and other == 0
+    assert ok > 0 and oom > 0 and ok + oom == 4 * 8 * 500  # they really did contend
+    led = interposer.read_ledger(ledger)
+    assert led.used[0] == 0 and led.counted[0] == 0 and led.peak[0] == 48 * MiB and seen <= BUDGET
+
+
+def _wait_for(cond, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def test_sigkill_mid_allocation_is_reclaimed(probe, job):
+    env, ledger = job
+    holder = subprocess.Popen([str(probe), "init", "alloc", "48M", "ready", "wait"], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "init 0\n" and holder.stdout.readline() == "alloc 0\n"
+    led = interposer.read_ledger(ledger)
+    assert led.used[0] == 48 * MiB and [p["host_pid"] for p in led.processes] == [holder.pid]
+    holder.kill()
+    holder.wait(timeout=10)
+    assert interposer.read_ledger(ledger).used[0] == 0  # a dead process counts for nothing at once
+    # Processes killed at random points of a tight allocate/free loop (inside the ledger lock too).
+    rnd = random.Random(4)
+    for _ in range(6):
+        p = subprocess.Popen([str(probe), "init", "loop", "100000000", "16M"], env=env, stdout=subprocess.DEVNULL)
+        _wait_for(lambda: any(x["used"] for x in interposer.read_ledger(ledger).processes))
+        time.sleep(rnd.uniform(0, 0.02))
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+    lines, _ = run(probe, env, "init", "info", "alloc", "64M", "rawused", "freeall")
+    assert info(lines) == [(BUDGET, BUDGET)] and codes(lines, "alloc") == [0]
+    led = interposer.read_ledger(ledger)
+    assert led.used[0] == 0 and led.counted[0] == 0 and led.processes == []
+
+
+def test_fork_child_gets_its_own_slot(probe, job):
+    env, ledger = job
+    lines, _ = run(probe, env, "init", "alloc", "16M",
+                   "fork", "init", "alloc", "8M", "info", "alloc", "48M", "exit",
+                   "--parent", "info", "alloc", "48M", "info", "freeall", "info")
+    child = [line for line in lines if line.startswith("child ")]
+    assert child[2] == f"child info 0 {BUDGET - 24 * MiB} {BUDGET}"   # parent's 16M + its own 8M
+    assert child[3] == "child alloc 2"
+    parent = [line for line in lines if not line.startswith("child ")]
+    # The child died holding 8M: reclaimed; the parent's own 16M stayed the parent's.
+    assert info(parent) == [(BUDGET - 16 * MiB, BUDGET), (0, BUDGET), (BUDGET, BUDGET)]
+    assert interposer.read_ledger(ledger).used[0] == 0
+
+
+def test_200_sequential_processes_start_fast(probe, job, record_property):
+    env, ledger = job
+    t0 = time.perf_counter()
+    for i in range(200):
+        script = ["init", "alloc", "60M"] + (["exit"] if i % 2 else ["free"])  # half leave it to die
+        r = subprocess.run([str(probe), *script], env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and r.stdout.split()[3] == "0", (i, r.stdout, r.stderr)
+    per_process = (time.perf_counter() - t0) / 200
+    record_property("seconds_per_process", per_process)
+    print(f"\n200 sequential budgeted processes: {per_process * 1000:.2f} ms each")
+    led = interposer.read_ledger(ledger)
+    assert led.used[0] == 0 and led.refused == 0 and led.peak[0] == 60 * MiB
+    # Baseline for comparison: the same without the interposer must not be much faster.
+    plain = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "COLO_GPU_BUDGET", "COLO_LEDGER")}
+    t0 = time.perf_counter()
+    for _ in range(20):
+        subprocess.run([str(probe), "init", "alloc", "60M", "free"], env=plain, capture_output=True, timeout=30)
+    base = (time.perf_counter() - t0) / 20
+    assert per_process < base + 0.05
+
+
+def test_null_arguments_return_the_drivers_codes(probe, job):
+    env, _ = job
+    plain = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "COLO_GPU_BUDGET", "COLO_LEDGER")}
+    for via in ("direct", "dlsym", "gpa"):
+        with_lib, _ = run(probe, env, "init", "null", via=via)
+        without, _ = run(probe, plain, "init", "null", via=via)
+        assert with_lib == without
+        assert all(int(c) in (0, 1, 400) for c in with_lib[1].split()[1:])
+
+
+def test_no_budget_means_no_change(probe, job):
+    env, _ = job
+    plain = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "COLO_GPU_BUDGET", "COLO_LEDGER")}
+    preloaded = {**plain, "LD_PRELOAD": env["LD_PRELOAD"]}
+    script = ["init", "info", "total", "alloc", "1G", "pitch", "1000", "100", "async", "20G", "create", "64M",
+              "array", "100", "100", "info", "rawused", "freeall", "info", "null"]
+    for via in ("direct", "dlsym", "gpa2"):
+        a = run(probe, plain, *script, via=via)
+        b = run(probe, preloaded, *script, via=via)
+        assert a == b and "info 0 17179869184 17179869184" in a[0]
+
+
+def test_fails_closed_when_the_ledger_is_unusable(probe, job, tmp_path):
+    env, _ = job
+    for bad in ({"COLO_LEDGER": str(tmp_path / "missing")}, {"COLO_GPU_BUDGET": "lots"}):
+        lines, err = run(probe, {**env, **bad}, "init", "alloc", "1M", "alloc", "1M", "info")
+        assert codes(lines, "alloc") == [2, 2] and info(lines)[0][0] == 0
+        assert len(err.strip().splitlines()) == 1 and "refusing all GPU allocations" in err
+
+
+def test_run_budgeted(probe, fakegpu, capfd):
+    rc = interposer.run_budgeted([str(probe), "init", "alloc", "40M", "alloc", "40M", "info"], BUDGET,
+                                 extra_env=fakegpu.env)
+    out, err = capfd.readouterr()
+    assert rc == 0 and "alloc 0\nalloc 2\n" in out and f"info 0 {24 * MiB} {BUDGET}" in out
+    assert "refused: job budget 64.0 MiB, in use 40.0 MiB" in err
+    assert interposer.run_budgeted(["sh", "-c", "exit 7"], BUDGET) == 7
+    assert interposer.library_problem() is None
+
+
+def test_docker_job_hits_its_budget_and_keeps_running(probe, fakegpu, docker_client, test_image, tmp_path):
+    ledger = tmp_path / "ledger"
+    interposer.create_ledger(ledger, BUDGET, uid=65534, gid=65534)
+    os.chmod(fakegpu.env["COLO_FAKEGPU_STATE"], 0o666)
+    native = interposer.library_path().parent
+    env = {"COLO_FAKEGPU_STATE": "/run/colo/fakegpu.state", "LD_LIBRARY_PATH": "/opt/colo/fakegpu",
+           **interposer.job_env(BUDGET, "/run/colo/ledger", "/opt/colo/libcolo-interpose.so")}
+    out = docker_client.containers.run(
+        test_image, ["sh", "-c", "/opt/probe init alloc 40M alloc 40M info; echo still-running"],
+        environment=env, user="65534:65534", remove=True, stdout=True, stderr=True, network_mode="none",
+        volumes={str(native): {"bind": "/opt/colo", "mode": "ro"}, str(probe): {"bind": "/opt/probe", "mode": "ro"},
+                 str(ledger): {"bind": "/run/colo/ledger", "mode": "rw"},
+                 fakegpu.env["COLO_FAKEGPU_STATE"]: {"bind": "/run/colo/fakegpu.state", "mode": "rw"}},
+    ).decode()
+    assert "alloc 0\nalloc 2\n" in out and f"info 0 {24 * MiB} {BUDGET}" in out
+    assert "colo: allocation of 40.0 MiB refused" in out and out.rstrip().endswith("still-running")
+    led = interposer.read_ledger(ledger)  # read from the host, written from inside the container
+    assert led.refused == 1 and led.peak[0] == 40 * MiB and led.used[0] == 0
+
+
+def test_a_job_that_sees_one_gpu_counts_it_as_ordinal_0(probe, job):
+    env, ledger = job
+    lines, _ = run(probe, {**env, "CUDA_VISIBLE_DEVICES": "1"}, "init", "alloc", "40M", "alloc", "40M", "info",
+                   "ready", "wait")
+    assert codes(lines, "alloc") == [0, 2] and info(lines) == [(24 * MiB, BUDGET)]
+    assert interposer.read_ledger(ledger).peak == {0: 40 * MiB}
