@@ -1,11 +1,10 @@
 """`colo doctor`: is each piece colo needs present and working? One line each."""
 from __future__ import annotations
 
-import ctypes
 import shutil
 from pathlib import Path
 
-from . import native
+from . import interposer, native
 from .client import Client, ClientError
 from .gpu import NoDriver, Nvml
 
@@ -19,10 +18,10 @@ def run_checks(sock: Path | None) -> bool:
         print(f"{'ok  ' if good else 'FAIL'}  {what:<12} {detail}")
 
     try:
-        lib = native.path(native.INTERPOSER)
-        ctypes.CDLL(str(lib))
-        line(True, "interposer", f"{lib} loads")
-    except (native.NativeMissing, OSError) as e:
+        lib = interposer.library_path()
+        problem = interposer.library_problem()
+        line(problem is None, "interposer", f"{lib} preloads cleanly" if problem is None else problem)
+    except native.NativeMissing as e:
         line(False, "interposer", str(e))
     try:
         nv = Nvml()

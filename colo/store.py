@@ -196,17 +196,6 @@ class Store:
             return None
         return dict(at=r[0], action=r[1], mode=r[2], gpus=json.loads(r[3]), reason=r[4], details=json.loads(r[5]))
 
-    def wait_reasons(self, job_ids: list[int]) -> dict[int, str]:
-        if not job_ids:
-            return {}
-        out: dict[int, str] = {}
-        for i in range(0, len(job_ids), 900):
-            chunk = job_ids[i:i + 900]
-            for j, reason in self.db.execute(
-                    f"SELECT job_id, reason FROM decisions WHERE job_id IN ({','.join('?' * len(chunk))})", chunk):
-                out[j] = reason
-        return out
-
     # samples ----------------------------------------------------------------------------------
     def add_samples(self, rows: Iterable[tuple[int, float, float | None, int | None, float | None]]) -> None:
         with self.tx():

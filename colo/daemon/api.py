@@ -61,6 +61,16 @@ class Api:
             out["refused"] = u["refused"]
         return out
 
+    def reasons(self, jobs: list[Job]) -> dict[int, str]:
+        """Why each queued job waits: the scheduler's latest word."""
+        out = {}
+        for j in jobs:
+            if j.state == State.QUEUED:
+                d = self.d.decisions.get(j.id)
+                if d is not None:
+                    out[j.id] = d.reason
+        return out
+
     # ops ----------------------------------------------------------------------------------------
     async def hello(self, caller: Caller, args: dict) -> dict:
         return {"version": __version__, "protocol": protocol.VERSION, "uid": caller.uid, "user": caller.user,
@@ -93,30 +103,29 @@ class Api:
             if not await asyncio.to_thread(rt.has_image, spec.image):
                 raise ApiError(f"image {spec.image!r} not found locally (colo does not pull; "
                                "build or load it first)", protocol.NOT_FOUND)
-        job = d.store.add_job(spec, caller.uid, caller.gid, caller.user)
-        d.wake()
+        job = d.add_job(spec, caller.uid, caller.gid, caller.user)
         return self.summary(job)
 
     async def ls(self, caller: Caller, args: dict) -> list[dict]:
         limit = args.get("limit")
         jobs = self.d.store.jobs(None if args.get("all", True) else [State.QUEUED, *ACTIVE],
                                  limit=limit if isinstance(limit, int) and limit > 0 else None)
-        reasons = self.d.store.wait_reasons([j.id for j in jobs if j.state == State.QUEUED])
+        reasons = self.reasons(jobs)
         return [self.summary(j, reasons) for j in jobs]
 
     async def show(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "see the details of")
-        out = self.summary(job, self.d.store.wait_reasons([job.id]))
+        out = self.summary(job, self.reasons([job]))
         out["spec"] = job.spec.to_dict()
         out["events"] = self.d.store.events(job.id)
-        out["decision"] = self.d.store.decision(job.id)
+        out["decision"] = self.d.explain(job.id)
         out["log"] = str(self.d.log_path(job.id))
         out["attempts"] = job.attempts
         return out
 
     async def explain(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "see the details of")
-        dec = self.d.store.decision(job.id)
+        dec = self.d.explain(job.id)
         return {"id": job.id, "state": str(job.state), "decision": dec, "reason": job.reason}
 
     async def cancel(self, caller: Caller, args: dict) -> dict:
@@ -128,7 +137,7 @@ class Api:
 
     async def gpus(self, caller: Caller, args: dict) -> dict:
         d = self.d
-        active = d.store.jobs(ACTIVE)
+        active = d.jobs_in(*ACTIVE)
         views = {v.uuid: v for v in d.gpu_views()}
         out = []
         for g in d.devices:
@@ -141,9 +150,9 @@ class Api:
         """Everything `colo top` shows, in one snapshot."""
         d = self.d
         gpus = await self.gpus(caller, args)
-        live = d.store.jobs([State.QUEUED, *ACTIVE])
+        live = sorted(d.open_jobs.values(), key=lambda j: j.id)
         recent = [j for j in d.store.jobs(TERMINAL, limit=20, newest_first=True)]
-        reasons = d.store.wait_reasons([j.id for j in live if j.state == State.QUEUED])
+        reasons = self.reasons(live)
         ours = set()
         for j in live:
             if j.handle and j.state in ACTIVE:
@@ -189,7 +198,7 @@ class Api:
                 pos += len(chunk)
                 yield {"data": chunk.decode(errors="replace")}
                 continue
-            state = self.d.store.get(job.id).state
+            state = self.d.job(job.id).state
             if not follow or state in TERMINAL:
                 return
             async with self.d.changed:
@@ -205,7 +214,7 @@ class Api:
         jobs = [self._own(self._job({"id": i}), caller, "wait for") for i in ids]
         yield {"waiting": [j.id for j in jobs]}  # the request is accepted; the client now just waits
         while True:
-            jobs = [self.d.store.get(j.id) for j in jobs]
+            jobs = [self.d.job(j.id) for j in jobs]
             if all(j.state in TERMINAL for j in jobs):
                 yield {"final": [self.summary(j) for j in jobs]}
                 return

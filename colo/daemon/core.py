@@ -10,6 +10,7 @@ import fcntl
 import logging
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,10 @@ class Daemon:
         self.wake_event: asyncio.Event | None = None
         self.changed: asyncio.Condition | None = None
         self.stopping = False
-        self._decision_cache: dict[int, str] = {}
+        self.open_jobs: dict[int, Job] = {}  # queued and active jobs: the store's rows, mirrored
+        self.decisions: dict[int, policy.Decision] = {}  # the latest decision per open job
+        self._cands: dict[int, policy.Candidate] = {}
+        self._writer: DecisionWriter | None = None
         self.mps: mps.MpsManager | None = None
         self.started_at = time.time()
         self.pass_count = 0
@@ -83,6 +87,8 @@ class Daemon:
             d.mkdir(exist_ok=True)
             os.chmod(d, 0o711 if d == c.jobs_dir else 0o700)
         self.store = Store(c.db_path)
+        self.open_jobs = {j.id: j for j in self.store.jobs([State.QUEUED, *ACTIVE])}
+        self._writer = DecisionWriter(c.db_path)
         self.native = native.publish(c.state_dir)
         self.runtimes["process"] = ProcessRuntime(shim=self.native / "colo-shim")
         try:
@@ -120,6 +126,8 @@ class Daemon:
             self.runtimes["docker"].close()
         if self.mps is not None:
             self.mps.stop_all()
+        if self._writer is not None:
+            self._writer.close()
         if self.store is not None:
             self.store.close()
         if self._lock_fd is not None:
@@ -153,11 +161,43 @@ class Daemon:
         async with self.changed:
             self.changed.notify_all()
 
+    def add_job(self, spec, uid: int, gid: int, user: str) -> Job:
+        job = self.store.add_job(spec, uid, gid, user)
+        self.open_jobs[job.id] = job
+        self.wake()
+        return job
+
     def transition(self, job_id: int, new: State, reason: str, **fields) -> Job:
+        """The one way a job changes state: checked and stored by the store, mirrored here."""
         job = self.store.transition(job_id, new, reason, **fields)
+        self._cands.pop(job_id, None)
+        if job.state in TERMINAL:
+            self.open_jobs.pop(job_id, None)
+            self.decisions.pop(job_id, None)
+        else:
+            self.open_jobs[job_id] = job
         log.info("job %d -> %s: %s", job_id, new, reason)
         asyncio.get_running_loop().create_task(self.notify())
         return job
+
+    def set_fields(self, job_id: int, **fields) -> Job:
+        self.store.set_fields(job_id, **fields)
+        job = self.store.get(job_id)
+        if job_id in self.open_jobs:
+            self.open_jobs[job_id] = job
+        return job
+
+    def job(self, job_id: int) -> Job:
+        return self.open_jobs.get(job_id) or self.store.get(job_id)
+
+    def jobs_in(self, *states: State) -> list[Job]:
+        return [j for j in self.open_jobs.values() if j.state in states]
+
+    def explain(self, job_id: int) -> dict | None:
+        d = self.decisions.get(job_id)
+        if d is None:
+            return self.store.decision(job_id)
+        return {"action": d.action, "mode": d.mode, "gpus": list(d.gpus), "reason": d.reason, "details": d.details}
 
     # the scheduler ----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -177,18 +217,19 @@ class Daemon:
             ticker.cancel()
 
     def schedule_pass(self) -> list[policy.Decision]:
-        """Reap nothing here (monitors do), check dependencies, plan, start."""
+        """Check dependencies, plan, start. Exits are reaped by the monitors, not here."""
         self.pass_count += 1
-        queued = self.store.jobs([State.QUEUED])
+        queued = self.jobs_in(State.QUEUED)
         if not queued:
             return []
         candidates, waits = self._eligible(queued)
-        active = self.store.jobs(ACTIVE)
         now = time.time()
         placed = [policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),
-                                self.profile_of(j), now - (j.started_at or now)) for j in active if j.gpus]
+                                self.profile_of(j), now - (j.started_at or now))
+                  for j in self.jobs_in(*ACTIVE) if j.gpus]
         decisions = policy.plan(candidates, self.gpu_views(), placed, self.cfg_policy)
-        self._record([*waits, *decisions])
+        self._record(waits)
+        self._record(decisions)
         for d in decisions:
             if d.action == policy.START:
                 self.start_job(d)
@@ -196,47 +237,60 @@ class Daemon:
 
     def _eligible(self, queued: list[Job]) -> tuple[list[policy.Candidate], list[policy.Decision]]:
         cands, waits = [], []
-        deps = {a for j in queued for a in j.spec.after}
-        dep_state = {}
-        for a in deps:
-            try:
-                dep_state[a] = self.store.get(a).state
-            except KeyError:
-                dep_state[a] = None
         for j in queued:
-            failed = [a for a in j.spec.after if dep_state[a] in (State.FAILED, State.CANCELLED, State.LOST, None)]
-            if failed:
-                self.transition(j.id, State.FAILED, f"dependency failed: job {failed[0]} "
-                                f"{dep_state[failed[0]] or 'does not exist'}")
-                continue
-            pending = [a for a in j.spec.after if dep_state[a] != State.SUCCEEDED]
-            if pending:
-                waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting for job {pending[0]} to succeed"))
-                continue
+            if j.spec.after:
+                deps = {a: self._state_of(a) for a in j.spec.after}
+                failed = [a for a, st in deps.items() if st in (State.FAILED, State.CANCELLED, State.LOST, None)]
+                if failed:
+                    self.transition(j.id, State.FAILED, f"dependency failed: job {failed[0]} "
+                                    f"{deps[failed[0]] or 'does not exist'}")
+                    continue
+                pending = [a for a, st in deps.items() if st != State.SUCCEEDED]
+                if pending:
+                    waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting for job {pending[0]} to succeed"))
+                    continue
             if j.spec.gpus and self.gpu_error:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=self.gpu_error))
                 continue
-            cands.append(policy.Candidate(j.id, j.spec.gpu_mem, j.spec.gpus, j.uid, j.spec.priority, j.id,
-                                          self.profile_of(j) if j.spec.gpus else None))
+            c = self._cands.get(j.id)
+            if c is None:
+                c = self._cands[j.id] = policy.Candidate(j.id, j.spec.gpu_mem, j.spec.gpus, j.uid, j.spec.priority,
+                                                         j.id, self.profile_of(j) if j.spec.gpus else None)
+            cands.append(c)
         return cands, waits
 
+    def _state_of(self, job_id: int) -> State | None:
+        try:
+            return self.job(job_id).state
+        except KeyError:
+            return None
+
     def _record(self, decisions: list[policy.Decision]) -> None:
-        changed = [d for d in decisions if self._decision_cache.get(d.job_id) != d.reason]
-        if changed:
-            self.store.record_decisions((d.job_id, d.action, d.mode, list(d.gpus), d.reason, d.details)
-                                        for d in changed)
-            for d in changed:
-                self._decision_cache[d.job_id] = d.reason
+        """Keep the latest decision per job; START decisions are stored at once, the (many, often
+        re-worded) WAIT ones by a writer thread, so a pass over 10,000 queued jobs stays short."""
+        now = time.time()
+        starts, waits = [], []
+        for d in decisions:
+            old = self.decisions.get(d.job_id)
+            if old is not None and old.reason == d.reason and old.action == d.action:
+                continue
+            self.decisions[d.job_id] = d
+            row = (d.job_id, d.action, d.mode, list(d.gpus), d.reason, d.details)
+            (starts if d.action == policy.START else waits).append(row)
+        if starts:
+            self.store.record_decisions(starts, now)
+        if waits:
+            self._writer.put(waits, now)
 
     def profile_name(self, job: Job) -> str:
         return job.spec.profile or profiles.key_for(job.spec.image, job.spec.argv)
 
     def profile_of(self, job: Job) -> "profiles.Profile | None":
-        """The stored profile a job runs under; looked up at most every 10 s per name."""
+        """The stored profile a job runs under; files are read again at most every 60 s."""
         name = self.profile_name(job)
         hit = self._profile_cache.get(name)
         now = time.monotonic()
-        if hit is None or now - hit[0] > 10:
+        if hit is None or now - hit[0] > 60:
             try:
                 prof = self.profiles.get(name)
             except profiles.ProfileError as e:
@@ -258,6 +312,7 @@ class Daemon:
         try:
             self.profiles.learn(self.profile_name(job), samples, runtime=runtime, gpu=gpu)
             self._profile_cache.pop(self.profile_name(job), None)
+            self._cands.clear()  # queued jobs of that profile plan with what was just learned
         except (profiles.ProfileError, OSError) as e:
             log.warning("could not learn profile for job %d: %s", job.id, e)
 
@@ -265,7 +320,7 @@ class Daemon:
     def start_job(self, d: policy.Decision) -> None:
         mode = Mode(d.mode) if d.mode else Mode.TIMESLICED
         job = self.transition(d.job_id, State.STARTING, d.reason, gpus=list(d.gpus), mode=mode,
-                              attempts=self.store.get(d.job_id).attempts + 1)
+                              attempts=self.job(d.job_id).attempts + 1)
         live = self.live.setdefault(job.id, Live())
         live.task = asyncio.get_running_loop().create_task(self._launch_and_follow(job, d))
 
@@ -279,7 +334,7 @@ class Daemon:
             self.transition(job.id, State.FAILED, f"failed to start: {e}")
             self._finish(job.id)
             return
-        self.store.set_fields(job.id, handle=handle)
+        self.set_fields(job.id, handle=handle)
         live = self.live[job.id]
         if live.cancelled_by:
             self.transition(job.id, State.RUNNING, "started")
@@ -332,7 +387,7 @@ class Daemon:
         self.wake()
 
     async def cancel(self, job_id: int, by: str) -> Job:
-        job = self.store.get(job_id)
+        job = self.job(job_id)
         if job.state in TERMINAL:
             return job
         if job.state == State.QUEUED:
@@ -341,7 +396,7 @@ class Daemon:
         live.cancelled_by = by
         if job.handle and not live.stopping:
             await self._stop(job_id, job.handle)
-        return self.store.get(job_id)
+        return self.job(job_id)
 
     async def _stop(self, job_id: int, handle: str) -> None:
         live = self.live.setdefault(job_id, Live())
@@ -365,7 +420,7 @@ class Daemon:
         found: dict[int, str] = {}
         if "docker" in self.runtimes:
             found = await asyncio.to_thread(self.runtimes["docker"].adopt)
-        for job in self.store.jobs(ACTIVE):
+        for job in self.jobs_in(*ACTIVE):
             try:
                 rt = self.runtime_for(job)
             except StartError as e:
@@ -387,7 +442,7 @@ class Daemon:
                 self._finish(job.id, rt, handle)
                 continue
             if job.state == State.STARTING:
-                self.store.set_fields(job.id, handle=handle)
+                self.set_fields(job.id, handle=handle)
                 self.transition(job.id, State.RUNNING, "found again after a daemon restart")
             if code is not None:
                 self.record_exit(job.id, code)
@@ -398,7 +453,7 @@ class Daemon:
             live = self.live.setdefault(job.id, Live())
             live.task = asyncio.get_running_loop().create_task(self.follow(job.id, handle))
             log.info("job %d found again after restart (%s)", job.id, handle)
-        known = {j.id for j in self.store.jobs(ACTIVE)}
+        known = {j.id for j in self.jobs_in(*ACTIVE)}
         for job_id, handle in found.items():
             if job_id not in known:  # ended and recorded before, or not ours any more: tidy up
                 await asyncio.to_thread(self.runtimes["docker"].cleanup, handle)
@@ -418,10 +473,15 @@ class Daemon:
                 self.devices = await asyncio.to_thread(self.nvml.devices)
             except NoDriver as e:
                 self.gpu_error = str(e)
-        if self.mps is not None:
-            for uuid, event, clients in await asyncio.to_thread(self.mps.check):
-                self._mps_event(uuid, event, clients)
-        rows = await asyncio.to_thread(self._usage_samples, self.store.jobs([State.RUNNING]))
+        if self.mps is not None and self.mps.available():
+            report = await asyncio.to_thread(self.mps.check)
+            for uuid, message in report.events:
+                log.warning("MPS on %s: %s", uuid, message)
+            for uuid, clients in report.faults.items():
+                await self._mps_fault(uuid, set(clients))
+            busy = {u for j in self.jobs_in(*ACTIVE) if j.mode == Mode.MPS for u in j.gpus}
+            await asyncio.to_thread(self.mps.release_idle, time.time(), busy)
+        rows = await asyncio.to_thread(self._usage_samples, self.jobs_in(State.RUNNING))
         if rows:
             self.store.add_samples(rows)
 
@@ -447,29 +507,36 @@ class Daemon:
             rows.append((j.id, now, min(sm, 1.0), u["used"] if u else None, min(bw, 1.0)))
         return rows
 
-    def _mps_event(self, uuid: str, event: str, clients: list[int]) -> None:
-        log.warning("MPS on %s: %s", uuid, event)
-        if event != "fault":
-            return
-        for job in self.store.jobs([State.RUNNING]):
-            if job.mode == Mode.MPS and uuid in job.gpus:
-                live = self.live.setdefault(job.id, Live())
-                live.cancelled_by = None
-                rt = self.runtime_for(job)
-                if job.spec.retries > job.attempts - 1:
-                    self.transition(job.id, State.QUEUED, "requeued after an MPS server fault")
-                else:
-                    self.transition(job.id, State.FAILED, "MPS server fault")
-                if live.task:
-                    live.task.cancel()
-                handle = job.handle
-                asyncio.get_running_loop().create_task(self._kill_after_fault(job.id, rt, handle))
+    async def _mps_fault(self, uuid: str, clients: set[int]) -> None:
+        """A FAULT server: its clients' jobs fail (or are requeued when they allow retries); the
+        policy sees the GPU's MPS state as "fault" and places no MPS job there until it recovers."""
+        for job in self.jobs_in(State.RUNNING):
+            if job.mode != Mode.MPS or uuid not in job.gpus or not job.handle:
+                continue
+            rt = self.runtime_for(job)
+            pids = set(await asyncio.to_thread(rt.pids, job.handle))
+            if clients and not pids & clients:
+                continue
+            live = self.live.setdefault(job.id, Live())
+            if live.task:
+                live.task.cancel()
+            if job.attempts <= job.spec.retries:
+                self.transition(job.id, State.QUEUED, f"{mps.FAULT_REASON}; requeued "
+                                f"(attempt {job.attempts} of {job.spec.retries + 1})")
+            else:
+                self.transition(job.id, State.FAILED, mps.FAULT_REASON)
+            asyncio.get_running_loop().create_task(self._kill_after_fault(job.id, rt, job.handle))
         self.wake()
 
     async def _kill_after_fault(self, job_id: int, rt, handle: str) -> None:
         await asyncio.to_thread(rt.stop, handle, self.config.stop_grace)
+        try:
+            await asyncio.to_thread(rt.wait, handle)  # reaped, so its exit file or container is final
+        except Gone:
+            pass
         await asyncio.to_thread(rt.cleanup, handle)
-        shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
+        if self.store.get(job_id).state in TERMINAL:  # a requeued job gets a fresh ledger when it starts
+            shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
         self.wake()
 
     def usage(self, job: Job) -> dict | None:
@@ -487,3 +554,47 @@ def interposer_budget_text(job: Job) -> str:
     from ..units import format_size
 
     return f"budget of {format_size(job.spec.gpu_mem)}"
+
+
+class DecisionWriter:
+    """Stores WAIT decisions from its own thread and SQLite connection, latest per job."""
+
+    def __init__(self, db_path: Path):
+        self.db_path = db_path
+        self._pending: dict[int, tuple] = {}
+        self._now = 0.0
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="colo-decisions", daemon=True)
+        self._thread.start()
+
+    def put(self, rows: list[tuple], now: float) -> None:
+        with self._cv:
+            self._pending.update((r[0], r) for r in rows)
+            self._now = now
+            self._cv.notify()
+
+    def _run(self) -> None:
+        store = Store(self.db_path)
+        try:
+            while True:
+                with self._cv:
+                    while not self._pending and not self._stop:
+                        self._cv.wait()
+                    batch, self._pending = self._pending, {}
+                    now = self._now
+                if batch:
+                    try:
+                        store.record_decisions(batch.values(), now)
+                    except Exception as e:  # noqa: BLE001 - disk full, say: the next batch tries again
+                        log.warning("could not store %d decisions: %s", len(batch), e)
+                if self._stop and not self._pending:
+                    return
+        finally:
+            store.close()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
