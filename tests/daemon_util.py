@@ -66,7 +66,18 @@ class DaemonProc:
         self.proc.wait()
 
     def stop(self) -> None:
+        """Cancel what still runs (jobs outlive their daemon by design), then stop the daemon."""
         if self.proc and self.proc.poll() is None:
+            try:
+                open_jobs = [j["id"] for j in self.client.ls(all=False)]
+                for j in open_jobs:
+                    try:
+                        self.client.cancel(j)
+                    except ClientError:
+                        pass
+                wait_for(lambda: not self.client.ls(all=False), 60, "jobs to stop at teardown")
+            except (ClientError, AssertionError):
+                pass
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(30)

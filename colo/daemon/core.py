@@ -125,7 +125,7 @@ class Daemon:
         if "docker" in self.runtimes:
             self.runtimes["docker"].close()
         if self.mps is not None:
-            self.mps.stop_all()
+            self.mps.stop_unused()  # MPS servers of running jobs stay up and are adopted at restart
         if self._writer is not None:
             self._writer.close()
         if self.store is not None:
@@ -417,6 +417,9 @@ class Daemon:
     # recovery ---------------------------------------------------------------------------------
     async def recover(self) -> None:
         """Find every active job again: running on, finished while we were away, or lost."""
+        if self.mps is not None and self.mps.available():
+            for d in self.devices:
+                await asyncio.to_thread(self.mps.adopt, d.uuid, d.index)
         found: dict[int, str] = {}
         if "docker" in self.runtimes:
             found = await asyncio.to_thread(self.runtimes["docker"].adopt)
