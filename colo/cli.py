@@ -37,7 +37,8 @@ def _call(fn, *a, **kw):
 
 
 def print_json(obj) -> None:
-    typer.echo(json.dumps(obj, indent=2, default=str))
+    # indented for people; compact (and several times faster) for pipes and scripts
+    typer.echo(json.dumps(obj, indent=2 if sys.stdout.isatty() else None, default=str))
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -99,7 +100,7 @@ def job_row(j: dict, now: float) -> list[str]:
 
 @app.command("ls")
 def ls(all_: bool = typer.Option(True, "--all/--active", help="include ended jobs"),
-       limit: Optional[int] = typer.Option(None, "--limit"), sock: Optional[Path] = SocketOpt,
+       limit: Optional[int] = typer.Option(None, "--limit", help="only the newest N"), sock: Optional[Path] = SocketOpt,
        as_json: bool = JsonOpt):
     """List jobs: id, name, user, state, gpu, mode, budget, age, reason."""
     jobs = _call(client(sock).ls, all_, limit)

@@ -108,8 +108,9 @@ class Api:
 
     async def ls(self, caller: Caller, args: dict) -> list[dict]:
         limit = args.get("limit")
-        jobs = self.d.store.jobs(None if args.get("all", True) else [State.QUEUED, *ACTIVE],
-                                 limit=limit if isinstance(limit, int) and limit > 0 else None)
+        jobs = self.d.all_jobs() if args.get("all", True) else sorted(self.d.open_jobs.values(), key=lambda j: j.id)
+        if isinstance(limit, int) and limit > 0:
+            jobs = jobs[-limit:]
         reasons = self.reasons(jobs)
         return [self.summary(j, reasons) for j in jobs]
 
