@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -110,3 +111,24 @@ class DaemonProc:
     def wait_state(self, job_id: int, *states: str, timeout: float = 30) -> dict:
         return wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout,
                         f"job {job_id} to reach {states}")
+
+
+def as_user(pw, fn):
+    """Run fn in a forked child with another uid: a real second peer on the socket."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            res = ("ok", fn())
+        except Exception as e:  # noqa: BLE001
+            res = ("err", (type(e).__name__, str(e), getattr(e, "code", None)))
+        os.write(w, pickle.dumps(res))
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        kind, value = pickle.loads(f.read())
+    os.waitpid(pid, 0)
+    return (kind, value)

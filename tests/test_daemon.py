@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import pwd
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from colo.client import Client, DaemonUnavailable
-from daemon_util import DaemonProc, wait_for
+from daemon_util import DaemonProc, as_user, wait_for
 
 GiB = 1024**3
 
@@ -249,27 +248,6 @@ def other_user():
         subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
         pw = pwd.getpwnam(name)
     return pw
-
-
-def as_user(pw, fn):
-    """Run fn in a forked child with another uid: a real second peer on the socket."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        try:
-            os.setgroups([])
-            os.setgid(pw.pw_gid)
-            os.setuid(pw.pw_uid)
-            res = ("ok", fn())
-        except Exception as e:  # noqa: BLE001
-            res = ("err", (type(e).__name__, str(e), getattr(e, "code", None)))
-        os.write(w, pickle.dumps(res))
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        kind, value = pickle.loads(f.read())
-    os.waitpid(pid, 0)
-    return (kind, value)
 
 
 @pytest.fixture

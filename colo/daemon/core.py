@@ -66,8 +66,9 @@ class Daemon:
         self.mps: mps.MpsManager | None = None
         self.started_at = time.time()
         self.pass_count = 0
+        # learned profiles are written to (and win from) the state dir; then the configured ones
         self.profiles = profiles.ProfileStore(
-            [*config.profile_dirs, config.state_dir / "profiles", profiles.shipped_dir()])
+            [config.state_dir / "profiles", *config.profile_dirs, profiles.shipped_dir()])
         self._profile_cache: dict[str, tuple[float, profiles.Profile | None]] = {}
 
     # start-up ---------------------------------------------------------------------------------

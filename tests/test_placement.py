@@ -1,0 +1,228 @@
+"""MPS or time-sliced or wait, decided from profiles, end to end: a real daemon on the simulated
+driver with its fake MPS control daemon, jobs running the colo-burn load tool."""
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colo import fakegpu, profiles
+from colo.client import Client
+from daemon_util import DaemonProc, as_user, wait_for
+
+GiB = 1024**3
+
+
+def write_profile(d: Path, name: str, sm: float, membw: float, cache_bound: bool) -> None:
+    n = 30
+    p = profiles.from_samples(name, {"times": list(range(n)), "sm": [sm] * n, "mem": [512 * 1024**2] * n,
+                                     "membw": [membw] * n}, runtime=600, cache_bound=cache_bound)
+    profiles.save(p, d / f"{name}.profile")
+
+
+@pytest.fixture
+def node():
+    """One simulated 16 GiB GPU in a world-traversable dir (MPS servers and other uids reach it)."""
+    root = Path(tempfile.mkdtemp(prefix="colo-place-"))
+    os.chmod(root, 0o755)
+    state = root / "fakegpu" / "state"
+    state.parent.mkdir(mode=0o777)
+    os.chmod(state.parent, 0o777)
+    fakegpu.create(state, count=1, mem=16 * GiB)
+    prof = root / "profiles"
+    prof.mkdir()
+    write_profile(prof, "light", 0.30, 0.20, False)
+    write_profile(prof, "heavy", 0.95, 0.90, True)
+    yield root, state, prof
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def start(node, **cfg) -> DaemonProc:
+    root, state, prof = node
+    home = root / f"d{len(list(root.glob('d*')))}"
+    home.mkdir(mode=0o755)
+    os.chmod(home, 0o755)
+    return DaemonProc(home, state, {"profile_dirs": [str(prof)], "mps_idle_stop": 600.0, **cfg}).start()
+
+
+def burn(d: DaemonProc, *args: str) -> list[str]:
+    native = next(d.state_dir.glob("native-*"))  # the daemon's world-readable copy
+    return ["--", str(native / "colo-burn"), *args]
+
+
+def procs(state: Path) -> dict[int, str]:
+    return {p["pid"]: p["kind"] for p in fakegpu.FakeNode(state).read()["devices"][0]["processes"]}
+
+
+def job_pids(d: DaemonProc, job_id: int) -> set[int]:
+    import sqlite3
+
+    db = sqlite3.connect(d.state_dir / "colo.db")
+    (handle,) = db.execute("SELECT handle FROM jobs WHERE id=?", (job_id,)).fetchone()
+    db.close()
+    shim = int(handle.split(":")[0])
+    import psutil
+
+    return {c.pid for c in psutil.Process(shim).children(recursive=True)}
+
+
+def mps_clients_of(d, state, job_id) -> bool:
+    kinds = procs(state)
+    return any(kinds.get(p) == "mps_client" for p in job_pids(d, job_id))
+
+
+def test_light_pair_shares_under_mps_and_explains_why(node):
+    d = start(node)
+    try:
+        a = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--mem", "256MiB", "--duty", "30", "--seconds", "60"))
+        b = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--mem", "256MiB", "--duty", "30", "--seconds", "60"))
+        for j in (a, b):
+            assert d.wait_state(j, "running")["mode"] == "mps"
+        wait_for(lambda: mps_clients_of(d, node[1], a) and mps_clients_of(d, node[1], b),
+                 what="both jobs listed as MPS clients by NVML")
+        why = d.cli("explain", str(b), check=True).stdout
+        assert "MPS on GPU0: predicted peak SM" in why and "< 85 %" in why, why
+        gpus = d.client.gpus()["gpus"]
+        assert gpus[0]["mps"] == "active"
+    finally:
+        d.stop()
+
+
+def test_saturating_cache_bound_pair_does_not_share(node):
+    d = start(node)
+    try:
+        a = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "heavy", *burn(d, "--seconds", "60"))
+        d.wait_state(a, "running")
+        b = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "heavy", *burn(d, "--seconds", "60"))
+        wait_for(lambda: "co-running" in (d.job(b)["reason"] or ""), what="a placement decision for job b")
+        jb = d.job(b)
+        assert jb["state"] == "queued" and "predicted to cost more than it gains" in jb["reason"], jb["reason"]
+        d.cli("cancel", str(a), check=True)
+        d.wait_state(b, "running")  # it runs once it has the GPU alone
+    finally:
+        d.stop()
+
+
+def test_job_without_profile_runs_timesliced_and_leaves_a_profile(node):
+    d = start(node)
+    try:
+        light = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--seconds", "60"))
+        assert d.wait_state(light, "running")["mode"] == "mps"
+        j = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "fresh", *burn(d, "--mem", "512MiB", "--duty", "40", "--seconds", "3"))
+        job = d.wait_state(j, "running")
+        assert job["mode"] == "timesliced" and "no profile yet" in d.cli("explain", str(j)).stdout
+        assert not mps_clients_of(d, node[1], j)  # its pipe dir leads nowhere: an ordinary context
+        d.wait_state(j, "succeeded", timeout=30)
+        learned = profiles.load(d.state_dir / "profiles" / "fresh.profile")
+        assert learned.runs == 1 and learned.runtime >= 2.5
+        assert 0.2 <= float(np.max(learned.sm)) <= 0.6  # the 40 % duty cycle it declared
+        assert int(np.max(learned.mem)) == 512 * 1024**2  # from its ledger
+    finally:
+        d.stop()
+
+
+@pytest.fixture
+def other_user():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second user")
+    name = "colotest2"
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+        return pwd.getpwnam(name)
+
+
+def test_two_uids_are_not_colocated_under_mps_without_multi_user(node, other_user):
+    d = start(node)
+    os.chmod(d.socket.parent, 0o755)
+    try:
+        mine = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--seconds", "60"))
+        assert d.wait_state(mine, "running")["mode"] == "mps"
+        spec = {"argv": burn(d, "--seconds", "60")[1:], "gpu_mem": "2GiB", "profile": "light", "workdir": "/tmp"}
+        kind, theirs = as_user(other_user, lambda: Client(d.socket).submit(spec)["id"])
+        assert kind == "ok", theirs
+        wait_for(lambda: d.job(theirs)["state"] != "queued" or "uid" in d.job(theirs)["reason"],
+                 what="a decision for the other user's job")
+        jt = d.job(theirs)
+        assert jt["mode"] != "mps", jt
+        assert "uid 0" in (d.cli("explain", str(theirs), user=None).stdout + jt["reason"])
+    finally:
+        d.stop()
+
+
+def test_cancel_sends_terminate_client_before_the_kill(node):
+    d = start(node)
+    try:
+        j = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--duty", "30", "--seconds", "60"))
+        d.wait_state(j, "running")
+        wait_for(lambda: mps_clients_of(d, node[1], j), what="job to be an MPS client")
+        client = next(p for p in job_pids(d, j) if procs(node[1]).get(p) == "mps_client")
+        d.cli("cancel", str(j), check=True)
+        d.wait_state(j, "cancelled")
+        log = next((d.state_dir / "mps").glob("*/log/control.log")).read_text()
+        assert any("terminate_client" in line and str(client) in line for line in log.splitlines()), log[-2000:]
+    finally:
+        d.stop()
+
+
+def test_mps_fault_fails_its_clients_and_holds_mps_placement(node):
+    d = start(node)
+    try:
+        j = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--duty", "30", "--seconds", "60"))
+        d.wait_state(j, "running")
+        wait_for(lambda: mps_clients_of(d, node[1], j), what="job to be an MPS client")
+        pipe = next((d.state_dir / "mps").glob("*/pipe"))
+        env = {**os.environ, **fakegpu.FakeNode(node[1]).env, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+        ctl = str(fakegpu.FakeNode(node[1]).mps_control)
+        server = subprocess.run([ctl], input="get_server_list\n", capture_output=True, text=True, env=env).stdout.split()[0]
+        subprocess.run([ctl], input=f"fake_fault {server}\n", capture_output=True, text=True, env=env, check=True)
+        job = d.wait_state(j, "failed")
+        assert job["reason"] == "MPS server fault"
+        wait_for(lambda: d.client.gpus()["gpus"][0]["mps"] in ("active", "off"), what="the server to leave FAULT")
+        k = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--seconds", "2"))
+        d.wait_state(k, "succeeded")
+    finally:
+        d.stop()
+
+
+def test_mps_daemon_killed_behind_colos_back_is_restarted(node):
+    d = start(node)
+    try:
+        j = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--seconds", "1"))
+        d.wait_state(j, "succeeded")
+        pidfile = next((d.state_dir / "mps").glob("*/pipe/nvidia-cuda-mps-control.pid"))
+        old = int(pidfile.read_text())
+        os.kill(old, 9)
+        def new_pid():
+            try:
+                pid = int(pidfile.read_text())
+            except (OSError, ValueError):
+                return None
+            return pid != old and os.path.exists(f"/proc/{pid}") and pid
+
+        wait_for(new_pid, what="a new MPS control daemon")
+        assert "restarted" in (d.root / "daemon.log").read_text()
+    finally:
+        d.stop()
+
+
+def test_exclusive_process_gpu_takes_mps_clients_only(node):
+    root, state, prof = node
+    fakegpu.FakeNode(state).set_compute_mode(0, "exclusive_process")
+    d = start(node)
+    try:
+        a = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--seconds", "60"))
+        assert d.wait_state(a, "running")["mode"] == "mps"
+        b = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "nothing-known", *burn(d, "--seconds", "60"))
+        wait_for(lambda: "EXCLUSIVE_PROCESS" in (d.job(b)["reason"] or ""), what="a decision for job b")
+        jb = d.job(b)
+        assert jb["state"] == "queued" or jb["mode"] == "mps", jb
+    finally:
+        d.stop()
