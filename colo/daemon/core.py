@@ -105,12 +105,24 @@ class Daemon:
         try:
             from ..runtimes.docker import DockerRuntime
 
-            rt = DockerRuntime.from_env()
+            rt = DockerRuntime.from_env(instance=self.instance_id())
             rt.client.ping()
             self.runtimes["docker"] = rt
         except Exception as e:  # noqa: BLE001 - any failure: container jobs are refused with this reason
             self.docker_error = f"Docker engine not reachable ({e.__class__.__name__}: {str(e)[:120]})"
             log.warning("%s; container jobs will be refused", self.docker_error)
+
+    def instance_id(self) -> str:
+        """This daemon's name on shared engines (Docker labels), kept in its state dir."""
+        import uuid
+
+        path = self.config.state_dir / "instance"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            ident = uuid.uuid4().hex[:16]
+            path.write_text(ident + "\n")
+            return ident
 
     def _init_mps(self) -> None:
         control = (self.native / native.FAKEGPU_DIR / "nvidia-cuda-mps-control"

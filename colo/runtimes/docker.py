@@ -29,6 +29,7 @@ from .base import Gone, Launch, StartError
 
 LABEL_JOB = "colo.job"
 LABEL_MANAGED = "colo.managed"
+LABEL_INSTANCE = "colo.instance"  # which colo daemon (state dir) owns it: never adopt another's
 LABEL_LOG = "colo.log"  # where the job's output goes; lets a restarted daemon re-attach a follower
 JOIN_TIMEOUT = 30.0  # how long wait() gives the follower to drain what the container wrote last
 RETRIES = 30  # reconnects of a follower (1 s apart) before it gives up
@@ -191,7 +192,8 @@ class DockerRuntime:
 
     name = "docker"
 
-    def __init__(self, client=None, gpu_runtime: str | None = None, init: bool = False):
+    def __init__(self, client=None, gpu_runtime: str | None = None, init: bool = False,
+                 instance: str = "default"):
         # Each running job holds two long requests (wait, log follow): a pool much larger than
         # the SDK's default 10 avoids churning connections with many jobs.
         self.client = client if client is not None else docker.from_env(max_pool_size=128)
@@ -200,13 +202,14 @@ class DockerRuntime:
         # init=True puts docker-init (tini) as pid 1 so SIGTERM reaches programs without a handler;
         # off by default because then a missing command is a job exit 127, not a StartError.
         self.init = init
+        self.instance = instance
         self._followers: dict[str, _Follower] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def from_env(cls) -> "DockerRuntime":
+    def from_env(cls, instance: str = "default") -> "DockerRuntime":
         client = docker.from_env(max_pool_size=128)
-        return cls(client, "nvidia" if detect_nvidia_runtime(client) else None)
+        return cls(client, "nvidia" if detect_nvidia_runtime(client) else None, instance=instance)
 
     def has_image(self, image: str) -> bool:
         """Is this image here already? colo never pulls."""
@@ -256,6 +259,7 @@ class DockerRuntime:
             **launch.labels,
             LABEL_JOB: str(launch.job_id),
             LABEL_MANAGED: "1",
+            LABEL_INSTANCE: self.instance,
             LABEL_LOG: str(launch.log_path),
         }
         try:
@@ -354,7 +358,8 @@ class DockerRuntime:
 
     def adopt(self) -> dict[int, str]:
         found: dict[int, str] = {}
-        for c in self.api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
+        mine = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTANCE}={self.instance}"]
+        for c in self.api.containers(all=True, filters={"label": mine}):
             try:
                 found[int(c["Labels"][LABEL_JOB])] = c["Id"]
             except (KeyError, ValueError):

@@ -1,0 +1,125 @@
+"""Container jobs through the whole daemon: real dockerd, the local test image, simulated GPUs."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from daemon_util import wait_for
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def ddaemon(daemon, test_image):
+    daemon.image = test_image
+    return daemon
+
+
+def burn(*args: str) -> list[str]:
+    return ["--", "/opt/colo/native/colo-burn", *args]
+
+
+def test_container_job_lifecycle_logs_exit_and_user(ddaemon):
+    d = ddaemon
+    j = d.submit("--image", d.image, "--gpus", "0", "--env", "GREETING=hi", "--", "sh", "-c",
+                 'echo "$GREETING from $(id -u)"; exit 6')
+    assert d.cli("wait", str(j)).returncode == 6
+    assert d.cli("logs", str(j), check=True).stdout == "hi from 0\n"
+    job = d.job(j)
+    assert job["state"] == "failed" and job["exit_code"] == 6
+    assert not d.client.gpus()["gpus"][0]["jobs"]
+
+
+def test_gpu_container_is_held_to_its_budget_and_lives_on(ddaemon):
+    d = ddaemon
+    j = d.submit("--image", d.image, "--gpu-mem", "1GiB", *burn("--mem", "768MiB", "--over", "512MiB"))
+    assert d.cli("wait", str(j)).returncode == 0  # the over-budget allocation was refused, as it expected
+    out = d.cli("logs", str(j), check=True).stdout
+    assert "allocated 768MiB" in out and "refused" in out and "colo: allocation of" in out
+    assert "1 allocation(s) refused" in d.job(j)["reason"]
+
+
+def test_cancel_running_container(ddaemon, tmp_path):
+    d = ddaemon
+    j = d.submit("--image", d.image, "--gpus", "0", "--", "sh", "-c",
+                 "trap 'echo bye; exit 0' TERM; echo up; while true; do sleep 0.1; done")
+    wait_for(lambda: "up" in d.cli("logs", str(j)).stdout, what="container output")
+    d.cli("cancel", str(j), check=True)
+    job = d.wait_state(j, "cancelled")
+    assert "bye" in d.cli("logs", str(j)).stdout and job["reason"].startswith("cancelled by")
+
+
+def test_unknown_image_and_image_without_shell(ddaemon, docker_client):
+    d = ddaemon
+    r = d.cli("submit", "--image", "no/such-image:0", "--gpus", "0", "--", "true")
+    assert r.returncode == 1 and "not found locally" in r.stderr and len(r.stderr.splitlines()) == 1
+    from colo.runtimes.image import build_local_image
+
+    noshell = build_local_image(docker_client, "colo-test/noshell:1", with_shell=False)
+    j = d.submit("--image", noshell, "--gpus", "0", "--", "sh", "-c", "echo hi")
+    job = d.wait_state(j, "failed")
+    assert "failed to start" in job["reason"] and "sh" in job["reason"]
+
+
+def test_running_container_is_found_again_after_kill9(ddaemon, tmp_path):
+    d = ddaemon
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    os.chmod(gate, 0o777)
+    j = d.submit("--image", d.image, "--gpus", "0", "--mount", f"{gate}:/gate", "--", "sh", "-c",
+                 "echo before; while [ ! -e /gate/go ]; do sleep 0.05; done; echo after; exit 9")
+    wait_for(lambda: "before" in d.cli("logs", str(j)).stdout, what="container output")
+    d.kill9()
+    d.start()
+    assert d.job(j)["state"] == "running"
+    (gate / "go").touch()
+    job = d.wait_state(j, "failed")
+    assert job["exit_code"] == 9
+    assert d.cli("logs", str(j), check=True).stdout == "before\nafter\n"  # nothing lost or doubled
+
+
+def test_container_that_ends_while_daemon_is_down_keeps_its_exit_code(ddaemon, tmp_path):
+    d = ddaemon
+    j = d.submit("--image", d.image, "--gpus", "0", "--", "sh", "-c", "echo start; sleep 1; exit 3")
+    wait_for(lambda: "start" in d.cli("logs", str(j)).stdout, what="container output")
+    d.kill9()
+    cid = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=colo.job={j}"], capture_output=True,
+                         text=True, check=True).stdout.split()
+    subprocess.run(["docker", "wait", *cid], check=True, capture_output=True)
+    d.start()
+    job = d.wait_state(j, "failed")
+    assert job["exit_code"] == 3
+    wait_for(lambda: not subprocess.run(["docker", "ps", "-aq", "--filter", f"label=colo.job={j}"],
+                                        capture_output=True, text=True).stdout.strip(),
+             what="the ended container to be removed")
+
+
+def test_container_removed_behind_colos_back_is_lost(ddaemon):
+    d = ddaemon
+    j = d.submit("--image", d.image, "--gpus", "0", "--", "sh", "-c", "echo up; sleep 60")
+    wait_for(lambda: "up" in d.cli("logs", str(j)).stdout, what="container output")
+    d.kill9()
+    subprocess.run(f"docker rm -f $(docker ps -aq --filter label=colo.job={j})", shell=True, check=True,
+                   capture_output=True)
+    d.start()
+    job = d.wait_state(j, "lost")
+    assert "lost" in job["reason"]
+
+
+def test_another_daemon_on_the_same_engine_leaves_our_containers_alone(ddaemon, tmp_path, fakegpu):
+    from daemon_util import DaemonProc
+
+    d = ddaemon
+    j = d.submit("--image", d.image, "--gpus", "0", "--", "sh", "-c", "echo up; sleep 60")
+    wait_for(lambda: "up" in d.cli("logs", str(j)).stdout, what="container output")
+    (tmp_path / "other").mkdir()
+    other = DaemonProc(tmp_path / "other", fakegpu.state).start()  # its recovery scans the same engine
+    try:
+        assert other.client.ls() == []
+        assert d.job(j)["state"] == "running"
+        assert subprocess.run(["docker", "ps", "-q", "--filter", f"label=colo.job={j}"], capture_output=True,
+                              text=True).stdout.strip()
+    finally:
+        other.stop()
