@@ -87,16 +87,39 @@ def main(argv: list[str] | None = None) -> int:
     def remove(handle: str) -> None:
         rt.cleanup(handle)
 
+    # the whole daemon: submit over the socket -> validated, stored, planned, launched, "running"
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from daemon_util import DaemonProc, wait_for
+
+    from colo import fakegpu
+
+    fakegpu.create(tmp / "fakegpu.state", count=1, mem=16 * 2**30)
+    (tmp / "daemon").mkdir()
+    daemon = DaemonProc(tmp / "daemon", tmp / "fakegpu.state", {"stop_grace": 1.0}).start()
+    quits_on_term = ["sh", "-c", "trap 'exit 0' TERM; sleep 30 & wait"]
+
+    def daemon_start() -> int:
+        j = daemon.client.submit({"argv": quits_on_term, "image": image, "gpus": 0})["id"]
+        wait_for(lambda: daemon.client.show(j)["state"] == "running", 30, "job to run", interval=0.002)
+        return j
+
+    def daemon_remove(j: int) -> None:
+        daemon.client.cancel(j)
+        wait_for(lambda: daemon.client.show(j)["state"] == "cancelled", 30, "job to stop")
+
     try:
         measure(
             colo_start, 1, remove
         )  # warm-up: first connection, image metadata in the engine's cache
         measure(cli_start, 1, remove)
-        colo, cli = [], []
+        measure(daemon_start, 1, daemon_remove)
+        colo, cli, full = [], [], []
         for _ in range(args.n):
             colo += measure(colo_start, 1, remove)
             cli += measure(cli_start, 1, remove)
+            full += measure(daemon_start, 1, daemon_remove)
     finally:
+        daemon.stop()
         rt.close()
         for c in client.api.containers(all=True, filters={"label": LABEL}):
             client.api.remove_container(c["Id"], force=True)
@@ -114,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{'difference (colo - cli)':24}{ms(statistics.median(colo) - statistics.median(cli))}  "
         f"{ms(p90(colo) - p90(cli))}"
     )
+    print(f"{'colo submit -> running':24}{ms(statistics.median(full))}  {ms(p90(full))}   "
+          "(whole daemon: socket, checks, store, plan, launch)")
+    print(f"{'added by colo vs CLI':24}{ms(statistics.median(full) - statistics.median(cli))}  "
+          f"{ms(p90(full) - p90(cli))}")
     return 0
 
 

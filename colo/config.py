@@ -46,7 +46,9 @@ class Config:
     admin_group: str | None = "colo-admin"  # may cancel other users' jobs (root always may)
     reserve: int = 256 * 1024**2  # bytes kept unbudgeted on every GPU
     stop_grace: float = 10.0  # seconds between SIGTERM and SIGKILL on cancel
-    saturation: float = 0.85
+    saturation: float = 0.85  # predicted combined SM activity under which jobs share via MPS
+    bw_saturation: float = 0.85  # the same for memory bandwidth
+    min_gain: float = 0.25  # sharing past saturation must beat waiting by this much throughput
     multi_user_mps: bool = False
     use_mps: bool = True
     set_default_compute_mode: bool = False

@@ -120,6 +120,12 @@ class Nvml:
                 compute_mode=COMPUTE_MODES.get(mode, str(mode)), processes=list(procs.values())))
         return out
 
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        """Needs root on a real driver; raises pynvml's error when refused."""
+        self.init()
+        code = {v: k for k, v in COMPUTE_MODES.items()}[mode]
+        pynvml.nvmlDeviceSetComputeMode(pynvml.nvmlDeviceGetHandleByIndex(index), code)
+
     def process_utilization(self, index: int) -> dict[int, tuple[int, int]]:
         """pid -> (SM %, memory bandwidth %) over NVML's recent samples."""
         self.init()

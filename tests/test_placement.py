@@ -208,7 +208,7 @@ def test_mps_daemon_killed_behind_colos_back_is_restarted(node):
             return pid != old and os.path.exists(f"/proc/{pid}") and pid
 
         wait_for(new_pid, what="a new MPS control daemon")
-        assert "restarted" in (d.root / "daemon.log").read_text()
+        wait_for(lambda: "restarted" in (d.root / "daemon.log").read_text(), what="the restart to be logged")
     finally:
         d.stop()
 

@@ -6,6 +6,7 @@ blocking work (Docker, NVML, waiting for exits) runs in worker threads and repor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import logging
 import os
@@ -45,6 +46,7 @@ class Daemon:
     def __init__(self, config: Config):
         self.config = config
         self.cfg_policy = policy.PolicyConfig(reserve=config.reserve, saturation=config.saturation,
+                                              bw_saturation=config.bw_saturation, min_gain=config.min_gain,
                                               multi_user_mps=config.multi_user_mps, use_mps=config.use_mps)
         self._lock_fd: int | None = None
         self.store: Store | None = None
@@ -100,6 +102,7 @@ class Daemon:
             log.warning("%s", e)
         self._init_docker()
         self._init_mps()
+        self._check_compute_modes()
 
     def _init_docker(self) -> None:
         try:
@@ -111,6 +114,24 @@ class Daemon:
         except Exception as e:  # noqa: BLE001 - any failure: container jobs are refused with this reason
             self.docker_error = f"Docker engine not reachable ({e.__class__.__name__}: {str(e)[:120]})"
             log.warning("%s; container jobs will be refused", self.docker_error)
+
+    def _check_compute_modes(self) -> None:
+        """Invariant 4: mixing MPS and time-sliced jobs needs DEFAULT mode; say so, or set it."""
+        available = self.mps.available()
+        if not available:
+            self.cfg_policy = dataclasses.replace(self.cfg_policy, use_mps=False)
+        changed = False
+        for dev in self.devices:
+            def set_default(i=dev.index) -> None:
+                self.nvml.set_compute_mode(i, "default")
+
+            _, msg = mps.ensure_default_mode(dev.compute_mode, self.config.set_default_compute_mode, set_default,
+                                             available, f"GPU{dev.index}")
+            if msg:
+                log.warning("%s", msg)
+                changed = True
+        if changed:
+            self.devices = self.nvml.devices()
 
     def instance_id(self) -> str:
         """This daemon's name on shared engines (Docker labels), kept in its state dir."""

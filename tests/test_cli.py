@@ -1,0 +1,64 @@
+"""Commands a user types that need no GPU of their own: the no-driver daemon, run-budgeted, doctor."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from daemon_util import DaemonProc
+
+GiB = 1024**3
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a real driver")
+def test_daemon_without_a_driver_runs_cpu_jobs_and_says_why_gpu_jobs_cannot(tmp_path):
+    d = DaemonProc(tmp_path).start()  # no --fake-gpus: NVML finds no library
+    try:
+        r = d.cli("gpus")
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and "no NVIDIA driver found" in r.stderr
+        r = d.cli("submit", "--process", "--gpu-mem", "1GiB", "--", "true")
+        assert r.returncode == 1 and "no NVIDIA driver found" in r.stderr
+        j = d.submit("--process", "--gpus", "0", "--", "echo", "cpu only")
+        assert d.cli("wait", str(j)).returncode == 0
+        assert d.cli("logs", str(j)).stdout == "cpu only\n"
+    finally:
+        d.stop()
+
+
+def test_run_budgeted_holds_one_command_to_its_budget(fakegpu, native_dir):
+    env = {**os.environ, **fakegpu.env}
+    burn = str(native_dir / "colo-burn")
+    r = subprocess.run([sys.executable, "-m", "colo", "run-budgeted", "--gpu-mem", "1GiB", "--", burn, "--mem",
+                        "768MiB", "--over", "512MiB"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "allocated 768MiB" in r.stdout and "refused" in r.stdout
+    assert "colo: allocation of 512MiB refused: job budget 1.0GiB" in r.stderr or "refused" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "colo", "run-budgeted", "--gpu-mem", "256MiB", "--", burn, "--mem",
+                        "512MiB"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 3  # its own allocation failed; the process ended normally with that code
+    r = subprocess.run([sys.executable, "-m", "colo", "run-budgeted", "--gpu-mem", "12XB", "--", burn],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1 and "malformed size" in r.stderr
+
+
+def test_exclusive_gpu_set_to_default_when_configured(tmp_path, fakegpu):
+    fakegpu.set_compute_mode(1, "exclusive_process")
+    d = DaemonProc(tmp_path, fakegpu.state, {"set_default_compute_mode": True}).start()
+    try:
+        modes = [g["compute_mode"] for g in d.client.gpus()["gpus"]]
+        assert modes == ["default", "default"]
+        assert "setting it to DEFAULT" in d.log.read_text()
+    finally:
+        d.stop()
+
+
+def test_doctor_reports_each_piece(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "colo", "doctor", "--socket", str(tmp_path / "none.sock")],
+                       capture_output=True, text=True, timeout=60)
+    lines = r.stdout.splitlines()
+    assert [ln.split()[1] for ln in lines] == ["interposer", "driver", "mps", "docker", "daemon"][: len(lines)]
+    assert lines[0].startswith("ok") and "preloads cleanly" in lines[0]
+    assert "daemon is not running" in r.stdout
