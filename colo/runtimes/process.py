@@ -42,9 +42,11 @@ class ProcessRuntime:
     def start(self, launch: Launch) -> str:
         shim = str(self.shim or native.path("colo-shim"))
         env = dict(self.base_env)
+        groups: list[int] = []
         try:
             pw = pwd.getpwuid(launch.uid)
             env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
+            groups = os.getgrouplist(pw.pw_name, launch.gid)  # what the user has when logged in
         except KeyError:
             pass
         env.update(launch.env)
@@ -59,7 +61,7 @@ class ProcessRuntime:
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     cwd=launch.workdir or str(launch.run_dir), env=env, start_new_session=True,
                     user=launch.uid if as_other else None, group=launch.gid if as_other else None,
-                    extra_groups=[] if as_other else None, close_fds=True)
+                    extra_groups=groups if as_other else None, close_fds=True)
             except (OSError, subprocess.SubprocessError) as e:
                 raise StartError(f"cannot start process: {e}") from e
         handle = f"{p.pid}:{psutil.Process(p.pid).create_time():.3f}"
