@@ -15,22 +15,11 @@ from colo.jobs import Mount
 from colo.runtimes.base import Gone, Launch, StartError
 from colo.runtimes.docker import DockerRuntime, cursor_path, detect_nvidia_runtime
 from colo.runtimes.image import build_local_image
+from daemon_util import wait_for
 
 RUN = uuid.uuid4().hex[
     :12
 ]  # labels every container of this test run, so the fixture removes them all
-
-
-def until(cond, timeout=20.0, what="condition"):
-    """Poll `cond` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -174,7 +163,7 @@ def test_share_host_shm(rt, launch):
 def test_stop_with_grace_term_handled(rt, launch):
     ln = launch(["sh", "-c", "trap 'echo got-term; exit 5' TERM; echo ready; sleep 1000 & wait"])
     h = rt.start(ln)
-    until(lambda: "ready" in lines(ln.log_path), what="the trap to be set")
+    wait_for(lambda: "ready" in lines(ln.log_path), what="the trap to be set")
     t0 = time.monotonic()
     rt.stop(h, grace=20)
     assert time.monotonic() - t0 < 10  # it left on SIGTERM, long before the grace ran out
@@ -185,7 +174,7 @@ def test_stop_with_grace_term_handled(rt, launch):
 def test_stop_with_grace_term_ignored(rt, launch):
     ln = launch(["sh", "-c", "trap '' TERM; echo ready; sleep 1000 & wait"])
     h = rt.start(ln)
-    until(lambda: "ready" in lines(ln.log_path), what="the trap to be set")
+    wait_for(lambda: "ready" in lines(ln.log_path), what="the trap to be set")
     t0 = time.monotonic()
     rt.stop(h, grace=1)
     took = time.monotonic() - t0
@@ -195,7 +184,7 @@ def test_stop_with_grace_term_ignored(rt, launch):
 
 def test_pids_are_host_pids_of_the_container(rt, launch):
     h = rt.start(launch(["sleep", "1000"]))
-    pids = until(lambda: rt.pids(h), what="the container's processes")
+    pids = wait_for(lambda: rt.pids(h), what="the container's processes")
     for pid in pids:
         assert h in Path(f"/proc/{pid}/cgroup").read_text()
     assert any(Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep\0") for p in pids)
@@ -214,7 +203,7 @@ def test_adopt_and_resume_logs_without_duplicates(rt, launch, docker_client, tmp
     )
     ln = launch(["sh", "-c", script], mounts=[Mount(str(ctl), "/ctl", read_only=True)])
     h = rt.start(ln)
-    until(lambda: len(lines(ln.log_path)) == 100, what="the first 100 lines")
+    wait_for(lambda: len(lines(ln.log_path)) == 100, what="the first 100 lines")
     rt.close()  # the daemon goes away (its followers stop)
     with open(ln.log_path, "ab") as f:
         f.write(b"half-written-after-the-last-cursor-save")  # what a crash can leave behind

@@ -12,29 +12,17 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from colo import fakegpu as fg
 from colo import native
+from daemon_util import wait_for
 
 GiB = 1024**3
 HELPER_SRC = Path(__file__).parent / "native_helpers" / "cudacall.c"
 NOBODY = 65534
-
-
-def wait_for(cond, timeout=10.0, what="condition"):
-    """Poll cond() until it returns something truthy; fail after timeout seconds."""
-    end = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture(scope="session")

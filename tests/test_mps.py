@@ -13,7 +13,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from colo import fakegpu as fg
 from colo import mps
 from colo import native
 from colo.mps import MpsDaemon, MpsError, MpsManager
+from daemon_util import wait_for
 
 GiB = 1024**3
 DEADLINE = 10.0
@@ -48,17 +48,6 @@ for _ in sys.stdin:
 
 
 BURN = [str(native.native_dir() / native.BURN), "--mem", "1GiB", "--seconds", "30", "--quiet"]
-
-
-def wait_for(cond, what: str, timeout: float = DEADLINE):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class Client:
@@ -175,7 +164,7 @@ def test_start_health_stop_and_adopt(fakegpu, root, env):
     finally:
         d.stop()
     assert not d.running() and d.health() == "off"
-    wait_for(lambda: daemon_pids(root) == [], "the daemon to exit")
+    wait_for(lambda: daemon_pids(root) == [], what="the daemon to exit")
     with pytest.raises(MpsError, match="Cannot find MPS control daemon"):
         d.command("get_server_list")
 
@@ -221,7 +210,7 @@ def test_commands_limits_and_servers(open_node, root, clients):
         with pytest.raises(MpsError, match="Cannot start"):
             d.start_server(os.getuid() + 4242)
         c.kill()
-        wait_for(lambda: d.client_list(server) == [], "the client to leave")
+        wait_for(lambda: d.client_list(server) == [], what="the client to leave")
         d.start_server(os.getuid() + 4242)
         assert d.server_list() not in ([], [server])
     finally:
@@ -261,7 +250,7 @@ def test_two_uids_share_a_server_only_in_multi_user_mode(open_node, root, client
         try:
             [server] = d.server_list()
             if multi_user:
-                wait_for(lambda: b.pid in d.client_list(server), "the other uid's client to attach")
+                wait_for(lambda: b.pid in d.client_list(server), what="the other uid's client to attach")
                 assert sorted(d.client_list(server)) == sorted([a.pid, b.pid])
             else:  # it waits for the first uid's server to drain, and gives up after 1 s (805)
                 assert b.wait(timeout=DEADLINE) != 0
@@ -304,7 +293,7 @@ def test_kill_still_happens_when_terminate_cannot_be_sent(fakegpu, mgr, env, cli
     c = Client(client_env(env, u0, d.client_env(GiB * 2, None)))
     clients.append(c)
     os.kill(d.pid, signal.SIGKILL)
-    wait_for(lambda: not d.running(), "the daemon to die")
+    wait_for(lambda: not d.running(), what="the daemon to die")
     assert mgr.terminate_then(u0, [c.pid], c.kill) is False
     assert c.p.poll() is not None
 
@@ -315,7 +304,7 @@ def test_dead_daemon_is_restarted_by_check(fakegpu, mgr):
     old = d.pid
     assert mgr.check().events == [] and mgr.states() == {u0: "active"}
     os.kill(old, signal.SIGKILL)  # behind colo's back
-    wait_for(lambda: not d.running(), "the daemon to die")
+    wait_for(lambda: not d.running(), what="the daemon to die")
     assert d.health() == "dead"
     rep = mgr.check()
     assert rep.events == [(u0, "MPS daemon on GPU0 died; restarted")]
@@ -341,7 +330,7 @@ def test_fault_reports_clients_once_and_holds_until_they_exit(fakegpu, mgr, env,
     assert b.first == ["init", "807"]
     assert mgr.check().faults == {}  # each client is reported once
     a.kill()
-    wait_for(lambda: mgr.check() and mgr.states() == {u0: "active"}, "the server to leave FAULT")
+    wait_for(lambda: mgr.check() and mgr.states() == {u0: "active"}, what="the server to leave FAULT")
     c = Client(client_env(env, u0, d.client_env(2 * GiB, None)))
     clients.append(c)
     assert c.first[0] == "ready"
@@ -370,7 +359,7 @@ def test_release_idle(fakegpu, mgr, env, clients):
     clients.append(c)
     assert mgr.release_idle(200, []) == [] and d.running()
     c.kill()
-    wait_for(lambda: all(d.client_list(s) == [] for s in d.server_list()), "the client to leave")
+    wait_for(lambda: all(d.client_list(s) == [] for s in d.server_list()), what="the client to leave")
     assert mgr.release_idle(201, []) == [u0]
     assert not d.running() and mgr.states() == {u0: "off"}
     assert mgr.ensure(u0, 0).running()  # started again on demand
@@ -393,7 +382,7 @@ def test_null_pipe_dir_leads_nowhere(fakegpu, mgr, root, env, clients):
         m = Client(client_env(env, u0, d.client_env(2 * GiB, None)))
         clients.append(m)
         procs = wait_for(lambda: (p := procs_on(fakegpu, 0)) and burn.pid in p and p,
-                         "colo-burn to show up in NVML")
+                         what="colo-burn to show up in NVML")
         assert procs[burn.pid]["mps"] is False and procs[burn.pid]["kind"] == "process"
         assert procs[ctypes_client.pid]["mps"] is False
         assert procs[m.pid]["mps"] is True and procs[m.pid]["kind"] == "mps_client"

@@ -20,7 +20,7 @@ from .. import interposer, mps, native, policy, profiles
 from ..config import Config
 from ..gpu import GpuInfo, NoDriver, Nvml
 from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
-from ..runtimes.base import Gone, Launch, StartError
+from ..runtimes.base import Gone, StartError
 from ..runtimes.process import ProcessRuntime
 from ..store import Store
 from .launchspec import build_launch
