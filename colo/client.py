@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,8 +31,18 @@ class Client:
     def _connect(self, timeout: float | None) -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(timeout)
+        deadline = time.monotonic() + (timeout if timeout is not None else 30.0)
         try:
-            s.connect(str(self.path))
+            while True:
+                try:
+                    s.connect(str(self.path))
+                    break
+                except BlockingIOError:  # the daemon's accept backlog is full: it is busy, try again
+                    if time.monotonic() > deadline:
+                        s.close()
+                        raise DaemonUnavailable(f"colo daemon at {self.path} is too busy to accept a "
+                                                "connection; try again", "timeout") from None
+                    time.sleep(0.01)
         except FileNotFoundError:
             s.close()
             raise DaemonUnavailable(f"colo daemon is not running (no socket at {self.path}); "

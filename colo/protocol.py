@@ -25,6 +25,7 @@ FORBIDDEN = "forbidden"
 INVALID = "invalid"
 VERSION_MISMATCH = "version"
 INTERNAL = "internal"
+UNAVAILABLE = "unavailable"  # the daemon cannot do it now (e.g. its state disk is full); try again later
 
 
 class ProtocolError(ValueError):
@@ -58,6 +59,8 @@ def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
         msg = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(f"malformed JSON: {e}") from e
+    except RecursionError:
+        raise ProtocolError("malformed JSON: nested too deeply") from None
     if not isinstance(msg, dict):
         raise ProtocolError("a request must be a JSON object")
     if msg.get("v") != VERSION:

@@ -6,6 +6,7 @@ leaves each job in exactly one state, with the event that put it there.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -54,8 +55,17 @@ class StoreError(RuntimeError):
     pass
 
 
+class StoreFull(StoreError):
+    """The state disk is full: the change was rolled back, nothing half-stored."""
+
+
 class NotFound(KeyError):
     pass
+
+
+def _is_full(e: BaseException | None) -> bool:
+    return isinstance(e, sqlite3.OperationalError) and (
+        getattr(e, "sqlite_errorcode", None) == 13 or "disk is full" in str(e))  # SQLITE_FULL
 
 
 def _row_to_job(r: tuple) -> Job:
@@ -70,8 +80,14 @@ class Store:
     def __init__(self, path: Path):
         self.path = Path(path)
         try:
+            # Jobs' env and argv are in here: root only (README). SQLite gives -wal/-shm the db's mode.
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            os.chmod(self.path, 0o600)
             self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
+            for side in ("-wal", "-shm"):  # made by an older colo with the default mode
+                if os.path.exists(f"{self.path}{side}"):
+                    os.chmod(f"{self.path}{side}", 0o600)
             self.db.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL
             self.db.execute("PRAGMA foreign_keys=ON")
             self.db.execute("PRAGMA busy_timeout=5000")
@@ -79,7 +95,7 @@ class Store:
             if ok != "ok":
                 raise StoreError(f"state database {self.path} is damaged ({ok}); move it aside to start afresh")
             self._migrate()
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, OSError) as e:
             raise StoreError(f"state database {self.path} cannot be used: {e}") from e
 
     def _migrate(self) -> None:
@@ -98,7 +114,7 @@ class Store:
             self.db.executescript(f"BEGIN IMMEDIATE;{MIGRATIONS[i]};PRAGMA user_version={i + 1};COMMIT;")
 
     def tx(self):
-        return _Tx(self.db)
+        return _Tx(self.db, self.path)
 
     def close(self) -> None:
         self.db.close()
@@ -208,8 +224,8 @@ class Store:
 class _Tx:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on error; nests as a no-op."""
 
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
+    def __init__(self, db: sqlite3.Connection, path: Path):
+        self.db, self.path = db, path
         self.outer = False
 
     def __enter__(self):
@@ -220,5 +236,16 @@ class _Tx:
 
     def __exit__(self, exc_type, exc, tb):
         if self.outer:
-            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+            if exc_type is None:
+                try:
+                    self.db.execute("COMMIT")
+                except sqlite3.Error as e:
+                    exc = e  # a failed COMMIT leaves the transaction open: later writes would join it
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+        if _is_full(exc):
+            raise StoreFull(f"colo's state disk is full ({self.path.parent}): nothing was stored; "
+                            "free some space there") from exc
+        if exc is not None and exc_type is None:
+            raise exc
         return False

@@ -9,7 +9,6 @@ from .. import __version__, protocol
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..policy import can_ever_fit
 from ..store import NotFound
-from ..units import format_size
 from .validate import Caller, Forbidden, Invalid, check_spec, is_admin
 
 if TYPE_CHECKING:
@@ -24,7 +23,7 @@ class ApiError(Exception):
 
 def job_id_arg(args: dict) -> int:
     v = args.get("id")
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 1 << 63:  # SQLite's INTEGER
         raise ApiError(f"malformed job id {v!r}", protocol.BAD_REQUEST)
     return v
 

@@ -5,19 +5,26 @@ import asyncio
 import grp
 import logging
 import os
+import resource
 import signal
 import socket
 import struct
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 from .. import protocol
 from ..config import Config
+from ..store import StoreError
 from .api import STREAMS, Api, ApiError
 from .core import Daemon
 from .validate import Caller
 
 log = logging.getLogger("colo")
 IDLE_TIMEOUT = 60.0  # a connection that sends no request in this long is closed
+# Each running job parks one worker thread in its runtime's wait() for its whole life; asyncio's
+# default pool (cpu count + 4 threads) would then leave none for starting jobs or sampling once a
+# few jobs run. Threads are made only when needed.
+WORKER_THREADS = 1024
 
 
 def peer(writer: asyncio.StreamWriter) -> Caller:
@@ -63,6 +70,9 @@ class Server:
                     writer.write(protocol.ok(await fn(caller, args)))
             except ApiError as e:
                 writer.write(protocol.error(str(e), e.code))
+            except StoreError as e:  # e.g. the state disk is full: nothing was stored
+                log.error("op %s: %s", op, e)
+                writer.write(protocol.error(str(e), protocol.UNAVAILABLE))
             except Exception as e:  # noqa: BLE001 - one bad request must not take the daemon down
                 log.error("op %s failed: %s", op, traceback.format_exc())
                 writer.write(protocol.error(f"internal error: {e.__class__.__name__}: {e}", protocol.INTERNAL))
@@ -91,17 +101,29 @@ def _prepare_socket(config: Config) -> None:
             s.close()
 
 
+def _raise_fd_limit(want: int = 1 << 16) -> None:
+    """One descriptor per client connection and per followed job: services start with a soft limit
+    of 1024 (systemd), which a lab's worth of `colo logs -f` and idle clients can use up."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 async def serve(config: Config) -> None:
+    _raise_fd_limit()
     daemon = Daemon(config)
     daemon.open()
     try:
         _prepare_socket(config)
         server = Server(daemon)
-        srv = await asyncio.start_unix_server(server.handle, path=str(config.socket), limit=protocol.MAX_LINE)
+        srv = await asyncio.start_unix_server(server.handle, path=str(config.socket), limit=protocol.MAX_LINE,
+                                              backlog=1024)  # bursts of clients wait here, not refused
         if config.socket_group:
             os.chown(config.socket, -1, grp.getgrnam(config.socket_group).gr_gid)
         os.chmod(config.socket, config.socket_mode)
         loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="colo"))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: (setattr(daemon, "stopping", True), daemon.wake()))
         log.info("colo daemon listening on %s, state in %s", config.socket, config.state_dir)

@@ -85,10 +85,25 @@ def readable_by(path: Path, uid: int, gids: set[int]) -> bool:
     return True
 
 
+def _no_nul(raw: Any) -> None:
+    """exec and the kernel's paths end at NUL: a string holding one would fail at start (or mean less)."""
+    if isinstance(raw, str):
+        if "\0" in raw:
+            raise Invalid("NUL characters are not allowed in a job")
+    elif isinstance(raw, dict):
+        for k, v in raw.items():
+            _no_nul(k)
+            _no_nul(v)
+    elif isinstance(raw, list):
+        for v in raw:
+            _no_nul(v)
+
+
 def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     """A JobSpec from what the client sent, or Invalid/Forbidden with one line saying why."""
     if not isinstance(raw, dict):
         raise Invalid("spec must be an object")
+    _no_nul(raw)
     unknown = set(raw) - SPEC_FIELDS
     if unknown:
         raise Forbidden(f"not allowed in a job: {', '.join(sorted(unknown))} "
@@ -121,11 +136,17 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
         if RESERVED_ENV.match(k):
             raise Forbidden(f"{k} is set by colo itself and cannot be set by a job")
     mounts = []
-    for m in raw.get("mounts") or []:
+    raw_mounts = raw.get("mounts") or []
+    if not isinstance(raw_mounts, list):
+        raise Invalid("mounts must be a list of SRC:DST[:ro]")
+    for m in raw_mounts:
         try:
             mount = Mount.parse(m) if isinstance(m, str) else Mount(**m)
         except (TypeError, ValueError) as e:
-            raise Invalid(str(e)) from None
+            raise Invalid(f"malformed mount: {e}") from None
+        if not (isinstance(mount.source, str) and isinstance(mount.target, str)
+                and isinstance(mount.read_only, bool)):
+            raise Invalid("malformed mount: source and target must be paths, read_only true or false")
         mounts.append(check_mount(mount, caller, protected))
     if mounts and image is None:
         raise Invalid("--mount is for container jobs; a process job already sees the host's files")
@@ -133,7 +154,8 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
         raise Invalid("--workdir must be an absolute path")
     after = raw.get("after") or []
-    if not isinstance(after, list) or not all(isinstance(a, int) and not isinstance(a, bool) for a in after):
+    if not isinstance(after, list) or not all(isinstance(a, int) and not isinstance(a, bool) and 0 < a < 1 << 63
+                                              for a in after):
         raise Invalid("--after takes job ids")
     priority = raw.get("priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool) or not -1000 <= priority <= 1000:
@@ -143,7 +165,7 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
         if v is not None and (not isinstance(v, str) or not NAME.match(v)):
             raise Invalid(f"{label} must be 1-64 letters, digits, '.', '_' or '-'")
     retries = raw.get("retries", 0)
-    if not isinstance(retries, int) or not 0 <= retries <= 10:
+    if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10:
         raise Invalid("retries must be 0 to 10")
     return JobSpec(argv=argv, image=image, name=name, gpu_mem=gpu_mem, gpus=gpus, env=env, mounts=mounts,
                    workdir=workdir, after=after, priority=priority, profile=profile, retries=retries)

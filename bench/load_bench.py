@@ -1,0 +1,357 @@
+"""colo under load, measured (issue 8). Importable: tests/test_reliability.py runs the same
+scenarios at a smaller size and asserts on what they return.
+
+1. Submissions: N submits from C concurrent clients, each a forked child that setuid()s to its
+   own user (colotest1..C, created with useradd when run as root), while the parent times
+   `ls` every 50 ms. Every submission must be stored once, ids unique.
+2. Short jobs: J GPU jobs (`colo-burn`, process runtime, budgets of 128-512 MiB on two 1 GiB
+   simulated GPUs, so most wait) back to back. Invariant 1 is checked by replaying the daemon's
+   own events table: at every state change, the budgets placed on a GPU fit its usable memory.
+   Daemon RSS after a warm-up and at the end.
+
+Run: python bench/load_bench.py [--submits 1000 --clients 10 --jobs 200]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import pwd
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from daemon_util import DaemonProc, wait_for  # noqa: E402
+
+from colo import fakegpu, native  # noqa: E402
+from colo.client import Client  # noqa: E402
+
+MiB, GiB = 1 << 20, 1 << 30
+TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
+
+
+# users and peers ----------------------------------------------------------------------------------
+def ensure_users(n: int, prefix: str = "colotest") -> list[pwd.struct_passwd]:
+    """n local users (created when missing; needs root). Without root: the caller's own entry n times."""
+    if os.geteuid() != 0:
+        return [pwd.getpwuid(os.geteuid())] * n
+    out = []
+    for i in range(1, n + 1):
+        name = f"{prefix}{i}"
+        try:
+            out.append(pwd.getpwnam(name))
+        except KeyError:
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True,
+                           capture_output=True)
+            out.append(pwd.getpwnam(name))
+    return out
+
+
+def shared_root(prefix: str) -> Path:
+    """A temp dir other users can traverse (they must reach the socket)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(root, 0o755)
+    return root
+
+
+class Peer:
+    """A forked child running `fn()` as another user once released; its result comes back pickled."""
+
+    def __init__(self, pw: pwd.struct_passwd | None, fn):
+        self._go_r, self._go_w = os.pipe()
+        self._res_r, res_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # pragma: no cover - child
+            code = 0
+            try:
+                os.close(self._go_w)
+                os.close(self._res_r)
+                if pw is not None and os.geteuid() == 0 and pw.pw_uid != 0:
+                    os.setgroups([])
+                    os.setgid(pw.pw_gid)
+                    os.setuid(pw.pw_uid)
+                os.read(self._go_r, 1)  # wait for the start signal
+                res = ("ok", fn())
+            except BaseException as e:  # noqa: BLE001
+                import traceback
+                res = ("err", "".join(traceback.format_exception(e))[-4000:])
+                code = 1
+            with os.fdopen(res_w, "wb") as f:
+                f.write(pickle.dumps(res))
+            os._exit(code)
+        os.close(self._go_r)
+        os.close(res_w)
+
+    def go(self) -> None:
+        os.write(self._go_w, b"x")
+        os.close(self._go_w)
+
+    def result(self):
+        with os.fdopen(self._res_r, "rb") as f:
+            data = f.read()
+        os.waitpid(self.pid, 0)
+        kind, value = pickle.loads(data)
+        if kind != "ok":
+            raise RuntimeError(f"peer {self.pid} failed: {value}")
+        return value
+
+
+def run_as(pw, fn):
+    p = Peer(pw, fn)
+    p.go()
+    return p.result()
+
+
+# measurements -------------------------------------------------------------------------------------
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+def rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def db_ro(state_dir: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{state_dir / 'colo.db'}?mode=ro", uri=True)
+
+
+class LsProbe(threading.Thread):
+    """Times `ls` (all jobs) every `every` seconds until stopped: the daemon's responsiveness."""
+
+    def __init__(self, socket: Path, every: float = 0.05):
+        super().__init__(daemon=True)
+        self.client, self.every = Client(socket, timeout=30), every
+        self.times: list[float] = []
+        self.errors: list[str] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            t = time.perf_counter()
+            try:
+                self.client.ls()
+                self.times.append(time.perf_counter() - t)
+            except Exception as e:  # noqa: BLE001
+                self.errors.append(str(e))
+            self._halt.wait(self.every)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(35)
+
+
+# scenario 1: concurrent submissions ----------------------------------------------------------------
+def submit_load(d: DaemonProc, users: list, total: int) -> dict:
+    """`total` submissions spread over len(users) concurrent clients; returns figures and what the db holds."""
+    # Every submission waits for `holder`, which is cancelled at the end: no job runs, so the
+    # figures are the daemon's own (and the dependents then fail in one scheduler pass).
+    holder = d.client.submit({"argv": ["sleep", "3600"], "gpus": 0, "name": "holder"})["id"]
+    per = [total // len(users) + (1 if i < total % len(users) else 0) for i in range(len(users))]
+
+    def client_fn(k: int, n: int):
+        def fn():
+            c = Client(d.socket, timeout=60)
+            out = []
+            for i in range(n):
+                t = time.perf_counter()
+                job = c.submit({"argv": ["true"], "gpus": 0, "name": f"c{k}-{i}", "after": [holder],
+                                "workdir": "/tmp"})
+                out.append((f"c{k}-{i}", job["id"], job["uid"], time.perf_counter() - t))
+            return out
+        return fn
+
+    peers = [Peer(pw, client_fn(k, n)) for k, (pw, n) in enumerate(zip(users, per))]
+    probe = LsProbe(d.socket)
+    probe.start()
+    t0 = time.perf_counter()
+    for p in peers:
+        p.go()
+    results = [r for p in peers for r in p.result()]
+    wall = time.perf_counter() - t0
+    probe.stop()
+    with db_ro(d.state_dir) as db:
+        rows = db.execute("SELECT id, json_extract(spec, '$.name'), uid FROM jobs WHERE id != ?", (holder,)).fetchall()
+        events = db.execute("SELECT count(*) FROM events WHERE job_id != ?", (holder,)).fetchone()[0]
+    d.client.cancel(holder)
+    lat = [r[3] for r in results]
+    return {
+        "submits": len(results), "clients": len(users), "uids": len({r[2] for r in results}), "wall_s": wall,
+        "submits_per_s": len(results) / wall, "p50_ms": 1000 * pct(lat, 0.5), "p99_ms": 1000 * pct(lat, 0.99),
+        "max_ms": 1000 * max(lat), "ls_n": len(probe.times), "ls_max_ms": 1000 * max(probe.times or [0]),
+        "ls_p99_ms": 1000 * pct(probe.times, 0.99), "ls_errors": probe.errors,
+        "acked": results, "stored": rows, "submit_events": events, "holder": holder,
+    }
+
+
+def check_submissions(r: dict) -> list[str]:
+    """Everything acknowledged is stored exactly once under the id and uid it was acknowledged with."""
+    bad = []
+    acked = {name: (i, uid) for name, i, uid, _ in r["acked"]}
+    stored_names = [name for _, name, _ in r["stored"]]
+    if len(acked) != len(r["acked"]):
+        bad.append("a name was acknowledged twice")
+    if len({i for _, i, _, _ in r["acked"]}) != len(r["acked"]):
+        bad.append("an id was handed out twice")
+    if len(stored_names) != len(set(stored_names)):
+        bad.append("a submission is stored twice")
+    stored = {name: (i, uid) for i, name, uid in r["stored"]}
+    if stored != acked:
+        missing = set(acked) - set(stored)
+        extra = set(stored) - set(acked)
+        wrong = [n for n in set(acked) & set(stored) if acked[n] != stored[n]]
+        bad.append(f"store differs from acks: {len(missing)} missing, {len(extra)} extra, {len(wrong)} wrong")
+    if r["submit_events"] != len(r["stored"]):
+        bad.append(f"{r['submit_events']} events for {len(r['stored'])} submissions")
+    return bad
+
+
+# scenario 2: short jobs through the queue ----------------------------------------------------------
+def short_jobs(d: DaemonProc, n: int, seed: int = 8, warmup: int = 20) -> dict:
+    """n GPU jobs of colo-burn through the queue; returns figures, the final rows and RSS samples."""
+    rng = random.Random(seed)
+    burn = str(native.path("colo-burn"))
+    c = Client(d.socket, timeout=60)
+    budgets = [128 * MiB, 256 * MiB, 384 * MiB, 512 * MiB]
+    ids, rss = [], {}
+    t0 = time.perf_counter()
+    for i in range(n):
+        b = rng.choice(budgets)
+        ids.append(c.submit({"argv": [burn, "--mem", "64MiB", "--seconds", "0.05", "--quiet"], "gpus": 1, "gpu_mem": b,
+                             "name": f"short-{i}"})["id"])
+        if i + 1 == warmup:  # RSS once the daemon has run a few jobs (imports, caches warm)
+            wait_for(lambda: all(j["state"] in TERMINAL for j in c.ls() if j["id"] in ids), 120, "warm-up jobs")
+            rss["warm"] = rss_kib(d.proc.pid)
+    final = wait_for(lambda: (rows := [j for j in c.ls() if j["id"] in ids]) and
+                     all(j["state"] in TERMINAL for j in rows) and rows, max(60, n), "all short jobs to end")
+    wall = time.perf_counter() - t0
+    rss["end"] = rss_kib(d.proc.pid)
+    over = occupancy_violations(d.state_dir, {g["uuid"]: g["usable"] for g in c.gpus()["gpus"]})
+    states: dict[str, int] = {}
+    for j in final:
+        states[j["state"]] = states.get(j["state"], 0) + 1
+    return {"jobs": n, "wall_s": wall, "jobs_per_s": n / wall, "states": states, "rss_kib": rss,
+            "over_commits": over, "peak": _peak_occupancy(d.state_dir)}
+
+
+def _placements(state_dir: Path) -> tuple[list[tuple[int, int, str]], dict[int, tuple[list[str], int]]]:
+    with db_ro(state_dir) as db:
+        db.execute("BEGIN")  # events and jobs from one snapshot
+        events = db.execute("SELECT id, job_id, new_state FROM events ORDER BY id").fetchall()
+        jobs = {i: (json.loads(g), json.loads(s).get("gpu_mem") or 0)
+                for i, g, s in db.execute("SELECT id, gpus, spec FROM jobs")}
+    return events, jobs
+
+
+def occupancy_violations(state_dir: Path, usable: dict[str, int]) -> list[str]:
+    """Replay the events table in commit order: a job holds its budget on its GPUs from `starting`
+    until it leaves the active states. Returns every moment where a GPU's budgets passed usable."""
+    events, jobs = _placements(state_dir)
+    held: dict[str, int] = {u: 0 for u in usable}
+    holding: set[int] = set()
+    bad = []
+    starts: dict[int, int] = {}
+    for _, job_id, new in events:
+        if new == "starting":
+            starts[job_id] = starts.get(job_id, 0) + 1
+    for ev_id, job_id, new in events:
+        gpus, mem = jobs[job_id]
+        if starts.get(job_id, 0) > 1:
+            bad.append(f"job {job_id} started {starts[job_id]} times: its earlier GPUs are not on record")
+            starts[job_id] = 0
+        if new == "starting" and job_id not in holding:
+            holding.add(job_id)
+            for g in gpus:
+                held[g] = held.get(g, 0) + mem
+                if held[g] > usable.get(g, 0):
+                    bad.append(f"event {ev_id}: GPU {g[:12]} holds {held[g]} budgeted bytes > usable {usable.get(g)}")
+        elif new not in ("starting", "running") and job_id in holding:
+            holding.discard(job_id)
+            for g in gpus:
+                held[g] -= mem
+    return bad
+
+
+def _peak_occupancy(state_dir: Path) -> dict[str, int]:
+    events, jobs = _placements(state_dir)
+    held: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    holding: set[int] = set()
+    for _, job_id, new in events:
+        gpus, mem = jobs[job_id]
+        if new == "starting" and job_id not in holding:
+            holding.add(job_id)
+            for g in gpus:
+                held[g] = held.get(g, 0) + mem
+                peak[g] = max(peak.get(g, 0), held[g])
+        elif new not in ("starting", "running") and job_id in holding:
+            holding.discard(job_id)
+            for g in gpus:
+                held[g] -= mem
+    return peak
+
+
+# entry point --------------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--submits", type=int, default=1000)
+    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    native.ensure_built()
+    out = {}
+    root = shared_root("colo-load-")
+    try:
+        fakegpu.create(root / "gpus", count=2, mem=GiB)
+        os.chmod(root / "gpus", 0o666)
+        d = DaemonProc(root, root / "gpus").start()
+        os.chmod(d.socket.parent, 0o755)
+        try:
+            users = ensure_users(a.clients)
+            r = submit_load(d, users, a.submits)
+            out["submit"] = {k: v for k, v in r.items() if k not in ("acked", "stored")}
+            out["submit"]["violations"] = check_submissions(r)
+            wait_for(lambda: all(j["state"] in TERMINAL for j in d.client.ls()), 300, "load jobs to end")
+        finally:
+            d.stop()
+        # a fresh daemon for the job stream, so its RSS is not the submission load's
+        shutil.rmtree(root / "state")
+        d = DaemonProc(root, root / "gpus").start()
+        try:
+            out["jobs"] = short_jobs(d, a.jobs)
+        finally:
+            d.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return
+    s, j = out["submit"], out["jobs"]
+    print(f"submissions: {s['submits']} from {s['clients']} clients ({s['uids']} uids) in {s['wall_s']:.2f} s = "
+          f"{s['submits_per_s']:.0f}/s; latency p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms, "
+          f"max {s['max_ms']:.1f} ms; violations: {s['violations'] or 'none'}")
+    print(f"ls during the load: {s['ls_n']} calls, p99 {s['ls_p99_ms']:.1f} ms, max {s['ls_max_ms']:.1f} ms, "
+          f"errors {len(s['ls_errors'])}")
+    print(f"short jobs: {j['jobs']} in {j['wall_s']:.1f} s = {j['jobs_per_s']:.1f} jobs/s; states {j['states']}; "
+          f"over-commits {len(j['over_commits'])}; peak budgeted per GPU "
+          f"{ {k[:12]: v // MiB for k, v in j['peak'].items()} } MiB of 1024")
+    print(f"daemon RSS: {j['rss_kib']['warm'] / 1024:.1f} MiB after warm-up, {j['rss_kib']['end'] / 1024:.1f} MiB "
+          f"at the end ({(j['rss_kib']['end'] - j['rss_kib']['warm']) / 1024:+.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,414 @@
+"""Hostile input (issue 8, invariant 9): a fuzzed protocol, thousands of idle connections, other
+users' jobs, privilege requests and forbidden mounts, file modes. A real daemon; other users are
+forked children that setuid() to users made for the test.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import socket
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from colo import protocol
+from colo.client import Client, ClientError
+from daemon_util import DaemonProc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import load_bench  # noqa: E402
+from load_bench import run_as  # noqa: E402
+
+CODES = {protocol.BAD_REQUEST, protocol.NOT_FOUND, protocol.FORBIDDEN, protocol.INVALID, protocol.VERSION_MISMATCH}
+
+
+@pytest.fixture(scope="module")
+def users():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create other users")
+    return load_bench.ensure_users(2)
+
+
+@pytest.fixture
+def shared(fakegpu):
+    root = load_bench.shared_root("colo-hostile-")
+    d = DaemonProc(root, fakegpu.state).start()
+    os.chmod(d.socket.parent, 0o755)
+    yield d
+    d.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def raw(path: Path, data: bytes, timeout: float = 10.0, shut: bool = True) -> list[dict]:
+    """Send bytes as they are; the reply lines, parsed (a line that is not JSON fails the test)."""
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(timeout)
+    s.connect(str(path))
+    try:
+        try:
+            s.sendall(data)
+            if shut:
+                s.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon may close a huge request early; its reply is still there to read
+        buf = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+            if buf.endswith(b"\n") and b'"ok"' in buf.splitlines()[-1]:
+                break
+    finally:
+        s.close()
+    return [json.loads(line) for line in buf.splitlines()]
+
+
+def refused(replies: list[dict]) -> dict:
+    """The one reply must be a clear refusal: ok false, one line, a stable code, not an internal error."""
+    assert len(replies) == 1, replies
+    r = replies[0]
+    assert r["v"] == protocol.VERSION and r["ok"] is False, r
+    assert r["code"] in CODES, r
+    assert r["error"] and "\n" not in r["error"] and "Traceback" not in r["error"], r
+    return r
+
+
+def healthy(d: DaemonProc) -> None:
+    assert d.proc.poll() is None, "daemon died"
+    assert d.client.hello()["protocol"] == protocol.VERSION
+    d.client.ls()
+
+
+# the protocol ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("data,needle", [
+    (b"{not json\n", "malformed JSON"),
+    (b"\xff\xfe\x00garbage\n", "malformed JSON"),
+    (b"[1, 2, 3]\n", "must be a JSON object"),
+    (b'"hello"\n', "must be a JSON object"),
+    (b"null\n", "must be a JSON object"),
+    (b'{"op": "ls"}\n', "protocol version"),
+    (b'{"v": 99, "op": "ls"}\n', "protocol version"),
+    (b'{"v": 1}\n', "unknown op"),
+    (b'{"v": 1, "op": "rm -rf"}\n', "unknown op"),
+    (b'{"v": 1, "op": "__init__"}\n', "unknown op"),
+    (b'{"v": 1, "op": ["ls"]}\n', "unknown op"),
+    (b'{"v": 1, "op": "ls", "args": []}\n', "args must be"),
+    (b'{"v": 1, "op": "show", "args": {"id": "1"}}\n', "malformed job id"),
+    (b'{"v": 1, "op": "show", "args": {"id": true}}\n', "malformed job id"),
+    (b'{"v": 1, "op": "show", "args": {"id": -4}}\n', "malformed job id"),
+    (b'{"v": 1, "op": "show", "args": {"id": 1e3}}\n', "malformed job id"),
+    (b'{"v": 1, "op": "show", "args": {"id": 100000000000000000000000000}}\n', "malformed job id"),
+    (b'{"v": 1, "op": "cancel", "args": {"id": 9223372036854775808}}\n', "malformed job id"),
+    (b'{"v": 1, "op": "wait", "args": {"ids": "1"}}\n', "wait needs job ids"),
+    (b'{"v": 1, "op": "wait", "args": {"ids": ["x"]}}\n', "malformed job id"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": 5}}\n', "spec must be an object"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": "true"}}}\n', "missing command"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": ["true"], "gpus": "1"}}}\n', "--gpus"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": ["true"], "gpus": 0, "after": [99999999999999999999999]}}}\n',
+     "--after"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": ["true"], "gpu_mem": [1]}}}\n', "size"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": ["true"], "gpus": 0, "env": {"A": 1}}}}\n', "env"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": ["true"], "gpus": 0, "mounts": [{"source": 5}]}}}\n',
+     "mount"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": ["true"], "gpus": 0, "mounts": [7]}}}\n', "mount"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": ["tr\\u0000ue"], "gpus": 0}}}\n', "NUL"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": ["true"], "gpus": 0, "env": {"A": "x\\u0000"}}}}\n',
+     "NUL"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": ["true"], "gpus": 0, "workdir": "/tmp\\u0000"}}}\n',
+     "NUL"),
+    (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": ["true"], "gpus": 0, "retries": true}}}\n', "retries"),
+    (b"[" * 200000 + b"]" * 200000 + b"\n", "malformed JSON"),
+    (b'{"v": 1, "op": "ls", "args": {"limit": 100000000000000000000000000}}\n', None),
+], ids=lambda v: None if isinstance(v, (str, type(None))) else f"{len(v)}B")  # no 400 kB test ids in the env
+def test_malformed_requests_get_clear_errors(shared, data, needle):
+    replies = raw(shared.socket, data)
+    if needle is None:  # a harmless odd value: answered normally
+        assert len(replies) == 1 and replies[0]["ok"] is True, replies
+    else:
+        r = refused(replies)
+        assert needle in r["error"], r
+    healthy(shared)
+    assert [j for j in shared.client.ls()] == []  # nothing stored
+
+
+def test_huge_frames_and_half_closed_connections(shared):
+    big = b'{"v": 1, "op": "ls", "args": {"x": "' + b"a" * (2 << 20) + b'"}}\n'
+    r = refused(raw(shared.socket, big))
+    assert "larger than" in r["error"]
+    r = refused(raw(shared.socket, b"a" * (3 << 20)))  # no newline at all, then the write side closes
+    assert "larger than" in r["error"]
+    # a request without its newline, then half-closed: read to EOF, answered
+    (reply,) = raw(shared.socket, b'{"v": 1, "op": "hello"}')
+    assert reply["ok"] and reply["result"]["protocol"] == protocol.VERSION
+    for data in (b"", b'{"v": 1, "op": "ls"', b'{"v": 1, "op": "hel'):
+        for r in raw(shared.socket, data):
+            refused([r])
+    # requests whose sender goes away without reading the reply
+    for _ in range(50):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(shared.socket))
+        s.sendall(protocol.request("ls"))
+        s.close()
+    healthy(shared)
+
+
+def _json_values():
+    return st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=12)
+
+
+SPEC_KEYS = ["argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "workdir", "after", "priority",
+             "profile", "retries", "privileged", "cap_add"]
+
+
+def _requests():
+    vals = _json_values()
+    spec = st.dictionaries(st.sampled_from(SPEC_KEYS), vals, max_size=6)
+    args = st.dictionaries(st.sampled_from(["id", "ids", "spec", "all", "limit", "follow", "tail", "x"]),
+                           vals | spec, max_size=4)
+    op = st.sampled_from(sorted(protocol.OPS - {"shutdown"})) | st.text(max_size=10)
+    req = st.fixed_dictionaries({"v": st.just(1) | vals, "op": op, "args": args | vals})
+    return (req.map(lambda r: json.dumps(r).encode() + b"\n")
+            | st.binary(max_size=300).map(lambda b: b + b"\n")
+            | vals.map(lambda v: json.dumps(v).encode() + b"\n"))
+
+
+def _fuzz(sock: str) -> int:
+    """Runs in a forked child as an ordinary user: any job the fuzzer manages to start is theirs."""
+    seen = [0]
+
+    @settings(max_examples=250, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(data=_requests())
+    def one(data):
+        seen[0] += 1
+        try:  # (decoded here: this uid cannot import the codecs json would pick for odd bytes)
+            op = json.loads(data.decode("utf-8", "replace")).get("op")
+        except (ValueError, AttributeError):
+            op = None
+        try:
+            replies = raw(Path(sock), data, timeout=5)
+        except socket.timeout:
+            assert op in ("wait", "logs"), data  # only a stream that was accepted may stay open
+            return
+        # the first line is the request; an empty one is the one request closed unanswered
+        assert replies or not data.split(b"\n")[0].strip(), data
+        for r in replies:
+            assert r["v"] == protocol.VERSION and ("ok" in r or "event" in r), (data, r)
+            if r.get("ok") is False:
+                assert r["code"] in CODES and r["error"] and "\n" not in r["error"], (data, r)
+
+    one()
+    return seen[0]
+
+
+def test_protocol_fuzz_never_kills_or_stalls_the_daemon(shared, users):
+    probe = load_bench.LsProbe(shared.socket, every=0.1)
+    peer = load_bench.Peer(users[0], lambda: _fuzz(str(shared.socket)))
+    probe.start()  # after the fork: the child must not inherit a running thread
+    peer.go()
+    n = peer.result()
+    probe.stop()
+    assert n == 250
+    assert probe.errors == [] and probe.times and max(probe.times) < 1.0, (probe.errors, max(probe.times or [0]))
+    healthy(shared)
+    for j in shared.client.ls():  # whatever the fuzzer got stored ran as its user, never as root
+        assert j["uid"] == users[0].pw_uid
+
+
+def test_2000_idle_connections_do_not_stop_others(fakegpu, tmp_path):
+    """With the soft descriptor limit systemd gives services (1024), the daemon still holds 2,000
+    idle connections and answers a normal `ls` while they are open."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 2200
+    if hard != resource.RLIM_INFINITY and hard < need + 64:
+        pytest.skip(f"hard RLIMIT_NOFILE {hard} < {need + 64}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # the daemon inherits systemd's default
+    try:
+        d = DaemonProc(tmp_path, fakegpu.state).start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need + 64), hard))
+    conns = []
+    t0 = time.perf_counter()
+    try:
+        for i in range(2000):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(d.socket))
+            if i % 2:
+                s.sendall(b'{"v": 1, "op": "l')  # half a request, never finished
+            conns.append(s)
+        opened = time.perf_counter() - t0
+        t = time.perf_counter()
+        assert Client(d.socket, timeout=5).ls() == []
+        assert time.perf_counter() - t < 1.0
+        # all of them open at once (not let in as older ones time out), within seconds
+        assert len(os.listdir(f"/proc/{d.proc.pid}/fd")) > 2000 and opened < 20, opened
+        j = d.client.submit({"argv": ["true"], "gpus": 0})["id"]
+        d.wait_state(j, "succeeded")
+        for s in conns:
+            s.close()
+        healthy(d)
+    finally:
+        for s in conns:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        d.stop()
+
+
+# other users' jobs and privileges ------------------------------------------------------------------
+def _err(fn):
+    try:
+        fn()
+    except ClientError as e:
+        return (str(e), e.code)
+    return None
+
+
+def test_other_user_cannot_touch_my_job(shared, users):
+    d = shared
+    gate = d.root / "never"
+    mine = d.client.submit({"argv": ["sh", "-c", f"echo $TOKEN; while [ ! -e {gate} ]; do sleep 0.05; done"],
+                            "gpus": 0, "env": {"TOKEN": "secret"}})["id"]
+    d.wait_state(mine, "running")
+    c = lambda: Client(d.socket)  # noqa: E731
+    for name, fn in [("cancel", lambda: c().cancel(mine)), ("logs", lambda: "".join(c().logs(mine))),
+                     ("follow", lambda: "".join(c().logs(mine, follow=True))), ("show", lambda: c().show(mine)),
+                     ("explain", lambda: c().explain(mine)), ("wait", lambda: c().wait([mine])),
+                     ("shutdown", lambda: c().shutdown())]:
+        err = run_as(users[0], lambda fn=fn: _err(fn))
+        assert err is not None and err[1] == "forbidden", (name, err)
+        assert "\n" not in err[0] and ("belongs to root" in err[0] or "only root" in err[0]), (name, err)
+    rows = run_as(users[0], lambda: Client(d.socket).ls())
+    # everyone sees the queue (argv too, as `ps` would show it), never a job's environment or output
+    assert [r["id"] for r in rows] == [mine] and "secret" not in json.dumps(rows)
+    assert d.job(mine)["state"] == "running"
+    healthy(d)
+    d.client.cancel(mine)
+
+
+@pytest.fixture
+def user_dir(users):
+    """A folder the first test user owns, with symlinks that lead to forbidden places."""
+    root = load_bench.shared_root("colo-userdir-")
+    os.chown(root, users[0].pw_uid, users[0].pw_gid)
+    (root / "data").mkdir()
+    os.chown(root / "data", users[0].pw_uid, users[0].pw_gid)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_privileges_and_forbidden_mounts_are_refused(shared, users, user_dir, test_image, docker_client):
+    d = shared
+    os.symlink("/var/run/docker.sock", user_dir / "sock-link")
+    os.symlink(str(d.state_dir), user_dir / "state-link")
+    os.symlink("/etc", user_dir / "etc-link")
+    base = {"argv": ["true"], "gpus": 0, "image": test_image}
+    hostile = [
+        ({"mounts": ["/root:/r"]}, "forbidden", "cannot read"),
+        ({"mounts": ["/etc/shadow:/s:ro"]}, "forbidden", "cannot read"),
+        ({"mounts": ["/var/run/docker.sock:/var/run/docker.sock"]}, "forbidden", "not allowed"),
+        ({"mounts": ["/run/docker.sock:/d.sock"]}, "forbidden", "not allowed"),
+        ({"mounts": [f"{d.state_dir}:/state"]}, "forbidden", "not allowed"),
+        ({"mounts": [f"{d.state_dir}/colo.db:/db"]}, "forbidden", "not allowed"),
+        ({"mounts": [f"{d.socket.parent}:/run"]}, "forbidden", "not allowed"),
+        ({"mounts": ["/:/host"]}, "forbidden", "not allowed"),
+        ({"mounts": ["/proc:/p"]}, "forbidden", "not allowed"),
+        ({"mounts": ["/sys/fs/cgroup:/c"]}, "forbidden", "not allowed"),
+        ({"mounts": ["/dev:/dev"]}, "forbidden", "not allowed"),
+        ({"mounts": [f"{user_dir}/data/../../../etc/shadow:/s"]}, "forbidden", "cannot read"),
+        ({"mounts": [f"{user_dir}/sock-link:/s"]}, "forbidden", "not allowed"),
+        ({"mounts": [f"{user_dir}/state-link:/s"]}, "forbidden", "not allowed"),
+        ({"mounts": [f"{user_dir}/etc-link/shadow:/s"]}, "forbidden", "cannot read"),
+        ({"mounts": [f"{user_dir}/data:/opt/colo/native"]}, "forbidden", "not allowed"),
+        ({"mounts": [f"{user_dir}/data:/x/../opt/colo"]}, "forbidden", "not allowed"),
+        ({"mounts": [{"source": f"{user_dir}/data", "target": "/d", "read_only": False, "propagation": "shared"}]},
+         "invalid", "mount"),
+        ({"privileged": True}, "forbidden", "not allowed in a job"),
+        ({"cap_add": ["SYS_ADMIN"]}, "forbidden", "not allowed in a job"),
+        ({"devices": ["/dev/nvidia0"]}, "forbidden", "not allowed in a job"),
+        ({"pid_mode": "host"}, "forbidden", "not allowed in a job"),
+        ({"network_mode": "host"}, "forbidden", "not allowed in a job"),
+        ({"ipc_mode": "host"}, "forbidden", "not allowed in a job"),
+        ({"security_opt": ["seccomp=unconfined"]}, "forbidden", "not allowed in a job"),
+        ({"user": "0:0"}, "forbidden", "not allowed in a job"),
+        ({"uid": 0}, "forbidden", "not allowed in a job"),
+        ({"runtime": "nvidia"}, "forbidden", "not allowed in a job"),
+    ] + [({"env": {k: "x"}}, "forbidden", "set by colo itself") for k in (
+        "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "COLO_LEDGER", "COLO_GPU_BUDGET", "COLO_FAKEGPU_STATE",
+        "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")]
+    before = {c.id for c in docker_client.containers.list(all=True, filters={"label": "colo.managed=1"})}
+    for extra, code, needle in hostile:
+        err = run_as(users[0], lambda extra=extra: _err(lambda: Client(d.socket).submit({**base, **extra})))
+        assert err is not None and err[1] == code and needle in err[0] and "\n" not in err[0], (extra, err)
+    # the same user's own folder is fine: the refusals above are about the paths, not the user
+    ok = run_as(users[0], lambda: Client(d.socket).submit({**base, "mounts": [f"{user_dir}/data:/d:ro"]})["id"])
+    assert d.wait_state(ok, "succeeded", timeout=60)
+    assert [j["id"] for j in d.client.ls()] == [ok]  # nothing else stored
+    after = {c.id for c in docker_client.containers.list(all=True, filters={"label": "colo.managed=1"})}
+    assert after - before <= set(), "a refused job left a container"  # ok's container is removed at its end
+    healthy(d)
+
+
+# file modes --------------------------------------------------------------------------------------
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(os.lstat(p).st_mode)
+
+
+def test_socket_and_state_file_modes(shared, users):
+    d = shared
+    gate = d.root / "go"
+    j = run_as(users[0], lambda: Client(d.socket).submit(
+        {"argv": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"], "gpus": 1, "gpu_mem": "64MiB",
+         "workdir": "/tmp"})["id"])
+    d.wait_state(j, "running")
+    assert _mode(d.socket) == 0o666  # README: who may talk to colo at all; identity from SO_PEERCRED
+    assert _mode(d.state_dir) == 0o711
+    st_ = d.state_dir
+    for f in ("colo.db", "colo.db-wal", "colo.db-shm", "colo.lock"):
+        p = st_ / f
+        if p.exists():
+            assert os.lstat(p).st_uid == 0 and _mode(p) & 0o077 == 0, (f, oct(_mode(p)))
+    assert _mode(st_ / "logs") == 0o700
+    for log in (st_ / "logs").iterdir():
+        assert _mode(log) & 0o077 == 0, (log, oct(_mode(log)))
+    run_dir = st_ / "jobs" / str(j)
+    assert os.lstat(run_dir).st_uid == users[0].pw_uid and _mode(run_dir) == 0o700
+    assert os.lstat(run_dir / "ledger").st_uid == users[0].pw_uid and _mode(run_dir / "ledger") & 0o077 == 0
+    # another user reaches none of it, even knowing the names
+    for p in ("colo.db", "colo.lock", f"logs/{j}.log", f"jobs/{j}/ledger"):
+        assert run_as(users[1], lambda p=p: _err_os(lambda: open(st_ / p, "rb").read(1))) == "PermissionError", p
+    gate.touch()
+    d.wait_state(j, "succeeded")
+
+
+def _err_os(fn):
+    try:
+        fn()
+    except OSError as e:
+        return type(e).__name__
+    return None
+
+
+def test_user_without_socket_access_gets_one_clear_line(shared, users):
+    os.chmod(shared.socket, 0o600)
+    try:
+        err = run_as(users[0], lambda: _err(lambda: Client(shared.socket).ls()))
+    finally:
+        os.chmod(shared.socket, 0o666)
+    assert err is not None and err[1] == "forbidden", err
+    assert "permission denied" in err[0] and str(shared.socket) in err[0] and "\n" not in err[0], err
+    healthy(shared)
