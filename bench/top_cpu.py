@@ -1,0 +1,167 @@
+"""CPU cost of `colo top` idle-refreshing on a busy node, and the daemon's cost of serving it.
+
+    python bench/top_cpu.py [--seconds 20] [--size 160x50] [--screenshot docs/top.svg]
+
+A real daemon on 8 simulated GPUs (native/fakegpu) with 200 jobs: 24 run colo-burn under the
+interposer (3 per GPU, some under MPS), the rest wait. `colo top` runs as the CLI runs it, in a
+pseudo-terminal of the given size whose output is read and thrown away. CPU time (utime+stime
+from /proc/PID/stat) of both processes is read over one window without `colo top` (the daemon's
+own background cost) and one with it; the difference is what serving `colo top` costs.
+With --screenshot, the same scene is also saved as an SVG (the README's picture).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from colo import fakegpu, native  # noqa: E402
+from daemon_util import DaemonProc, wait_for  # noqa: E402
+
+GiB = 1024**3
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15)
+
+
+def window(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """% of one core each process used over `seconds` of wall time."""
+    before = {k: cpu_seconds(p) for k, p in pids.items()}
+    t0 = time.monotonic()
+    time.sleep(seconds)  # the measurement window itself, not synchronisation
+    wall = time.monotonic() - t0
+    return {k: 100 * (cpu_seconds(p) - before[k]) / wall for k, p in pids.items()}
+
+
+def start_node(root: Path) -> DaemonProc:
+    state = root / "fakegpu.state"
+    fakegpu.create(state, count=8, mem=24 * GiB)
+    return DaemonProc(root, state, config={"sample_interval": 1.0}).start()
+
+
+def fill(d: DaemonProc, root: Path) -> None:
+    burn = str(native.path("colo-burn"))
+    base = {"gpus": 1, "workdir": str(root), "env": {}, "mounts": [], "after": [], "priority": 0, "retries": 0}
+    kinds = [("train", "10GiB", "6GiB", 55, None), ("infer", "4GiB", "2GiB", 20, "alexnet"),
+             ("notebook", "6GiB", "3GiB", 10, "alexnet")]
+    running = []
+    for g in range(8):
+        for name, budget, mem, duty, profile in kinds:
+            spec = {**base, "name": f"{name}-{g}", "gpu_mem": int(budget[:-3]) * GiB, "profile": profile,
+                    "argv": [burn, "--mem", mem, "--duty", str(duty), "--seconds", "3600", "--quiet"]}
+            running.append(d.client.submit(spec)["id"])
+    for i in running:
+        d.wait_state(i, "starting", "running", timeout=60)
+    for i in range(176):  # 20 GiB fits nowhere while the burns run: these wait, in order
+        d.client.submit({**base, "name": f"sweep-{i}", "gpu_mem": 20 * GiB, "argv": ["true"],
+                         "priority": 1 if i % 50 == 0 else 0})
+    wait_for(lambda: sum(j["state"] == "queued" for j in d.client.top()["jobs"]) == 176, 60, "176 waiting jobs")
+
+
+def stop_node(d: DaemonProc) -> None:
+    """Cancel every job (the burns would outlive the daemon otherwise), then stop the daemon."""
+    try:
+        for j in d.client.ls(all=False):
+            try:
+                d.client.cancel(j["id"])
+            except Exception:  # noqa: BLE001 - ended meanwhile
+                pass
+        wait_for(lambda: not d.client.ls(all=False), 60, "jobs to end")
+    finally:
+        d.stop()
+
+
+def spawn_top(d: DaemonProc, cols: int, rows: int) -> tuple[subprocess.Popen, list[int]]:
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    env = {**d.env(), "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)}
+    p = subprocess.Popen([sys.executable, "-m", "colo", "top"], stdin=slave, stdout=slave, stderr=slave,
+                         env=env, start_new_session=True)
+    os.close(slave)
+    got = [0]
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            got[0] += len(data)
+
+    threading.Thread(target=drain, daemon=True).start()
+    return p, got
+
+
+def screenshot(d: DaemonProc, path: Path) -> None:
+    from colo.tui.app import make_app
+
+    async def go() -> None:
+        app = make_app(d.client, refresh=0.25)
+        async with app.run_test(size=(150, 44)) as pilot:
+            while app.polls < 24:  # a few seconds of history in the sparklines
+                await pilot.pause(0.05)
+            app.save_screenshot(str(path.name), str(path.parent.resolve()))
+
+    asyncio.run(go())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--size", default="160x50")
+    ap.add_argument("--screenshot", type=Path)
+    a = ap.parse_args()
+    cols, rows = map(int, a.size.split("x"))
+    native.ensure_built()
+    with tempfile.TemporaryDirectory(prefix="colo-top-bench-") as tmp:
+        d = start_node(Path(tmp))
+        top = None
+        try:
+            fill(d, Path(tmp))
+            if a.screenshot:
+                screenshot(d, a.screenshot)
+                print(f"wrote {a.screenshot}")
+            idle = window({"daemon": d.proc.pid}, a.seconds)
+            top, got = spawn_top(d, cols, rows)
+            wait_for(lambda: got[0] > 10_000, 30, "colo top to draw")
+            time.sleep(3)  # start-up (imports, first layout) is not part of idle refreshing
+            sent = got[0]
+            served = window({"daemon": d.proc.pid, "top": top.pid}, a.seconds)
+            out_rate = (got[0] - sent) / a.seconds
+            print(f"8 GPUs, 200 jobs (24 running, 176 waiting), terminal {cols}x{rows}, {a.seconds:.0f} s windows")
+            print(f"colo top (idle refresh, 1 s):      {served['top']:5.2f} % of one core")
+            print(f"daemon without colo top:           {idle['daemon']:5.2f} %")
+            print(f"daemon while serving colo top:     {served['daemon']:5.2f} %")
+            print(f"daemon's cost of serving colo top: {served['daemon'] - idle['daemon']:5.2f} % "
+                  f"(~{10 * (served['daemon'] - idle['daemon']):.0f} ms of CPU per 1 s poll)")
+            print(f"terminal output:                   {out_rate / 1024:5.1f} KiB/s")
+        except BaseException:
+            print(f"--- daemon log (tail) ---\n{d.log.read_text()[-3000:]}", file=sys.stderr)
+            raise
+        finally:
+            if top is not None:
+                top.terminate()
+                top.wait(10)
+            stop_node(d)
+
+
+if __name__ == "__main__":
+    main()

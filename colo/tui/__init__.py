@@ -1,0 +1,1 @@
+"""`colo top`: a Textual view of GPUs, jobs, budgets and the queue, fed only by `colo.client`."""
