@@ -84,6 +84,11 @@ def _environ_has(pid: int, key: str, value: str) -> bool:
 
 # --- one GPU ----------------------------------------------------------------------------------
 
+def gpu_dir_name(uuid: str) -> str:
+    """A short folder name per GPU: the pipe's socket path must fit in 108 bytes."""
+    return uuid.removeprefix("GPU-")[:8] or uuid
+
+
 class MpsDaemon:
     """The MPS control daemon of one GPU.
 
@@ -102,7 +107,7 @@ class MpsDaemon:
         self.control = str(control)
         self.multi_user = multi_user
         self.start_timeout = start_timeout
-        self._base = self.root / gpu_uuid
+        self._base = self.root / gpu_dir_name(gpu_uuid)
         e = dict(os.environ if env is None else env)
         e.update(CUDA_MPS_PIPE_DIRECTORY=str(self.pipe_dir),
                  CUDA_MPS_LOG_DIRECTORY=str(self.log_dir), CUDA_VISIBLE_DEVICES=gpu_uuid)

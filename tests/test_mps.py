@@ -220,7 +220,7 @@ def test_commands_limits_and_servers(open_node, root, clients):
 def test_client_env_and_sizes(root):
     d = MpsDaemon(root, "GPU-x", 3)
     e = d.client_env(3 * GiB, 30)
-    assert e == {"CUDA_MPS_PIPE_DIRECTORY": str(root / "GPU-x" / "pipe"),
+    assert e == {"CUDA_MPS_PIPE_DIRECTORY": str(root / "x" / "pipe"),
                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=3G",
                  "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in d.client_env(GiB, None)

@@ -182,8 +182,6 @@ def _shim_pid(d: DaemonProc, job_id: int) -> int:
     return int(handle.split(":")[0])
 
 
-@pytest.mark.xfail(strict=True, reason="runtimes/docker.py wait(): Docker's wait answers 137 when the container "
-                   "is force-removed, so the job is recorded `failed: exited with code 137`, not `lost`")
 def test_container_removed_behind_colos_back_is_lost(daemon, test_image, docker_client):
     victim = daemon.submit("--image", test_image, "--gpus", "0", "--", "sh", "-c", "echo up; sleep 300")
     other = daemon.submit("--image", test_image, "--gpus", "0", "--", "sh", "-c", "echo up; sleep 300")
@@ -257,8 +255,6 @@ def test_state_disk_full_refuses_clearly_and_recovers(tmp_path, tiny_state, fake
     assert "Traceback" not in log, log[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason="core.py: the exit of a job that ends while the state disk is full "
-                   "raises StoreFull in its follow task, which dies; the job stays `running` until a restart")
 def test_job_ending_on_a_full_disk_is_recorded_when_space_returns(tmp_path, tiny_state, fakegpu):
     d = DaemonProc(tmp_path, fakegpu.state, config={"stop_grace": 1.0}).start()
     try:

@@ -22,7 +22,7 @@ from ..gpu import GpuInfo, NoDriver, Nvml
 from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
 from ..runtimes.base import Gone, StartError
 from ..runtimes.process import ProcessRuntime
-from ..store import Store
+from ..store import Store, StoreError
 from .launchspec import build_launch
 
 log = logging.getLogger("colo")
@@ -371,32 +371,43 @@ class Daemon:
             rt = self.runtime_for(job)
             launch = await asyncio.to_thread(build_launch, self, job, d)
             handle = await asyncio.to_thread(rt.start, launch)
-        except (StartError, interposer.LedgerError if hasattr(interposer, "LedgerError") else StartError,
-                mps.MpsError, OSError) as e:
-            self.transition(job.id, State.FAILED, f"failed to start: {e}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever it was, the job must not stay "starting"
+            reason = str(e) if isinstance(e, (StartError, mps.MpsError, OSError)) else f"{e.__class__.__name__}: {e}"
+            await self._durably(lambda: self.transition(job.id, State.FAILED, f"failed to start: {reason}"))
             self._finish(job.id)
             return
-        self.set_fields(job.id, handle=handle)
+        await self._durably(lambda: self.set_fields(job.id, handle=handle))
         live = self.live[job.id]
+        await self._durably(lambda: self.transition(job.id, State.RUNNING, f"started ({job.spec.runtime})"))
         if live.cancelled_by:
-            self.transition(job.id, State.RUNNING, "started")
             await self._stop(job.id, handle)
-        else:
-            self.transition(job.id, State.RUNNING, f"started ({job.spec.runtime})")
         await self.follow(job.id, handle)
 
+    async def _durably(self, write):
+        """A store write that must happen (a job's end, its start): retried while the disk is full."""
+        delay = 0.5
+        while True:
+            try:
+                return write()
+            except StoreError as e:
+                log.error("cannot record to the store (%s); retrying in %.0fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
     async def follow(self, job_id: int, handle: str) -> None:
-        job = self.store.get(job_id)
+        job = self.job(job_id)
         rt = self.runtime_for(job)
         try:
             code = await asyncio.to_thread(rt.wait, handle)
         except Gone as e:
-            self.transition(job_id, State.LOST, f"lost: {e}")
+            await self._durably(lambda: self.transition(job_id, State.LOST, f"lost: {e}"))
             self._finish(job_id, rt, handle)
             return
         except asyncio.CancelledError:
             return  # the daemon is stopping; the job runs on and is found again at restart
-        job = self.record_exit(job_id, code)
+        job = await self._durably(lambda: self.record_exit(job_id, code))
         if job.state == State.SUCCEEDED:
             self.learn(job)
         self._finish(job_id, rt, handle)
@@ -471,7 +482,7 @@ class Daemon:
             except StartError as e:
                 self.transition(job.id, State.LOST, f"lost: cannot follow it after a restart ({e})")
                 continue
-            handle = job.handle or found.get(job.id)
+            handle = job.handle or found.get(job.id) or self._unrecorded_process(job)
             if handle is None:
                 if job.state == State.STARTING:
                     self.transition(job.id, State.QUEUED, "requeued: its start was cut short by a daemon restart")
@@ -502,6 +513,23 @@ class Daemon:
         for job_id, handle in found.items():
             if job_id not in known:  # ended and recorded before, or not ours any more: tidy up
                 await asyncio.to_thread(self.runtimes["docker"].cleanup, handle)
+
+    def _unrecorded_process(self, job: Job) -> str | None:
+        """A process job whose start was cut short before its handle was stored: its shim may be
+        running (or have finished) all the same. Found by the exit file it was given, so that
+        recovery never starts the same job twice."""
+        if job.spec.runtime != "process" or job.state != State.STARTING:
+            return None
+        import psutil
+
+        exit_file = str(self.run_dir(job.id) / "exit")
+        for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+            cmd = p.info["cmdline"] or []
+            if len(cmd) > 1 and cmd[0].endswith("colo-shim") and cmd[1] == exit_file:
+                return f"{p.pid}:{p.info['create_time']:.3f}"
+        if os.path.exists(exit_file):
+            return "0:0"  # it ran and ended while colo was away; poll() reads its exit code
+        return None
 
     # periodic work ----------------------------------------------------------------------------
     async def _tick(self) -> None:

@@ -338,6 +338,12 @@ class DockerRuntime:
             code = int(self.api.wait(handle, timeout=None)["StatusCode"])
         except docker.errors.NotFound:
             raise Gone(f"container {handle[:12]} no longer exists") from None
+        try:  # `docker rm -f` ends the wait with 137: that is a removal, not an exit
+            removed = self._state(handle).get("Status") in ("removing", "dead")
+        except Gone:
+            removed = True
+        if removed:
+            raise Gone(f"container {handle[:12]} was removed while it ran (it no longer exists)")
         self._drain(handle)
         return code
 

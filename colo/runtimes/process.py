@@ -78,6 +78,8 @@ class ProcessRuntime:
     def _proc(self, handle: str) -> psutil.Process | None:
         pid, _, created = handle.partition(":")
         try:
+            if int(pid) <= 0:
+                return None  # "0:0": it ended while colo was away, only its exit file is left
             p = psutil.Process(int(pid))
             if abs(p.create_time() - float(created)) > 0.01 or p.status() == psutil.STATUS_ZOMBIE:
                 return None  # the pid was reused, or it is only a zombie left for its parent
