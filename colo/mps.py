@@ -581,6 +581,23 @@ class MpsManager:
                 log.info("MPS daemon on %s stopped after %.0fs idle", d.name, now - since)
         return stopped
 
+    def own_pids(self) -> set[int]:
+        """The control daemons colo runs and the servers they forked (for telling them from
+        foreign GPU processes)."""
+        import psutil
+
+        out: set[int] = set()
+        for d in list(self._daemons.values()):
+            pid = d.pid
+            if pid is None:
+                continue
+            out.add(pid)
+            try:
+                out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
     def stop_unused(self) -> list[str]:
         """At colo shutdown: stop the daemons no client uses; those serving jobs outlive colo and are
         adopted again at its restart."""

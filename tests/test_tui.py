@@ -80,7 +80,7 @@ class Scene:
         top = self.d.client.top()
         jobs = {j["id"]: j for j in top["jobs"]}
         used = all(jobs[j].get("used") == m for j, m in ((self.train, 3 * GiB), (self.infer, GiB), (self.big, 8 * GiB)))
-        utils = all(g["sm_util"] for g in top["gpus"])
+        utils = all(g["sm_util"] for g in top["gpus"]) and all(jobs[j].get("sm_util") for j in (self.train, self.infer, self.big))
         return (used and utils and jobs[self.waiter]["state"] == "queued" and bool(jobs[self.waiter]["reason"])
                 and any(f["pid"] == self.foreign.pid for f in top["foreign"]))
 

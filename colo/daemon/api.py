@@ -54,10 +54,12 @@ class Api:
         }
         if reasons is not None and job.state == State.QUEUED and job.id in reasons:
             out["reason"] = reasons[job.id]
-        u = self.d.usage(job)
-        if u:
-            out["used"] = u["used"]
-            out["refused"] = u["refused"]
+        if job.state in ACTIVE:
+            u = self.d.stats.get(job.id) or self.d.usage(job)  # the sampler's, or read now
+            if u:
+                out["used"] = u.get("used")
+                out["refused"] = u.get("refused")
+                out["sm_util"] = u.get("sm_util")
         return out
 
     def reasons(self, jobs: list[Job]) -> dict[int, str]:
@@ -153,13 +155,8 @@ class Api:
         live = sorted(d.open_jobs.values(), key=lambda j: j.id)
         recent = [j for j in d.store.jobs(TERMINAL, limit=20, newest_first=True)]
         reasons = self.reasons(live)
-        ours = set()
-        for j in live:
-            if j.handle and j.state in ACTIVE:
-                try:
-                    ours.update(d.runtime_for(j).pids(j.handle))
-                except Exception:  # noqa: BLE001 - a job ending right now
-                    pass
+        ours = {p for st in d.stats.values() for p in st.get("pids", ())}
+        ours |= d.mps.own_pids() if d.mps is not None else set()  # colo's MPS servers are not foreign
         foreign = [{"gpu": g["uuid"], "pid": p["pid"], "used": p["used"], "command": _cmd(p["pid"]),
                     "user": _user(p["pid"])}
                    for g in gpus["gpus"] for p in g["processes"] if p["pid"] not in ours]

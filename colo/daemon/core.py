@@ -63,6 +63,7 @@ class Daemon:
         self.open_jobs: dict[int, Job] = {}  # queued and active jobs: the store's rows, mirrored
         self.decisions: dict[int, policy.Decision] = {}  # the latest decision per open job
         self._cands: dict[int, policy.Candidate] = {}
+        self.stats: dict[int, dict] = {}  # running jobs' last sample: pids, sm_util, used, refused
         self._ended: dict[int, Job] | None = None  # ended jobs never change: read once, then kept
         self._writer: DecisionWriter | None = None
         self.mps: mps.MpsManager | None = None
@@ -559,14 +560,16 @@ class Daemon:
             self.store.add_samples(rows)
 
     def _usage_samples(self, running: list[Job]) -> list[tuple]:
-        """Per running GPU job: memory from its ledger, SM and bandwidth from NVML's per-process samples."""
+        """Per running GPU job: memory from its ledger, SM and bandwidth from NVML's per-process
+        samples. Also kept as `stats` (with the job's pids), which `top` and `ls` read."""
         if self.gpu_error or not running:
+            self.stats = {}
             return []
         util: dict[int, tuple[int, int]] = {}
         for dev in self.devices:
             if any(dev.uuid in j.gpus for j in running):
                 util.update(self.nvml.process_utilization(dev.index))
-        now, rows = time.time(), []
+        now, rows, stats = time.time(), [], {}
         for j in running:
             if not j.gpus or not j.handle:
                 continue
@@ -575,9 +578,11 @@ class Daemon:
                 pids = self.runtime_for(j).pids(j.handle)
             except Exception:  # noqa: BLE001 - it may be ending right now
                 pids = []
-            sm = sum(util.get(p, (0, 0))[0] for p in pids) / 100.0
-            bw = sum(util.get(p, (0, 0))[1] for p in pids) / 100.0
-            rows.append((j.id, now, min(sm, 1.0), u["used"] if u else None, min(bw, 1.0)))
+            sm = min(sum(util.get(p, (0, 0))[0] for p in pids) / 100.0, 1.0)
+            bw = min(sum(util.get(p, (0, 0))[1] for p in pids) / 100.0, 1.0)
+            rows.append((j.id, now, sm, u["used"] if u else None, bw))
+            stats[j.id] = {"pids": pids, "sm_util": round(sm * 100), **(u or {})}
+        self.stats = stats  # replaced whole: readers on the loop thread never see half of it
         return rows
 
     async def _mps_fault(self, uuid: str, clients: set[int]) -> None:
