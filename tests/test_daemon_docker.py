@@ -123,3 +123,21 @@ def test_another_daemon_on_the_same_engine_leaves_our_containers_alone(ddaemon, 
                               text=True).stdout.strip()
     finally:
         other.stop()
+
+
+def test_mount_swapped_for_a_symlink_after_submit_is_refused_at_start(ddaemon, tmp_path):
+    d = ddaemon
+    gate = tmp_path / "never"
+    hogs = [d.submit("--process", "--gpu-mem", "16GiB", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+            for _ in range(2)]
+    for h in hogs:
+        d.wait_state(h, "running")
+    data = tmp_path / "data"
+    data.mkdir()
+    j = d.submit("--image", d.image, "--gpu-mem", "1GiB", "--mount", f"{data}:/data:ro", "--", "ls", "/data")
+    data.rmdir()
+    data.symlink_to("/var/run/docker.sock")  # swapped while the job waits in the queue
+    for h in hogs:
+        d.cli("cancel", str(h), check=True)
+    job = d.wait_state(j, "failed")
+    assert "failed to start" in job["reason"] and "not allowed" in job["reason"], job["reason"]

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from .. import interposer, mps, native, policy
 from ..jobs import Job, Mount
-from ..runtimes.base import Launch
+from ..runtimes.base import Launch, StartError
+from .validate import Caller, Forbidden, Invalid, check_mount
 
 if TYPE_CHECKING:
     from .core import Daemon
@@ -23,7 +24,12 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
     in_container = job.spec.image is not None
     env = dict(job.spec.env)
     env["COLO_JOB_ID"] = str(job.id)
-    mounts = list(job.spec.mounts)
+    # checked again now: between submit and start a submitter could swap a folder for a symlink
+    caller = Caller(0, job.uid, job.gid)
+    try:
+        mounts = [check_mount(m, caller, [d.config.state_dir, d.config.socket.parent]) for m in job.spec.mounts]
+    except (Invalid, Forbidden) as e:
+        raise StartError(str(e)) from None
     share_shm = False
 
     if job.spec.gpus:
