@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
+import numpy.random  # noqa: F401 - hypothesis seeds it; imported before the fuzzing peer forks and drops
+import pytest            # to a uid that cannot read the interpreter's own files (under /root here)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
