@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
@@ -165,10 +167,20 @@ class Api:
                 "foreign": foreign, "you": caller.user}
 
     async def history(self, caller: Caller, args: dict) -> list[dict]:
-        return [j.to_dict() for j in self.d.store.jobs(TERMINAL)]
+        """Ended jobs for `colo sim --from-history`; others' environments and mounts stay private."""
+        admin = is_admin(caller, self.d.config.admin_group)
+        out = []
+        for j in self.d.all_jobs():
+            if j.state not in TERMINAL:
+                continue
+            row = j.to_dict()
+            if j.uid != caller.uid and not admin:
+                row["spec"].update(env={}, mounts=[], workdir=None)
+            out.append(row)
+        return out
 
     async def shutdown(self, caller: Caller, args: dict) -> dict:
-        if not is_admin(caller, self.d.config.admin_group) and caller.uid != __import__("os").geteuid():
+        if not is_admin(caller, self.d.config.admin_group) and caller.uid != os.geteuid():
             raise ApiError("only root or the daemon's owner may stop the daemon", protocol.FORBIDDEN)
         self.d.stopping = True
         self.d.wake()
@@ -224,17 +236,14 @@ class Api:
 
 def _cmd(pid: int) -> str:
     try:
-        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()[:80]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:80]
     except OSError:
         return "?"
 
 
 def _user(pid: int) -> str:
-    import pwd
-
     try:
-        import os
-
         return pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
     except (OSError, KeyError):
         return "?"

@@ -13,7 +13,7 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import interposer, mps, native, policy, profiles
@@ -23,6 +23,7 @@ from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
 from ..runtimes.base import Gone, StartError
 from ..runtimes.process import ProcessRuntime
 from ..store import Store, StoreError
+from ..units import format_size
 from .launchspec import build_launch
 
 log = logging.getLogger("colo")
@@ -38,8 +39,6 @@ class Live:
     task: asyncio.Task | None = None
     cancelled_by: str | None = None
     stopping: bool = False
-    mps_uuid: str | None = None
-    samples: list = field(default_factory=list)
 
 
 class Daemon:
@@ -67,8 +66,6 @@ class Daemon:
         self._ended: dict[int, Job] | None = None  # ended jobs never change: read once, then kept
         self._writer: DecisionWriter | None = None
         self.mps: mps.MpsManager | None = None
-        self.started_at = time.time()
-        self.pass_count = 0
         # learned profiles are written to (and win from) the state dir; then the configured ones
         self.profiles = profiles.ProfileStore(
             [config.state_dir / "profiles", *config.profile_dirs, profiles.shipped_dir()])
@@ -261,7 +258,6 @@ class Daemon:
 
     def schedule_pass(self) -> list[policy.Decision]:
         """Check dependencies, plan, start. Exits are reaped by the monitors, not here."""
-        self.pass_count += 1
         queued = self.jobs_in(State.QUEUED)
         if not queued:
             return []
@@ -403,7 +399,8 @@ class Daemon:
         try:
             code = await asyncio.to_thread(rt.wait, handle)
         except Gone as e:
-            await self._durably(lambda: self.transition(job_id, State.LOST, f"lost: {e}"))
+            reason = f"lost: {e}"
+            await self._durably(lambda: self.transition(job_id, State.LOST, reason))
             self._finish(job_id, rt, handle)
             return
         except asyncio.CancelledError:
@@ -416,8 +413,8 @@ class Daemon:
     def record_exit(self, job_id: int, code: int) -> Job:
         live = self.live.get(job_id)
         refused = self._refused(job_id)
-        note = f"; {refused} allocation(s) refused by its {interposer_budget_text(self.store.get(job_id))}" \
-            if refused else ""
+        note = (f"; {refused} allocation(s) refused by its budget of {format_size(self.job(job_id).spec.gpu_mem)}"
+                if refused else "")
         if live and live.cancelled_by:
             return self.transition(job_id, State.CANCELLED, f"cancelled by {live.cancelled_by}", exit_code=code)
         if code == 0:
@@ -626,12 +623,6 @@ class Daemon:
         except Exception:  # noqa: BLE001 - not created yet, or already gone
             return None
         return {"used": sum(led.used.values()), "refused": led.refused, "budget": led.budget}
-
-
-def interposer_budget_text(job: Job) -> str:
-    from ..units import format_size
-
-    return f"budget of {format_size(job.spec.gpu_mem)}"
 
 
 class DecisionWriter:
