@@ -95,8 +95,18 @@ class Store:
             if ok != "ok":
                 raise StoreError(f"state database {self.path} is damaged ({ok}); move it aside to start afresh")
             self._migrate()
+            self._check_writable()
         except (sqlite3.DatabaseError, OSError) as e:
             raise StoreError(f"state database {self.path} cannot be used: {e}") from e
+
+    def _check_writable(self) -> None:
+        """Refuse at start, not at the first job: a write that is rolled back."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            v = self.db.execute("PRAGMA user_version").fetchone()[0]
+            self.db.execute(f"PRAGMA user_version={v}")
+        finally:
+            self.db.execute("ROLLBACK")
 
     def _migrate(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]

@@ -308,3 +308,32 @@ def test_client_sees_daemon_going_away(daemon, tmp_path):
     daemon.start()
     daemon.cli("cancel", str(j), check=True)
     daemon.wait_state(j, "cancelled")
+
+
+def test_unwritable_database_refused_at_start_naming_the_file(other_user):
+    tmp_path = Path(tempfile.mkdtemp(prefix="colo-ro-"))  # pytest's own tmp dirs are private to root
+    d = DaemonProc(tmp_path)
+    d.state_dir.mkdir(parents=True)
+    from colo.store import Store
+
+    Store(d.state_dir / "colo.db").close()
+    for p in (tmp_path, d.state_dir):
+        os.chmod(p, 0o755)
+    os.chown(d.state_dir, other_user.pw_uid, other_user.pw_gid)  # the daemon's user owns its dir...
+    os.chmod(d.state_dir / "colo.db", 0o444)  # ...but the database is read-only to it
+    before = (d.state_dir / "colo.db").read_bytes()
+
+    from colo.store import StoreError  # imported here: the other user cannot read the interpreter's files
+
+    def start_as_other():  # what the daemon does first with its state dir
+        try:
+            Store(d.state_dir / "colo.db")
+        except StoreError as e:
+            return str(e)
+        return "started"
+
+    kind, msg = as_user(other_user, start_as_other)
+    assert kind == "ok" and msg.startswith(f"state database {d.state_dir / 'colo.db'}"), msg
+    assert "readonly" in msg or "Permission denied" in msg, msg
+    assert (d.state_dir / "colo.db").read_bytes() == before
+    shutil.rmtree(tmp_path)
