@@ -62,6 +62,22 @@ def test_image(docker_client):
     return build_local_image(docker_client, "colo-test/base:1", with_shell=True)
 
 
+@pytest.fixture(scope="session")
+def other_user():
+    """A second local user (created when missing) for the permission tests; needs root."""
+    import pwd
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second user")
+    name = "colotest2"
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+        return pwd.getpwnam(name)
+
+
 def pytest_collection_modifyitems(config, items):
     have_gpu = shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidiactl")
     skip_gpu = pytest.mark.skip(reason="needs a real NVIDIA GPU")

@@ -3,7 +3,6 @@ driver with its fake MPS control daemon, jobs running the colo-burn load tool.""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
@@ -125,18 +124,6 @@ def test_job_without_profile_runs_timesliced_and_leaves_a_profile(node):
         assert int(np.max(learned.mem)) == 512 * 1024**2  # from its ledger
     finally:
         d.stop()
-
-
-@pytest.fixture
-def other_user():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a second user")
-    name = "colotest2"
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
-        return pwd.getpwnam(name)
 
 
 def test_two_uids_are_not_colocated_under_mps_without_multi_user(node, other_user):
