@@ -163,8 +163,11 @@ def test_mps_fault_fails_its_clients_and_holds_mps_placement(node):
     d = start(node)
     try:
         j = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--duty", "30", "--seconds", "60"))
-        d.wait_state(j, "running")
-        wait_for(lambda: mps_clients_of(d, node[1], j), what="job to be an MPS client")
+        again = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", "--retries", "1",
+                         *burn(d, "--duty", "30", "--seconds", "3"))
+        for x in (j, again):
+            d.wait_state(x, "running")
+            wait_for(lambda: mps_clients_of(d, node[1], x), what="job to be an MPS client")
         pipe = next((d.state_dir / "mps").glob("*/pipe"))
         env = {**os.environ, **fakegpu.FakeNode(node[1]).env, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
         ctl = str(fakegpu.FakeNode(node[1]).mps_control)
@@ -172,6 +175,9 @@ def test_mps_fault_fails_its_clients_and_holds_mps_placement(node):
         subprocess.run([ctl], input=f"fake_fault {server}\n", capture_output=True, text=True, env=env, check=True)
         job = d.wait_state(j, "failed")
         assert job["reason"] == "MPS server fault"
+        retried = d.wait_state(again, "succeeded", timeout=60)  # requeued once, then ran to its end
+        assert retried["attempts"] == 2
+        assert any("MPS server fault; requeued" in e["reason"] for e in retried["events"])
         wait_for(lambda: d.client.gpus()["gpus"][0]["mps"] in ("active", "off"), what="the server to leave FAULT")
         k = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--seconds", "2"))
         d.wait_state(k, "succeeded")
@@ -211,5 +217,19 @@ def test_exclusive_process_gpu_takes_mps_clients_only(node):
         wait_for(lambda: "EXCLUSIVE_PROCESS" in (d.job(b)["reason"] or ""), what="a decision for job b")
         jb = d.job(b)
         assert jb["state"] == "queued" or jb["mode"] == "mps", jb
+    finally:
+        d.stop()
+
+
+def test_sim_from_history_replays_what_the_daemon_ran(node):
+    d = start(node)
+    try:
+        for _ in range(2):
+            j = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "light", *burn(d, "--seconds", "1"))
+            d.wait_state(j, "succeeded")
+        r = d.cli("sim", "--from-history", "--policy", "colo", "--policy", "exclusive-fifo")
+        assert r.returncode == 0, r.stderr
+        rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.split()}
+        assert "colo" in rows and "exclusive-fifo" in rows and "history" in r.stdout
     finally:
         d.stop()
