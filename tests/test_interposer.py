@@ -341,17 +341,23 @@ def test_docker_job_hits_its_budget_and_keeps_running(probe, fakegpu, docker_cli
     native = interposer.library_path().parent
     env = {"COLO_FAKEGPU_STATE": "/run/colo/fakegpu.state", "LD_LIBRARY_PATH": "/opt/colo/fakegpu",
            **interposer.job_env(BUDGET, "/run/colo/ledger", "/opt/colo/libcolo-interpose.so")}
-    out = docker_client.containers.run(
+    box = docker_client.containers.run(
         test_image, ["sh", "-c", "/opt/probe init alloc 40M alloc 40M info; echo still-running"],
-        environment=env, user="65534:65534", remove=True, stdout=True, stderr=True, network_mode="none",
+        environment=env, user="65534:65534", detach=True, network_mode="none",
         volumes={str(native): {"bind": "/opt/colo", "mode": "ro"}, str(probe): {"bind": "/opt/probe", "mode": "ro"},
                  str(ledger): {"bind": "/run/colo/ledger", "mode": "rw"},
                  fakegpu.env["COLO_FAKEGPU_STATE"]: {"bind": "/run/colo/fakegpu.state", "mode": "rw"}},
-    ).decode()
+    )
+    try:
+        assert box.wait(timeout=60)["StatusCode"] == 0
+        # read each stream on its own: how docker interleaves the two is not defined
+        out = box.logs(stdout=True, stderr=False).decode()
+        err = box.logs(stdout=False, stderr=True).decode()
+    finally:
+        box.remove(force=True)
     assert "alloc 0\nalloc 2\n" in out and f"info 0 {24 * MiB} {BUDGET}" in out
-    # stdout and stderr reach docker's log separately, so only each stream's own order is certain
-    assert "colo: allocation of 40.0 MiB refused" in out and "info 0" in out.split("still-running")[0]
-    assert out.splitlines().count("still-running") == 1
+    assert out.rstrip().endswith("still-running") and out.count("still-running") == 1
+    assert err.count("colo: allocation of 40.0 MiB refused: job budget 64.0 MiB") == 1
     led = interposer.read_ledger(ledger)  # read from the host, written from inside the container
     assert led.refused == 1 and led.peak[0] == 40 * MiB and led.used[0] == 0
 
