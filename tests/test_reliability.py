@@ -291,13 +291,16 @@ def test_mps_control_daemon_killed(short_daemon):
     job = daemon.wait_state(j, "running")
     if job["mode"] != "mps":
         pytest.skip(f"the policy placed the job {job['mode']}, not under MPS")
+    # attached to its server (past cuInit's handshake with the control daemon) before the kill
+    wait_for(lambda: "allocated" in daemon.cli("logs", str(j)).stdout, 15, "the client to allocate")
     pidfiles = list((daemon.state_dir / "mps").glob("*/pipe/nvidia-cuda-mps-control.pid")) or \
         list((daemon.state_dir / "mps").rglob("nvidia-cuda-mps-control.pid"))
     assert pidfiles, "no MPS control daemon pid file"
     os.kill(int(pidfiles[0].read_text().split()[0]), signal.SIGKILL)
     # colo notices, says so, and starts a new control daemon; the running client is not harmed
     wait_for(lambda: "died; restarted" in daemon.log.read_text(), 15, "the MPS daemon to be restarted")
-    assert daemon.job(j)["state"] == "running" and daemon.proc.poll() is None
+    job = daemon.job(j)
+    assert job["state"] == "running" and daemon.proc.poll() is None, (job, daemon.log.read_text()[-3000:])
     other = daemon.submit("--process", "--gpu-mem", "1GiB", "--profile", "alexnet", "--", str(burn), "--mem", "64MiB")
     end = daemon.wait_state(other, "succeeded", "failed", timeout=30)
     assert end["state"] == "succeeded" and end["mode"] == "mps", end
