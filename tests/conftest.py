@@ -94,3 +94,27 @@ def daemon(tmp_path, fakegpu):
     d = DaemonProc(tmp_path, fakegpu.state).start()
     yield d
     d.stop()
+
+
+@pytest.fixture
+def make_dockerd():
+    """make_dockerd(live_restore=False): a started private Docker engine (see PrivateDockerd)."""
+    import subprocess
+
+    from daemon_util import PrivateDockerd
+
+    made = []
+
+    def make(live_restore: bool = False):
+        try:
+            e = PrivateDockerd(live_restore=live_restore)
+        except (RuntimeError, subprocess.CalledProcessError) as ex:
+            if REQUIRE_DOCKER:
+                pytest.fail(f"COLO_REQUIRE_DOCKER=1 but no private Docker engine can run here: {ex}")
+            pytest.skip(f"no private Docker engine: {ex}")
+        made.append(e)
+        return e.start()
+
+    yield make
+    for e in made:
+        e.close()

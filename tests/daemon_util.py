@@ -26,8 +26,10 @@ def wait_for(cond, timeout: float = 20.0, what: str = "condition", interval: flo
 
 
 class DaemonProc:
-    def __init__(self, root: Path, fake_state: Path | None = None, config: dict | None = None):
+    def __init__(self, root: Path, fake_state: Path | None = None, config: dict | None = None,
+                 env: dict | None = None):
         self.root = root
+        self.extra_env = env or {}
         self.state_dir = root / "state"
         self.socket = root / "run" / "colo.sock"
         self.fake_state = fake_state
@@ -42,6 +44,7 @@ class DaemonProc:
         e = dict(os.environ)
         e["COLO_SOCKET"] = str(self.socket)
         e.pop("COLO_FAKEGPU_STATE", None)
+        e.update(self.extra_env)
         return e
 
     def start(self) -> "DaemonProc":
@@ -132,3 +135,73 @@ def as_user(pw, fn):
         kind, value = pickle.loads(f.read())
     os.waitpid(pid, 0)
     return (kind, value)
+
+
+class PrivateDockerd:
+    """A Docker engine of the test's own (data root, socket, bridge), which a test may stop and
+    start again without touching the host's engine. Needs root and the dockerd binary.
+
+    It gets a bridge of its own: an engine started with --bridge=none deletes the host's docker0."""
+
+    def __init__(self, live_restore: bool = False):
+        import secrets
+        import shutil
+        import tempfile
+
+        if os.geteuid() != 0 or not shutil.which("dockerd") or not shutil.which("ip"):
+            raise RuntimeError("a private Docker engine needs root, dockerd and ip")
+        self.root = Path(tempfile.mkdtemp(prefix="cd-"))  # short: containerd's socket lives under it
+        self.sock = self.root / "docker.sock"
+        self.url = f"unix://{self.sock}"
+        self.bridge = f"colo{secrets.token_hex(3)}"
+        self.live_restore = live_restore
+        self.proc: subprocess.Popen | None = None
+        net = 100 + int(self.bridge[-2:], 16) % 100
+        for cmd in (["ip", "link", "add", self.bridge, "type", "bridge"],
+                    ["ip", "addr", "add", f"10.213.{net}.1/24", "dev", self.bridge],
+                    ["ip", "link", "set", self.bridge, "up"]):
+            subprocess.run(cmd, check=True, capture_output=True)
+
+    def client(self):
+        import docker
+
+        return docker.DockerClient(base_url=self.url, timeout=60)
+
+    def start(self) -> "PrivateDockerd":
+        args = ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "x"),
+                "--pidfile", str(self.root / "pid"), "-H", self.url, "--bridge", self.bridge,
+                "--iptables=false", "--ip-masq=false"]
+        if self.live_restore:
+            args.append("--live-restore")
+        self.proc = subprocess.Popen(args, stdout=open(self.root / "dockerd.log", "ab"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"dockerd exited: {(self.root / 'dockerd.log').read_text()[-2000:]}")
+            try:
+                return self.client().ping()
+            except Exception:  # noqa: BLE001 - not up yet
+                return False
+
+        wait_for(up, 60, "the private dockerd to answer", interval=0.1)
+        return self
+
+    def stop(self) -> None:
+        """What `systemctl stop docker` does: SIGTERM, and wait until it has gone."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(90)
+
+    def close(self) -> None:
+        import shutil
+
+        try:
+            if self.proc and self.proc.poll() is None:
+                c = self.client()
+                for ct in c.containers.list(all=True):
+                    ct.remove(force=True)
+            self.stop()
+        finally:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -141,3 +141,24 @@ def test_mount_swapped_for_a_symlink_after_submit_is_refused_at_start(ddaemon, t
         d.cli("cancel", str(h), check=True)
     job = d.wait_state(j, "failed")
     assert "failed to start" in job["reason"] and "not allowed" in job["reason"], job["reason"]
+
+
+def test_daemon_stops_at_once_with_jobs_running_and_finds_them_again(ddaemon, tmp_path):
+    """SIGTERM (systemctl stop) must not wait for running jobs: they run on and are followed again."""
+    d = ddaemon
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    os.chmod(gate, 0o777)
+    c = d.submit("--image", d.image, "--gpus", "0", "--mount", f"{gate}:/gate", "--", "sh", "-c",
+                 "while [ ! -e /gate/go ]; do sleep 0.05; done; exit 5")
+    p = d.submit("--process", "--gpus", "0", "--", "sh", "-c", f"while [ ! -e {gate}/go ]; do sleep 0.05; done")
+    for j in (c, p):
+        d.wait_state(j, "running")
+    d.proc.terminate()
+    d.proc.wait(timeout=20)  # before the fix it waited for both jobs to end
+    assert "Traceback" not in d.log.read_text()
+    d.start()
+    assert [d.job(j)["state"] for j in (c, p)] == ["running", "running"]
+    (gate / "go").touch()
+    assert d.wait_state(c, "failed")["exit_code"] == 5
+    assert d.wait_state(p, "succeeded")["exit_code"] == 0

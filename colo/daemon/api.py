@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 from .. import __version__, protocol
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..policy import can_ever_fit
+from ..runtimes.base import Unavailable
 from ..store import NotFound
 from .validate import Caller, Forbidden, Invalid, check_spec, is_admin
 
@@ -102,8 +103,13 @@ class Api:
         if spec.image is not None:
             rt = d.runtimes.get("docker")
             if rt is None:
-                raise ApiError(d.docker_error or "no Docker engine", protocol.INVALID)
-            if not await asyncio.to_thread(rt.has_image, spec.image):
+                raise ApiError(d.docker_error or "no Docker engine", protocol.UNAVAILABLE)
+            try:
+                here = await asyncio.to_thread(rt.has_image, spec.image)
+            except Unavailable as e:
+                raise ApiError(f"{e}: container jobs cannot be submitted until it answers again",
+                               protocol.UNAVAILABLE) from None
+            if not here:
                 raise ApiError(f"image {spec.image!r} not found locally (colo does not pull; "
                                "build or load it first)", protocol.NOT_FOUND)
         job = d.add_job(spec, caller.uid, caller.gid, caller.user)

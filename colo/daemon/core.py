@@ -11,6 +11,7 @@ import fcntl
 import logging
 import os
 import shutil
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -20,17 +21,48 @@ from .. import interposer, mps, native, policy, profiles
 from ..config import Config
 from ..gpu import GpuInfo, NoDriver, Nvml
 from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
-from ..runtimes.base import Gone, StartError
+from ..runtimes.base import Gone, StartError, Unavailable
 from ..runtimes.process import ProcessRuntime
 from ..store import Store, StoreError
 from ..units import format_size
 from .launchspec import build_launch
 
 log = logging.getLogger("colo")
+DOCKER_RETRY = 5.0  # seconds between looks for an engine that was not there at start-up
 
 
 class AlreadyRunning(RuntimeError):
     pass
+
+
+async def blocking(fn, *args):
+    """Run a call that blocks for a job's whole life (waiting for its exit) on a thread of its
+    own. The thread is a daemon thread, so stopping colo never waits for it: the job runs on and
+    is found again at the next start. (The shared worker pool would hold shutdown until every
+    job had ended, and cap the number of jobs that can run at once.)"""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def settle(result, error) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass  # the loop is closed: colo stopped while the job ran
+
+    threading.Thread(target=run, name=f"colo-wait-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return await fut
 
 
 @dataclass
@@ -55,6 +87,7 @@ class Daemon:
         self.runtimes: dict = {}
         self.native = native.native_dir()
         self.docker_error: str | None = None
+        self._docker_retry_at = 0.0
         self.live: dict[int, Live] = {}
         self.wake_event: asyncio.Event | None = None
         self.changed: asyncio.Condition | None = None
@@ -110,8 +143,10 @@ class Daemon:
             rt.client.ping()
             self.runtimes["docker"] = rt
         except Exception as e:  # noqa: BLE001 - any failure: container jobs are refused with this reason
+            first = self.docker_error is None
             self.docker_error = f"Docker engine not reachable ({e.__class__.__name__}: {str(e)[:120]})"
-            log.warning("%s; container jobs will be refused", self.docker_error)
+            if first:
+                log.warning("%s; container jobs are refused until it answers", self.docker_error)
 
     def _check_compute_modes(self) -> None:
         """Invariant 4: mixing MPS and time-sliced jobs needs DEFAULT mode; say so, or set it."""
@@ -185,6 +220,11 @@ class Daemon:
         if rt is None:
             raise StartError(self.docker_error or f"no {job.spec.runtime} runtime")
         return rt
+
+    def docker_away(self) -> str | None:
+        """Why container jobs cannot start now (no engine at start-up, or it went away), or None."""
+        rt = self.runtimes.get("docker")
+        return self.docker_error if rt is None else rt.down
 
     def wake(self) -> None:
         if self.wake_event is not None:
@@ -291,6 +331,9 @@ class Daemon:
             if j.spec.gpus and self.gpu_error:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=self.gpu_error))
                 continue
+            if j.spec.runtime == "docker" and (why := self.docker_away()):
+                waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting for the Docker engine: {why}"))
+                continue
             c = self._cands.get(j.id)
             if c is None:
                 c = self._cands[j.id] = policy.Candidate(j.id, j.spec.gpu_mem, j.spec.gpus, j.uid, j.spec.priority,
@@ -370,6 +413,11 @@ class Daemon:
             handle = await asyncio.to_thread(rt.start, launch)
         except asyncio.CancelledError:
             raise
+        except Unavailable as e:  # the engine went away: not the job's fault, it starts when it is back
+            why = f"requeued: {e} as it started"
+            await self._durably(lambda: self.transition(job.id, State.QUEUED, why))
+            self._finish(job.id)
+            return
         except Exception as e:  # noqa: BLE001 - whatever it was, the job must not stay "starting"
             reason = str(e) if isinstance(e, (StartError, mps.MpsError, OSError)) else f"{e.__class__.__name__}: {e}"
             await self._durably(lambda: self.transition(job.id, State.FAILED, f"failed to start: {reason}"))
@@ -397,7 +445,9 @@ class Daemon:
         job = self.job(job_id)
         rt = self.runtime_for(job)
         try:
-            code = await asyncio.to_thread(rt.wait, handle)
+            code = await blocking(rt.wait, handle)
+        except Unavailable:
+            return  # colo is stopping while the engine is away: found again at the next start
         except Gone as e:
             reason = f"lost: {e}"
             await self._durably(lambda: self.transition(job_id, State.LOST, reason))
@@ -415,11 +465,15 @@ class Daemon:
         refused = self._refused(job_id)
         note = (f"; {refused} allocation(s) refused by its budget of {format_size(self.job(job_id).spec.gpu_mem)}"
                 if refused else "")
+        job = self.job(job_id)
+        if job.handle and job.spec.runtime in self.runtimes:
+            extra = self.runtimes[job.spec.runtime].exit_note(job.handle)
+            note += f"; {extra}" if extra else ""
         if live and live.cancelled_by:
             return self.transition(job_id, State.CANCELLED, f"cancelled by {live.cancelled_by}", exit_code=code)
         if code == 0:
             return self.transition(job_id, State.SUCCEEDED, f"exited with code 0{note}", exit_code=0)
-        return self.transition(job_id, State.FAILED, f"exited with code {code}{note}", exit_code=code)
+        return self.transition(job_id, State.FAILED, f"exited with code {_code_text(code)}{note}", exit_code=code)
 
     def _refused(self, job_id: int) -> int:
         try:
@@ -446,7 +500,11 @@ class Daemon:
         live = self.live.setdefault(job_id, Live())
         live.cancelled_by = by
         if job.handle and not live.stopping:
-            await self._stop(job_id, job.handle)
+            try:
+                await self._stop(job_id, job.handle)
+            except Unavailable:
+                live.cancelled_by, live.stopping = None, False  # nothing was stopped: say so, keep it as it was
+                raise
         return self.job(job_id)
 
     async def _stop(self, job_id: int, handle: str) -> None:
@@ -471,10 +529,18 @@ class Daemon:
         if self.mps is not None and self.mps.available():
             for d in self.devices:
                 await asyncio.to_thread(self.mps.adopt, d.uuid, d.index)
+        await self._recover(self.jobs_in(*ACTIVE))
+
+    async def _recover(self, jobs: list[Job]) -> None:
         found: dict[int, str] = {}
         if "docker" in self.runtimes:
             found = await asyncio.to_thread(self.runtimes["docker"].adopt)
-        for job in self.jobs_in(*ACTIVE):
+        for job in jobs:
+            if job.spec.runtime == "docker" and "docker" not in self.runtimes:
+                # The engine is not there (yet): the job may well run on. It keeps its budget and
+                # is found again when the engine answers (see sample).
+                log.warning("job %d: %s; followed again when it answers", job.id, self.docker_error)
+                continue
             try:
                 rt = self.runtime_for(job)
             except StartError as e:
@@ -507,10 +573,20 @@ class Daemon:
             live = self.live.setdefault(job.id, Live())
             live.task = asyncio.get_running_loop().create_task(self.follow(job.id, handle))
             log.info("job %d found again after restart (%s)", job.id, handle)
-        known = {j.id for j in self.jobs_in(*ACTIVE)}
+        if "docker" in self.runtimes:
+            await self._sweep_containers(found)
+
+    async def _sweep_containers(self, found: dict[int, str] | None = None) -> None:
+        """Remove this daemon's containers that no open job owns: ended while colo or the engine
+        was away, or created by a start the engine cut short."""
+        rt = self.runtimes["docker"]
+        if found is None:
+            found = await asyncio.to_thread(rt.adopt)
         for job_id, handle in found.items():
-            if job_id not in known:  # ended and recorded before, or not ours any more: tidy up
-                await asyncio.to_thread(self.runtimes["docker"].cleanup, handle)
+            job = self.open_jobs.get(job_id)
+            if job is not None and (job.handle == handle or job.state == State.STARTING):
+                continue
+            await asyncio.to_thread(rt.cleanup, handle)
 
     def _unrecorded_process(self, job: Job) -> str | None:
         """A process job whose start was cut short before its handle was stored: its shim may be
@@ -538,7 +614,26 @@ class Daemon:
                 log.warning("sampling failed: %s", e)
             await asyncio.sleep(self.config.sample_interval)
 
+    async def _watch_docker(self) -> None:
+        """An engine that was not there at start-up, or went away, is looked for at each tick."""
+        rt = self.runtimes.get("docker")
+        if rt is None:
+            if time.monotonic() < self._docker_retry_at:
+                return
+            self._docker_retry_at = time.monotonic() + DOCKER_RETRY
+            await asyncio.to_thread(self._init_docker)
+            if "docker" in self.runtimes:
+                log.warning("Docker engine found: container jobs can run")
+                self.docker_error = None
+                await self._recover([j for j in self.jobs_in(*ACTIVE)
+                                     if j.spec.runtime == "docker" and j.id not in self.live])
+                self.wake()
+        elif rt.down is not None and await asyncio.to_thread(rt.check):
+            await self._sweep_containers()
+            self.wake()
+
     async def sample(self) -> None:
+        await self._watch_docker()
         if self.gpu_error is None:
             try:
                 self.devices = await asyncio.to_thread(self.nvml.devices)
@@ -606,8 +701,8 @@ class Daemon:
     async def _kill_after_fault(self, job_id: int, rt, handle: str) -> None:
         await asyncio.to_thread(rt.stop, handle, self.config.stop_grace)
         try:
-            await asyncio.to_thread(rt.wait, handle)  # reaped, so its exit file or container is final
-        except Gone:
+            await blocking(rt.wait, handle)  # reaped, so its exit file or container is final
+        except (Gone, Unavailable):
             pass
         await asyncio.to_thread(rt.cleanup, handle)
         if self.store.get(job_id).state in TERMINAL:  # a requeued job gets a fresh ledger when it starts
@@ -623,6 +718,16 @@ class Daemon:
         except Exception:  # noqa: BLE001 - not created yet, or already gone
             return None
         return {"used": sum(led.used.values()), "refused": led.refused, "budget": led.budget}
+
+
+def _code_text(code: int) -> str:
+    """137 -> "137 (SIGKILL)": exit codes past 128 are how a signal's death is reported."""
+    if code > 128:
+        try:
+            return f"{code} ({signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return str(code)
 
 
 class DecisionWriter:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import protocol
 from ..config import Config
+from ..runtimes.base import Unavailable
 from ..store import StoreError
 from .api import STREAMS, Api, ApiError
 from .core import Daemon
@@ -21,10 +22,9 @@ from .validate import Caller
 
 log = logging.getLogger("colo")
 IDLE_TIMEOUT = 60.0  # a connection that sends no request in this long is closed
-# Each running job parks one worker thread in its runtime's wait() for its whole life; asyncio's
-# default pool (cpu count + 4 threads) would then leave none for starting jobs or sampling once a
-# few jobs run. Threads are made only when needed.
-WORKER_THREADS = 1024
+# Short blocking calls (Docker, NVML, starts and stops); waits for a job's exit have threads of
+# their own (core.blocking). Threads are made only when needed.
+WORKER_THREADS = 64
 
 
 def peer(writer: asyncio.StreamWriter) -> Caller:
@@ -70,6 +70,8 @@ class Server:
                     writer.write(protocol.ok(await fn(caller, args)))
             except ApiError as e:
                 writer.write(protocol.error(str(e), e.code))
+            except Unavailable as e:  # e.g. the Docker engine is restarting
+                writer.write(protocol.error(f"{e}; try again when it answers", protocol.UNAVAILABLE))
             except StoreError as e:  # e.g. the state disk is full: nothing was stored
                 log.error("op %s: %s", op, e)
                 writer.write(protocol.error(str(e), protocol.UNAVAILABLE))

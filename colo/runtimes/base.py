@@ -12,6 +12,10 @@ class Gone(RuntimeError):
     """The job's container or process no longer exists (removed or reaped behind colo's back)."""
 
 
+class Unavailable(RuntimeError):
+    """The runtime's engine does not answer now (dockerd stopped or restarting): try again later."""
+
+
 class StartError(RuntimeError):
     """The job could not be started (unknown image, no shell, bad workdir...): a one-line reason."""
 
@@ -41,6 +45,9 @@ class Runtime(Protocol):
 
     def wait(self, handle: str) -> int:
         """Block until the job ends; its exit code (128+signal when killed). Raises Gone."""
+
+    def exit_note(self, handle: str) -> str:
+        """Anything unusual wait() saw that the job's reason should mention ("" when nothing)."""
 
     def poll(self, handle: str) -> int | None:
         """None while running, else the exit code. Raises Gone when it vanished without one."""

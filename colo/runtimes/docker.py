@@ -25,7 +25,7 @@ import docker.types
 import requests
 import urllib3
 
-from .base import Gone, Launch, StartError
+from .base import Gone, Launch, StartError, Unavailable
 
 LABEL_JOB = "colo.job"
 LABEL_MANAGED = "colo.managed"
@@ -36,6 +36,11 @@ RETRIES = 30  # reconnects of a follower (1 s apart) before it gives up
 CURSOR_EVERY = (
     0.25  # seconds between cursor saves while output flows (a stale cursor only costs a re-read)
 )
+
+# The engine not answering at all (stopped, restarting, socket gone), unlike an API error.
+ENGINE_DOWN = (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
+               urllib3.exceptions.ProtocolError)
+ENGINE_POLL = 1.0  # seconds between pings while the engine is away
 
 log = logging.getLogger(__name__)
 
@@ -205,19 +210,56 @@ class DockerRuntime:
         self.instance = instance
         self._followers: dict[str, _Follower] = {}
         self._lock = threading.Lock()
+        self.down: str | None = None  # why the engine does not answer now; None while it does
+        self._notes: dict[str, str] = {}  # handle -> what wait() saw happen to the engine
+        self._closed = threading.Event()
 
     @classmethod
     def from_env(cls, instance: str = "default") -> "DockerRuntime":
         client = docker.from_env(max_pool_size=128)
         return cls(client, "nvidia" if detect_nvidia_runtime(client) else None, instance=instance)
 
+    # -- the engine itself ------------------------------------------------------------------
+
+    def _engine_down(self, e: BaseException) -> Unavailable:
+        with self._lock:
+            first = self.down is None
+            self.down = f"Docker engine not reachable ({e.__class__.__name__})"
+        if first:
+            log.warning("%s: container jobs wait for it; running ones are followed again when it answers",
+                        self.down)
+        return Unavailable(self.down)
+
+    def check(self) -> bool:
+        """Ping the engine; True when it answers (and note that it is back)."""
+        try:
+            self.api.ping()
+        except ENGINE_DOWN as e:
+            self._engine_down(e)
+            return False
+        except docker.errors.APIError:
+            pass  # answering, if unhappy: not "down"
+        with self._lock:
+            was, self.down = self.down, None
+        if was is not None:
+            log.warning("Docker engine answers again")
+        return True
+
+    def _await_engine(self) -> None:
+        """Block until the engine answers again; Unavailable if colo stops meanwhile."""
+        while not self.check():
+            if self._closed.wait(ENGINE_POLL):
+                raise Unavailable(self.down or "Docker engine not reachable")
+
     def has_image(self, image: str) -> bool:
-        """Is this image here already? colo never pulls."""
+        """Is this image here already? colo never pulls. Unavailable when the engine is away."""
         try:
             self.api.inspect_image(image)
             return True
         except docker.errors.ImageNotFound:
             return False
+        except ENGINE_DOWN as e:
+            raise self._engine_down(e) from None
         except docker.errors.APIError as e:  # a malformed reference is "not found" to the submitter
             if e.status_code in (400, 404):
                 return False
@@ -280,6 +322,8 @@ class DockerRuntime:
             ) from None
         except docker.errors.APIError as e:
             raise StartError(f"cannot create the container: {_reason(e)}") from None
+        except ENGINE_DOWN as e:
+            raise self._engine_down(e) from None
         handle = created["Id"]
         # A fresh cursor: this container's output is appended after what an earlier attempt left.
         log = Path(launch.log_path)
@@ -290,6 +334,9 @@ class DockerRuntime:
         except docker.errors.APIError as e:
             self._remove(handle)
             raise StartError(_start_reason(e, launch)) from None
+        except ENGINE_DOWN as e:
+            # It may or may not have started: the daemon's sweep removes it once the engine is back.
+            raise self._engine_down(e) from None
         self.follow_logs(handle, launch.log_path)
         return handle
 
@@ -314,6 +361,7 @@ class DockerRuntime:
 
     def close(self) -> None:
         """Stop all followers (daemon shutdown); their cursors let the next daemon go on."""
+        self._closed.set()
         with self._lock:
             followers = list(self._followers.values())
             self._followers.clear()
@@ -331,21 +379,44 @@ class DockerRuntime:
             raise Gone(f"container {handle[:12]} no longer exists") from None
 
     def wait(self, handle: str) -> int:
-        state = self._state(handle)
-        if state.get("Status") == "created":
-            raise Gone(f"container {handle[:12]} was created but never started")
-        try:
-            code = int(self.api.wait(handle, timeout=None)["StatusCode"])
-        except docker.errors.NotFound:
-            raise Gone(f"container {handle[:12]} no longer exists") from None
+        interrupted = False
+        while True:
+            try:
+                if self._state(handle).get("Status") == "created":
+                    raise Gone(f"container {handle[:12]} was created but never started")
+                code = int(self.api.wait(handle, timeout=None)["StatusCode"])
+                break
+            except docker.errors.NotFound:
+                raise Gone(f"container {handle[:12]} no longer exists") from None
+            except ENGINE_DOWN as e:
+                # dockerd restarting: with live-restore the container runs on, else it was stopped;
+                # either way its exit code is there to read once the engine answers again.
+                self._engine_down(e)
+                interrupted = True
+                self._await_engine()
+            except docker.errors.APIError as e:  # e.g. the engine cancelling the wait as it stops
+                log.warning("waiting for container %s: %s; waiting again", handle[:12], _reason(e))
+                interrupted = True
+                if self._closed.wait(ENGINE_POLL):
+                    raise Unavailable("colo is stopping") from None
         try:  # `docker rm -f` ends the wait with 137: that is a removal, not an exit
             removed = self._state(handle).get("Status") in ("removing", "dead")
         except Gone:
             removed = True
+        except ENGINE_DOWN as e:  # the engine went away as the container ended: it stopped it
+            self._engine_down(e)
+            interrupted, removed = True, False
         if removed:
             raise Gone(f"container {handle[:12]} was removed while it ran (it no longer exists)")
+        if interrupted:
+            with self._lock:
+                self._notes[handle] = "the Docker engine stopped or restarted while it ran"
         self._drain(handle)
         return code
+
+    def exit_note(self, handle: str) -> str:
+        with self._lock:
+            return self._notes.get(handle, "")
 
     def poll(self, handle: str) -> int | None:
         state = self._state(handle)
@@ -390,6 +461,7 @@ class DockerRuntime:
             pass
         self._remove(handle)
         with self._lock:
+            self._notes.pop(handle, None)
             f = self._followers.pop(handle, None)
         if f is not None:
             f.stop()

@@ -110,6 +110,9 @@ class ProcessRuntime:
                 pass
         return self._finished(handle)
 
+    def exit_note(self, handle: str) -> str:
+        return ""
+
     def poll(self, handle: str) -> int | None:
         with self._lock:
             child = self._children.get(handle)

@@ -1,0 +1,89 @@
+"""The engines colo stands on failing under it (issue 8): dockerd stopped and started again, and
+NVML failing mid-run. Each must end in a clear state with a clear message, harming no other job."""
+from __future__ import annotations
+
+
+import psutil
+from daemon_util import DaemonProc, wait_for
+
+from colo.runtimes.image import build_local_image
+
+
+def _daemon(tmp_path, fakegpu, engine) -> DaemonProc:
+    build_local_image(engine.client(), "colo-test/base:1")
+    return DaemonProc(tmp_path, fakegpu.state, env={"DOCKER_HOST": engine.url}).start()
+
+
+def _running_script(needle: str) -> bool:
+    return any(needle in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+
+
+def _colo_containers(engine) -> list:
+    return engine.client().containers.list(all=True, filters={"label": "colo.managed=1"})
+
+
+def test_dockerd_restarted_jobs_end_clearly_and_queued_ones_wait(tmp_path, fakegpu, make_dockerd):
+    engine = make_dockerd()
+    d = _daemon(tmp_path, fakegpu, engine)
+    try:
+        gate = tmp_path / "gate"
+        a = d.submit("--image", "colo-test/base:1", "--gpus", "0", "--", "sh", "-c",
+                     "trap 'echo stopped; exit 3' TERM; echo before; while :; do sleep 0.1; done")
+        p = d.submit("--process", "--gpus", "0", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+        b = d.submit("--image", "colo-test/base:1", "--gpus", "0", "--after", str(p), "--", "echo", "b ran")
+        wait_for(lambda: "before" in d.cli("logs", str(a)).stdout, what="container output")
+
+        engine.stop()  # as `systemctl restart docker` begins: the engine stops its containers
+        job = d.wait_state(a, "failed", "succeeded", "lost", "cancelled", timeout=60)
+        assert job["state"] == "failed" and job["exit_code"] == 3, job
+        assert job["reason"].startswith("exited with code 3"), job
+
+        r = d.cli("submit", "--image", "colo-test/base:1", "--gpus", "0", "--", "true")
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r
+        assert "Docker engine not reachable" in r.stderr and "cannot be submitted" in r.stderr
+
+        gate.touch()  # the process job ends: b may start now, but there is no engine to start it in
+        assert d.wait_state(p, "succeeded")["exit_code"] == 0
+        wait_for(lambda: "Docker engine" in d.job(b)["reason"], 30, "b to wait for the engine")
+        assert d.job(b)["state"] == "queued"
+        assert len(d.client.ls()) == 3  # the daemon answers all along; the refused submit left nothing
+
+        engine.start()
+        job = d.wait_state(b, "succeeded", "failed", timeout=60)
+        assert job["state"] == "succeeded", job
+        assert d.cli("logs", str(b), check=True).stdout == "b ran\n"
+        assert "stopped" in d.cli("logs", str(a), check=True).stdout
+        wait_for(lambda: not _colo_containers(engine), 30, "colo's containers to be removed")
+    finally:
+        d.stop()
+
+
+def test_dockerd_restart_with_live_restore_follows_the_job_to_its_end(tmp_path, fakegpu, make_dockerd):
+    engine = make_dockerd(live_restore=True)
+    d = _daemon(tmp_path, fakegpu, engine)
+    try:
+        gates = tmp_path / "gates"
+        gates.mkdir()
+        gates.chmod(0o777)
+        script = "echo before; while [ ! -e /gate/{0} ]; do sleep 0.05; done; echo after; exit {1}"
+        early, late = (d.submit("--image", "colo-test/base:1", "--gpus", "0", "--mount", f"{gates}:/gate", "--",
+                                "sh", "-c", script.format(name, code)) for name, code in (("early", 8), ("late", 9)))
+        for j in (early, late):
+            wait_for(lambda: "before" in d.cli("logs", str(j)).stdout, what="container output")
+        engine.stop()  # with live-restore the containers run on without their engine
+        (gates / "early").touch()
+        wait_for(lambda: not _running_script("/gate/early"), 30, "the early container to end while the engine is away")
+        assert d.job(late)["state"] == "running" and d.job(early)["state"] == "running"
+        engine.start()
+        (gates / "late").touch()
+        for j, code in ((early, 8), (late, 9)):
+            job = d.wait_state(j, "failed", "succeeded", "lost", timeout=60)
+            assert job["state"] == "failed" and job["exit_code"] == code, job
+            assert "Docker engine stopped or restarted while it ran" in job["reason"], job
+        assert d.cli("logs", str(late), check=True).stdout == "before\nafter\n"  # nothing lost or doubled
+        # What the early one wrote while the engine was away is lost by Docker itself (no reader on
+        # its log pipe then); what colo had already copied is all there, once.
+        assert d.cli("logs", str(early), check=True).stdout.startswith("before\n")
+        wait_for(lambda: not _colo_containers(engine), 30, "colo's containers to be removed")
+    finally:
+        d.stop()
