@@ -198,6 +198,10 @@ def gpus(sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
              f"{format_size(g['budgeted'])} / {format_size(g['usable'])}", g["compute_mode"], g["mps"],
              ",".join(map(str, g["jobs"])) or "-"] for g in r["gpus"]]
     typer.echo(table(rows, ["#", "NAME", "UUID", "MEMORY", "USED", "BUDGETED/USABLE", "MODE", "MPS", "JOBS"]))
+    for g in r["gpus"]:
+        if g.get("error"):
+            typer.echo(f"GPU{g['index']} is out of service: {g['error']} (no new job is placed on it; "
+                       "its running jobs are left alone)")
     if r["fake"]:
         typer.echo("(simulated GPUs)")
 

@@ -76,6 +76,11 @@ class FakeNode:
             raise ValueError(f"compute mode must be one of {MODES}, not {mode!r}")
         _ctl("set-compute-mode", str(self.state), str(index), mode)
 
+    def fail_nvml(self, index: int | str, how: str | int = "lost") -> None:
+        """Make NVML queries of device `index` ("all": every one) fail: "lost" (GPU is lost),
+        "unknown", a numeric NVML code, or "off" to answer again."""
+        _ctl("fail-nvml", str(self.state), str(index), str(how))
+
     def uuids(self) -> list[str]:
         return [d["uuid"] for d in self.read()["devices"]]
 

@@ -6,6 +6,7 @@ Every call goes through one wrapper so that a missing function or a failing devi
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import threading
 from dataclasses import asdict, dataclass, field
@@ -44,6 +45,7 @@ class GpuInfo:
     mem_util: int | None = None  # percent (memory bandwidth)
     compute_mode: str = "default"
     processes: list[GpuProcess] = field(default_factory=list)
+    error: str | None = None  # NVML stopped answering for it (e.g. "GPU is lost"): nothing is placed there
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,6 +63,7 @@ class Nvml:
         self._lock = threading.Lock()
         self._ok = False
         self._missing: set[str] = set()
+        self._last: dict[int, GpuInfo] = {}  # index -> last good reading
 
     def init(self) -> None:
         with self._lock:
@@ -98,13 +101,25 @@ class Nvml:
         return self._get(pynvml.nvmlSystemGetCudaDriverVersion)
 
     def devices(self) -> list[GpuInfo]:
+        """Every device; one NVML stops answering for keeps its last known identity and size,
+        with `error` saying why, so that the jobs placed on it keep their budgets."""
         self.init()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as e:
+            why = _nvml_error(e)
+            return [dataclasses.replace(d, error=why, processes=[], sm_util=None, mem_util=None)
+                    for d in self._last.values()]
         out = []
-        for i in range(self._get(pynvml.nvmlDeviceGetCount, default=0)):
-            h = self._get(pynvml.nvmlDeviceGetHandleByIndex, i)
-            if h is None:
+        for i in range(count):
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            except pynvml.NVMLError as e:
+                last = self._last.get(i)
+                out.append(dataclasses.replace(last, error=_nvml_error(e), processes=[], sm_util=None, mem_util=None)
+                           if last else GpuInfo(i, f"GPU-unknown-{i}", "?", 0, 0, error=_nvml_error(e)))
                 continue
-            mem = self._get(pynvml.nvmlDeviceGetMemoryInfo, h)
             util = self._get(pynvml.nvmlDeviceGetUtilizationRates, h)
             mode = self._get(pynvml.nvmlDeviceGetComputeMode, h, default=0)
             procs: dict[int, GpuProcess] = {}
@@ -112,12 +127,14 @@ class Nvml:
                 procs[p.pid] = GpuProcess(p.pid, _used(p), False)
             for p in self._get(pynvml.nvmlDeviceGetMPSComputeRunningProcesses, h, default=[]) or []:
                 procs[p.pid] = GpuProcess(p.pid, _used(p), True)
-            out.append(GpuInfo(
+            info = GpuInfo(
                 index=i, uuid=_s(self._get(pynvml.nvmlDeviceGetUUID, h, default=f"GPU-unknown-{i}")),
                 name=_s(self._get(pynvml.nvmlDeviceGetName, h, default="?")),
-                total=mem.total if mem else 0, used=mem.used if mem else 0,
+                total=mem.total, used=mem.used,
                 sm_util=util.gpu if util else None, mem_util=util.memory if util else None,
-                compute_mode=COMPUTE_MODES.get(mode, str(mode)), processes=list(procs.values())))
+                compute_mode=COMPUTE_MODES.get(mode, str(mode)), processes=list(procs.values()))
+            self._last[i] = info
+            out.append(info)
         return out
 
     def set_compute_mode(self, index: int, mode: str) -> None:
@@ -135,6 +152,10 @@ class Nvml:
         for s in samples or []:
             out[s.pid] = (s.smUtil, s.memUtil)
         return out
+
+
+def _nvml_error(e: Exception) -> str:
+    return f"NVML error: {e}"
 
 
 def _used(p) -> int | None:

@@ -42,6 +42,7 @@ class GpuView:
     compute_mode: str = "default"  # default | exclusive_process | prohibited
     mps: str = "off"  # off | active | fault
     name: str = ""
+    error: str | None = None  # the driver stopped answering for it: nothing new is placed there
 
 
 @dataclass(frozen=True)
@@ -319,7 +320,10 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
           config: PolicyConfig) -> list[Decision]:
     cfg = config
     free = free_budget(gpus, placed)
-    state: dict[str, _Gpu] = {g.uuid: _Gpu(g, free[g.uuid], []) for g in gpus if g.compute_mode != "prohibited"}
+    state: dict[str, _Gpu] = {g.uuid: _Gpu(g, free[g.uuid], []) for g in gpus
+                              if g.compute_mode != "prohibited" and g.error is None}
+    # A job that waits while a GPU is out of service is told so: it may be why.
+    down = "".join(f"; GPU{g.index} is out of service ({g.error})" for g in gpus if g.error is not None)
     for p in placed:
         arr = _arrays(p.profile, cfg.step, cfg.horizon) if p.profile is not None else None
         for u in p.gpus:
@@ -341,7 +345,7 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
             text = wait_text.get(key)
             if text is None:
                 text = wait_text[key] = (f"waiting for memory: needs {format_size(c.budget)} on {c.gpus} GPU(s), "
-                                         f"most free budget on one GPU is {format_size(most_free)}")
+                                         f"most free budget on one GPU is {format_size(most_free)}{down}")
             append(_decision(c.job_id, WAIT, reason=text, details={"need": c.budget, "most_free": most_free}))
             continue
         # Within a pass GPUs only fill up: a job like one already refused (same profile, uid and
@@ -355,7 +359,7 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         if len(fitting) < c.gpus:
             append(Decision(c.job_id, WAIT, reason=(
                 f"waiting for memory: needs {format_size(c.budget)} on {c.gpus} GPU(s), "
-                f"{len(fitting)} GPU(s) have that much free budget"),
+                f"{len(fitting)} GPU(s) have that much free budget{down}"),
                 details={"need": c.budget, "most_free": most_free}))
             continue
         arr = _arrays(c.profile, cfg.step, cfg.horizon) if c.profile is not None else None

@@ -87,3 +87,40 @@ def test_dockerd_restart_with_live_restore_follows_the_job_to_its_end(tmp_path, 
         wait_for(lambda: not _colo_containers(engine), 30, "colo's containers to be removed")
     finally:
         d.stop()
+
+
+def test_nvml_failing_mid_run_takes_the_gpu_out_of_service_and_harms_no_job(tmp_path, fakegpu, daemon):
+    d = daemon
+    gate = tmp_path / "gate"
+    hold = f"while [ ! -e {gate} ]; do sleep 0.05; done"
+    a = d.submit("--process", "--gpu-mem", "10GiB", "--name", "a", "--", "sh", "-c", hold)
+    on = d.wait_state(a, "running")["gpus"][0]
+    idx = {g: i for i, g in enumerate(fakegpu.uuids())}
+    other = 1 - idx[on]
+
+    fakegpu.fail_nvml(other, "lost")  # the empty GPU falls off the bus
+    wait_for(lambda: [g["error"] for g in d.client.gpus()["gpus"]][other], 20, "colo to see the lost GPU")
+    out = d.cli("gpus", check=True).stdout
+    assert f"GPU{other} is out of service: NVML error: GPU is lost" in out
+    assert "NVML ERR" in d.cli("top", "--once", check=True).stdout
+    b = d.submit("--process", "--gpu-mem", "10GiB", "--name", "b", "--", "true")
+    wait_for(lambda: f"GPU{other} is out of service (NVML error: GPU is lost)" in d.job(b)["reason"], 20,
+             "b to say why it waits")
+    assert d.job(b)["state"] == "queued"
+
+    fakegpu.fail_nvml("all", "unknown")  # now the driver fails for the running job's GPU as well
+    wait_for(lambda: all(g["error"] for g in d.client.gpus()["gpus"]), 20, "colo to see both GPUs fail")
+    job = d.job(a)
+    assert job["state"] == "running" and d.proc.poll() is None, job  # left alone, budget kept
+    g = next(g for g in d.client.gpus()["gpus"] if g["uuid"] == on)
+    assert g["jobs"] == [a] and g["budgeted"] == 10 * 2**30 and g["total"] == 16 * 2**30
+    assert d.job(b)["state"] == "queued"
+
+    fakegpu.fail_nvml("all", "off")
+    job = d.wait_state(b, "succeeded", "failed", timeout=30)
+    assert job["state"] == "succeeded" and job["gpus"] == [fakegpu.uuids()[other]], job
+    gate.touch()
+    assert d.wait_state(a, "succeeded")["exit_code"] == 0
+    log = d.log.read_text()
+    assert f"GPU{other} " in log and "GPU is lost" in log and "answers again" in log
+    assert "Traceback" not in log

@@ -59,6 +59,18 @@ def test_prohibited_gpu_takes_nothing_and_can_ever_fit():
     assert pol.can_ever_fit(20 * GiB, 1, [g]) is not None and pol.can_ever_fit(GiB, 0, []) is None
 
 
+def test_gpu_out_of_service_takes_nothing_and_waiting_jobs_are_told():
+    lost = GpuView("l", 1, 16 * GiB, error="NVML error: GPU is lost")
+    ok = GpuView("o", 0, 16 * GiB)
+    d = plan([Candidate(1, 10 * GiB, seq=1), Candidate(2, 10 * GiB, seq=2)], [ok, lost], [])
+    assert (d[0].action, d[0].gpus) == (START, ("o",))
+    assert d[1].action == WAIT and "GPU1 is out of service (NVML error: GPU is lost)" in d[1].reason
+    # its running jobs keep their budgets: once it answers again, only what is free there is placed
+    back = GpuView("l", 1, 16 * GiB)
+    d = plan([Candidate(3, 10 * GiB, seq=3)], [back], [Placed(9, ("l",), 10 * GiB)])
+    assert d[0].action == WAIT and "out of service" not in d[0].reason
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 2), st.sampled_from([None, LIGHT, HOT, LIGHT2]),
                           st.integers(0, 1)), min_size=1, max_size=25),

@@ -206,7 +206,7 @@ class Daemon:
     def gpu_views(self) -> list[policy.GpuView]:
         states = self.mps.states() if self.mps else {}
         return [policy.GpuView(uuid=d.uuid, index=d.index, usable=max(0, d.total - self.config.reserve),
-                               compute_mode=d.compute_mode, mps=states.get(d.uuid, "off"), name=d.name)
+                               compute_mode=d.compute_mode, mps=states.get(d.uuid, "off"), name=d.name, error=d.error)
                 for d in self.devices]
 
     def run_dir(self, job_id: int) -> Path:
@@ -636,9 +636,12 @@ class Daemon:
         await self._watch_docker()
         if self.gpu_error is None:
             try:
-                self.devices = await asyncio.to_thread(self.nvml.devices)
+                devices = await asyncio.to_thread(self.nvml.devices)
             except NoDriver as e:
                 self.gpu_error = str(e)
+            else:
+                self._note_gpu_errors(self.devices, devices)
+                self.devices = devices
         if self.mps is not None and self.mps.available():
             report = await asyncio.to_thread(self.mps.check)
             for uuid, message in report.events:
@@ -651,6 +654,19 @@ class Daemon:
         if rows:
             self.store.add_samples(rows)
 
+    def _note_gpu_errors(self, before: list[GpuInfo], after: list[GpuInfo]) -> None:
+        """Say when the driver stops (or starts again) answering for a GPU. Its running jobs are
+        left alone, keeping their budgets (they may well be running fine); nothing new goes there."""
+        was = {d.uuid: d.error for d in before}
+        for d in after:
+            if d.error and not was.get(d.uuid):
+                jobs = [j.id for j in self.jobs_in(*ACTIVE) if d.uuid in j.gpus]
+                log.error("GPU%d (%s): %s; no new job is placed on it until it answers again%s", d.index, d.uuid,
+                          d.error, f"; its jobs {', '.join(map(str, jobs))} are left running" if jobs else "")
+            elif not d.error and was.get(d.uuid):
+                log.warning("GPU%d (%s) answers again: jobs may be placed on it", d.index, d.uuid)
+                self.wake()
+
     def _usage_samples(self, running: list[Job]) -> list[tuple]:
         """Per running GPU job: memory from its ledger, SM and bandwidth from NVML's per-process
         samples. Also kept as `stats` (with the job's pids), which `top` and `ls` read."""
@@ -659,7 +675,7 @@ class Daemon:
             return []
         util: dict[int, tuple[int, int]] = {}
         for dev in self.devices:
-            if any(dev.uuid in j.gpus for j in running):
+            if dev.error is None and any(dev.uuid in j.gpus for j in running):
                 util.update(self.nvml.process_utilization(dev.index))
         now, rows, stats = time.time(), [], {}
         for j in running:

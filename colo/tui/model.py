@@ -172,6 +172,9 @@ def mps_clients(g: dict) -> int:
 
 
 def mps_label(g: dict) -> tuple[str, str]:
+    """The GPU's state word: its MPS server, or that the driver stopped answering for it."""
+    if g.get("error"):
+        return "NVML ERR", "bold white on red"
     state = g.get("mps") or "off"
     if state == "active":
         return f"MPS {mps_clients(g)}", "green"

@@ -116,6 +116,9 @@ class GpuCard(Widget):
                  f"{format_size(g.get('usable'))} usable · mode {g.get('compute_mode', '?')} · ", "")
         t.append(mps_text, mps_style)
         t.append("\n")
+        if g.get("error"):
+            t.append(f"out of service: {g['error']}: no new job is placed here; its jobs are left running\n",
+                     "bold red")
         t.append_text(_text(model.bar_cells(model.bar_parts(snap, g), width)))
         t.append("\n")
         for j in sorted(model.gpu_jobs(snap, g), key=lambda j: j["id"]):

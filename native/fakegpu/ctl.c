@@ -3,6 +3,8 @@
  *   colo-fakegpu create PATH [--count N] [--mem SIZE] [--name NAME] [--sms N] [--uuid UUID]...
  *   colo-fakegpu show PATH                      JSON on stdout (pids as this process sees them)
  *   colo-fakegpu set-compute-mode PATH INDEX default|exclusive_process|prohibited
+ *   colo-fakegpu fail-nvml PATH INDEX|all lost|unknown|CODE|off
+ *                                               NVML queries of the device fail with that code
  */
 #include "fakegpu.h"
 
@@ -15,7 +17,8 @@ static int usage(void)
     fprintf(stderr,
             "usage: colo-fakegpu create PATH [--count N] [--mem SIZE] [--name NAME] [--sms N] [--uuid UUID]...\n"
             "       colo-fakegpu show PATH\n"
-            "       colo-fakegpu set-compute-mode PATH INDEX default|exclusive_process|prohibited\n");
+            "       colo-fakegpu set-compute-mode PATH INDEX default|exclusive_process|prohibited\n"
+            "       colo-fakegpu fail-nvml PATH INDEX|all lost|unknown|CODE|off\n");
     return 2;
 }
 
@@ -129,6 +132,33 @@ static int cmd_mode(fg_state *s, const char *idx, const char *mode)
     return 0;
 }
 
+static int cmd_fail_nvml(fg_state *s, const char *idx, const char *how)
+{
+    char *end = "";
+    long code;
+    if (!strcmp(how, "off"))
+        code = 0;
+    else if (!strcmp(how, "lost"))
+        code = 15; /* NVML_ERROR_GPU_IS_LOST */
+    else if (!strcmp(how, "unknown"))
+        code = 999; /* NVML_ERROR_UNKNOWN */
+    else
+        code = strtol(how, &end, 10);
+    if (*end || code < 0)
+        return usage();
+    int all = !strcmp(idx, "all"), d = all ? 0 : atoi(idx);
+    if (!all && (d < 0 || (uint32_t)d >= s->h->ndev)) {
+        fprintf(stderr, "colo-fakegpu: no device %s\n", idx);
+        return 1;
+    }
+    fg_lock(s);
+    for (uint32_t i = 0; i < s->h->ndev; i++)
+        if (all || i == (uint32_t)d)
+            __atomic_store_n(&s->h->dev[i].nvml_fail, (uint32_t)code, __ATOMIC_RELEASE);
+    fg_unlock(s);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3)
@@ -146,6 +176,8 @@ int main(int argc, char **argv)
         r = cmd_show(&s);
     else if (!strcmp(argv[1], "set-compute-mode") && argc == 5)
         r = cmd_mode(&s, argv[3], argv[4]);
+    else if (!strcmp(argv[1], "fail-nvml") && argc == 5)
+        r = cmd_fail_nvml(&s, argv[3], argv[4]);
     else
         r = usage();
     fg_close(&s);

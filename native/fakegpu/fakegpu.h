@@ -34,7 +34,7 @@ struct fg_device {
     uint32_t compute_mode;
     uint32_t cc_major, cc_minor;
     uint32_t pci_bus;
-    uint32_t pad;
+    uint32_t nvml_fail;   /* non-zero: every NVML query of this device returns this code (tests) */
     uint64_t spare[6];
 };
 

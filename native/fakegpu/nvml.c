@@ -20,6 +20,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
@@ -105,6 +106,7 @@ FG_API const char *nvmlErrorString(nvmlReturn_t r)
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     default: return "Unknown Error";
     }
@@ -118,6 +120,9 @@ static nvmlReturn_t dev_of(nvmlDevice_t d, struct fg_device **out)
         return NVML_ERROR_UNINITIALIZED;
     if (!d || d->magic != DEV_MAGIC || d->index < 0 || (uint32_t)d->index >= S.h->ndev)
         return NVML_ERROR_INVALID_ARGUMENT;
+    uint32_t fail = __atomic_load_n(&S.h->dev[d->index].nvml_fail, __ATOMIC_ACQUIRE);
+    if (fail)
+        return (nvmlReturn_t)fail; /* a device fallen off the bus, an XID storm...: see colo-fakegpu */
     *out = &S.h->dev[d->index];
     return NVML_SUCCESS;
 }
@@ -166,6 +171,9 @@ FG_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned i, nvmlDevice_t *d)
         return NVML_ERROR_UNINITIALIZED;
     if (!d || i >= S.h->ndev)
         return NVML_ERROR_INVALID_ARGUMENT;
+    uint32_t fail = __atomic_load_n(&S.h->dev[i].nvml_fail, __ATOMIC_ACQUIRE);
+    if (fail)
+        return (nvmlReturn_t)fail;
     *d = &g_devs[i];
     return NVML_SUCCESS;
 }
