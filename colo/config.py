@@ -49,6 +49,8 @@ class Config:
     saturation: float = 0.85  # predicted combined SM activity under which jobs share via MPS
     bw_saturation: float = 0.85  # the same for memory bandwidth
     min_gain: float = 0.25  # sharing past saturation must beat waiting by this much throughput
+    hold_after: float = 1800.0  # seconds a job may be passed by smaller ones before GPUs are held for it (0: never)
+    max_user_priority: int = 0  # the highest --priority a user may set; admins and root may set up to 1000
     multi_user_mps: bool = False
     use_mps: bool = True
     set_default_compute_mode: bool = False

@@ -18,6 +18,7 @@ waiting one may start: backfill):
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 from operator import attrgetter
@@ -66,6 +67,7 @@ class Candidate:
     priority: int = 0
     seq: int = 0  # submission order
     profile: Any = None
+    queued_at: float = 0.0  # when it was submitted (the clock `plan(now=...)` reads)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,10 @@ class PolicyConfig:
     thread_headroom: float = 1.25  # MPS active threads = peak SM of the job x this, in 5 % steps
     unknown_sm: float = 1.0  # a running job with no profile is assumed to use this much...
     unknown_membw: float = 0.5  # ...and this much bandwidth
+    # Backfill lets small jobs pass one that waits; to keep a stream of them from starving it for
+    # ever, the first job in queue order that has waited this long gets GPUs held for it: nothing
+    # new starts there until it does. Seconds; 0 turns it off.
+    hold_after: float = 1800.0
 
 
 # ---- per-profile arrays, cached --------------------------------------------------------------
@@ -161,6 +167,11 @@ class _Gpu:
 
 def _pct(x: float) -> str:
     return f"{x * 100:.0f} %"
+
+
+def _duration(seconds: float) -> str:
+    m = int(seconds // 60)
+    return f"{m // 60} h {m % 60} min" if m >= 60 else f"{m} min"
 
 
 def _mem_text(g: _Gpu, budget_after: int) -> str:
@@ -302,22 +313,30 @@ def order(candidates: Sequence[Candidate]) -> list[Candidate]:
 
 
 def plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequence[Placed],
-         config: PolicyConfig = PolicyConfig()) -> list[Decision]:
+         config: PolicyConfig = PolicyConfig(), now: float | None = None) -> list[Decision]:
     """One decision per candidate, in queue order; a job that cannot start now lets smaller ones
-    behind it start (backfill) when they fit."""
+    behind it start (backfill) when they fit, unless it has waited `hold_after` seconds by `now`
+    (then GPUs are held for it; without `now`, never)."""
     # A pass allocates ~3 small objects per candidate and frees none; cyclic GC runs in the
     # middle of it would double its time and find nothing to collect.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _plan(candidates, gpus, placed, config)
+        return _plan(candidates, gpus, placed, config, now)
     finally:
         if was_enabled:
             gc.enable()
 
 
+def _hold_for(c: Candidate, state: dict[str, "_Gpu"], now: float) -> list["_Gpu"] | None:
+    """The GPUs to hold for a job that waits: those with the most free budget (so the fewest
+    jobs must end first) among the ones it could fit on once they drain."""
+    can = sorted((g for g in state.values() if g.view.usable >= c.budget), key=lambda g: (-g.free, g.view.index))
+    return can[: c.gpus] if len(can) >= c.gpus else None
+
+
 def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequence[Placed],
-          config: PolicyConfig) -> list[Decision]:
+          config: PolicyConfig, now: float | None) -> list[Decision]:
     cfg = config
     free = free_budget(gpus, placed)
     state: dict[str, _Gpu] = {g.uuid: _Gpu(g, free[g.uuid], []) for g in gpus
@@ -336,7 +355,27 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
     wait_text: dict[tuple[int, int, int], str] = {}
     out: list[Decision] = []
     append = out.append
-    for c in order(candidates):
+    may_hold = now is not None and cfg.hold_after > 0
+    prev_c: Candidate | None = None
+    for c in [*order(candidates), None]:  # None: a last turn, to look at the last one's decision
+        if may_hold and prev_c is not None and out[-1].action == WAIT and now - prev_c.queued_at >= cfg.hold_after:
+            held = _hold_for(prev_c, state, now)
+            if held:
+                may_hold = False
+                names = ", ".join(f"GPU{g.view.index}" for g in held)
+                waited = _duration(now - prev_c.queued_at)
+                out[-1] = dataclasses.replace(out[-1], reason=f"{out[-1].reason}; {names} held for it (waiting "
+                                              f"{waited}): nothing new starts there until it does",
+                                              details={**out[-1].details, "held": [g.view.index for g in held]})
+                for g in held:
+                    del state[g.view.uuid]
+                down += "".join(f"; GPU{g.view.index} is held for job {prev_c.job_id}" for g in held)
+                most_free = max((g.free for g in state.values()), default=0)
+                wait_text.clear()
+                refused_like.clear()
+        if c is None:
+            break
+        prev_c = c
         if c.gpus == 0:
             append(_decision(c.job_id, START, (), "none", "needs no GPU"))
             continue

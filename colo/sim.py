@@ -392,9 +392,10 @@ def colo(now, queue, running, node, cfg):
                          r.job.profile if r.job.known else None, now - r.start) for r in running]
     by_id = {r.job.id: r for r in queue}
     cands = [pol.Candidate(r.job.id, r.job.budget or budget_for(r.job.profile), 1, r.job.uid,
-                           r.job.priority, r.seq, r.job.profile if r.job.known else None) for r in queue]
+                           r.job.priority, r.seq, r.job.profile if r.job.known else None, r.job.arrival)
+             for r in queue]
     out = []
-    for d in pol.plan(cands, views, placed, cfg):
+    for d in pol.plan(cands, views, placed, cfg, now=now):
         if d.action == pol.START:
             r = by_id[d.job_id]
             out.append((r, int(d.gpus[0].removeprefix("sim-gpu")), d.mode, r.job.budget or budget_for(r.job.profile)))

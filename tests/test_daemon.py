@@ -94,6 +94,30 @@ def test_priority_then_fifo(daemon, tmp_path):
     assert placed_at(high) <= placed_at(low)
 
 
+def test_a_big_job_passed_over_too_long_gets_a_gpu_drained_for_it(tmp_path, fakegpu):
+    d = DaemonProc(tmp_path, fakegpu.state, config={"hold_after": 1.0}).start()
+    try:
+        gates = [tmp_path / "g0", tmp_path / "g1"]
+        first = [d.submit("--process", "--gpu-mem", "10GiB", *gate_cmd(g)) for g in gates]
+        on = {d.wait_state(j, "running")["gpus"][0]: j for j in first}  # one per GPU: 6 GiB left on each
+        big = d.submit("--process", "--gpu-mem", "16GiB", "--", "true")
+        why = wait_for(lambda: "held for it" in (r := d.job(big)["reason"]) and r, 20, "a GPU to be held")
+        held = int(why.split("; GPU")[-1].split(" ")[0])
+        uuid = {g["index"]: g["uuid"] for g in d.client.gpus()["gpus"]}
+        small = d.submit("--process", "--gpu-mem", "4GiB", *gate_cmd(tmp_path / "g2"))
+        assert d.wait_state(small, "running")["gpus"] == [uuid[1 - held]]  # not on the held GPU
+        more = d.submit("--process", "--gpu-mem", "4GiB", "--", "true")
+        wait_for(lambda: f"GPU{held} is held for job {big}" in d.job(more)["reason"], 20, "the hold to be named")
+        gates[first.index(on[uuid[held]])].touch()  # the held GPU drains: the big job takes it
+        assert d.wait_state(big, "succeeded")["gpus"] == [uuid[held]]
+        for g in (*gates, tmp_path / "g2"):
+            g.touch()
+        for j in (*first, small, more):
+            d.wait_state(j, "succeeded")
+    finally:
+        d.stop()
+
+
 def test_after_dependency(daemon, tmp_path):
     gate = tmp_path / "go"
     first = daemon.submit("--process", "--gpus", "0", *gate_cmd(gate))

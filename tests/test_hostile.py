@@ -413,3 +413,15 @@ def test_user_without_socket_access_gets_one_clear_line(shared, users):
     assert err is not None and err[1] == "forbidden", err
     assert "permission denied" in err[0] and str(shared.socket) in err[0] and "\n" not in err[0], err
     healthy(shared)
+
+
+def test_a_user_cannot_jump_the_queue_with_priority(shared, users):
+    d = shared
+    spec = lambda p: {"argv": ["true"], "gpus": 0, "priority": p}  # noqa: E731
+    err = run_as(users[0], lambda: _err(lambda: Client(d.socket).submit(spec(5))))
+    assert err is not None and err[1] == "forbidden" and "\n" not in err[0], err
+    assert "--priority 5 is above 0" in err[0] and "max_user_priority" in err[0]
+    assert d.client.ls() == []  # nothing stored
+    low = run_as(users[0], lambda: Client(d.socket).submit(spec(-3))["id"])  # lowering one's own is fine
+    high = d.client.submit(spec(50))["id"]  # root (here: the daemon's owner) may raise it
+    assert d.wait_state(low, "succeeded")["priority"] == -3 and d.wait_state(high, "succeeded")["priority"] == 50

@@ -71,6 +71,37 @@ def test_gpu_out_of_service_takes_nothing_and_waiting_jobs_are_told():
     assert d[0].action == WAIT and "out of service" not in d[0].reason
 
 
+def test_a_job_passed_over_too_long_gets_a_gpu_held_for_it():
+    """Backfill without a limit starves a big job behind a stream of small ones."""
+    a, b = GpuView("a", 0, 16 * GiB), GpuView("b", 1, 16 * GiB)
+    placed = [Placed(8, ("a",), 6 * GiB), Placed(9, ("b",), 10 * GiB)]
+    big = Candidate(1, 16 * GiB, seq=1, queued_at=0.0)
+    smalls = [Candidate(2, 4 * GiB, seq=2, queued_at=500.0), Candidate(3, 4 * GiB, seq=3, queued_at=500.0)]
+    cfg = PolicyConfig(hold_after=1800)
+    early = {d.job_id: d for d in plan([big, *smalls], [a, b], placed, cfg, now=600.0)}
+    assert early[1].action == WAIT and "held" not in early[1].reason
+    assert early[2].action == START and early[3].action == START  # backfill: both pass the big one
+    late = {d.job_id: d for d in plan([big, *smalls], [a, b], placed, cfg, now=1900.0)}
+    assert late[1].action == WAIT and "GPU0 held for it (waiting 31 min)" in late[1].reason, late[1].reason
+    assert late[1].details["held"] == [0]  # the GPU with the most free budget: fewest jobs to wait for
+    assert late[2].action == START and late[2].gpus == ("b",)  # what fits elsewhere still starts
+    assert late[3].action == WAIT and "GPU0 is held for job 1" in late[3].reason
+    # once GPU0 has drained the held job starts there; without a clock nothing is ever held
+    assert plan([big, *smalls], [a, b], placed[1:], cfg, now=1900.0)[0].gpus == ("a",)
+    assert all("held" not in d.reason for d in plan([big, *smalls], [a, b], placed, cfg))
+    assert all("held" not in d.reason for d in plan([big, *smalls], [a, b], placed, PolicyConfig(hold_after=0),
+                                                    now=1e9))
+
+
+def test_only_the_first_long_waiter_in_queue_order_gets_a_hold():
+    g = [GpuView(f"g{i}", i, 16 * GiB) for i in range(3)]
+    placed = [Placed(9, (f"g{i}",), 8 * GiB) for i in range(3)]
+    c = [Candidate(1, 12 * GiB, seq=1), Candidate(2, 12 * GiB, seq=2, priority=1), Candidate(3, 12 * GiB, seq=3)]
+    d = {x.job_id: x for x in plan(c, g, placed, PolicyConfig(hold_after=60), now=100.0)}
+    assert "held for it" in d[2].reason and "held for it" not in d[1].reason + d[3].reason
+    assert "is held for job 2" in d[1].reason
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 2), st.sampled_from([None, LIGHT, HOT, LIGHT2]),
                           st.integers(0, 1)), min_size=1, max_size=25),

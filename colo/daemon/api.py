@@ -89,6 +89,11 @@ class Api:
             raise ApiError(str(e), protocol.INVALID) from None
         except Forbidden as e:
             raise ApiError(str(e), protocol.FORBIDDEN) from None
+        top = d.config.max_user_priority
+        if spec.priority > top and caller.uid != os.geteuid() and not is_admin(caller, d.config.admin_group):
+            raise ApiError(f"--priority {spec.priority} is above {top}, the most a user may set here "
+                           f"(max_user_priority); members of {d.config.admin_group or 'no admin group'} and root "
+                           "may set more", protocol.FORBIDDEN)
         if spec.gpus:
             if d.gpu_error:
                 raise ApiError(d.gpu_error, protocol.INVALID)

@@ -78,6 +78,7 @@ class Daemon:
         self.config = config
         self.cfg_policy = policy.PolicyConfig(reserve=config.reserve, saturation=config.saturation,
                                               bw_saturation=config.bw_saturation, min_gain=config.min_gain,
+                                              hold_after=config.hold_after,
                                               multi_user_mps=config.multi_user_mps, use_mps=config.use_mps)
         self._lock_fd: int | None = None
         self.store: Store | None = None
@@ -306,7 +307,7 @@ class Daemon:
         placed = [policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),
                                 self.profile_of(j), now - (j.started_at or now))
                   for j in self.jobs_in(*ACTIVE) if j.gpus]
-        decisions = policy.plan(candidates, self.gpu_views(), placed, self.cfg_policy)
+        decisions = policy.plan(candidates, self.gpu_views(), placed, self.cfg_policy, now=now)
         self._record(waits)
         self._record(decisions)
         for d in decisions:
@@ -337,7 +338,8 @@ class Daemon:
             c = self._cands.get(j.id)
             if c is None:
                 c = self._cands[j.id] = policy.Candidate(j.id, j.spec.gpu_mem, j.spec.gpus, j.uid, j.spec.priority,
-                                                         j.id, self.profile_of(j) if j.spec.gpus else None)
+                                                         j.id, self.profile_of(j) if j.spec.gpus else None,
+                                                         queued_at=j.submitted_at)
             cands.append(c)
         return cands, waits
 
