@@ -121,7 +121,8 @@ def show(job_id: int, sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt)
     lines = [f"job {j['id']}" + (f" ({j['name']})" if j["name"] else ""),
              f"  user:      {j['user']} (uid {j['uid']})",
              f"  state:     {j['state']}" + (f", exit code {j['exit_code']}" if j["exit_code"] is not None else ""),
-             f"  reason:    {j['reason']}",
+             f"  reason:    {j['reason']}" + (f" (cancel asked by {j['cancel_by']}, under way)"
+                                                  if j.get("cancel_by") else ""),
              f"  runs:      {'image ' + spec['image'] if spec['image'] else 'host process'}: {' '.join(spec['argv'])}",
              f"  budget:    {format_size(j['budget'])} x {spec['gpus']} GPU(s)" if spec["gpus"] else "  budget:    no GPU",
              f"  gpus:      {', '.join(j['gpus']) or '-'}   mode: {j['mode'] or '-'}"]

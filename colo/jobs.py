@@ -115,6 +115,7 @@ class Job:
     mode: Mode | None = None
     handle: str | None = None  # runtime's id: container id, or "pid:starttime"
     attempts: int = 0
+    cancel_by: str | None = None  # a cancel was asked for (by this user) and is under way
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

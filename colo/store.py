@@ -45,10 +45,15 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX samples_job ON samples(job_id);
     """,
+    # 2: who asked to cancel a running job, stored before it is stopped, so that a daemon that
+    # dies mid-cancel finishes the cancel when it starts again
+    """
+    ALTER TABLE jobs ADD COLUMN cancel_by TEXT;
+    """,
 ]
 
 _JOB_COLS = ("id, spec, uid, gid, user, state, reason, submitted_at, started_at, ended_at, "
-             "exit_code, gpus, mode, handle, attempts")
+             "exit_code, gpus, mode, handle, attempts, cancel_by")
 
 
 class StoreError(RuntimeError):
@@ -73,7 +78,7 @@ def _row_to_job(r: tuple) -> Job:
         id=r[0], spec=JobSpec.from_dict(json.loads(r[1])), uid=r[2], gid=r[3], user=r[4],
         state=State(r[5]), reason=r[6], submitted_at=r[7], started_at=r[8], ended_at=r[9],
         exit_code=r[10], gpus=json.loads(r[11]), mode=Mode(r[12]) if r[12] else None,
-        handle=r[13], attempts=r[14])
+        handle=r[13], attempts=r[14], cancel_by=r[15])
 
 
 class Store:

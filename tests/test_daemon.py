@@ -241,6 +241,24 @@ def test_restart_after_kill9_recovers_everything(daemon, tmp_path):
     assert sorted(ids) == sorted({done, running, finishes_while_down, hog, queued})
 
 
+def test_a_cancel_cut_short_by_a_daemon_crash_is_finished_at_restart(daemon):
+    import threading
+
+    # ignores SIGTERM (inherited by its children), so only the forced stop after the grace ends it
+    j = daemon.submit("--process", "--gpus", "0", "--", "sh", "-c",
+                      "trap '' TERM; echo started; while :; do sleep 0.05; done")
+    wait_for(lambda: "started" in daemon.cli("logs", str(j)).stdout, what="the job to start")
+    asking = threading.Thread(target=lambda: daemon.cli("cancel", str(j)), daemon=True)
+    asking.start()
+    wait_for(lambda: daemon.job(j)["cancel_by"], what="the cancel to be stored")
+    daemon.kill9()  # within the grace: SIGTERM was sent and ignored, SIGKILL never came
+    asking.join(30)
+    daemon.start()
+    job = daemon.wait_state(j, "cancelled", "failed", "lost", timeout=30)
+    assert job["state"] == "cancelled" and job["reason"].startswith("cancelled by"), job
+    assert job["exit_code"] == 137  # SIGKILL, after the grace, from the restarted daemon
+
+
 def test_job_killed_with_its_shim_while_down_is_lost(daemon, tmp_path):
     j = daemon.submit("--process", "--gpus", "0", *gate_cmd(tmp_path / "never"))
     daemon.wait_state(j, "running")

@@ -54,6 +54,7 @@ class Api:
             "ngpus": job.spec.gpus, "image": job.spec.image, "argv": job.spec.argv,
             "submitted_at": job.submitted_at, "started_at": job.started_at, "ended_at": job.ended_at,
             "exit_code": job.exit_code, "priority": job.spec.priority, "reason": job.reason,
+            "cancel_by": job.cancel_by if job.state in ACTIVE else None,
         }
         if reasons is not None and job.state == State.QUEUED and job.id in reasons:
             out["reason"] = reasons[job.id]

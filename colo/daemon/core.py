@@ -69,7 +69,6 @@ async def blocking(fn, *args):
 class Live:
     """What the daemon knows about an active job beyond the store."""
     task: asyncio.Task | None = None
-    cancelled_by: str | None = None
     stopping: bool = False
 
 
@@ -417,7 +416,7 @@ class Daemon:
             raise
         except Unavailable as e:  # the engine went away: not the job's fault, it starts when it is back
             why = f"requeued: {e} as it started"
-            await self._durably(lambda: self.transition(job.id, State.QUEUED, why))
+            await self._durably(lambda: self._requeue(job.id, why))
             self._finish(job.id)
             return
         except Exception as e:  # noqa: BLE001 - whatever it was, the job must not stay "starting"
@@ -426,9 +425,8 @@ class Daemon:
             self._finish(job.id)
             return
         await self._durably(lambda: self.set_fields(job.id, handle=handle))
-        live = self.live[job.id]
         await self._durably(lambda: self.transition(job.id, State.RUNNING, f"started ({job.spec.runtime})"))
-        if live.cancelled_by:
+        if self.job(job.id).cancel_by:  # cancelled while it was starting
             await self._stop(job.id, handle)
         await self.follow(job.id, handle)
 
@@ -451,8 +449,9 @@ class Daemon:
         except Unavailable:
             return  # colo is stopping while the engine is away: found again at the next start
         except Gone as e:
-            reason = f"lost: {e}"
-            await self._durably(lambda: self.transition(job_id, State.LOST, reason))
+            by = self.job(job_id).cancel_by
+            reason = f"cancelled by {by} ({e})" if by else f"lost: {e}"
+            await self._durably(lambda: self.transition(job_id, State.CANCELLED if by else State.LOST, reason))
             self._finish(job_id, rt, handle)
             return
         except asyncio.CancelledError:
@@ -463,7 +462,6 @@ class Daemon:
         self._finish(job_id, rt, handle)
 
     def record_exit(self, job_id: int, code: int) -> Job:
-        live = self.live.get(job_id)
         refused = self._refused(job_id)
         note = (f"; {refused} allocation(s) refused by its budget of {format_size(self.job(job_id).spec.gpu_mem)}"
                 if refused else "")
@@ -471,8 +469,8 @@ class Daemon:
         if job.handle and job.spec.runtime in self.runtimes:
             extra = self.runtimes[job.spec.runtime].exit_note(job.handle)
             note += f"; {extra}" if extra else ""
-        if live and live.cancelled_by:
-            return self.transition(job_id, State.CANCELLED, f"cancelled by {live.cancelled_by}", exit_code=code)
+        if job.cancel_by:
+            return self.transition(job_id, State.CANCELLED, f"cancelled by {job.cancel_by}", exit_code=code)
         if code == 0:
             return self.transition(job_id, State.SUCCEEDED, f"exited with code 0{note}", exit_code=0)
         return self.transition(job_id, State.FAILED, f"exited with code {_code_text(code)}{note}", exit_code=code)
@@ -499,15 +497,33 @@ class Daemon:
             return job
         if job.state == State.QUEUED:
             return self.transition(job_id, State.CANCELLED, f"cancelled by {by} before it started")
+        self.set_fields(job_id, cancel_by=by)  # first, so that a crash from here on still ends in a cancel
         live = self.live.setdefault(job_id, Live())
-        live.cancelled_by = by
         if job.handle and not live.stopping:
             try:
                 await self._stop(job_id, job.handle)
             except Unavailable:
-                live.cancelled_by, live.stopping = None, False  # nothing was stopped: say so, keep it as it was
-                raise
+                live.stopping = False  # stopped when the engine answers again (see _watch_docker)
         return self.job(job_id)
+
+    def _requeue(self, job_id: int, reason: str) -> Job:
+        """Back to the queue, unless a cancel was asked for meanwhile."""
+        job = self.job(job_id)
+        if job.cancel_by:
+            return self.transition(job_id, State.CANCELLED, f"cancelled by {job.cancel_by} before it started")
+        return self.transition(job_id, State.QUEUED, reason)
+
+    async def _finish_cancel(self, job_id: int, handle: str) -> None:
+        live = self.live.setdefault(job_id, Live())
+        if live.stopping:
+            return
+        try:
+            await self._stop(job_id, handle)
+        except Unavailable:
+            live.stopping = False  # tried again when the engine answers
+        except Exception as e:  # noqa: BLE001 - logged; the job's own end is still recorded
+            live.stopping = False
+            log.warning("cancel of job %d: %s", job_id, e)
 
     async def _stop(self, job_id: int, handle: str) -> None:
         live = self.live.setdefault(job_id, Live())
@@ -551,7 +567,7 @@ class Daemon:
             handle = job.handle or found.get(job.id) or self._unrecorded_process(job)
             if handle is None:
                 if job.state == State.STARTING:
-                    self.transition(job.id, State.QUEUED, "requeued: its start was cut short by a daemon restart")
+                    self._requeue(job.id, "requeued: its start was cut short by a daemon restart")
                 else:
                     self.transition(job.id, State.LOST, "lost: it vanished while colo was down")
                 continue
@@ -575,6 +591,8 @@ class Daemon:
             live = self.live.setdefault(job.id, Live())
             live.task = asyncio.get_running_loop().create_task(self.follow(job.id, handle))
             log.info("job %d found again after restart (%s)", job.id, handle)
+            if job.cancel_by:  # the daemon stopped in the middle of cancelling it: finish that
+                asyncio.get_running_loop().create_task(self._finish_cancel(job.id, handle))
         if "docker" in self.runtimes:
             await self._sweep_containers(found)
 
@@ -632,6 +650,9 @@ class Daemon:
                 self.wake()
         elif rt.down is not None and await asyncio.to_thread(rt.check):
             await self._sweep_containers()
+            for j in self.jobs_in(State.RUNNING):  # cancels asked for while it was away
+                if j.cancel_by and j.handle and j.spec.runtime == "docker":
+                    asyncio.get_running_loop().create_task(self._finish_cancel(j.id, j.handle))
             self.wake()
 
     async def sample(self) -> None:
@@ -709,8 +730,7 @@ class Daemon:
             if live.task:
                 live.task.cancel()
             if job.attempts <= job.spec.retries:
-                self.transition(job.id, State.QUEUED, f"{mps.FAULT_REASON}; requeued "
-                                f"(attempt {job.attempts} of {job.spec.retries + 1})")
+                self._requeue(job.id, f"{mps.FAULT_REASON}; requeued (attempt {job.attempts} of {job.spec.retries + 1})")
             else:
                 self.transition(job.id, State.FAILED, mps.FAULT_REASON)
             asyncio.get_running_loop().create_task(self._kill_after_fault(job.id, rt, job.handle))

@@ -135,10 +135,34 @@ class ProcessRuntime:
             if self._group_gone(p.pid):
                 return
             time.sleep(0.05)
+        # SIGKILL the job's processes but not its shim (the group leader), so that the shim lives
+        # to write the exit code: after a daemon restart that file is the only record of it.
+        for _ in range(20):
+            rest = self._members(p.pid, but=p.pid)
+            if not rest:
+                return
+            for pid in rest:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
         try:
-            os.killpg(p.pid, signal.SIGKILL)
+            os.killpg(p.pid, signal.SIGKILL)  # it keeps forking: the whole group, shim included
         except ProcessLookupError:
             pass
+
+    @staticmethod
+    def _members(pgid: int, but: int) -> list[int]:
+        """Live (not zombie) processes of group `pgid`, leaving out `but`."""
+        out = []
+        for q in psutil.process_iter(["pid", "status"]):
+            try:
+                if q.pid != but and os.getpgid(q.pid) == pgid and q.info["status"] != psutil.STATUS_ZOMBIE:
+                    out.append(q.pid)
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                continue
+        return out
 
     @staticmethod
     def _group_gone(pgid: int) -> bool:
@@ -146,14 +170,7 @@ class ProcessRuntime:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return True
-        # only zombies left (waiting for our reaper) count as gone
-        for p in psutil.process_iter(["pid", "status"]):
-            try:
-                if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                    return False
-            except (ProcessLookupError, psutil.NoSuchProcess):
-                continue
-        return True
+        return not ProcessRuntime._members(pgid, but=-1)  # only zombies (waiting for our reaper) left
 
     def adopt(self) -> dict[int, str]:
         return {}  # process jobs are found again from the store's handles (see poll)
