@@ -124,3 +124,22 @@ def test_nvml_failing_mid_run_takes_the_gpu_out_of_service_and_harms_no_job(tmp_
     log = d.log.read_text()
     assert f"GPU{other} " in log and "GPU is lost" in log and "answers again" in log
     assert "Traceback" not in log
+
+
+def test_daemon_started_before_dockerd_takes_container_jobs_once_it_answers(tmp_path, fakegpu, make_dockerd):
+    """Boot order: colo may come up before the engine it will use."""
+    engine = make_dockerd()
+    build_local_image(engine.client(), "colo-test/base:1")
+    engine.stop()
+    d = DaemonProc(tmp_path, fakegpu.state, env={"DOCKER_HOST": engine.url}).start()
+    try:
+        r = d.cli("submit", "--image", "colo-test/base:1", "--gpus", "0", "--", "echo", "hi")
+        assert r.returncode != 0 and "Docker engine not reachable" in r.stderr and len(r.stderr.splitlines()) == 1
+        engine.start()
+        j = wait_for(lambda: (r := d.cli("submit", "--image", "colo-test/base:1", "--gpus", "0", "--", "echo", "hi"))
+                     .returncode == 0 and int(r.stdout), 30, "colo to find the engine")
+        assert d.wait_state(j, "succeeded", "failed")["state"] == "succeeded"
+        assert d.cli("logs", str(j), check=True).stdout == "hi\n"
+        assert "Docker engine found" in d.log.read_text()
+    finally:
+        d.stop()
