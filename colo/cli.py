@@ -184,7 +184,9 @@ def cancel(job_ids: List[int], sock: Optional[Path] = SocketOpt):
     c = client(sock)
     for i in job_ids:
         j = _call(c.cancel, i)
-        typer.echo(f"job {j['id']}: {j['state']}")
+        # the stop is under way; its end is recorded a moment later (or when the engine is back)
+        state = "stopping" if j["state"] in ("starting", "running") and j.get("cancel_by") else j["state"]
+        typer.echo(f"job {j['id']}: {state}")
 
 
 @app.command()

@@ -141,9 +141,11 @@ def test_cancel_queued_and_running(daemon, tmp_path):
     wait_for(lambda: "started" in daemon.cli("logs", str(run)).stdout, what="job output")
     hog = [daemon.submit("--process", "--gpu-mem", "16GiB", *gate_cmd(gate)) for _ in range(2)]
     queued = daemon.submit("--process", "--gpu-mem", "16GiB", "--", "true")
-    assert daemon.cli("cancel", str(queued)).returncode == 0
+    r = daemon.cli("cancel", str(queued))
+    assert r.returncode == 0 and r.stdout == f"job {queued}: cancelled\n"
     assert daemon.job(queued)["state"] == "cancelled"
-    assert daemon.cli("cancel", str(run)).returncode == 0
+    r = daemon.cli("cancel", str(run))
+    assert r.returncode == 0 and r.stdout in (f"job {run}: stopping\n", f"job {run}: cancelled\n"), r.stdout
     j = daemon.wait_state(run, "cancelled")
     assert "cancelled by" in j["reason"]
     assert "got TERM" in daemon.cli("logs", str(run)).stdout
