@@ -68,6 +68,7 @@ class Candidate:
     seq: int = 0  # submission order
     profile: Any = None
     queued_at: float = 0.0  # when it was submitted (the clock `plan(now=...)` reads)
+    held: tuple[int, ...] = ()  # GPU indices held for it by the last pass (details["held"]): kept
 
 
 @dataclass(frozen=True)
@@ -329,8 +330,13 @@ def plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Seque
 
 
 def _hold_for(c: Candidate, state: dict[str, "_Gpu"], now: float) -> list["_Gpu"] | None:
-    """The GPUs to hold for a job that waits: those with the most free budget (so the fewest
-    jobs must end first) among the ones it could fit on once they drain."""
+    """The GPUs to hold for a job that waits: the ones held for it last time while they still
+    can take it (a hold that moved as other GPUs freed up would never end), else those with the
+    most free budget (so the fewest jobs must end first) among the ones it could fit on."""
+    if c.held:
+        kept = [g for g in state.values() if g.view.index in c.held and g.view.usable >= c.budget]
+        if len(kept) == c.gpus:
+            return sorted(kept, key=lambda g: g.view.index)
     can = sorted((g for g in state.values() if g.view.usable >= c.budget), key=lambda g: (-g.free, g.view.index))
     return can[: c.gpus] if len(can) >= c.gpus else None
 

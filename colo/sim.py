@@ -206,6 +206,7 @@ class _Run:
 
     def __init__(self, job: SimJob, seq: int):
         self.job, self.seq = job, seq
+        self.held: tuple[int, ...] = ()  # GPUs colo's policy held for it in its last pass
         p = job.profile
         self.sm, self.mem, self.membw = p.sm, p.mem, p.membw
         self.step, self.runtime, self.n = p.step, p.runtime, len(p.sm)
@@ -392,10 +393,11 @@ def colo(now, queue, running, node, cfg):
                          r.job.profile if r.job.known else None, now - r.start) for r in running]
     by_id = {r.job.id: r for r in queue}
     cands = [pol.Candidate(r.job.id, r.job.budget or budget_for(r.job.profile), 1, r.job.uid,
-                           r.job.priority, r.seq, r.job.profile if r.job.known else None, r.job.arrival)
-             for r in queue]
+                           r.job.priority, r.seq, r.job.profile if r.job.known else None, r.job.arrival,
+                           r.held) for r in queue]
     out = []
     for d in pol.plan(cands, views, placed, cfg, now=now):
+        by_id[d.job_id].held = tuple(d.details.get("held", ()))  # as the daemon keeps its last decision
         if d.action == pol.START:
             r = by_id[d.job_id]
             out.append((r, int(d.gpus[0].removeprefix("sim-gpu")), d.mode, r.job.budget or budget_for(r.job.profile)))

@@ -1,6 +1,7 @@
 """plan(): memory admission (invariant 1), and the MPS / time-sliced / wait choice from profiles."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -91,6 +92,21 @@ def test_a_job_passed_over_too_long_gets_a_gpu_held_for_it():
     assert all("held" not in d.reason for d in plan([big, *smalls], [a, b], placed, cfg))
     assert all("held" not in d.reason for d in plan([big, *smalls], [a, b], placed, PolicyConfig(hold_after=0),
                                                     now=1e9))
+
+
+def test_a_hold_stays_where_it_was_while_that_gpu_can_still_take_the_job():
+    a, b = GpuView("a", 0, 16 * GiB), GpuView("b", 1, 16 * GiB)
+    # GPU1 was held last pass and has drained to 10 GiB free; GPU0 now has more free (12 GiB)
+    placed = [Placed(8, ("a",), 4 * GiB), Placed(9, ("b",), 6 * GiB)]
+    big = Candidate(1, 16 * GiB, seq=1, queued_at=0.0)
+    cfg = PolicyConfig(hold_after=60)
+    fresh = plan([big], [a, b], placed, cfg, now=100.0)[0]
+    assert fresh.details["held"] == [0]  # nothing held before: the most free
+    kept = plan([dataclasses.replace(big, held=(1,))], [a, b], placed, cfg, now=100.0)[0]
+    assert kept.details["held"] == [1] and "GPU1 held for it" in kept.reason
+    gone = plan([dataclasses.replace(big, held=(1,))], [a, dataclasses.replace(b, error="lost")], placed, cfg,
+                now=100.0)[0]
+    assert gone.details["held"] == [0]  # the held GPU went out of service: the hold moves
 
 
 def test_only_the_first_long_waiter_in_queue_order_gets_a_hold():

@@ -335,10 +335,14 @@ class Daemon:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting for the Docker engine: {why}"))
                 continue
             c = self._cands.get(j.id)
+            last = self.decisions.get(j.id)
+            held = tuple(last.details.get("held", ())) if last is not None else ()
+            if c is not None and c.held != held:
+                c = self._cands[j.id] = dataclasses.replace(c, held=held)
             if c is None:
                 c = self._cands[j.id] = policy.Candidate(j.id, j.spec.gpu_mem, j.spec.gpus, j.uid, j.spec.priority,
                                                          j.id, self.profile_of(j) if j.spec.gpus else None,
-                                                         queued_at=j.submitted_at)
+                                                         queued_at=j.submitted_at, held=held)
             cands.append(c)
         return cands, waits
 
