@@ -127,9 +127,11 @@ def test_invariant_1_budgets_never_exceed_usable(cands, placed):
             for i in range(3)]
     pl = [Placed(100 + i, (f"g{gi}",), b * GiB, mode="mps", profile=LIGHT) for i, (gi, b) in enumerate(placed)
           if sum(bb for g2, bb in placed[: i + 1] if g2 == gi) <= 16]
-    cs = [Candidate(i, b * GiB, gpus=n, seq=i, profile=p, uid=u) for i, (b, n, p, u) in enumerate(cands)]
+    # odd ids have waited long enough for a hold, one of them may hold GPU1 from a last pass
+    cs = [Candidate(i, b * GiB, gpus=n, seq=i, profile=p, uid=u, queued_at=0.0 if i % 2 else 1e6,
+                    held=(1,) if i % 4 == 1 else ()) for i, (b, n, p, u) in enumerate(cands)]
     used = pol.free_budget(gpus, pl)
-    for d in plan(cs, gpus, pl):
+    for d in plan(cs, gpus, pl, PolicyConfig(hold_after=60), now=1e6):
         for u in d.gpus:
             used[u] -= next(c.budget for c in cs if c.job_id == d.job_id)
         if d.action == START and any(u == "g2" for u in d.gpus):
