@@ -41,6 +41,7 @@ def test_dockerd_restarted_jobs_end_clearly_and_queued_ones_wait(tmp_path, fakeg
         r = d.cli("submit", "--image", "colo-test/base:1", "--gpus", "0", "--", "true")
         assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r
         assert "Docker engine not reachable" in r.stderr and "cannot be submitted" in r.stderr
+        assert "Docker engine not reachable" in d.client.hello()["docker_error"]  # what `colo demo` and scripts read
 
         gate.touch()  # the process job ends: b may start now, but there is no engine to start it in
         assert d.wait_state(p, "succeeded")["exit_code"] == 0
@@ -50,6 +51,7 @@ def test_dockerd_restarted_jobs_end_clearly_and_queued_ones_wait(tmp_path, fakeg
 
         engine.start()
         job = d.wait_state(b, "succeeded", "failed", timeout=60)
+        assert d.client.hello()["docker_error"] is None
         assert job["state"] == "succeeded", job
         assert d.cli("logs", str(b), check=True).stdout == "b ran\n"
         assert "stopped" in d.cli("logs", str(a), check=True).stdout

@@ -80,7 +80,7 @@ class Api:
     async def hello(self, caller: Caller, args: dict) -> dict:
         return {"version": __version__, "protocol": protocol.VERSION, "uid": caller.uid, "user": caller.user,
                 "admin": is_admin(caller, self.d.config.admin_group), "gpu_error": self.d.gpu_error,
-                "docker_error": self.d.docker_error, "fake_gpu": self.d.config.fakegpu_state is not None}
+                "docker_error": self.d.docker_away(), "fake_gpu": self.d.config.fakegpu_state is not None}
 
     async def submit(self, caller: Caller, args: dict) -> dict:
         d = self.d
