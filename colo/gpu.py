@@ -107,18 +107,14 @@ class Nvml:
         try:
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as e:
-            why = _nvml_error(e)
-            return [dataclasses.replace(d, error=why, processes=[], sm_util=None, mem_util=None)
-                    for d in self._last.values()]
+            return [_out_of_service(d, e) for d in self._last.values()]
         out = []
         for i in range(count):
             try:
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
                 mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             except pynvml.NVMLError as e:
-                last = self._last.get(i)
-                out.append(dataclasses.replace(last, error=_nvml_error(e), processes=[], sm_util=None, mem_util=None)
-                           if last else GpuInfo(i, f"GPU-unknown-{i}", "?", 0, 0, error=_nvml_error(e)))
+                out.append(_out_of_service(self._last.get(i) or GpuInfo(i, f"GPU-unknown-{i}", "?", 0, 0), e))
                 continue
             util = self._get(pynvml.nvmlDeviceGetUtilizationRates, h)
             mode = self._get(pynvml.nvmlDeviceGetComputeMode, h, default=0)
@@ -154,8 +150,9 @@ class Nvml:
         return out
 
 
-def _nvml_error(e: Exception) -> str:
-    return f"NVML error: {e}"
+def _out_of_service(last: GpuInfo, e: Exception) -> GpuInfo:
+    """The last good reading of a device NVML no longer answers for, marked with why."""
+    return dataclasses.replace(last, error=f"NVML error: {e}", processes=[], sm_util=None, mem_util=None)
 
 
 def _used(p) -> int | None:

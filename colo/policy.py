@@ -329,7 +329,7 @@ def plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Seque
             gc.enable()
 
 
-def _hold_for(c: Candidate, state: dict[str, "_Gpu"], now: float) -> list["_Gpu"] | None:
+def _hold_for(c: Candidate, state: dict[str, "_Gpu"]) -> list["_Gpu"] | None:
     """The GPUs to hold for a job that waits: the ones held for it last time while they still
     can take it (a hold that moved as other GPUs freed up would never end), else those with the
     most free budget (so the fewest jobs must end first) among the ones it could fit on."""
@@ -365,7 +365,7 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
     prev_c: Candidate | None = None
     for c in [*order(candidates), None]:  # None: a last turn, to look at the last one's decision
         if may_hold and prev_c is not None and out[-1].action == WAIT and now - prev_c.queued_at >= cfg.hold_after:
-            held = _hold_for(prev_c, state, now)
+            held = _hold_for(prev_c, state)
             if held:
                 may_hold = False
                 names = ", ".join(f"GPU{g.view.index}" for g in held)

@@ -431,7 +431,7 @@ class Daemon:
         await self._durably(lambda: self.set_fields(job.id, handle=handle))
         await self._durably(lambda: self.transition(job.id, State.RUNNING, f"started ({job.spec.runtime})"))
         if self.job(job.id).cancel_by:  # cancelled while it was starting
-            await self._stop(job.id, handle)
+            await self._finish_cancel(job.id, handle)
         await self.follow(job.id, handle)
 
     async def _durably(self, write):
@@ -502,12 +502,8 @@ class Daemon:
         if job.state == State.QUEUED:
             return self.transition(job_id, State.CANCELLED, f"cancelled by {by} before it started")
         self.set_fields(job_id, cancel_by=by)  # first, so that a crash from here on still ends in a cancel
-        live = self.live.setdefault(job_id, Live())
-        if job.handle and not live.stopping:
-            try:
-                await self._stop(job_id, job.handle)
-            except Unavailable:
-                live.stopping = False  # stopped when the engine answers again (see _watch_docker)
+        if job.handle:  # else it is starting: stopped as soon as it has a handle
+            await self._finish_cancel(job_id, job.handle)
         return self.job(job_id)
 
     def _requeue(self, job_id: int, reason: str) -> Job:
@@ -518,16 +514,18 @@ class Daemon:
         return self.transition(job_id, State.QUEUED, reason)
 
     async def _finish_cancel(self, job_id: int, handle: str) -> None:
+        """Stop a job whose cancel is stored (once at a time). An engine that is away is left to
+        _watch_docker, which calls this again when it answers."""
         live = self.live.setdefault(job_id, Live())
         if live.stopping:
             return
         try:
             await self._stop(job_id, handle)
         except Unavailable:
-            live.stopping = False  # tried again when the engine answers
-        except Exception as e:  # noqa: BLE001 - logged; the job's own end is still recorded
             live.stopping = False
-            log.warning("cancel of job %d: %s", job_id, e)
+        except Exception:
+            live.stopping = False  # a later cancel may try again
+            raise
 
     async def _stop(self, job_id: int, handle: str) -> None:
         live = self.live.setdefault(job_id, Live())
