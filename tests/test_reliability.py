@@ -326,12 +326,14 @@ FUZZER = textwrap.dedent(r"""
         for _ in range(nops):
             if mine and rng.random() < 0.45:
                 p, n, kind = mine.pop(rng.randrange(len(mine)))
-                rc = cu.cuMemFreeAsync(P(p), None) if kind == "async" else cu.cuMemFree_v2(P(p))
-                if rc:
-                    bad.append(f"free -> {rc}")
+                # out of `held` before the free: `held` must never count bytes the driver has
+                # already given back (another thread may be handed them, even the same address)
                 with lock:
                     del held[p]
                     stats["free"] += 1
+                rc = cu.cuMemFreeAsync(P(p), None) if kind == "async" else cu.cuMemFree_v2(P(p))
+                if rc:
+                    bad.append(f"free -> {rc}")
                 continue
             n = rng.choice([rng.randint(1, 1 << 20), rng.randint(1, 8) << 20, (1 << 20) + rng.randint(-4096, 4096)])
             kind = rng.choice(["alloc", "managed", "async"])
