@@ -1,0 +1,122 @@
+"""Finding jobs again: after a daemon restart, and when the Docker engine comes back."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+from ..jobs import ACTIVE, Job, State
+from ..runtimes.base import Gone, StartError
+from .lifecycle import Live
+
+log = logging.getLogger("colo")
+DOCKER_RETRY = 5.0  # seconds between looks for an engine that was not there at start-up
+
+
+class RecoveryMixin:
+    """Part of Daemon (colo/daemon/core.py); uses its state."""
+
+    async def recover(self) -> None:
+        """Find every active job again: running on, finished while we were away, or lost."""
+        if self.mps is not None and self.mps.available():
+            for d in self.devices:
+                await asyncio.to_thread(self.mps.adopt, d.uuid, d.index)
+        await self._recover(self.jobs_in(*ACTIVE))
+
+    async def _recover(self, jobs: list[Job]) -> None:
+        found: dict[int, str] = {}
+        if "docker" in self.runtimes:
+            found = await asyncio.to_thread(self.runtimes["docker"].adopt)
+        for job in jobs:
+            if job.spec.runtime == "docker" and "docker" not in self.runtimes:
+                # The engine is not there (yet): the job may well run on. It keeps its budget and
+                # is found again when the engine answers (see sample).
+                log.warning("job %d: %s; followed again when it answers", job.id, self.docker_error)
+                continue
+            try:
+                rt = self.runtime_for(job)
+            except StartError as e:
+                self.transition(job.id, State.LOST, f"lost: cannot follow it after a restart ({e})")
+                continue
+            handle = job.handle or found.get(job.id) or self._unrecorded_process(job)
+            if handle is None:
+                if job.state == State.STARTING:
+                    self._requeue(job.id, "requeued: its start was cut short by a daemon restart")
+                else:
+                    self.transition(job.id, State.LOST, "lost: it vanished while colo was down")
+                continue
+            if hasattr(rt, "remember"):
+                rt.remember(handle, self.run_dir(job.id))
+            try:
+                code = await asyncio.to_thread(rt.poll, handle)
+            except Gone as e:
+                self.transition(job.id, State.LOST, f"lost while colo was down: {e}")
+                self._finish(job.id, rt, handle)
+                continue
+            if job.state == State.STARTING:
+                self.set_fields(job.id, handle=handle)
+                self.transition(job.id, State.RUNNING, "found again after a daemon restart")
+            if code is not None:
+                self.record_exit(job.id, code)
+                self._finish(job.id, rt, handle)
+                continue
+            if hasattr(rt, "follow_logs"):
+                rt.follow_logs(handle, self.log_path(job.id))
+            live = self.live.setdefault(job.id, Live())
+            live.task = asyncio.get_running_loop().create_task(self.follow(job.id, handle))
+            log.info("job %d found again after restart (%s)", job.id, handle)
+            if job.cancel_by:  # the daemon stopped in the middle of cancelling it: finish that
+                asyncio.get_running_loop().create_task(self._finish_cancel(job.id, handle))
+        if "docker" in self.runtimes:
+            await self._sweep_containers(found)
+
+    async def _sweep_containers(self, found: dict[int, str] | None = None) -> None:
+        """Remove this daemon's containers that no open job owns: ended while colo or the engine
+        was away, or created by a start the engine cut short."""
+        rt = self.runtimes["docker"]
+        if found is None:
+            found = await asyncio.to_thread(rt.adopt)
+        for job_id, handle in found.items():
+            job = self.open_jobs.get(job_id)
+            if job is not None and (job.handle == handle or job.state == State.STARTING):
+                continue
+            await asyncio.to_thread(rt.cleanup, handle)
+
+    def _unrecorded_process(self, job: Job) -> str | None:
+        """A process job whose start was cut short before its handle was stored: its shim may be
+        running (or have finished) all the same. Found by the exit file it was given, so that
+        recovery never starts the same job twice."""
+        if job.spec.runtime != "process" or job.state != State.STARTING:
+            return None
+        import psutil
+
+        exit_file = str(self.run_dir(job.id) / "exit")
+        for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+            cmd = p.info["cmdline"] or []
+            if len(cmd) > 1 and cmd[0].endswith("colo-shim") and cmd[1] == exit_file:
+                return f"{p.pid}:{p.info['create_time']:.3f}"
+        if os.path.exists(exit_file):
+            return "0:0"  # it ran and ended while colo was away; poll() reads its exit code
+        return None
+
+    async def _watch_docker(self) -> None:
+        """An engine that was not there at start-up, or went away, is looked for at each tick."""
+        rt = self.runtimes.get("docker")
+        if rt is None:
+            if time.monotonic() < self._docker_retry_at:
+                return
+            self._docker_retry_at = time.monotonic() + DOCKER_RETRY
+            await asyncio.to_thread(self._init_docker)
+            if "docker" in self.runtimes:
+                log.warning("Docker engine found: container jobs can run")
+                self.docker_error = None
+                await self._recover([j for j in self.jobs_in(*ACTIVE)
+                                     if j.spec.runtime == "docker" and j.id not in self.live])
+                self.wake()
+        elif rt.down is not None and await asyncio.to_thread(rt.check):
+            await self._sweep_containers()
+            for j in self.jobs_in(State.RUNNING):  # cancels asked for while it was away
+                if j.cancel_by and j.handle and j.spec.runtime == "docker":
+                    asyncio.get_running_loop().create_task(self._finish_cancel(j.id, j.handle))
+            self.wake()

@@ -1,0 +1,129 @@
+"""Periodic work: NVML readings, per-job usage samples, MPS health and faults."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+
+from .. import interposer, mps
+from ..gpu import GpuInfo, NoDriver
+from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
+from ..runtimes.base import Gone, Unavailable
+from .lifecycle import Live, blocking
+
+log = logging.getLogger("colo")
+
+
+class SamplingMixin:
+    """Part of Daemon (colo/daemon/core.py); uses its state."""
+
+    async def _tick(self) -> None:
+        while not self.stopping:
+            try:
+                await self.sample()
+            except Exception as e:  # noqa: BLE001 - a bad sample must not stop the daemon
+                log.warning("sampling failed: %s", e)
+            await asyncio.sleep(self.config.sample_interval)
+
+    async def sample(self) -> None:
+        await self._watch_docker()
+        if self.gpu_error is None:
+            try:
+                devices = await asyncio.to_thread(self.nvml.devices)
+            except NoDriver as e:
+                self.gpu_error = str(e)
+            else:
+                self._note_gpu_errors(self.devices, devices)
+                self.devices = devices
+        if self.mps is not None and self.mps.available():
+            report = await asyncio.to_thread(self.mps.check)
+            for uuid, message in report.events:
+                log.warning("MPS on %s: %s", uuid, message)
+            for uuid, clients in report.faults.items():
+                await self._mps_fault(uuid, set(clients))
+            busy = {u for j in self.jobs_in(*ACTIVE) if j.mode == Mode.MPS for u in j.gpus}
+            await asyncio.to_thread(self.mps.release_idle, time.time(), busy)
+        rows = await asyncio.to_thread(self._usage_samples, self.jobs_in(State.RUNNING))
+        if rows:
+            self.store.add_samples(rows)
+
+    def _note_gpu_errors(self, before: list[GpuInfo], after: list[GpuInfo]) -> None:
+        """Say when the driver stops (or starts again) answering for a GPU. Its running jobs are
+        left alone, keeping their budgets (they may well be running fine); nothing new goes there."""
+        was = {d.uuid: d.error for d in before}
+        for d in after:
+            if d.error and not was.get(d.uuid):
+                jobs = [j.id for j in self.jobs_in(*ACTIVE) if d.uuid in j.gpus]
+                log.error("GPU%d (%s): %s; no new job is placed on it until it answers again%s", d.index, d.uuid,
+                          d.error, f"; its jobs {', '.join(map(str, jobs))} are left running" if jobs else "")
+            elif not d.error and was.get(d.uuid):
+                log.warning("GPU%d (%s) answers again: jobs may be placed on it", d.index, d.uuid)
+                self.wake()
+
+    def _usage_samples(self, running: list[Job]) -> list[tuple]:
+        """Per running GPU job: memory from its ledger, SM and bandwidth from NVML's per-process
+        samples. Also kept as `stats` (with the job's pids), which `top` and `ls` read."""
+        if self.gpu_error or not running:
+            self.stats = {}
+            return []
+        util: dict[int, tuple[int, int]] = {}
+        for dev in self.devices:
+            if dev.error is None and any(dev.uuid in j.gpus for j in running):
+                util.update(self.nvml.process_utilization(dev.index))
+        now, rows, stats = time.time(), [], {}
+        for j in running:
+            if not j.gpus or not j.handle:
+                continue
+            u = self.usage(j)
+            try:
+                pids = self.runtime_for(j).pids(j.handle)
+            except Exception:  # noqa: BLE001 - it may be ending right now
+                pids = []
+            sm = min(sum(util.get(p, (0, 0))[0] for p in pids) / 100.0, 1.0)
+            bw = min(sum(util.get(p, (0, 0))[1] for p in pids) / 100.0, 1.0)
+            rows.append((j.id, now, sm, u["used"] if u else None, bw))
+            stats[j.id] = {"pids": pids, "sm_util": round(sm * 100), **(u or {})}
+        self.stats = stats  # replaced whole: readers on the loop thread never see half of it
+        return rows
+
+    async def _mps_fault(self, uuid: str, clients: set[int]) -> None:
+        """A FAULT server: its clients' jobs fail (or are requeued when they allow retries); the
+        policy sees the GPU's MPS state as "fault" and places no MPS job there until it recovers."""
+        for job in self.jobs_in(State.RUNNING):
+            if job.mode != Mode.MPS or uuid not in job.gpus or not job.handle:
+                continue
+            rt = self.runtime_for(job)
+            pids = set(await asyncio.to_thread(rt.pids, job.handle))
+            if clients and not pids & clients:
+                continue
+            live = self.live.setdefault(job.id, Live())
+            if live.task:
+                live.task.cancel()
+            if job.attempts <= job.spec.retries:
+                self._requeue(job.id, f"{mps.FAULT_REASON}; requeued (attempt {job.attempts} of {job.spec.retries + 1})")
+            else:
+                self.transition(job.id, State.FAILED, mps.FAULT_REASON)
+            asyncio.get_running_loop().create_task(self._kill_after_fault(job.id, rt, job.handle))
+        self.wake()
+
+    async def _kill_after_fault(self, job_id: int, rt, handle: str) -> None:
+        await asyncio.to_thread(rt.stop, handle, self.config.stop_grace)
+        try:
+            await blocking(rt.wait, handle)  # reaped, so its exit file or container is final
+        except (Gone, Unavailable):
+            pass
+        await asyncio.to_thread(rt.cleanup, handle)
+        if self.store.get(job_id).state in TERMINAL:  # a requeued job gets a fresh ledger when it starts
+            shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
+        self.wake()
+
+    def usage(self, job: Job) -> dict | None:
+        """Live memory use from the job's ledger (exact, kept by the interposer)."""
+        if not job.gpus or job.state not in ACTIVE:
+            return None
+        try:
+            led = interposer.read_ledger(self.run_dir(job.id) / "ledger")
+        except Exception:  # noqa: BLE001 - not created yet, or already gone
+            return None
+        return {"used": sum(led.used.values()), "refused": led.refused, "budget": led.budget}
