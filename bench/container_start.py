@@ -20,6 +20,9 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import Report, daemon_log_problems  # noqa: E402
+
 RUN = uuid.uuid4().hex[:8]
 LABEL = f"colo.bench={RUN}"
 
@@ -46,7 +49,9 @@ def p90(xs: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=10, help="runs of each (default 10)")
+    ap.add_argument("--json-out", type=Path)
     args = ap.parse_args(argv)
+    rep = Report("container_start")
 
     import docker
 
@@ -107,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         daemon.client.cancel(j)
         wait_for(lambda: daemon.client.show(j)["state"] == "cancelled", 30, "job to stop")
 
+    def check_running(handle: str) -> None:
+        st = client.api.inspect_container(handle)["State"]
+        rep.check(st["Running"], f"container {handle[:12]} is not running: {st.get('Status')} {st.get('Error')}")
+        remove(handle)
+
     try:
         measure(
             colo_start, 1, remove
@@ -115,9 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         measure(daemon_start, 1, daemon_remove)
         colo, cli, full = [], [], []
         for _ in range(args.n):
-            colo += measure(colo_start, 1, remove)
-            cli += measure(cli_start, 1, remove)
+            colo += measure(colo_start, 1, check_running)
+            cli += measure(cli_start, 1, check_running)
             full += measure(daemon_start, 1, daemon_remove)
+        jobs = daemon.client.ls()
+        st = {}
+        for j in jobs:
+            st[j["state"]] = st.get(j["state"], 0) + 1
+        rep.check(st == {"cancelled": args.n + 1}, f"every daemon job should have run and been cancelled: {st}")
     finally:
         daemon.stop()
         rt.close()
@@ -125,23 +140,15 @@ def main(argv: list[str] | None = None) -> int:
             client.api.remove_container(c["Id"], force=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    ms = lambda x: f"{x * 1000:7.1f} ms"  # noqa: E731
-    print(
-        f"container start, submit-to-running, n={args.n} each "
-        f"(engine {client.version()['Version']})"
-    )
-    print(f"{'':24}{'median':>10}{'p90':>11}")
-    print(f"{'DockerRuntime.start':24}{ms(statistics.median(colo))}  {ms(p90(colo))}")
-    print(f"{'docker run -d (CLI)':24}{ms(statistics.median(cli))}  {ms(p90(cli))}")
-    print(
-        f"{'difference (colo - cli)':24}{ms(statistics.median(colo) - statistics.median(cli))}  "
-        f"{ms(p90(colo) - p90(cli))}"
-    )
-    print(f"{'colo submit -> running':24}{ms(statistics.median(full))}  {ms(p90(full))}   "
-          "(whole daemon: socket, checks, store, plan, launch)")
-    print(f"{'added by colo vs CLI':24}{ms(statistics.median(full) - statistics.median(cli))}  "
-          f"{ms(p90(full) - p90(cli))}")
-    return 0
+    rep.check(not (p := daemon_log_problems(daemon.log)), f"daemon log: {p[:3]}")
+    engine = client.version()["Version"]
+    rep.note(f"n={args.n} each, engine {engine}; p90: DockerRuntime.start {p90(colo) * 1000:.1f} ms, "
+             f"docker run -d {p90(cli) * 1000:.1f} ms, submit -> running {p90(full) * 1000:.1f} ms")
+    rep.figure("runtime_start", "DockerRuntime.start (container started)", statistics.median(colo), "s",
+               statistics.median(cli), "`docker run -d` (CLI)", f"median of {args.n}")
+    rep.figure("submit_running", "container job, submit -> running through the daemon", statistics.median(full),
+               "s", statistics.median(cli), "`docker run -d` (CLI)", f"median of {args.n}")
+    return rep.finish(args.json_out)
 
 
 if __name__ == "__main__":

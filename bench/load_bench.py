@@ -33,6 +33,9 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from daemon_util import DaemonProc, wait_for  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+from benchlib import Report  # noqa: E402
+
 from colo import fakegpu, native  # noqa: E402
 from colo.client import Client  # noqa: E402
 
@@ -304,15 +307,41 @@ def _peak_occupancy(state_dir: Path) -> dict[str, int]:
     return peak
 
 
+def hello_times(d: DaemonProc, n: int = 200) -> dict:
+    """The protocol's floor: one client's `hello` round trips, in sequence (baseline of a submit)."""
+    c = Client(d.socket, timeout=30)
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        c.hello()
+        ts.append(time.perf_counter() - t)
+    return {"n": n, "p50_ms": 1000 * pct(ts, 0.5), "p99_ms": 1000 * pct(ts, 0.99)}
+
+
+def direct_burns(gpus: Path, n: int) -> dict:
+    """The same colo-burn command as the short jobs, run n times back to back without colo."""
+    burn = str(native.path("colo-burn"))
+    env = {**os.environ, **fakegpu.FakeNode(gpus).env}
+    t0 = time.perf_counter()
+    fails = 0
+    for _ in range(n):
+        r = subprocess.run([burn, "--mem", "64MiB", "--seconds", "0.05", "--quiet"], env=env, capture_output=True)
+        fails += r.returncode != 0
+    wall = time.perf_counter() - t0
+    return {"n": n, "failed": fails, "jobs_per_s": n / wall}
+
+
 # entry point --------------------------------------------------------------------------------------
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--submits", type=int, default=1000)
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json-out", type=Path, help="save the figures and run conditions (bench/readme_table.py)")
     a = ap.parse_args()
     native.ensure_built()
+    rep = Report("load_bench")
     out = {}
     root = shared_root("colo-load-")
     try:
@@ -322,6 +351,7 @@ def main() -> None:
         os.chmod(d.socket.parent, 0o755)
         try:
             users = ensure_users(a.clients)
+            out["hello"] = hello_times(d)
             r = submit_load(d, users, a.submits)
             out["submit"] = {k: v for k, v in r.items() if k not in ("acked", "stored")}
             out["submit"]["violations"] = check_submissions(r)
@@ -332,26 +362,34 @@ def main() -> None:
         shutil.rmtree(root / "state")
         d = DaemonProc(root, root / "gpus").start()
         try:
+            out["direct"] = direct_burns(root / "gpus", 20)
             out["jobs"] = short_jobs(d, a.jobs)
         finally:
             d.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    s, j = out["submit"], out["jobs"]
+    # the timed work happened as intended, or no figure is printed
+    rep.check(not s["violations"], f"submissions: {s['violations']}")
+    rep.check(s["submits"] == a.submits, f"{s['submits']} of {a.submits} submissions acknowledged")
+    rep.check(not s["ls_errors"], f"{len(s['ls_errors'])} ls calls failed during the load: {s['ls_errors'][:2]}")
+    rep.check(j["states"] == {"succeeded": a.jobs}, f"short jobs should all succeed, ended {j['states']}")
+    rep.check(not j["over_commits"], f"over-commits: {j['over_commits'][:3]}")
+    h, dr = out["hello"], out["direct"]
+    rep.check(dr["failed"] == 0, f"{dr['failed']} of {dr['n']} direct colo-burn runs failed")
+    rep.figure("submit_p50", f"daemon side of a submit, p50 ({s['clients']} clients at once)", s["p50_ms"], "ms",
+               h["p50_ms"], "`hello` p50, one client")
+    rep.figure("submit_p99", "daemon side of a submit, p99", s["p99_ms"], "ms", h["p99_ms"], "`hello` p99, one client")
+    rep.figure("submit_rate", f"submits/s from {s['uids']} users", s["submits_per_s"], "/s",
+               1000 / h["p50_ms"], "`hello`/s, one client in sequence")
+    rep.figure("jobs_rate", f"short GPU jobs (colo-burn 50 ms) through the queue, {j['jobs']}", j["jobs_per_s"], "/s",
+               dr["jobs_per_s"], f"the same command run {dr['n']}x back to back, no colo")
+    rep.figure("rss_end", "daemon RSS at the end of the job stream", j["rss_kib"]["end"] * 1024, "B",
+               j["rss_kib"]["warm"] * 1024, "after a warm-up of 20 jobs")
+    rep.extra.update(out)
     if a.json:
         print(json.dumps(out, indent=1))
-        return
-    s, j = out["submit"], out["jobs"]
-    print(f"submissions: {s['submits']} from {s['clients']} clients ({s['uids']} uids) in {s['wall_s']:.2f} s = "
-          f"{s['submits_per_s']:.0f}/s; latency p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms, "
-          f"max {s['max_ms']:.1f} ms; violations: {s['violations'] or 'none'}")
-    print(f"ls during the load: {s['ls_n']} calls, p99 {s['ls_p99_ms']:.1f} ms, max {s['ls_max_ms']:.1f} ms, "
-          f"errors {len(s['ls_errors'])}")
-    print(f"short jobs: {j['jobs']} in {j['wall_s']:.1f} s = {j['jobs_per_s']:.1f} jobs/s; states {j['states']}; "
-          f"over-commits {len(j['over_commits'])}; peak budgeted per GPU "
-          f"{ {k[:12]: v // MiB for k, v in j['peak'].items()} } MiB of 1024")
-    print(f"daemon RSS: {j['rss_kib']['warm'] / 1024:.1f} MiB after warm-up, {j['rss_kib']['end'] / 1024:.1f} MiB "
-          f"at the end ({(j['rss_kib']['end'] - j['rss_kib']['warm']) / 1024:+.1f} MiB)")
-
+    return rep.finish(a.json_out)
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

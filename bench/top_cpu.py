@@ -16,6 +16,7 @@ import asyncio
 import fcntl
 import os
 import pty
+import shutil
 import struct
 import subprocess
 import sys
@@ -30,6 +31,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from colo import fakegpu, native  # noqa: E402
 from daemon_util import DaemonProc, wait_for  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import Report, daemon_log_problems  # noqa: E402
 
 GiB = 1024**3
 TICK = os.sysconf("SC_CLK_TCK")
@@ -88,11 +92,15 @@ def stop_node(d: DaemonProc) -> None:
 
 
 def spawn_top(d: DaemonProc, cols: int, rows: int) -> tuple[subprocess.Popen, list[int]]:
+    return spawn([sys.executable, "-m", "colo", "top"], d.env(), cols, rows)
+
+
+def spawn(argv: list[str], env: dict, cols: int, rows: int) -> tuple[subprocess.Popen, list[int]]:
+    """argv in a pseudo-terminal of cols x rows whose output is read and counted."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    env = {**d.env(), "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)}
-    p = subprocess.Popen([sys.executable, "-m", "colo", "top"], stdin=slave, stdout=slave, stderr=slave,
-                         env=env, start_new_session=True)
+    env = {**env, "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)}
+    p = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True)
     os.close(slave)
     got = [0]
 
@@ -123,12 +131,14 @@ def screenshot(d: DaemonProc, path: Path) -> None:
     asyncio.run(go())
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--size", default="160x50")
     ap.add_argument("--screenshot", type=Path)
+    ap.add_argument("--json-out", type=Path)
     a = ap.parse_args()
+    rep = Report("top_cpu")
     cols, rows = map(int, a.size.split("x"))
     native.ensure_built()
     with tempfile.TemporaryDirectory(prefix="colo-top-bench-") as tmp:
@@ -140,19 +150,36 @@ def main() -> None:
                 screenshot(d, a.screenshot)
                 print(f"wrote {a.screenshot}")
             idle = window({"daemon": d.proc.pid}, a.seconds)
+            base = None
+            if shutil.which("top"):  # a peer baseline: procps top refreshing every 1 s in the same terminal
+                ptop, pgot = spawn(["top", "-d", "1"], d.env(), cols, rows)
+                wait_for(lambda: pgot[0] > 1000, 30, "top to draw")
+                time.sleep(2)
+                base = window({"top": ptop.pid}, a.seconds)["top"]
+                rep.check(ptop.poll() is None, f"top exited ({ptop.returncode}) during its window")
+                ptop.terminate()
+                ptop.wait(10)
             top, got = spawn_top(d, cols, rows)
             wait_for(lambda: got[0] > 10_000, 30, "colo top to draw")
             time.sleep(3)  # start-up (imports, first layout) is not part of idle refreshing
             sent = got[0]
             served = window({"daemon": d.proc.pid, "top": top.pid}, a.seconds)
             out_rate = (got[0] - sent) / a.seconds
-            print(f"8 GPUs, 200 jobs (24 running, 176 waiting), terminal {cols}x{rows}, {a.seconds:.0f} s windows")
-            print(f"colo top (idle refresh, 1 s):      {served['top']:5.2f} % of one core")
-            print(f"daemon without colo top:           {idle['daemon']:5.2f} %")
-            print(f"daemon while serving colo top:     {served['daemon']:5.2f} %")
-            print(f"daemon's cost of serving colo top: {served['daemon'] - idle['daemon']:5.2f} % "
-                  f"(~{10 * (served['daemon'] - idle['daemon']):.0f} ms of CPU per 1 s poll)")
-            print(f"terminal output:                   {out_rate / 1024:5.1f} KiB/s")
+            # what was timed happened: top kept drawing, and the scene stayed as built
+            rep.check(top.poll() is None, f"colo top exited ({top.returncode}) during its window")
+            rep.check(got[0] - sent > 0, "colo top drew nothing during its window")
+            st = {}
+            for j in d.client.top()["jobs"]:
+                st[j["state"]] = st.get(j["state"], 0) + 1
+            rep.check(st == {"running": 24, "queued": 176}, f"the scene should be 24 running, 176 queued: {st}")
+            rep.check(not (p := daemon_log_problems(d.log)), f"daemon log: {p[:3]}")
+            rep.note(f"8 GPUs, 200 jobs (24 running, 176 waiting), terminal {cols}x{rows}, {a.seconds:.0f} s windows; "
+                     f"colo top wrote {out_rate / 1024:.1f} KiB/s")
+            rep.figure("top", "`colo top` (idle refresh, 1 s), % of a core", served["top"], "%", base,
+                       "procps `top -d 1`, same terminal")
+            rep.figure("daemon_serving", "daemon while serving `colo top`, % of a core", served["daemon"], "%",
+                       idle["daemon"], "daemon without `colo top`",
+                       f"~{10 * (served['daemon'] - idle['daemon']):.0f} ms CPU per 1 s poll")
         except BaseException:
             print(f"--- daemon log (tail) ---\n{d.log.read_text()[-3000:]}", file=sys.stderr)
             raise
@@ -161,7 +188,8 @@ def main() -> None:
                 top.terminate()
                 top.wait(10)
             stop_node(d)
+    return rep.finish(a.json_out)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
