@@ -1,0 +1,308 @@
+/* colo_spank.so: colo as the per-node GPU-sharing layer under Slurm (a SPANK plugin).
+ *
+ *   plugstack.conf:  required /usr/lib/colo/colo_spank.so python=/opt/colo/bin/python3 \
+ *                             socket=/run/colo/colo.sock [timeout=60]
+ *   user option:     sbatch|srun --colo-profile=NAME   (the profile MPS/time-sliced is decided from)
+ *
+ * Why SPANK and not TaskProlog/Prolog/Epilog scripts: the hooks colo needs run as root inside
+ * slurmstepd at the points that matter. init_post_opt runs once per step before any task exists,
+ * as root, and spank_setenv puts the interposer, ledger, budget, GPU and MPS pipe into every task's
+ * environment (a TaskProlog runs as the user, once per task, and can only print exports);
+ * task_exit runs the moment the batch script ends, while the job's other processes still live, so
+ * colo can send terminate_client before Slurm's SIGKILL (an Epilog runs only after every process
+ * of the job is gone); and --colo-profile is a real, checked sbatch option.
+ *
+ * The plugin itself decides nothing: each hook runs colo's helper (`python -I -m colo.slurm`) with
+ * an empty environment and explicit arguments taken from Slurm (never from the job's environment,
+ * which the user controls), reads `env NAME=VALUE` / `error TEXT` lines from it, and gives up after
+ * `timeout` seconds. The helper talks to the node's colo daemon as root. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(colo, 1);
+
+#define OUT_MAX 65536
+#define MAX_ARGS 24
+
+static char g_python[512] = "/usr/bin/python3";
+static char g_socket[512] = "";
+static char g_slurm_conf[512] = ""; /* for scontrol in the helper; Slurm's default when empty */
+static int g_timeout = 60;
+static char g_profile[128] = "";
+
+static int opt_profile(int val, const char *optarg, int remote)
+{
+    (void)val;
+    (void)remote;
+    if (!optarg || !*optarg || strlen(optarg) >= sizeof g_profile) {
+        slurm_error("colo: --colo-profile needs a name of at most %zu characters", sizeof g_profile - 1);
+        return -1;
+    }
+    snprintf(g_profile, sizeof g_profile, "%s", optarg);
+    return 0;
+}
+
+static struct spank_option colo_opts[] = {
+    {"colo-profile", "NAME", "colo: the stored profile to decide MPS or time-sliced from", 1, 0, opt_profile},
+    SPANK_OPTIONS_TABLE_END,
+};
+
+static void parse_args(int ac, char **av)
+{
+    for (int i = 0; i < ac; i++) {
+        if (!strncmp(av[i], "python=", 7))
+            snprintf(g_python, sizeof g_python, "%s", av[i] + 7);
+        else if (!strncmp(av[i], "socket=", 7))
+            snprintf(g_socket, sizeof g_socket, "%s", av[i] + 7);
+        else if (!strncmp(av[i], "slurm_conf=", 11))
+            snprintf(g_slurm_conf, sizeof g_slurm_conf, "%s", av[i] + 11);
+        else if (!strncmp(av[i], "timeout=", 8) && atoi(av[i] + 8) > 0)
+            g_timeout = atoi(av[i] + 8);
+        else
+            slurm_error("colo: unknown plugstack.conf argument %s", av[i]);
+    }
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+    parse_args(ac, av);
+    for (struct spank_option *o = colo_opts; o->name; o++)
+        if (spank_option_register(sp, o) != ESPANK_SUCCESS)
+            slurm_error("colo: cannot register --%s", o->name);
+    return 0;
+}
+
+/* Run the helper with `args` (NULL-terminated, after the action), collecting its stdout into out.
+ * Returns its exit status (0 ok), or -1 when it could not run or ran past the timeout. */
+static int run_helper(const char *action, char **args, char *out, size_t outsz)
+{
+    char *argv[MAX_ARGS] = {g_python, "-I", "-m", "colo.slurm", (char *)action};
+    int n = 5;
+    char sockarg[600];
+    if (g_socket[0]) {
+        snprintf(sockarg, sizeof sockarg, "--socket=%s", g_socket);
+        argv[n++] = sockarg;
+    }
+    for (int i = 0; args && args[i] && n < MAX_ARGS - 1; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    char *envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8", NULL};
+    /* Slurm's own commands run by the helper (scontrol) must read this cluster's config. */
+    char confenv[600];
+    const char *conf = g_slurm_conf[0] ? g_slurm_conf : getenv("SLURM_CONF");
+    if (conf && strlen(conf) < 500) {
+        snprintf(confenv, sizeof confenv, "SLURM_CONF=%s", conf);
+        envp[1] = confenv; /* LC_ALL is only a nicety */
+    }
+
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_RDWR);
+        dup2(devnull, 0);
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        for (int fd = 3; fd < 1024; fd++)
+            close(fd);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        execve(g_python, argv, envp);
+        dprintf(1, "error cannot run %s: %s\n", g_python, strerror(errno));
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t len = 0;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int timed_out = 0;
+    for (;;) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long left = (long)g_timeout * 1000 - ((now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000);
+        if (left <= 0) {
+            timed_out = 1;
+            break;
+        }
+        struct pollfd p = {.fd = fds[0], .events = POLLIN};
+        int r = poll(&p, 1, (int)left);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            timed_out = r == 0;
+            break;
+        }
+        char tmp[4096];
+        ssize_t k = read(fds[0], tmp, sizeof tmp);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        size_t take = (size_t)k < outsz - 1 - len ? (size_t)k : outsz - 1 - len;
+        memcpy(out + len, tmp, take);
+        len += take;
+    }
+    out[len] = 0;
+    close(fds[0]);
+    if (timed_out)
+        kill(pid, SIGKILL);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (timed_out) {
+        snprintf(out, outsz, "error colo's helper did not answer within %d s\n", g_timeout);
+        return -1;
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Report the helper's `error` lines (or its exit status when it printed none). */
+static void report(const char *what, int rc, char *out)
+{
+    int said = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"))
+        if (!strncmp(line, "error ", 6)) {
+            slurm_error("colo: %s: %s", what, line + 6);
+            said = 1;
+        }
+    if (!said)
+        slurm_error("colo: %s: helper exited with status %d", what, rc);
+}
+
+static int get_ids(spank_t sp, uint32_t *job, uint32_t *step, uid_t *uid, gid_t *gid)
+{
+    if (spank_get_item(sp, S_JOB_ID, job) != ESPANK_SUCCESS)
+        return -1;
+    if (step && spank_get_item(sp, S_JOB_STEPID, step) != ESPANK_SUCCESS)
+        return -1;
+    if (uid && spank_get_item(sp, S_JOB_UID, uid) != ESPANK_SUCCESS)
+        return -1;
+    if (gid && spank_get_item(sp, S_JOB_GID, gid) != ESPANK_SUCCESS)
+        return -1;
+    return 0;
+}
+
+/* Once per step, as root, before any task exists: ask colo for the job's place and environment. */
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+    (void)ac;
+    (void)av;
+    if (!spank_remote(sp))
+        return 0;
+    uint32_t job, step;
+    uid_t uid;
+    gid_t gid;
+    if (get_ids(sp, &job, &step, &uid, &gid) != 0) {
+        slurm_error("colo: cannot read the job's ids from Slurm");
+        return -1;
+    }
+    if (step == SLURM_EXTERN_CONT)
+        return 0; /* the extern step runs no user task */
+    char a_job[32], a_step[32], a_uid[32], a_gid[32], a_prof[160];
+    snprintf(a_job, sizeof a_job, "--job=%u", job);
+    snprintf(a_step, sizeof a_step, "--step=%u", step);
+    snprintf(a_uid, sizeof a_uid, "--uid=%u", (unsigned)uid);
+    snprintf(a_gid, sizeof a_gid, "--gid=%u", (unsigned)gid);
+    char *args[8] = {a_job, a_step, a_uid, a_gid, NULL};
+    if (g_profile[0]) {
+        snprintf(a_prof, sizeof a_prof, "--profile=%s", g_profile);
+        args[4] = a_prof;
+    }
+    static char out[OUT_MAX];
+    int rc = run_helper("attach", args, out, sizeof out);
+    if (rc != 0) {
+        report("cannot place this job on the node's GPUs", rc, out);
+        return -1;
+    }
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "env ", 4) != 0)
+            continue;
+        char *kv = line + 4, *eq = strchr(kv, '=');
+        if (!eq)
+            continue;
+        *eq = 0;
+        const char *val = eq + 1;
+        char joined[8192];
+        if (!strcmp(kv, "LD_PRELOAD")) { /* colo's interposer first, the job's own after it */
+            char theirs[4096];
+            if (spank_getenv(sp, "LD_PRELOAD", theirs, sizeof theirs) == ESPANK_SUCCESS && theirs[0]) {
+                snprintf(joined, sizeof joined, "%s:%s", val, theirs);
+                val = joined;
+            }
+        }
+        if (spank_setenv(sp, kv, val, 1) != ESPANK_SUCCESS) {
+            slurm_error("colo: cannot set %s in the job's environment", kv);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The batch script ended (by itself, or killed by scancel / a time limit): Slurm is about to kill
+ * whatever the job still runs, so colo sends terminate_client to its MPS clients now, first. */
+int slurm_spank_task_exit(spank_t sp, int ac, char **av)
+{
+    (void)ac;
+    (void)av;
+    if (!spank_remote(sp))
+        return 0;
+    uint32_t job, step;
+    int status = 0;
+    if (get_ids(sp, &job, &step, NULL, NULL) != 0 || step != SLURM_BATCH_SCRIPT)
+        return 0;
+    spank_get_item(sp, S_TASK_EXIT_STATUS, &status);
+    char a_job[32], a_st[32];
+    snprintf(a_job, sizeof a_job, "--job=%u", job);
+    snprintf(a_st, sizeof a_st, "--status=%d", status);
+    char *args[] = {a_job, a_st, NULL};
+    static char out[OUT_MAX];
+    int rc = run_helper("batch-exit", args, out, sizeof out);
+    if (rc != 0)
+        report("batch script ended", rc, out);
+    return 0;
+}
+
+/* After every process of the job is gone: colo records its end and learns its profile. Never
+ * fails the epilog (that would drain the node): a daemon that missed it finds out from Slurm. */
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+    parse_args(ac, av);
+    uint32_t job = 0;
+    if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) {
+        const char *e = getenv("SLURM_JOB_ID");
+        job = e ? (uint32_t)strtoul(e, NULL, 10) : 0;
+    }
+    if (!job)
+        return 0;
+    char a_job[32];
+    snprintf(a_job, sizeof a_job, "--job=%u", job);
+    char *args[] = {a_job, NULL};
+    static char out[OUT_MAX];
+    int rc = run_helper("end", args, out, sizeof out);
+    if (rc != 0)
+        report("job end", rc, out);
+    return 0;
+}
