@@ -141,5 +141,9 @@ class Client:
         except StopIteration as stop:
             return stop.value
 
+    def slurm(self, action: str, **args: Any) -> dict:
+        """For colo's Slurm plugin (root only): attach | batch_exit | end."""
+        return self.call("slurm", action=action, **args)
+
     def shutdown(self) -> None:
         self.call("shutdown")

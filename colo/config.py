@@ -58,6 +58,7 @@ class Config:
     sample_interval: float = 1.0
     fakegpu_state: Path | None = None  # use the simulated driver (tests, `colo demo`)
     profile_dirs: list[Path] = field(default_factory=list)
+    shared_profiles: Path | None = None  # learned profiles go here (e.g. NFS), so every node decides alike
     allowed_mount_roots: list[str] = field(default_factory=list)  # empty: any path the submitter can read
 
     @property
@@ -94,7 +95,7 @@ class Config:
                 values["reserve"] = 0 if r in (0, "0") else parse_size(r)
             except ValueError as e:
                 raise ConfigError(f"reserve: {e}") from None
-        for k in ("state_dir", "socket", "fakegpu_state"):
+        for k in ("state_dir", "socket", "fakegpu_state", "shared_profiles"):
             if values.get(k) is not None:
                 values[k] = Path(values[k])
         if "profile_dirs" in values:

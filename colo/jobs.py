@@ -82,9 +82,12 @@ class JobSpec:
     priority: int = 0
     profile: str | None = None
     retries: int = 0  # times a job may be requeued after a fault that was not its own (MPS server fault)
+    slurm_job: int | None = None  # started by Slurm on this node (colo/daemon/external.py); never from a submitter
 
     @property
     def runtime(self) -> str:
+        if self.slurm_job is not None:
+            return "slurm"
         return "docker" if self.image else "process"
 
     def to_dict(self) -> dict[str, Any]:

@@ -329,6 +329,25 @@ def plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Seque
             gc.enable()
 
 
+def place_now(c: Candidate, gpus: Sequence[GpuView], placed: Sequence[Placed],
+              config: PolicyConfig = PolicyConfig(), now: float | None = None) -> Decision:
+    """For a job another scheduler (Slurm) has already started on this node: it cannot wait in
+    colo's queue. plan()'s choice when plan() starts it; when plan() would rather wait (sharing
+    past saturation), time-sliced on the best-fitting GPU that holds its budget (invariant 1
+    still holds); WAIT only when no GPU has the memory, which the caller refuses."""
+    d = plan([c], gpus, placed, config, now)[0]
+    if d.action == START or c.gpus != 1:
+        return d
+    free = free_budget(gpus, placed)
+    fits = [g for g in gpus if g.error is None and g.compute_mode == "default" and free[g.uuid] >= c.budget]
+    if not fits:
+        return d
+    g = min(fits, key=lambda g: (free[g.uuid] - c.budget, g.index))
+    return _decision(c.job_id, START, (g.uuid,), "timesliced",
+                     f"time-sliced on GPU{g.index} (started by Slurm, so it cannot wait; colo alone would "
+                     f"have waited: {d.reason})", dict(d.details))
+
+
 def _hold_for(c: Candidate, state: dict[str, "_Gpu"]) -> list["_Gpu"] | None:
     """The GPUs to hold for a job that waits: the ones held for it last time while they still
     can take it (a hold that moved as other GPUs freed up would never end), else those with the

@@ -15,7 +15,7 @@ MAX_LINE = 1 << 20  # a request larger than this is refused, not buffered
 
 OPS = frozenset({
     "hello", "submit", "ls", "show", "logs", "wait", "cancel", "gpus", "explain", "top",
-    "history", "shutdown",
+    "history", "shutdown", "slurm",
 })
 
 # error codes (stable, for scripts)

@@ -12,6 +12,7 @@ from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..policy import can_ever_fit
 from ..runtimes.base import Unavailable
 from ..store import NotFound
+from .external import External, Refused
 from .validate import Caller, Forbidden, Invalid, check_spec, is_admin
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ def job_id_arg(args: dict) -> int:
 class Api:
     def __init__(self, daemon: "Daemon"):
         self.d = daemon
+        self.external = External(daemon)
 
     def _job(self, args: dict) -> Job:
         job_id = job_id_arg(args)
@@ -55,6 +57,7 @@ class Api:
             "submitted_at": job.submitted_at, "started_at": job.started_at, "ended_at": job.ended_at,
             "exit_code": job.exit_code, "priority": job.spec.priority, "reason": job.reason,
             "cancel_by": job.cancel_by if job.state in ACTIVE else None,
+            "slurm_job": job.spec.slurm_job,
         }
         if reasons is not None and job.state == State.QUEUED and job.id in reasons:
             out["reason"] = reasons[job.id]
@@ -190,6 +193,15 @@ class Api:
                 row["spec"].update(env={}, mounts=[], workdir=None)
             out.append(row)
         return out
+
+    async def slurm(self, caller: Caller, args: dict) -> dict:
+        """colo's SPANK plugin: a Slurm job's step starts here, its batch script ended, or it ended."""
+        if caller.uid != 0:
+            raise ApiError("only root (Slurm's colo plugin) may register Slurm jobs", protocol.FORBIDDEN)
+        try:
+            return await self.external.handle(args)
+        except Refused as e:
+            raise ApiError(str(e), protocol.INVALID) from None
 
     async def shutdown(self, caller: Caller, args: dict) -> dict:
         if not is_admin(caller, self.d.config.admin_group) and caller.uid != os.geteuid():

@@ -22,6 +22,7 @@ from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..runtimes.base import StartError
 from ..runtimes.process import ProcessRuntime
 from ..store import Store
+from .external import SlurmRuntime
 from .learning import LearningMixin
 from .lifecycle import LifecycleMixin, Live, blocking  # noqa: F401 - blocking: re-exported
 from .recovery import RecoveryMixin
@@ -63,8 +64,9 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Learn
         self._writer: DecisionWriter | None = None
         self.mps: mps.MpsManager | None = None
         # learned profiles are written to (and win from) the state dir; then the configured ones
+        # (or to the folder shared by every node of a cluster, when the admin names one)
         self.profiles = profiles.ProfileStore(
-            [config.state_dir / "profiles", *config.profile_dirs, profiles.shipped_dir()])
+            [config.shared_profiles or config.state_dir / "profiles", *config.profile_dirs, profiles.shipped_dir()])
         self._profile_cache: dict[str, tuple[float, profiles.Profile | None]] = {}
 
     # start-up ---------------------------------------------------------------------------------
@@ -89,6 +91,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Learn
         self._writer = DecisionWriter(c.db_path)
         self.native = native.publish(c.state_dir)
         self.runtimes["process"] = ProcessRuntime(shim=self.native / "colo-shim")
+        self.runtimes["slurm"] = SlurmRuntime(self)  # jobs Slurm started here (external.py)
         try:
             self.devices = self.nvml.devices()
         except NoDriver as e:

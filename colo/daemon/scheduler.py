@@ -24,16 +24,19 @@ class SchedulerMixin:
             return []
         candidates, waits = self._eligible(queued)
         now = time.time()
-        placed = [policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),
-                                self.profile_of(j), now - (j.started_at or now))
-                  for j in self.jobs_in(*ACTIVE) if j.gpus]
-        decisions = policy.plan(candidates, self.gpu_views(), placed, self.cfg_policy, now=now)
+        decisions = policy.plan(candidates, self.gpu_views(), self.placed(now), self.cfg_policy, now=now)
         self._record(waits)
         self._record(decisions)
         for d in decisions:
             if d.action == policy.START:
                 self.start_job(d)
         return decisions
+
+    def placed(self, now: float) -> list[policy.Placed]:
+        """The active jobs on GPUs as plan() sees them (colo's own and Slurm's alike)."""
+        return [policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),
+                              self.profile_of(j), now - (j.started_at or now))
+                for j in self.jobs_in(*ACTIVE) if j.gpus]
 
     def _eligible(self, queued: list[Job]) -> tuple[list[policy.Candidate], list[policy.Decision]]:
         cands, waits = [], []
