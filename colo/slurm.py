@@ -46,25 +46,38 @@ def _scontrol(*args: str) -> str:
     return r.stdout
 
 
-def gres_on_node(show_job: str, node: str | None, expand=None) -> int:
-    """Bytes of `gpumem` allocated on `node`, from `scontrol show job -d` output (0: none).
+def _indices(text: str) -> list[int]:
+    """"0-1,3" -> [0, 1, 3]."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
 
-    Each allocated node range has a line `Nodes=vm[1-2] CPU_IDs=.. GRES=gpumem(CNT:4294967296)`;
-    `expand` turns a range into names (scontrol show hostnames), asked only with several lines."""
+
+def allocation(show_job: str, node: str | None, expand=None) -> tuple[int, list[int]]:
+    """(bytes of `gpumem`, indices of the `gpu` GRES bound, [] if none) that Slurm allocated to
+    the job on `node`, from `scontrol show job -d` output.
+
+    Each allocated node range has a line like `Nodes=vm[1-2] CPU_IDs=0-3 Mem=0
+    GRES=gpu:1(IDX:0),gpumem(CNT:4294967296)`; `expand` turns a range into names (scontrol show
+    hostnames), asked only when the job has several such lines."""
     rows = []
     for line in show_job.splitlines():
         m = re.search(r"\bNodes=(\S+)\s.*\bGRES=(\S*)", line)
         if m:
-            cnt = re.search(rf"(?:^|,){GRES}(?::[^(,]*)?\(CNT:(\d+)\)", m.group(2))
-            rows.append((m.group(1), int(cnt.group(1)) if cnt else 0))
+            gres = m.group(2)
+            cnt = re.search(rf"(?:^|,){GRES}(?::[^(,]*)?\(CNT:(\d+)\)", gres)
+            idx = re.search(r"(?:^|,)gpu(?::[^(,]*)*\(IDX:([\d,-]+)\)", gres)
+            rows.append((m.group(1), int(cnt.group(1)) if cnt else 0, _indices(idx.group(1)) if idx else []))
     if not rows:  # no per-node detail: the request per node
         m = re.search(rf"\bTresPerNode=\S*?gres[:/]{GRES}:(\w+)", show_job)
-        return slurm_count(m.group(1)) if m else 0
-    if len(rows) == 1 or len({c for _, c in rows}) == 1:
-        return rows[0][1]
-    for nodes, count in rows:
+        return (slurm_count(m.group(1)) if m else 0), []
+    if len(rows) == 1:
+        return rows[0][1], rows[0][2]
+    for nodes, count, idx in rows:
         if node and node in (expand(nodes) if expand else [nodes]):
-            return count
+            return count, idx
     raise SlurmError(f"this node ({node}) is not among the job's nodes")
 
 
@@ -101,11 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         if a.action == "attach":
             if a.uid is None or a.gid is None:
                 raise SlurmError("attach needs --uid and --gid")
-            mem = gres_on_node(_scontrol("show", "job", "-d", str(a.job)), a.node, _hostnames)
-            if mem == 0:  # no gpumem asked: no GPU, and no need to reach the daemon
+            mem, gpus = allocation(_scontrol("show", "job", "-d", str(a.job)), a.node, _hostnames)
+            if mem == 0:  # no gpumem asked: no GPU (its memory would be nobody's budget), no daemon
                 print(_env_line("CUDA_VISIBLE_DEVICES", ""))
                 return 0
-            res = client.slurm("attach", job=a.job, uid=a.uid, gid=a.gid, gpu_mem=mem, profile=a.profile or None)
+            res = client.slurm("attach", job=a.job, uid=a.uid, gid=a.gid, gpu_mem=mem, gpu_index=gpus,
+                               profile=a.profile or None)
             print("\n".join(_env_line(k, v) for k, v in sorted(res["env"].items())))
         elif a.action == "batch-exit":
             client.slurm("batch_exit", job=a.job, status=a.status)

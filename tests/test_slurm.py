@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from colo import fakegpu, native, profiles
-from colo.slurm import SlurmError, gres_on_node, job_exit, slurm_count
+from colo.slurm import SlurmError, allocation, job_exit, slurm_count
 from daemon_util import DaemonProc, wait_for
 
 GiB = 1024**3
@@ -164,7 +164,7 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
 
 @pytest.fixture(scope="module")
-def cluster(other_user):
+def cluster(other_user, native_dir):
     for exe in ("slurmctld", "slurmd", "sbatch", "munged"):
         if shutil.which(exe) is None:
             _need(f"{exe} is not installed (apt-get install slurm-wlm munge libslurm-dev)")
@@ -229,16 +229,17 @@ def colo_job(node, slurm_job: int) -> dict | None:
     return next((j for j in node.daemon.client.ls() if j.get("slurm_job") == slurm_job), None)
 
 
-def test_gres_and_exit_parsing():
+def test_allocation_and_exit_parsing():
     show = ("JobId=7 JobName=x\n   TresPerNode=gres:gpumem:4G\n"
             "     Nodes=vm[1-2] CPU_IDs=0 Mem=0 GRES=gpumem(CNT:4294967296)\n"
-            "     Nodes=vm3 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0),gpumem(CNT:1073741824)\n   ExitCode=0:15\n")
-    assert gres_on_node(show, "vm3", lambda n: {"vm[1-2]": ["vm1", "vm2"]}.get(n, [n])) == GiB
-    assert gres_on_node(show, "vm2", lambda n: {"vm[1-2]": ["vm1", "vm2"]}.get(n, [n])) == 4 * GiB
+            "     Nodes=vm3 CPU_IDs=0 Mem=0 GRES=gpu:a100:2(IDX:0,2-3),gpumem(CNT:1073741824)\n   ExitCode=0:15\n")
+    expand = {"vm[1-2]": ["vm1", "vm2"]}
+    assert allocation(show, "vm3", lambda n: expand.get(n, [n])) == (GiB, [0, 2, 3])
+    assert allocation(show, "vm2", lambda n: expand.get(n, [n])) == (4 * GiB, [])
     with pytest.raises(SlurmError):
-        gres_on_node(show, "other", lambda n: [n])
-    assert gres_on_node("JobId=8\n   TresPerNode=gres:gpumem:512M\n", "vm") == 512 << 20
-    assert gres_on_node("JobId=9\n   TresPerNode=cpu:1\n", "vm") == 0
+        allocation(show, "other", lambda n: [n])
+    assert allocation("JobId=8\n   TresPerNode=gres:gpumem:512M\n", "vm") == (512 << 20, [])
+    assert allocation("JobId=9\n   TresPerNode=cpu:1\n", "vm") == (0, [])
     assert job_exit(show) == (0, 15)
     assert slurm_count("16G") == 16 * GiB
     with pytest.raises(SlurmError):
@@ -316,3 +317,40 @@ def test_job_without_gpumem_sees_no_gpu_and_a_budget_no_gpu_holds_is_refused(clu
     # More gpumem than the node has: Slurm itself refuses it at submit, colo never sees it.
     r = node.run("sbatch", "--gres=gpumem:13G", str(s), user=other_user)
     assert r.returncode != 0 and "Requested node configuration is not available" in r.stderr, r.stderr
+
+
+def test_place_now_never_waits_when_memory_fits_and_never_overcommits():
+    """A job Slurm already started cannot wait in colo's queue: where plan() would wait for a
+    saturated GPU, place_now starts it time-sliced; where no GPU has the memory, it waits (the
+    plugin then fails the step) rather than break invariant 1."""
+    from colo import policy
+
+    n = 30
+    heavy = profiles.from_samples("heavy", {"times": list(range(n)), "sm": [0.95] * n, "mem": [GiB] * n,
+                                            "membw": [0.9] * n}, runtime=600, cache_bound=True)
+    gpus = [policy.GpuView("GPU-a", 0, 16 * GiB), policy.GpuView("GPU-b", 1, 16 * GiB)]
+    placed = [policy.Placed(1, ("GPU-a",), 10 * GiB, 1000, "timesliced", heavy, 10.0),
+              policy.Placed(2, ("GPU-b",), 8 * GiB, 1000, "timesliced", heavy, 10.0)]
+    c = policy.Candidate(3, 4 * GiB, 1, 1000, profile=heavy)
+    assert policy.plan([c], gpus, placed)[0].action == policy.WAIT
+    d = policy.place_now(c, gpus, placed)
+    assert (d.action, d.mode, d.gpus) == (policy.START, "timesliced", ("GPU-a",))  # best fit: 6 GiB free
+    big = policy.Candidate(4, 9 * GiB, 1, 1000, profile=heavy)
+    assert policy.place_now(big, gpus, placed).action == policy.WAIT
+
+
+def test_only_root_may_register_slurm_jobs(daemon, other_user):
+    """The Slurm ops set budgets and GPUs for others: a user who calls them is refused."""
+    from colo.client import Client
+    from daemon_util import as_user
+
+    kind, err = as_user(other_user, lambda: Client(daemon.socket).slurm(
+        "attach", job=1, uid=other_user.pw_uid, gid=other_user.pw_gid, gpu_mem=GiB))
+    assert kind == "err" and err[2] == "forbidden", err
+    assert daemon.client.ls() == []
+    # root with malformed values: one line, nothing stored
+    for bad in ({"job": "1"}, {"job": 1, "uid": -1}, {"job": 1, "uid": 0, "gid": 0, "gpu_mem": True}):
+        with pytest.raises(Exception) as e:
+            daemon.client.slurm("attach", **bad)
+        assert "malformed" in str(e.value)
+    assert daemon.client.ls() == []

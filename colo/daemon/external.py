@@ -215,17 +215,27 @@ class External:
             return {"job": None, "env": {"CUDA_VISIBLE_DEVICES": ""}}
         if d.gpu_error:
             raise Refused(d.gpu_error)
+        views = d.gpu_views()
+        bound = args.get("gpu_index") or []
+        if not isinstance(bound, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in bound):
+            raise Refused(f"malformed gpu_index: {bound!r}")
+        if bound:  # Slurm bound GPUs to it (gres/gpu): colo places it on exactly those
+            views = [v for v in views if v.index in bound]
+            if len(views) != len(set(bound)):
+                raise Refused(f"Slurm gave it GPUs {bound}, colo sees GPUs {[v.index for v in d.gpu_views()]}")
+        ngpus = max(1, len(views) if bound else 1)
+        per_gpu = gpu_mem // ngpus  # gpumem is the job's on this node, spread over its GPUs
         try:
             user = pwd.getpwuid(uid).pw_name
         except KeyError:
             user = str(uid)
-        spec = JobSpec(argv=["slurm", str(sj)], name=f"slurm-{sj}", gpu_mem=gpu_mem, gpus=1,
+        spec = JobSpec(argv=["slurm", str(sj)], name=f"slurm-{sj}", gpu_mem=per_gpu, gpus=ngpus,
                        profile=profile, slurm_job=sj)
         now = time.time()
-        cand = policy.Candidate(0, gpu_mem, 1, uid, 0, 0, d.profile_of(Job(0, spec, uid, gid, user)))
-        dec = policy.place_now(cand, d.gpu_views(), d.placed(now), d.cfg_policy)
+        cand = policy.Candidate(0, per_gpu, ngpus, uid, 0, 0, d.profile_of(Job(0, spec, uid, gid, user)))
+        dec = policy.place_now(cand, views, d.placed(now), d.cfg_policy)
         if dec.action != policy.START:
-            raise Refused(f"no GPU on this node can hold its gpumem budget of {format_size(gpu_mem)} now: {dec.reason}")
+            raise Refused(f"no GPU on this node can hold its gpumem budget of {format_size(per_gpu)} now: {dec.reason}")
         fut = self._starting[sj] = asyncio.get_running_loop().create_future()
         try:
             env = await self._start(spec, uid, gid, user, dec)
