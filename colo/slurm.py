@@ -81,6 +81,14 @@ def allocation(show_job: str, node: str | None, expand=None) -> tuple[int, list[
     raise SlurmError(f"this node ({node}) is not among the job's nodes")
 
 
+def profile_key(show_job: str) -> str | None:
+    """The profile a job without --colo-profile runs under: its Slurm job name (the script's name
+    unless -J says otherwise), so that runs of the same script learn one profile."""
+    m = re.search(r"\bJobName=(.*)$", show_job, re.M)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", m.group(1).strip()).strip("-.")[:57] if m else ""
+    return f"slurm-{name}" if name else None
+
+
 def _hostnames(nodes: str) -> list[str]:
     return _scontrol("show", "hostnames", nodes).split()
 
@@ -114,12 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         if a.action == "attach":
             if a.uid is None or a.gid is None:
                 raise SlurmError("attach needs --uid and --gid")
-            mem, gpus = allocation(_scontrol("show", "job", "-d", str(a.job)), a.node, _hostnames)
+            show = _scontrol("show", "job", "-d", str(a.job))
+            mem, gpus = allocation(show, a.node, _hostnames)
             if mem == 0:  # no gpumem asked: no GPU (its memory would be nobody's budget), no daemon
                 print(_env_line("CUDA_VISIBLE_DEVICES", ""))
                 return 0
             res = client.slurm("attach", job=a.job, uid=a.uid, gid=a.gid, gpu_mem=mem, gpu_index=gpus,
-                               profile=a.profile or None)
+                               profile=a.profile or profile_key(show))
             print("\n".join(_env_line(k, v) for k, v in sorted(res["env"].items())))
         elif a.action == "batch-exit":
             client.slurm("batch_exit", job=a.job, status=a.status)

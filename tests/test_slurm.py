@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from colo import fakegpu, native, profiles
-from colo.slurm import SlurmError, allocation, job_exit, slurm_count
+from colo.slurm import SlurmError, allocation, job_exit, profile_key, slurm_count
 from daemon_util import DaemonProc, wait_for
 
 GiB = 1024**3
@@ -241,6 +241,8 @@ def test_allocation_and_exit_parsing():
     assert allocation("JobId=8\n   TresPerNode=gres:gpumem:512M\n", "vm") == (512 << 20, [])
     assert allocation("JobId=9\n   TresPerNode=cpu:1\n", "vm") == (0, [])
     assert job_exit(show) == (0, 15)
+    assert profile_key(show) == "slurm-x"
+    assert profile_key("JobId=3 JobName=my train (v2).sh\n   UserId=a") == "slurm-my-train-v2-.sh"
     assert slurm_count("16G") == 16 * GiB
     with pytest.raises(SlurmError):
         slurm_count("4GB")
@@ -290,6 +292,7 @@ def test_slurm_jobs_share_a_gpu_queue_on_gpumem_and_are_held_to_their_budget(clu
     assert node.state(b)[0] == "RUNNING" and "terminated" not in result(node, "b")
     jc = wait_for(lambda: colo_job(node, c), 30, "job c in colo")
     assert jc["budget"] == 5 * GiB
+    assert node.daemon.job(jc["id"])["spec"]["profile"] == "slurm-c.sh"  # no --colo-profile: its job name
     wait_for(lambda: node.daemon.job(jc["id"])["state"] == "succeeded", 60, "job c to succeed in colo")
     # `colo cancel` of a Slurm job goes through Slurm (scancel), after terminate_client.
     node.daemon.cli("cancel", str(jb["id"]), check=True)
