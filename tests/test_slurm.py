@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -299,6 +298,8 @@ def test_slurm_jobs_share_a_gpu_queue_on_gpumem_and_are_held_to_their_budget(clu
     wait_for(lambda: node.daemon.job(jb["id"])["state"] == "cancelled", 60, "job b to end in colo")
     assert result(node, "b").splitlines()[-1].startswith("terminated")
     wait_for(lambda: node.state(b)[0] == "", 60, "Slurm to end job b")
+    # What colo kept for the jobs' later steps goes with them.
+    wait_for(lambda: not list((node.daemon.state_dir / "slurm").glob("*.json")), 30, "the jobs' env files to go")
 
 
 def _slurm_job_of(pid: int) -> int | None:

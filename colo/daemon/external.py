@@ -149,9 +149,13 @@ class SlurmRuntime:
         return out
 
     def cleanup(self, handle: str) -> None:
-        sj, _ = _parse(handle)
+        sj, jid = _parse(handle)
         with self._lock:
             self._ends.pop(sj, None)
+        try:
+            _env_path(self.d, jid).unlink()
+        except OSError:
+            pass
 
 
 # ---- the ops ---------------------------------------------------------------------------------
@@ -317,9 +321,5 @@ class External:
         await self._terminate_clients(job)  # normally none is left; if one is, it goes cleanly
         if sig in (signal.SIGTERM, signal.SIGKILL) and not job.cancel_by:
             self.d.set_fields(job.id, cancel_by=f"Slurm (signal {sig}: scancel, time limit or preemption)")
-        self.rt.ended(sj, 128 + sig if sig else code)
-        try:
-            _env_path(self.d, job.id).unlink()
-        except OSError:
-            pass
+        self.rt.ended(sj, 128 + sig if sig else code)  # follow() records it; cleanup() drops the env
         return {"job": job.id}
