@@ -193,8 +193,9 @@ def cluster(other_user, native_dir):
     home = root / "colo"
     home.mkdir(mode=0o755)
     node = SlurmNode(root / "slurm", "12G", "")
-    d = DaemonProc(home, fk / "state", {"profile_dirs": [str(prof)], "mps_idle_stop": 600.0,
-                                         "multi_user_mps": True}, env={"SLURM_CONF": str(node.conf)}).start()
+    d = DaemonProc(home, fk / "state", {"profile_dirs": [str(prof)], "mps_idle_stop": 600.0, "multi_user_mps": True,
+                                         "shared_profiles": str(root / "shared-profiles")},
+                   env={"SLURM_CONF": str(node.conf)}).start()
     (node.root / "plugstack.conf").write_text(
         f"required {plugin} python={sys.executable} socket={d.socket} slurm_conf={node.conf} timeout=60\n")
     try:
@@ -203,7 +204,7 @@ def cluster(other_user, native_dir):
         d.stop()
         node.stop()
         raise
-    node.shared, node.daemon, node.fake = shared, d, fk / "state"
+    node.shared, node.daemon, node.fake, node.profiles = shared, d, fk / "state", root / "shared-profiles"
     yield node
     node.stop()
     d.stop()
@@ -255,7 +256,7 @@ def test_slurm_jobs_share_a_gpu_queue_on_gpumem_and_are_held_to_their_budget(clu
     b = node.sbatch(script(node, "b", 1024, 8192, 120), "--gres=gpumem:5G", "--colo-profile=light",
                     "-o", f"{node.shared}/b.out", user=other_user)
     wait_for(lambda: result(node, "a") and result(node, "b"), 60, "both jobs to have allocated")
-    c = node.sbatch(script(node, "c", 512, 0, 1), "--gres=gpumem:5G", "-o", f"{node.shared}/c.out",
+    c = node.sbatch(script(node, "c", 512, 0, 3), "--gres=gpumem:5G", "-o", f"{node.shared}/c.out",
                     user=other_user)
     assert node.state(a)[0] == node.state(b)[0] == "RUNNING"
     wait_for(lambda: node.state(c) == ("PENDING", "Resources"), 30, "the third job to wait for gpumem")
@@ -293,6 +294,12 @@ def test_slurm_jobs_share_a_gpu_queue_on_gpumem_and_are_held_to_their_budget(clu
     assert jc["budget"] == 5 * GiB
     assert node.daemon.job(jc["id"])["spec"]["profile"] == "slurm-c.sh"  # no --colo-profile: its job name
     wait_for(lambda: node.daemon.job(jc["id"])["state"] == "succeeded", 60, "job c to succeed in colo")
+    # What it did was learned, into the folder every node shares.
+    assert (node.profiles / "slurm-c.sh.profile").exists(), list(node.profiles.glob("*"))
+    # A colo restart (even SIGKILL) loses no Slurm job: it is found again and still followed.
+    node.daemon.kill9()
+    node.daemon.start()
+    assert node.daemon.job(jb["id"])["state"] == "running"
     # `colo cancel` of a Slurm job goes through Slurm (scancel), after terminate_client.
     node.daemon.cli("cancel", str(jb["id"]), check=True)
     wait_for(lambda: node.daemon.job(jb["id"])["state"] == "cancelled", 60, "job b to end in colo")
