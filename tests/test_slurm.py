@@ -271,6 +271,8 @@ def test_slurm_jobs_share_a_gpu_queue_on_gpumem_and_are_held_to_their_budget(clu
     assert result(node, "a").split() == ["alloc", "0", "over", "-1", "total", str(5 * GiB)]
     assert result(node, "b").split()[:4] == ["alloc", "0", "over", "2"]
     assert node.state(a)[0] == "RUNNING" and node.state(b)[0] == "RUNNING"
+    top = {j["id"] for j in node.daemon.client.top()["jobs"]}
+    assert {ja["id"], jb["id"]} <= top
     ls = node.daemon.cli("ls", check=True).stdout
     rows = [r for r in ls.splitlines() if f"slurm-{a}" in r or f"slurm-{b}" in r]
     assert len(rows) == 2 and all(other_user.pw_name in r and "running" in r for r in rows), ls
@@ -325,6 +327,16 @@ def test_job_without_gpumem_sees_no_gpu_and_a_budget_no_gpu_holds_is_refused(clu
     j = node.sbatch(s, "-o", "/dev/null", user=other_user)
     wait_for(lambda: (node.shared / "env.result").exists() and node.state(j)[0] == "", 60, "the CPU job to end")
     assert (node.shared / "env.result").read_text().strip() == "cvd=[] preload=[]"
+    # Every step of a job (here the batch step and one srun step) gets the same place and ledger.
+    st = node.shared / "steps.sh"
+    line = 'echo "$COLO_JOB_ID $COLO_LEDGER $COLO_GPU_BUDGET $CUDA_VISIBLE_DEVICES ${LD_PRELOAD%%:*}"'
+    st.write_text(f"#!/bin/sh\n{line} > {node.shared}/steps.batch\nsrun sh -c '{line}' > {node.shared}/steps.srun\n")
+    st.chmod(0o755)
+    j = node.sbatch(st, "--gres=gpumem:1G", "-o", "/dev/null", user=other_user)
+    wait_for(lambda: node.state(j)[0] == "" and (node.shared / "steps.srun").exists(), 60, "the two-step job to end")
+    batch, step = ((node.shared / f"steps.{k}").read_text().split() for k in ("batch", "srun"))
+    assert batch == step and len(batch) == 5 and batch[2] == str(GiB) and batch[4].endswith("libcolo-interpose.so"), batch
+
     # More gpumem than the node has: Slurm itself refuses it at submit, colo never sees it.
     r = node.run("sbatch", "--gres=gpumem:13G", str(s), user=other_user)
     assert r.returncode != 0 and "Requested node configuration is not available" in r.stderr, r.stderr
