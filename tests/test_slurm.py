@@ -337,6 +337,18 @@ def test_job_without_gpumem_sees_no_gpu_and_a_budget_no_gpu_holds_is_refused(clu
     batch, step = ((node.shared / f"steps.{k}").read_text().split() for k in ("batch", "srun"))
     assert batch == step and len(batch) == 5 and batch[2] == str(GiB) and batch[4].endswith("libcolo-interpose.so"), batch
 
+    # Slurm does not see jobs submitted to colo on the node: when one holds the GPU's memory, a
+    # Slurm job that fits Slurm's count fails at start with colo's line, and the node stays up.
+    local = node.daemon.submit("--process", "--gpu-mem", "10GiB", "--", "/bin/sleep", "120")
+    node.daemon.wait_state(local, "running")
+    j = node.sbatch(s, "--gres=gpumem:8G", "-o", f"{node.shared}/refused.out", user=other_user)
+    wait_for(lambda: node.state(j)[0] == "", 60, "the refused job to end")
+    out = (node.shared / "refused.out").read_text()
+    assert "colo: cannot place this job on the node's GPUs: no GPU on this node can hold" in out, out
+    assert node.run("sinfo", "-h", "-o", "%T").stdout.strip() == "idle"
+    assert "ExitCode=1:0" in node.run("scontrol", "show", "job", str(j)).stdout
+    node.daemon.cli("cancel", str(local), check=True)
+
     # More gpumem than the node has: Slurm itself refuses it at submit, colo never sees it.
     r = node.run("sbatch", "--gres=gpumem:13G", str(s), user=other_user)
     assert r.returncode != 0 and "Requested node configuration is not available" in r.stderr, r.stderr

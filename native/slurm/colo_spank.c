@@ -45,6 +45,11 @@ static char g_socket[512] = "";
 static char g_slurm_conf[512] = ""; /* for scontrol in the helper; Slurm's default when empty */
 static int g_timeout = 60;
 static char g_profile[128] = "";
+/* Why colo could not place this step, kept from init_post_opt (in slurmstepd) to task_init (in each
+ * forked task): failing init_post_opt itself would make Slurm drain the node ("batch job complete
+ * failure") and report the job as completed; failing the task fails only the job, with the line. */
+static char g_refused[1024] = "";
+static int g_placed; /* this step's job has a place in colo (so its batch exit concerns colo) */
 
 static int opt_profile(int val, const char *optarg, int remote)
 {
@@ -234,8 +239,11 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
     static char out[OUT_MAX];
     int rc = run_helper("attach", args, out, sizeof out);
     if (rc != 0) {
+        char *e = strstr(out, "error ");
+        snprintf(g_refused, sizeof g_refused, "%s", e ? e + 6 : "colo's helper failed");
+        g_refused[strcspn(g_refused, "\n")] = 0;
         report("cannot place this job on the node's GPUs", rc, out);
-        return -1;
+        return 0;
     }
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
         if (strncmp(line, "env ", 4) != 0)
@@ -253,12 +261,27 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
                 val = joined;
             }
         }
+        if (!strcmp(kv, "COLO_LEDGER"))
+            g_placed = 1;
         if (spank_setenv(sp, kv, val, 1) != ESPANK_SUCCESS) {
-            slurm_error("colo: cannot set %s in the job's environment", kv);
-            return -1;
+            snprintf(g_refused, sizeof g_refused, "cannot set %s in the job's environment", kv);
+            return 0;
         }
     }
     return 0;
+}
+
+/* In each task, just before exec: a step colo could not place does not run (its GPU memory would
+ * be nobody's budget). The line goes to the task's stderr, i.e. the job's output. */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+    (void)ac;
+    (void)av;
+    if (!spank_remote(sp) || !g_refused[0])
+        return 0;
+    fprintf(stderr, "colo: cannot place this job on the node's GPUs: %s\n", g_refused);
+    fflush(stderr);
+    return -1;
 }
 
 /* The batch script ended (by itself, or killed by scancel / a time limit): Slurm is about to kill
@@ -271,7 +294,7 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
         return 0;
     uint32_t job, step;
     int status = 0;
-    if (get_ids(sp, &job, &step, NULL, NULL) != 0 || step != SLURM_BATCH_SCRIPT)
+    if (!g_placed || get_ids(sp, &job, &step, NULL, NULL) != 0 || step != SLURM_BATCH_SCRIPT)
         return 0;
     spank_get_item(sp, S_TASK_EXIT_STATUS, &status);
     char a_job[32], a_st[32];
