@@ -12,6 +12,9 @@
  * colo can send terminate_client before Slurm's SIGKILL (an Epilog runs only after every process
  * of the job is gone); and --colo-profile is a real, checked sbatch option.
  *
+ * A step colo cannot place fails in task_init, before exec, with colo's reason on the job's stderr
+ * (failing init_post_opt instead would make Slurm drain the node).
+ *
  * The plugin itself decides nothing: each hook runs colo's helper (`python -I -m colo.slurm`) with
  * an empty environment and explicit arguments taken from Slurm (never from the job's environment,
  * which the user controls), reads `env NAME=VALUE` / `error TEXT` lines from it, and gives up after
