@@ -18,7 +18,7 @@ from pathlib import Path
 from colo import native
 
 MAGIC = b"COLOLDG1"
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 4096
 SLOT_SIZE = 320
 MAX_DEVICES = 32
@@ -28,7 +28,7 @@ DEFAULT_SLOTS = 1024
 _HEAD = struct.Struct("<8s6IQQ")
 _USED_AT, _PEAK_AT = 64, 320
 _DEV = struct.Struct(f"<{MAX_DEVICES}Q")
-_SLOT = struct.Struct("<IIiIQ")  # state, gen, pid, spare, refused
+_SLOT = struct.Struct("<IIiIQQQ")  # state, gen, pid, spare, refused, started, finished
 _SLOT_OWNED = 1
 _FLOCK = struct.Struct("hh4xqqi4x")  # struct flock on x86_64/aarch64 Linux
 
@@ -48,7 +48,9 @@ class Ledger:
     peak: dict[int, int] = field(default_factory=dict)   # device -> highest total ever counted
     processes: list[dict] = field(default_factory=list)  # {"pid", "host_pid", "used", "by_device", "refused"}
     refused: int = 0                                    # refused allocations, all processes
-    counted: dict[int, int] = field(default_factory=dict)  # device -> header total (dead not yet reclaimed included)
+    # device -> the admission counter: live processes' bytes, operations in flight, and dead
+    # processes' bytes until a job process reclaims them
+    counted: dict[int, int] = field(default_factory=dict)
 
     @property
     def total_used(self) -> int:
@@ -106,7 +108,7 @@ def read_ledger(path: Path) -> Ledger:
             off = HEADER_SIZE + i * SLOT_SIZE
             if off + SLOT_SIZE > len(data):
                 break
-            state, _gen, pid, _, slot_refused = _SLOT.unpack_from(data, off)
+            state, _gen, pid, _, slot_refused, _started, _finished = _SLOT.unpack_from(data, off)
             if state != _SLOT_OWNED:
                 continue
             alive, _ = _lock_holder(fd, fcntl.F_OFD_GETLK, off)

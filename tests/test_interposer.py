@@ -368,3 +368,47 @@ def test_a_job_that_sees_one_gpu_counts_it_as_ordinal_0(probe, job):
                    "ready", "wait")
     assert codes(lines, "alloc") == [0, 2] and info(lines) == [(24 * MiB, BUDGET)]
     assert interposer.read_ledger(ledger).peak == {0: 40 * MiB}
+
+
+def _ask(proc, request, timeout=60.0):
+    """Send one `serve` request and read its answer; fails (instead of hanging) if none comes."""
+    import selectors
+    proc.stdin.write(request + "\n")
+    proc.stdin.flush()
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        assert sel.select(timeout), f"no answer to {request!r}: blocked"
+    return proc.stdout.readline()
+
+
+def test_a_stopped_process_blocks_no_other(probe, job, tmp_path):
+    env, ledger = job
+    # The stopped process gets a simulated driver of its own, so that the ledger is the only thing
+    # the two share (the simulated driver itself serialises its processes under a file lock). Its
+    # 40 MiB allocations fit one at a time: its other threads are refused, in the ledger alone.
+    from colo import fakegpu as fg
+    own = tmp_path / "own.state"
+    fg.create(own, count=1, mem=16 << 30)
+    stopper = subprocess.Popen([str(probe), "init", "race", "8", "100000000", "40M", str(BUDGET)],
+                               env={**env, "COLO_FAKEGPU_STATE": str(own)}, stdout=subprocess.DEVNULL)
+    checker = subprocess.Popen([str(probe), "init", "serve"], env=env, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert checker.stdout.readline() == "init 0\n"
+        _wait_for(lambda: any(x["used"] for x in interposer.read_ledger(ledger).processes))
+        rnd = random.Random(5)
+        for _ in range(100):  # stopped at random points: most of its threads spin in the ledger
+            time.sleep(rnd.uniform(0, 0.004))
+            stopper.send_signal(signal.SIGSTOP)
+            assert _ask(checker, "50 1M") == "serve 0\n"
+            stopper.send_signal(signal.SIGCONT)
+        stopper.send_signal(signal.SIGSTOP)
+        stopper.kill()  # killed mid-way: everything it held or was reserving comes back
+        stopper.wait(timeout=10)
+        assert _ask(checker, f"1 {BUDGET}") == "serve 0\n"
+    finally:
+        stopper.kill()
+        checker.stdin.close()
+        checker.wait(timeout=30)
+    led = interposer.read_ledger(ledger)
+    assert led.used[0] == 0 and led.counted[0] == 0 and led.peak[0] <= BUDGET

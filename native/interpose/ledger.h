@@ -1,9 +1,14 @@
 /* The job's ledger: a small file shared by every process of one job (and read by the colo daemon
  * from the host). Layout (little-endian, fixed; colo/interposer.py mirrors it):
  *
- *   [0, 4096)            header: magic, budget, per-device totals and peaks, refused count,
- *                        and a process-shared robust mutex at offset 1024
- *   [4096 + i*320, ...)  slot i: state, generation, pid, per-device bytes of one process
+ *   [0, 4096)            header: magic, budget, per-device totals and peaks, refused count
+ *   [4096 + i*320, ...)  slot i: state, generation, pid, op counters, per-device bytes of one process
+ *
+ * No lock is ever taken on it. The header total used[d] is the admission counter: a reservation
+ * is one compare-and-swap that never takes it past the budget. Each slot says what its process
+ * holds; a process's bytes go from the total when it dies. A process killed between its two
+ * counter updates leaves at most its one operation's bytes counted too many (never too few); the
+ * next reclaimer then recomputes the totals from the slots once no live process is mid-operation.
  *
  * Liveness: the owner of slot i holds an OFD write lock on the slot's first byte (and a classic
  * POSIX lock on its second byte, so that a reader in another pid namespace can learn the pid
@@ -12,16 +17,13 @@
 #ifndef COLO_LEDGER_H
 #define COLO_LEDGER_H
 
-#include <pthread.h>
 #include <stdint.h>
 
 #define LEDGER_MAGIC "COLOLDG1"
-#define LEDGER_VERSION 1
+#define LEDGER_VERSION 2
 #define LEDGER_HEADER_SIZE 4096
 #define LEDGER_SLOT_SIZE 320
 #define LEDGER_MAX_DEV 32
-#define LEDGER_MUTEX_OFFSET 1024
-#define LEDGER_INIT_DONE 0x600d
 
 enum { SLOT_FREE = 0, SLOT_OWNED = 1 };
 
@@ -35,13 +37,12 @@ struct ledger_header {
     uint32_t devices;          /* informational: how many GPUs the job was given */
     uint64_t budget;           /* bytes per device */
     uint64_t refused;          /* allocations refused, all processes (atomic) */
-    uint32_t init_state;       /* LEDGER_INIT_DONE once the mutex is initialised */
-    uint32_t next_slot;        /* where the next claimer starts looking (atomic hint) */
-    uint64_t spare0;
-    uint64_t used[LEDGER_MAX_DEV];   /* sum of all slots' used[]: what check-and-add compares */
+    uint32_t resync;           /* >0: a process died mid-operation; totals to be recomputed */
+    uint32_t hwm;              /* slots [0, hwm) have ever been owned: scans stop there */
+    uint32_t reclaims_begun;   /* dead-slot reclaims begun / ended: a resync needs them equal */
+    uint32_t reclaims_ended;
+    uint64_t used[LEDGER_MAX_DEV];   /* admission counters: live slots' used[] + operations in flight */
     uint64_t peak[LEDGER_MAX_DEV];
-    char pad[LEDGER_MUTEX_OFFSET - 576];
-    pthread_mutex_t mutex;     /* guards used[], peak[] and every slot's state and used[] */
 };
 
 struct ledger_slot {
@@ -50,7 +51,8 @@ struct ledger_slot {
     int32_t pid;               /* in the owner's pid namespace (informational) */
     uint32_t spare0;
     uint64_t refused;          /* this process's refusals */
-    char pad[64 - 24];
+    uint64_t started, finished;/* counter operations begun / ended: equal when none is in flight */
+    char pad[64 - 40];
     uint64_t used[LEDGER_MAX_DEV];
 };
 

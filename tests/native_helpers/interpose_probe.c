@@ -327,7 +327,7 @@ static int run(int argc, char **argv, int i)
             rc = !strcmp(via, "gpa2") ? gpa2(name, &p, v, (cuuint64_t)fl, &st) : gpa(name, &p, v, (cuuint64_t)fl);
             Dl_info info = {0};
             if (p) dladdr(p, &info);
-            out(c, rc, "%s %s %s", name, info.dli_fname && strstr(info.dli_fname, "interpose") ? "interpose" : "driver",
+            out(c, rc, "%s %s %s", name, info.dli_fname && strstr(info.dli_fname, "libcolo-interpose") ? "interpose" : "driver",
                 info.dli_sname ? info.dli_sname : "?");
         } else if (!strcmp(c, "loop")) {
             int n = (int)num(argv[++i]);
@@ -356,6 +356,23 @@ static int run(int argc, char **argv, int i)
                 ok += r[t].ok; oom += r[t].oom; bad += r[t].bad; other += r[t].other;
             }
             out(c, 0, "%ld %ld %ld %ld", ok, oom, bad, other);
+        } else if (!strcmp(c, "serve")) {
+            /* One line per request on stdin, "N SIZE": N alloc+free pairs; answers "serve <rc>"
+             * (the first error, or 0). Ends at EOF. */
+            char line[64];
+            while (fgets(line, sizeof line, stdin)) {
+                int n = 0;
+                char sz[32] = "1M";
+                if (sscanf(line, "%d %31s", &n, sz) < 1) break;
+                uint64_t size = num(sz);
+                rc = 0;
+                for (int k = 0; k < n && !rc; k++) {
+                    CUdeviceptr p;
+                    rc = p_cuMemAlloc_v2(&p, size);
+                    if (!rc) rc = p_cuMemFree_v2(p);
+                }
+                out(c, rc, NULL);
+            }
         } else if (!strcmp(c, "ready")) {
             out(c, 0, NULL); /* the test reads this line, then acts */
         } else if (!strcmp(c, "wait")) {
