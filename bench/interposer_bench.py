@@ -1,11 +1,16 @@
-"""Interposer overhead: cuMemAlloc_v2 + cuMemFree_v2 pairs through the interposer vs directly, on
-the simulated driver, 1 and 8 threads x 1 and 4 processes, printed side by side.
+"""Interposer overhead on the simulated driver, printed side by side with the bare driver:
 
-    python bench/interposer_bench.py [--pairs N] [--repeat R]
+  1. cuMemAlloc_v2 + cuMemFree_v2 pairs, 1 and 8 threads x 1 and 4 processes;
+  2. cuMemUnmap + cuMemRelease per 2 MiB page, with 100, 2,000 and 16,000 pages mapped
+     (PyTorch's expandable segments map and unmap page by page);
+  3. a race of 4 processes x 8 threads x 20,000 allocations of 24 MiB against a 64 MiB budget:
+     the most the driver ever held, as seen by the racing threads after each allocation.
 
-Each cell is the median over R runs of (wall time of a thread's loop / pairs), averaged over the
-processes; "added" is interposed minus direct. Direct and interposed runs alternate so that
-drift of the machine hits both alike.
+    python bench/interposer_bench.py [--pairs N] [--repeat R] [--race-ops N]
+
+Cells are medians over R runs; direct and interposed runs alternate so that drift of the machine
+hits both alike. Every run checks that the work happened (each call succeeded, counts match,
+the driver and the ledger are back at 0) before anything is printed.
 """
 from __future__ import annotations
 
@@ -21,39 +26,93 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from colo import fakegpu, interposer, native  # noqa: E402
 
+MiB = 1 << 20
 BENCH_C = r"""
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include "fakegpu.h"
 typedef int CUresult; typedef void *CUcontext; typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct { int type, requestedHandleTypes; struct { int type, id; } location; void *w; unsigned char f[8]; } Prop;
 CUresult cuInit(unsigned); CUresult cuDevicePrimaryCtxRetain(CUcontext *, int);
 CUresult cuCtxSetCurrent(CUcontext); CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
-static int pairs; static pthread_barrier_t bar; static double ns[64];
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const Prop *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+static int iters; static uint64_t size_b, budget; static pthread_barrier_t bar;
+static double ns[64]; static long ok[64], oom[64]; static uint64_t seen[64];
+static struct fg_header *fake;
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
-static void *loop(void *arg) {
-    long id = (long)arg; CUcontext c; CUdeviceptr p;
-    cuDevicePrimaryCtxRetain(&c, 0); cuCtxSetCurrent(c);
+static void ctx(void) { CUcontext c; cuDevicePrimaryCtxRetain(&c, 0); cuCtxSetCurrent(c); }
+static void *pairs(void *arg) {
+    long id = (long)arg; CUdeviceptr p; ctx();
     for (int i = 0; i < 1000; i++) { cuMemAlloc_v2(&p, 1 << 20); cuMemFree_v2(p); }  /* warm up */
     pthread_barrier_wait(&bar);
     double t0 = now();
-    for (int i = 0; i < pairs; i++) {
-        if (cuMemAlloc_v2(&p, 1 << 20)) { fprintf(stderr, "alloc failed\n"); exit(3); }
-        cuMemFree_v2(p);
+    for (int i = 0; i < iters; i++) {
+        if (cuMemAlloc_v2(&p, 1 << 20) || cuMemFree_v2(p)) { fprintf(stderr, "alloc/free failed\n"); exit(3); }
+        ok[id]++;
     }
-    ns[id] = (now() - t0) / pairs;
+    ns[id] = (now() - t0) / iters;
+    return NULL;
+}
+static void *race(void *arg) {
+    long id = (long)arg; CUdeviceptr p; ctx();
+    pthread_barrier_wait(&bar);
+    for (int i = 0; i < iters; i++) {
+        CUresult rc = cuMemAlloc_v2(&p, size_b);
+        if (rc == 2) { oom[id]++; continue; }
+        if (rc) { fprintf(stderr, "alloc failed %d\n", rc); exit(3); }
+        ok[id]++;
+        uint64_t u = __atomic_load_n(&fake->dev[0].used, __ATOMIC_ACQUIRE);
+        if (u > seen[id]) seen[id] = u;
+        sched_yield();  /* hold it while the others try */
+        if (cuMemFree_v2(p)) { fprintf(stderr, "free failed\n"); exit(3); }
+    }
     return NULL;
 }
 int main(int argc, char **argv) {
-    int threads = atoi(argv[1]); pairs = atoi(argv[2]);
-    pthread_t th[64]; cuInit(0);
+    const char *mode = argv[1]; int threads = atoi(argv[2]); iters = atoi(argv[3]);
+    int fd = open(getenv("COLO_FAKEGPU_STATE"), O_RDONLY);
+    fake = mmap(NULL, sizeof *fake, PROT_READ, MAP_SHARED, fd, 0);
+    cuInit(0); ctx();
+    if (!strcmp(mode, "vmm")) {
+        /* `iters` pages of 2 MiB: created, mapped side by side, handles kept; then timed:
+         * unmap + release of each page. */
+        size_t g = 2 << 20; CUdeviceptr va; int n = iters;
+        CUmemGenericAllocationHandle *h = calloc(n, sizeof *h);
+        Prop prop = {.type = 1, .location = {.type = 1, .id = 0}};
+        if (cuMemAddressReserve(&va, g * n, 0, 0, 0)) return 4;
+        for (int i = 0; i < n; i++)
+            if (cuMemCreate(&h[i], g, &prop, 0) || cuMemMap(va + g * i, g, 0, h[i], 0)) return 5;
+        uint64_t held = fake->dev[0].used;
+        double t0 = now();
+        for (int i = 0; i < n; i++)
+            if (cuMemUnmap(va + g * i, g) || cuMemRelease(h[i])) return 6;
+        double per = (now() - t0) / n;
+        printf("%.2f %d %llu %llu\n", per, n, (unsigned long long)held, (unsigned long long)fake->dev[0].used);
+        return 0;
+    }
+    size_b = strtoull(argv[4], NULL, 10); budget = strtoull(argv[5], NULL, 10);
+    pthread_t th[64];
     pthread_barrier_init(&bar, NULL, threads);
-    for (long t = 0; t < threads; t++) pthread_create(&th[t], NULL, loop, (void *)t);
-    double sum = 0;
-    for (int t = 0; t < threads; t++) { pthread_join(th[t], NULL); sum += ns[t]; }
-    printf("%.2f\n", sum / threads);
+    for (long t = 0; t < threads; t++) pthread_create(&th[t], NULL, !strcmp(mode, "race") ? race : pairs, (void *)t);
+    double sum = 0; long k = 0, o = 0; uint64_t mx = 0;
+    for (int t = 0; t < threads; t++) {
+        pthread_join(th[t], NULL); sum += ns[t]; k += ok[t]; o += oom[t]; if (seen[t] > mx) mx = seen[t];
+    }
+    printf("%.2f %ld %ld %llu\n", sum / threads, k, o, (unsigned long long)mx);
     return 0;
 }
 """
@@ -62,52 +121,97 @@ int main(int argc, char **argv) {
 def build(tmp: Path, lib_dir: Path) -> Path:
     src, exe = tmp / "bench.c", tmp / "interposer_bench"
     src.write_text(BENCH_C)
-    subprocess.run(["cc", "-O2", "-o", str(exe), str(src), str(lib_dir / "libcuda.so.1"), "-lpthread"], check=True)
+    fg_inc = Path(__file__).resolve().parents[1] / "native" / "fakegpu"
+    subprocess.run(["cc", "-O2", f"-I{fg_inc}", "-o", str(exe), str(src), str(lib_dir / "libcuda.so.1"),
+                    "-lpthread"], check=True)
     return exe
 
 
-def one(exe: Path, env: dict, procs: int, threads: int, pairs: int) -> float:
-    ps = [subprocess.Popen([str(exe), str(threads), str(pairs)], env=env, stdout=subprocess.PIPE, text=True)
+def launch(exe: Path, env: dict, procs: int, *args) -> list[list[float]]:
+    ps = [subprocess.Popen([str(exe), *map(str, args)], env=env, stdout=subprocess.PIPE, text=True)
           for _ in range(procs)]
-    vals = []
+    rows = []
     for p in ps:
-        out, _ = p.communicate(timeout=600)
+        out, _ = p.communicate(timeout=1200)
         if p.returncode != 0:
-            raise SystemExit(f"bench process failed ({p.returncode})")
-        vals.append(float(out))
-    return sum(vals) / len(vals)
+            raise SystemExit(f"bench process failed ({p.returncode}): {args}")
+        rows.append([float(x) for x in out.split()])
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=200_000, help="alloc+free pairs per thread")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--race-ops", type=int, default=20_000, help="allocations per racing thread")
     args = ap.parse_args()
     native.ensure_built()
     with tempfile.TemporaryDirectory(prefix="colo-bench-") as d:
         tmp = Path(d)
-        state, ledger = tmp / "fakegpu.state", tmp / "ledger"
+        state = tmp / "fakegpu.state"
         fakegpu.create(state, count=1, mem=64 << 30)
         node = fakegpu.FakeNode(state)
-        interposer.create_ledger(ledger, 32 << 30)
         exe = build(tmp, Path(node.lib_dir))
         base = {**os.environ, **node.env}
         for k in ("LD_PRELOAD", "COLO_GPU_BUDGET", "COLO_LEDGER"):
             base.pop(k, None)
-        budgeted = {**base, **interposer.job_env(32 << 30, str(ledger), str(interposer.library_path()))}
-        print(f"{args.pairs} alloc+free pairs of 1 MiB per thread, median of {args.repeat} runs, "
-              f"{os.cpu_count()} CPUs")
+
+        def budgeted(budget: int) -> tuple[dict, Path]:
+            ledger = Path(tempfile.mkdtemp(dir=tmp)) / "ledger"
+            interposer.create_ledger(ledger, budget)
+            return {**base, **interposer.job_env(budget, str(ledger), str(interposer.library_path()))}, ledger
+
+        def settled(ledger: Path | None) -> None:
+            used = fakegpu.FakeNode(state).read()["devices"][0]["used"]
+            assert used == 0, f"the simulated driver still holds {used} bytes"
+            if ledger is not None:
+                led = interposer.read_ledger(ledger)
+                assert led.counted[0] == 0 and led.refused == 0, led
+
+        print(f"simulated driver, {os.cpu_count()} CPUs; medians of {args.repeat} runs")
+        print(f"\n1. {args.pairs} alloc+free pairs of 1 MiB per thread")
         print(f"{'procs':>5} {'threads':>7} {'direct ns':>10} {'interposed ns':>14} {'added ns':>9} {'ratio':>6}")
+        env, ledger = budgeted(32 << 30)
         for procs in (1, 4):
             for threads in (1, 8):
                 direct, inter = [], []
                 for _ in range(args.repeat):
-                    direct.append(one(exe, base, procs, threads, args.pairs))
-                    inter.append(one(exe, budgeted, procs, threads, args.pairs))
+                    for e, led, acc in ((base, None, direct), (env, ledger, inter)):
+                        rows = launch(exe, e, procs, "pairs", threads, args.pairs, MiB, 0)
+                        assert all(r[1] == threads * args.pairs for r in rows), rows  # every pair ran
+                        settled(led)
+                        acc.append(sum(r[0] for r in rows) / len(rows))
                 dm, im = statistics.median(direct), statistics.median(inter)
                 print(f"{procs:>5} {threads:>7} {dm:>10.1f} {im:>14.1f} {im - dm:>9.1f} {im / dm:>6.2f}")
-        led = interposer.read_ledger(ledger)
-        assert led.used[0] == 0 and led.refused == 0, led
+
+        print("\n2. cuMemUnmap + cuMemRelease per 2 MiB page")
+        print(f"{'pages':>6} {'direct ns':>10} {'interposed ns':>14} {'added ns':>9} {'ratio':>6}")
+        env, ledger = budgeted(48 << 30)
+        for pages in (100, 2_000, 16_000):
+            direct, inter = [], []
+            for _ in range(args.repeat):
+                for e, led, acc in ((base, None, direct), (env, ledger, inter)):
+                    (per, n, held, after), = launch(exe, e, 1, "vmm", 1, pages)
+                    assert n == pages and held == pages * 2 * MiB and after == 0, (n, held, after)
+                    settled(led)
+                    acc.append(per)
+            dm, im = statistics.median(direct), statistics.median(inter)
+            print(f"{pages:>6} {dm:>10.1f} {im:>14.1f} {im - dm:>9.1f} {im / dm:>6.2f}")
+
+        budget, size, ops = 64 * MiB, 24 * MiB, args.race_ops
+        print(f"\n3. race: 4 processes x 8 threads x {ops} allocations of 24 MiB, budget 64 MiB")
+        print(f"{'':>12} {'allocated':>10} {'refused':>8} {'most held':>10} {'over budget':>12}")
+        env, ledger = budgeted(budget)
+        for name, e, led in (("direct", base, None), ("interposed", env, ledger)):
+            rows = launch(exe, e, 4, "race", 8, ops, size, budget)
+            got, refused, most = sum(r[1] for r in rows), sum(r[2] for r in rows), max(r[3] for r in rows)
+            assert got + refused == 4 * 8 * ops, (got, refused)  # every operation was made
+            if led is not None:
+                assert refused > 0 and interposer.read_ledger(led).peak[0] <= budget
+                interposer.create_ledger(led, budget)  # the refusals were the point; settle the rest
+            settled(led)
+            over = max(0, int(most) - budget)
+            print(f"{name:>12} {got:>10} {refused:>8} {int(most) // MiB:>7} MiB {over // MiB:>8} MiB")
 
 
 if __name__ == "__main__":

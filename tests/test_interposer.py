@@ -412,3 +412,44 @@ def test_a_stopped_process_blocks_no_other(probe, job, tmp_path):
         checker.wait(timeout=30)
     led = interposer.read_ledger(ledger)
     assert led.used[0] == 0 and led.counted[0] == 0 and led.peak[0] <= BUDGET
+
+
+@pytest.mark.parametrize("via", ["direct", "dlsym", "gpa"])
+@pytest.mark.parametrize("teardown", [
+    ["reset"],                   # cuDevicePrimaryCtxReset_v2
+    ["release"],                 # the last cuDevicePrimaryCtxRelease_v2
+    ["ctxdestroy"],              # cuCtxDestroy_v2 of a context of its own
+])
+def test_context_teardown_gives_its_memory_back(probe, job, via, teardown):
+    env, ledger = job
+    made = ["ctxcreate"] if teardown == ["ctxdestroy"] else []
+    lines, _ = run(probe, env, "init", *made, "alloc", "40M", "array", "1024", "1024", "create", "8M",
+                   *teardown, "info", "rawused", "alloc", "48M", "rawused", "alloc", "16M", "freeall", "info",
+                   via=via)
+    assert codes(lines, teardown[0]) == [0]
+    # The driver freed the 40 MiB and the 4 MiB array with the context; the VMM handle outlives it.
+    assert info(lines) == [(BUDGET - 8 * MiB, BUDGET), (BUDGET, BUDGET)]
+    assert [int(x.split()[2]) for x in lines if x.startswith("rawused")] == [8 * MiB, 56 * MiB]
+    assert codes(lines, "alloc") == [0, 0, 2]  # 48 MiB fit again (it was refused before); 16 more did not
+    led = interposer.read_ledger(ledger)
+    assert led.used[0] == 0 and led.peak[0] == 56 * MiB
+
+
+def test_pool_allocations_count_on_the_pools_device(probe, job):
+    env, ledger = job
+    lines, _ = run(probe, env, "init", "0", "poolnew", "1", "pool", "40M", "info", "rawused", "rawused1",
+                   "pool", "40M", "pooldefault", "0", "pool", "40M", "info")
+    assert codes(lines, "pool") == [0, 2, 0]  # device 1's budget holds one; device 0's is untouched
+    assert info(lines) == [(BUDGET, BUDGET), (BUDGET - 40 * MiB, BUDGET)]
+    assert [int(x.split()[2]) for x in lines if x.startswith("rawused")] == [0, 40 * MiB]
+    assert interposer.read_ledger(ledger).peak == {0: 40 * MiB, 1: 40 * MiB}
+
+
+def test_an_address_handed_out_again_replaces_the_lost_allocation(probe, job):
+    env, ledger = job
+    # The driver frees 20 MiB on a path the interposer does not see, then hands the same address
+    # out again (as real drivers do): the old entry's bytes leave the ledger, none leak.
+    lines, _ = run(probe, env, "init", "alloc", "20M", "lose", "alloc", "20M", "info", "rawused", "freeall", "info")
+    assert codes(lines, "lose") == [0] and codes(lines, "alloc") == [0, 0]
+    assert info(lines) == [(BUDGET - 20 * MiB, BUDGET), (BUDGET, BUDGET)]
+    assert interposer.read_ledger(ledger).counted[0] == 0

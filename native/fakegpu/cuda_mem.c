@@ -21,13 +21,48 @@ struct alloc {
 static struct alloc *g_tab[NBUCKET];
 static uint64_t g_next_addr = 0x7f2000000000ull;
 
+/* Memory pools (see cuMemPoolCreate below). */
+struct fg_pool {
+    uint32_t magic;
+    int ord;
+    struct fg_pool *next;
+};
+#define POOL_MAGIC 0x504f4f4cu
+static struct fg_pool g_defpool[FG_MAX_DEV];
+static struct fg_pool *g_pools;
+
 static unsigned bucket(uint64_t p) { return (unsigned)((p >> 9) * 0x9E3779B97F4A7C15ull >> 52) % NBUCKET; }
+
+/* Freed address ranges, most recent last: like the real driver, a new allocation of the same
+ * span gets a just-freed address back (callers that key by address must cope). */
+#define NREUSE 64
+static struct { uint64_t ptr, span; } g_reuse[NREUSE];
+static int g_nreuse;
+
+static uint64_t span_of(uint64_t size) { return (size + GRANULE - 1) / GRANULE * GRANULE + GRANULE; /* a guard gap */ }
 
 static uint64_t new_addr(uint64_t size)
 {
+    uint64_t span = span_of(size);
+    for (int i = g_nreuse - 1; i >= 0 && i >= g_nreuse - 8; i--)
+        if (g_reuse[i].span == span) {
+            uint64_t p = g_reuse[i].ptr;
+            g_reuse[i] = g_reuse[--g_nreuse];
+            return p;
+        }
     uint64_t p = g_next_addr;
-    g_next_addr += (size + GRANULE - 1) / GRANULE * GRANULE + GRANULE; /* a guard gap between */
+    g_next_addr += span;
     return p;
+}
+
+static void forget_addr(uint64_t ptr, uint64_t size)
+{
+    if (g_nreuse == NREUSE) {
+        memmove(g_reuse, g_reuse + 1, sizeof g_reuse[0] * (NREUSE - 1));
+        g_nreuse--;
+    }
+    g_reuse[g_nreuse].ptr = ptr;
+    g_reuse[g_nreuse++].span = span_of(size);
 }
 
 static struct alloc *find(uint64_t p)
@@ -62,6 +97,7 @@ static void give_back(struct alloc *a)
         }
         fg_unlock(&S);
     }
+    forget_addr(a->ptr, a->size);
     free(a);
 }
 
@@ -120,6 +156,12 @@ void fg_mem_drop_ctx(struct fg_ctx *c)
 
 void fg_mem_reset(void)
 {
+    g_nreuse = 0;
+    for (struct fg_pool *p = g_pools, *n; p; p = n) {
+        n = p->next;
+        free(p);
+    }
+    g_pools = NULL;
     for (unsigned b = 0; b < NBUCKET; b++)
         for (struct alloc *a = g_tab[b], *n; a; a = n) {
             n = a->next;
@@ -165,6 +207,8 @@ static CUresult ctx_give(uint64_t p, int kind)
 
 FG_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { LOCKED(ctx_take(n, K_MEM, p)); }
 FG_API CUresult cuMemFree_v2(CUdeviceptr p) { LOCKED(ctx_give(p, K_MEM)); }
+/* Fake only (tests): free as a path an interposer does not see would, e.g. a teardown it missed. */
+FG_API CUresult fakegpuLoseAllocation(CUdeviceptr p) { LOCKED(ctx_give(p, K_MEM)); }
 
 FG_API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned flags)
 {
@@ -191,13 +235,91 @@ FG_API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s)
     (void)s;
     LOCKED(ctx_take(n, K_MEM, p));
 }
+/* Memory pools: the pool's device is where its memory comes from. No release threshold, no
+ * reserve kept: a free gives the bytes straight back to the device. */
+
+static struct fg_pool *pool_of(CUmemoryPool h)
+{
+    for (int i = 0; i < g_nvis; i++)
+        if (h == (CUmemoryPool)&g_defpool[i])
+            return &g_defpool[i];
+    for (struct fg_pool *p = g_pools; p; p = p->next)
+        if (h == (CUmemoryPool)p)
+            return p;
+    return NULL;
+}
+
+static CUresult pool_take(CUdeviceptr *p, uint64_t n, CUmemoryPool pool)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    if (!p || !pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fg_pool *fp = pool_of(pool);
+    /* An unknown non-NULL handle counts as the current device's pool (older tests pass one). */
+    return take(fp ? fp->ord : c->ord, n, K_MEM, c, p);
+}
+
 FG_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s)
 {
     (void)s;
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    LOCKED(ctx_take(n, K_MEM, p));
+    LOCKED(pool_take(p, n, pool));
 }
+
+typedef struct { int allocType, handleTypes; struct { int type, id; } location; } POOL_PROPS;
+
+static CUresult pool_create(CUmemoryPool *out, const POOL_PROPS *props)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (!out || !props || props->allocType != 1 || props->location.type != 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (props->location.id < 0 || props->location.id >= g_nvis)
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct fg_pool *fp = calloc(1, sizeof *fp);
+    if (!fp)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *fp = (struct fg_pool){.magic = POOL_MAGIC, .ord = props->location.id, .next = g_pools};
+    g_pools = fp;
+    *out = (CUmemoryPool)fp;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuMemPoolCreate(CUmemoryPool *out, const POOL_PROPS *props) { LOCKED(pool_create(out, props)); }
+
+static CUresult pool_destroy(CUmemoryPool h)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    for (struct fg_pool **pp = &g_pools; *pp; pp = &(*pp)->next)
+        if ((CUmemoryPool)*pp == h) {
+            struct fg_pool *fp = *pp;
+            *pp = fp->next;
+            free(fp);
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+FG_API CUresult cuMemPoolDestroy(CUmemoryPool h) { LOCKED(pool_destroy(h)); }
+
+static CUresult default_pool(CUmemoryPool *out, CUdevice d)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= g_nvis)
+        return CUDA_ERROR_INVALID_DEVICE;
+    g_defpool[d] = (struct fg_pool){.magic = POOL_MAGIC, .ord = d};
+    *out = (CUmemoryPool)&g_defpool[d];
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *out, CUdevice d) { LOCKED(default_pool(out, d)); }
+FG_API CUresult cuDeviceGetMemPool(CUmemoryPool *out, CUdevice d) { LOCKED(default_pool(out, d)); }
 FG_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 {
     (void)s;

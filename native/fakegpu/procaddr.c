@@ -23,7 +23,8 @@
     X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy) X(cuMipmappedArrayCreate)       \
     X(cuMipmappedArrayDestroy) X(cuMemCreate) X(cuMemRelease) X(cuMemGetAllocationGranularity)  \
     X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)      \
-    X(cuGetErrorName) X(cuGetErrorString)
+    X(cuGetErrorName) X(cuGetErrorString) X(cuMemPoolCreate) X(cuMemPoolDestroy)                 \
+    X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool)
 FUNCS(F)
 #undef F
 FG_API CUresult cuGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags);
@@ -90,6 +91,10 @@ static const struct { const char *name; int version; void *fn, *ptds; } TABLE[] 
     {"cuMemMap", 10020, (void *)cuMemMap, 0},
     {"cuMemUnmap", 10020, (void *)cuMemUnmap, 0},
     {"cuMemSetAccess", 10020, (void *)cuMemSetAccess, 0},
+    {"cuMemPoolCreate", 11020, (void *)cuMemPoolCreate, 0},
+    {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy, 0},
+    {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool, 0},
+    {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool, 0},
     {"cuGetErrorName", 6000, (void *)cuGetErrorName, 0},
     {"cuGetErrorString", 6000, (void *)cuGetErrorString, 0},
     {"cuGetProcAddress", 11030, (void *)cuGetProcAddress, 0},

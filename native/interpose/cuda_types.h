@@ -22,6 +22,7 @@ typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef int CUdriverProcAddressQueryResult;
+typedef struct CUctx_st *CUcontext;
 
 typedef struct {
     size_t Width, Height;

@@ -27,9 +27,15 @@
     X(cuArrayCreate, c) X(cuArrayCreate_v2, c) X(cuArray3DCreate, c) X(cuArray3DCreate_v2, c)      \
     X(cuMipmappedArrayCreate, c) X(cuArrayDestroy, c) X(cuMipmappedArrayDestroy, c)                \
     X(cuMemGetInfo, c) X(cuMemGetInfo_v2, c) X(cuDeviceTotalMem, c) X(cuDeviceTotalMem_v2, c)      \
+    X(cuDevicePrimaryCtxRelease, c) X(cuDevicePrimaryCtxRelease_v2, c)                             \
+    X(cuDevicePrimaryCtxReset, c) X(cuDevicePrimaryCtxReset_v2, c) X(cuCtxDestroy, c)              \
+    X(cuCtxDestroy_v2, c) X(cuMemPoolCreate, c) X(cuMemPoolDestroy, c) X(cuDeviceGetDefaultMemPool, c) \
+    X(cuDeviceGetMemPool, c)                                                                       \
     X(nvmlDeviceGetMemoryInfo, n) X(nvmlDeviceGetMemoryInfo_v2, n)
 /* Real functions we call ourselves but do not wrap. */
-#define HELPERS(X) X(cuCtxGetDevice, c) X(cuDeviceGetCount, c) X(nvmlDeviceGetIndex, n) X(nvmlDeviceGetUUID, n)
+#define HELPERS(X)                                                                                 \
+    X(cuCtxGetDevice, c) X(cuDeviceGetCount, c) X(cuCtxGetCurrent, c) X(cuDevicePrimaryCtxGetState, c) \
+    X(cuDevicePrimaryCtxRetain, c) X(nvmlDeviceGetIndex, n) X(nvmlDeviceGetUUID, n)
 
 #define AS_ENUM(n, f) H_##n,
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
@@ -120,22 +126,43 @@ static int cur_dev(void)
     return 0; /* no context: the driver will refuse the allocation itself */
 }
 
-static void record(int kind, uint64_t key, int dev, uint64_t size)
+static uint64_t cur_ctx(void)
 {
-    struct alloc a = {.key = key, .size = size, .kind = (uint16_t)kind, .dev = (uint16_t)dev, .refs = 1};
-    table_put(&a);
+    CUresult (*f)(CUcontext *) = (CUresult(*)(CUcontext *))real(H_cuCtxGetCurrent);
+    CUcontext c = NULL;
+    return f && f(&c) == CUDA_SUCCESS ? (uint64_t)(uintptr_t)c : 0;
+}
+
+/* Keep the allocation's counted size by key. -1: no host memory to keep it (the caller undoes the
+ * allocation: a pointer we could not subtract at its free would stay counted for ever). */
+static int keep(int kind, uint64_t key, int dev, uint64_t size, uint64_t ctx)
+{
+    struct alloc a = {.key = key, .size = size, .ctx = ctx, .kind = (uint16_t)kind, .dev = (uint16_t)dev, .refs = 1};
+    struct alloc old;
+    int r = table_put(&a, &old);
+    /* Still recorded, yet handed out again: the driver freed it without us (a path we do not see). */
+    if (r == 1 && old.kind != K_MAP) ledger_release(old.dev, old.size);
+    return r < 0 ? -1 : 0;
+}
+
+static int record(int kind, uint64_t key, int dev, uint64_t size)
+{
+    return keep(kind, key, dev, size, kind == K_VMM ? 0 : cur_ctx());
 }
 
 /* Reserve, call the driver, then record or roll back: never check-then-allocate-then-add. */
-#define COUNTED_ALLOC(dev, size, kind, call, key)                                                  \
+#define COUNTED_ALLOC(dev, size, kind, call, key, undo)                                            \
     do {                                                                                           \
         int d_ = (dev);                                                                            \
         uint64_t s_ = (size);                                                                      \
         int e_ = ledger_reserve(d_, s_);                                                           \
         if (e_) return e_;                                                                         \
         CUresult rc_ = (call);                                                                     \
-        if (rc_ == CUDA_SUCCESS) record(kind, (uint64_t)(key), d_, s_);                            \
-        else ledger_release(d_, s_);                                                               \
+        if (rc_ == CUDA_SUCCESS && record(kind, (uint64_t)(key), d_, s_) != 0) {                   \
+            (void)(undo);                                                                          \
+            rc_ = CUDA_ERROR_OUT_OF_MEMORY;                                                        \
+        }                                                                                          \
+        if (rc_ != CUDA_SUCCESS) ledger_release(d_, s_);                                           \
         return rc_;                                                                                \
     } while (0)
 
@@ -143,12 +170,12 @@ static void record(int kind, uint64_t key, int dev, uint64_t size)
  * it), free, then subtract: the bytes leave the ledger only once the driver has them back. */
 #define COUNTED_FREE(kind, key, call)                                                              \
     do {                                                                                           \
-        struct alloc a_;                                                                           \
+        struct alloc a_, o_;                                                                       \
         int had_ = table_take(kind, (uint64_t)(key), &a_);                                         \
         CUresult rc_ = (call);                                                                     \
         if (had_) {                                                                                \
             if (rc_ == CUDA_SUCCESS) ledger_release(a_.dev, a_.size);                              \
-            else table_put(&a_);                                                                   \
+            else if (table_put(&a_, &o_) == 1) ledger_release(o_.dev, o_.size);                    \
         }                                                                                          \
         return rc_;                                                                                \
     } while (0)
@@ -177,25 +204,32 @@ static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, int fmt, unsigne
 
 /* ---- allocation wrappers ---------------------------------------------------------------------- */
 
+static CUresult free_v2_raw(uint64_t p);
+static CUresult free_v1_raw(uint64_t p);
+static CUresult release_raw(CUmemGenericAllocationHandle h);
+static CUresult array_destroy_raw(CUarray a);
+static CUresult mipmap_destroy_raw(CUmipmappedArray a);
+static int pool_dev(CUmemoryPool pool);
+
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     REAL(cuMemAlloc_v2, CUresult(*)(CUdeviceptr *, size_t), f, CUDA_ERROR_NOT_FOUND);
     if (!ON || !dptr || !bytesize) return f(dptr, bytesize);
-    COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize), *dptr);
+    COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize), *dptr, free_v2_raw(*dptr));
 }
 
 EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
     REAL(cuMemAlloc, CUresult(*)(CUdeviceptr_v1 *, unsigned int), f, CUDA_ERROR_NOT_FOUND);
     if (!ON || !dptr || !bytesize) return f(dptr, bytesize);
-    COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize), *dptr);
+    COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize), *dptr, free_v1_raw(*dptr));
 }
 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     REAL(cuMemAllocManaged, CUresult(*)(CUdeviceptr *, size_t, unsigned int), f, CUDA_ERROR_NOT_FOUND);
     if (!ON || !dptr || !bytesize) return f(dptr, bytesize, flags);
-    COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize, flags), *dptr);
+    COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize, flags), *dptr, free_v2_raw(*dptr));
 }
 
 /* Stream-ordered allocations are counted against the calling thread's current device. */
@@ -204,7 +238,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
     {                                                                                              \
         REAL(name, CUresult(*)(CUdeviceptr *, size_t, CUstream), f, CUDA_ERROR_NOT_FOUND);         \
         if (!ON || !dptr || !bytesize) return f(dptr, bytesize, s);                                \
-        COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize, s), *dptr);                    \
+        COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize, s), *dptr, free_v2_raw(*dptr)); \
     }
 ALLOC_ASYNC(cuMemAllocAsync)
 ALLOC_ASYNC(cuMemAllocAsync_ptsz)
@@ -215,7 +249,8 @@ ALLOC_ASYNC(cuMemAllocAsync_ptsz)
         REAL(name, CUresult(*)(CUdeviceptr *, size_t, CUmemoryPool, CUstream), f,                  \
              CUDA_ERROR_NOT_FOUND);                                                                \
         if (!ON || !dptr || !bytesize) return f(dptr, bytesize, pool, s);                          \
-        COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize, pool, s), *dptr);              \
+        COUNTED_ALLOC(pool_dev(pool), bytesize, K_PTR, f(dptr, bytesize, pool, s), *dptr,        \
+                      free_v2_raw(*dptr));                                                         \
     }
 ALLOC_POOL(cuMemAllocFromPoolAsync)
 ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz)
@@ -230,7 +265,11 @@ static CUresult settle_pitch(int dev, uint64_t est, uint64_t actual, uint64_t pt
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (actual < est) ledger_release(dev, est - actual);
-    record(K_PTR, ptr, dev, actual);
+    if (record(K_PTR, ptr, dev, actual) != 0) {
+        freefn(ptr);
+        ledger_release(dev, actual);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return CUDA_SUCCESS;
 }
 
@@ -244,6 +283,24 @@ static CUresult free_v1_raw(uint64_t p)
 {
     CUresult (*f)(CUdeviceptr_v1) = (CUresult(*)(CUdeviceptr_v1))real(H_cuMemFree);
     return f ? f((CUdeviceptr_v1)p) : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult release_raw(CUmemGenericAllocationHandle h)
+{
+    CUresult (*f)(CUmemGenericAllocationHandle) = (CUresult(*)(CUmemGenericAllocationHandle))real(H_cuMemRelease);
+    return f ? f(h) : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult array_destroy_raw(CUarray a)
+{
+    CUresult (*f)(CUarray) = (CUresult(*)(CUarray))real(H_cuArrayDestroy);
+    return f ? f(a) : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult mipmap_destroy_raw(CUmipmappedArray a)
+{
+    CUresult (*f)(CUmipmappedArray) = (CUresult(*)(CUmipmappedArray))real(H_cuMipmappedArrayDestroy);
+    return f ? f(a) : CUDA_ERROR_NOT_FOUND;
 }
 
 static uint64_t pitch_estimate(uint64_t w, uint64_t h) { return mul_sat((w + 511) & ~511ULL, h); }
@@ -313,7 +370,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
          CUDA_ERROR_NOT_FOUND);
     if (!ON || !h || !prop || !size || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return f(h, size, prop, flags); /* host memory, or the driver's own error */
-    COUNTED_ALLOC(prop->location.id, size, K_VMM, f(h, size, prop, flags), *h);
+    COUNTED_ALLOC(prop->location.id, size, K_VMM, f(h, size, prop, flags), *h, release_raw(*h));
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
@@ -326,23 +383,10 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
     if (rc == CUDA_SUCCESS) {
         if (r == 1) ledger_release(a.dev, a.size);
     } else if (r == 1) {
-        table_put(&a);
+        struct alloc o;
+        if (table_put(&a, &o) == 1) ledger_release(o.dev, o.size);
     } else if (r == 0) {
         table_ref(h, +1, &a);
-    }
-    return rc;
-}
-
-EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
-                         unsigned long long flags)
-{
-    REAL(cuMemMap, CUresult(*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long), f,
-         CUDA_ERROR_NOT_FOUND);
-    CUresult rc = f(ptr, size, offset, h, flags);
-    struct alloc a;
-    if (ON && rc == CUDA_SUCCESS && table_ref(h, +1, &a) == 0) {
-        struct alloc m = {.key = ptr, .size = size, .aux = h, .kind = K_MAP, .refs = 1};
-        table_put(&m);
     }
     return rc;
 }
@@ -353,11 +397,34 @@ static void unmapped(const struct alloc *m)
     if (table_ref(m->aux, -1, &a) == 1) ledger_release(a.dev, a.size);
 }
 
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                         unsigned long long flags)
+{
+    REAL(cuMemMap, CUresult(*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long), f,
+         CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(ptr, size, offset, h, flags);
+    struct alloc a;
+    if (ON && rc == CUDA_SUCCESS && table_ref(h, +1, &a) == 0) {
+        struct alloc m = {.key = ptr, .size = size, .aux = h, .kind = K_MAP, .refs = 1}, old;
+        int r = table_put(&m, &old);
+        if (r == 1) unmapped(&old); /* a mapping we missed the end of */
+        if (r < 0) {                /* no host memory to track it: undo the mapping */
+            CUresult (*unmap)(CUdeviceptr, size_t) = (CUresult(*)(CUdeviceptr, size_t))real(H_cuMemUnmap);
+            if (unmap) unmap(ptr, size);
+            unmapped(&m);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    return rc;
+}
+
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     REAL(cuMemUnmap, CUresult(*)(CUdeviceptr, size_t), f, CUDA_ERROR_NOT_FOUND);
     CUresult rc = f(ptr, size);
-    if (ON && rc == CUDA_SUCCESS) table_take_range(ptr, ptr + size, unmapped);
+    /* A range is unmapped whole, mapping by mapping: one lookup each. */
+    if (ON && rc == CUDA_SUCCESS && !table_take_maps(ptr, ptr + size, unmapped))
+        table_take_range(ptr, ptr + size, unmapped);
     return rc;
 }
 
@@ -378,7 +445,7 @@ EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d)
     REAL(cuArrayCreate_v2, CUresult(*)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *), f, CUDA_ERROR_NOT_FOUND);
     if (!ON || !ph || !d) return f(ph, d);
     COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), K_ARRAY,
-                  f(ph, d), (uintptr_t)*ph);
+                  f(ph, d), (uintptr_t)*ph, array_destroy_raw(*ph));
 }
 
 EXPORT CUresult cuArrayCreate(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
@@ -386,7 +453,7 @@ EXPORT CUresult cuArrayCreate(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
     REAL(cuArrayCreate, CUresult(*)(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *), f, CUDA_ERROR_NOT_FOUND);
     if (!ON || !ph || !d) return f(ph, d);
     COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), K_ARRAY,
-                  f(ph, d), (uintptr_t)*ph);
+                  f(ph, d), (uintptr_t)*ph, array_destroy_raw(*ph));
 }
 
 EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d)
@@ -395,7 +462,7 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d
     /* Sparse / deferred arrays have no backing of their own: it comes from cuMemCreate. */
     if (!ON || !ph || !d || (d->Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING))) return f(ph, d);
     COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), K_ARRAY,
-                  f(ph, d), (uintptr_t)*ph);
+                  f(ph, d), (uintptr_t)*ph, array_destroy_raw(*ph));
 }
 
 EXPORT CUresult cuArray3DCreate(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
@@ -403,7 +470,7 @@ EXPORT CUresult cuArray3DCreate(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d
     REAL(cuArray3DCreate, CUresult(*)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *), f, CUDA_ERROR_NOT_FOUND);
     if (!ON || !ph || !d) return f(ph, d);
     COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), K_ARRAY,
-                  f(ph, d), (uintptr_t)*ph);
+                  f(ph, d), (uintptr_t)*ph, array_destroy_raw(*ph));
 }
 
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
@@ -418,7 +485,7 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_
         uint64_t b = array_bytes(w ? w : 1, h ? h : 1, z ? z : 1, d->Format, d->NumChannels);
         total = total + b < total ? UINT64_MAX : total + b;
     }
-    COUNTED_ALLOC(cur_dev(), total, K_MIPMAP, f(ph, d, levels), (uintptr_t)*ph);
+    COUNTED_ALLOC(cur_dev(), total, K_MIPMAP, f(ph, d, levels), (uintptr_t)*ph, mipmap_destroy_raw(*ph));
 }
 
 EXPORT CUresult cuArrayDestroy(CUarray a)
@@ -434,6 +501,124 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
     if (!ON || !a) return f(a);
     COUNTED_FREE(K_MIPMAP, (uintptr_t)a, f(a));
 }
+
+/* ---- context teardown: the driver frees every allocation made in the context, so do we ------ */
+
+static void dropped(const struct alloc *a) { ledger_release(a->dev, a->size); }
+
+static void drop_ctx(uint64_t ctx)
+{
+    if (ctx) table_take_ctx(ctx, dropped);
+}
+
+/* The primary context of dev, if it is active (0 otherwise), without changing its retain count. */
+static uint64_t primary_ctx(CUdevice dev)
+{
+    CUresult (*state)(CUdevice, unsigned *, int *) =
+        (CUresult(*)(CUdevice, unsigned *, int *))real(H_cuDevicePrimaryCtxGetState);
+    CUresult (*retain)(CUcontext *, CUdevice) = (CUresult(*)(CUcontext *, CUdevice))real(H_cuDevicePrimaryCtxRetain);
+    CUresult (*release)(CUdevice) = (CUresult(*)(CUdevice))real(H_cuDevicePrimaryCtxRelease_v2);
+    if (!release) release = (CUresult(*)(CUdevice))real(H_cuDevicePrimaryCtxRelease);
+    unsigned flags = 0;
+    int active = 0;
+    CUcontext c = NULL;
+    if (!state || !retain || !release || state(dev, &flags, &active) != CUDA_SUCCESS || !active) return 0;
+    if (retain(&c, dev) != CUDA_SUCCESS) return 0;
+    release(dev);
+    return (uint64_t)(uintptr_t)c;
+}
+
+static int primary_active(CUdevice dev)
+{
+    CUresult (*state)(CUdevice, unsigned *, int *) =
+        (CUresult(*)(CUdevice, unsigned *, int *))real(H_cuDevicePrimaryCtxGetState);
+    unsigned flags = 0;
+    int active = 1;
+    if (state) state(dev, &flags, &active);
+    return active;
+}
+
+/* The last release destroys the primary context (and everything allocated in it). */
+#define PRIMARY_RELEASE(name)                                                                      \
+    EXPORT CUresult name(CUdevice dev)                                                            \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUdevice), f, CUDA_ERROR_NOT_FOUND);                                \
+        if (!ON) return f(dev);                                                                    \
+        uint64_t pc = primary_ctx(dev);                                                            \
+        CUresult rc = f(dev);                                                                      \
+        if (rc == CUDA_SUCCESS && pc && !primary_active(dev)) drop_ctx(pc);                        \
+        return rc;                                                                                 \
+    }
+PRIMARY_RELEASE(cuDevicePrimaryCtxRelease)
+PRIMARY_RELEASE(cuDevicePrimaryCtxRelease_v2)
+
+#define PRIMARY_RESET(name)                                                                        \
+    EXPORT CUresult name(CUdevice dev)                                                            \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUdevice), f, CUDA_ERROR_NOT_FOUND);                                \
+        if (!ON) return f(dev);                                                                    \
+        uint64_t pc = primary_ctx(dev);                                                            \
+        CUresult rc = f(dev);                                                                      \
+        if (rc == CUDA_SUCCESS) drop_ctx(pc);                                                      \
+        return rc;                                                                                 \
+    }
+PRIMARY_RESET(cuDevicePrimaryCtxReset)
+PRIMARY_RESET(cuDevicePrimaryCtxReset_v2)
+
+#define CTX_DESTROY(name)                                                                          \
+    EXPORT CUresult name(CUcontext c)                                                             \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUcontext), f, CUDA_ERROR_NOT_FOUND);                               \
+        CUresult rc = f(c);                                                                        \
+        if (ON && rc == CUDA_SUCCESS) drop_ctx((uint64_t)(uintptr_t)c);                            \
+        return rc;                                                                                 \
+    }
+CTX_DESTROY(cuCtxDestroy)
+CTX_DESTROY(cuCtxDestroy_v2)
+
+/* ---- memory pools: a pool's allocations are charged to the pool's device ---------------------- */
+
+static int pool_dev(CUmemoryPool pool)
+{
+    struct alloc a;
+    if (pool && table_get(K_POOL, (uint64_t)(uintptr_t)pool, &a)) return a.dev;
+    return cur_dev(); /* a pool we did not see made (imported): the caller's device */
+}
+
+static void keep_pool(CUmemoryPool pool, int dev)
+{
+    if (pool) keep(K_POOL, (uint64_t)(uintptr_t)pool, dev, 0, 0);
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemAllocationProp *props)
+{
+    REAL(cuMemPoolCreate, CUresult(*)(CUmemoryPool *, const CUmemAllocationProp *), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(pool, props);
+    /* CUmemPoolProps begins like CUmemAllocationProp: type, handle types, location. */
+    if (ON && rc == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        keep_pool(*pool, props->location.id);
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    REAL(cuMemPoolDestroy, CUresult(*)(CUmemoryPool), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(pool);
+    struct alloc a;
+    if (ON && rc == CUDA_SUCCESS) table_take(K_POOL, (uint64_t)(uintptr_t)pool, &a);
+    return rc;
+}
+
+#define GET_POOL(name)                                                                             \
+    EXPORT CUresult name(CUmemoryPool *pool, CUdevice dev)                                        \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUmemoryPool *, CUdevice), f, CUDA_ERROR_NOT_FOUND);                \
+        CUresult rc = f(pool, dev);                                                                \
+        if (ON && rc == CUDA_SUCCESS && pool) keep_pool(*pool, dev);                               \
+        return rc;                                                                                 \
+    }
+GET_POOL(cuDeviceGetDefaultMemPool)
+GET_POOL(cuDeviceGetMemPool)
 
 /* ---- capacity views: total = budget, free = what is left of it (never above the real free) ---- */
 
@@ -577,6 +762,13 @@ static const struct rule {
     {"cuMipmappedArrayCreate", 0, H_cuMipmappedArrayCreate, H_cuMipmappedArrayCreate, -1},
     {"cuArrayDestroy", 0, H_cuArrayDestroy, H_cuArrayDestroy, -1},
     {"cuMipmappedArrayDestroy", 0, H_cuMipmappedArrayDestroy, H_cuMipmappedArrayDestroy, -1},
+    {"cuDevicePrimaryCtxRelease", 11000, H_cuDevicePrimaryCtxRelease, H_cuDevicePrimaryCtxRelease_v2, -1},
+    {"cuDevicePrimaryCtxReset", 11000, H_cuDevicePrimaryCtxReset, H_cuDevicePrimaryCtxReset_v2, -1},
+    {"cuCtxDestroy", 4000, H_cuCtxDestroy, H_cuCtxDestroy_v2, -1},
+    {"cuMemPoolCreate", 0, H_cuMemPoolCreate, H_cuMemPoolCreate, -1},
+    {"cuMemPoolDestroy", 0, H_cuMemPoolDestroy, H_cuMemPoolDestroy, -1},
+    {"cuDeviceGetDefaultMemPool", 0, H_cuDeviceGetDefaultMemPool, H_cuDeviceGetDefaultMemPool, -1},
+    {"cuDeviceGetMemPool", 0, H_cuDeviceGetMemPool, H_cuDeviceGetMemPool, -1},
 };
 
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
@@ -700,5 +892,6 @@ __attribute__((constructor)) static void colo_interpose_init(void)
 {
     resolve_dlsym();
     ledger_env_init();
+    table_env_init();
     if (ledger_enabled()) pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }

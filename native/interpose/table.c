@@ -4,16 +4,26 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct alloc *tab;   /* kind == 0 marks an empty cell */
 static size_t cap, count;
+static size_t max_cap = (size_t)1 << 40;  /* COLO_TEST_TABLE_MAX lowers it (tests only) */
+
+void table_env_init(void)
+{
+    const char *v = getenv("COLO_TEST_TABLE_MAX");
+    if (v && *v) max_cap = (size_t)strtoull(v, NULL, 10);
+}
 
 static size_t hash_in(int kind, uint64_t key, size_t c)
 {
+    /* Fibonacci hashing: take the product's top bits. Keys are driver addresses, often multiples
+     * of 2 MiB: the low bits of the product are all zero for them. */
     uint64_t h = (key ^ ((uint64_t)kind << 59)) * 0x9E3779B97F4A7C15ULL;
-    return (size_t)(h >> 20) & (c - 1);
+    return (size_t)(h >> (64 - __builtin_ctzll((unsigned long long)c)));
 }
 
 static size_t hash(int kind, uint64_t key) { return hash_in(kind, key, cap); }
@@ -28,7 +38,7 @@ static void insert_raw(struct alloc *t, size_t c, const struct alloc *a)
 static int grow(void)
 {
     size_t nc = cap ? cap * 2 : 1024;
-    struct alloc *nt = calloc(nc, sizeof *nt);
+    struct alloc *nt = nc <= max_cap ? calloc(nc, sizeof *nt) : NULL;
     if (!nt) return -1;
     for (size_t i = 0; i < cap; i++)
         if (tab[i].kind) insert_raw(nt, nc, &tab[i]);
@@ -65,18 +75,32 @@ static void remove_at(size_t i)
     }
 }
 
-void table_put(const struct alloc *a)
+int table_put(const struct alloc *a, struct alloc *old)
+{
+    int r = 0;
+    pthread_mutex_lock(&mu);
+    long i = find(a->kind, a->key);
+    if (i >= 0) {
+        *old = tab[i];
+        tab[i] = *a;
+        r = 1;
+    } else if ((count + 1) * 2 > cap && grow() != 0) {
+        r = -1;
+    } else {
+        insert_raw(tab, cap, a);
+        count++;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+int table_get(int kind, uint64_t key, struct alloc *out)
 {
     pthread_mutex_lock(&mu);
-    if ((count + 1) * 2 > cap && grow() != 0) {
-        /* Out of host memory: the entry is lost, so its free will not subtract (conservative). */
-        pthread_mutex_unlock(&mu);
-        return;
-    }
-    long i = find(a->kind, a->key);
-    if (i >= 0) tab[i] = *a;
-    else { insert_raw(tab, cap, a); count++; }
+    long i = find(kind, key);
+    if (i >= 0) *out = tab[i];
     pthread_mutex_unlock(&mu);
+    return i >= 0;
 }
 
 int table_take(int kind, uint64_t key, struct alloc *out)
@@ -102,14 +126,30 @@ int table_ref(uint64_t handle, int delta, struct alloc *out)
     return gone;
 }
 
-void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *))
+int table_take_maps(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *))
+{
+    int n = 0;
+    for (uint64_t at = lo; at < hi;) {
+        struct alloc m;
+        if (!table_take(K_MAP, at, &m)) break;
+        fn(&m);
+        n++;
+        if (!m.size) break;
+        at += m.size;
+    }
+    return n;
+}
+
+/* Scans the whole table, 64 entries per pass under the lock: only for rare cases. */
+static void take_where(int (*match)(const struct alloc *, uint64_t, uint64_t), uint64_t x, uint64_t y,
+                       void (*fn)(const struct alloc *))
 {
     struct alloc got[64];
     for (;;) {
         int n = 0;
         pthread_mutex_lock(&mu);
         for (size_t i = 0; i < cap && n < 64; i++) {
-            if (tab[i].kind == K_MAP && tab[i].key >= lo && tab[i].key < hi) {
+            if (tab[i].kind && match(&tab[i], x, y)) {
                 got[n++] = tab[i];
                 remove_at(i);
                 i--;  /* the shift may have moved another entry into i */
@@ -120,6 +160,20 @@ void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *)
         if (n < 64) return;
     }
 }
+
+static int in_range(const struct alloc *a, uint64_t lo, uint64_t hi)
+{
+    return a->kind == K_MAP && a->key >= lo && a->key < hi;
+}
+
+static int in_ctx(const struct alloc *a, uint64_t ctx, uint64_t unused)
+{
+    (void)unused;
+    return a->ctx == ctx && (a->kind == K_PTR || a->kind == K_ARRAY || a->kind == K_MIPMAP);
+}
+
+void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *)) { take_where(in_range, lo, hi, fn); }
+void table_take_ctx(uint64_t ctx, void (*fn)(const struct alloc *)) { take_where(in_ctx, ctx, 0, fn); }
 
 void table_atfork_prepare(void) { pthread_mutex_lock(&mu); }
 void table_atfork_parent(void) { pthread_mutex_unlock(&mu); }

@@ -6,27 +6,41 @@
 
 #include <stdint.h>
 
-enum { K_PTR = 1, K_VMM = 2, K_MAP = 3, K_ARRAY = 4, K_MIPMAP = 5 };
+enum { K_PTR = 1, K_VMM = 2, K_MAP = 3, K_ARRAY = 4, K_MIPMAP = 5, K_POOL = 6 };
 
 struct alloc {
     uint64_t key;
     uint64_t size;   /* bytes counted in the ledger (K_MAP: bytes mapped) */
     uint64_t aux;    /* K_MAP: the VMM handle that is mapped */
+    uint64_t ctx;    /* the context it was made in (0: outlives contexts, e.g. VMM handles) */
     uint16_t kind;
     uint16_t dev;
     uint32_t refs;   /* K_VMM: the handle itself plus each mapping of it */
 };
 
-void table_put(const struct alloc *a);
+/* Insert a. Returns 0, or -1 when host memory ran out (nothing stored: the caller must undo the
+ * allocation). If the same (kind, key) was still recorded, the driver has handed the address out
+ * again, so the old allocation is gone: it is replaced and returned in *old (result 1). */
+int table_put(const struct alloc *a, struct alloc *old);
+/* Copy the entry out without removing it; 0 when there is none. */
+int table_get(int kind, uint64_t key, struct alloc *out);
 /* Remove and return the entry; 0 when it is not ours (imported, foreign, already freed). */
 int table_take(int kind, uint64_t key, struct alloc *out);
 /* Add `delta` to a K_VMM entry's refs; when they reach 0 the entry is removed and returned
  * (1); 0 when it stays; -1 for a handle that is not ours (imported). */
 int table_ref(uint64_t handle, int delta, struct alloc *out);
-/* Remove the K_MAP entries that start inside [lo, hi); calls fn for each. */
+/* Remove the K_MAP entries that tile [lo, hi) (each mapping starts where the previous ended):
+ * one lookup per mapping. Calls fn for each; returns how many. */
+int table_take_maps(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *));
+/* Remove the K_MAP entries that start inside [lo, hi) by a scan (a range that does not start
+ * at a mapping: rare). */
 void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *));
+/* Remove every entry made in context ctx (its teardown freed them); calls fn for each. */
+void table_take_ctx(uint64_t ctx, void (*fn)(const struct alloc *));
 void table_atfork_prepare(void);
 void table_atfork_parent(void);
 void table_atfork_child(void);
+/* Test hook: COLO_TEST_TABLE_MAX caps the table's cells, to exercise the out-of-memory path. */
+void table_env_init(void);
 
 #endif

@@ -26,7 +26,6 @@
 #include "cuda_types.h"
 #include "fakegpu.h"
 
-typedef void *CUcontext;
 /* What the program links against directly (the --via direct path). */
 CUresult cuInit(unsigned int);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
@@ -53,6 +52,12 @@ CUresult cuArrayDestroy(CUarray);
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemAllocationProp *);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
 
 #define FNS(X)                                                                                     \
     X(cuMemAlloc_v2, "cuMemAlloc") X(cuMemAllocPitch_v2, "cuMemAllocPitch")                        \
@@ -63,7 +68,10 @@ CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
     X(cuArrayCreate_v2, "cuArrayCreate") X(cuArray3DCreate_v2, "cuArray3DCreate")                  \
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate") X(cuArrayDestroy, "cuArrayDestroy")        \
     X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy") X(cuMemGetInfo_v2, "cuMemGetInfo")       \
-    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem")
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem") X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset") \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease") X(cuCtxCreate_v2, "cuCtxCreate")  \
+    X(cuCtxDestroy_v2, "cuCtxDestroy") X(cuMemPoolCreate, "cuMemPoolCreate")                       \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool")
 
 #define AS_PTR(sym, base) static __typeof__(&sym) p_##sym;
 FNS(AS_PTR)
@@ -112,6 +120,16 @@ enum { A_PTR, A_ASYNC, A_VMM, A_ARR, A_MIP };
 static struct { int kind; uint64_t v, va, size; } live[4096];
 static int nlive;
 static int cur_dev;
+static CUmemoryPool pool; /* "poolnew DEV": later "pool" allocations come from it */
+static CUcontext made;    /* "ctxcreate" */
+
+/* The driver freed everything made in a context: forget it (VMM handles outlive contexts). */
+static void forget_ctx_allocs(void)
+{
+    for (int i = 0; i < nlive;)
+        if (live[i].kind != A_VMM) live[i] = live[--nlive];
+        else i++;
+}
 
 static void push(int kind, uint64_t v, uint64_t va, uint64_t size)
 {
@@ -223,7 +241,7 @@ static int run(int argc, char **argv, int i)
             rc = !strcmp(c, "alloc") ? p_cuMemAlloc_v2(&p, n)
                  : !strcmp(c, "managed") ? p_cuMemAllocManaged(&p, n, 1)
                  : !strcmp(c, "async") ? p_cuMemAllocAsync(&p, n, NULL)
-                                       : p_cuMemAllocFromPoolAsync(&p, n, (CUmemoryPool)(uintptr_t)1, NULL); /* the fake has no pools to create */
+                                       : p_cuMemAllocFromPoolAsync(&p, n, pool ? pool : (CUmemoryPool)(uintptr_t)1, NULL);
             if (!rc) push(!strcmp(c, "alloc") || !strcmp(c, "managed") ? A_PTR : A_ASYNC, p, 0, n);
             out(c, rc, NULL);
         } else if (!strcmp(c, "pitch")) {
@@ -356,6 +374,38 @@ static int run(int argc, char **argv, int i)
                 ok += r[t].ok; oom += r[t].oom; bad += r[t].bad; other += r[t].other;
             }
             out(c, 0, "%ld %ld %ld %ld", ok, oom, bad, other);
+        } else if (!strcmp(c, "reset") || !strcmp(c, "release")) {
+            /* Primary context teardown; "release" drops the one retain "init" made. Then the
+             * context is made current again (retained anew after a release). */
+            CUcontext ctx;
+            rc = !strcmp(c, "reset") ? p_cuDevicePrimaryCtxReset_v2(cur_dev) : p_cuDevicePrimaryCtxRelease_v2(cur_dev);
+            if (!rc) forget_ctx_allocs();
+            if (!rc) rc = cuDevicePrimaryCtxRetain(&ctx, cur_dev);
+            if (!rc) rc = cuCtxSetCurrent(ctx);
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "ctxcreate")) {
+            rc = p_cuCtxCreate_v2(&made, 0, cur_dev); /* becomes current */
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "ctxdestroy")) {
+            rc = p_cuCtxDestroy_v2(made);
+            if (!rc) forget_ctx_allocs();
+            CUcontext ctx;
+            if (!rc) rc = cuDevicePrimaryCtxRetain(&ctx, cur_dev);
+            if (!rc) rc = cuCtxSetCurrent(ctx);
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "poolnew") || !strcmp(c, "pooldefault")) {
+            int d = atoi(argv[++i]);
+            CUmemAllocationProp prop = {.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d}};
+            rc = !strcmp(c, "poolnew") ? p_cuMemPoolCreate(&pool, &prop) : p_cuDeviceGetDefaultMemPool(&pool, d);
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "lose")) {
+            /* The driver frees the last allocation behind the interposer's back (fake only). */
+            CUresult (*lose)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))dlsym(dlopen("libcuda.so.1", RTLD_NOW), "fakegpuLoseAllocation");
+            rc = lose && nlive ? lose(live[nlive - 1].v) : CUDA_ERROR_NOT_FOUND;
+            if (!rc) nlive--;
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "rawused1")) {
+            out(c, fake ? 0 : CUDA_ERROR_NOT_FOUND, "%llu", (unsigned long long)fake_used(1));
         } else if (!strcmp(c, "serve")) {
             /* One line per request on stdin, "N SIZE": N alloc+free pairs; answers "serve <rc>"
              * (the first error, or 0). Ends at EOF. */
