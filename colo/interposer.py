@@ -34,6 +34,7 @@ _FLOCK = struct.Struct("hh4xqqi4x")  # struct flock on x86_64/aarch64 Linux
 
 ENV_BUDGET = "COLO_GPU_BUDGET"
 ENV_LEDGER = "COLO_LEDGER"
+ENV_MANAGED = "COLO_GPU_MANAGED"
 
 
 class LedgerError(RuntimeError):
@@ -136,17 +137,24 @@ def read_ledger(path: Path) -> Ledger:
     )
 
 
-def job_env(budget: int, ledger_in_job: str, library_in_job: str, preload: str = "") -> dict[str, str]:
+def job_env(budget: int, ledger_in_job: str, library_in_job: str, preload: str = "",
+            managed: str | None = None) -> dict[str, str]:
     """What a job's processes need: the budget, the ledger and the library preloaded first.
 
     `preload` is the job's own LD_PRELOAD, kept after ours. colo's variables must be set last,
-    over anything the submitter asked for.
+    over anything the submitter asked for. `managed`: "full" (the library's default: managed
+    memory is charged in full at allocation) or "none" (not charged; docs/interposer.md).
     """
-    return {
+    if managed not in (None, "full", "none"):
+        raise ValueError("managed must be 'full' or 'none'")
+    env = {
         ENV_BUDGET: str(int(budget)),
         ENV_LEDGER: ledger_in_job,
         "LD_PRELOAD": f"{library_in_job}:{preload}" if preload else library_in_job,
     }
+    if managed:
+        env[ENV_MANAGED] = managed
+    return env
 
 
 def library_problem(library: Path | None = None) -> str | None:

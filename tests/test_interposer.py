@@ -453,3 +453,69 @@ def test_an_address_handed_out_again_replaces_the_lost_allocation(probe, job):
     assert codes(lines, "lose") == [0] and codes(lines, "alloc") == [0, 0]
     assert info(lines) == [(BUDGET - 20 * MiB, BUDGET), (BUDGET, BUDGET)]
     assert interposer.read_ledger(ledger).counted[0] == 0
+
+
+def test_an_unknown_newer_abi_of_a_counted_function_is_refused(probe, job):
+    env, _ = job
+    plain = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "COLO_GPU_BUDGET", "COLO_LEDGER")}
+    # The simulated driver answers cuMemAlloc at CUDA 14000 with a made-up cuMemAlloc_v3.
+    script = ["init", "which", "cuMemAlloc", "14000", "0", "which", "cuMemAlloc", "13000", "0",
+              "dlsym", "cuMemAlloc_v3", "dlsym", "cuMemAlloc_v2", "dlsym", "cuMemAllocAsync_ptsz"]
+    lines, err = run(probe, env, *script, via="gpa2")
+    assert [x.split()[1:] for x in lines[1:]] == [
+        ["500", "cuMemAlloc", "driver", "?"], ["0", "cuMemAlloc", "interpose", "cuMemAlloc_v2"],
+        ["500", "cuMemAlloc_v3"], ["0", "cuMemAlloc_v2"], ["0", "cuMemAllocAsync_ptsz"]]
+    assert "cuMemAlloc (CUDA 14000) is an ABI this library does not know" in err
+    lines, _ = run(probe, plain, *script, via="gpa2")
+    assert lines[1].split()[1:] == ["0", "cuMemAlloc", "driver", "cuMemAlloc_v3"] and lines[3] == "dlsym 0 cuMemAlloc_v3"
+
+
+def test_no_host_memory_to_record_an_allocation_fails_it(probe, job):
+    env, ledger = job
+    # The table is capped at 1,024 cells (test hook): it cannot grow past 512 entries.
+    lines, _ = run(probe, {**env, "COLO_TEST_TABLE_MAX": "1024"}, "init", "many", "600", "1K", "info", "rawused",
+                   "freeall", "info", "rawused")
+    assert lines[1] == "many 2 512"  # the 513th fails, and the driver has it back
+    assert info(lines) == [(BUDGET - 512 * 1024, BUDGET), (BUDGET, BUDGET)]
+    assert [int(x.split()[2]) for x in lines if x.startswith("rawused")] == [512 * 1024, 0]
+    assert interposer.read_ledger(ledger).counted[0] == 0
+
+
+def test_dlsym_passes_through_as_the_caller_at_any_optimisation(job, tmp_path):
+    env, _ = job
+    src = HERE / "native_helpers" / "dlsym_scope.c"
+    cc = ["cc", "-std=gnu11", "-fPIC", "-o"]
+    subprocess.run([*cc, str(tmp_path / "libdep.so"), "-shared", "-DDEP", str(src)], check=True, timeout=120)
+    subprocess.run([*cc, str(tmp_path / "libplug.so"), "-shared", "-DPLUG", str(src), f"-L{tmp_path}", "-Wl,--no-as-needed", "-ldep",
+                    f"-Wl,-rpath,{tmp_path}", "-ldl"], check=True, timeout=120)
+    subprocess.run([*cc, str(tmp_path / "main"), str(src), "-ldl"], check=True, timeout=120)
+    o0 = tmp_path / "o0"
+    subprocess.run(["make", "-s", "-C", str(NATIVE), f"BUILD={o0}", "CFLAGS=-O0 -g", f"{o0}/libcolo-interpose.so"],
+                   check=True, timeout=300, capture_output=True)
+    for lib in (interposer.library_path(), o0 / "libcolo-interpose.so"):
+        for budget in (env["COLO_GPU_BUDGET"], ""):
+            r = subprocess.run([str(tmp_path / "main"), str(tmp_path / "libplug.so")], capture_output=True, text=True,
+                               env={**env, "LD_PRELOAD": str(lib), "COLO_GPU_BUDGET": budget}, timeout=60)
+            assert (r.returncode, r.stdout) == (0, "7 2\n"), (lib, budget, r.stderr)
+
+
+def test_managed_memory_charging_is_a_stated_choice(probe, job):
+    env, ledger = job
+    for managed, free_after in (("full", BUDGET - 40 * MiB), ("none", BUDGET)):
+        e = {**env, **interposer.job_env(BUDGET, str(ledger), str(interposer.library_path()), managed=managed)}
+        lines, _ = run(probe, e, "init", "managed", "40M", "info", "alloc", "40M", "freeall")
+        assert codes(lines, "managed") == [0] and info(lines) == [(free_after, BUDGET)]
+        assert codes(lines, "alloc") == ([2] if managed == "full" else [0])
+
+
+@pytest.mark.parametrize("via", ["direct", "gpa"])
+def test_context_limits_are_device_memory_and_counted(probe, job, via):
+    env, ledger = job
+    # CU_LIMIT_MALLOC_HEAP_SIZE (2) and CU_LIMIT_STACK_SIZE (0, per resident thread: 108 SMs x 2048).
+    lines, _ = run(probe, env, "init", "limit", "2", "32M", "info", "limit", "2", "16M", "info", "limit", "2", "80M",
+                   "info", "limit", "0", "1K", "rawused", "reset", "info", "rawused", via=via)
+    assert codes(lines, "limit") == [0, 0, 2, 2]  # a 216 MiB stack would pass the budget: refused
+    assert info(lines) == [(BUDGET - 32 * MiB, BUDGET), (BUDGET - 16 * MiB, BUDGET), (BUDGET - 16 * MiB, BUDGET),
+                           (BUDGET, BUDGET)]  # and the context's reset gives the heap back
+    assert [int(x.split()[2]) for x in lines if x.startswith("rawused")] == [16 * MiB, 0]
+    assert interposer.read_ledger(ledger).counted[0] == 0

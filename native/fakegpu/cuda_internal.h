@@ -49,6 +49,9 @@ struct fg_ctx {
     int refs;         /* primary: retain count */
     int alive;
     unsigned flags;
+    uint64_t limit_mem[3];   /* device memory held for cuCtxSetLimit: stack, printf FIFO, heap */
+    unsigned long long limit_ptr[3];
+    size_t limit_val[3];
     struct fg_ctx *next;
 };
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { K_MEM = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_VA };
+enum { K_MEM = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_VA, K_LIMIT };
 
 struct alloc {
     uint64_t ptr, size;
@@ -207,6 +207,8 @@ static CUresult ctx_give(uint64_t p, int kind)
 
 FG_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { LOCKED(ctx_take(n, K_MEM, p)); }
 FG_API CUresult cuMemFree_v2(CUdeviceptr p) { LOCKED(ctx_give(p, K_MEM)); }
+/* Fake only (tests): a made-up newer ABI, answered by cuGetProcAddress("cuMemAlloc") from 14000. */
+FG_API CUresult cuMemAlloc_v3(CUdeviceptr *p, size_t n) { LOCKED(ctx_take(n, K_MEM, p)); }
 /* Fake only (tests): free as a path an interposer does not see would, e.g. a teardown it missed. */
 FG_API CUresult fakegpuLoseAllocation(CUdeviceptr p) { LOCKED(ctx_give(p, K_MEM)); }
 
@@ -625,3 +627,46 @@ FG_API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, siz
     pthread_mutex_unlock(&g_mu);
     return r ? r : (p && desc && count) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
+
+/* ---- context limits --------------------------------------------------------------------- */
+
+/* Setting the stack size, printf FIFO or malloc heap takes that device memory for the context
+ * (stack: per resident thread, sms x 2048). The defaults (1 KiB stack, 1 MiB FIFO, 8 MiB heap)
+ * take none here: like the context itself, they are not modelled. */
+static CUresult set_limit(int limit, size_t value)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    if (limit < 0 || limit > 2)
+        return limit <= 6 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; /* others hold no memory */
+    uint64_t bytes = limit == 0 ? (uint64_t)value * S.h->dev[g_vis[c->ord]].sms * 2048 : value;
+    unsigned long long p = 0;
+    if (bytes && (r = take(c->ord, bytes, K_LIMIT, c, &p)))
+        return r;
+    if (c->limit_ptr[limit]) {
+        struct alloc *a = unlink_alloc(c->limit_ptr[limit], K_LIMIT);
+        if (a)
+            give_back(a);
+    }
+    c->limit_ptr[limit] = p;
+    c->limit_mem[limit] = bytes;
+    c->limit_val[limit] = value;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuCtxSetLimit(int limit, size_t value) { LOCKED(set_limit(limit, value)); }
+
+static CUresult get_limit(size_t *value, int limit)
+{
+    static const size_t dflt[3] = {1024, 1 << 20, 8 << 20};
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    if (!value || limit < 0 || limit > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    *value = c->limit_ptr[limit] || c->limit_val[limit] ? c->limit_val[limit] : dflt[limit];
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuCtxGetLimit(size_t *value, int limit) { LOCKED(get_limit(value, limit)); }

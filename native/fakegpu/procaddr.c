@@ -15,7 +15,7 @@
     X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2)    \
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPushCurrent_v2)            \
     X(cuCtxPopCurrent) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) X(cuCtxGetDevice_v2)             \
-    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemFree)      \
+    X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAlloc_v3) X(cuMemFree)      \
     X(cuMemFree_v2) X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemAllocAsync)               \
     X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz)           \
     X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) X(cuMemGetInfo) X(cuMemGetInfo_v2)                 \
@@ -24,7 +24,7 @@
     X(cuMipmappedArrayDestroy) X(cuMemCreate) X(cuMemRelease) X(cuMemGetAllocationGranularity)  \
     X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)      \
     X(cuGetErrorName) X(cuGetErrorString) X(cuMemPoolCreate) X(cuMemPoolDestroy)                 \
-    X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool)
+    X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuCtxSetLimit) X(cuCtxGetLimit)
 FUNCS(F)
 #undef F
 FG_API CUresult cuGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags);
@@ -67,6 +67,7 @@ static const struct { const char *name; int version; void *fn, *ptds; } TABLE[] 
     {"cuCtxSynchronize", 13000, (void *)cuCtxSynchronize_v2, 0},
     {"cuMemAlloc", 2000, (void *)cuMemAlloc, 0},
     {"cuMemAlloc", 3020, (void *)cuMemAlloc_v2, 0},
+    {"cuMemAlloc", 14000, (void *)cuMemAlloc_v3, 0}, /* made up: a future ABI, for tests */
     {"cuMemFree", 2000, (void *)cuMemFree, 0},
     {"cuMemFree", 3020, (void *)cuMemFree_v2, 0},
     {"cuMemAllocPitch", 3020, (void *)cuMemAllocPitch_v2, 0},
@@ -91,6 +92,8 @@ static const struct { const char *name; int version; void *fn, *ptds; } TABLE[] 
     {"cuMemMap", 10020, (void *)cuMemMap, 0},
     {"cuMemUnmap", 10020, (void *)cuMemUnmap, 0},
     {"cuMemSetAccess", 10020, (void *)cuMemSetAccess, 0},
+    {"cuCtxSetLimit", 3010, (void *)cuCtxSetLimit, 0},
+    {"cuCtxGetLimit", 3010, (void *)cuCtxGetLimit, 0},
     {"cuMemPoolCreate", 11020, (void *)cuMemPoolCreate, 0},
     {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy, 0},
     {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool, 0},

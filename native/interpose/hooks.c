@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda_types.h"
 #include "ledger.h"
@@ -30,12 +31,12 @@
     X(cuDevicePrimaryCtxRelease, c) X(cuDevicePrimaryCtxRelease_v2, c)                             \
     X(cuDevicePrimaryCtxReset, c) X(cuDevicePrimaryCtxReset_v2, c) X(cuCtxDestroy, c)              \
     X(cuCtxDestroy_v2, c) X(cuMemPoolCreate, c) X(cuMemPoolDestroy, c) X(cuDeviceGetDefaultMemPool, c) \
-    X(cuDeviceGetMemPool, c)                                                                       \
+    X(cuDeviceGetMemPool, c) X(cuCtxSetLimit, c)                                                   \
     X(nvmlDeviceGetMemoryInfo, n) X(nvmlDeviceGetMemoryInfo_v2, n)
 /* Real functions we call ourselves but do not wrap. */
 #define HELPERS(X)                                                                                 \
     X(cuCtxGetDevice, c) X(cuDeviceGetCount, c) X(cuCtxGetCurrent, c) X(cuDevicePrimaryCtxGetState, c) \
-    X(cuDevicePrimaryCtxRetain, c) X(nvmlDeviceGetIndex, n) X(nvmlDeviceGetUUID, n)
+    X(cuDevicePrimaryCtxRetain, c) X(cuDeviceGetAttribute, c) X(nvmlDeviceGetIndex, n) X(nvmlDeviceGetUUID, n)
 
 #define AS_ENUM(n, f) H_##n,
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
@@ -66,6 +67,7 @@ static void *real_dlsym(void *h, const char *n)
 }
 
 static void *const *wrappers(void);
+static int hook_id(const char *name);
 
 static int is_ours(void *p)
 {
@@ -225,10 +227,15 @@ EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
     COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize), *dptr, free_v1_raw(*dptr));
 }
 
+/* Managed memory: COLO_GPU_MANAGED=full (default) charges all of it at allocation, since all of
+ * it may come to live on the device; =none charges nothing (the driver pages it in and out, and
+ * the job may then hold more device memory than its budget). */
+static int g_managed_none;
+
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     REAL(cuMemAllocManaged, CUresult(*)(CUdeviceptr *, size_t, unsigned int), f, CUDA_ERROR_NOT_FOUND);
-    if (!ON || !dptr || !bytesize) return f(dptr, bytesize, flags);
+    if (!ON || !dptr || !bytesize || g_managed_none) return f(dptr, bytesize, flags);
     COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize, flags), *dptr, free_v2_raw(*dptr));
 }
 
@@ -576,6 +583,44 @@ PRIMARY_RESET(cuDevicePrimaryCtxReset_v2)
 CTX_DESTROY(cuCtxDestroy)
 CTX_DESTROY(cuCtxDestroy_v2)
 
+/* ---- context limits: a larger stack or malloc heap (or printf FIFO) is device memory the driver
+ * takes for the context: charged to it, replaced when set again, released with the context. --- */
+
+EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
+{
+    REAL(cuCtxSetLimit, CUresult(*)(int, size_t), f, CUDA_ERROR_NOT_FOUND);
+    uint64_t ctx;
+    if (!ON || limit < 0 || limit > 2 || !(ctx = cur_ctx())) return f(limit, value);
+    int dev = cur_dev();
+    uint64_t bytes = value;
+    if (limit == 0) { /* CU_LIMIT_STACK_SIZE: per thread, for every thread the device can hold */
+        CUresult (*attr)(int *, int, CUdevice) = (CUresult(*)(int *, int, CUdevice))real(H_cuDeviceGetAttribute);
+        int sms = 0, per_sm = 0;
+        if (!attr || attr(&sms, 16, dev) || attr(&per_sm, 39, dev) || sms <= 0 || per_sm <= 0) sms = 256, per_sm = 2048;
+        bytes = mul_sat(value, (uint64_t)sms * (uint64_t)per_sm);
+    }
+    uint64_t key = ctx + (uint64_t)limit; /* contexts are aligned: one key per (context, limit) */
+    struct alloc old = {0};
+    int had = table_take(K_LIMIT, key, &old);
+    uint64_t before = had ? old.size : 0;
+    if (bytes > before) {
+        int e = ledger_reserve(dev, bytes - before);
+        if (e) {
+            if (had) keep(K_LIMIT, key, old.dev, old.size, ctx);
+            return e;
+        }
+    }
+    CUresult rc = f(limit, value);
+    if (rc != CUDA_SUCCESS) {
+        if (bytes > before) ledger_release(dev, bytes - before);
+        if (had) keep(K_LIMIT, key, old.dev, old.size, ctx);
+        return rc;
+    }
+    if (bytes < before) ledger_release(dev, before - bytes);
+    if (bytes) keep(K_LIMIT, key, dev, bytes, ctx); /* no host memory: stays counted (too high) */
+    return rc;
+}
+
 /* ---- memory pools: a pool's allocations are charged to the pool's device ---------------------- */
 
 static int pool_dev(CUmemoryPool pool)
@@ -765,6 +810,7 @@ static const struct rule {
     {"cuDevicePrimaryCtxRelease", 11000, H_cuDevicePrimaryCtxRelease, H_cuDevicePrimaryCtxRelease_v2, -1},
     {"cuDevicePrimaryCtxReset", 11000, H_cuDevicePrimaryCtxReset, H_cuDevicePrimaryCtxReset_v2, -1},
     {"cuCtxDestroy", 4000, H_cuCtxDestroy, H_cuCtxDestroy_v2, -1},
+    {"cuCtxSetLimit", 0, H_cuCtxSetLimit, H_cuCtxSetLimit, -1},
     {"cuMemPoolCreate", 0, H_cuMemPoolCreate, H_cuMemPoolCreate, -1},
     {"cuMemPoolDestroy", 0, H_cuMemPoolDestroy, H_cuMemPoolDestroy, -1},
     {"cuDeviceGetDefaultMemPool", 0, H_cuDeviceGetDefaultMemPool, H_cuDeviceGetDefaultMemPool, -1},
@@ -778,18 +824,43 @@ static void resolve_all_cu(void)
         if (!is_nvml[i]) real(i);
 }
 
-/* Does the driver export a newer ABI than the one our rule would pick? Then an unmatched pointer
- * is that newer function, and it must pass through untouched. */
-static int newer_abi_exists(const char *picked)
+/* The newest CUDA version whose ABIs of the names above this library knows. Above it, a driver's
+ * answer for a counted name that is not one of the functions we know by address may be a new
+ * ABI: wrapping it as an old one would break the call, passing it through would bypass the
+ * budget, so it is refused (fail closed, one line on stderr). */
+#define KNOWN_THROUGH 13000
+
+static int unknown_counted_version(const char *name)
 {
-    char buf[96];
-    const char *v = strstr(picked, "_v");
-    int n = v && v[2] >= '2' && v[2] <= '9' && !v[3] ? v[2] - '0' : 1;
-    size_t base = v && n > 1 ? (size_t)(v - picked) : strlen(picked);
-    if (base > 80) return 1;
-    snprintf(buf, sizeof buf, "%.*s_v%d", (int)base, picked, n + 1);
-    void *h = library(0);
-    return (h && real_dlsym(h, buf)) || real_dlsym(RTLD_NEXT, buf);
+    char base[96];
+    size_t n = name ? strlen(name) : 0;
+    if (n < 4 || n >= sizeof base || name[0] != 'c' || name[1] != 'u') return 0;
+    memcpy(base, name, n + 1);
+    if (n > 5 && (!strcmp(base + n - 5, "_ptsz") || !strcmp(base + n - 5, "_ptds"))) base[n -= 5] = 0;
+    char *v = strrchr(base, '_');
+    if (!v || v[1] != 'v' || !v[2]) return 0;
+    for (const char *q = v + 2; *q; q++)
+        if (*q < '0' || *q > '9') return 0;
+    *v = 0;
+    for (size_t r = 0; r < sizeof rules / sizeof rules[0]; r++)
+        if (!strcmp(rules[r].base, base)) return hook_id(name) < 0;
+    return 0;
+}
+
+static void *refused_symbol(const char *name, int ver)
+{
+    static int said;
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) {
+        char buf[256];
+        int n = snprintf(buf, sizeof buf,
+                         "colo: %s (CUDA %d) is an ABI this library does not know: refused, so that it cannot "
+                         "bypass the GPU memory budget\n", name, ver);
+        if (n > 0) {
+            ssize_t w = write(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+            (void)w;
+        }
+    }
+    return NULL;
 }
 
 static void *substitute(const char *sym, void *p, int ver, cuuint64_t flags)
@@ -801,22 +872,25 @@ static void *substitute(const char *sym, void *p, int ver, cuuint64_t flags)
     if (is_ours(p)) return p;
     for (size_t r = 0; r < sizeof rules / sizeof rules[0]; r++) {
         if (strcmp(sym, rules[r].base) != 0) continue;
+        if (ver > KNOWN_THROUGH) return refused_symbol(sym, ver);
         int id = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && rules[r].ptsz_id >= 0
                      ? rules[r].ptsz_id
                      : (rules[r].v2_from && ver < rules[r].v2_from ? rules[r].old_id : rules[r].new_id);
-        if (newer_abi_exists(names[id])) return p;
+        /* A known ABI the driver answers with an unexported pointer: wrap it by (name, version). */
         void *expect = NULL;
         __atomic_compare_exchange_n(&reals[id], &expect, p, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
         return w[id];
     }
-    return p; /* not an entry point we count: pass through (future _vN names included) */
+    if (unknown_counted_version(sym)) return refused_symbol(sym, ver);
+    return p; /* not an entry point we count: pass through */
 }
 
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags)
 {
     REAL(cuGetProcAddress, CUresult(*)(const char *, void **, int, cuuint64_t), f, CUDA_ERROR_NOT_FOUND);
     CUresult rc = f(symbol, pfn, ver, flags);
-    if (ON && rc == CUDA_SUCCESS && symbol && pfn && *pfn) *pfn = substitute(symbol, *pfn, ver, flags);
+    if (ON && rc == CUDA_SUCCESS && symbol && pfn && *pfn && !(*pfn = substitute(symbol, *pfn, ver, flags)))
+        rc = CUDA_ERROR_NOT_FOUND;
     return rc;
 }
 
@@ -827,7 +901,10 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuu
          CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *), f,
          CUDA_ERROR_NOT_FOUND);
     CUresult rc = f(symbol, pfn, ver, flags, status);
-    if (ON && rc == CUDA_SUCCESS && symbol && pfn && *pfn) *pfn = substitute(symbol, *pfn, ver, flags);
+    if (ON && rc == CUDA_SUCCESS && symbol && pfn && *pfn && !(*pfn = substitute(symbol, *pfn, ver, flags))) {
+        rc = CUDA_ERROR_NOT_FOUND;
+        if (status) *status = 2; /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */
+    }
     return rc;
 }
 
@@ -867,18 +944,53 @@ static void *dlsym_hooked(void *handle, const char *name, int id)
     return p ? wrappers()[id] : NULL; /* NULL: the library really lacks it; say so */
 }
 
-/* The pass-through is a tail call so that the real dlsym sees the program as its caller, which
- * RTLD_NEXT lookups depend on. */
-#define DLSYM_BODY                                                                                 \
-    int id;                                                                                        \
-    if (!ledger_enabled() || (id = hook_id(name)) < 0) {                                           \
-        if (!LOAD(&real_dlsym_fn)) resolve_dlsym();                                                \
-        return real_dlsym_fn(handle, name);                                                        \
-    }                                                                                              \
-    return dlsym_hooked(handle, name, id);
+/* Names from a family we count, in a version this library does not know (cuMemAlloc_v3 from a
+ * future driver): handing them out unwrapped would let them bypass the budget. */
+static int unknown_counted_version(const char *name);
+static void *refused_symbol(const char *name, int ver);
 
-EXPORT void *colo_dlsym_234(void *handle, const char *name) { DLSYM_BODY }
-EXPORT void *colo_dlsym_225(void *handle, const char *name) { DLSYM_BODY }
+static void *dlsym_wrapped(void *handle, const char *name) { return dlsym_hooked(handle, name, hook_id(name)); }
+static void *dlsym_refused(void *handle, const char *name) { (void)handle; return refused_symbol(name, 0); }
+static void *dlsym_none(void *handle, const char *name) { (void)handle; (void)name; return NULL; }
+
+/* Which function answers this dlsym: ours for the names we wrap, else the real one. The exported
+ * dlsym is a small trampoline that calls this, then *jumps* to the answer with the program's own
+ * return address still on the stack: glibc's dlsym finds its caller (for RTLD_NEXT, and the
+ * caller's local scope for RTLD_DEFAULT) from that address, so it must not see us. A tail call in
+ * C would do the same only when the compiler chooses to emit one (not at -O0). */
+__attribute__((used)) void *colo_dlsym_target(void *handle, const char *name)
+{
+    (void)handle;
+    if (ledger_enabled()) {
+        if (hook_id(name) >= 0) return (void *)dlsym_wrapped;
+        if (unknown_counted_version(name)) return (void *)dlsym_refused;
+    }
+    if (!LOAD(&real_dlsym_fn)) resolve_dlsym();
+    return real_dlsym_fn ? (void *)real_dlsym_fn : (void *)dlsym_none;
+}
+
+#if defined(__x86_64__)
+__asm__(".text\n"
+        ".globl colo_dlsym_234\n.type colo_dlsym_234, @function\n"
+        ".globl colo_dlsym_225\n.type colo_dlsym_225, @function\n"
+        "colo_dlsym_234:\n"
+        "colo_dlsym_225:\n"
+        "    .cfi_startproc\n"
+        "    endbr64\n"
+        "    push %rdi\n    .cfi_adjust_cfa_offset 8\n"
+        "    push %rsi\n    .cfi_adjust_cfa_offset 8\n"
+        "    sub $8, %rsp\n    .cfi_adjust_cfa_offset 8\n"   /* keep the stack 16-byte aligned */
+        "    call colo_dlsym_target\n"
+        "    add $8, %rsp\n    .cfi_adjust_cfa_offset -8\n"
+        "    pop %rsi\n    .cfi_adjust_cfa_offset -8\n"
+        "    pop %rdi\n    .cfi_adjust_cfa_offset -8\n"
+        "    jmp *%rax\n"
+        "    .cfi_endproc\n"
+        ".size colo_dlsym_234, .-colo_dlsym_234\n"
+        ".size colo_dlsym_225, .-colo_dlsym_225\n");
+#else
+#error "the dlsym trampoline is written for x86_64 (see hooks.c)"
+#endif
 __asm__(".symver colo_dlsym_234, dlsym@@GLIBC_2.34");
 __asm__(".symver colo_dlsym_225, dlsym@GLIBC_2.2.5");
 
@@ -893,5 +1005,9 @@ __attribute__((constructor)) static void colo_interpose_init(void)
     resolve_dlsym();
     ledger_env_init();
     table_env_init();
+    const char *m = getenv("COLO_GPU_MANAGED");
+    if (m && !strcmp(m, "none")) g_managed_none = 1;
+    else if (m && *m && strcmp(m, "full") && ledger_enabled())
+        fprintf(stderr, "colo: COLO_GPU_MANAGED=%s is not full or none: managed memory is charged in full\n", m);
     if (ledger_enabled()) pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }

@@ -169,7 +169,7 @@ static int in_range(const struct alloc *a, uint64_t lo, uint64_t hi)
 static int in_ctx(const struct alloc *a, uint64_t ctx, uint64_t unused)
 {
     (void)unused;
-    return a->ctx == ctx && (a->kind == K_PTR || a->kind == K_ARRAY || a->kind == K_MIPMAP);
+    return a->ctx == ctx && (a->kind == K_PTR || a->kind == K_ARRAY || a->kind == K_MIPMAP || a->kind == K_LIMIT);
 }
 
 void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *)) { take_where(in_range, lo, hi, fn); }

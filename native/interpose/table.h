@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-enum { K_PTR = 1, K_VMM = 2, K_MAP = 3, K_ARRAY = 4, K_MIPMAP = 5, K_POOL = 6 };
+enum { K_PTR = 1, K_VMM = 2, K_MAP = 3, K_ARRAY = 4, K_MIPMAP = 5, K_POOL = 6, K_LIMIT = 7 };
 
 struct alloc {
     uint64_t key;

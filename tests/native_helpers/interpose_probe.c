@@ -58,6 +58,7 @@ CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemAllocationProp *);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
+CUresult cuCtxSetLimit(int, size_t);
 
 #define FNS(X)                                                                                     \
     X(cuMemAlloc_v2, "cuMemAlloc") X(cuMemAllocPitch_v2, "cuMemAllocPitch")                        \
@@ -71,7 +72,7 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem") X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset") \
     X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease") X(cuCtxCreate_v2, "cuCtxCreate")  \
     X(cuCtxDestroy_v2, "cuCtxDestroy") X(cuMemPoolCreate, "cuMemPoolCreate")                       \
-    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool")
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool") X(cuCtxSetLimit, "cuCtxSetLimit")
 
 #define AS_PTR(sym, base) static __typeof__(&sym) p_##sym;
 FNS(AS_PTR)
@@ -404,6 +405,25 @@ static int run(int argc, char **argv, int i)
             rc = lose && nlive ? lose(live[nlive - 1].v) : CUDA_ERROR_NOT_FOUND;
             if (!rc) nlive--;
             out(c, rc, NULL);
+        } else if (!strcmp(c, "limit")) {
+            int which = atoi(argv[++i]);
+            rc = p_cuCtxSetLimit(which, (size_t)num(argv[++i]));
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "dlsym")) {
+            const char *name = argv[++i];
+            void *f = dlsym(dlopen("libcuda.so.1", RTLD_NOW), name);
+            out(c, f ? 0 : CUDA_ERROR_NOT_FOUND, "%s", name);
+        } else if (!strcmp(c, "many")) {
+            /* N allocations kept (not freed); answers the first error (0: none) and how many. */
+            int n = (int)num(argv[++i]), k = 0;
+            uint64_t size = num(argv[++i]);
+            rc = 0;
+            for (; k < n; k++) {
+                CUdeviceptr p;
+                if ((rc = p_cuMemAlloc_v2(&p, size))) break;
+                push(A_PTR, p, 0, size);
+            }
+            out(c, rc, "%d", k);
         } else if (!strcmp(c, "rawused1")) {
             out(c, fake ? 0 : CUDA_ERROR_NOT_FOUND, "%llu", (unsigned long long)fake_used(1));
         } else if (!strcmp(c, "serve")) {
