@@ -519,3 +519,35 @@ def test_context_limits_are_device_memory_and_counted(probe, job, via):
                            (BUDGET, BUDGET)]  # and the context's reset gives the heap back
     assert [int(x.split()[2]) for x in lines if x.startswith("rawused")] == [16 * MiB, 0]
     assert interposer.read_ledger(ledger).counted[0] == 0
+
+
+NVML_AND_CUDA = textwrap.dedent("""
+    import ctypes, sys, pynvml
+    if sys.argv[1] == "cuda":  # CUDA up in this process, 24 MiB on CUDA ordinal 0
+        cu = ctypes.CDLL("libcuda.so.1")
+        ctx, p = ctypes.c_void_p(), ctypes.c_uint64()
+        assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+        assert cu.cuCtxSetCurrent(ctx) == 0 and cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(24 << 20)) == 0
+    pynvml.nvmlInit()
+    for i in range(2):
+        m = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i))
+        print(m.total, m.free)
+""")
+
+
+def test_nvml_devices_are_matched_to_cuda_ordinals_by_uuid(job, fakegpu):
+    env, _ = job
+    # NVML device 1 has more SMs: CUDA's default order (fastest first) makes it ordinal 0.
+    subprocess.run([str(interposer.library_path().parent / "colo-fakegpu"), "set-sms", str(fakegpu.state), "1", "132"],
+                   check=True)
+    r = subprocess.run([sys.executable, "-c", NVML_AND_CUDA, "cuda"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = [tuple(map(int, line.split())) for line in r.stdout.splitlines()]
+    assert rows == [(BUDGET, BUDGET), (BUDGET, BUDGET - 24 * MiB)]  # the 24 MiB are on NVML device 1
+    # NVML only (no CUDA in the process): CUDA_VISIBLE_DEVICES by UUID names the job's device.
+    uuid1 = fakegpu.uuids()[1]
+    r = subprocess.run([sys.executable, "-c", NVML_AND_CUDA, "nvml"], env={**env, "CUDA_VISIBLE_DEVICES": uuid1},
+                       capture_output=True, text=True, timeout=60)
+    total0, _, total1, _ = map(int, r.stdout.split())
+    assert total0 > BUDGET and total1 == BUDGET

@@ -3,6 +3,7 @@
  *   colo-fakegpu create PATH [--count N] [--mem SIZE] [--name NAME] [--sms N] [--uuid UUID]...
  *   colo-fakegpu show PATH                      JSON on stdout (pids as this process sees them)
  *   colo-fakegpu set-compute-mode PATH INDEX default|exclusive_process|prohibited
+ *   colo-fakegpu set-sms PATH INDEX N           SM count (CUDA's default order is fastest first)
  *   colo-fakegpu fail-nvml PATH INDEX|all lost|unknown|CODE|off
  *                                               NVML queries of the device fail with that code
  */
@@ -18,6 +19,7 @@ static int usage(void)
             "usage: colo-fakegpu create PATH [--count N] [--mem SIZE] [--name NAME] [--sms N] [--uuid UUID]...\n"
             "       colo-fakegpu show PATH\n"
             "       colo-fakegpu set-compute-mode PATH INDEX default|exclusive_process|prohibited\n"
+            "       colo-fakegpu set-sms PATH INDEX N\n"
             "       colo-fakegpu fail-nvml PATH INDEX|all lost|unknown|CODE|off\n");
     return 2;
 }
@@ -132,6 +134,19 @@ static int cmd_mode(fg_state *s, const char *idx, const char *mode)
     return 0;
 }
 
+static int cmd_sms(fg_state *s, const char *idx, const char *n)
+{
+    int d = atoi(idx), v = atoi(n);
+    if (d < 0 || (uint32_t)d >= s->h->ndev || v <= 0) {
+        fprintf(stderr, "colo-fakegpu: no device %s, or SM count %s not positive\n", idx, n);
+        return 1;
+    }
+    fg_lock(s);
+    s->h->dev[d].sms = (uint32_t)v;
+    fg_unlock(s);
+    return 0;
+}
+
 static int cmd_fail_nvml(fg_state *s, const char *idx, const char *how)
 {
     char *end = "";
@@ -176,6 +191,8 @@ int main(int argc, char **argv)
         r = cmd_show(&s);
     else if (!strcmp(argv[1], "set-compute-mode") && argc == 5)
         r = cmd_mode(&s, argv[3], argv[4]);
+    else if (!strcmp(argv[1], "set-sms") && argc == 5)
+        r = cmd_sms(&s, argv[3], argv[4]);
     else if (!strcmp(argv[1], "fail-nvml") && argc == 5)
         r = cmd_fail_nvml(&s, argv[3], argv[4]);
     else

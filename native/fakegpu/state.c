@@ -264,12 +264,30 @@ int fg_device_procs(fg_state *s, int d, struct fg_proc *out, int max, int *sm_ut
     return n;
 }
 
+/* CUDA's enumeration order: CUDA_DEVICE_ORDER=PCI_BUS_ID is the physical (NVML) order; the
+ * default, FASTEST_FIRST, puts devices with more SMs first (ties in PCI order). */
+static void cuda_order(fg_state *s, int *order)
+{
+    int ndev = (int)s->h->ndev;
+    const char *o = getenv("CUDA_DEVICE_ORDER");
+    int pci = o && !strcmp(o, "PCI_BUS_ID");
+    for (int i = 0; i < ndev; i++) {
+        int k = i;
+        while (!pci && k > 0 && s->h->dev[order[k - 1]].sms < s->h->dev[i].sms) {
+            order[k] = order[k - 1];
+            k--;
+        }
+        order[k] = i;
+    }
+}
+
 int fg_parse_visible(fg_state *s, const char *env, int *map)
 {
-    int n = 0, ndev = (int)s->h->ndev;
+    int n = 0, ndev = (int)s->h->ndev, order[FG_MAX_DEV];
+    cuda_order(s, order);
     if (!env) {
         for (int i = 0; i < ndev; i++)
-            map[i] = i;
+            map[i] = order[i];
         return ndev;
     }
     char buf[1024];
@@ -285,7 +303,7 @@ int fg_parse_visible(fg_state *s, const char *env, int *map)
             char *end;
             long v = strtol(t, &end, 10);
             if (*end == 0 && v < ndev)
-                idx = (int)v;
+                idx = order[v];
         } else if (strncasecmp(t, "GPU-", 4) == 0 && strlen(t) > 4) {
             for (int i = 0; i < ndev; i++)
                 if (strncasecmp(s->h->dev[i].uuid, t, strlen(t)) == 0) {

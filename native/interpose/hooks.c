@@ -36,7 +36,9 @@
 /* Real functions we call ourselves but do not wrap. */
 #define HELPERS(X)                                                                                 \
     X(cuCtxGetDevice, c) X(cuDeviceGetCount, c) X(cuCtxGetCurrent, c) X(cuDevicePrimaryCtxGetState, c) \
-    X(cuDevicePrimaryCtxRetain, c) X(cuDeviceGetAttribute, c) X(nvmlDeviceGetIndex, n) X(nvmlDeviceGetUUID, n)
+    X(cuDevicePrimaryCtxRetain, c) X(cuDeviceGetAttribute, c) X(cuDeviceGetUuid, c) X(cuDeviceGetUuid_v2, c) \
+    X(nvmlDeviceGetIndex, n) X(nvmlDeviceGetUUID, n) X(nvmlDeviceGetMaxMigDeviceCount, n)         \
+    X(nvmlDeviceGetMigDeviceHandleByIndex, n)
 
 #define AS_ENUM(n, f) H_##n,
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
@@ -716,33 +718,90 @@ EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
     return rc;
 }
 
-/* NVML numbers devices its own way: find which CUDA ordinal (as CUDA_VISIBLE_DEVICES orders them
- * for this process) an NVML device is; -1 when it is not one of the job's devices. */
+/* NVML numbers devices its own way (PCI order); CUDA's ordinals follow CUDA_DEVICE_ORDER (fastest
+ * first by default) and CUDA_VISIBLE_DEVICES. Find which CUDA ordinal of this process an NVML
+ * device is; -1 when it is not one of the job's devices. */
+typedef nvmlReturn_t (*uuid_fn)(nvmlDevice_t, char *, unsigned int);
+
+static int uuid_bytes(const char *s, unsigned char out[16])
+{
+    if (!strncmp(s, "GPU-", 4) || !strncmp(s, "MIG-", 4)) s += 4;
+    int n = 0;
+    for (; *s && n < 32; s++) {
+        if (*s == '-') continue;
+        int v = *s >= '0' && *s <= '9' ? *s - '0' : *s >= 'a' && *s <= 'f' ? *s - 'a' + 10
+              : *s >= 'A' && *s <= 'F' ? *s - 'A' + 10 : -1;
+        if (v < 0) return 0;
+        out[n / 2] = (unsigned char)(n % 2 ? out[n / 2] | v : v << 4);
+        n++;
+    }
+    return n == 32;
+}
+
+/* The UUIDs an NVML device answers to: its own, and those of its MIG instances (a job given a
+ * MIG instance that asks about the parent GPU asks about its own device). */
+static int nvml_uuids(nvmlDevice_t dev, char (*out)[96], int max)
+{
+    uuid_fn get_uuid = (uuid_fn)real(H_nvmlDeviceGetUUID);
+    nvmlReturn_t (*mig_count)(nvmlDevice_t, unsigned int *) =
+        (nvmlReturn_t(*)(nvmlDevice_t, unsigned int *))real(H_nvmlDeviceGetMaxMigDeviceCount);
+    nvmlReturn_t (*mig_at)(nvmlDevice_t, unsigned int, nvmlDevice_t *) =
+        (nvmlReturn_t(*)(nvmlDevice_t, unsigned int, nvmlDevice_t *))real(H_nvmlDeviceGetMigDeviceHandleByIndex);
+    int n = 0;
+    if (!get_uuid || get_uuid(dev, out[n], 96) != NVML_SUCCESS) return 0;
+    n++;
+    unsigned int count = 0;
+    if (mig_count && mig_at && mig_count(dev, &count) == NVML_SUCCESS)
+        for (unsigned int i = 0; i < count && n < max; i++) {
+            nvmlDevice_t m;
+            if (mig_at(dev, i, &m) == NVML_SUCCESS && get_uuid(m, out[n], 96) == NVML_SUCCESS) n++;
+        }
+    return n;
+}
+
 static int nvml_ordinal(nvmlDevice_t dev)
 {
+    char uuids[8][96];
+    int nu = nvml_uuids(dev, uuids, 8);
+    /* CUDA is up in this process: ask it for each ordinal's UUID (exact, whatever the order). */
+    CUresult (*count)(int *) = (CUresult(*)(int *))real(H_cuDeviceGetCount);
+    CUresult (*cu_uuid)(unsigned char *, CUdevice) = (CUresult(*)(unsigned char *, CUdevice))real(H_cuDeviceGetUuid_v2);
+    if (!cu_uuid) cu_uuid = (CUresult(*)(unsigned char *, CUdevice))real(H_cuDeviceGetUuid);
+    int n = 0;
+    if (nu && cu_uuid && count && count(&n) == CUDA_SUCCESS && n > 0) {
+        for (int o = 0; o < n; o++) {
+            unsigned char have[16];
+            if (cu_uuid(have, o) != CUDA_SUCCESS) continue;
+            for (int k = 0; k < nu; k++) {
+                unsigned char want[16];
+                if (uuid_bytes(uuids[k], want) && !memcmp(want, have, 16)) return o;
+            }
+        }
+        return -1;
+    }
+    /* No CUDA yet (an NVML-only process): read CUDA_VISIBLE_DEVICES. UUIDs are exact; an index is
+     * taken as NVML's (PCI) order, which is CUDA's only with CUDA_DEVICE_ORDER=PCI_BUS_ID (colo
+     * pins jobs by UUID). */
     nvmlReturn_t (*get_index)(nvmlDevice_t, unsigned int *) =
         (nvmlReturn_t(*)(nvmlDevice_t, unsigned int *))real(H_nvmlDeviceGetIndex);
-    nvmlReturn_t (*get_uuid)(nvmlDevice_t, char *, unsigned int) =
-        (nvmlReturn_t(*)(nvmlDevice_t, char *, unsigned int))real(H_nvmlDeviceGetUUID);
     unsigned int idx = 0;
     int have_idx = get_index && get_index(dev, &idx) == NVML_SUCCESS;
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     if (!cvd) return have_idx ? (int)idx : 0;
-    char uuid[96] = "";
-    int have_uuid = get_uuid && get_uuid(dev, uuid, sizeof uuid) == NVML_SUCCESS;
     int ordinal = 0;
     for (const char *t = cvd; *t; ordinal++) {
         while (*t == ' ') t++;
-        size_t n = strcspn(t, ",");
-        if ((n > 4 && (!strncmp(t, "GPU-", 4) || !strncmp(t, "MIG-", 4)))) {
-            if (have_uuid && n <= strlen(uuid) && !strncmp(uuid, t, n)) return ordinal;
+        size_t len = strcspn(t, ",");
+        if ((len > 4 && (!strncmp(t, "GPU-", 4) || !strncmp(t, "MIG-", 4)))) {
+            for (int k = 0; k < nu; k++)
+                if (len <= strlen(uuids[k]) && !strncmp(uuids[k], t, len)) return ordinal;
         } else {
             char *end;
             long v = strtol(t, &end, 10);
             if (end == t) return -1; /* CUDA stops at the first malformed entry */
             if (have_idx && v == (long)idx) return ordinal;
         }
-        t += n;
+        t += len;
         if (*t == ',') t++;
     }
     return -1;
