@@ -6,7 +6,7 @@
   3. a race of 4 processes x 8 threads x 20,000 allocations of 24 MiB against a 64 MiB budget:
      the most the driver ever held, as seen by the racing threads after each allocation.
 
-    python bench/interposer_bench.py [--pairs N] [--repeat R] [--race-ops N]
+    python bench/interposer_bench.py [--pairs N] [--repeat R] [--race-ops N] [--json-out FILE]
 
 Cells are medians over R runs; direct and interposed runs alternate so that drift of the machine
 hits both alike. Every run checks that the work happened (each call succeeded, counts match,
@@ -23,6 +23,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import Report  # noqa: E402
 
 from colo import fakegpu, interposer, native  # noqa: E402
 
@@ -128,8 +131,8 @@ def build(tmp: Path, lib_dir: Path) -> Path:
 
 
 def launch(exe: Path, env: dict, procs: int, *args) -> list[list[float]]:
-    ps = [subprocess.Popen([str(exe), *map(str, args)], env=env, stdout=subprocess.PIPE, text=True)
-          for _ in range(procs)]
+    ps = [subprocess.Popen([str(exe), *map(str, args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True) for _ in range(procs)]
     rows = []
     for p in ps:
         out, _ = p.communicate(timeout=1200)
@@ -144,7 +147,9 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=200_000, help="alloc+free pairs per thread")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--race-ops", type=int, default=20_000, help="allocations per racing thread")
+    ap.add_argument("--json-out", help="also save the figures as JSON (bench/readme_table.py)")
     args = ap.parse_args()
+    rep = Report("interposer_bench")
     native.ensure_built()
     with tempfile.TemporaryDirectory(prefix="colo-bench-") as d:
         tmp = Path(d)
@@ -163,10 +168,10 @@ def main() -> None:
 
         def settled(ledger: Path | None) -> None:
             used = fakegpu.FakeNode(state).read()["devices"][0]["used"]
-            assert used == 0, f"the simulated driver still holds {used} bytes"
+            rep.check(used == 0, f"the simulated driver still holds {used} bytes")
             if ledger is not None:
                 led = interposer.read_ledger(ledger)
-                assert led.counted[0] == 0 and led.refused == 0, led
+                rep.check(led.counted[0] == 0 and led.refused == 0, f"ledger not back at 0: {led}")
 
         print(f"simulated driver, {os.cpu_count()} CPUs; medians of {args.repeat} runs")
         print(f"\n1. {args.pairs} alloc+free pairs of 1 MiB per thread")
@@ -178,11 +183,13 @@ def main() -> None:
                 for _ in range(args.repeat):
                     for e, led, acc in ((base, None, direct), (env, ledger, inter)):
                         rows = launch(exe, e, procs, "pairs", threads, args.pairs, MiB, 0)
-                        assert all(r[1] == threads * args.pairs for r in rows), rows  # every pair ran
+                        rep.check(all(r[1] == threads * args.pairs for r in rows), f"pairs missing: {rows}")
                         settled(led)
                         acc.append(sum(r[0] for r in rows) / len(rows))
                 dm, im = statistics.median(direct), statistics.median(inter)
                 print(f"{procs:>5} {threads:>7} {dm:>10.1f} {im:>14.1f} {im - dm:>9.1f} {im / dm:>6.2f}")
+                rep.figure(f"pair_{procs}p_{threads}t", f"alloc+free pair, {procs} proc x {threads} thr", im, "ns",
+                           baseline=dm, baseline_what="bare simulated driver", note=f"added {im - dm:+.0f} ns")
 
         print("\n2. cuMemUnmap + cuMemRelease per 2 MiB page")
         print(f"{'pages':>6} {'direct ns':>10} {'interposed ns':>14} {'added ns':>9} {'ratio':>6}")
@@ -192,11 +199,13 @@ def main() -> None:
             for _ in range(args.repeat):
                 for e, led, acc in ((base, None, direct), (env, ledger, inter)):
                     (per, n, held, after), = launch(exe, e, 1, "vmm", 1, pages)
-                    assert n == pages and held == pages * 2 * MiB and after == 0, (n, held, after)
+                    rep.check(n == pages and held == pages * 2 * MiB and after == 0, f"vmm: {n} {held} {after}")
                     settled(led)
                     acc.append(per)
             dm, im = statistics.median(direct), statistics.median(inter)
             print(f"{pages:>6} {dm:>10.1f} {im:>14.1f} {im - dm:>9.1f} {im / dm:>6.2f}")
+            rep.figure(f"unmap_{pages}", f"unmap+release, {pages} pages mapped", im, "ns", baseline=dm,
+                       baseline_what="bare simulated driver", note=f"added {im - dm:+.0f} ns")
 
         budget, size, ops = 64 * MiB, 24 * MiB, args.race_ops
         print(f"\n3. race: 4 processes x 8 threads x {ops} allocations of 24 MiB, budget 64 MiB")
@@ -205,13 +214,22 @@ def main() -> None:
         for name, e, led in (("direct", base, None), ("interposed", env, ledger)):
             rows = launch(exe, e, 4, "race", 8, ops, size, budget)
             got, refused, most = sum(r[1] for r in rows), sum(r[2] for r in rows), max(r[3] for r in rows)
-            assert got + refused == 4 * 8 * ops, (got, refused)  # every operation was made
+            rep.check(got + refused == 4 * 8 * ops, f"race: {got} + {refused} operations")  # every one was made
             if led is not None:
-                assert refused > 0 and interposer.read_ledger(led).peak[0] <= budget
+                peak = interposer.read_ledger(led).peak[0]
+                rep.check(refused > 0 and peak <= budget, f"race: refused {refused}, ledger peak {peak}")
+                led.unlink()
                 interposer.create_ledger(led, budget)  # the refusals were the point; settle the rest
             settled(led)
             over = max(0, int(most) - budget)
-            print(f"{name:>12} {got:>10} {refused:>8} {int(most) // MiB:>7} MiB {over // MiB:>8} MiB")
+            print(f"{name:>12} {got:>10.0f} {refused:>8.0f} {int(most) // MiB:>7} MiB {over // MiB:>8} MiB")
+            if led is None:
+                direct_most = most
+            else:
+                rep.figure("race_over", f"race 4x8x{ops:,}: bytes over budget", over, "B", baseline=direct_most - budget,
+                           baseline_what="bare driver, no budget", note=f"most held {int(most) // MiB} MiB")
+    print()
+    sys.exit(rep.finish(args.json_out))
 
 
 if __name__ == "__main__":
