@@ -138,7 +138,11 @@ class Report:
 
     def __post_init__(self) -> None:
         if not self.command:
-            self.command = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+            args = list(sys.argv[1:])
+            if "--json-out" in args:  # where the figures were saved is not part of how they were made
+                i = args.index("--json-out")
+                del args[i:i + 2]
+            self.command = "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *args])
 
     def check(self, ok: bool, failure: str) -> bool:
         """Record a failed check (the work timed did not happen as intended); figures then are refused."""
@@ -209,3 +213,37 @@ def cpu_seconds(pid: int) -> float:
     """utime + stime of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def record(argv: list[str]) -> int:
+    """`python bench/benchlib.py record NAME [--out FILE] -- CMD...`: run a bench that only prints text
+    (interposer_bench, sim_bench) and save its output with the run's conditions, for readme_table.py."""
+    import argparse
+
+    if "--" not in argv:
+        print("usage: benchlib.py record NAME [--out FILE] -- CMD...", file=sys.stderr)
+        return 2
+    i = argv.index("--")
+    ap = argparse.ArgumentParser(prog="benchlib.py record")
+    ap.add_argument("name")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv[:i])
+    cmd = argv[i + 1:]
+    c = conditions()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stdout.write(r.stdout)
+    sys.stderr.write(r.stderr)
+    c["loadavg_end"] = [round(x, 2) for x in loadavg()]
+    shown = ["python" if Path(x).name.startswith("python") else x for x in cmd]
+    d = {"bench": a.name, "command": " ".join(shown), "conditions": c, "figures": [], "stdout": r.stdout,
+         "failures": [] if r.returncode == 0 else [f"exit {r.returncode}: {r.stderr.strip()[-300:]}"]}
+    out = a.out or ROOT / "bench" / "results" / f"{a.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(d, indent=1) + "\n")
+    return r.returncode
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["record"]:
+        sys.exit(record(sys.argv[2:]))
+    print(__doc__)

@@ -1,0 +1,272 @@
+"""colo beside its installable peers: submitting a job and listing a queue of Q waiting jobs with
+task-spooler (`tsp`), Slurm (`sbatch`, `squeue`; slurmctld + slurmd on localhost, started here in
+a temporary folder) and colo (`colo submit`, `colo ls`), in one run on one machine.
+
+Each tool gets one running job that holds what the others need (tsp: its one slot; Slurm: every
+CPU of the node; colo: every byte of a simulated GPU), then Q jobs that must wait behind it. The
+submit figure is the wall time of the command-line client (median of -n), the list figure that of
+the listing command with the Q jobs queued (median of 5). Refused unless each tool then holds
+exactly its Q + n waiting jobs behind one running job.
+
+Run (as root; apt-get install task-spooler slurm-wlm munge):
+    python bench/peers_bench.py [--queue 500] [-n 10] [--json-out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE))
+
+from benchlib import Report, daemon_log_problems  # noqa: E402
+from daemon_util import DaemonProc, wait_for  # noqa: E402
+
+from colo import fakegpu  # noqa: E402
+
+GiB = 1 << 30
+
+
+def timed(argv: list[str], n: int, env: dict, cwd: str = "/tmp") -> tuple[float, list[subprocess.CompletedProcess]]:
+    ts, outs = [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=cwd, timeout=120)
+        ts.append(time.perf_counter() - t)
+        outs.append(r)
+    return statistics.median(ts), outs
+
+
+def sh_out(argv: list[str], env: dict | None = None) -> str:
+    r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    return (r.stdout + r.stderr).strip()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- task-spooler -------------------------------------------------------------------------------
+
+def tsp_bin() -> str | None:
+    for b in ("tsp", "ts"):  # Debian names it tsp (moreutils has a `ts` of its own)
+        p = shutil.which(b)
+        if p and "task" in subprocess.run([p, "-h"], capture_output=True, text=True).stdout.lower():
+            return p
+    return shutil.which("tsp")
+
+
+def bench_tsp(rep: Report, root: Path, q: int, n: int) -> None:
+    tsp = tsp_bin()
+    if tsp is None:
+        rep.note("task-spooler: not installed (apt-get install task-spooler): left out")
+        return
+    env = {**os.environ, "TS_SOCKET": str(root / "tsp.sock"), "TMPDIR": str(root)}
+    try:
+        subprocess.run([tsp, "-S", "1"], env=env, check=True, capture_output=True)
+        subprocess.run([tsp, "sleep", "3600"], env=env, check=True, capture_output=True)
+        for _ in range(q):
+            subprocess.run([tsp, "true"], env=env, check=True, capture_output=True)
+        sub, outs = timed([tsp, "true"], n, env)
+        rep.check(all(r.returncode == 0 for r in outs), "a tsp submit failed")
+        ls, outs = timed([tsp, "-l"], 5, env)
+        lines = outs[-1].stdout.splitlines()[1:]
+        st = {}
+        for line in lines:
+            w = line.split()
+            st[w[1]] = st.get(w[1], 0) + 1
+        rep.check(st == {"running": 1, "queued": q + n}, f"tsp should hold 1 running, {q + n} queued: {st}")
+        rep.extra["tsp"] = {"submit_s": sub, "ls_s": ls, "version": sh_out([tsp, "-V"]).splitlines()[0][:80]}
+    finally:
+        subprocess.run([tsp, "-K"], env=env, capture_output=True)  # kills its server and the jobs
+
+
+# --- Slurm --------------------------------------------------------------------------------------
+
+def munge_up() -> None:
+    ok = lambda: subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0  # noqa: E731
+    if ok():
+        return
+    os.makedirs("/run/munge", exist_ok=True)
+    shutil.chown("/run/munge", "munge", "munge")
+    if not os.path.exists("/etc/munge/munge.key"):
+        subprocess.run(["runuser", "-u", "munge", "--", "mungekey", "--create"], check=True)
+    subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True)
+    wait_for(ok, 20, "munged to answer")
+
+
+class Slurm:
+    """slurmctld + slurmd for one node (this host, 2 CPUs declared) in a private folder."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir()
+        for d in ("state", "spool"):
+            (root / d).mkdir()
+        node = socket.gethostname().split(".")[0]
+        self.conf = root / "slurm.conf"
+        self.conf.write_text(f"""ClusterName=colobench
+SlurmctldHost={node}(127.0.0.1)
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/builtin
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+SlurmdParameters=config_overrides
+MaxJobCount=100000
+MinJobAge=600
+NodeName={node} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> "Slurm":
+        for exe in ("slurmctld", "slurmd"):
+            self.procs.append(subprocess.Popen([exe, "-D"], env=self.env, stdout=subprocess.DEVNULL,
+                                               stderr=open(self.root / f"{exe}.err", "wb"), start_new_session=True))
+        wait_for(lambda: subprocess.run(["sinfo", "-h", "-o", "%T"], env=self.env, capture_output=True,
+                                        text=True).stdout.strip() == "idle", 90, "the Slurm node to be idle")
+        return self
+
+    def stop(self) -> None:
+        subprocess.run(["scancel", "--full", "--partition", "main"], env=self.env, capture_output=True)
+        for p in reversed(self.procs):
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def bench_slurm(rep: Report, root: Path, q: int, n: int) -> None:
+    missing = [e for e in ("slurmctld", "slurmd", "sbatch", "squeue", "munged") if shutil.which(e) is None]
+    if missing or os.geteuid() != 0:
+        rep.note(f"Slurm: left out ({'missing ' + ', '.join(missing) if missing else 'slurmd needs root'}; "
+                 "apt-get install slurm-wlm munge)")
+        return
+    munge_up()
+    s = Slurm(root / "slurm").start()
+    try:
+        env = s.env
+        sb = ["sbatch", "--parsable", "-o", "/dev/null", "-e", "/dev/null"]
+        r = subprocess.run([*sb, "-c", "2", "--wrap", "sleep 3600"], env=env, capture_output=True, text=True, cwd="/tmp")
+        rep.check(r.returncode == 0, f"sbatch failed: {r.stderr.strip()}")
+        wait_for(lambda: subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i"], env=env, capture_output=True,
+                                        text=True).stdout.strip(), 60, "the Slurm holder to run")
+        for _ in range(q):
+            subprocess.run([*sb, "-c", "1", "--wrap", "true"], env=env, check=True, capture_output=True, cwd="/tmp")
+        sub, outs = timed([*sb, "-c", "1", "--wrap", "true"], n, env)
+        rep.check(all(r.returncode == 0 for r in outs), f"an sbatch failed: {[r.stderr for r in outs if r.returncode][:1]}")
+        ls, outs = timed(["squeue"], 5, env)
+        st = subprocess.run(["squeue", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout.split()
+        counts = {x: st.count(x) for x in set(st)}
+        rep.check(counts == {"RUNNING": 1, "PENDING": q + n}, f"Slurm should hold 1 running, {q + n} pending: {counts}")
+        ver = " ".join(sh_out(["sbatch", "--version"], env).split())
+        rep.extra["slurm"] = {"submit_s": sub, "ls_s": ls, "version": ver}
+    finally:
+        s.stop()
+
+
+# --- colo ---------------------------------------------------------------------------------------
+
+def bench_colo(rep: Report, root: Path, q: int, n: int) -> None:
+    fakegpu.create(root / "gpus", count=1, mem=16 * GiB)
+    (root / "colo").mkdir()
+    d = DaemonProc(root / "colo", root / "gpus", {"sample_interval": 1.0}).start()
+    handle = None
+    try:
+        env = d.env()
+        hold = d.client.submit({"argv": ["sleep", "3600"], "gpus": 1, "gpu_mem": 16 * GiB, "workdir": "/tmp"})["id"]
+        handle = d.wait_state(hold, "running", timeout=60).get("handle")
+        for _ in range(q):
+            d.client.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 1 * GiB, "workdir": "/tmp"})
+        sub, outs = timed([sys.executable, "-m", "colo", "submit", "--process", "--gpu-mem", "1GiB", "--", "true"],
+                          n, env)
+        rep.check(all(r.returncode == 0 for r in outs), f"a colo submit failed: {[r.stderr for r in outs][:1]}")
+        ls, outs = timed([sys.executable, "-m", "colo", "ls"], 5, env)
+        st = {}
+        for j in d.client.ls():
+            st[j["state"]] = st.get(j["state"], 0) + 1
+        rep.check(st == {"running": 1, "queued": q + n}, f"colo should hold 1 running, {q + n} queued: {st}")
+        rep.extra["colo"] = {"submit_s": sub, "ls_s": ls}
+    finally:
+        d.proc.send_signal(signal.SIGTERM)  # not DaemonProc.stop: it would cancel Q jobs one by one
+        d.proc.wait(60)
+        if handle:
+            try:
+                os.killpg(int(str(handle).split(":")[0]), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+    rep.check(not (p := daemon_log_problems(d.log)), f"colo daemon log: {p[:3]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--queue", type=int, default=500, help="jobs waiting while the list commands are timed")
+    ap.add_argument("-n", type=int, default=10, help="submits timed per tool")
+    ap.add_argument("--json-out", type=Path)
+    a = ap.parse_args()
+    rep = Report("peers_bench")
+    root = Path(tempfile.mkdtemp(prefix="colo-peers-"))
+    os.chmod(root, 0o755)
+    try:
+        for fn in (bench_colo, bench_tsp, bench_slurm):
+            try:
+                fn(rep, root, a.queue, a.n)
+            except Exception as e:  # noqa: BLE001 - one tool failing refuses the figures, the others still run
+                rep.check(False, f"{fn.__name__}: {type(e).__name__}: {e}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    c = rep.extra.get("colo")
+    if c:
+        for peer, label in (("tsp", "task-spooler"), ("slurm", "Slurm")):
+            p = rep.extra.get(peer)
+            if p:
+                rep.figure(f"submit_vs_{peer}", f"`colo submit` vs {label} submit", c["submit_s"], "s", p["submit_s"],
+                           "`tsp CMD`" if peer == "tsp" else "`sbatch --wrap CMD`", f"median of {a.n}")
+                rep.figure(f"ls_vs_{peer}", f"`colo ls` vs {label} list, {a.queue + a.n:,} waiting", c["ls_s"], "s",
+                           p["ls_s"], "`tsp -l`" if peer == "tsp" else "`squeue`", "median of 5")
+        if "slurm" in rep.extra:
+            rep.note(f"{rep.extra['slurm']['version']}: slurmctld + slurmd on localhost, started by this bench")
+        if "tsp" in rep.extra:
+            rep.note(f"task-spooler: {rep.extra['tsp']['version']}")
+    else:
+        rep.check(False, "colo's part did not run")
+    return rep.finish(a.json_out)
+
+
+if __name__ == "__main__":
+    os.environ.pop("COLO_FAKEGPU_STATE", None)
+    sys.exit(main())
