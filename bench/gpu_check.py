@@ -955,7 +955,7 @@ def main() -> int:
     report["build"] = {"status": "ok" if rc == 0 else "failed", "seconds": round(time.monotonic() - t0, 1),
                        "error": None if rc == 0 else text[-1000:]}
     ctx = {"budget": parse_size(a.budget), "fail_part": a.fail_part, "fake_state": None,
-           "pairs": 20000, "repeat": 3, "light_steps": 1500, "heavy_iters": 300}
+           "pairs": 20000, "repeat": 3, "light_steps": 6000, "heavy_iters": 2000}
     fake_dir = None
     if a.simulated:
         from colo import fakegpu

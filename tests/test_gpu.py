@@ -115,3 +115,16 @@ def test_mps_control_exists_and_starts(tmp_path):
         assert d.health() in ("active", "off")
     finally:
         m.stop_all()
+
+
+def test_gpu_check_passes_on_the_real_driver(tmp_path):
+    """The whole check (bench/gpu_check.py, docs/gpu.md); its report says what failed and why."""
+    import json
+    from pathlib import Path
+
+    check = Path(__file__).resolve().parent.parent / "bench" / "gpu_check.py"
+    r = subprocess.run([sys.executable, str(check), str(tmp_path)], capture_output=True, text=True, timeout=600)
+    report = json.loads((tmp_path / "gpu-report.json").read_text())
+    bad = {n: (p["status"], p.get("error"), [c for c in p["checks"] if not c["ok"]])
+           for n, p in report["parts"].items() if p["status"] not in ("ok", "skipped")}
+    assert r.returncode == 0 and not bad, bad
