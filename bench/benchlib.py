@@ -67,11 +67,15 @@ def _mem_gib() -> float:
     return 0.0
 
 
+CODE = ["colo", "native", "pyproject.toml", "setup.py"]  # what a bench measures; bench/ itself is not
+
+
 def commit() -> str:
+    """The last commit that changed colo's code (not bench/ or docs), "+changes" if it is edited."""
     try:
-        r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+        r = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h", "--", *CODE], capture_output=True,
                            text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", *CODE],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return r.stdout.strip() + ("+changes" if dirty else "") if r.returncode == 0 else "?"
     except (OSError, subprocess.SubprocessError):

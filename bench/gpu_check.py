@@ -48,6 +48,8 @@ GiB, MiB = 1 << 30, 1 << 20
 PARTS = ("frameworks", "cost", "mps", "daemon")
 LIMITS = {"frameworks": 240, "cost": 120, "mps": 120, "daemon": 240}  # seconds, real GPU
 DEPS_DIR = ROOT / ".gpu-deps"  # colo's pure-Python dependencies, carried to a machine without network
+# colo from this checkout, installed or not (a lent GPU machine has no network to install it)
+sys.path[:0] = [str(ROOT)] + ([str(DEPS_DIR)] if DEPS_DIR.is_dir() else [])
 
 
 # --- the context every part process gets ---------------------------------------------------------

@@ -70,10 +70,12 @@ def load(folder: Path) -> list[dict]:
 def table(runs: list[dict]) -> str:
     machines = sorted({d["conditions"]["machine"] for d in runs})
     dates = sorted(d["conditions"]["date"] for d in runs)
-    lines = [f"Measured on {'; '.join(machines)}, no GPU, {dates[0]} to {dates[-1]} (commit "
-             f"{', '.join(sorted({d['conditions']['commit'] for d in runs}))}). The machine is shared by several "
-             "sessions and was loaded: the load average of each run is beside its figure. Regenerate with "
-             "`python bench/readme_table.py --write README.md` after the commands below.", "",
+    lines = [f"Measured on {'; '.join(machines)}, no GPU, runs started {dates[0]} to {dates[-1]}, colo's code at "
+             f"{', '.join(sorted({d['conditions']['commit'] for d in runs}))}. The machine is shared by several "
+             "sessions and was loaded (load average beside each figure, over 2 CPUs): read ratios, not absolute "
+             "times. Each command saves its figures with `--json-out bench/results/NAME.json` (interposer_bench "
+             "through `python bench/benchlib.py record interposer_bench -- CMD`); "
+             "`python bench/readme_table.py --write README.md` rebuilds this table from them.", "",
              "| what | colo | baseline (same run) | ratio | load avg | install | command |", "|---|---|---|---|---|---|---|"]
     for d in runs:
         c = d["conditions"]
