@@ -12,6 +12,7 @@ import typer
 
 from . import cli_sim
 from .client import Client, ClientError
+from .textsafe import safe, safe_tree
 from .units import BadSize, format_duration, format_size, parse_size
 
 app = typer.Typer(help="colo: share this node's GPUs: a queue, memory budgets, MPS or time-slicing.",
@@ -21,7 +22,7 @@ JsonOpt = typer.Option(False, "--json", help="print JSON for scripts")
 
 
 def fail(msg: str, code: int = 1) -> None:
-    typer.echo(f"colo: {msg}", err=True)
+    typer.echo(f"colo: {safe(msg)}", err=True)  # daemon errors may quote what a user typed
     raise typer.Exit(code)
 
 
@@ -107,7 +108,7 @@ def ls(all_: bool = typer.Option(True, "--all/--active", help="include ended job
     if as_json:
         return print_json(jobs)
     now = time.time()
-    typer.echo(table([job_row(j, now) for j in jobs],
+    typer.echo(table([job_row(j, now) for j in safe_tree(jobs)],
                      ["ID", "NAME", "USER", "STATE", "GPU", "MODE", "BUDGET", "AGE", "REASON"]))
 
 
@@ -117,6 +118,7 @@ def show(job_id: int, sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt)
     j = _call(client(sock).show, job_id)
     if as_json:
         return print_json(j)
+    j = safe_tree(j)
     spec = j["spec"]
     lines = [f"job {j['id']}" + (f" ({j['name']})" if j["name"] else ""),
              f"  user:      {j['user']} (uid {j['uid']})",
@@ -144,6 +146,7 @@ def explain(job_id: int, sock: Optional[Path] = SocketOpt, as_json: bool = JsonO
     r = _call(client(sock).explain, job_id)
     if as_json:
         return print_json(r)
+    r = safe_tree(r)
     d = r["decision"]
     if d is None:
         typer.echo(f"job {job_id} ({r['state']}): no placement decision yet. {r['reason']}")
@@ -173,7 +176,7 @@ def wait(job_ids: List[int], sock: Optional[Path] = SocketOpt, as_json: bool = J
     for j in jobs:
         code = j["exit_code"] if j["exit_code"] is not None else (0 if j["state"] == "succeeded" else 1)
         if not as_json:
-            typer.echo(f"job {j['id']}: {j['state']} ({j['reason']})", err=True)
+            typer.echo(f"job {j['id']}: {j['state']} ({safe(j['reason'])})", err=True)
         if code:
             raise typer.Exit(code)
 
@@ -197,6 +200,7 @@ def gpus(sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
         return print_json(r)
     if r["error"]:
         fail(r["error"])
+    r = safe_tree(r)
     rows = [[g["index"], g["name"], g["uuid"], format_size(g["total"]), format_size(g["used"]),
              f"{format_size(g['budgeted'])} / {format_size(g['usable'])}", g["compute_mode"], g["mps"],
              ",".join(map(str, g["jobs"])) or "-"] for g in r["gpus"]]

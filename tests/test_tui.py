@@ -504,3 +504,47 @@ def test_tui_reaches_colo_only_through_the_client():
             "print([m for m in ('pynvml', 'colo.gpu', 'colo.store', 'colo.daemon') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_snapshot_another_users_escapes_are_shown_escaped(fakegpu, other_user, snap_compare):
+    """Issue 11 item 4: a command holding ESC[2J and a newline, run by another real user, is drawn
+    as escaped text in the table and the detail screen: no cleared screen, no forged row."""
+    import shutil
+    import tempfile
+
+    from colo.textsafe import safe
+    from daemon_util import as_user
+
+    root = Path(tempfile.mkdtemp(prefix="colo-tui-safe-"))
+    os.chmod(root, 0o755)
+    d = DaemonProc(root, fakegpu.state).start()
+    os.chmod(d.socket.parent, 0o755)
+    gate = root / "go"
+    evil = "evil\x1b[2J\x1b[H\n99 root forged\r"
+    prog = root / "bin" / evil  # a link to sh: the job's argv[0] is what a user chose
+    prog.parent.mkdir(mode=0o755)
+    prog.symlink_to("/bin/sh")
+    spec = {"argv": [str(prog), "-c", f"echo 'out\x1b[2J'; while [ ! -e {gate} ]; do sleep 0.05; done"],
+            "gpus": 0, "workdir": "/tmp"}
+    kind, j = as_user(other_user, lambda: Client(d.socket).submit(spec)["id"])
+    assert kind == "ok", j
+    try:
+        d.wait_state(j, "running")
+
+        async def before(pilot):
+            app = pilot.app
+            await settle(pilot, app)
+            row = table(app).rows_by_key[f"j{j}"]
+            assert all("\x1b" not in c and "\n" not in c for c, _ in row.cells)
+            assert row.job["argv"][0] == safe(str(prog)).replace(str(root), "/tmp/scene")
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, DetailScreen) and not app.screen.workers,
+                        what="details")
+
+        assert snap_compare(make_app(stable_client(d), clock=lambda: FIXED, refresh=3600),
+                            terminal_size=(100, 30), run_before=before)
+    finally:
+        gate.touch()
+        d.wait_state(j, "succeeded", "failed", "cancelled")
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)

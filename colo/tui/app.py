@@ -18,6 +18,7 @@ from textual.widgets import Footer, Input, Static
 from textual.worker import Worker, WorkerState
 
 from ..client import Client, ClientError
+from ..textsafe import safe, safe_tree
 from . import model
 from .render import header, render_frame
 from .screens import ConfirmScreen, DetailScreen, HelpScreen, LogScreen
@@ -80,10 +81,10 @@ class ColoTop(App):
         if w.state == WorkerState.SUCCESS:
             self.error = None
             self.last_ok = self.clock()
-            self.apply(w.result)
+            self.apply(safe_tree(w.result))  # everything shown is drawn from this: other users' text made safe
         else:
             e = w.error
-            self.error = str(e) if isinstance(e, ClientError) else f"{type(e).__name__}: {e}"
+            self.error = safe(str(e) if isinstance(e, ClientError) else f"{type(e).__name__}: {e}")
             self._banner()
         self.polls += 1
         self.set_timer(self.refresh_interval, self.poll)
@@ -158,7 +159,7 @@ class ColoTop(App):
             return
         if row.job is None:
             self.notify(f"{row.cells[0][0]} is not a colo job: {row.cells[1][0]} ({row.cells[2][0]})",
-                        title="foreign process")
+                        title="foreign process", markup=False)  # a command line is anyone's text
             return
         label = model.gpu_label(row.job.get("gpus") or [], model.gpu_indexes(self.snap or {}))
         self.push_screen(DetailScreen(row.job, label, self.clock()))
@@ -228,7 +229,7 @@ class ColoTop(App):
             return
         if job.get("user") != you and you != "root":
             self.notify(f"job {job['id']} belongs to {job.get('user')}: only its owner (or an admin, "
-                        f"with `colo cancel {job['id']}`) can cancel it", severity="error")
+                        f"with `colo cancel {job['id']}`) can cancel it", severity="error", markup=False)
             return
 
         def answered(yes: bool | None) -> None:
@@ -244,7 +245,7 @@ class ColoTop(App):
             try:
                 self.client.cancel(job_id)
             except ClientError as e:
-                self.call_from_thread(self.notify, str(e), title=f"cancel {job_id}", severity="error")
+                self.call_from_thread(self.notify, safe(str(e)), title=f"cancel {job_id}", severity="error", markup=False)
             else:
                 self.call_from_thread(self.notify, f"job {job_id} cancelled")
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from ..textsafe import safe_tree
 from . import model
 
 
@@ -53,6 +54,7 @@ def table(columns, rows: list[model.Row], width: int, flex: int | None = None) -
 
 def render_frame(snap: dict, now: float | None = None, width: int = 100) -> str:
     now = time.time() if now is None else now
+    snap = safe_tree(snap)  # names, commands, reasons are other users' text
     width = max(60, width)
     out = [header(snap, now)]
     if snap.get("gpu_error"):

@@ -15,6 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from ..client import ClientError
+from ..textsafe import safe
 from ..units import format_duration, format_size
 
 LOG_LINES = 20
@@ -84,11 +85,12 @@ class DetailScreen(ModalScreen):
             why = explain_text(client.explain(self.job["id"]))
         except ClientError as e:
             why = f"(cannot explain: {e})"
+        why = safe(why, keep="\n")
         try:
             log = "".join(client.logs(self.job["id"], follow=False, tail=LOG_LINES)).rstrip("\n") or "(no output)"
         except ClientError as e:
             log = f"(cannot read log: {e})"
-        self.app.call_from_thread(self._show, why, log)
+        self.app.call_from_thread(self._show, why, safe(log, keep="\n\t"))  # a job's output may hold escapes
 
     def _show(self, why: str, log: str) -> None:
         self.query_one("#detail-explain", Static).update(Text(why))
@@ -129,7 +131,7 @@ class LogScreen(ModalScreen):
             text = "".join(self.app.client.logs(self.job["id"], follow=False, tail=self.TAIL)) or "(no output yet)"
         except ClientError as e:
             text = f"(cannot read log: {e})"
-        self.app.call_from_thread(self._show, text)
+        self.app.call_from_thread(self._show, safe(text, keep="\n\t"))
 
     def _show(self, text: str) -> None:
         if not self.is_attached:
@@ -153,7 +155,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm", classes="dialog"):
-            yield Static(self.question, id="question")
+            yield Static(self.question, id="question", markup=False)  # it quotes a job name
             with Horizontal(id="buttons"):
                 yield Button("Cancel job (y)", variant="error", id="yes")
                 yield Button("Keep it (n)", variant="primary", id="no")
