@@ -112,31 +112,76 @@ def register(app: typer.Typer) -> None:
 
     profile_app = typer.Typer(help="Profiles: what workloads do to a GPU over time", no_args_is_help=True)
 
+    LOCAL_NOTE = "no colo daemon answers: these are the profiles on this machine's disk, not what a daemon uses"
+
+    def _daemon_call(fn_name: str, *a, local_ok: bool = False, **kw):
+        """The daemon's answer; None when no daemon runs and a look at the local files will do."""
+        from .client import Client, ClientError, DaemonUnavailable
+
+        try:
+            return getattr(Client(os.environ.get("COLO_SOCKET") or None), fn_name)(*a, **kw)
+        except DaemonUnavailable as e:
+            if local_ok and e.code == "unavailable":
+                return None
+            _fail(str(e))
+        except ClientError as e:
+            from .textsafe import safe
+
+            _fail(safe(str(e)))
+
+    UserOpt = typer.Option(None, "--user", help="another user's view (root and the admin group only)")
+
     @profile_app.command("ls")
-    def ls_cmd(as_json: bool = typer.Option(False, "--json")):
-        """List known profiles."""
-        items = prof.ProfileStore(profile_dirs()).ls()
+    def ls_cmd(user: Optional[str] = UserOpt, as_json: bool = typer.Option(False, "--json", help="print JSON")):
+        """List the profiles the daemon places your jobs with, and where each comes from.
+
+        SOURCE is own (learned from your runs), shared (an admin's choice), configured or shipped.
+        Example: colo profile ls
+        """
+        items = _daemon_call("profiles", user, local_ok=user is None)
+        if items is None:
+            typer.echo(f"colo: {LOCAL_NOTE}", err=True)
+            items = [{**p.summary(), "source": "local"} for p in prof.ProfileStore(profile_dirs()).ls()]
         if as_json:
-            typer.echo(json.dumps([p.summary() for p in items], indent=2))
+            typer.echo(json.dumps(items, indent=2))
             return
-        typer.echo(f"{'NAME':28s} {'RUNS':>4s} {'RUNTIME':>8s} {'MEAN SM':>7s} {'PEAK SM':>7s} {'PEAK MEM':>8s} {'CACHE':>5s}  GPU")
+        typer.echo(f"{'NAME':28s} {'SOURCE':10s} {'RUNS':>4s} {'RUNTIME':>8s} {'MEAN SM':>7s} {'PEAK SM':>7s} "
+                   f"{'PEAK MEM':>8s} {'CACHE':>5s}  GPU")
         for p in items:
-            typer.echo(f"{p.name:28s} {p.runs:4d} {format_duration(p.runtime):>8s} {p.mean_sm * 100:6.0f}% "
-                       f"{p.peak_sm * 100:6.0f}% {format_size(p.peak_mem):>8s} {'yes' if p.cache_bound else 'no':>5s}  {p.gpu}")
+            typer.echo(f"{p['name']:28s} {p['source']:10s} {p['runs']:4d} {format_duration(p['runtime']):>8s} "
+                       f"{p['mean_sm'] * 100:6.0f}% {p['peak_sm'] * 100:6.0f}% {format_size(p['peak_mem']):>8s} "
+                       f"{'yes' if p['cache_bound'] else 'no':>5s}  {p['gpu']}")
 
     @profile_app.command("show")
-    def show_cmd(name: str, as_json: bool = typer.Option(False, "--json")):
-        """Show one profile: summary and its series."""
-        p = prof.ProfileStore(profile_dirs()).get(name)
+    def show_cmd(name: str, user: Optional[str] = UserOpt,
+                 as_json: bool = typer.Option(False, "--json", help="print JSON")):
+        """Show one profile as the daemon uses it for your jobs: summary and its series.
+
+        Example: colo profile show resnet50
+        """
+        p = _daemon_call("profile", name, user, local_ok=user is None)
         if p is None:
-            _fail(f"no profile named {name!r}")
+            local = prof.ProfileStore(profile_dirs()).get(name)
+            if local is None:
+                _fail(f"no profile named {name!r} ({LOCAL_NOTE})")
+            p = {**local.summary(), "source": "local", "note": local.note, "text": prof.dumps(local),
+                 "sm": local.sm.tolist(), "mem": local.mem.tolist(), "membw": local.membw.tolist(),
+                 "pcie": None if local.pcie is None else local.pcie.tolist()}
         if as_json:
-            d = p.summary()
-            d.update(sm=p.sm.tolist(), mem=p.mem.tolist(), membw=p.membw.tolist(),
-                     pcie=None if p.pcie is None else p.pcie.tolist())
-            typer.echo(json.dumps(d))
+            p.pop("text", None)
+            typer.echo(json.dumps(p))
             return
-        typer.echo(prof.dumps(p), nl=False)
+        typer.echo(p["text"], nl=False)
+        typer.echo(f"# source: {p['source']} (own: learned from your runs; shared, configured, shipped: the admin's)")
+
+    @profile_app.command("share")
+    def share_cmd(name: str, user: str = typer.Option(..., "--user", help="whose own copy to share")):
+        """Make one user's learned profile the one every user's jobs use (root and admins only).
+
+        Example: sudo colo profile share resnet50 --user alice
+        """
+        r = _daemon_call("profile_share", name, user)
+        typer.echo(f"profile {r['name']} of uid {r['from_uid']} is now shared")
 
     @profile_app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def record_cmd(ctx: typer.Context, name: Optional[str] = typer.Option(None, "--name"),

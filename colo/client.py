@@ -145,5 +145,14 @@ class Client:
         """For colo's Slurm plugin (root only): attach | batch_exit | end."""
         return self.call("slurm", action=action, **args)
 
+    def profiles(self, user: str | None = None) -> list[dict]:
+        return self.call("profiles", user=user)
+
+    def profile(self, name: str, user: str | None = None) -> dict:
+        return self.call("profile", name=name, user=user)
+
+    def profile_share(self, name: str, user: str | None = None) -> dict:
+        return self.call("profile_share", name=name, user=user)
+
     def shutdown(self) -> None:
         self.call("shutdown")

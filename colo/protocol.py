@@ -16,6 +16,7 @@ MAX_LINE = 1 << 20  # a request larger than this is refused, not buffered
 OPS = frozenset({
     "hello", "submit", "ls", "show", "logs", "wait", "cancel", "gpus", "explain", "top",
     "history", "shutdown", "slurm",
+    "profiles", "profile", "profile_share",  # what the daemon places jobs with (issue 11 item 5)
 })
 
 # error codes (stable, for scripts)

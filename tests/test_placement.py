@@ -118,7 +118,7 @@ def test_job_without_profile_runs_timesliced_and_leaves_a_profile(node):
         assert job["mode"] == "timesliced" and "no profile yet" in d.cli("explain", str(j)).stdout
         assert not mps_clients_of(d, node[1], j)  # its pipe dir leads nowhere: an ordinary context
         d.wait_state(j, "succeeded", timeout=30)
-        learned = profiles.load(d.state_dir / "profiles" / "fresh.profile")
+        learned = profiles.load(d.state_dir / "profiles" / "users" / "0" / "fresh.profile")  # root ran it: its own
         assert learned.runs == 1 and learned.runtime >= 2.5
         assert 0.2 <= float(np.max(learned.sm)) <= 0.6  # the 40 % duty cycle it declared
         assert int(np.max(learned.mem)) == 512 * 1024**2  # from its ledger

@@ -297,7 +297,9 @@ def test_slurm_jobs_share_a_gpu_queue_on_gpumem_and_are_held_to_their_budget(clu
     assert node.daemon.job(jc["id"])["spec"]["profile"] == "slurm-c.sh"  # no --colo-profile: its job name
     wait_for(lambda: node.daemon.job(jc["id"])["state"] == "succeeded", 60, "job c to succeed in colo")
     # What it did was learned, into the folder every node shares.
-    assert (node.profiles / "slurm-c.sh.profile").exists(), list(node.profiles.glob("*"))
+    # (its user's own copy: a user's runs teach only their own profiles, invariant 13)
+    learned = node.profiles / "users" / str(jc["uid"]) / "slurm-c.sh.profile"
+    wait_for(learned.exists, 30, f"{learned} (have {list(node.profiles.rglob('*'))})")
     # A colo restart (even SIGKILL) loses no Slurm job: it is found again and still followed.
     node.daemon.kill9()
     node.daemon.start()

@@ -203,6 +203,85 @@ class Api:
         except Refused as e:
             raise ApiError(str(e), protocol.INVALID) from None
 
+    # profiles: what the daemon places a user's jobs with ---------------------------------------
+    def _profile_uid(self, caller: Caller, args: dict) -> int:
+        """Whose view: the caller's own, or (root and admins only) another user's, by name or uid."""
+        who = args.get("user")
+        if who is None or who == caller.user or who == caller.uid:
+            return caller.uid
+        if not is_admin(caller, self.d.config.admin_group):
+            raise ApiError("only root and the admin group may see another user's profiles", protocol.FORBIDDEN)
+        if isinstance(who, int) and not isinstance(who, bool) and 0 <= who < 1 << 32:
+            return who
+        if isinstance(who, str):
+            try:
+                return pwd.getpwnam(who).pw_uid
+            except KeyError:
+                pass
+        raise ApiError(f"no user {who!r}", protocol.NOT_FOUND)
+
+    def _profile_name(self, args: dict) -> str:
+        from .. import profiles
+
+        name = args.get("name")
+        if not isinstance(name, str) or not profiles.valid_name(name):
+            raise ApiError(f"malformed profile name {name!r}", protocol.BAD_REQUEST)
+        return name
+
+    async def profiles(self, caller: Caller, args: dict) -> list[dict]:
+        """Every profile the caller's jobs may run under, each with where it comes from."""
+        from .. import profiles
+
+        uid = self._profile_uid(caller, args)
+
+        def collect() -> list[dict]:
+            out = []
+            for p in self.d.profile_store(uid).ls():
+                src = self.d.profile_source(uid, p.name)
+                out.append({**p.summary(), "source": src[0] if src else "?"})
+            return out
+
+        try:
+            return await asyncio.to_thread(collect)
+        except profiles.ProfileError as e:
+            raise ApiError(str(e), protocol.INVALID) from None
+
+    async def profile(self, caller: Caller, args: dict) -> dict:
+        """One profile as the daemon would use it for the caller's next job of that name."""
+        from .. import profiles
+
+        uid, name = self._profile_uid(caller, args), self._profile_name(args)
+
+        def one() -> dict | None:
+            p = self.d.profile_store(uid).get(name)
+            if p is None:
+                return None
+            src = self.d.profile_source(uid, name)
+            return {**p.summary(), "source": src[0] if src else "?", "note": p.note, "text": profiles.dumps(p),
+                    "sm": p.sm.tolist(), "mem": p.mem.tolist(), "membw": p.membw.tolist(),
+                    "pcie": None if p.pcie is None else p.pcie.tolist()}
+
+        try:
+            r = await asyncio.to_thread(one)
+        except profiles.ProfileError as e:
+            raise ApiError(str(e), protocol.INVALID) from None
+        if r is None:
+            raise ApiError(f"no profile named {name!r}", protocol.NOT_FOUND)
+        return r
+
+    async def profile_share(self, caller: Caller, args: dict) -> dict:
+        """Root or an admin makes a user's own copy of a profile the one everyone's jobs use."""
+        from .. import profiles
+
+        if not is_admin(caller, self.d.config.admin_group):
+            raise ApiError("only root and the admin group may share a profile with everyone", protocol.FORBIDDEN)
+        uid, name = self._profile_uid(caller, args), self._profile_name(args)
+        try:
+            await asyncio.to_thread(self.d.share_profile, name, uid)
+        except (profiles.ProfileError, OSError) as e:
+            raise ApiError(str(e), protocol.NOT_FOUND) from None
+        return {"name": name, "from_uid": uid, "source": "shared"}
+
     async def shutdown(self, caller: Caller, args: dict) -> dict:
         if not is_admin(caller, self.d.config.admin_group) and caller.uid != os.geteuid():
             raise ApiError("only root or the daemon's owner may stop the daemon", protocol.FORBIDDEN)

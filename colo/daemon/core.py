@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from .. import mps, native, policy, profiles
+from .. import mps, native, policy
 from ..config import Config
 from ..gpu import GpuInfo, NoDriver, Nvml
 from ..jobs import ACTIVE, TERMINAL, Job, State
@@ -63,11 +63,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Learn
         self._ended: dict[int, Job] | None = None  # ended jobs never change: read once, then kept
         self._writer: DecisionWriter | None = None
         self.mps: mps.MpsManager | None = None
-        # learned profiles are written to (and win from) the state dir; then the configured ones
-        # (or to the folder shared by every node of a cluster, when the admin names one)
-        self.profiles = profiles.ProfileStore(
-            [config.shared_profiles or config.state_dir / "profiles", *config.profile_dirs, profiles.shipped_dir()])
-        self._profile_cache: dict[str, tuple[float, profiles.Profile | None]] = {}
+        self._init_profiles()  # per-user learned, shared, configured, shipped (learning.py)
 
     # start-up ---------------------------------------------------------------------------------
     def open(self) -> None:

@@ -1,8 +1,19 @@
-"""Which stored profile a job runs under, and learning it from the job's samples."""
+"""Which stored profile a job runs under, and learning it from the job's samples.
+
+Whose runs teach what (invariant 13): a user's finished jobs teach only that user's own copy of a
+profile, under state_dir/profiles/users/UID. A job's profile is looked up in that user's own
+folder first, then the ones an admin marked shared (state_dir/profiles/shared, and the flat
+state_dir/profiles of colo versions before this; `shared_profiles` from the config in place of
+state_dir/profiles on a cluster), then the configured `profile_dirs`, then the
+shipped profiles. Nothing but an admin's `profile share` writes outside a user's own folder, so
+one user's runs cannot change how another user's jobs are placed.
+"""
 from __future__ import annotations
 
 import logging
+import shutil
 import time
+from pathlib import Path
 
 from .. import profiles
 from ..jobs import Job
@@ -13,25 +24,76 @@ log = logging.getLogger("colo")
 class LearningMixin:
     """Part of Daemon (colo/daemon/core.py); uses its state."""
 
+    def _init_profiles(self) -> None:
+        # learned profiles live in the state dir, or in a folder every node of a cluster shares
+        root = self.config.shared_profiles or self.config.state_dir / "profiles"
+        self._profiles_root = root
+        self._profile_layers: list[tuple[str, Path]] = [
+            ("shared", root / "shared"), ("shared", root),  # the flat folder: learned before per-user profiles
+            *(("configured", Path(d)) for d in self.config.profile_dirs), ("shipped", profiles.shipped_dir())]
+        self._profile_stores: dict[int, profiles.ProfileStore] = {}
+        self._profile_cache: dict[tuple[int, str], tuple[float, profiles.Profile | None]] = {}
+
+    def own_profile_dir(self, uid: int) -> Path:
+        return self._profiles_root / "users" / str(int(uid))
+
+    def profile_store(self, uid: int) -> profiles.ProfileStore:
+        """The folders a job of `uid` finds its profile in, its own first; new profiles go to its own."""
+        st = self._profile_stores.get(uid)
+        if st is None:
+            st = self._profile_stores[uid] = profiles.ProfileStore(
+                [self.own_profile_dir(uid), *(d for _, d in self._profile_layers)])
+        return st
+
+    def profile_source(self, uid: int, name: str) -> tuple[str, Path] | None:
+        """Which layer a name resolves to for `uid`: ("own" | "shared" | "configured" | "shipped", file)."""
+        for kind, d in (("own", self.own_profile_dir(uid)), *self._profile_layers):
+            p = d / f"{name}.profile"
+            if profiles.valid_name(name) and p.is_file():
+                return kind, p
+        return None
+
     def profile_name(self, job: Job) -> str:
         return job.spec.profile or profiles.key_for(job.spec.image, job.spec.argv)
 
     def profile_of(self, job: Job) -> "profiles.Profile | None":
         """The stored profile a job runs under; files are read again at most every 60 s."""
         name = self.profile_name(job)
-        hit = self._profile_cache.get(name)
+        key = (job.uid, name)
+        hit = self._profile_cache.get(key)
         now = time.monotonic()
         if hit is None or now - hit[0] > 60:
             try:
-                prof = self.profiles.get(name)
+                prof = self.profile_store(job.uid).get(name)
             except profiles.ProfileError as e:
                 log.warning("profile %s unreadable: %s", name, e)
                 prof = None
-            hit = self._profile_cache[name] = (now, prof)
+            hit = self._profile_cache[key] = (now, prof)
         return hit[1]
 
+    def forget_profile(self, name: str, uid: int | None = None) -> None:
+        """Drop cached lookups of `name` (one user's, or everyone's after a change to a shared one)."""
+        for key in [k for k in self._profile_cache if k[1] == name and (uid is None or k[0] == uid)]:
+            del self._profile_cache[key]
+        self._cands.clear()  # queued jobs of that profile plan with what is stored now
+
+    def share_profile(self, name: str, uid: int) -> Path:
+        """An admin's choice: user `uid`'s own copy of `name` becomes the shared one."""
+        src = self.own_profile_dir(uid) / f"{name}.profile"
+        if not profiles.valid_name(name) or not src.is_file():
+            raise profiles.ProfileError(f"user {uid} has no profile of their own named {name!r}")
+        profiles.load(src)  # only a readable profile is shared
+        dst_dir = self._profiles_root / "shared"
+        dst_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = dst_dir / f".{name}.profile.tmp"
+        shutil.copyfile(src, tmp)
+        tmp.replace(dst_dir / f"{name}.profile")
+        self.forget_profile(name)
+        return dst_dir / f"{name}.profile"
+
     def learn(self, job: Job) -> None:
-        """A job that ran to its end teaches the profile it ran under (invariant: samples, not guesses)."""
+        """A job that ran to its end teaches its owner's own copy of the profile it ran under
+        (started from the shared or shipped one when the owner has none yet)."""
         rows = self.store.samples(job.id)
         if len(rows) < 2 or not job.gpus:
             return
@@ -40,9 +102,13 @@ class LearningMixin:
                    "mem": [r[2] or 0 for r in rows], "membw": [r[3] or 0.0 for r in rows]}
         gpu = next((d.name for d in self.devices if d.uuid == job.gpus[0]), "")
         runtime = (job.ended_at or time.time()) - (job.started_at or t0)
+        name = self.profile_name(job)
         try:
-            self.profiles.learn(self.profile_name(job), samples, runtime=runtime, gpu=gpu)
-            self._profile_cache.pop(self.profile_name(job), None)
-            self._cands.clear()  # queued jobs of that profile plan with what was just learned
+            own = self.own_profile_dir(job.uid)
+            own.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # ProfileStore.learn reads the first folder that has `name` and writes to the first
+            # writable folder: the owner's own, which comes first
+            self.profile_store(job.uid).learn(name, samples, runtime=runtime, gpu=gpu)
+            self.forget_profile(name, job.uid)
         except (profiles.ProfileError, OSError) as e:
             log.warning("could not learn profile for job %d: %s", job.id, e)

@@ -1,0 +1,91 @@
+"""Issue 11 item 5 (invariant 13): a user's runs teach only that user's own profiles.
+
+Bob (a real second Unix user) runs a job that barely uses the GPU under `--profile rn50`, a
+profile the admin configured at 71 % mean SM. Before, his run was merged into the one stored
+rn50 (71 % -> 36 %), and two rn50 jobs of alice's were then put on one GPU under MPS. Now his run
+teaches his own copy; alice's jobs are placed with the admin's profile, and `colo profile ls/show`
+(answered by the daemon) tell each of them which one is used.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from colo import fakegpu, profiles
+from colo.client import Client
+from daemon_util import DaemonProc, as_user, wait_for
+
+GiB = 1024**3
+
+
+@pytest.fixture
+def node(native_dir):
+    root = Path(tempfile.mkdtemp(prefix="colo-prof-"))
+    os.chmod(root, 0o755)
+    state = root / "fakegpu" / "state"
+    state.parent.mkdir(mode=0o777)
+    os.chmod(state.parent, 0o777)
+    fakegpu.create(state, count=1, mem=16 * GiB)
+    prof = root / "profiles"
+    prof.mkdir()
+    n = 20
+    p = profiles.from_samples("rn50", {"times": list(range(n)), "sm": [0.71] * n, "mem": [512 * 1024**2] * n,
+                                       "membw": [0.3] * n}, runtime=float(n), cache_bound=False)
+    profiles.save(p, prof / "rn50.profile")
+    (root / "d").mkdir(mode=0o755)
+    d = DaemonProc(root / "d", state, {"profile_dirs": [str(prof)], "mps_idle_stop": 600.0})
+    d.start()
+    os.chmod(d.socket.parent, 0o755)
+    yield d, prof
+    d.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_bobs_run_does_not_change_how_alices_jobs_are_placed(node, other_user):
+    d, prof = node
+    before = (prof / "rn50.profile").read_text()
+    burn = str(next(d.state_dir.glob("native-*")) / "colo-burn")  # the daemon's world-readable copy
+    spec = {"argv": [burn, "--mem", "256MiB", "--duty", "0", "--seconds", "3"], "gpu_mem": GiB,
+            "profile": "rn50", "workdir": "/tmp"}
+    kind, bobs = as_user(other_user, lambda: Client(d.socket).submit(spec)["id"])
+    assert kind == "ok", bobs
+    d.wait_state(bobs, "succeeded", timeout=60)
+    # bob's own copy learned his run (started from the admin's, so 2 runs); the admin's is untouched
+    kind, mine = wait_for(lambda: (r := as_user(other_user, lambda: Client(d.socket).profile("rn50")))[1]["runs"] == 2
+                          and r, 30, "bob's run to be learned")
+    assert mine["source"] == "own" and mine["mean_sm"] < 0.5, mine
+    assert (prof / "rn50.profile").read_text() == before
+    seen = json.loads(d.cli("profile", "show", "rn50", "--json", check=True).stdout)
+    assert seen["source"] == "configured" and seen["runs"] == 1 and abs(seen["mean_sm"] - 0.71) < 0.01
+    ls = d.cli("profile", "ls", check=True).stdout
+    assert any(ln.split()[:3] == ["rn50", "configured", "1"] for ln in ls.splitlines()), ls
+    admin_view = json.loads(d.cli("profile", "show", "rn50", "--user", other_user.pw_name, "--json",
+                                  check=True).stdout)
+    assert admin_view["source"] == "own" and admin_view["runs"] == 2
+    kind, err = as_user(other_user, lambda: Client(d.socket).profiles(user="root"))
+    assert kind == "err" and err[2] == "forbidden", err
+
+    # alice's (root's) two rn50 jobs: 71 % + 71 % SM saturates the GPU, so they do not share it
+    gate = d.root / "go"
+    hold = ["sh", "-c", f"{burn} --mem 256MiB --duty 70 --seconds 600 --quiet & b=$!; "
+                        f"while [ ! -e {gate} ]; do sleep 0.05; done; kill $b; wait $b; exit 0"]
+    a = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "rn50", "--", *hold)
+    d.wait_state(a, "running")
+    b = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "rn50", "--", *hold)
+    why = wait_for(lambda: "co-running" in (r := d.job(b)["reason"] or "") and r, 30, "a decision for job b")
+    assert d.job(b)["state"] == "queued", why
+    gate.touch()
+    for j in (a, b):
+        d.wait_state(j, "succeeded", timeout=60)
+
+    # an admin may make bob's copy the shared one: then it is what everyone's jobs use
+    d.cli("profile", "share", "rn50", "--user", other_user.pw_name, check=True)
+    seen = json.loads(d.cli("profile", "show", "rn50", "--json", check=True).stdout)
+    assert seen["source"] == "shared" and seen["runs"] == 2
+    kind, err = as_user(other_user, lambda: Client(d.socket).profile_share("rn50"))
+    assert kind == "err" and err[2] == "forbidden", err
