@@ -13,12 +13,26 @@ import typer
 from . import cli_sim
 from .client import Client, ClientError
 from .textsafe import safe, safe_tree
-from .units import BadSize, format_duration, format_size, parse_size
+from .units import BadSize, format_duration, format_size, format_size_exact, parse_size
 
 app = typer.Typer(help="colo: share this node's GPUs: a queue, memory budgets, MPS or time-slicing.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 SocketOpt = typer.Option(None, "--socket", envvar="COLO_SOCKET", help="daemon socket")
 JsonOpt = typer.Option(False, "--json", help="print JSON for scripts")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"colo {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print colo's version and exit")):
+    """colo: share this node's GPUs: a queue, memory budgets, MPS or time-slicing."""
 
 
 def fail(msg: str, code: int = 1) -> None:
@@ -56,17 +70,22 @@ def submit(
     process: bool = typer.Option(False, "--process", help="run as a host process, no container"),
     gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="GPU memory budget per GPU, e.g. 4GiB"),
     gpus: int = typer.Option(1, "--gpus", help="number of GPUs (0: a CPU-only job)"),
-    name: Optional[str] = typer.Option(None, "--name"),
+    name: Optional[str] = typer.Option(None, "--name", help="a name to refer to the job by (letters, digits, . _ -)"),
     env: List[str] = typer.Option([], "--env", help="K=V, repeatable"),
     mount: List[str] = typer.Option([], "--mount", help="SRC:DST[:ro], repeatable"),
-    workdir: Optional[str] = typer.Option(None, "--workdir"),
+    workdir: Optional[str] = typer.Option(None, "--workdir", help="folder the job starts in (a process job: "
+                                          "the current one by default)"),
     after: List[int] = typer.Option([], "--after", help="start only after this job succeeded"),
-    priority: int = typer.Option(0, "--priority"),
+    priority: int = typer.Option(0, "--priority", help="higher starts first (users may set up to "
+                                 "max_user_priority)"),
     profile: Optional[str] = typer.Option(None, "--profile", help="profile name this job runs under"),
     retries: int = typer.Option(0, "--retries", help="requeue after an MPS server fault, up to N times"),
     sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt,
 ):
-    """Queue a job; prints its id."""
+    """Queue a job; prints its id.
+
+    Example: colo submit --image local/trainer:1 --gpu-mem 4GiB --name mnist -- python train.py
+    """
     if not command:
         fail("missing command: give it after `--`, e.g. colo submit --gpu-mem 1GiB -- python train.py")
     if image and process:
@@ -85,6 +104,8 @@ def submit(
         if not sep or not k:
             fail(f"malformed --env {kv!r}: use K=V")
         envd[k] = v
+    _utf8_only(("the command", list(command)), ("--env", env), ("--mount", mount), ("--name", name),
+               ("--workdir", workdir), ("--image", image))
     spec = {"argv": list(command), "image": image, "name": name, "gpu_mem": size, "gpus": gpus, "env": envd,
             "mounts": list(mount), "workdir": workdir or (os.getcwd() if process else None), "after": list(after),
             "priority": priority, "profile": profile, "retries": retries}
@@ -92,32 +113,112 @@ def submit(
     print_json(job) if as_json else typer.echo(job["id"])
 
 
-def job_row(j: dict, now: float) -> list[str]:
-    gpu = ",".join(u[:12] for u in j["gpus"]) or "-"
-    return [j["id"], j["name"] or "-", j["user"], j["state"], gpu, j["mode"] or "-",
-            format_size(j["budget"]) if j["budget"] else "-", format_duration(now - j["submitted_at"]),
-            (j["reason"] or "")[:60]]
+# Columns `colo ls` can show (--format id,name,...): title and how to draw one job's cell.
+LS_COLUMNS = {
+    "id": ("ID", lambda j, now, w: str(j["id"])),
+    "name": ("NAME", lambda j, now, w: j["name"] or "-"),
+    "user": ("USER", lambda j, now, w: j["user"]),
+    "state": ("STATE", lambda j, now, w: j["state"]),
+    "gpu": ("GPU", lambda j, now, w: ",".join(u[:12] for u in j["gpus"]) or "-"),
+    "mode": ("MODE", lambda j, now, w: j["mode"] or "-"),
+    "budget": ("BUDGET", lambda j, now, w: format_size(j["budget"]) if j["budget"] else "-"),
+    "age": ("AGE", lambda j, now, w: format_duration(now - j["submitted_at"])),
+    "exit": ("EXIT", lambda j, now, w: "-" if j["exit_code"] is None else str(j["exit_code"])),
+    "priority": ("PRIO", lambda j, now, w: str(j.get("priority") or 0)),
+    "command": ("COMMAND", lambda j, now, w: " ".join(j.get("argv") or [])[: None if w else 40]),
+    "reason": ("REASON", lambda j, now, w: (j["reason"] or "") if w else (j["reason"] or "")[:60]),
+}
+LS_DEFAULT = "id,name,user,state,gpu,mode,budget,age,reason"
+STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "lost")
+
+
+def _utf8_only(*fields: tuple[str, object]) -> None:
+    """Refuse bytes that are not UTF-8 (Python carries them as lone surrogates). colo passes a job's
+    command as text (JSON to the daemon, and on to Docker's API, which is JSON too), so such bytes
+    cannot reach a container unchanged; they used to be replaced by U+FFFD without a word."""
+    for what, value in fields:
+        for i, v in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(v, str) and any("\udc80" <= ch <= "\udcff" for ch in v):
+                raw = v.encode("utf-8", "surrogateescape")
+                where = f"word {i + 1} of {what}" if isinstance(value, list) else what
+                fail(f"{where} holds bytes that are not UTF-8 ({safe(raw.decode('utf-8', 'backslashreplace'))}): "
+                     "colo carries commands as UTF-8 text; pass such bytes through a file or an escape "
+                     "the program decodes (e.g. printf '\\xff')")
+
+
+def job_row(j: dict, now: float, cols: list[str] | None = None, wide: bool = False) -> list[str]:
+    return [LS_COLUMNS[c][1](j, now, wide) for c in (cols or LS_DEFAULT.split(","))]
+
+
+def _filtered(jobs: list[dict], users: list[str], states: list[str], names: list[str]) -> list[dict]:
+    for st in states:
+        if st not in STATES:
+            fail(f"unknown state {st!r}: one of {', '.join(STATES)}")
+    return [j for j in jobs if (not users or j["user"] in users) and (not states or j["state"] in states)
+            and (not names or (j["name"] or "") in names)]
+
+
+def job_ref(c: Client, ref: str, _cache: dict = {}) -> int:
+    """A job by id, or by its name where one job (the newest open one first) has it."""
+    if ref.isdigit():
+        return int(ref)
+    if "jobs" not in _cache:
+        _cache["jobs"] = _call(c.ls, True, None)
+    named = [j for j in _cache["jobs"] if j["name"] == ref]
+    open_ = [j for j in named if j["state"] in ("queued", "starting", "running")]
+    pick = open_ if open_ else named
+    if len(pick) == 1:
+        return pick[0]["id"]
+    if not pick:
+        fail(f"no job {ref!r}: give a job id or the name of a job")
+    fail(f"{len(pick)} jobs are named {ref!r} ({', '.join(str(j['id']) for j in pick[:5])}…): give the id")
 
 
 @app.command("ls")
-def ls(all_: bool = typer.Option(True, "--all/--active", help="include ended jobs"),
-       limit: Optional[int] = typer.Option(None, "--limit", help="only the newest N"), sock: Optional[Path] = SocketOpt,
-       as_json: bool = JsonOpt):
-    """List jobs: id, name, user, state, gpu, mode, budget, age, reason."""
-    jobs = _call(client(sock).ls, all_, limit)
+def ls(all_: bool = typer.Option(False, "--all", "-a", help="ended jobs too (default: queued and running)"),
+       user: List[str] = typer.Option([], "--user", "-u", help="only this user's jobs (repeatable)"),
+       state: List[str] = typer.Option([], "--state", "-s", help="only jobs in this state (repeatable): "
+                                        + ", ".join(STATES)),
+       name: List[str] = typer.Option([], "--name", "-n", help="only jobs of this name (repeatable)"),
+       quiet: bool = typer.Option(False, "-q", "--quiet", help="job ids only, one a line"),
+       fmt: Optional[str] = typer.Option(None, "--format", "-o",
+                                         help=f"columns, comma-separated, of: {', '.join(LS_COLUMNS)}"),
+       wide: bool = typer.Option(False, "--wide", "-w", help="reasons and commands in full"),
+       limit: Optional[int] = typer.Option(None, "--limit", help="only the newest N"),
+       sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """List jobs: the queued and running ones, or with --all every job colo remembers.
+
+    Example: colo ls --all --state failed --user alice -o id,name,exit,reason
+    """
+    ended = [s for s in state if s in ("succeeded", "failed", "cancelled", "lost")]
+    jobs = _call(client(sock).ls, all_ or bool(ended), None)
+    jobs = _filtered(jobs, user, state, name)
+    if limit and limit > 0:
+        jobs = jobs[-limit:]
     if as_json:
         return print_json(jobs)
+    if quiet:
+        return typer.echo("\n".join(str(j["id"]) for j in jobs)) if jobs else None
+    cols = [c.strip() for c in (fmt or LS_DEFAULT).split(",") if c.strip()]
+    bad = [c for c in cols if c not in LS_COLUMNS]
+    if bad or not cols:
+        fail(f"unknown column {bad[0] if bad else fmt!r} in --format: use {', '.join(LS_COLUMNS)}")
     now = time.time()
-    typer.echo(table([job_row(j, now) for j in safe_tree(jobs)],
-                     ["ID", "NAME", "USER", "STATE", "GPU", "MODE", "BUDGET", "AGE", "REASON"]))
+    typer.echo(table([job_row(j, now, cols, wide) for j in safe_tree(jobs)], [LS_COLUMNS[c][0] for c in cols]))
 
 
 @app.command()
-def show(job_id: int, sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
-    """Everything known about one job."""
-    j = _call(client(sock).show, job_id)
+def show(job: str = typer.Argument(..., help="job id or name"), sock: Optional[Path] = SocketOpt,
+         as_json: bool = JsonOpt):
+    """Everything known about one job.
+
+    Example: colo show 7
+    """
+    c = client(sock)
+    j = _call(c.show, job_ref(c, job))
     if as_json:
         return print_json(j)
+    log_path = j.get("log")
     j = safe_tree(j)
     spec = j["spec"]
     lines = [f"job {j['id']}" + (f" ({j['name']})" if j["name"] else ""),
@@ -126,13 +227,15 @@ def show(job_id: int, sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt)
              f"  reason:    {j['reason']}" + (f" (cancel asked by {j['cancel_by']}, under way)"
                                                   if j.get("cancel_by") else ""),
              f"  runs:      {'image ' + spec['image'] if spec['image'] else 'host process'}: {' '.join(spec['argv'])}",
-             f"  budget:    {format_size(j['budget'])} x {spec['gpus']} GPU(s)" if spec["gpus"] else "  budget:    no GPU",
+             f"  budget:    {format_size_exact(j['budget'])} x {spec['gpus']} GPU(s)" if spec["gpus"] else "  budget:    no GPU",
              f"  gpus:      {', '.join(j['gpus']) or '-'}   mode: {j['mode'] or '-'}"]
     if "used" in j:
         lines.append(f"  in use:    {format_size(j['used'])} (refused allocations: {j['refused']})")
     if j["decision"]:
         lines.append(f"  decision:  {j['decision']['reason']}")
-    lines.append(f"  log:       {j['log']}")
+    # the log file is root's (the state dir): name it only to someone who can open it
+    readable = bool(log_path) and os.access(log_path, os.R_OK)
+    lines.append(f"  log:       {j['log']}" if readable else f"  log:       colo logs {j['id']}")
     lines.append("  events:")
     for e in j["events"]:
         lines.append(f"    {time.strftime('%H:%M:%S', time.localtime(e['at']))}  {e['old'] or '-':>9} -> "
@@ -141,9 +244,15 @@ def show(job_id: int, sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt)
 
 
 @app.command()
-def explain(job_id: int, sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
-    """Why a job was placed where it was, or why it waits."""
-    r = _call(client(sock).explain, job_id)
+def explain(job: str = typer.Argument(..., help="job id or name"), sock: Optional[Path] = SocketOpt,
+            as_json: bool = JsonOpt):
+    """Why a job was placed where it was, or why it waits.
+
+    Example: colo explain 7
+    """
+    c = client(sock)
+    job_id = job_ref(c, job)
+    r = _call(c.explain, job_id)
     if as_json:
         return print_json(r)
     r = safe_tree(r)
@@ -155,12 +264,17 @@ def explain(job_id: int, sock: Optional[Path] = SocketOpt, as_json: bool = JsonO
 
 
 @app.command()
-def logs(job_id: int, follow: bool = typer.Option(False, "-f", "--follow", help="follow until the job ends"),
-         tail: Optional[int] = typer.Option(None, "--tail", help="only the last N lines"),
+def logs(job: str = typer.Argument(..., help="job id or name"),
+         follow: bool = typer.Option(False, "-f", "--follow", help="follow until the job ends"),
+         tail: Optional[int] = typer.Option(None, "--tail", "-n", help="only the last N lines"),
          sock: Optional[Path] = SocketOpt):
-    """A job's output."""
+    """A job's output, as it wrote it (stdout and stderr together).
+
+    Example: colo logs -f --tail 20 7
+    """
     try:
-        for chunk in Client(sock, timeout=None if follow else 30).logs(job_id, follow, tail):
+        c = Client(sock, timeout=None if follow else 30)
+        for chunk in c.logs(job_ref(c, job), follow, tail):
             sys.stdout.write(chunk)
             sys.stdout.flush()
     except ClientError as e:
@@ -168,33 +282,72 @@ def logs(job_id: int, follow: bool = typer.Option(False, "-f", "--follow", help=
 
 
 @app.command()
-def wait(job_ids: List[int], sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
-    """Block until the jobs end; exit with the first non-zero exit code among them."""
-    jobs = _call(Client(sock, timeout=None).wait, list(job_ids))
+def wait(jobs: List[str] = typer.Argument(..., help="job ids or names"), sock: Optional[Path] = SocketOpt,
+         as_json: bool = JsonOpt):
+    """Block until the jobs end; say how each ended; exit with the first non-zero exit code among
+    them, in the order given (1 for a job that ended without one: cancelled, lost, never started).
+
+    Example: colo wait 3 2 1 && echo all succeeded
+    """
+    c = Client(sock, timeout=None)
+    ended = _call(c.wait, [job_ref(c, j) for j in jobs])
     if as_json:
-        print_json(jobs)
-    for j in jobs:
+        print_json(ended)
+    first = 0
+    for j in ended:  # every job is reported, failing or not, before the exit code is chosen
         code = j["exit_code"] if j["exit_code"] is not None else (0 if j["state"] == "succeeded" else 1)
         if not as_json:
             typer.echo(f"job {j['id']}: {j['state']} ({safe(j['reason'])})", err=True)
-        if code:
-            raise typer.Exit(code)
+        first = first or code
+    raise typer.Exit(first)
 
 
 @app.command()
-def cancel(job_ids: List[int], sock: Optional[Path] = SocketOpt):
-    """Stop jobs: queued ones at once, running ones gracefully, then forced after a grace period."""
+def cancel(jobs: List[str] = typer.Argument(None, help="job ids or names"),
+           user: List[str] = typer.Option([], "--user", "-u", help="every open job of this user (repeatable)"),
+           state: List[str] = typer.Option([], "--state", "-s", help="only open jobs in this state: queued, "
+                                            "starting, running"),
+           name: List[str] = typer.Option([], "--name", "-n", help="every open job of this name"),
+           all_: bool = typer.Option(False, "--all", help="every open job of your own"),
+           sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """Stop jobs: queued ones at once; running ones get SIGTERM, then SIGKILL after the grace
+    period. Returns at once: the stops go on in the daemon, all at the same time.
+
+    Example: colo cancel 7 8   ·   colo cancel --all --state queued   ·   colo cancel --name sweep
+    """
     c = client(sock)
-    for i in job_ids:
-        j = _call(c.cancel, i)
-        # the stop is under way; its end is recorded a moment later (or when the engine is back)
-        state = "stopping" if j["state"] in ("starting", "running") and j.get("cancel_by") else j["state"]
-        typer.echo(f"job {j['id']}: {state}")
+    ids = [job_ref(c, j) for j in jobs or []]
+    if user or state or name or all_:
+        me = _call(c.hello)["user"] if all_ else None
+        picked = _filtered(_call(c.ls, False, None), user + ([me] if me else []), state, name)
+        ids += [j["id"] for j in picked if j["id"] not in ids]
+    elif not ids:
+        fail("say which jobs: ids or names, or --user/--state/--name/--all")
+    out, bad = [], 0
+    for i in ids:
+        try:
+            j = c.cancel(i)
+        except ClientError as e:
+            typer.echo(f"colo: {safe(str(e))}", err=True)
+            bad += 1
+            continue
+        out.append(j)
+        if not as_json:
+            # the stop is under way; its end is recorded a moment later (or when the engine is back)
+            st = "stopping" if j["state"] in ("starting", "running") and j.get("cancel_by") else j["state"]
+            typer.echo(f"job {j['id']}: {st}")
+    if as_json:
+        print_json(out)
+    raise typer.Exit(1 if bad else 0)
 
 
 @app.command()
 def gpus(sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
-    """The GPUs as the daemon sees them, with the budgets placed on each."""
+    """The GPUs as the daemon sees them, with the budgets placed on each (exact: what is usable is
+    what a --gpu-mem may ask for).
+
+    Example: colo gpus --json
+    """
     r = _call(client(sock).gpus)
     if as_json:
         return print_json(r)
@@ -202,7 +355,8 @@ def gpus(sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
         fail(r["error"])
     r = safe_tree(r)
     rows = [[g["index"], g["name"], g["uuid"], format_size(g["total"]), format_size(g["used"]),
-             f"{format_size(g['budgeted'])} / {format_size(g['usable'])}", g["compute_mode"], g["mps"],
+             f"{format_size_exact(g['budgeted']) if g['budgeted'] else '0'} / {format_size_exact(g['usable'])}",
+             g["compute_mode"], g["mps"],
              ",".join(map(str, g["jobs"])) or "-"] for g in r["gpus"]]
     typer.echo(table(rows, ["#", "NAME", "UUID", "MEMORY", "USED", "BUDGETED/USABLE", "MODE", "MPS", "JOBS"]))
     for g in r["gpus"]:
@@ -216,13 +370,17 @@ def gpus(sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
 # the daemon ----------------------------------------------------------------------------------
 @app.command()
 def daemon(
-    socket: Optional[Path] = typer.Option(None, "--socket", envvar="COLO_SOCKET"),
-    state_dir: Optional[Path] = typer.Option(None, "--state-dir", envvar="COLO_STATE_DIR"),
+    socket: Optional[Path] = typer.Option(None, "--socket", envvar="COLO_SOCKET", help="where to listen"),
+    state_dir: Optional[Path] = typer.Option(None, "--state-dir", envvar="COLO_STATE_DIR",
+                                             help="where the database, logs and profiles are kept"),
     config: Optional[Path] = typer.Option(None, "--config", envvar="COLO_CONFIG", help="TOML file"),
     fake_gpus: Optional[Path] = typer.Option(None, "--fake-gpus", help="use this simulated-driver state file"),
-    verbose: bool = typer.Option(False, "-v", "--verbose"),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="log each decision and start"),
 ):
-    """Run the colo daemon in the foreground."""
+    """Run the colo daemon in the foreground.
+
+    Example: sudo colo daemon --config /etc/colo.toml -v
+    """
     import asyncio
     import logging
 
@@ -243,7 +401,10 @@ def daemon(
 @app.command("run-budgeted", context_settings={"allow_interspersed_args": False})
 def run_budgeted(command: List[str] = typer.Argument(..., help="the command, after --"),
                  gpu_mem: str = typer.Option(..., "--gpu-mem", help="budget per GPU, e.g. 2GiB")):
-    """Run one command under the memory-budget interposer, without the daemon."""
+    """Run one command under the memory-budget interposer, without the daemon.
+
+    Example: colo run-budgeted --gpu-mem 2GiB -- python infer.py
+    """
     from . import interposer
 
     try:
@@ -255,7 +416,10 @@ def run_budgeted(command: List[str] = typer.Argument(..., help="the command, aft
 
 @app.command()
 def doctor(sock: Optional[Path] = SocketOpt):
-    """Check the pieces colo needs: interposer, NVML, MPS, Docker, daemon."""
+    """Check the pieces colo needs: interposer, NVML, MPS, Docker (as the daemon reaches it), daemon.
+
+    Example: colo doctor
+    """
     from .doctor import run_checks
 
     ok = run_checks(sock)
@@ -264,16 +428,24 @@ def doctor(sock: Optional[Path] = SocketOpt):
 
 @app.command()
 def top(once: bool = typer.Option(False, "--once", help="print one plain-text frame and exit"),
+        lines: Optional[int] = typer.Option(None, "--lines", help="with --once: at most N lines (default: the "
+                                            "terminal's height when printing to one; 0: no bound)"),
         sock: Optional[Path] = SocketOpt):
-    """Live view of GPUs, jobs, budgets and the queue."""
+    """Live view of GPUs, jobs, budgets and the queue.
+
+    Example: colo top   ·   colo top --once --lines 40 > snapshot.txt
+    """
     from .tui.app import run_top
 
-    raise typer.Exit(run_top(Client(sock, timeout=10), once=once))
+    raise typer.Exit(run_top(Client(sock, timeout=10), once=once, lines=lines))
 
 
 @app.command()
 def demo(keep: bool = typer.Option(False, "--keep", help="keep the demo's state dir afterwards")):
-    """Try colo on simulated GPUs: a private daemon, a handful of jobs, a summary."""
+    """Try colo on simulated GPUs: a private daemon, a handful of jobs, a summary.
+
+    Example: colo demo --keep
+    """
     from .demo import run_demo
 
     raise typer.Exit(run_demo(keep=keep))

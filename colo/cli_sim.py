@@ -82,7 +82,10 @@ def register(app: typer.Typer) -> None:
         plot: bool = typer.Option(False, "--plot", help="text plot of GPU occupancy per policy"),
         from_history: bool = typer.Option(False, "--from-history", help="replay the jobs the daemon ran"),
     ):
-        """Replay a workload through colo's policy and the baselines; compare."""
+        """Replay a workload through colo's policy and the baselines; compare.
+
+        Example: colo sim heavy --gpus 2 --plot
+        """
         store = prof.ProfileStore(profile_dirs())
         try:
             if from_history:
@@ -184,9 +187,12 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"profile {r['name']} of uid {r['from_uid']} is now shared")
 
     @profile_app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-    def record_cmd(ctx: typer.Context, name: Optional[str] = typer.Option(None, "--name"),
-                   hz: float = typer.Option(10.0, "--hz", min=0.1, max=100.0)):
-        """Run a command alone and record its profile: colo profile record [--name N] -- CMD ..."""
+    def record_cmd(ctx: typer.Context, name: Optional[str] = typer.Option(None, "--name", help="profile name"),
+                   hz: float = typer.Option(10.0, "--hz", min=0.1, max=100.0, help="samples a second")):
+        """Run a command alone and record its profile: colo profile record [--name N] -- CMD ...
+
+        Example: colo profile record --name train -- python train.py
+        """
         argv = list(ctx.args)
         if not argv:
             _fail("give the command after --, e.g. colo profile record --name train -- python train.py")

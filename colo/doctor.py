@@ -7,6 +7,7 @@ from pathlib import Path
 from . import interposer, native
 from .client import Client, ClientError
 from .gpu import NoDriver, Nvml
+from .textsafe import safe
 
 
 def run_checks(sock: Path | None) -> bool:
@@ -34,16 +35,27 @@ def run_checks(sock: Path | None) -> bool:
         print(f"--    driver       {e}")
     mps = shutil.which("nvidia-cuda-mps-control")
     print(f"{'ok  ' if mps else '--  '}  mps          {mps or 'nvidia-cuda-mps-control not found: jobs run time-sliced'}")
-    try:
-        import docker
-
-        docker.from_env(timeout=5).ping()
-        print("ok    docker       engine reachable")
-    except Exception as e:  # noqa: BLE001
-        print(f"--    docker       not reachable ({e.__class__.__name__}): only --process jobs")
+    # the daemon runs the jobs: ask it whether container jobs can run, not this user's own
+    # reach to the Docker socket (root's, which users are not let into)
     try:
         h = Client(sock, timeout=5).hello()
-        line(True, "daemon", f"colo {h['version']} answers on {Client(sock).path} (you are {h['user']})")
     except ClientError as e:
-        print(f"--    daemon       {e}")
+        h, daemon_error = None, e
+    if h is not None:
+        if h.get("docker_error"):
+            print(f"--    docker       the daemon has no Docker engine ({safe(h['docker_error'])}): only --process jobs")
+        else:
+            print("ok    docker       the daemon reaches the Docker engine: container jobs can run")
+    else:
+        try:
+            import docker
+
+            docker.from_env(timeout=5).ping()
+            print("ok    docker       engine reachable from here (no daemon to ask)")
+        except Exception as e:  # noqa: BLE001
+            print(f"--    docker       not reachable from here ({e.__class__.__name__}) and no daemon to ask")
+    if h is not None:
+        line(True, "daemon", f"colo {h['version']} answers on {Client(sock).path} (you are {safe(h['user'])})")
+    else:
+        print(f"--    daemon       {safe(str(daemon_error))}")
     return ok

@@ -45,6 +45,17 @@ def format_size(n: int | float | None) -> str:
     return f"{n:.1f}TiB"
 
 
+def format_size_exact(n: int | None) -> str:
+    """A size with nothing rounded away, where a decision turns on it: 15.75GiB, 16GiB, 1,000,001B."""
+    if n is None:
+        return "-"
+    n = int(n)
+    for unit, f in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= f and (n * 100) % f == 0:  # exact with at most two decimals
+            return f"{n / f:.2f}".rstrip("0").rstrip(".") + unit
+    return f"{n:,}B"
+
+
 def format_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"

@@ -41,9 +41,9 @@ def test_wait_returns_first_nonzero_and_ls_json(daemon):
     b = daemon.submit("--process", "--gpus", "0", "--", "sh", "-c", "exit 7")
     assert daemon.cli("wait", str(a)).returncode == 0
     assert daemon.cli("wait", str(a), str(b)).returncode == 7
-    rows = json.loads(daemon.cli("ls", "--json", check=True).stdout)
+    rows = json.loads(daemon.cli("ls", "--all", "--json", check=True).stdout)
     assert {r["id"]: r["state"] for r in rows} == {a: "succeeded", b: "failed"}
-    table = daemon.cli("ls", check=True).stdout.splitlines()
+    table = daemon.cli("ls", "--all", check=True).stdout.splitlines()
     assert table[0].split()[:5] == ["ID", "NAME", "USER", "STATE", "GPU"] and len(table) == 3
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pwd
 import time
@@ -12,11 +13,14 @@ from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..policy import can_ever_fit
 from ..runtimes.base import Unavailable
 from ..store import NotFound
+from ..units import format_size_exact
 from .external import External, Refused
 from .validate import Caller, Forbidden, Invalid, check_spec, is_admin
 
 if TYPE_CHECKING:
     from .core import Daemon
+
+log = logging.getLogger("colo")
 
 
 class ApiError(Exception):
@@ -36,6 +40,7 @@ class Api:
     def __init__(self, daemon: "Daemon"):
         self.d = daemon
         self.external = External(daemon)
+        self._stops: set[asyncio.Task] = set()  # cancels whose stop is under way (kept referenced)
 
     def _job(self, args: dict) -> Job:
         job_id = job_id_arg(args)
@@ -101,7 +106,7 @@ class Api:
         if spec.gpus:
             if d.gpu_error:
                 raise ApiError(d.gpu_error, protocol.INVALID)
-            why = can_ever_fit(spec.gpu_mem, spec.gpus, d.gpu_views())
+            why = self._too_big(spec.gpu_mem, spec.gpus) or can_ever_fit(spec.gpu_mem, spec.gpus, d.gpu_views())
             if why:
                 raise ApiError(f"job can never run here: {why}", protocol.INVALID)
         for a in spec.after:
@@ -123,6 +128,19 @@ class Api:
                                "build or load it first)", protocol.NOT_FOUND)
         job = d.add_job(spec, caller.uid, caller.gid, caller.user)
         return self.summary(job)
+
+    def _too_big(self, budget: int, ngpus: int) -> str | None:
+        """A budget above what any GPU can give, said with exact sizes: usable vs asked (issue 16)."""
+        views = {v.uuid: v for v in self.d.gpu_views()}
+        gpus = sorted(((views[g.uuid].usable, g.total) for g in self.d.devices if g.uuid in views), reverse=True)
+        if not ngpus or len(gpus) < ngpus or gpus[ngpus - 1][0] >= budget:
+            return None
+        usable, total = gpus[ngpus - 1]
+        kept = total - usable
+        return (f"--gpu-mem {format_size_exact(budget)} is more than a GPU here can give: "
+                f"{format_size_exact(usable)} is usable on the largest ({format_size_exact(total)} total"
+                + (f", less the {format_size_exact(kept)} colo keeps back, `reserve` in its config)" if kept else ")")
+                + f"; ask for {format_size_exact(usable)} or less")
 
     async def ls(self, caller: Caller, args: dict) -> list[dict]:
         limit = args.get("limit")
@@ -151,8 +169,21 @@ class Api:
         job = self._own(self._job(args), caller, "cancel")
         if job.state in TERMINAL:
             raise ApiError(f"job {job.id} already ended ({job.state})", protocol.INVALID)
-        job = await self.d.cancel(job.id, caller.user)
-        return self.summary(job)
+        # The stop (SIGTERM, the grace period, SIGKILL) goes on in the background: a cancel returns
+        # at once, so cancelling several jobs that ignore SIGTERM takes one grace period, not one
+        # each (issue 16). The cancel itself is stored before this returns (lifecycle.cancel).
+        task = asyncio.create_task(self.d.cancel(job.id, caller.user))
+        self._stops.add(task)
+        task.add_done_callback(self._stop_done)
+        await asyncio.sleep(0)  # the task runs to its first wait: cancel_by is stored, the stop begun
+        if not task.done():
+            await asyncio.wait({task}, timeout=0.05)
+        return self.summary(self.d.job(job.id))
+
+    def _stop_done(self, task: asyncio.Task) -> None:
+        self._stops.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("stopping a cancelled job failed: %s", task.exception())
 
     async def gpus(self, caller: Caller, args: dict) -> dict:
         d = self.d

@@ -128,7 +128,13 @@ class LifecycleMixin:
             extra = self.runtimes[job.spec.runtime].exit_note(job.handle)
             note += f"; {extra}" if extra else ""
         if job.cancel_by:
-            return self.transition(job_id, State.CANCELLED, f"cancelled by {job.cancel_by}", exit_code=code)
+            stop_sent = job_id in self.live and self.live[job_id].stopping
+            if code == 0 and not stop_sent:  # it ended on its own; the cancel came too late to matter
+                return self.transition(job_id, State.SUCCEEDED, f"exited with code 0 before the cancel by "
+                                       f"{job.cancel_by} reached it{note}", exit_code=0)
+            first = "the stop was sent first, " if stop_sent else ""
+            return self.transition(job_id, State.CANCELLED, f"cancelled by {job.cancel_by} ({first}then it "
+                                   f"exited with code {_code_text(code)})", exit_code=code)
         if code == 0:
             return self.transition(job_id, State.SUCCEEDED, f"exited with code 0{note}", exit_code=0)
         return self.transition(job_id, State.FAILED, f"exited with code {_code_text(code)}{note}", exit_code=code)

@@ -257,14 +257,17 @@ def make_app(client: Client, *, clock: Callable[[], float] | None = None, refres
     return ColoTop(client, clock=clock, refresh=refresh)
 
 
-def run_top(client: Client, once: bool = False) -> int:
+def run_top(client: Client, once: bool = False, lines: int | None = None) -> int:
     if once:
         try:
             snap = client.top()
         except ClientError as e:
             print(f"colo top: {e}", file=sys.stderr)
             return 1
-        sys.stdout.write(render_frame(snap, width=shutil.get_terminal_size((100, 24)).columns))
+        size = shutil.get_terminal_size((100, 0))
+        if lines is None:  # a screenful on a terminal; everything into a pipe or file
+            lines = size.lines if sys.stdout.isatty() else 0
+        sys.stdout.write(render_frame(snap, width=size.columns, height=max(0, lines)))
         return 0
     make_app(client).run()
     return 0

@@ -52,7 +52,8 @@ def table(columns, rows: list[model.Row], width: int, flex: int | None = None) -
     return [line(titles)] + [line([c for c, _ in r.cells]) for r in rows]
 
 
-def render_frame(snap: dict, now: float | None = None, width: int = 100) -> str:
+def render_frame(snap: dict, now: float | None = None, width: int = 100, height: int = 0) -> str:
+    """The frame; with `height`, the job and queue tables are cut so that it fits in that many lines."""
     now = time.time() if now is None else now
     snap = safe_tree(snap)  # names, commands, reasons are other users' text
     width = max(60, width)
@@ -76,4 +77,25 @@ def render_frame(snap: dict, now: float | None = None, width: int = 100) -> str:
     out.append(f"QUEUE ({len(q)} waiting)" if q else "QUEUE (empty)")
     if q:
         out += table(model.QUEUE_COLUMNS, q, width)
+    if height and len(out) > height:
+        out = _fit(out, height)
     return "\n".join(out) + "\n"
+
+
+def _fit(out: list[str], height: int) -> list[str]:
+    """Cut the longest table (jobs or queue) from its end until the frame fits, saying how many went."""
+    jobs_at = next(i for i, ln in enumerate(out) if ln.startswith("JOBS"))
+    queue_at = next(i for i, ln in enumerate(out) if ln.startswith("QUEUE"))
+    head, jobs, queue = out[:jobs_at + 2], out[jobs_at + 2:queue_at - 1], out[queue_at:]
+    qhead, qrows = queue[:2], queue[2:]
+    budget = max(2, height - len(head) - 1 - len(qhead))  # rows left for both tables, with a line each
+    nq = min(len(qrows), max(1, budget // 2) if jobs else budget)
+    nj = min(len(jobs), budget - nq)
+    nq = min(len(qrows), budget - nj)
+
+    def cut(rows: list[str], n: int) -> list[str]:
+        if n >= len(rows):
+            return rows
+        return rows[:max(0, n - 1)] + [f"… {len(rows) - max(0, n - 1)} more (colo ls --all)"]
+
+    return (head + cut(jobs, nj) + [""] + qhead + cut(qrows, nq))[:height]

@@ -1,0 +1,172 @@
+"""Issue 16: what a lab user gets wrong answers to, and the commands they reach for (pueue,
+Slurm, docker, gh conventions). A real daemon on simulated GPUs, the real CLI; other users are
+real Unix users (forked children that setuid, as the interpreter here is not readable to them).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import colo.doctor  # noqa: F401 - loaded before a child drops to another uid
+from colo.cli import app
+from colo.client import Client
+from daemon_util import DaemonProc, as_user, wait_for
+
+GiB = 1024**3
+
+
+@pytest.fixture
+def shared(fakegpu):
+    """A daemon other users can reach, with colo's default reserve and a long grace period."""
+    root = Path(tempfile.mkdtemp(prefix="colo-cli-"))
+    os.chmod(root, 0o755)
+    d = DaemonProc(root, fakegpu.state, {"reserve": "256MiB", "stop_grace": 60.0}).start()
+    os.chmod(d.socket.parent, 0o755)
+    yield d
+    for j in d.client.ls(all=False):  # a grace of 60 s: let the gated jobs end by themselves
+        (root / "go").touch()
+    d.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def invoke_as(pw, d: DaemonProc, *args: str):
+    """`colo ARGS` run in-process by another user: (exit code, output)."""
+    def run():
+        r = CliRunner().invoke(app, [*args, "--socket", str(d.socket)])
+        return r.exit_code, r.output
+    kind, out = as_user(pw, run)
+    assert kind == "ok", out
+    return out
+
+
+def test_wait_reports_every_failing_job(daemon):
+    a = daemon.submit("--process", "--gpus", "0", "--", "sh", "-c", "exit 3")
+    b = daemon.submit("--process", "--gpus", "0", "--", "true")
+    c = daemon.submit("--process", "--gpus", "0", "--", "sh", "-c", "exit 5")
+    r = daemon.cli("wait", str(c), str(b), str(a))
+    assert r.returncode == 5  # the first non-zero in the order given
+    lines = r.stderr.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == [f"job {c}", f"job {b}", f"job {a}"], r.stderr
+    assert "failed" in lines[0] and "code 5" in lines[0] and "succeeded" in lines[1] and "code 3" in lines[2]
+
+
+def test_usable_memory_is_exact_and_a_too_big_budget_says_usable_vs_asked(shared):
+    gpus = shared.cli("gpus", check=True).stdout
+    assert "0 / 15.75GiB" in gpus, gpus
+    r = shared.cli("submit", "--process", "--gpu-mem", "16GiB", "--", "true")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "--gpu-mem 16GiB" in r.stderr and "15.75GiB is usable" in r.stderr and "256MiB" in r.stderr, r.stderr
+    j = shared.submit("--process", "--gpu-mem", "15.75GiB", "--", "true")  # exactly what is usable fits
+    shared.wait_state(j, "succeeded")
+
+
+def test_bytes_that_are_not_utf8_are_refused_with_a_clear_line(daemon):
+    r = subprocess.run([sys.executable.encode(), b"-m", b"colo", b"submit", b"--process", b"--gpus", b"0", b"--",
+                        b"printf", b"\xff\xfe"], capture_output=True, env=daemon.env(), timeout=60)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and err.count("\n") == 1 and "not UTF-8" in err and "word 2 of the command" in err, err
+    assert "\\xff\\xfe" in err
+    assert daemon.client.ls() == []  # nothing stored
+
+
+def test_doctor_as_a_user_asks_the_daemon_about_docker(shared, other_user, docker_client):
+    # the user cannot reach root's Docker socket; the daemon can, and runs their container jobs
+    def doctor():
+        out = io.StringIO()
+        with redirect_stdout(out):
+            colo.doctor.run_checks(shared.socket)
+        return out.getvalue()
+
+    kind, out = as_user(other_user, doctor)
+    assert kind == "ok", out
+    docker = next(ln for ln in out.splitlines() if ln.split()[1] == "docker")
+    assert docker.startswith("ok") and "container jobs can run" in docker, out
+    assert f"you are {other_user.pw_name}" in out
+
+
+def test_cancel_of_several_returns_at_once_and_says_which_came_first(shared, other_user):
+    d = shared
+    gate = d.root / "go"
+    # each ignores SIGTERM and ends with code 0 when the gate appears: the grace is 60 s here
+    stubborn = ["--process", "--gpus", "0", "--", "sh", "-c",
+                f"trap '' TERM; echo started; while [ ! -e {gate} ]; do sleep 0.05; done; exit 0"]
+    ids = [d.submit("--name", f"sweep-{i}", *stubborn) for i in range(3)]
+    for j in ids:
+        wait_for(lambda: "started" in d.cli("logs", str(j)).stdout, 30, "the job to start")
+    r = d.cli("cancel", "--name", "sweep-0", "--name", "sweep-1", "--name", "sweep-2", check=True)
+    assert r.stdout.splitlines() == [f"job {j}: stopping" for j in ids], r.stdout
+    # it returned while all three are still in their grace period: their stops run side by side
+    now = {j: d.job(j) for j in ids}
+    assert all(x["state"] == "running" and x["cancel_by"] == "root" for x in now.values()), now
+    gate.touch()  # each exits 0 after SIGTERM was sent and before SIGKILL: the cancel came first
+    for j in ids:
+        job = d.wait_state(j, "cancelled", "succeeded")
+        assert job["state"] == "cancelled" and job["exit_code"] == 0
+        assert job["reason"] == "cancelled by root (the stop was sent first, then it exited with code 0)", job
+    # the log path is shown only to who can read it; a user is told how to read theirs
+    spec = {"argv": ["echo", "hi"], "gpus": 0, "workdir": "/tmp"}
+    kind, theirs = as_user(other_user, lambda: Client(d.socket).submit(spec)["id"])
+    assert kind == "ok", theirs
+    d.wait_state(theirs, "succeeded")
+    code, out = invoke_as(other_user, d, "show", str(theirs))
+    assert code == 0 and f"log:       colo logs {theirs}" in out and str(d.state_dir) not in out, out
+    assert f"log:       {d.state_dir}/logs/{theirs}.log" in d.cli("show", str(theirs), check=True).stdout
+
+
+def test_ls_shows_open_jobs_by_default_with_filters_ids_and_columns(daemon, tmp_path):
+    gate = tmp_path / "go"
+    done = daemon.submit("--process", "--gpus", "0", "--name", "prep", "--", "true")
+    daemon.wait_state(done, "succeeded")
+    run = daemon.submit("--process", "--gpus", "0", "--name", "train", "--", "sh", "-c",
+                        f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    daemon.wait_state(run, "running")
+    try:
+        assert daemon.cli("ls", "-q", check=True).stdout == f"{run}\n"
+        assert daemon.cli("ls", "-q", "--all", check=True).stdout == f"{done}\n{run}\n"
+        assert daemon.cli("ls", "-q", "--state", "succeeded", check=True).stdout == f"{done}\n"
+        assert daemon.cli("ls", "-q", "--all", "--user", "nobody", check=True).stdout == ""
+        out = daemon.cli("ls", "--all", "--name", "prep", "-o", "id,name,exit", check=True).stdout
+        assert out.splitlines() == ["ID  NAME  EXIT", f"{done}   prep  0"], out
+        assert [j["id"] for j in json.loads(daemon.cli("ls", "--json", check=True).stdout)] == [run]
+        r = daemon.cli("ls", "-o", "id,bogus")
+        assert r.returncode == 1 and "unknown column 'bogus'" in r.stderr
+        # a job by its name, where one job has it
+        assert daemon.cli("show", "train", check=True).stdout.startswith(f"job {run} (train)")
+        assert "no job 'nosuch'" in daemon.cli("show", "nosuch").stderr
+        frame = daemon.cli("top", "--once", "--lines", "12", check=True).stdout
+        assert len(frame.splitlines()) <= 12, frame
+    finally:
+        gate.touch()
+        daemon.wait_state(run, "succeeded")
+
+
+def test_version_and_every_option_has_help_and_each_command_an_example():
+    from colo import __version__
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output == f"colo {__version__}\n"
+    import typer.main
+
+    missing, no_example = [], []
+
+    def walk(cmd, path):
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+        if getattr(cmd, "commands", None) is None:
+            missing.extend(f"{path} {p.opts[0]}" for p in cmd.params if p.param_type_name == "option" and not p.help)
+            if "Example" not in (cmd.help or ""):
+                no_example.append(path)
+
+    walk(typer.main.get_command(app), "colo")
+    assert not missing, missing
+    assert not no_example, no_example
