@@ -85,7 +85,7 @@ def test_bobs_run_does_not_change_how_alices_jobs_are_placed(node, other_user):
 
     # an admin may make bob's copy the shared one: then it is what everyone's jobs use
     d.cli("profile", "share", "rn50", "--user", other_user.pw_name, check=True)
-    seen = json.loads(d.cli("profile", "show", "rn50", "--json", check=True).stdout)
-    assert seen["source"] == "shared" and seen["runs"] == 2
+    seen = json.loads(d.cli("profile", "show", "rn50", "--user", "nobody", "--json", check=True).stdout)
+    assert seen["source"] == "shared" and seen["runs"] == 2  # a user with no copy of their own gets bob's now
     kind, err = as_user(other_user, lambda: Client(d.socket).profile_share("rn50"))
     assert kind == "err" and err[2] == "forbidden", err

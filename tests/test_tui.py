@@ -402,6 +402,9 @@ def test_snapshot_daemon_gone(daemon, tmp_path, snap_compare):
     gate = tmp_path / "go"
     j = daemon.submit("--process", "--gpu-mem", "2GiB", "--name", "survivor", *gate_job(gate))
     daemon.wait_state(j, "running")
+    # its SM% is sampled (0), not yet unknown (-): the snapshot must not depend on the sampler's timing
+    wait_for(lambda: any(x["id"] == j and x.get("sm_util") is not None for x in daemon.client.top()["jobs"]),
+             30, "the job's first sample")
 
     async def before(pilot):
         app = pilot.app
