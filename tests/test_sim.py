@@ -158,6 +158,7 @@ def test_jobs_from_history():
 @pytest.fixture
 def cli(tmp_path, monkeypatch):
     monkeypatch.setenv("COLO_USER_PROFILES", str(tmp_path / "mine"))
+    monkeypatch.setattr(cli_sim, "load_history_rows", None)  # colo.cli wires it when another test imported it
     app = typer.Typer()
     cli_sim.register(app)
     return lambda *args: CliRunner().invoke(app, list(args))
