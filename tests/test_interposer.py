@@ -551,3 +551,27 @@ def test_nvml_devices_are_matched_to_cuda_ordinals_by_uuid(job, fakegpu):
                        capture_output=True, text=True, timeout=60)
     total0, _, total1, _ = map(int, r.stdout.split())
     assert total0 > BUDGET and total1 == BUDGET
+
+
+def test_a_process_killed_between_its_two_updates_is_resynced_exactly(probe, job):
+    env, ledger = job
+    # What a process SIGKILLed mid-update leaves (made by hand, so the test does not depend on
+    # hitting a window of a few instructions): its slot holds 40 MiB and is mid-operation
+    # (started != finished), and the shared counter also holds the 20 MiB it was reserving.
+    import struct
+    with open(ledger, "r+b") as f:
+        slot = interposer.HEADER_SIZE + 3 * interposer.SLOT_SIZE
+        f.seek(52)
+        f.write(struct.pack("<I", 4))                       # hwm: slots 0..3 were used
+        f.seek(64)
+        f.write(struct.pack("<Q", 60 * MiB))                # the shared counter, device 0
+        f.seek(slot)
+        f.write(struct.pack("<IIiIQQQ", 1, 1, 99999, 0, 0, 7, 6))  # owned, mid-operation
+        f.seek(slot + 64)
+        f.write(struct.pack("<Q", 40 * MiB))
+    assert interposer.read_ledger(ledger).counted[0] == 60 * MiB
+    lines, _ = run(probe, env, "init", "alloc", "48M", "info", "freeall", "info")
+    # Reclaiming the dead slot gave back its 40 MiB; the resync then found the 20 MiB in flight
+    # that no live slot holds. Without it, 48 MiB would have been refused (20 + 48 > 64).
+    assert codes(lines, "alloc") == [0] and info(lines) == [(BUDGET - 48 * MiB, BUDGET), (BUDGET, BUDGET)]
+    assert interposer.read_ledger(ledger).counted[0] == 0

@@ -553,7 +553,9 @@ static CUresult ctx_get_current(CUcontext *pc)
     *pc = t_depth ? t_stack[t_depth - 1] : NULL;
     return CUDA_SUCCESS;
 }
-FG_API CUresult cuCtxGetCurrent(CUcontext *pc) { LOCKED(ctx_get_current(pc)); }
+/* No process lock: the context stack is the calling thread's own (as on the real driver, where
+ * this is a thread-local read that interposers may call on every allocation). */
+FG_API CUresult cuCtxGetCurrent(CUcontext *pc) { return ctx_get_current(pc); }
 
 static CUresult ctx_push(CUcontext c)
 {

@@ -313,9 +313,11 @@ int ledger_reserve(int dev, uint64_t size)
 void ledger_release(int dev, uint64_t size)
 {
     if (LOAD(&g_state) != ST_READY || dev < 0 || dev >= LEDGER_MAX_DEV || !size) return;
+    /* Only bytes this process added are ever released (the table is exact), so plain subtractions
+     * cannot go below 0. */
     ADD(&g_me->started, 1);
-    uint64_t took = sub_clamped(&g_me->used[dev], size);
-    sub_clamped(&g_hdr->used[dev], took);
+    __atomic_sub_fetch(&g_me->used[dev], size, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(&g_hdr->used[dev], size, __ATOMIC_SEQ_CST);
     ADD(&g_me->finished, 1);
 }
 
