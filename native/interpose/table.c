@@ -20,10 +20,16 @@ void table_env_init(void)
 
 static size_t hash_in(int kind, uint64_t key, size_t c)
 {
-    /* Fibonacci hashing: take the product's top bits. Keys are driver addresses, often multiples
-     * of 2 MiB: the low bits of the product are all zero for them. */
-    uint64_t h = (key ^ ((uint64_t)kind << 59)) * 0x9E3779B97F4A7C15ULL;
-    return (size_t)(h >> (64 - __builtin_ctzll((unsigned long long)c)));
+    /* A full mix (murmur3's finaliser): keys are driver addresses in arithmetic progressions
+     * (pages 2 MiB apart, handles 4 MiB apart), which a plain multiplicative hash lays onto
+     * overlapping lattices, and linear probing then builds long runs. */
+    uint64_t h = key ^ ((uint64_t)kind << 59);
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return (size_t)h & (c - 1);
 }
 
 static size_t hash(int kind, uint64_t key) { return hash_in(kind, key, cap); }
