@@ -200,10 +200,10 @@ def main() -> None:
                 du, iu = statistics.median(udirect), statistics.median(uinter)
                 print(f"{procs:>5} {threads:>7} {dm:>10.1f} {im:>11.1f} {im - dm:>8.1f}   "
                       f"{du:>11.1f} {iu:>12.1f} {iu - du:>7.1f}")
-                rep.figure(f"pair_{procs}p_{threads}t", f"alloc+free pair, {procs} proc x {threads} thr", im, "ns",
+                rep.figure(f"pair_{procs}p_{threads}t", f"interposer, alloc+free pair, {procs} proc x {threads} thr, simulated driver", im, "ns",
                            baseline=dm, baseline_what="bare simulated driver (wall)",
                            note=f"added {im - dm:+.0f} ns; best runs {min(inter):.0f} vs {min(direct):.0f}")
-                rep.figure(f"pair_user_{procs}p_{threads}t", f"  user CPU of it, {procs} proc x {threads} thr", iu, "ns",
+                rep.figure(f"pair_user_{procs}p_{threads}t", f"interposer, alloc+free pair, user CPU, {procs} proc x {threads} thr, simulated driver", iu, "ns",
                            baseline=du, baseline_what="bare simulated driver (user CPU)",
                            note=f"added {iu - du:+.0f} ns")
 
@@ -220,7 +220,7 @@ def main() -> None:
                     acc.append(per)
             dm, im = statistics.median(direct), statistics.median(inter)
             print(f"{pages:>6} {dm:>10.1f} {im:>14.1f} {im - dm:>9.1f} {im / dm:>6.2f}")
-            rep.figure(f"unmap_{pages}", f"unmap+release, {pages} pages mapped", im, "ns", baseline=dm,
+            rep.figure(f"unmap_{pages}", f"interposer, unmap+release, {pages} pages mapped, simulated driver", im, "ns", baseline=dm,
                        baseline_what="bare simulated driver", note=f"added {im - dm:+.0f} ns")
 
         budget, size, ops = 64 * MiB, 24 * MiB, args.race_ops
@@ -242,7 +242,7 @@ def main() -> None:
             if led is None:
                 direct_most = most
             else:
-                rep.figure("race_over", f"race 4x8x{ops:,}: bytes over budget", over, "B", baseline=direct_most - budget,
+                rep.figure("race_over", f"interposer, race 4x8x{ops:,}: bytes over budget, simulated driver", over, "B", baseline=direct_most - budget,
                            baseline_what="bare driver, no budget", note=f"most held {int(most) // MiB} MiB")
     print()
     sys.exit(rep.finish(args.json_out))

@@ -28,6 +28,8 @@ PICK = {
     "daemon_bench": ["submit_wall", "ls", "pass_steady", "pass_new", "rss"],
     "load_bench": ["submit_p50", "submit_rate"],
     "top_cpu": ["top", "daemon_serving"],
+    "interposer_bench": ["pair_user_1p_1t", "pair_user_1p_8t", "pair_user_4p_1t", "pair_user_4p_8t",
+                         "pair_1p_1t", "unmap_100", "unmap_2000", "unmap_16000", "race_over"],
 }
 
 
@@ -61,8 +63,8 @@ def load(folder: Path) -> list[dict]:
         d = json.loads(p.read_text())
         if d.get("failures"):
             continue  # a refused run has no figures to show
-        if d["bench"] == "interposer_bench":
-            d["figures"] = interposer_rows(d)
+        if d["bench"] == "interposer_bench" and not d.get("figures"):
+            d["figures"] = interposer_rows(d)  # an older, text-only run
         runs.append(d)
     return sorted(runs, key=lambda d: ORDER.index(d["bench"]) if d["bench"] in ORDER else len(ORDER))
 
