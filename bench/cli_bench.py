@@ -3,7 +3,8 @@
 Times, interleaved round by round so that load on the machine hits all alike:
 - `python -c pass` of the install's own interpreter (the floor: the interpreter's start-up);
 - `colo submit --process --gpus 0 -- true`, the console script as users run it (its short path);
-- the same submit through the full typer command (`python -m colo.cli submit ...`), for scale.
+- the same submit through the full typer command (`python -m colo.cli submit ...`), for scale;
+- the short path's start-up and imports alone (no round trip to the daemon).
 
 An editable install (`pip install -e`) adds a .pth finder to every interpreter start, so the
 bench makes its own venv and installs colo there the regular way (`--venv DIR` reuses one).
@@ -36,7 +37,7 @@ def venv_with_colo(path: Path) -> Path:
     py = path / "bin" / "python"
     if not (path / "bin" / "colo").exists():
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-build-isolation", str(ROOT)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", str(ROOT)], check=True)
     return py
 
 
@@ -51,7 +52,7 @@ def main() -> int:
     py = venv_with_colo(venv)
     colo = str(venv / "bin" / "colo")
     editable = subprocess.run([str(py), "-c", "import colo, sys; print(colo.__file__)"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+                              text=True, check=True, cwd="/tmp").stdout.strip()  # not the checkout's colo
     rep.check(editable.startswith(str(venv)), f"colo in the bench venv comes from {editable}, not the venv")
     rep.note(f"install: regular (non-editable) in {venv}")
 
@@ -62,6 +63,7 @@ def main() -> int:
         "bare": [str(py), "-c", "pass"],
         "fast": [colo, "submit", "--process", "--gpus", "0", "--", "true"],
         "typer": [str(py), "-m", "colo.cli", "submit", "--process", "--gpus", "0", "--", "true"],
+        "imports": [str(py), "-c", "import colo.entry, colo.submitspec, colo.client"],  # no daemon in it
     }
     times: dict[str, list[float]] = {k: [] for k in cmds}
     try:
@@ -87,10 +89,12 @@ def main() -> int:
     finally:
         d.stop()
     rep.check(not (p := daemon_log_problems(d.log)), f"daemon log: {p[:3]}")
-    bare, fast, full = (statistics.median(times[k]) for k in ("bare", "fast", "typer"))
+    bare, fast, full, imports = (statistics.median(times[k]) for k in ("bare", "fast", "typer", "imports"))
     rep.figure("submit_wall", "`colo submit` (console script, short path)", fast, "s", bare,
                "`python -c pass`", f"median of {args.n}, interleaved")
     rep.figure("submit_typer_wall", "`colo submit` through the typer command", full, "s", bare,
+               "`python -c pass`", f"median of {args.n}, interleaved")
+    rep.figure("submit_imports", "start-up + imports of the short path (no daemon)", imports, "s", bare,
                "`python -c pass`", f"median of {args.n}, interleaved")
     rep.figure("short_vs_typer", "short path", fast, "s", full, "typer command", "same run")
     return rep.finish(args.json_out)

@@ -12,11 +12,12 @@ import typer
 
 from . import cli_sim
 from .client import Client, ClientError
+from .submitspec import SubmitError, build_spec
 from .textsafe import safe, safe_tree
 from .units import BadSize, format_duration, format_size, format_size_exact, parse_size
 
 app = typer.Typer(help="colo: share this node's GPUs: a queue, memory budgets, MPS or time-slicing.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, pretty_exceptions_enable=False)  # --install-completion: bash, zsh, fish
 SocketOpt = typer.Option(None, "--socket", envvar="COLO_SOCKET", help="daemon socket")
 JsonOpt = typer.Option(False, "--json", help="print JSON for scripts")
 
@@ -80,37 +81,36 @@ def submit(
                                  "max_user_priority)"),
     profile: Optional[str] = typer.Option(None, "--profile", help="profile name this job runs under"),
     retries: int = typer.Option(0, "--retries", help="requeue after an MPS server fault, up to N times"),
+    env_file: List[Path] = typer.Option([], "--env-file", help="K=V lines (# comments), repeatable"),
+    wait_: bool = typer.Option(False, "--wait", help="block until the job ends; exit with its exit code"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="print its output until it ends (implies --wait)"),
     sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt,
 ):
     """Queue a job; prints its id.
 
     Example: colo submit --image local/trainer:1 --gpu-mem 4GiB --name mnist -- python train.py
     """
-    if not command:
-        fail("missing command: give it after `--`, e.g. colo submit --gpu-mem 1GiB -- python train.py")
-    if image and process:
-        fail("--image and --process exclude each other")
-    if not image and not process:
-        fail("say where the job runs: --image IMAGE (a container) or --process (a host process)")
-    size = None
-    if gpu_mem is not None:
+    envs = list(env)
+    for f in env_file:
         try:
-            size = parse_size(gpu_mem)
-        except BadSize as e:
-            fail(str(e))
-    envd = {}
-    for kv in env:
-        k, sep, v = kv.partition("=")
-        if not sep or not k:
-            fail(f"malformed --env {kv!r}: use K=V")
-        envd[k] = v
-    _utf8_only(("the command", list(command)), ("--env", env), ("--mount", mount), ("--name", name),
-               ("--workdir", workdir), ("--image", image))
-    spec = {"argv": list(command), "image": image, "name": name, "gpu_mem": size, "gpus": gpus, "env": envd,
-            "mounts": list(mount), "workdir": workdir or (os.getcwd() if process else None), "after": list(after),
-            "priority": priority, "profile": profile, "retries": retries}
+            with open(f, encoding="utf-8") as fh:  # the caller's own file, read as the caller
+                envs += [ln.strip() for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
+        except OSError as e:
+            fail(f"--env-file {f}: {e.strerror}")
+        except UnicodeDecodeError:
+            fail(f"--env-file {f}: not UTF-8 text")
+    try:
+        spec = build_spec(command, image=image, process=process, gpu_mem=gpu_mem, gpus=gpus, name=name, env=envs,
+                          mount=mount, workdir=workdir, after=after, priority=priority, profile=profile,
+                          retries=retries)
+    except SubmitError as e:
+        fail(str(e))
     job = _call(client(sock).submit, spec)
     print_json(job) if as_json else typer.echo(job["id"])
+    if follow:  # like `docker run`: the output, then the job's exit code
+        logs(str(job["id"]), follow=True, tail=None, sock=sock)
+    if wait_ or follow:
+        wait([str(job["id"])], sock=sock, as_json=False)
 
 
 # Columns `colo ls` can show (--format id,name,...): title and how to draw one job's cell.
@@ -130,20 +130,6 @@ LS_COLUMNS = {
 }
 LS_DEFAULT = "id,name,user,state,gpu,mode,budget,age,reason"
 STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "lost")
-
-
-def _utf8_only(*fields: tuple[str, object]) -> None:
-    """Refuse bytes that are not UTF-8 (Python carries them as lone surrogates). colo passes a job's
-    command as text (JSON to the daemon, and on to Docker's API, which is JSON too), so such bytes
-    cannot reach a container unchanged; they used to be replaced by U+FFFD without a word."""
-    for what, value in fields:
-        for i, v in enumerate(value if isinstance(value, list) else [value]):
-            if isinstance(v, str) and any("\udc80" <= ch <= "\udcff" for ch in v):
-                raw = v.encode("utf-8", "surrogateescape")
-                where = f"word {i + 1} of {what}" if isinstance(value, list) else what
-                fail(f"{where} holds bytes that are not UTF-8 ({safe(raw.decode('utf-8', 'backslashreplace'))}): "
-                     "colo carries commands as UTF-8 text; pass such bytes through a file or an escape "
-                     "the program decodes (e.g. printf '\\xff')")
 
 
 def job_row(j: dict, now: float, cols: list[str] | None = None, wide: bool = False) -> list[str]:
@@ -367,6 +353,67 @@ def gpus(sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
         typer.echo("(simulated GPUs)")
 
 
+# accounting -----------------------------------------------------------------------------------
+def _ended(sock, since: Optional[str], user: List[str]) -> list[dict]:
+    from . import report as rp
+
+    try:
+        secs = rp.parse_period(since) if since else None
+    except ValueError as e:
+        fail(str(e))
+    return rp.select(_call(client(sock).history), secs, user or None)
+
+
+@app.command()
+def history(since: Optional[str] = typer.Option("7d", "--since", "-S", help="jobs that ended within this "
+                                                "period: 90m, 12h, 7d, 2w"),
+            user: List[str] = typer.Option([], "--user", "-u", help="only this user's jobs (repeatable)"),
+            sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """Ended jobs, as sacct shows them: waited, ran, GPUs, GPU-hours, budget, exit.
+
+    Example: colo history --since 1d --user alice
+    """
+    from . import report as rp
+
+    figs = [rp.job_figures(r) for r in _ended(sock, since, user)]
+    if as_json:
+        return print_json(figs)
+    rows = [[f["id"], f["name"] or "-", f["user"], f["state"], "-" if f["exit_code"] is None else f["exit_code"],
+             format_duration(f["waited"]), format_duration(f["ran"]), f["gpus"], f"{f['gpu_hours']:.2f}",
+             format_size(f["budget"]) if f["budget"] else "-"] for f in safe_tree(figs)]
+    typer.echo(table(rows, ["ID", "NAME", "USER", "STATE", "EXIT", "WAITED", "RAN", "GPUS", "GPU-H", "BUDGET"]))
+
+
+@app.command()
+def report(since: Optional[str] = typer.Option("7d", "--since", "-S", help="jobs that ended within this "
+                                               "period: 90m, 12h, 7d, 2w"),
+           user: List[str] = typer.Option([], "--user", "-u", help="only this user's jobs (repeatable)"),
+           sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """Per user: jobs, GPU-hours, waiting; for the node: what sharing GPUs saved against one job
+    per GPU (the GPU-hours the same jobs take each alone on its GPUs, less the GPU-hours the
+    GPUs were busy).
+
+    Example: colo report --since 30d
+    """
+    from . import report as rp
+
+    r = rp.report(_ended(sock, since, user))
+    if as_json:
+        return print_json(r)
+    r = safe_tree(r)
+    rows = [[u["user"], u["jobs"], u["succeeded"], u["failed"], f"{u['gpu_hours']:.2f}",
+             f"{u['gib_hours_budgeted']:.1f}", format_duration(u["wait_median"]), format_duration(u["wait_max"])]
+            for u in r["users"]]
+    typer.echo(table(rows, ["USER", "JOBS", "OK", "FAILED", "GPU-H", "GIB-H BUDGETED", "WAIT P50", "WAIT MAX"]))
+    typer.echo("")
+    typer.echo(f"{r['jobs']} jobs ended in the period. One job per GPU they would have taken "
+               f"{r['gpu_hours_one_per_gpu']:.2f} GPU-hours; the GPUs were busy {r['gpu_hours_busy']:.2f}: "
+               f"sharing saved {r['gpu_hours_saved']:.2f} GPU-hours ({r['saved_fraction'] * 100:.1f} %).")
+    if r["users"]:
+        typer.echo("")
+        typer.echo("\n".join(rp.bars([(u["user"], u["gpu_hours"]) for u in r["users"]], unit=" GPU-h")))
+
+
 # the daemon ----------------------------------------------------------------------------------
 @app.command()
 def daemon(
@@ -451,11 +498,11 @@ def demo(keep: bool = typer.Option(False, "--keep", help="keep the demo's state 
     raise typer.Exit(run_demo(keep=keep))
 
 
-def _history() -> list[dict]:
+def _history_rows() -> list[dict]:
     return _call(Client(None).history)
 
 
-cli_sim.load_history_rows = _history  # `colo sim --from-history` replays what the daemon ran
+cli_sim.load_history_rows = _history_rows  # `colo sim --from-history` replays what the daemon ran
 cli_sim.register(app)
 
 

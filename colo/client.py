@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import protocol
-from .config import default_socket
+from .paths import default_socket
 
 
 class ClientError(RuntimeError):

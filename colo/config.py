@@ -5,32 +5,8 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
+from .paths import default_socket, default_state_dir  # noqa: F401 - re-exported: colo.config is their old home
 from .units import parse_size
-
-
-def default_socket() -> Path:
-    env = os.environ.get("COLO_SOCKET")
-    if env:
-        return Path(env)
-    if os.geteuid() == 0:
-        return Path("/run/colo/colo.sock")
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/colo-{os.geteuid()}"
-    return Path(runtime) / "colo" / "colo.sock"
-
-
-def default_state_dir() -> Path:
-    env = os.environ.get("COLO_STATE_DIR")
-    if env:
-        return Path(env)
-    if os.geteuid() == 0:
-        return Path("/var/lib/colo")
-    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data) / "colo"
 
 
 class ConfigError(ValueError):
@@ -78,6 +54,10 @@ class Config:
         values: dict = {}
         path = path or (Path(os.environ["COLO_CONFIG"]) if os.environ.get("COLO_CONFIG") else None)
         if path is not None:
+            try:  # imported here: `colo submit` reads colo's default paths from this module, never TOML
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib  # type: ignore[no-redef]
             try:
                 values = tomllib.loads(Path(path).read_text())
             except (OSError, tomllib.TOMLDecodeError) as e:

@@ -28,12 +28,13 @@ def job_figures(row: dict) -> dict:
     """One ended job: waited, ran, GPU-hours held (one per GPU) and GiB-hours budgeted."""
     spec = row.get("spec") or {}
     start, end, sub = row.get("started_at"), row.get("ended_at"), row.get("submitted_at") or 0.0
-    ran = max(0.0, (end or 0.0) - start) if start else 0.0
-    ngpus = len(row.get("gpus") or []) or (spec.get("gpus") or 0 if start else 0)
+    started = start is not None
+    ran = max(0.0, (end if end is not None else start) - start) if started else 0.0
+    ngpus = len(row.get("gpus") or []) or ((spec.get("gpus") or 0) if started else 0)
     budget = spec.get("gpu_mem") or 0
     return {"id": row["id"], "name": spec.get("name"), "user": row.get("user"), "state": row.get("state"),
             "exit_code": row.get("exit_code"), "submitted_at": sub, "started_at": start, "ended_at": end,
-            "waited": max(0.0, (start or end or sub) - sub), "ran": ran, "gpus": ngpus,
+            "waited": max(0.0, (start if started else (end if end is not None else sub)) - sub), "ran": ran, "gpus": ngpus,
             "gpu_hours": ngpus * ran / 3600.0, "budget": budget,
             "gib_hours_budgeted": budget * ngpus * ran / 3600.0 / 1024**3}
 
@@ -56,7 +57,7 @@ def busy_gpu_hours(rows: Iterable[dict]) -> float:
     """For each GPU, the time at least one of these jobs ran on it (intervals merged), in hours."""
     per: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
-        if r.get("started_at") and r.get("ended_at"):
+        if r.get("started_at") is not None and r.get("ended_at") is not None:
             for g in r.get("gpus") or []:
                 per.setdefault(g, []).append((r["started_at"], r["ended_at"]))
     total = 0.0

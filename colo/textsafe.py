@@ -12,13 +12,9 @@ A backslash is left as it is: escaping is for the screen's safety, not for a rou
 """
 from __future__ import annotations
 
-import re
 import unicodedata
-from typing import Any
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-# Fast path: most strings are plain ASCII text with nothing to escape.
-_ASCII_SAFE = re.compile(r"[\x20-\x7e]*\Z")
 
 
 def _esc(ch: str) -> str:
@@ -37,16 +33,16 @@ def _bad(ch: str, keep: str) -> bool:
     return o > 0x9F and unicodedata.category(ch) in ("Cf", "Zl", "Zp", "Cs")
 
 
-def safe(text: Any, keep: str = "") -> str:
+def safe(text: object, keep: str = "") -> str:
     """`text` with every control/format character escaped; characters in `keep` (e.g. "\\n" for a
     log shown line by line) pass through."""
     s = text if isinstance(text, str) else str(text)
-    if _ASCII_SAFE.match(s):
+    if s.isascii() and s.isprintable():  # most text: plain ASCII, nothing to escape
         return s
     return "".join(_esc(c) if _bad(c, keep) else c for c in s)
 
 
-def safe_tree(obj: Any) -> Any:
+def safe_tree(obj: object) -> object:
     """A daemon reply with every string in it (dict keys too: environment names) made safe."""
     if isinstance(obj, str):
         return safe(obj)

@@ -170,3 +170,56 @@ def test_version_and_every_option_has_help_and_each_command_an_example():
     walk(typer.main.get_command(app), "colo")
     assert not missing, missing
     assert not no_example, no_example
+
+
+def test_submit_short_path_loads_no_heavy_module_and_agrees_with_the_typer_command(daemon, tmp_path):
+    probe = ("import sys\nsys.argv = ['colo', 'submit', '--process', '--gpus', '0', '--name', 'quick', '--', 'true']\n"
+             "from colo.entry import main\ntry:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+             "heavy = ('typer', 'click', 'rich', 'textual', 'numpy', 'docker', 'pynvml', 'colo.cli')\n"
+             "print('loaded:' + ','.join(m for m in heavy if m in sys.modules), code)")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=daemon.env(), timeout=60)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "loaded: 0", r.stdout + r.stderr
+    quick = int(r.stdout.splitlines()[0])
+    assert daemon.wait_state(quick, "succeeded")["name"] == "quick"
+    # the same refusal, word for word, from the short path and from the typer command
+    bad = ["submit", "--image", "x", "--process", "--", "true"]
+    short = daemon.cli(*bad)
+    full = subprocess.run([sys.executable, "-m", "colo.cli", *bad], capture_output=True, text=True,
+                          env=daemon.env(), timeout=60)
+    assert short.returncode == full.returncode == 1 and short.stderr == full.stderr != "", (short.stderr, full.stderr)
+    # what the short path does not know goes to the typer command: --wait, --follow, --env-file
+    envf = tmp_path / "env"
+    envf.write_text("# comment\nGREETING=hello there\n")
+    r = daemon.cli("submit", "--follow", "--env-file", str(envf), "--process", "--gpus", "0", "--", "sh", "-c",
+                   'echo "$GREETING"; exit 4')
+    assert r.returncode == 4 and r.stdout.splitlines()[1:] == ["hello there"], (r.stdout, r.stderr)
+    r = daemon.cli("submit", "--wait", "--process", "--gpus", "0", "--", "true")
+    assert r.returncode == 0 and "succeeded" in r.stderr
+
+
+def test_history_and_report_count_gpu_hours_and_what_sharing_saved(daemon, tmp_path):
+    from colo import report as rp
+
+    # the arithmetic, on two jobs that shared GPU A for an hour and one alone on B
+    h = 3600.0
+    rows = [{"id": 1, "user": "alice", "state": "succeeded", "gpus": ["A"], "submitted_at": 0, "started_at": 0,
+             "ended_at": h, "spec": {"gpu_mem": GiB, "gpus": 1}},
+            {"id": 2, "user": "bob", "state": "failed", "gpus": ["A"], "submitted_at": 0, "started_at": 0.5 * h,
+             "ended_at": 1.5 * h, "spec": {"gpu_mem": GiB, "gpus": 1}},
+            {"id": 3, "user": "bob", "state": "succeeded", "gpus": ["B"], "submitted_at": 0, "started_at": 0,
+             "ended_at": h, "spec": {"gpu_mem": GiB, "gpus": 1}}]
+    r = rp.report(rows)
+    assert r["gpu_hours_one_per_gpu"] == pytest.approx(3.0) and r["gpu_hours_busy"] == pytest.approx(2.5)
+    assert r["gpu_hours_saved"] == pytest.approx(0.5) and r["saved_fraction"] == pytest.approx(1 / 6)
+    bob = next(u for u in r["users"] if u["user"] == "bob")
+    assert (bob["jobs"], bob["failed"], bob["wait_max"]) == (2, 1, pytest.approx(0.5 * h))
+    # end to end: two GPU jobs run, and both commands account for them
+    ids = [daemon.submit("--process", "--gpu-mem", "1GiB", "--", "sh", "-c", "echo hi") for _ in range(2)]
+    for j in ids:
+        daemon.wait_state(j, "succeeded")
+    hist = json.loads(daemon.cli("history", "--since", "1h", "--json", check=True).stdout)
+    assert [x["id"] for x in hist] == ids and all(x["gpus"] == 1 and x["gpu_hours"] > 0 for x in hist)
+    out = daemon.cli("report", "--since", "1h", check=True).stdout
+    assert out.splitlines()[0].split()[:2] == ["USER", "JOBS"] and "sharing saved" in out and "GPU-h" in out
+    r = daemon.cli("history", "--since", "soon")
+    assert r.returncode == 1 and "malformed period" in r.stderr

@@ -14,6 +14,7 @@ from typing import Callable
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, Static
 from textual.worker import Worker, WorkerState
 
@@ -78,14 +79,17 @@ class ColoTop(App):
         w = event.worker
         if w.group != "poll" or w.state not in (WorkerState.SUCCESS, WorkerState.ERROR):
             return
-        if w.state == WorkerState.SUCCESS:
-            self.error = None
-            self.last_ok = self.clock()
-            self.apply(safe_tree(w.result))  # everything shown is drawn from this: other users' text made safe
-        else:
-            e = w.error
-            self.error = safe(str(e) if isinstance(e, ClientError) else f"{type(e).__name__}: {e}")
-            self._banner()
+        try:
+            if w.state == WorkerState.SUCCESS:
+                self.error = None
+                self.last_ok = self.clock()
+                self.apply(safe_tree(w.result))  # everything shown is drawn from this: other users' text made safe
+            else:
+                e = w.error
+                self.error = safe(str(e) if isinstance(e, ClientError) else f"{type(e).__name__}: {e}")
+                self._banner()
+        except NoMatches:  # a poll that ended as the app closes: its widgets are gone already
+            return
         self.polls += 1
         self.set_timer(self.refresh_interval, self.poll)
 
