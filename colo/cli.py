@@ -346,6 +346,10 @@ def gpus(sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
              ",".join(map(str, g["jobs"])) or "-"] for g in r["gpus"]]
     typer.echo(table(rows, ["#", "NAME", "UUID", "MEMORY", "USED", "BUDGETED/USABLE", "MODE", "MPS", "JOBS"]))
     for g in r["gpus"]:
+        if g.get("unbudgeted"):
+            over = f" (jobs over their budgets: {', '.join(map(str, g['over']))})" if g.get("over") else ""
+            typer.echo(f"GPU{g['index']}: {format_size(g['unbudgeted'])} in use outside any budget{over}; "
+                       "not given to new jobs")
         if g.get("error"):
             typer.echo(f"GPU{g['index']} is out of service: {g['error']} (no new job is placed on it; "
                        "its running jobs are left alone)")

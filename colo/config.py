@@ -27,6 +27,17 @@ class Config:
     min_gain: float = 0.25  # sharing past saturation must beat waiting by this much throughput
     hold_after: float = 1800.0  # seconds a job may be passed by smaller ones before GPUs are held for it (0: never)
     max_user_priority: int = 0  # the highest --priority a user may set; admins and root may set up to 1000
+    # Per-user limits (0: none): jobs queued at once (refused at submit past it), jobs running at
+    # once, GPU memory budgeted at once (over all GPUs). Fair share: users with the least recent
+    # GPU use (GiB of budget x hours, decaying with this half-life in seconds) go first.
+    max_queued_per_user: int = 0
+    max_running_per_user: int = 0
+    max_gpu_mem_per_user: int = 0
+    fair_share_half_life: float = 86400.0
+    # The patrol: a job whose processes hold more GPU memory (as NVML sees it) than its budget is
+    # reported, and killed after this many seconds over it unless patrol_kill is off.
+    patrol_grace: float = 30.0
+    patrol_kill: bool = True
     multi_user_mps: bool = False
     use_mps: bool = True
     set_default_compute_mode: bool = False
@@ -69,12 +80,13 @@ class Config:
         unknown = set(values) - known
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
-        if "reserve" in values:
-            r = values["reserve"]
-            try:
-                values["reserve"] = 0 if r in (0, "0") else parse_size(r)
-            except ValueError as e:
-                raise ConfigError(f"reserve: {e}") from None
+        for k in ("reserve", "max_gpu_mem_per_user"):
+            if k in values:
+                r = values[k]
+                try:
+                    values[k] = 0 if r in (0, "0") else parse_size(r)
+                except ValueError as e:
+                    raise ConfigError(f"{k}: {e}") from None
         for k in ("state_dir", "socket", "fakegpu_state", "shared_profiles"):
             if values.get(k) is not None:
                 values[k] = Path(values[k])

@@ -227,6 +227,12 @@ class Store:
             return None
         return dict(at=r[0], action=r[1], mode=r[2], gpus=json.loads(r[3]), reason=r[4], details=json.loads(r[5]))
 
+    def gpu_use(self, since: float) -> list[tuple[int, int, int, float, float]]:
+        """(uid, budget, gpus, started_at, ended_at) of GPU jobs that ended after `since` (fair share)."""
+        return list(self.db.execute(
+            "SELECT uid, json_extract(spec, '$.gpu_mem'), json_array_length(gpus), started_at, ended_at FROM jobs "
+            "WHERE ended_at > ? AND started_at IS NOT NULL AND gpus != '[]'", (since,)))
+
     # samples ----------------------------------------------------------------------------------
     def add_samples(self, rows: Iterable[tuple[int, float, float | None, int | None, float | None]]) -> None:
         with self.tx():

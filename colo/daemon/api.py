@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import json
 import os
 import pwd
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from .. import __version__, protocol
+from .. import __version__, fairshare, protocol
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..policy import can_ever_fit
 from ..runtimes.base import Unavailable
@@ -41,6 +42,9 @@ class Api:
         self.d = daemon
         self.external = External(daemon)
         self._stops: set[asyncio.Task] = set()  # cancels whose stop is under way (kept referenced)
+        # job id -> (the Job it was made from, its reason, its summary as JSON): a queued or ended
+        # job's row changes only with the job or its reason, so `ls` of 10,000 re-encodes none
+        self._rows: dict[int, tuple[Job, str | None, bytes]] = {}
 
     def _job(self, args: dict) -> Job:
         job_id = job_id_arg(args)
@@ -72,6 +76,9 @@ class Api:
                 out["used"] = u.get("used")
                 out["refused"] = u.get("refused")
                 out["sm_util"] = u.get("sm_util")
+                out["nvml_used"] = u.get("nvml_used")  # its processes, as NVML sees them (the patrol)
+            if note := self.d.patrol_note(job.id):
+                out["reason"] = f"{job.reason}; {note}"
         return out
 
     def reasons(self, jobs: list[Job]) -> dict[int, str]:
@@ -103,6 +110,8 @@ class Api:
             raise ApiError(f"--priority {spec.priority} is above {top}, the most a user may set here "
                            f"(max_user_priority); members of {d.config.admin_group or 'no admin group'} and root "
                            "may set more", protocol.FORBIDDEN)
+        if why := fairshare.submit_refusal(d.limits, caller.user, d.queued_count(caller.uid)):
+            raise ApiError(why, protocol.FORBIDDEN)
         if spec.gpus:
             if d.gpu_error:
                 raise ApiError(d.gpu_error, protocol.INVALID)
@@ -142,13 +151,38 @@ class Api:
                 + (f", less the {format_size_exact(kept)} colo keeps back, `reserve` in its config)" if kept else ")")
                 + f"; ask for {format_size_exact(usable)} or less")
 
-    async def ls(self, caller: Caller, args: dict) -> list[dict]:
+    def rows(self, jobs: list[Job]) -> protocol.Raw:
+        """The summaries of `jobs` as one JSON array; rows of jobs that are not running are cached."""
+        cache, decisions, parts = self._rows, self.d.decisions, []
+        dumps = json.dumps
+        for j in jobs:
+            if j.state in ACTIVE:  # live figures: made afresh
+                parts.append(dumps(self.summary(j), separators=(",", ":"), default=str).encode())
+                continue
+            d = decisions.get(j.id) if j.state == State.QUEUED else None
+            reason = d.reason if d is not None else None
+            hit = cache.get(j.id)
+            if hit is None or hit[1] != reason or (hit[0] is not j and (j.state not in TERMINAL or hit[0].state != j.state)):
+                row = dumps(self.summary(j, {j.id: reason} if reason is not None else None),
+                            separators=(",", ":"), default=str).encode()
+                hit = cache[j.id] = (j, reason, row)
+            parts.append(hit[2])
+        if len(cache) > 2 * len(self.d.open_jobs) + 20000:  # rows of jobs gone from every listing
+            keep = {j.id for j in jobs}
+            self._rows = {k: v for k, v in cache.items() if k in keep}
+        return protocol.Raw(b"[" + b",".join(parts) + b"]")
+
+    async def ls(self, caller: Caller, args: dict) -> protocol.Raw:
         limit = args.get("limit")
-        jobs = self.d.all_jobs() if args.get("all", True) else sorted(self.d.open_jobs.values(), key=lambda j: j.id)
+        if args.get("all", True):
+            jobs = self.d.all_jobs()
+        else:
+            jobs = list(self.d.open_jobs.values())
+            if any(jobs[i].id > jobs[i + 1].id for i in range(len(jobs) - 1)):
+                jobs.sort(key=lambda j: j.id)
         if isinstance(limit, int) and limit > 0:
             jobs = jobs[-limit:]
-        reasons = self.reasons(jobs)
-        return [self.summary(j, reasons) for j in jobs]
+        return self.rows(jobs)
 
     async def show(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "see the details of")
@@ -163,7 +197,12 @@ class Api:
     async def explain(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "see the details of")
         dec = self.d.explain(job.id)
-        return {"id": job.id, "state": str(job.state), "decision": dec, "reason": job.reason}
+        reason = job.reason
+        if note := self.d.patrol_note(job.id):
+            reason = f"{reason}; {note}"
+            if dec is not None:
+                dec = {**dec, "reason": f"{dec['reason']}; {note}"}
+        return {"id": job.id, "state": str(job.state), "decision": dec, "reason": reason}
 
     async def cancel(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "cancel")
@@ -193,7 +232,10 @@ class Api:
         for g in d.devices:
             placed = [j for j in active if g.uuid in j.gpus]
             out.append({**g.to_dict(), "usable": views[g.uuid].usable, "mps": views[g.uuid].mps,
-                        "budgeted": sum(j.spec.gpu_mem for j in placed), "jobs": [j.id for j in placed]})
+                        "budgeted": sum(j.spec.gpu_mem for j in placed), "jobs": [j.id for j in placed],
+                        # held outside any budget (processes of no job, jobs past their budgets): not given out
+                        "unbudgeted": d.unbudgeted.get(g.uuid, 0),
+                        "over": [j.id for j in placed if j.id in d.over]})
         return {"gpus": out, "error": d.gpu_error, "fake": d.config.fakegpu_state is not None}
 
     async def top(self, caller: Caller, args: dict) -> dict:
@@ -202,15 +244,12 @@ class Api:
         gpus = await self.gpus(caller, args)
         live = sorted(d.open_jobs.values(), key=lambda j: j.id)
         recent = [j for j in d.store.jobs(TERMINAL, limit=20, newest_first=True)]
-        reasons = self.reasons(live)
-        ours = {p for st in d.stats.values() for p in st.get("pids", ())}
-        ours |= d.mps.own_pids() if d.mps is not None else set()  # colo's MPS servers are not foreign
-        foreign = [{"gpu": g["uuid"], "pid": p["pid"], "used": p["used"], "command": _cmd(p["pid"]),
-                    "user": _user(p["pid"])}
-                   for g in gpus["gpus"] for p in g["processes"] if p["pid"] not in ours]
-        return {"at": time.time(), "gpus": gpus["gpus"], "gpu_error": gpus["error"], "fake": gpus["fake"],
-                "jobs": [self.summary(j, reasons) for j in live] + [self.summary(j) for j in recent],
-                "foreign": foreign, "you": caller.user}
+        # processes of no job, as the patrol mapped them at the last sample (colo's MPS servers excluded)
+        foreign = [{"gpu": f["gpu"], "pid": f["pid"], "used": f["used"], "command": _cmd(f["pid"]),
+                    "user": _user(f["pid"])} for f in d.foreign]
+        head = json.dumps({"at": time.time(), "gpus": gpus["gpus"], "gpu_error": gpus["error"], "fake": gpus["fake"],
+                           "foreign": foreign, "you": caller.user}, separators=(",", ":"), default=str).encode()
+        return protocol.Raw(head[:-1] + b',"jobs":' + self.rows(live + recent) + b"}")
 
     async def history(self, caller: Caller, args: dict) -> list[dict]:
         """Ended jobs for `colo sim --from-history`; others' environments and mounts stay private."""

@@ -24,6 +24,7 @@ from ..runtimes.process import ProcessRuntime
 from ..store import Store
 from .external import SlurmRuntime
 from .learning import LearningMixin
+from .patrol import PatrolMixin
 from .lifecycle import LifecycleMixin, Live, blocking  # noqa: F401 - blocking: re-exported
 from .recovery import RecoveryMixin
 from .sampling import SamplingMixin
@@ -36,7 +37,7 @@ class AlreadyRunning(RuntimeError):
     pass
 
 
-class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, LearningMixin):
+class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, PatrolMixin, LearningMixin):
     def __init__(self, config: Config):
         self.config = config
         self.cfg_policy = policy.PolicyConfig(reserve=config.reserve, saturation=config.saturation,
@@ -64,6 +65,8 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Learn
         self._writer: DecisionWriter | None = None
         self.mps: mps.MpsManager | None = None
         self._init_profiles()  # per-user learned, shared, configured, shipped (learning.py)
+        self._init_scheduler()
+        self._init_patrol()
 
     # start-up ---------------------------------------------------------------------------------
     def open(self) -> None:
@@ -96,6 +99,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Learn
         self._init_docker()
         self._init_mps()
         self._check_compute_modes()
+        self._load_counts()
 
     def _init_docker(self) -> None:
         try:
@@ -165,9 +169,12 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Learn
             self._lock_fd = None
 
     # helpers ----------------------------------------------------------------------------------
-    def gpu_views(self) -> list[policy.GpuView]:
+    def gpu_views(self, in_use: bool = False) -> list[policy.GpuView]:
+        """in_use: less the memory the patrol saw held outside any budget (what plan() may give)."""
         states = self.mps.states() if self.mps else {}
-        return [policy.GpuView(uuid=d.uuid, index=d.index, usable=max(0, d.total - self.config.reserve),
+        less = self.unbudgeted if in_use else {}
+        return [policy.GpuView(uuid=d.uuid, index=d.index,
+                               usable=max(0, d.total - self.config.reserve - less.get(d.uuid, 0)),
                                compute_mode=d.compute_mode, mps=states.get(d.uuid, "off"), name=d.name, error=d.error)
                 for d in self.devices]
 
@@ -188,7 +195,10 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Learn
         rt = self.runtimes.get("docker")
         return self.docker_error if rt is None else rt.down
 
-    def wake(self) -> None:
+    def wake(self, full: bool = True) -> None:
+        """Run the scheduler soon; full=False: only new jobs need planning."""
+        if full:
+            self._full = True
         if self.wake_event is not None:
             self.wake_event.set()
 
@@ -199,12 +209,15 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Learn
     def add_job(self, spec, uid: int, gid: int, user: str) -> Job:
         job = self.store.add_job(spec, uid, gid, user)
         self.open_jobs[job.id] = job
-        self.wake()
+        self._queue_changed(None, job)
+        self.wake(full=False)
         return job
 
     def transition(self, job_id: int, new: State, reason: str, **fields) -> Job:
         """The one way a job changes state: checked and stored by the store, mirrored here."""
+        prev = self.open_jobs.get(job_id)
         job = self.store.transition(job_id, new, reason, **fields)
+        self._queue_changed(prev, job)
         self._cands.pop(job_id, None)
         if job.state in TERMINAL:
             self.open_jobs.pop(job_id, None)
@@ -239,7 +252,11 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Learn
         d = self.decisions.get(job_id)
         if d is None:
             return self.store.decision(job_id)
-        return {"action": d.action, "mode": d.mode, "gpus": list(d.gpus), "reason": d.reason, "details": d.details}
+        reason = d.reason
+        job = self.open_jobs.get(job_id)
+        if d.action == policy.WAIT and job is not None and (note := self.fair_note(job)):
+            reason = f"{reason}; {note}"
+        return {"action": d.action, "mode": d.mode, "gpus": list(d.gpus), "reason": reason, "details": d.details}
 
     async def run(self) -> None:
         self.wake_event = asyncio.Event()
@@ -250,9 +267,10 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Learn
             while not self.stopping:
                 self.schedule_pass()
                 try:
-                    await asyncio.wait_for(self.wake_event.wait(), timeout=5.0)
+                    await asyncio.wait_for(self.wake_event.wait(), timeout=self.pass_due_in())
                 except asyncio.TimeoutError:
                     pass
                 self.wake_event.clear()
+                await asyncio.sleep(0.005)  # a burst of submits lands in one pass
         finally:
             ticker.cancel()

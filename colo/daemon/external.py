@@ -219,7 +219,7 @@ class External:
             return {"job": None, "env": {"CUDA_VISIBLE_DEVICES": ""}}
         if d.gpu_error:
             raise Refused(d.gpu_error)
-        views = d.gpu_views()
+        views = d.gpu_views(in_use=True)  # less memory held outside any budget (the patrol)
         bound = args.get("gpu_index") or []
         if not isinstance(bound, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in bound):
             raise Refused(f"malformed gpu_index: {bound!r}")

@@ -44,9 +44,21 @@ class SamplingMixin:
                 await self._mps_fault(uuid, set(clients))
             busy = {u for j in self.jobs_in(*ACTIVE) if j.mode == Mode.MPS for u in j.gpus}
             await asyncio.to_thread(self.mps.release_idle, time.time(), busy)
-        rows = await asyncio.to_thread(self._usage_samples, self.jobs_in(State.RUNNING))
+        running = self.jobs_in(State.RUNNING)
+        rows = await asyncio.to_thread(self._usage_samples, running)
         if rows:
             self.store.add_samples(rows)
+        if self.gpu_error is None:
+            own = self.mps.own_pids() if self.mps is not None else set()  # colo's MPS servers
+            tree = {j: st.get("pids", ()) for j, st in self.stats.items()}
+            report = await asyncio.to_thread(self.map_processes, self.devices, running, tree, own)
+            before = self.unbudgeted
+            self.patrol(report, time.time())
+            for job_id, per_gpu in report.by_job.items():
+                if job_id in self.stats:
+                    self.stats[job_id]["nvml_used"] = max(per_gpu.values())
+            if self.unbudgeted != before:
+                self.wake()  # what plan() may give out changed
 
     def _note_gpu_errors(self, before: list[GpuInfo], after: list[GpuInfo]) -> None:
         """Say when the driver stops (or starts again) answering for a GPU. Its running jobs are

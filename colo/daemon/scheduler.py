@@ -1,46 +1,266 @@
 """The scheduler pass: dependencies, plan(), starts; and where its decisions are stored."""
 from __future__ import annotations
 
-import dataclasses
+import bisect
 import logging
+import math
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
-from .. import policy
-from ..jobs import ACTIVE, Job, State
+from .. import fairshare, policy
+from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..store import Store
 
 log = logging.getLogger("colo")
 
 
+# A full pass (every queued job) runs only when something changed that could let a job that
+# waited start: a job ended, a GPU's view changed, the engine came back, a hold fell due. A
+# submit plans only the new jobs: the ones already waiting met the same GPUs last time, and
+# GPUs only fill up between full passes. Full passes are spaced by a multiple of their own cost,
+# so a stream of job ends cannot keep the daemon busy with them.
+FULL_PASS_SPACING = 3.0  # x the last full pass's time
+FULL_PASS_SPACING_MAX = 2.0  # seconds
+# A full pass walks the queue in fair-share order and stops once no GPU could take the smallest
+# job left; those not looked at keep their last decision. Every so often a pass looks at all of
+# them (their reasons' figures are refreshed; a safety net, should anything change unannounced).
+COMPLETE_PASS_EVERY = 60.0  # seconds
+
+
+def _cand(job_id: int, budget: int, gpus: int, uid: int, priority: int, seq: int, profile, queued_at: float,
+          held: tuple) -> policy.Candidate:
+    """Candidate without the frozen dataclass's per-field __setattr__ (10,000 a full pass)."""
+    c = object.__new__(policy.Candidate)
+    object.__setattr__(c, "__dict__", {"job_id": job_id, "budget": budget, "gpus": gpus, "uid": uid,
+                                       "priority": priority, "seq": seq, "profile": profile,
+                                       "queued_at": queued_at, "held": held})
+    return c
+
+
 class SchedulerMixin:
     """Part of Daemon (colo/daemon/core.py); uses its state."""
 
-    def schedule_pass(self) -> list[policy.Decision]:
-        """Check dependencies, plan, start. Exits are reaped by the monitors, not here."""
-        queued = self.jobs_in(State.QUEUED)
-        if not queued:
+    def _init_scheduler(self) -> None:
+        c = self.config
+        self._full = True  # a full pass is owed
+        self._fresh: dict[int, None] = {}  # queued jobs no pass has seen yet, in order
+        self._holders: set[int] = set()  # jobs GPUs are held for (policy's hold_after)
+        self._sig = None  # the inputs the last full pass saw
+        self._hold_due = math.inf  # when the next waiting job passes hold_after
+        self._last_complete = -math.inf  # time.monotonic() of the last pass over every queued job
+        self._next_full = -math.inf  # no full pass before this (spacing)
+        self._queued_n: Counter | None = None  # uid -> jobs queued
+        # Queued jobs by user, each list in the user's own order (priority, then id); entries of
+        # jobs that left the queue are skipped when walked and dropped when a list is rebuilt.
+        self._uq: dict[int, list[tuple[int, int]]] = {}
+        self._uq_stale: Counter = Counter()
+        self._budgets: Counter = Counter()  # budget -> queued GPU jobs with it (the smallest ends a walk)
+        self._active: dict[int, None] = {}  # jobs holding GPUs or running, by id (a pass reads these)
+        self._always: set[int] = set()  # queued jobs every full pass looks at: CPU-only, with --after
+        self.fair_ledger = fairshare.Ledger(c.fair_share_half_life)
+        self.limits = fairshare.Limits(c.max_queued_per_user, c.max_running_per_user, c.max_gpu_mem_per_user)
+        self.last_pass: dict = {}
+
+    # what changed -----------------------------------------------------------------------------
+    def _queue_changed(self, prev: Job | None, job: Job) -> None:
+        """Called for every new job and state change (core.add_job, core.transition)."""
+        was_q = prev is not None and prev.state == State.QUEUED
+        is_q = job.state == State.QUEUED
+        if was_q and not is_q:
+            self._leave_queue(prev)
+        elif is_q and not was_q:
+            self._enter_queue(job)
+        if job.state in ACTIVE:
+            self._active[job.id] = None
+        else:
+            self._active.pop(job.id, None)
+        if is_q:
+            self._fresh[job.id] = None
+        else:
+            self._fresh.pop(job.id, None)
+            self._holders.discard(job.id)
+        if prev is not None and prev.state in ACTIVE and job.state not in ACTIVE:
+            if prev.started_at and prev.gpus:  # its use counts for fair share
+                self.fair_ledger.add(prev.uid, fairshare.weight(prev.spec.gpu_mem, len(prev.gpus)),
+                                     prev.started_at, job.ended_at or time.time())
+            self._full = True  # its GPUs (and its user's limits) are free again
+        elif job.state in TERMINAL:
+            self._full = True  # jobs after it may now fail their dependency
+
+    def _enter_queue(self, job: Job) -> None:
+        if self._queued_n is None:
+            return  # counted when loaded
+        self._queued_n[job.uid] += 1
+        if not job.spec.gpus or job.spec.after:
+            self._always.add(job.id)
+        if job.spec.gpus:
+            self._budgets[job.spec.gpu_mem] += 1
+        lst = self._uq.setdefault(job.uid, [])
+        key = (-job.spec.priority, job.id)
+        if not lst or key > lst[-1]:
+            lst.append(key)
+        else:
+            bisect.insort(lst, key)
+
+    def _leave_queue(self, job: Job) -> None:
+        if self._queued_n is None:
+            return
+        self._queued_n[job.uid] -= 1
+        self._always.discard(job.id)
+        if job.spec.gpus:
+            self._budgets[job.spec.gpu_mem] -= 1
+            if self._budgets[job.spec.gpu_mem] <= 0:
+                del self._budgets[job.spec.gpu_mem]
+        self._uq_stale[job.uid] += 1
+        lst = self._uq.get(job.uid, [])
+        if self._uq_stale[job.uid] > 64 + len(lst) // 2:
+            open_jobs = self.open_jobs
+            self._uq[job.uid] = [k for k in dict.fromkeys(lst) if (j := open_jobs.get(k[1])) is not None
+                                 and j.state == State.QUEUED and j.id != job.id]
+            self._uq_stale[job.uid] = 0
+
+    def _user_queue(self, uid: int):
+        """A user's queued jobs in their own order (skipping entries of jobs that left)."""
+        open_jobs = self.open_jobs
+        for _, job_id in self._uq.get(uid, ()):
+            j = open_jobs.get(job_id)
+            if j is not None and j.state == State.QUEUED:
+                yield j
+
+    def queued_count(self, uid: int) -> int:
+        self._load_counts()
+        return self._queued_n[uid]
+
+    def _load_counts(self) -> None:
+        if self._queued_n is None:
+            self._queued_n = Counter()
+            for j in sorted(self.open_jobs.values(), key=lambda j: j.id):
+                if j.state == State.QUEUED:
+                    self._enter_queue(j)
+                elif j.state in ACTIVE:
+                    self._active[j.id] = None
+            since = time.time() - 20 * self.config.fair_share_half_life  # older use counts < 1e-6
+            for uid, budget, gpus, start, end in self.store.gpu_use(since):
+                self.fair_ledger.add(uid, fairshare.weight(budget, gpus), start, end)
+
+    def pass_due_in(self) -> float:
+        """Seconds until the loop must look again without being woken."""
+        mono = time.monotonic()
+        due = self._last_complete + COMPLETE_PASS_EVERY - mono
+        if self._full:
+            due = min(due, self._next_full - mono)
+        if self._hold_due < math.inf:
+            due = min(due, self._hold_due - time.time())
+        return max(0.0, due)
+
+    # the pass ---------------------------------------------------------------------------------
+    def schedule_pass(self, complete: bool = False) -> list[policy.Decision]:
+        """Check dependencies and limits, order by fair share, plan, start. Exits are reaped by
+        the monitors, not here. complete: look at every queued job (else a full pass stops once
+        no GPU could take the smallest job left)."""
+        self._load_counts()
+        now, mono = time.time(), time.monotonic()
+        views = self.gpu_views(in_use=True)
+        sig = (tuple(views), self.gpu_error, self.docker_away() is None)
+        if now >= self._hold_due or mono - self._last_complete >= COMPLETE_PASS_EVERY:
+            complete = True
+        if sig != self._sig or complete:
+            self._full = True
+        if self._full:
+            if mono < self._next_full and not complete:
+                return []  # spaced: the loop comes back (a fresh job must not take what a waiting one is owed)
+            self._fresh.clear()
+            self._full = False
+            self._sig = sig
+            full = True
+        elif self._fresh:
+            ids = [*self._holders, *self._fresh]
+            self._fresh.clear()
+            full = False
+        else:
             return []
-        candidates, waits = self._eligible(queued)
-        now = time.time()
-        decisions = policy.plan(candidates, self.gpu_views(), self.placed(now), self.cfg_policy, now=now)
+        active = [j for i in self._active if (j := self.open_jobs.get(i)) is not None and j.state in ACTIVE]
+        usage = self.fair_ledger.usage(now, [(j.uid, fairshare.weight(j.spec.gpu_mem, len(j.gpus)), j.started_at)
+                                             for j in active if j.gpus and j.started_at])
+        loads: dict[int, fairshare.UserLoad] = {}
+        for j in active:
+            ld = loads.setdefault(j.uid, fairshare.UserLoad())
+            ld.running += 1
+            ld.gpu_mem += j.spec.gpu_mem * len(j.gpus)
+        placed = self.placed(now, active)
+        seen: set[int] = set()
+        waits: list[policy.Decision] = []
+        cands: list[policy.Candidate] = []
+        # first, in every pass: held-for jobs, CPU-only jobs and jobs with --after (few)
+        first = [*self._holders, *self._always] if full else ids
+        self._take(first, seen, cands, waits, loads)
+        n_first = len(cands)
+        walk = iter(())
+        if full:
+            users = [u for u, lst in self._uq.items() if lst]
+            walk = fairshare.fair_walk({u: self._user_queue(u) for u in users}, usage)
+        want = math.inf if complete else 256
+        while True:
+            for j in walk:
+                self._take((j.id,), seen, cands, waits, loads, job=j)
+                if len(cands) - n_first >= want:
+                    break
+            else:
+                walk = None  # every queued job was looked at
+            decisions = policy.plan(cands, views, placed, self.cfg_policy, now=now)
+            if walk is None or self._none_fits(views, placed, decisions):
+                break
+            want *= 4  # more could start: look further (plan is pure; the longer prefix is planned afresh)
+        decisions = self._within_limits(decisions, loads)
         self._record(waits)
         self._record(decisions)
+        took = time.monotonic() - mono
         for d in decisions:
             if d.action == policy.START:
                 self.start_job(d)
+            elif "held" in d.details:
+                self._holders.add(d.job_id)
+            else:
+                self._holders.discard(d.job_id)
+        ha = self.cfg_policy.hold_after
+        if ha > 0:
+            due = min((c.queued_at + ha for c in cands if c.gpus and c.queued_at + ha > now), default=math.inf)
+            keep = self._hold_due if self._hold_due > now and not (full and walk is None) else math.inf
+            self._hold_due = min(due, keep)
+        if full:
+            self._next_full = mono + min(FULL_PASS_SPACING * took, FULL_PASS_SPACING_MAX)
+            if walk is None:
+                self._last_complete = mono
+        started = sum(d.action == policy.START for d in decisions)
+        kind = "full" if full else "new jobs"
+        self.last_pass = {"kind": kind, "queued": sum(self._queued_n.values()) + started, "planned": len(cands),
+                          "started": started, "ms": took * 1000}
+        (log.info if full else log.debug)("scheduler pass (%s): %d queued, %d planned, %d started, %.1f ms", kind,
+                                          self.last_pass["queued"], len(cands), started, took * 1000)
         return decisions
 
-    def placed(self, now: float) -> list[policy.Placed]:
+    def placed(self, now: float, active: list[Job] | None = None) -> list[policy.Placed]:
         """The active jobs on GPUs as plan() sees them (colo's own and Slurm's alike)."""
+        if active is None:
+            active = [j for i in self._active if (j := self.open_jobs.get(i)) is not None and j.state in ACTIVE]
         return [policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),
                               self.profile_of(j), now - (j.started_at or now))
-                for j in self.jobs_in(*ACTIVE) if j.gpus]
+                for j in active if j.gpus]
 
-    def _eligible(self, queued: list[Job]) -> tuple[list[policy.Candidate], list[policy.Decision]]:
-        cands, waits = [], []
-        for j in queued:
+    def _take(self, ids, seen: set[int], cands: list, waits: list, loads: dict, job: Job | None = None) -> None:
+        """Candidates for plan() from queued jobs, in the order taken (Candidate.seq); a job that
+        waits for something plan() does not know (a dependency, the engine, a limit) gets its
+        WAIT decision here."""
+        limits = self.limits
+        for job_id in ids:
+            if job_id in seen:
+                continue
+            seen.add(job_id)
+            j = job or self.open_jobs.get(job_id)
+            if j is None or j.state != State.QUEUED:
+                continue
             if j.spec.after:
                 deps = {a: self._state_of(a) for a in j.spec.after}
                 failed = [a for a, st in deps.items() if st in (State.FAILED, State.CANCELLED, State.LOST, None)]
@@ -58,17 +278,77 @@ class SchedulerMixin:
             if j.spec.runtime == "docker" and (why := self.docker_away()):
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting for the Docker engine: {why}"))
                 continue
-            c = self._cands.get(j.id)
-            last = self.decisions.get(j.id)
+            if (limits.running or limits.gpu_mem) and (why := fairshare.start_refusal(
+                    limits, j.user, loads.get(j.uid) or fairshare.UserLoad(), j.spec.gpu_mem, j.spec.gpus)):
+                waits.append(policy.Decision(j.id, policy.WAIT, reason=why))
+                continue
+            seq = len(cands)
+            last = self.decisions.get(job_id)
             held = tuple(last.details.get("held", ())) if last is not None else ()
-            if c is not None and c.held != held:
-                c = self._cands[j.id] = dataclasses.replace(c, held=held)
-            if c is None:
-                c = self._cands[j.id] = policy.Candidate(j.id, j.spec.gpu_mem, j.spec.gpus, j.uid, j.spec.priority,
-                                                         j.id, self.profile_of(j) if j.spec.gpus else None,
-                                                         queued_at=j.submitted_at, held=held)
+            c = self._cands.get(job_id)
+            if c is None or c.seq != seq or c.held != held:
+                c = self._cands[job_id] = _cand(
+                    job_id, j.spec.gpu_mem, j.spec.gpus, j.uid, 0, seq,
+                    c.profile if c is not None else (self.profile_of(j) if j.spec.gpus else None),
+                    j.submitted_at, held)
             cands.append(c)
-        return cands, waits
+
+    def _none_fits(self, views: list[policy.GpuView], placed: list[policy.Placed],
+                   decisions: list[policy.Decision]) -> bool:
+        """After these decisions, could any GPU take the smallest queued GPU job? (If not, the
+        jobs not looked at would all wait: the walk can stop.)"""
+        if not self._budgets:
+            return True
+        free = policy.free_budget([v for v in views if v.error is None and v.compute_mode != "prohibited"], placed)
+        for d in decisions:
+            if d.action == policy.START:
+                for u in d.gpus:
+                    if u in free:
+                        free[u] -= self.open_jobs[d.job_id].spec.gpu_mem
+        return max(free.values(), default=0) < min(self._budgets)
+
+    def _within_limits(self, decisions: list[policy.Decision],
+                       loads: dict[int, fairshare.UserLoad]) -> list[policy.Decision]:
+        """plan() knows no per-user limits: a start that would pass one waits instead, and a full
+        pass follows (what it was given is free for the others)."""
+        limits = self.limits
+        if not (limits.running or limits.gpu_mem):
+            return decisions
+        out = []
+        for d in decisions:
+            if d.action == policy.START:
+                j = self.open_jobs[d.job_id]
+                ld = loads.setdefault(j.uid, fairshare.UserLoad())
+                why = fairshare.start_refusal(limits, j.user, ld, j.spec.gpu_mem, j.spec.gpus)
+                if why:
+                    d = policy.Decision(d.job_id, policy.WAIT, reason=why)
+                    self._full = True
+                else:
+                    ld.running += 1
+                    ld.gpu_mem += j.spec.gpu_mem * j.spec.gpus
+            out.append(d)
+        return out
+
+    def fair_note(self, job: Job) -> str | None:
+        """Why a queued job waits for fairness: jobs of other users submitted after it go first
+        (walks the fair order up to it: for `colo explain`, not for every pass)."""
+        if job.state != State.QUEUED or not job.spec.gpus:
+            return None
+        now = time.time()
+        active = [j for i in self._active if (j := self.open_jobs.get(i)) is not None and j.gpus and j.started_at]
+        usage = self.fair_ledger.usage(now, [(j.uid, fairshare.weight(j.spec.gpu_mem, len(j.gpus)), j.started_at)
+                                             for j in active])
+        ahead = 0
+        for j in fairshare.fair_walk({u: self._user_queue(u) for u, lst in self._uq.items() if lst}, usage):
+            if j.id == job.id:
+                break
+            if j.uid != job.uid and j.id > job.id and j.spec.gpus:
+                ahead += 1
+        if not ahead:
+            return None
+        return (f"waiting for fair share: {ahead} job(s) of other users, submitted after it, go first "
+                f"(their users used less GPU lately; {job.user}: {usage.get(job.uid, 0.0):.2f} GiB-h, "
+                f"half-life {self.config.fair_share_half_life / 3600:g} h)")
 
     def _state_of(self, job_id: int) -> State | None:
         try:

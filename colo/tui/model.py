@@ -78,6 +78,10 @@ def job_rows(snap: dict, now: float, gpu: str | None = None) -> list[Row]:
         if j["state"] == "queued" or (gpu and gpu not in (j.get("gpus") or [])):
             continue
         used = j.get("used")
+        nvml = j.get("nvml_used")  # its processes as NVML sees them: past the ledger when it bypassed it
+        over = nvml is not None and nvml > max(used or 0, j.get("budget") or 0)
+        if over:
+            used = nvml
         secs = run_seconds(j, now)
         sm = job_sm(j)
         ended = j["state"] in ENDED
@@ -88,7 +92,7 @@ def job_rows(snap: dict, now: float, gpu: str | None = None) -> list[Row]:
             (gpu_label(j.get("gpus") or [], index), ""),
             (MODE_LABEL.get(j.get("mode"), str(j.get("mode"))), ""),
             (format_size(j["budget"]) if j.get("budget") else "-", ""),
-            (format_size(used) if used is not None else "-", "bold red" if j.get("refused") else ""),
+            (format_size(used) if used is not None else "-", "bold red" if j.get("refused") or over else ""),
             (f"{sm}" if sm is not None else "-", ""),
             (format_duration(secs), ""),
             (j["state"], STATE_STYLE.get(j["state"], "")),

@@ -1,0 +1,199 @@
+"""A queue that stays fast (issues 12.5 and 18.3), measured side by side in one run: the same
+daemon figures with 100 and with 10,000 jobs queued (and 50,000 with --big).
+
+For each queue length N: a real daemon on 8 simulated 16 GiB GPUs, 8 running jobs that hold every
+GPU, then N GPU jobs queued through real submits from 10 concurrent clients, each its own Unix
+user (colotest1..10; created when run as root). Then, with N queued:
+- submit rate while filling, per 5,000 submits (per N when N is smaller), and for the whole fill;
+- one more submit's daemon round trip (median of 20);
+- the daemon's CPU while idle (nothing changes for 65 s, which holds one pass over every queued
+  job: it runs once a minute), in % of one core;
+- `colo ls --active` wall time (median of 5; prints every queued job) beside `python3 -c pass`;
+- the scheduler pass after one running job ends (16 GiB freed: some queued jobs start, the rest
+  wait), as the daemon logs it, with how many jobs it planned before it stopped; and the
+  once-a-minute pass over every queued job;
+- the daemon's RSS.
+Every figure is refused unless the work happened: all N submits stored and queued behind the 8
+running jobs, a pass over every queued job was logged, and the pass after the end saw the whole
+queue and started jobs out of it.
+
+Run (as root): python bench/queue_bench.py [--big] [--clients 10]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from load_bench import Peer, ensure_users, shared_root  # noqa: E402
+
+from daemon_util import DaemonProc, wait_for  # noqa: E402
+
+from colo import fakegpu  # noqa: E402
+from colo.client import Client  # noqa: E402
+
+GiB = 1 << 30
+CHUNK = 5000
+IDLE_S = 65.0
+PASS_RE = re.compile(r"scheduler pass \(full\): (\d+) queued, (\d+) planned, (\d+) started, ([\d.]+) ms")
+
+
+def cpu_s(pid: int) -> float:
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def timed(cmd: list[str], n: int, env=None) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, env=env)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def fill(d: DaemonProc, users: list, n: int) -> tuple[list[float], float]:
+    """n queued GPU jobs from len(users) clients; returns each submit's completion time (sorted,
+    from the start) and the wall time."""
+    per = [n // len(users) + (1 if i < n % len(users) else 0) for i in range(len(users))]
+
+    def client_fn(k: int, m: int):
+        def fn():
+            c = Client(d.socket, timeout=120)
+            done = []
+            for i in range(m):
+                c.submit({"argv": ["true"], "gpus": 1, "gpu_mem": (1 + (i + k) % 8) * GiB,
+                          "workdir": "/tmp", "name": f"q{k}-{i}"})
+                done.append(time.time())
+            return done
+        return fn
+
+    peers = [Peer(pw, client_fn(k, m)) for k, (pw, m) in enumerate(zip(users, per))]
+    t0 = time.time()
+    for p in peers:
+        p.go()
+    done = sorted(t - t0 for p in peers for t in p.result())
+    return done, time.time() - t0
+
+
+def run_one(root: Path, n: int, users: list) -> dict:
+    state = root / f"fake-{n}.state"
+    fakegpu.create(state, count=8, mem=16 * GiB)
+    (root / f"d{n}").mkdir()
+    d = DaemonProc(root / f"d{n}", state, config={"sample_interval": 1.0, "hold_after": 0}).start()
+    c = d.client
+    try:
+        hogs = [c.submit({"argv": ["sleep", "3600"], "gpus": 1, "gpu_mem": 16 * GiB,
+                          "workdir": "/tmp", "name": f"hog{i}"})["id"] for i in range(8)]
+        wait_for(lambda: all(c.show(h)["state"] == "running" for h in hogs), 60, "the hogs to run")
+        done, wall = fill(d, users, n)
+        with sqlite3.connect(f"file:{d.state_dir / 'colo.db'}?mode=ro", uri=True) as db:
+            states = dict(db.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
+        if states.get("queued") != n or states.get("running") != 8 or len(states) != 2:
+            raise SystemExit(f"N={n}: the fill did not leave {n} queued behind 8 running: {states}")
+        chunk = min(CHUNK, n)
+        rates, last = [], 0.0
+        for i in range(chunk, n + 1, chunk):
+            rates.append(chunk / (done[i - 1] - last))
+            last = done[i - 1]
+        lat = []
+        for i in range(20):
+            t = time.perf_counter()
+            lat.append(c.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 8 * GiB,
+                                 "workdir": "/tmp", "name": f"probe{i}"}))
+            lat[-1] = time.perf_counter() - t
+        time.sleep(3)  # the probes' passes are over
+        pid = d.proc.pid
+        c0, t0 = cpu_s(pid), time.monotonic()
+        time.sleep(IDLE_S)  # long enough to hold one pass over every queued job (every 60 s)
+        idle = 100 * (cpu_s(pid) - c0) / (time.monotonic() - t0)
+        ls = timed([sys.executable, "-m", "colo", "ls", "--active"], 5, d.env())
+        out = subprocess.run([sys.executable, "-m", "colo", "ls", "--active"], capture_output=True, text=True,
+                             env=d.env(), check=True).stdout
+        if out.count("\n") < n + 8:
+            raise SystemExit(f"N={n}: colo ls --active printed {out.count(chr(10))} lines, not all {n + 28} jobs")
+        rss = rss_mb(pid)
+        log = PASS_RE.findall(d.log.read_text())
+        complete = [float(x[3]) for x in log if int(x[0]) >= n and int(x[1]) >= n]
+        if not complete:
+            raise SystemExit(f"N={n}: no pass over every queued job in the log")
+        before = len(log)
+        c.cancel(hogs[0])  # 16 GiB free on one GPU: a full pass starts jobs out of the queue
+        passes = wait_for(lambda: (m := PASS_RE.findall(d.log.read_text())) and len(m) > before
+                          and any(int(x[2]) for x in m[before:]) and m[before:], 60, "a full pass that starts jobs")
+        first = next(x for x in passes if int(x[2]))
+        if int(first[0]) < n:
+            raise SystemExit(f"N={n}: the pass after the end did not see the whole queue: {passes}")
+        return {"n": n, "fill_rate": n / wall, "rates": rates, "submit_ms": 1000 * statistics.median(lat),
+                "idle_pct": idle, "ls_s": statistics.median(ls), "pass_ms": float(first[3]),
+                "planned": int(first[1]), "started": int(first[2]), "complete_ms": statistics.median(complete),
+                "rss_mb": rss}
+    finally:
+        # only the running jobs are cancelled: cancelling every queued one would be the slow part
+        for j in c.ls(all=False):
+            if j["state"] in ("starting", "running"):
+                c.cancel(j["id"])
+        wait_for(lambda: not [j for j in c.ls(all=False) if j["state"] in ("starting", "running")], 120,
+                 "running jobs to stop")
+        d.proc.terminate()
+        d.proc.wait(120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--big", action="store_true", help="also 50,000 queued")
+    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--sizes", type=str, default=None, help="comma-separated queue lengths (default 100,10000)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: the clients are real users")
+    sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else [100, 10000] + ([50000] if args.big else [])
+    users = ensure_users(args.clients)
+    root = shared_root("colo-queue-bench-")
+    bare = statistics.median(timed([sys.executable, "-c", "pass"], 5))
+    res = [run_one(root, n, users) for n in sizes]
+    load = os.getloadavg()[0]
+    print(f"queue bench, {args.clients} clients, 8 simulated GPUs; load average {load:.2f}; "
+          f"python3 -c pass {bare * 1000:.0f} ms")
+    w = 14
+    print(f"{'queued':<40}" + "".join(f"{r['n']:>{w},}" for r in res) + f"{'ratio':>10}")
+
+    def row(label: str, key: str, fmt: str) -> None:
+        vals = [r[key] for r in res]
+        ratio = vals[-1] / vals[0] if vals[0] else float("nan")
+        print(f"{label:<40}" + "".join(f"{format(v, fmt):>{w}}" for v in vals) + f"{ratio:>9.2f}x")
+
+    row("fill: submits/s, whole fill", "fill_rate", ".0f")
+    for r in res:
+        print(f"{'  per ' + format(min(CHUNK, r['n']), ',') + ' at ' + format(r['n'], ',') + ' queued':<40}"
+              + " ".join(f"{x:.0f}" for x in r["rates"]))
+    row("submit round trip, median of 20 (ms)", "submit_ms", ".1f")
+    row("idle daemon CPU, % of a core", "idle_pct", ".2f")
+    row("colo ls --active, median of 5 (s)", "ls_s", ".3f")
+    row("scheduler pass after a job ends (ms)", "pass_ms", ".1f")
+    row("  of which jobs planned", "planned", "d")
+    row("  of which started", "started", "d")
+    row("pass over every queued job, 1/min (ms)", "complete_ms", ".1f")
+    row("daemon RSS (MB)", "rss_mb", ".1f")
+
+
+if __name__ == "__main__":
+    os.environ.pop("COLO_FAKEGPU_STATE", None)
+    main()

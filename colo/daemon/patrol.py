@@ -1,0 +1,197 @@
+"""The patrol: GPU memory as NVML sees it per process, reconciled with the jobs' budgets.
+
+The interposer is the fence; this is the patrol. A process that bypasses the interposer (a
+static binary, `env -u LD_PRELOAD`, a process that escaped its job) still shows in NVML's
+per-process list. On every sample each such process is mapped to a job: by the job's own cgroup
+(colo/daemon/cgroup.py, where colo runs jobs in cgroups), by the container id in
+/proc/PID/cgroup, by the process tree of a process job, or by the job id colo put in its
+environment (believed only for a process of the job's own user: it can only blame its own job).
+- a job whose processes hold more than its budget (plus `context` per process for what the
+  driver keeps per context) on a GPU is reported, and killed after `patrol_grace` seconds unless
+  `patrol_kill` is off;
+- memory held by processes of no job, and what jobs hold past their budgets, is unbudgeted: it
+  is taken from what plan() may give out on that GPU (GpuView.usable), so nobody is placed into
+  memory that is in use, and `colo gpus` / `colo top` show it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+
+from ..gpu import GpuInfo
+from ..jobs import ACTIVE, Job, Mode, State
+from ..units import format_size
+
+log = logging.getLogger("colo")
+
+try:  # per-job cgroups, where colo makes them (issue 12, item 1)
+    from .cgroup import job_of_pid as _cgroup_job_of_pid  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - until it lands
+    _cgroup_job_of_pid = None
+
+CONTEXT_ALLOWANCE = 512 * 1024**2  # bytes per process: a CUDA context, which no budget counts
+_CONTAINER_ID = re.compile(rb"[0-9a-f]{64}")
+_ENV_JOB = re.compile(rb"(?:^|\0)COLO_JOB_ID=(\d{1,19})(?:\0|$)")
+
+
+@dataclass
+class Over:
+    """A job over its budget: since when, and the words for it."""
+    since: float
+    text: str
+    pids: set[int] = field(default_factory=set)
+    killing: bool = False
+
+
+@dataclass
+class PatrolReport:
+    by_job: dict[int, dict[str, int]]  # job -> GPU uuid -> bytes its processes hold
+    pids: dict[int, set[int]]  # job -> its pids seen on a GPU
+    foreign: list[dict]  # processes of no job: gpu, pid, used, uid
+    unbudgeted: dict[str, int]  # GPU uuid -> bytes held outside any budget
+
+
+def _read(path: str, limit: int = 1 << 16) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, limit)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _uid_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+class PatrolMixin:
+    """Part of Daemon (colo/daemon/core.py); uses its state."""
+
+    def _init_patrol(self) -> None:
+        self.over: dict[int, Over] = {}  # running jobs over their budget
+        self.unbudgeted: dict[str, int] = {}  # GPU uuid -> bytes held outside any budget (last sample)
+        self.foreign: list[dict] = []  # processes on GPUs that belong to no job (last sample)
+
+    def map_processes(self, devices: list[GpuInfo], running: list[Job], tree: dict[int, list[int]],
+                      own: set[int]) -> PatrolReport:
+        """Which job each GPU process belongs to (blocking: reads /proc; run in a thread).
+        `tree`: job -> pids of its process tree (or container) as its runtime says."""
+        by_pid: dict[int, int] = {p: j for j, pids in tree.items() for p in pids}
+        jobs = {j.id: j for j in running}
+        containers = {j.handle: j.id for j in running if j.spec.image and j.handle}
+        instance = self.instance_id() if _cgroup_job_of_pid is not None else None
+        by_job: dict[int, dict[str, int]] = {}
+        pids: dict[int, set[int]] = {}
+        foreign, unbudgeted = [], {}
+        for dev in devices:
+            if dev.error:
+                continue
+            for p in dev.processes:
+                if p.pid in own:
+                    continue
+                job_id = by_pid.get(p.pid)
+                if job_id is None and _cgroup_job_of_pid is not None:
+                    try:
+                        job_id = _cgroup_job_of_pid(p.pid, instance)
+                    except Exception:  # noqa: BLE001 - gone, or not ours
+                        job_id = None
+                if job_id is None and containers:
+                    m = _CONTAINER_ID.findall(_read(f"/proc/{p.pid}/cgroup"))
+                    job_id = next((containers[c.decode()] for c in m if c.decode() in containers), None)
+                if job_id is None:
+                    m = _ENV_JOB.search(_read(f"/proc/{p.pid}/environ", 1 << 20))
+                    cand = jobs.get(int(m.group(1))) if m else None
+                    if cand is not None and not cand.spec.image and _uid_of(p.pid) == cand.uid:
+                        job_id = cand.id
+                used = p.used or 0
+                if job_id is None or job_id not in jobs:
+                    foreign.append({"gpu": dev.uuid, "pid": p.pid, "used": p.used, "uid": _uid_of(p.pid)})
+                    unbudgeted[dev.uuid] = unbudgeted.get(dev.uuid, 0) + used
+                    continue
+                per = by_job.setdefault(job_id, {})
+                per[dev.uuid] = per.get(dev.uuid, 0) + used
+                pids.setdefault(job_id, set()).add(p.pid)
+        return PatrolReport(by_job, pids, foreign, unbudgeted)
+
+    def patrol(self, report: PatrolReport, now: float) -> None:
+        """Compare with the budgets; report, and kill after the grace period."""
+        unbudgeted = dict(report.unbudgeted)
+        over_now: dict[int, str] = {}
+        for job_id, per_gpu in report.by_job.items():
+            job = self.open_jobs.get(job_id)
+            if job is None or job.state not in ACTIVE:
+                continue
+            nproc = len(report.pids.get(job_id, ()))
+            allowed = job.spec.gpu_mem + CONTEXT_ALLOWANCE * max(1, nproc)
+            for uuid, used in per_gpu.items():
+                budget = job.spec.gpu_mem if uuid in job.gpus else 0
+                limit = allowed if uuid in job.gpus else CONTEXT_ALLOWANCE * max(1, nproc)
+                if used > limit:
+                    unbudgeted[uuid] = unbudgeted.get(uuid, 0) + used - budget
+                    name = self._gpu_name(uuid)
+                    over_now[job_id] = (f"its processes hold {format_size(used)} of GPU memory on {name} (NVML), "
+                                        f"over its budget of {format_size(budget)}"
+                                        + ("" if uuid in job.gpus else f" ({name} is not one of its GPUs)"))
+        self.unbudgeted = unbudgeted
+        self.foreign = report.foreign
+        for job_id in list(self.over):
+            if job_id not in over_now:
+                o = self.over.pop(job_id)
+                if not o.killing and job_id in self.open_jobs:
+                    log.warning("job %d is back within its budget", job_id)
+        cfg = self.config
+        for job_id, text in over_now.items():
+            o = self.over.get(job_id)
+            if o is None:
+                o = self.over[job_id] = Over(now, text, set(report.pids.get(job_id, ())))
+                log.warning("job %d: %s; %s", job_id, text,
+                            f"killed in {cfg.patrol_grace:g} s unless it drops" if cfg.patrol_kill
+                            else "left running (patrol_kill is off)")
+            o.text, o.pids = text, set(report.pids.get(job_id, ()))
+            if cfg.patrol_kill and not o.killing and now - o.since >= cfg.patrol_grace:
+                o.killing = True
+                asyncio.get_running_loop().create_task(self._patrol_kill(job_id, o))
+
+    def patrol_note(self, job_id: int) -> str | None:
+        """Words for `colo show`/`ls`/`explain` about a job over its budget, or None."""
+        o = self.over.get(job_id)
+        if o is None:
+            return None
+        if o.killing:
+            return f"over its budget: {o.text}; being killed by the patrol"
+        left = self.config.patrol_grace - (time.time() - o.since)
+        return (f"over its budget: {o.text}; " + (f"killed in {max(0, left):.0f} s unless it drops"
+                                                   if self.config.patrol_kill else "patrol_kill is off"))
+
+    async def _patrol_kill(self, job_id: int, o: Over) -> None:
+        job = self.open_jobs.get(job_id)
+        if job is None or job.state not in ACTIVE:
+            return
+        by = f"the GPU memory patrol ({o.text} for {time.time() - o.since:.0f} s)"
+        log.error("job %d: %s: killing it", job_id, o.text)
+        if job.state == State.RUNNING and job.handle:
+            self.set_fields(job_id, cancel_by=by)  # stored first: a crash from here on still ends it
+            # processes that left the job's process group (setsid) are not reached by its stop;
+            # MPS clients are left to the stop, which sends terminate_client first (invariant 6)
+            for pid in (o.pids if job.mode != Mode.MPS and not job.spec.image else ()):
+                if _uid_of(pid) == job.uid:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            await self._finish_cancel(job_id, job.handle)
+
+    def _gpu_name(self, uuid: str) -> str:
+        return next((f"GPU{d.index}" for d in self.devices if d.uuid == uuid), uuid)
