@@ -40,7 +40,7 @@ from load_bench import Peer, ensure_users, shared_root  # noqa: E402
 from daemon_util import DaemonProc, wait_for  # noqa: E402
 
 from colo import fakegpu  # noqa: E402
-from colo.client import Client  # noqa: E402
+from colo.client import Client, ClientError  # noqa: E402
 
 GiB = 1 << 30
 CHUNK = 5000
@@ -149,7 +149,10 @@ def run_one(root: Path, n: int, users: list) -> dict:
         # only the running jobs are cancelled: cancelling every queued one would be the slow part
         for j in c.ls(all=False):
             if j["state"] in ("starting", "running"):
-                c.cancel(j["id"])
+                try:
+                    c.cancel(j["id"])
+                except ClientError:
+                    pass  # it ended meanwhile
         wait_for(lambda: not [j for j in c.ls(all=False) if j["state"] in ("starting", "running")], 120,
                  "running jobs to stop")
         d.proc.terminate()

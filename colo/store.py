@@ -139,8 +139,9 @@ class Store:
         now = time.time() if now is None else now
         with self.tx():
             cur = self.db.execute(
-                "INSERT INTO jobs(spec, uid, gid, user, state, priority, submitted_at) VALUES (?,?,?,?,?,?,?)",
-                (json.dumps(spec.to_dict()), uid, gid, user, State.QUEUED.value, spec.priority, now))
+                "INSERT INTO jobs(spec, uid, gid, user, state, reason, priority, submitted_at) VALUES (?,?,?,?,?,?,?,?)",
+                (json.dumps(spec.to_dict()), uid, gid, user, State.QUEUED.value, f"submitted by {user}",
+                 spec.priority, now))
             job_id = cur.lastrowid
             self.db.execute("INSERT INTO events(job_id, at, old_state, new_state, reason) VALUES (?,?,?,?,?)",
                             (job_id, now, None, State.QUEUED.value, f"submitted by {user}"))

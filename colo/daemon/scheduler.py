@@ -22,7 +22,7 @@ log = logging.getLogger("colo")
 # GPUs only fill up between full passes. Full passes are spaced by a multiple of their own cost,
 # so a stream of job ends cannot keep the daemon busy with them.
 FULL_PASS_SPACING = 3.0  # x the last full pass's time
-FULL_PASS_SPACING_MAX = 2.0  # seconds
+FULL_PASS_SPACING_MAX = 1.0  # seconds
 # A full pass walks the queue in fair-share order and stops once no GPU could take the smallest
 # job left; those not looked at keep their last decision. Every so often a pass looks at all of
 # them (their reasons' figures are refreshed; a safety net, should anything change unannounced).
@@ -171,12 +171,14 @@ class SchedulerMixin:
         if self._full:
             if mono < self._next_full and not complete:
                 return []  # spaced: the loop comes back (a fresh job must not take what a waiting one is owed)
+            fresh = list(self._fresh)
             self._fresh.clear()
             self._full = False
             self._sig = sig
             full = True
         elif self._fresh:
             ids = [*self._holders, *self._fresh]
+            fresh = []
             self._fresh.clear()
             full = False
         else:
@@ -213,6 +215,10 @@ class SchedulerMixin:
             if walk is None or self._none_fits(views, placed, decisions):
                 break
             want *= 4  # more could start: look further (plan is pure; the longer prefix is planned afresh)
+        left = len(cands)
+        self._take(fresh, seen, cands, waits, loads)  # new jobs the walk did not reach: nothing fits them,
+        if len(cands) > left:  # but they get a decision with its reason
+            decisions = policy.plan(cands, views, placed, self.cfg_policy, now=now)
         decisions = self._within_limits(decisions, loads)
         self._record(waits)
         self._record(decisions)
