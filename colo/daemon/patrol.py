@@ -85,9 +85,10 @@ class PatrolMixin:
         self.foreign: list[dict] = []  # processes on GPUs that belong to no job (last sample)
 
     def map_processes(self, devices: list[GpuInfo], running: list[Job], tree: dict[int, list[int]],
-                      own: set[int]) -> PatrolReport:
+                      own_pids) -> PatrolReport:
         """Which job each GPU process belongs to (blocking: reads /proc; run in a thread).
-        `tree`: job -> pids of its process tree (or container) as its runtime says."""
+        `tree`: job -> pids of its process tree (or container) as its runtime says; `own_pids()`:
+        colo's own GPU processes (MPS servers)."""
         by_pid: dict[int, int] = {p: j for j, pids in tree.items() for p in pids}
         jobs = {j.id: j for j in running}
         containers = {j.handle: j.id for j in running if j.spec.image and j.handle}
@@ -95,13 +96,16 @@ class PatrolMixin:
         by_job: dict[int, dict[str, int]] = {}
         pids: dict[int, set[int]] = {}
         foreign, unbudgeted = [], {}
+        own: set[int] | None = None
         for dev in devices:
             if dev.error:
                 continue
             for p in dev.processes:
-                if p.pid in own:
-                    continue
                 job_id = by_pid.get(p.pid)
+                if job_id is None:
+                    own = own_pids() if own is None else own  # asked only when a process is not a job's
+                    if p.pid in own:
+                        continue
                 if job_id is None and _cgroup_job_of_pid is not None:
                     try:
                         job_id = _cgroup_job_of_pid(p.pid, instance)
