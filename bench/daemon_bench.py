@@ -171,7 +171,7 @@ def scheduler_pass(rep: Report, root: Path, state: Path, n: int, uuids: list[str
         for _ in range(20):
             d.decisions.clear()  # every wait reason is new: all n are handed to the writer
             t = time.perf_counter()
-            decisions = d.schedule_pass()
+            decisions = d.schedule_pass(complete=True)  # every queued job, as after a restart
             changed.append(time.perf_counter() - t)
             if len(decisions) != n or any(x.action == "start" for x in decisions):
                 bad.append(f"{len(decisions)} decisions, {sum(x.action == 'start' for x in decisions)} starts")

@@ -35,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+from benchlib import Report, daemon_log_problems  # noqa: E402
 from load_bench import Peer, ensure_users, shared_root  # noqa: E402
 
 from daemon_util import DaemonProc, wait_for  # noqa: E402
@@ -124,10 +125,20 @@ def run_one(root: Path, n: int, users: list) -> dict:
         c0, t0 = cpu_s(pid), time.monotonic()
         time.sleep(IDLE_S)  # long enough to hold one pass over every queued job (every 60 s)
         idle = 100 * (cpu_s(pid) - c0) / (time.monotonic() - t0)
-        ls = timed([sys.executable, "-m", "colo", "ls", "--active"], 5, d.env())
-        out = subprocess.run([sys.executable, "-m", "colo", "ls", "--active"], capture_output=True, text=True,
-                             env=d.env(), check=True).stdout
-        if out.count("\n") < n + 8:
+        ls_cmd = [sys.executable, "-m", "colo", "ls"]
+        if "--active" in subprocess.run([*ls_cmd, "--help"], capture_output=True, text=True, env=d.env()).stdout:
+            ls_cmd.append("--active")  # else queued and running jobs are what it lists by default
+        ls = timed(ls_cmd, 5, d.env())
+        ls_rt = []
+        for _ in range(5):
+            t = time.perf_counter()
+            got = c.ls(all=False)
+            ls_rt.append(time.perf_counter() - t)
+        if len(got) != n + 28:
+            raise SystemExit(f"N={n}: ls returned {len(got)} jobs, not {n + 28}")
+        bare = statistics.median(timed([sys.executable, "-c", "pass"], 5))
+        out = subprocess.run(ls_cmd, capture_output=True, text=True, env=d.env(), check=True).stdout
+        if out.count("\n") < n + 28:
             raise SystemExit(f"N={n}: colo ls --active printed {out.count(chr(10))} lines, not all {n + 28} jobs")
         rss = rss_mb(pid)
         log = PASS_RE.findall(d.log.read_text())
@@ -139,12 +150,15 @@ def run_one(root: Path, n: int, users: list) -> dict:
         passes = wait_for(lambda: (m := PASS_RE.findall(d.log.read_text())) and len(m) > before
                           and any(int(x[2]) for x in m[before:]) and m[before:], 60, "a full pass that starts jobs")
         first = next(x for x in passes if int(x[2]))
+        problems = daemon_log_problems(d.log)
+        if problems:
+            raise SystemExit(f"N={n}: the daemon logged problems: {problems[:3]}")
         if int(first[0]) < n:
             raise SystemExit(f"N={n}: the pass after the end did not see the whole queue: {passes}")
         return {"n": n, "fill_rate": n / wall, "rates": rates, "submit_ms": 1000 * statistics.median(lat),
                 "idle_pct": idle, "ls_s": statistics.median(ls), "pass_ms": float(first[3]),
                 "planned": int(first[1]), "started": int(first[2]), "complete_ms": statistics.median(complete),
-                "rss_mb": rss}
+                "rss_mb": rss, "ls_rt_s": statistics.median(ls_rt), "bare_s": bare}
     finally:
         # only the running jobs are cancelled: cancelling every queued one would be the slow part
         for j in c.ls(all=False):
@@ -159,44 +173,49 @@ def run_one(root: Path, n: int, users: list) -> dict:
         d.proc.wait(120)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--big", action="store_true", help="also 50,000 queued")
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--sizes", type=str, default=None, help="comma-separated queue lengths (default 100,10000)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the clients are real users")
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else [100, 10000] + ([50000] if args.big else [])
+    rep = Report("queue_bench")
     users = ensure_users(args.clients)
     root = shared_root("colo-queue-bench-")
-    bare = statistics.median(timed([sys.executable, "-c", "pass"], 5))
-    res = [run_one(root, n, users) for n in sizes]
-    load = os.getloadavg()[0]
-    print(f"queue bench, {args.clients} clients, 8 simulated GPUs; load average {load:.2f}; "
-          f"python3 -c pass {bare * 1000:.0f} ms")
-    w = 14
-    print(f"{'queued':<40}" + "".join(f"{r['n']:>{w},}" for r in res) + f"{'ratio':>10}")
-
-    def row(label: str, key: str, fmt: str) -> None:
-        vals = [r[key] for r in res]
-        ratio = vals[-1] / vals[0] if vals[0] else float("nan")
-        print(f"{label:<40}" + "".join(f"{format(v, fmt):>{w}}" for v in vals) + f"{ratio:>9.2f}x")
-
-    row("fill: submits/s, whole fill", "fill_rate", ".0f")
-    for r in res:
-        print(f"{'  per ' + format(min(CHUNK, r['n']), ',') + ' at ' + format(r['n'], ',') + ' queued':<40}"
-              + " ".join(f"{x:.0f}" for x in r["rates"]))
-    row("submit round trip, median of 20 (ms)", "submit_ms", ".1f")
-    row("idle daemon CPU, % of a core", "idle_pct", ".2f")
-    row("colo ls --active, median of 5 (s)", "ls_s", ".3f")
-    row("scheduler pass after a job ends (ms)", "pass_ms", ".1f")
-    row("  of which jobs planned", "planned", "d")
-    row("  of which started", "started", "d")
-    row("pass over every queued job, 1/min (ms)", "complete_ms", ".1f")
-    row("daemon RSS (MB)", "rss_mb", ".1f")
+    res: dict[int, dict] = {}
+    for n in sizes:
+        try:
+            res[n] = run_one(root, n, users)
+        except SystemExit as e:  # the work did not happen as intended: no figures
+            rep.check(False, str(e))
+            return rep.finish(args.json)
+    b, bn = res[sizes[0]], f"{sizes[0]:,} queued"
+    for n in sizes[1:]:
+        r, at = res[n], f"{n:,} queued"
+        rep.figure(f"fill_{n}", f"submits/s, {args.clients} clients filling to {at}", r["fill_rate"], "/s",
+                   b["fill_rate"], f"filling to {bn}")
+        rep.figure(f"submit_{n}", f"submit round trip at {at} (median of 20)", r["submit_ms"], "ms",
+                   b["submit_ms"], bn)
+        rep.figure(f"idle_{n}", f"idle daemon CPU at {at}, % of a core (aim < 5)", r["idle_pct"], "%",
+                   b["idle_pct"], bn)
+        rep.figure(f"ls_{n}", f"colo ls --active at {at}, wall (aim < 0.3 s)", r["ls_s"], "s", b["ls_s"], bn)
+        rep.figure(f"ls_rt_{n}", "  of which the daemon's reply (client.ls)", r["ls_rt_s"], "s", b["ls_rt_s"], bn)
+        rep.figure(f"pass_{n}", f"pass after a job ends at {at} (aim < 20 ms)", r["pass_ms"], "ms", b["pass_ms"], bn,
+                   note=f"{r['planned']} planned, {r['started']} started")
+        rep.figure(f"complete_{n}", f"pass over every queued job at {at} (1/min)", r["complete_ms"], "ms",
+                   b["complete_ms"], bn)
+        rep.figure(f"rss_{n}", f"daemon RSS at {at} (aim < 150 MB)", r["rss_mb"] * 2**20, "B", b["rss_mb"] * 2**20, bn)
+    for n in sizes:
+        rep.note(f"submits/s per {min(CHUNK, n):,} while filling to {n:,}: "
+                 + ", ".join(f"{x:.0f}" for x in res[n]["rates"]))
+    rep.note(f"python3 -c pass: {res[sizes[0]]['bare_s'] * 1000:.0f} ms (what the `colo ls` wall time starts from)")
+    return rep.finish(args.json)
 
 
 if __name__ == "__main__":
     os.environ.pop("COLO_FAKEGPU_STATE", None)
-    main()
+    sys.exit(main())

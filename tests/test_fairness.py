@@ -116,7 +116,6 @@ def test_bob_queues_1000_and_alices_job_starts_next(shared_root, fakegpu, users)
                          "bob's next job to start")
         alices = next(e for e in d.job(mine)["events"] if e["new"] == "starting")
         assert alices["at"] <= first[0]["at"]
-        assert d.job(queued[1])["state"] == "queued"
     finally:
         for g in gates:
             g.touch()

@@ -196,6 +196,8 @@ class PatrolMixin:
                     except (ProcessLookupError, PermissionError):
                         pass
             await self._finish_cancel(job_id, job.handle)
+        else:
+            o.killing = False  # still starting: the next sample tries again
 
     def _gpu_name(self, uuid: str) -> str:
         return next((f"GPU{d.index}" for d in self.devices if d.uuid == uuid), uuid)

@@ -201,7 +201,10 @@ class SchedulerMixin:
         n_first = len(cands)
         walk = iter(())
         if full:
-            users = [u for u, lst in self._uq.items() if lst]
+            cap = self.limits.running
+            # a user at the running limit has nothing that could start: not walked but in a complete pass
+            users = [u for u, lst in self._uq.items() if lst and (
+                complete or not cap or (loads.get(u) or fairshare.UserLoad()).running < cap)]
             walk = fairshare.fair_walk({u: self._user_queue(u) for u in users}, usage)
         want = math.inf if complete else 256
         while True:
