@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+from benchlib import Report  # noqa: E402
 from load_bench import TERMINAL, db_ro, shared_root  # noqa: E402
 
 from daemon_util import DaemonProc, wait_for  # noqa: E402
@@ -243,6 +244,7 @@ def main() -> None:
     ap.add_argument("--docker", action="store_true", help="mix in container jobs (needs a Docker engine)")
     ap.add_argument("--keep", action="store_true", help="keep the state dir and daemon log afterwards")
     ap.add_argument("-v", action="store_true")
+    ap.add_argument("--json-out", type=Path)
     a = ap.parse_args()
     native.ensure_built()
     image = None
@@ -251,8 +253,10 @@ def main() -> None:
 
         from colo.runtimes.image import build_local_image
         image = build_local_image(docker.from_env(), "colo-test/base:1", with_shell=True)
+    rep = Report("crash_trials")
     root = shared_root("colo-crash-")
     try:
+        fresh = fresh_start(root / "fresh")
         r = run_trials(root, a.trials, a.seed, image, log=print if a.v else (lambda s: None))
     finally:
         if a.keep:
@@ -263,13 +267,24 @@ def main() -> None:
     print(f"{r['trials']} SIGKILLs (seed {a.seed}{', with containers' if image else ''}): {r['jobs']} jobs, "
           f"{r['acked']} acknowledged, {r['unacked']} submissions cut by the kill "
           f"({r['stored_unacked']} of them stored); final states {r['states']}")
-    print(f"restart to first answer: median {rs[len(rs) // 2]:.2f} s, max {rs[-1]:.2f} s; "
-          f"to recovery settled: median {rc[len(rc) // 2]:.2f} s, max {rc[-1]:.2f} s")
-    print(f"violations: {len(r['violations'])}")
-    for v in r["violations"]:
-        print("  " + v)
-    sys.exit(1 if r["violations"] else 0)
+    rep.check(not r["violations"], f"{len(r['violations'])} violations: {r['violations'][:5]}")
+    rep.figure("restart", "daemon restart after SIGKILL to first answer, median", rs[len(rs) // 2], "s", fresh,
+               "first start of a daemon on an empty state dir", f"max {rs[-1]:.2f} s over {len(rs)} restarts")
+    rep.figure("recover", "restart to recovery settled, median", rc[len(rc) // 2], "s", fresh,
+               "first start of a daemon on an empty state dir", f"max {rc[-1]:.2f} s")
+    sys.exit(rep.finish(a.json_out))
 
+
+def fresh_start(root: Path) -> float:
+    """Seconds from launch to first answer of a daemon on an empty state dir (the restart's baseline)."""
+    root.mkdir()
+    fakegpu.create(root / "gpus", count=2, mem=2 * GiB)
+    d = DaemonProc(root, root / "gpus", config={"stop_grace": 1.0})
+    t0 = time.monotonic()
+    d.start()
+    t = time.monotonic() - t0
+    d.stop()
+    return t
 
 if __name__ == "__main__":
     main()

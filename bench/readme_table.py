@@ -1,7 +1,7 @@
 """The README's "Measured" table, built from what the benches saved, never typed by hand.
 
     python bench/<name>.py ... --json-out bench/results/<name>.json     # each bench, as listed below
-    python bench/benchlib.py record interposer_bench -- python bench/interposer_bench.py   # text-only benches
+    python bench/benchlib.py record NAME -- python bench/NAME.py ...     # benches that only print text
     python bench/readme_table.py [bench/results] [--write README.md]
 
 Each row: the figure beside its baseline from the same run, the ratio, the load average during
@@ -22,7 +22,8 @@ sys.path.insert(0, str(HERE))
 from benchlib import fmt  # noqa: E402
 
 # which figures of each bench go into the README, in this order (None: all of them)
-ORDER = ["container_start", "daemon_bench", "fill_bench", "load_bench", "peers_bench", "interposer_bench", "top_cpu"]
+ORDER = ["container_start", "daemon_bench", "fill_bench", "load_bench", "crash_trials", "peers_bench", "interposer_bench",
+         "top_cpu"]
 PICK = {
     "container_start": ["submit_running"],
     "daemon_bench": ["submit_wall", "ls", "pass_steady", "pass_new", "rss"],
@@ -50,7 +51,7 @@ def interposer_rows(d: dict) -> list[dict]:
         w = line.split()
         if len(w) == 6 and w[0].isdigit() and w[1].isdigit():
             procs, threads = int(w[0]), int(w[1])
-            out.append({"key": f"p{procs}t{threads}", "what": f"interposer, alloc+free pair, {procs} process(es) x "
+            out.append({"key": f"pair_{procs}p_{threads}t", "what": f"interposer, alloc+free pair, {procs} process(es) x "
                         f"{threads} thread(s), simulated driver", "value": float(w[3]), "unit": "ns",
                         "baseline": float(w[2]), "baseline_what": "the same pair without the interposer",
                         "ratio": float(w[3]) / float(w[2]), "note": ""})
