@@ -76,8 +76,8 @@ def table(runs: list[dict]) -> str:
     lines = [f"Measured on {'; '.join(machines)}, no GPU, runs started {dates[0]} to {dates[-1]}, colo's code at "
              f"{', '.join(sorted({d['conditions']['commit'] for d in runs}))}. The machine is shared by several "
              "sessions and was loaded (load average beside each figure, over 2 CPUs): read ratios, not absolute "
-             "times. Each command saves its figures with `--json-out bench/results/NAME.json` (interposer_bench "
-             "through `python bench/benchlib.py record interposer_bench -- CMD`); "
+             "times. Each command saves its figures with `--json-out bench/results/NAME.json` (a bench that only "
+             "prints text, through `python bench/benchlib.py record NAME -- CMD`); "
              "`python bench/readme_table.py --write README.md` rebuilds this table from them.", "",
              "| what | colo | baseline (same run) | ratio | load avg | install | command |", "|---|---|---|---|---|---|---|"]
     for d in runs:
