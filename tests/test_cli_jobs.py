@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import colo.doctor  # noqa: F401 - loaded before a child drops to another uid
 from colo.cli import app
-from colo.client import Client
+from colo.client import Client, ClientError
 from daemon_util import DaemonProc, as_user, wait_for
 
 GiB = 1024**3
@@ -76,6 +76,9 @@ def test_bytes_that_are_not_utf8_are_refused_with_a_clear_line(daemon):
     err = r.stderr.decode()
     assert r.returncode == 1 and err.count("\n") == 1 and "not UTF-8" in err and "word 2 of the command" in err, err
     assert "\\xff\\xfe" in err
+    # a client that sends them anyway (JSON \udcff escapes) is refused by the daemon too
+    with pytest.raises(ClientError, match="not UTF-8"):
+        daemon.client.submit({"argv": ["printf", "\udcff\udcfe"], "gpus": 0, "workdir": "/tmp"})
     assert daemon.client.ls() == []  # nothing stored
 
 

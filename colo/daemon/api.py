@@ -99,6 +99,9 @@ class Api:
 
     async def submit(self, caller: Caller, args: dict) -> dict:
         d = self.d
+        if _not_utf8(args.get("spec")):  # JSON's \udcXX escapes: bytes a client could not decode
+            raise ApiError("the job spec holds text that is not UTF-8 (lone surrogates): colo carries commands "
+                           "as UTF-8 text", protocol.INVALID)
         try:
             spec = check_spec(args.get("spec"), caller, [d.config.state_dir, d.config.socket.parent])
         except Invalid as e:
@@ -405,6 +408,18 @@ class Api:
                     await asyncio.wait_for(self.d.changed.wait(), timeout=5)
                 except asyncio.TimeoutError:
                     pass
+
+
+def _not_utf8(v: Any, depth: int = 0) -> bool:
+    if isinstance(v, str):
+        return any("\ud800" <= ch <= "\udfff" for ch in v)
+    if depth > 8:
+        return False  # nesting this deep is refused by check_spec anyway
+    if isinstance(v, dict):
+        return any(_not_utf8(k, depth + 1) or _not_utf8(x, depth + 1) for k, x in v.items())
+    if isinstance(v, list):
+        return any(_not_utf8(x, depth + 1) for x in v)
+    return False
 
 
 def _cmd(pid: int) -> str:
