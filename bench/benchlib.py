@@ -116,6 +116,8 @@ def fmt(v: float | None, unit: str) -> str:
     if v is None:
         return "-"
     if unit == "s":
+        if v < 0.001:
+            return f"{v * 1e6:.0f} µs"
         return f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
     if unit == "ms":
         return f"{v:.1f} ms"
