@@ -29,6 +29,11 @@ INTERNAL = "internal"
 UNAVAILABLE = "unavailable"  # the daemon cannot do it now (e.g. its state disk is full); try again later
 
 
+MAX_ID = (1 << 63) - 1  # SQLite's INTEGER
+MAX_WAIT_IDS = 1000  # jobs one `wait` may name
+MAX_UNCHECKED_ARGS = 32  # an op without a table below: at most this many arguments
+
+
 class ProtocolError(ValueError):
     def __init__(self, message: str, code: str = BAD_REQUEST):
         super().__init__(message)
@@ -71,11 +76,95 @@ def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
     if not isinstance(msg, dict):
         raise ProtocolError("a request must be a JSON object")
     if msg.get("v") != VERSION:
-        raise ProtocolError(f"protocol version {msg.get('v')!r} not spoken here (daemon speaks {VERSION}); "
+        raise ProtocolError(f"protocol version {short(msg.get('v'))} not spoken here (daemon speaks {VERSION}); "
                             "use the colo of the same version as the daemon", VERSION_MISMATCH)
     op, args = msg.get("op"), msg.get("args", {})
     if not isinstance(op, str) or op not in OPS:
-        raise ProtocolError(f"unknown op {op!r}")
+        raise ProtocolError(f"unknown op {short(op)}")
     if not isinstance(args, dict):
         raise ProtocolError("args must be a JSON object")
+    check_args(op, args)
     return op, args
+
+
+def short(v: Any, n: int = 40) -> str:
+    """A value as an error message may quote it: one line, at most n characters."""
+    text = repr(v)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _job_id(v: Any) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_ID:
+        raise ProtocolError(f"malformed job id {short(v)}")
+
+
+def _flag(name: str):
+    def check(v: Any) -> None:
+        if not isinstance(v, bool):
+            raise ProtocolError(f"{name} must be true or false, not {short(v)}")
+    return check
+
+
+def _count(name: str):
+    def check(v: Any) -> None:
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_ID:
+            raise ProtocolError(f"{name} must be a whole number from 0, not {short(v)}")
+    return check
+
+
+def _ids(v: Any) -> None:
+    if not isinstance(v, list) or not v:
+        raise ProtocolError("wait needs job ids")
+    if len(v) > MAX_WAIT_IDS:
+        raise ProtocolError(f"wait takes at most {MAX_WAIT_IDS} job ids, not {len(v)}")
+    for i in v:
+        _job_id(i)
+
+
+def _user(v: Any) -> None:
+    if isinstance(v, str) and 0 < len(v) <= 64:
+        return
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 32:
+        raise ProtocolError(f"malformed user {short(v)}")
+
+
+def _name(v: Any) -> None:
+    if not isinstance(v, str) or not 0 < len(v) <= 64:
+        raise ProtocolError(f"malformed profile name {short(v)}")
+
+
+def _spec(v: Any) -> None:
+    if not isinstance(v, dict):
+        raise ProtocolError("spec must be an object", INVALID)
+    # its fields: colo/daemon/validate.py, which knows what a job may ask for
+
+
+# Every argument of every op, with its check (None is "not given" for each); anything else is refused.
+ARGS: dict[str, dict[str, Any]] = {
+    "hello": {}, "gpus": {}, "top": {}, "history": {}, "shutdown": {},
+    "submit": {"spec": _spec},
+    "ls": {"all": _flag("all"), "limit": _count("ls --limit")},
+    "show": {"id": _job_id}, "explain": {"id": _job_id}, "cancel": {"id": _job_id},
+    "logs": {"id": _job_id, "follow": _flag("follow"), "tail": _count("logs --tail")},
+    "wait": {"ids": _ids},
+    "profiles": {"user": _user}, "profile": {"name": _name, "user": _user},
+    "profile_share": {"name": _name, "user": _user},
+}
+
+
+def check_args(op: str, args: dict[str, Any]) -> None:
+    """Types and sizes of an op's arguments, before any handler sees them (one line if wrong)."""
+    table = ARGS.get(op)
+    if table is None:  # an op this table does not know yet: its handler checks its values
+        if len(args) > MAX_UNCHECKED_ARGS:
+            raise ProtocolError(f"too many arguments for {op} ({len(args)})")
+        return
+    for name, value in args.items():
+        check = table.get(name)
+        if check is None:
+            raise ProtocolError(f"{op} takes no argument {short(name)}")
+        if value is not None:
+            check(value)
+    for name in ("id", "ids", "spec", "name"):  # required where the op has them
+        if name in table and args.get(name) is None:
+            table[name](None)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from colo import protocol
 from colo.client import Client, ClientError
-from daemon_util import DaemonProc
+from daemon_util import DaemonProc, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import load_bench  # noqa: E402
@@ -130,7 +130,7 @@ def healthy(d: DaemonProc) -> None:
      "NUL"),
     (b'{"v": 1, "op": "submit", "args": {"spec": {"argv": ["true"], "gpus": 0, "retries": true}}}\n', "retries"),
     (b"[" * 200000 + b"]" * 200000 + b"\n", "malformed JSON"),
-    (b'{"v": 1, "op": "ls", "args": {"limit": 100000000000000000000000000}}\n', None),
+    (b'{"v": 1, "op": "ls", "args": {"limit": 100000000000000000000000000}}\n', "ls --limit"),
 ], ids=lambda v: None if isinstance(v, (str, type(None))) else f"{len(v)}B")  # no 400 kB test ids in the env
 def test_malformed_requests_get_clear_errors(shared, data, needle):
     replies = raw(shared.socket, data)
@@ -329,10 +329,12 @@ def test_privileges_and_forbidden_mounts_are_refused(shared, users, user_dir, te
         ({"mounts": ["/proc:/p"]}, "forbidden", "not allowed"),
         ({"mounts": ["/sys/fs/cgroup:/c"]}, "forbidden", "not allowed"),
         ({"mounts": ["/dev:/dev"]}, "forbidden", "not allowed"),
-        ({"mounts": [f"{user_dir}/data/../../../etc/shadow:/s"]}, "forbidden", "cannot read"),
+        ({"mounts": [f"{user_dir}/data/../../../etc/shadow:/s"]}, "invalid", "'..' is not allowed"),
         ({"mounts": [f"{user_dir}/sock-link:/s"]}, "forbidden", "not allowed"),
         ({"mounts": [f"{user_dir}/state-link:/s"]}, "forbidden", "not allowed"),
-        ({"mounts": [f"{user_dir}/etc-link/shadow:/s"]}, "forbidden", "cannot read"),
+        ({"mounts": [f"{user_dir}/etc-link/shadow:/s"]}, "forbidden", "symbolic links are not allowed"),
+        ({"mounts": ["/proc/1/root:/x"]}, "forbidden", "not allowed"),
+        ({"mounts": ["/proc/self/root/etc:/x"]}, "forbidden", "not allowed"),
         ({"mounts": [f"{user_dir}/data:/opt/colo/native"]}, "forbidden", "not allowed"),
         ({"mounts": [f"{user_dir}/data:/x/../opt/colo"]}, "forbidden", "not allowed"),
         ({"mounts": [{"source": f"{user_dir}/data", "target": "/d", "read_only": False, "propagation": "shared"}]},
@@ -425,3 +427,262 @@ def test_a_user_cannot_jump_the_queue_with_priority(shared, users):
     low = run_as(users[0], lambda: Client(d.socket).submit(spec(-3))["id"])  # lowering one's own is fine
     high = d.client.submit(spec(50))["id"]  # root (here: the daemon's owner) may raise it
     assert d.wait_state(low, "succeeded")["priority"] == -3 and d.wait_state(high, "succeeded")["priority"] == 50
+
+
+# issue 11 item 2: the mount check cannot be raced -----------------------------------------------
+RENAME_EXCHANGE = 2
+
+
+def _swapper(m: str, stop: str) -> int:
+    """As the attacker: swap m/d (their own folder) with m/s (a symlink to the victim's folder)
+    with renameat2(RENAME_EXCHANGE), as fast as it goes, until `stop` exists. Returns the swaps."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(m, os.O_RDONLY | os.O_DIRECTORY)
+    n = 0
+    while True:
+        for _ in range(500):
+            if libc.renameat2(fd, b"d", fd, b"s", RENAME_EXCHANGE) != 0:
+                raise OSError(ctypes.get_errno(), "renameat2")
+            n += 1
+        if os.path.exists(stop):
+            if n % 2:  # leave d the attacker's own folder
+                libc.renameat2(fd, b"d", fd, b"s", RENAME_EXCHANGE)
+                n += 1
+            return n
+
+
+def _submit_many(sock: str, spec: dict, n: int) -> list:
+    out = []
+    for _ in range(n):
+        try:
+            out.append(("ok", Client(Path(sock)).submit(spec)["id"]))
+        except ClientError as e:
+            out.append(("err", str(e), e.code))
+    return out
+
+
+SECRET = "ALICE-SECRET-4242"
+
+
+@pytest.fixture
+def race_dirs(users):
+    """Alice's secret in a folder only she can pass (0700, the file itself 0644); bob's folder m
+    with his own d and a symlink s to alice's data."""
+    bob, alice = users
+    root = load_bench.shared_root("colo-race-")
+    home_a, home_b = root / "alice", root / "bob"
+    (home_a / "private" / "data").mkdir(parents=True)
+    (home_a / "private" / "data" / "secret.txt").write_text(SECRET + "\n")
+    (home_b / "m" / "d").mkdir(parents=True)
+    (home_b / "m" / "d" / "mine.txt").write_text("BOB-OWN\n")
+    os.symlink(str(home_a / "private" / "data"), home_b / "m" / "s")
+    for p in [home_a, *home_a.rglob("*")]:
+        os.lchown(p, alice.pw_uid, alice.pw_gid)
+    for p in [home_b, *home_b.rglob("*")]:
+        os.lchown(p, bob.pw_uid, bob.pw_gid)
+    os.chmod(home_a / "private", 0o700)
+    os.chmod(home_a / "private" / "data" / "secret.txt", 0o644)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_mount_swapped_for_a_symlink_mid_check_never_mounts_the_target(shared, users, race_dirs, test_image,
+                                                                       docker_client):
+    """Bob swaps /…/bob/m/d with a symlink to alice's 0700 folder (renameat2 RENAME_EXCHANGE, in a
+    loop, as bob) while submitting container jobs that mount it. Every submit and every start
+    opens the source again as bob: 200 submits and each accepted job's start are attempts (~290). A job
+    whose pinned source was bob's own folder must see bob's file; none may see alice's."""
+    d = shared
+    bob = users[0]
+    m = race_dirs / "bob" / "m"
+    stop = race_dirs / "stop"
+    n = 200
+    spec = {"argv": ["sh", "-c", "cat /x/mine.txt /x/secret.txt 2>&1; true"], "gpus": 0, "image": test_image,
+            "mounts": [f"{m}/d:/x:ro"]}
+    attacker = load_bench.Peer(bob, lambda: _swapper(str(m), str(stop)))
+    attacker.go()
+    try:
+        replies = run_as(bob, lambda: _submit_many(str(d.socket), spec, n))
+    finally:
+        stop.touch()
+    swaps = attacker.result()
+    accepted = [r[1] for r in replies if r[0] == "ok"]
+    refused_at_submit = [r for r in replies if r[0] == "err"]
+    jobs = {j: d.wait_state(j, "succeeded", "failed", timeout=240) for j in accepted}
+    outs = {j: "".join(d.client.logs(j)) for j in accepted}
+    leaks = [j for j in accepted if SECRET in outs[j]]
+    ran = [j for j in accepted if jobs[j]["state"] == "succeeded"]
+    refused_at_start = [j for j in accepted if jobs[j]["state"] == "failed"]
+    attempts = n + len(accepted)
+    print(f"swaps={swaps} submits={n} accepted={len(accepted)} ran={len(ran)} "
+          f"refused at start={len(refused_at_start)} attempts={attempts} leaks={len(leaks)}")
+    assert leaks == [], f"{len(leaks)} of {len(accepted)} jobs read alice's file"
+    for r in refused_at_submit:  # only ever the symlink, with one clear line
+        assert r[2] == "forbidden" and "symbolic link" in r[1] and "\n" not in r[1], r
+    for j in ran:
+        assert "BOB-OWN" in outs[j], (j, outs[j])
+    for j in refused_at_start:
+        assert "symbolic link" in jobs[j]["reason"], jobs[j]
+    assert attempts >= 240 and swaps > 10 * n
+    # both outcomes happened, so the race was real: bob's own folder mounted, and the symlink seen
+    assert ran and refused_at_start and refused_at_submit
+    assert not list((d.state_dir / "mounts").iterdir()), "staging mounts left behind"
+    assert str(d.state_dir / "mounts") not in Path("/proc/self/mountinfo").read_text()
+    healthy(d)
+
+
+def test_pinned_mount_is_what_was_checked_and_stays_read_only(shared, users, race_dirs, test_image):
+    """The job sees the folder it was given even when bob renames it away right after the start,
+    a read-only mount stays read-only, and a source under a symlinked folder is refused."""
+    d = shared
+    bob = users[0]
+    m = race_dirs / "bob" / "m"
+    gate = race_dirs / "bob" / "gate"
+    spec = {"argv": ["sh", "-c", "while [ ! -e /g/go ]; do sleep 0.05; done; cat /x/mine.txt; "
+                                 "echo w > /x/new 2>/dev/null && echo WROTE; echo w > /g/new && echo WROTE-RW"],
+            "gpus": 0, "image": test_image}
+    gate.mkdir()
+    os.chown(gate, bob.pw_uid, bob.pw_gid)
+    j = run_as(bob, lambda: Client(d.socket).submit({**spec, "mounts": [f"{m}/d:/x:ro", f"{gate}:/g"]})["id"])
+    d.wait_state(j, "running")
+    # bob swaps the folder for the symlink now: the running job keeps what was pinned
+    run_as(bob, lambda: os.rename(m / "s", m / "t") or os.rename(m / "d", m / "s") or os.rename(m / "t", m / "d"))
+    (gate / "go").touch()
+    job = d.wait_state(j, "succeeded", "failed")
+    out = "".join(d.client.logs(j))
+    assert job["state"] == "succeeded" and "BOB-OWN" in out and SECRET not in out, (job, out)
+    assert "WROTE-RW" in out and "WROTE\n" not in out, out
+    err = run_as(bob, lambda: _err(lambda: Client(d.socket).submit({**spec, "mounts": [f"{m}/d/x:/x"]})))
+    assert err is not None and err[1] == "forbidden" and f"{m}/d is a symbolic link" in err[0], err
+    healthy(d)
+
+
+# issue 11 item 6: every field has a type and a size limit -----------------------------------------
+def _raw_replies(sock: str, reqs: list[bytes]) -> list[list[dict]]:
+    return [raw(Path(sock), r) for r in reqs]
+
+
+def _submit_raw(spec: dict) -> bytes:
+    return json.dumps({"v": 1, "op": "submit", "args": {"spec": spec}}).encode() + b"\n"
+
+
+LIMITS = [
+    ({"gpu_mem": True}, "--gpu-mem"),
+    ({"gpu_mem": 1.5}, "--gpu-mem"),
+    ({"gpu_mem": -4096}, "--gpu-mem"),
+    ({"gpu_mem": 1 << 60}, "--gpu-mem"),
+    ({"gpu_mem": "1" * 40}, "--gpu-mem"),
+    ({"gpu_mem": {"a": 1}}, "--gpu-mem"),
+    ({"gpus": 0, "gpu_mem": False}, "--gpu-mem"),
+    ({"gpus": True}, "--gpus"),
+    ({"argv": ["x"] * 5000}, "at most 4096"),
+    ({"argv": ["x" * 70000]}, "longer than 64 KiB"),
+    ({"argv": ["\ud800"]}, "UTF-8"),
+    ({"argv": ["y" * 60000]}, "program name is longer than 4096"),
+    ({"env": {f"V{i}": "x" for i in range(300)}}, "at most 256"),
+    ({"env": {"A": "x" * 70000}}, "at most 64 KiB"),
+    ({"env": {"A" * 200: "x"}}, "longer than 128 bytes"),
+    ({"env": {"A\n": "x"}}, "malformed environment variable name"),
+    ({"name": "job\n"}, "--name"),
+    ({"name": "x" * 65}, "--name"),
+    ({"profile": "resnet50\x1b[2J"}, "--profile"),
+    ({"image": "a b"}, "malformed image"),
+    ({"image": "a" * 300}, "malformed image"),
+    ({"image": "img\n"}, "malformed image"),
+    ({"mounts": [f"/tmp/{i}:/m{i}" for i in range(20)]}, "at most 16"),
+    ({"mounts": ["/" + "a" * 1100 + ":/x"]}, "longer than"),
+    ({"mounts": [{"source": "/tmp", "target": "/" + "b" * 1100, "read_only": False}]}, "longer than 1024"),
+    ({"workdir": "/" + "w" * 1100}, "--workdir is longer than 1024"),
+    ({"workdir": "relative"}, "absolute"),
+    ({"after": list(range(1, 100))}, "up to 64"),
+    ({"priority": True}, "--priority"),
+    ({"priority": 0.5}, "--priority"),
+    ({"retries": 1.0}, "retries"),
+    ({"mounts": ["/proc/1/root:/x"]}, "not allowed"),
+]
+
+
+def test_every_field_has_a_type_and_size_limit(shared, users, test_image):
+    """As an ordinary user: each over-limit or wrongly typed field is refused with one line and a
+    stable code, nothing is stored, no traceback is logged."""
+    d = shared
+    base = {"argv": ["true"], "gpus": 1, "gpu_mem": "64MiB", "image": test_image}
+    reqs = [_submit_raw({**base, **extra}) for extra, _ in LIMITS]
+    reqs += [json.dumps(r).encode() + b"\n" for r in (
+        {"v": 1, "op": "ls", "args": {"all": "yes"}},
+        {"v": 1, "op": "ls", "args": {"limit": True}},
+        {"v": 1, "op": "ls", "args": {"x" * 100: 1}},
+        {"v": 1, "op": "logs", "args": {"id": 1, "tail": -1}},
+        {"v": 1, "op": "logs", "args": {"id": 1, "follow": "yes"}},
+        {"v": 1, "op": "wait", "args": {"ids": list(range(1, 1100))}},
+        {"v": 1, "op": "show", "args": {"id": "x" * 100000}},
+    )]
+    needles = [n for _, n in LIMITS] + ["all must be", "ls --limit", "ls takes no argument", "logs --tail",
+                                        "follow must be", "at most 1000", "malformed job id"]
+    replies = run_as(users[0], lambda: _raw_replies(str(d.socket), reqs))
+    for needle, r in zip(needles, replies):
+        r = refused(r)
+        assert needle in r["error"] and len(r["error"]) < 300, (needle, r)
+    assert d.client.ls() == []
+    assert "Traceback" not in d.log.read_text()
+    healthy(d)
+
+
+def _big_env_submits(sock: str, n: int) -> list:
+    env = {"BIG": "x" * 1_000_000}
+    req = json.dumps({"v": 1, "op": "submit", "args": {"spec": {"argv": ["true"], "gpus": 0, "env": env}}})
+    data = req.encode() + b"\n"
+    return [refused(raw(Path(sock), data, timeout=30))["error"] for _ in range(n)]
+
+
+def test_500_submits_with_a_1mb_env_are_refused_and_cost_nothing(shared, users):
+    d = shared
+    db = [d.state_dir / f for f in ("colo.db", "colo.db-wal")]
+    size0 = sum(p.stat().st_size for p in db if p.exists())
+    rss0 = load_bench.rss_kib(d.proc.pid)
+    errors = run_as(users[0], lambda: _big_env_submits(str(d.socket), 500))
+    assert len(errors) == 500 and all("at most 64 KiB" in e for e in errors), set(errors)
+    size1 = sum(p.stat().st_size for p in db if p.exists())
+    rss1 = load_bench.rss_kib(d.proc.pid)
+    print(f"store {size0} -> {size1} bytes, daemon RSS {rss0} -> {rss1} KiB")
+    assert size1 - size0 < 1 << 20 and rss1 - rss0 < 64 << 10
+    assert d.client.ls() == []
+    healthy(d)
+
+
+def _hang_up(sock: str, n: int, job: int) -> int:
+    """n clients that wait for a job (or follow its log) and go away: half before reading anything."""
+    for i in range(n):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sock)
+        req = protocol.request("wait", ids=[job]) if i % 4 else protocol.request("logs", id=job, follow=True)
+        s.sendall(req)
+        if i % 2:
+            s.recv(64)
+        s.close()
+    return n
+
+
+def test_1000_clients_hanging_up_mid_wait_log_no_traceback(shared, users):
+    d = shared
+    gate = d.root / "gate-hangup"
+    j = run_as(users[0], lambda: Client(d.socket).submit(
+        {"argv": ["sh", "-c", f"while [ ! -e {gate} ]; do echo tick; sleep 0.05; done"], "gpus": 0,
+         "workdir": "/tmp"})["id"])
+    d.wait_state(j, "running")
+    fds = lambda: len(os.listdir(f"/proc/{d.proc.pid}/fd"))  # noqa: E731
+    before = fds()
+    assert run_as(users[0], lambda: _hang_up(str(d.socket), 1000, j)) == 1000
+    gate.touch()
+    d.wait_state(j, "succeeded")
+    # every wait and follow has written its last line (or found its client gone) and closed
+    wait_for(lambda: fds() <= before + 5, timeout=60, what="connections closed")
+    # and a wait that has to wait is still woken (a leaked lock once hung every later one)
+    spec = {"argv": ["sleep", "0.5"], "gpus": 0, "workdir": "/tmp"}
+    done = run_as(users[0], lambda: Client(d.socket, timeout=60).wait([Client(d.socket).submit(spec)["id"]]))
+    assert done[0]["state"] == "succeeded"
+    healthy(d)
+    log = d.log.read_text()
+    assert "Traceback" not in log and "ConnectionResetError" not in log, log[-3000:]

@@ -15,6 +15,7 @@ from ..policy import can_ever_fit
 from ..runtimes.base import Unavailable
 from ..store import NotFound
 from ..units import format_size_exact
+from . import pin
 from .external import External, Refused
 from .validate import Caller, Forbidden, Invalid, check_spec, is_admin
 
@@ -32,8 +33,10 @@ class ApiError(Exception):
 
 def job_id_arg(args: dict) -> int:
     v = args.get("id")
-    if not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 1 << 63:  # SQLite's INTEGER
-        raise ApiError(f"malformed job id {v!r}", protocol.BAD_REQUEST)
+    try:
+        protocol.check_args("show", {"id": v})  # the one rule for ids (protocol.ARGS)
+    except protocol.ProtocolError as e:
+        raise ApiError(str(e), e.code) from None
     return v
 
 
@@ -102,12 +105,20 @@ class Api:
         if _not_utf8(args.get("spec")):  # JSON's \udcXX escapes: bytes a client could not decode
             raise ApiError("the job spec holds text that is not UTF-8 (lone surrogates): colo carries commands "
                            "as UTF-8 text", protocol.INVALID)
+        protected = [d.config.state_dir, d.config.socket.parent]
         try:
-            spec = check_spec(args.get("spec"), caller, [d.config.state_dir, d.config.socket.parent])
+            spec = check_spec(args.get("spec"), caller, protected)
         except Invalid as e:
             raise ApiError(str(e), protocol.INVALID) from None
         except Forbidden as e:
             raise ApiError(str(e), protocol.FORBIDDEN) from None
+        if spec.mounts:  # opened as the caller now, to say no at once (pinned again at start)
+            try:
+                await asyncio.to_thread(pin.verify, spec.mounts, caller, d.native / pin.HELPER, protected)
+            except Invalid as e:
+                raise ApiError(str(e), protocol.INVALID) from None
+            except Forbidden as e:
+                raise ApiError(str(e), protocol.FORBIDDEN) from None
         top = d.config.max_user_priority
         if spec.priority > top and caller.uid != os.geteuid() and not is_admin(caller, d.config.admin_group):
             raise ApiError(f"--priority {spec.priority} is above {top}, the most a user may set here "
@@ -386,11 +397,7 @@ class Api:
             state = self.d.job(job.id).state
             if not follow or state in TERMINAL:
                 return
-            async with self.d.changed:
-                try:
-                    await asyncio.wait_for(self.d.changed.wait(), timeout=0.25)  # or new output
-                except asyncio.TimeoutError:
-                    pass
+            await self.d.changed.wait(0.25)  # or new output
 
     async def wait(self, caller: Caller, args: dict) -> AsyncIterator[Any]:
         ids = args.get("ids")
@@ -403,11 +410,7 @@ class Api:
             if all(j.state in TERMINAL for j in jobs):
                 yield {"final": [self.summary(j) for j in jobs]}
                 return
-            async with self.d.changed:
-                try:
-                    await asyncio.wait_for(self.d.changed.wait(), timeout=5)
-                except asyncio.TimeoutError:
-                    pass
+            await self.d.changed.wait(5)
 
 
 def _not_utf8(v: Any, depth: int = 0) -> bool:

@@ -22,6 +22,7 @@ from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..runtimes.base import StartError
 from ..runtimes.process import ProcessRuntime
 from ..store import Store
+from . import pin
 from .external import SlurmRuntime
 from .learning import LearningMixin
 from .patrol import PatrolMixin
@@ -35,6 +36,26 @@ log = logging.getLogger("colo")
 
 class AlreadyRunning(RuntimeError):
     pass
+
+
+class Changes:
+    """Wakes whoever waits for any job to change (`wait`, `logs -f`). It holds no lock: an
+    asyncio.Condition waited on with a timeout, by a thousand clients some of whom hung up, was
+    left locked for good (Python 3.11), and every later wait and follow hung with it."""
+
+    def __init__(self) -> None:
+        self._now = asyncio.Event()
+
+    def notify_all(self) -> None:
+        now, self._now = self._now, asyncio.Event()
+        now.set()
+
+    async def wait(self, timeout: float) -> None:
+        """Until the next change, or `timeout` seconds."""
+        try:
+            await asyncio.wait_for(self._now.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
 
 
 class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, PatrolMixin, LearningMixin):
@@ -55,7 +76,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         self._docker_retry_at = 0.0
         self.live: dict[int, Live] = {}
         self.wake_event: asyncio.Event | None = None
-        self.changed: asyncio.Condition | None = None
+        self.changed: Changes | None = None
         self.stopping = False
         self.open_jobs: dict[int, Job] = {}  # queued and active jobs: the store's rows, mirrored
         self.decisions: dict[int, policy.Decision] = {}  # the latest decision per open job
@@ -85,6 +106,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         for d in (c.jobs_dir, c.state_dir / "logs", c.state_dir / "profiles"):
             d.mkdir(exist_ok=True)
             os.chmod(d, 0o711 if d == c.jobs_dir else 0o700)
+        pin.sweep(c.state_dir / "mounts")  # staging left by a start cut short
         self.store = Store(c.db_path)
         self.open_jobs = {j.id: j for j in self.store.jobs([State.QUEUED, *ACTIVE])}
         self._writer = DecisionWriter(c.db_path)
@@ -203,8 +225,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
             self.wake_event.set()
 
     async def notify(self) -> None:
-        async with self.changed:
-            self.changed.notify_all()
+        self.changed.notify_all()
 
     def add_job(self, spec, uid: int, gid: int, user: str) -> Job:
         job = self.store.add_job(spec, uid, gid, user)
@@ -260,7 +281,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
 
     async def run(self) -> None:
         self.wake_event = asyncio.Event()
-        self.changed = asyncio.Condition()
+        self.changed = Changes()
         await self.recover()
         ticker = asyncio.create_task(self._tick())
         try:

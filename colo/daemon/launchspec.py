@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 from .. import interposer, mps, native, policy
 from ..jobs import Job, Mount
 from ..runtimes.base import Launch, StartError
-from .validate import Caller, Forbidden, Invalid, check_mount
+from . import pin
+from .validate import Caller, Forbidden, Invalid
 
 if TYPE_CHECKING:
     from .core import Daemon
@@ -24,12 +25,7 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
     in_container = job.spec.image is not None
     env = dict(job.spec.env)
     env["COLO_JOB_ID"] = str(job.id)
-    # checked again now: between submit and start a submitter could swap a folder for a symlink
-    caller = Caller(0, job.uid, job.gid)
-    try:
-        mounts = [check_mount(m, caller, [d.config.state_dir, d.config.socket.parent]) for m in job.spec.mounts]
-    except (Invalid, Forbidden) as e:
-        raise StartError(str(e)) from None
+    mounts: list[Mount] = []  # colo's own; the user's are added last (below)
     share_shm = False
 
     if job.spec.gpus:
@@ -69,7 +65,17 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
 
     log_path = d.log_path(job.id)
     log_path.touch(mode=0o600, exist_ok=True)
+    # Last, so that nothing after it can fail and leave them mounted: the user's sources opened
+    # again as the user and pinned, Docker mounts what was checked (pin.py). Launch.release
+    # unmounts the staging once the container has started.
+    try:
+        user_mounts, release = pin.stage(job.spec.mounts, Caller(0, job.uid, job.gid), d.native / pin.HELPER,
+                                         [d.config.state_dir, d.config.socket.parent],
+                                         d.config.state_dir / "mounts", job.id)
+    except (Invalid, Forbidden, OSError) as e:
+        raise StartError(str(e)) from None
+    mounts = user_mounts + mounts
     return Launch(job_id=job.id, argv=job.spec.argv, uid=job.uid, gid=job.gid, log_path=log_path,
                   run_dir=run_dir, image=job.spec.image, env=env, mounts=mounts, workdir=job.spec.workdir,
                   gpus=list(dec.gpus), labels={"colo.job": str(job.id), "colo.user": job.user},
-                  share_host_shm=share_shm)
+                  share_host_shm=share_shm, release=release)

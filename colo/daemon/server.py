@@ -39,6 +39,7 @@ class Server:
         self.api = Api(daemon)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        caller = None
         try:
             caller = peer(writer)
             try:
@@ -75,11 +76,13 @@ class Server:
             except StoreError as e:  # e.g. the state disk is full: nothing was stored
                 log.error("op %s: %s", op, e)
                 writer.write(protocol.error(str(e), protocol.UNAVAILABLE))
+            except ConnectionError:
+                raise  # the client hung up: not the daemon's fault, see below
             except Exception as e:  # noqa: BLE001 - one bad request must not take the daemon down
                 log.error("op %s failed: %s", op, traceback.format_exc())
                 writer.write(protocol.error(f"internal error: {e.__class__.__name__}: {e}", protocol.INTERNAL))
-        except (ConnectionError, BrokenPipeError):
-            pass
+        except ConnectionError as e:  # BrokenPipe, ConnectionReset: a client that went away
+            log.debug("client pid %s hung up (%s)", caller.pid if caller else "?", e.__class__.__name__)
         finally:
             try:
                 await writer.drain()

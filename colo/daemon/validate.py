@@ -5,12 +5,12 @@ import grp
 import os
 import pwd
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..jobs import JobSpec, Mount
+from ..protocol import short
 from ..units import BadSize, parse_size
 
 
@@ -62,88 +62,134 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 FORBIDDEN_SOURCES = ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd", "/proc", "/sys", "/dev")
 
 
-def readable_by(path: Path, uid: int, gids: set[int]) -> bool:
-    """Could this user read `path` (and search every folder on the way) by the file modes?"""
-    if uid == 0:
-        return True
-    parts = [Path("/")] + [Path(*path.parts[: i + 1]) for i in range(1, len(path.parts))]
-    for i, p in enumerate(parts):
+# Limits on what one job may ask for (README "Who may do what"): a spec is at most ~200 KiB, so a
+# queue of them stays small in the store and in the daemon's memory.
+MAX_ARGV = 4096            # arguments
+MAX_ARGV_BYTES = 64 << 10  # all arguments together, UTF-8
+MAX_ENV = 256              # variables
+MAX_ENV_NAME = 128         # bytes
+MAX_ENV_BYTES = 64 << 10   # all names and values together
+MAX_MOUNTS = 16
+MAX_PATH = 1024            # bytes: mount source and target, workdir
+MAX_IMAGE = 255            # characters of an image reference
+MAX_AFTER = 64             # jobs a job may wait for
+MAX_GPU_MEM = 1 << 50      # 1 PiB per GPU: more is a typo
+MAX_SIZE_TEXT = 32         # "4GiB"
+IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _utf8(label: str, v: str) -> int:
+    """Bytes of a user's string; NUL (exec and the kernel stop there) and lone surrogates (not text) refused."""
+    if "\0" in v:
+        raise Invalid("NUL characters are not allowed in a job")
+    try:
+        return len(v.encode())
+    except UnicodeEncodeError:
+        raise Invalid(f"{label} is not valid UTF-8 text") from None
+
+
+def _path(label: str, v: Any) -> str:
+    if not isinstance(v, str) or not v.startswith("/"):
+        raise Invalid(f"{label} must be an absolute path")
+    if _utf8(label, v) > MAX_PATH:
+        raise Invalid(f"{label} is longer than {MAX_PATH} bytes")
+    return v
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _gpu_mem(v: Any, gpus: int) -> int:
+    """Bytes per GPU: a whole number of bytes, or a size such as "4GiB" (never true, 1.5, [1])."""
+    if v is None or (v == 0 and _int(v)):
+        if gpus:
+            raise Invalid("--gpu-mem is required for a GPU job (e.g. --gpu-mem 4GiB), or use --gpus 0")
+        return 0
+    if isinstance(v, str) and len(v) <= MAX_SIZE_TEXT:
         try:
-            st = os.stat(p)
-        except OSError:
-            return False
-        last = i == len(parts) - 1
-        need = (stat.S_IRUSR | (stat.S_IXUSR if stat.S_ISDIR(st.st_mode) else 0)) if last else stat.S_IXUSR
-        if st.st_uid == uid:
-            ok = st.st_mode & need == need
-        elif st.st_gid in gids:
-            ok = st.st_mode & (need >> 3) == need >> 3
-        else:
-            ok = st.st_mode & (need >> 6) == need >> 6
-        if not ok:
-            return False
-    return True
+            v = parse_size(v)
+        except BadSize as e:
+            raise Invalid(str(e)) from None
+    if not _int(v):
+        raise Invalid(f"--gpu-mem must be a whole number of bytes or a size such as 4GiB, not {short(v)}")
+    if not 0 < v <= MAX_GPU_MEM:
+        raise Invalid(f"--gpu-mem must be from 1 byte to 1PiB, not {short(v)}")
+    return v if gpus else 0
 
 
-def _no_nul(raw: Any) -> None:
-    """exec and the kernel's paths end at NUL: a string holding one would fail at start (or mean less)."""
-    if isinstance(raw, str):
-        if "\0" in raw:
-            raise Invalid("NUL characters are not allowed in a job")
-    elif isinstance(raw, dict):
-        for k, v in raw.items():
-            _no_nul(k)
-            _no_nul(v)
-    elif isinstance(raw, list):
-        for v in raw:
-            _no_nul(v)
+def _argv(argv: Any) -> list[str]:
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
+        raise Invalid("missing command: give it after `--`, e.g. colo submit --gpu-mem 1GiB -- python train.py")
+    if len(argv) > MAX_ARGV:
+        raise Invalid(f"the command has {len(argv)} arguments; at most {MAX_ARGV}")
+    if sum(_utf8("the command", a) + 1 for a in argv) > MAX_ARGV_BYTES:
+        raise Invalid(f"the command is longer than {MAX_ARGV_BYTES // 1024} KiB")
+    if len(argv[0].encode()) > MAX_PATH * 4:
+        # a path at most (PATH_MAX); runc quotes it in its error, and one past its 64 KiB pipe hung
+        # the container's create in the Docker engine for good
+        raise Invalid(f"the program name is longer than {MAX_PATH * 4} bytes")
+    return argv
+
+
+def _env(env: Any) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise Invalid("env must map names to strings")
+    if len(env) > MAX_ENV:
+        raise Invalid(f"env has {len(env)} variables; at most {MAX_ENV}")
+    total = 0
+    for k, v in env.items():
+        n = _utf8("env", k)
+        if n > MAX_ENV_NAME:
+            raise Invalid(f"environment variable name {short(k)} is longer than {MAX_ENV_NAME} bytes")
+        if not ENV_NAME.fullmatch(k):
+            raise Invalid(f"malformed environment variable name {short(k)}")
+        if RESERVED_ENV.match(k):
+            raise Forbidden(f"{k} is set by colo itself and cannot be set by a job")
+        total += n + _utf8("env", v) + 2
+    if total > MAX_ENV_BYTES:
+        raise Invalid(f"env is {total // 1024} KiB; at most {MAX_ENV_BYTES // 1024} KiB in all")
+    return env
 
 
 def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
-    """A JobSpec from what the client sent, or Invalid/Forbidden with one line saying why."""
+    """A JobSpec from what the client sent, or Invalid/Forbidden with one line saying why.
+
+    Every field has a type and a size limit. Mount sources are checked here by name only; the
+    daemon then opens them as the caller (colo/daemon/pin.py)."""
     if not isinstance(raw, dict):
         raise Invalid("spec must be an object")
-    _no_nul(raw)
     unknown = set(raw) - SPEC_FIELDS
     if unknown:
-        raise Forbidden(f"not allowed in a job: {', '.join(sorted(unknown))} "
+        raise Forbidden(f"not allowed in a job: {', '.join(short(u, 30) for u in sorted(map(str, unknown))[:5])} "
                         "(colo starts no privileged jobs, no added capabilities, devices or host namespaces)")
-    argv = raw.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
-        raise Invalid("missing command: give it after `--`, e.g. colo submit --gpu-mem 1GiB -- python train.py")
+    argv = _argv(raw.get("argv"))
     image = raw.get("image")
     if image is not None and (not isinstance(image, str) or not image.strip()):
         raise Invalid("image must be a non-empty name")
+    if image is not None and (len(image) > MAX_IMAGE or not IMAGE.fullmatch(image)):
+        raise Invalid(f"malformed image name {short(image)}")
     gpus = raw.get("gpus", 1)
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or not 0 <= gpus <= 64:
-        raise Invalid(f"--gpus must be a whole number from 0 to 64, not {gpus!r}")
-    gpu_mem = raw.get("gpu_mem")
-    if gpus > 0:
-        if gpu_mem in (None, 0):
-            raise Invalid("--gpu-mem is required for a GPU job (e.g. --gpu-mem 4GiB), or use --gpus 0")
-        try:
-            gpu_mem = parse_size(gpu_mem)
-        except BadSize as e:
-            raise Invalid(str(e)) from None
-    else:
-        gpu_mem = 0
-    env = raw.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise Invalid("env must map names to strings")
-    for k in env:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
-            raise Invalid(f"malformed environment variable name {k!r}")
-        if RESERVED_ENV.match(k):
-            raise Forbidden(f"{k} is set by colo itself and cannot be set by a job")
+    if not _int(gpus) or not 0 <= gpus <= 64:
+        raise Invalid(f"--gpus must be a whole number from 0 to 64, not {short(gpus)}")
+    gpu_mem = _gpu_mem(raw.get("gpu_mem"), gpus)
+    env = _env(raw.get("env"))
     mounts = []
     raw_mounts = raw.get("mounts") or []
     if not isinstance(raw_mounts, list):
         raise Invalid("mounts must be a list of SRC:DST[:ro]")
+    if len(raw_mounts) > MAX_MOUNTS:
+        raise Invalid(f"{len(raw_mounts)} mounts; at most {MAX_MOUNTS}")
     for m in raw_mounts:
+        if isinstance(m, str) and _utf8("mount", m) > 2 * MAX_PATH + 3:
+            raise Invalid(f"mount is longer than {2 * MAX_PATH + 3} bytes")
         try:
             mount = Mount.parse(m) if isinstance(m, str) else Mount(**m)
         except (TypeError, ValueError) as e:
-            raise Invalid(f"malformed mount: {e}") from None
+            raise Invalid(f"malformed mount: {short(str(e), 120)}") from None
         if not (isinstance(mount.source, str) and isinstance(mount.target, str)
                 and isinstance(mount.read_only, bool)):
             raise Invalid("malformed mount: source and target must be paths, read_only true or false")
@@ -151,37 +197,47 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     if mounts and image is None:
         raise Invalid("--mount is for container jobs; a process job already sees the host's files")
     workdir = raw.get("workdir")
-    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
-        raise Invalid("--workdir must be an absolute path")
+    if workdir is not None:
+        workdir = _path("--workdir", workdir)
     after = raw.get("after") or []
-    if not isinstance(after, list) or not all(isinstance(a, int) and not isinstance(a, bool) and 0 < a < 1 << 63
-                                              for a in after):
-        raise Invalid("--after takes job ids")
+    if not isinstance(after, list) or len(after) > MAX_AFTER or not all(
+            _int(a) and 0 < a < 1 << 63 for a in after):
+        raise Invalid(f"--after takes up to {MAX_AFTER} job ids")
     priority = raw.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool) or not -1000 <= priority <= 1000:
+    if not _int(priority) or not -1000 <= priority <= 1000:
         raise Invalid("--priority must be a whole number from -1000 to 1000")
     name, profile = raw.get("name"), raw.get("profile")
     for label, v in (("--name", name), ("--profile", profile)):
-        if v is not None and (not isinstance(v, str) or not NAME.match(v)):
+        if v is not None and (not isinstance(v, str) or not NAME.fullmatch(v)):
             raise Invalid(f"{label} must be 1-64 letters, digits, '.', '_' or '-'")
     retries = raw.get("retries", 0)
-    if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10:
+    if not _int(retries) or not 0 <= retries <= 10:
         raise Invalid("retries must be 0 to 10")
     return JobSpec(argv=argv, image=image, name=name, gpu_mem=gpu_mem, gpus=gpus, env=env, mounts=mounts,
                    workdir=workdir, after=after, priority=priority, profile=profile, retries=retries)
 
 
-def check_mount(m: Mount, caller: Caller, protected: list[Path]) -> Mount:
-    if not m.source.startswith("/") or not m.target.startswith("/"):
-        raise Invalid(f"mount {m.source}:{m.target}: both paths must be absolute")
-    if ".." in Path(m.target).parts or m.target.rstrip("/") in ("", "/opt/colo") or m.target.startswith("/opt/colo/"):
-        raise Forbidden(f"mount target {m.target} is not allowed")
-    real = Path(os.path.realpath(m.source))  # symlinks and `..` resolved before any check
-    if not real.exists():
-        raise Invalid(f"mount source {m.source} does not exist")
+def forbidden_source(path: str, caller: Caller, protected: list[Path]) -> str | None:
+    """What `path` (absolute, normalised) would expose that no job may mount, or None."""
+    real = Path(path)
     for bad in [*(Path(p) for p in FORBIDDEN_SOURCES), *protected]:
         if real == bad or bad in real.parents or (real in bad.parents and caller.uid != 0):
-            raise Forbidden(f"mounting {m.source} is not allowed (it holds {bad})")
-    if not readable_by(real, caller.uid, caller.groups()):
-        raise Forbidden(f"you cannot read {m.source}, so you cannot mount it")
-    return Mount(str(real), m.target, m.read_only)
+            return str(bad)
+    return None
+
+
+def check_mount(m: Mount, caller: Caller, protected: list[Path]) -> Mount:
+    """A mount by its names alone: absolute paths, no `..`, nothing colo or the host must keep.
+
+    The source is not looked at here: the daemon opens it as the caller, following no symlink,
+    and mounts what it opened (pin.py)."""
+    source, target = _path("mount source", m.source), _path("mount target", m.target)
+    if ".." in Path(target).parts or target.rstrip("/") in ("", "/opt/colo") or target.startswith("/opt/colo/"):
+        raise Forbidden(f"mount target {short(target, 200)} is not allowed")
+    if ".." in source.split("/"):
+        raise Invalid(f"mount source {short(source, 200)}: '..' is not allowed; name the folder itself")
+    source = "/" + "/".join(p for p in source.split("/") if p and p != ".")
+    bad = forbidden_source(source, caller, protected)
+    if bad is not None:
+        raise Forbidden(f"mounting {short(m.source, 200)} is not allowed (it holds {bad})")
+    return Mount(source, target, m.read_only)

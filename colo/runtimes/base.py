@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ..jobs import Mount
 
@@ -35,6 +35,9 @@ class Launch:
     gpus: list[str] = field(default_factory=list)  # UUIDs
     labels: dict[str, str] = field(default_factory=dict)
     share_host_shm: bool = False  # MPS clients in containers share /dev/shm with the server
+    # called once the mount sources are no longer needed (the container started, or did not):
+    # removes the staging mounts of the user's pinned sources (colo/daemon/pin.py)
+    release: Callable[[], None] | None = None
 
 
 class Runtime(Protocol):

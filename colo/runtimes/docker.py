@@ -293,6 +293,15 @@ class DockerRuntime:
         )
 
     def start(self, launch: Launch) -> str:
+        try:
+            return self._start(launch)
+        finally:
+            # A started container holds its own copy of each bind mount: the staging mounts of
+            # pinned sources (colo/daemon/pin.py) can go now, whether it started or not.
+            if launch.release is not None:
+                launch.release()
+
+    def _start(self, launch: Launch) -> str:
         if not launch.image:
             raise StartError("a docker job needs an image")
         if not launch.argv:

@@ -3,3 +3,9 @@ $(BUILD)/colo-burn: tools/burn.c | $(BUILD)
 	$(CC) $(CFLAGS) -o $@ tools/burn.c $(LDLIBS)
 
 tools: $(BUILD)/colo-burn
+
+# colo-pin: opens a mount source as its user, no symlinks followed, and hands the fd to the daemon.
+$(BUILD)/colo-pin: tools/pin.c | $(BUILD)
+	$(CC) $(CFLAGS) -o $@ tools/pin.c
+
+tools: $(BUILD)/colo-pin
