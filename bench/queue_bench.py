@@ -17,7 +17,7 @@ Every figure is refused unless the work happened: all N submits stored and queue
 running jobs, a pass over every queued job was logged, and the pass after the end saw the whole
 queue and started jobs out of it.
 
-Run (as root): python bench/queue_bench.py [--big] [--clients 10]
+Run (as root): python bench/queue_bench.py [--big] [--clients 10] [--json-out bench/results/queue_bench.json]
 """
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def main() -> int:
     ap.add_argument("--big", action="store_true", help="also 50,000 queued")
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--sizes", type=str, default=None, help="comma-separated queue lengths (default 100,10000)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--json-out", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the clients are real users")
@@ -192,7 +192,7 @@ def main() -> int:
             res[n] = run_one(root, n, users)
         except SystemExit as e:  # the work did not happen as intended: no figures
             rep.check(False, str(e))
-            return rep.finish(args.json)
+            return rep.finish(args.json_out)
     b, bn = res[sizes[0]], f"{sizes[0]:,} queued"
     for n in sizes[1:]:
         r, at = res[n], f"{n:,} queued"
@@ -213,7 +213,7 @@ def main() -> int:
         rep.note(f"submits/s per {min(CHUNK, n):,} while filling to {n:,}: "
                  + ", ".join(f"{x:.0f}" for x in res[n]["rates"]))
     rep.note(f"python3 -c pass: {res[sizes[0]]['bare_s'] * 1000:.0f} ms (what the `colo ls` wall time starts from)")
-    return rep.finish(args.json)
+    return rep.finish(args.json_out)
 
 
 if __name__ == "__main__":
