@@ -178,6 +178,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         return {"COLO_FAKEGPU_STATE": str(self.config.fakegpu_state), "LD_LIBRARY_PATH": str(lib)}
 
     def close(self) -> None:
+        pin.sweep(self.config.state_dir / "mounts")  # a start cut short by the stop needs none
         if "docker" in self.runtimes:
             self.runtimes["docker"].close()
         if self.mps is not None:

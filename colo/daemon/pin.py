@@ -53,6 +53,9 @@ def _why(kind: str, source: str, parts: list[str], depth: int, err: int, uid: in
     if kind == "symlink":
         return Forbidden(f"mount source {source}: {at} is a symbolic link; symbolic links are not allowed in "
                          "mount sources (name the real folder)")
+    if kind == "fuse":
+        return Invalid(f"mount source {source} is on a FUSE file system, which colo does not mount "
+                       "(the daemon would wait on its owner's FUSE process)")
     if kind == "type":
         return Invalid(f"mount source {source} is neither a folder nor a regular file")
     if kind == "drop":
@@ -84,7 +87,7 @@ def open_as(source: str, caller: Caller, helper: Path, protected: list[Path]) ->
         child.close()
         parent.settimeout(TIMEOUT)
         try:
-            msg, fds, _, _ = socket.recv_fds(parent, 256, 1)
+            msg, fds, _, _ = socket.recv_fds(parent, 256, 1, socket.MSG_CMSG_CLOEXEC)
         except (socket.timeout, OSError):
             msg, fds = b"", []
         finally:

@@ -10,6 +10,7 @@
  *
  * Reply, one message on SOCKFD:  "ok dir" | "ok file" (with the descriptor attached)
  *                                "symlink DEPTH" | "errno ERRNO DEPTH" | "type DEPTH" | "bad DEPTH"
+ *                                | "fuse DEPTH" (a FUSE file system: refused)
  * DEPTH: how many components of PATH lead to the one that failed (1 = the first).
  * Exit status: 0 when sent ok, 1 when refused, 2 on misuse.
  */
@@ -22,6 +23,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 static int sock = -1;
@@ -153,6 +155,10 @@ int main(int argc, char **argv)
         if (*p && !S_ISDIR(st.st_mode))
             return refuse("errno", ENOTDIR, depth);
     }
+    /* a FUSE file system answers through its owner's process, which can make root wait for ever */
+    struct statfs sf;
+    if (fstatfs(cur, &sf) == 0 && sf.f_type == 0x65735546 /* FUSE_SUPER_MAGIC */)
+        return refuse("fuse", 0, depth);
     int dir = S_ISDIR(st.st_mode);
     if (!dir && !S_ISREG(st.st_mode))
         return refuse("type", 0, depth);
