@@ -25,6 +25,7 @@ class _Lazy:
 
 
 sim = _Lazy(".sim")
+truths = _Lazy(".simtruth")
 prof = _Lazy(".profiles")
 
 # The lead wires this to the daemon: a function returning job rows (colo.jobs.Job.to_dict()).
@@ -81,12 +82,20 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="results as JSON"),
         plot: bool = typer.Option(False, "--plot", help="text plot of GPU occupancy per policy"),
         from_history: bool = typer.Option(False, "--from-history", help="replay the jobs the daemon ran"),
+        truth: str = typer.Option("exact", "--truth", help="what jobs really do: exact (colo's own model), noisy, study"),
+        seeds: int = typer.Option(1, "--seeds", min=1, max=1000, help="runs with truth seeds SEED .. SEED+N-1"),
+        seed: int = typer.Option(0, "--seed", min=0, help="first truth seed"),
+        grow: bool = typer.Option(False, "--grow", help="jobs refused by their budget are requeued once with a larger one"),
     ):
         """Replay a workload through colo's policy and the baselines; compare.
 
         Example: colo sim heavy --gpus 2 --plot
         """
         store = prof.ProfileStore(profile_dirs())
+        if truth not in truths.TRUTHS:
+            _fail(f"unknown truth {truth!r}: one of {', '.join(truths.TRUTHS)}")
+        if truth == "exact" and seeds > 1:
+            _fail("--truth exact has no randomness: --seeds needs noisy or study")
         try:
             if from_history:
                 if load_history_rows is None:
@@ -99,19 +108,27 @@ def register(app: typer.Typer) -> None:
                 jobs, gpu_mem, name = w.jobs, w.gpu_mem, w.name
             if not jobs:
                 _fail(f"workload {name} has no jobs")
-            results = sim.compare(jobs, policy or sim.DEFAULT_POLICIES, gpus, gpu_mem)
+            per_seed = [sim.compare(jobs, policy or sim.DEFAULT_POLICIES, gpus, gpu_mem,
+                                    truth=truths.Truth(truth, s), grow=grow) for s in range(seed, seed + seeds)]
         except (sim.SimError, prof.ProfileError) as e:
             _fail(str(e))
         if as_json:
             typer.echo(json.dumps({"workload": name, "gpus": gpus, "gpu_mem": gpu_mem, "jobs": len(jobs),
-                                   "results": [r.summary() for r in results]}, indent=2))
+                                   "truth": truth, "grow": grow,
+                                   "results": [r.summary() for rs in per_seed for r in rs]}, indent=2))
             return
-        typer.echo(f"workload {name}: {len(jobs)} jobs on {gpus} GPU(s) of {format_size(gpu_mem)}")
-        typer.echo(sim.table(results))
-        if plot:
-            for r in results:
-                typer.echo("")
-                typer.echo(sim.plot(r, gpus))
+        typer.echo(f"workload {name}: {len(jobs)} jobs on {gpus} GPU(s) of {format_size(gpu_mem)}, truth {truth}")
+        for s, results in zip(range(seed, seed + seeds), per_seed):
+            if seeds > 1:
+                typer.echo(f"\nseed {s}")
+            typer.echo(sim.table(results))
+            if plot:
+                for r in results:
+                    typer.echo("")
+                    typer.echo(sim.plot(r, gpus))
+        if seeds > 1:
+            typer.echo(f"\nover {seeds} seeds")
+            typer.echo(sim.seeds_table(per_seed))
 
     profile_app = typer.Typer(help="Profiles: what workloads do to a GPU over time", no_args_is_help=True)
 

@@ -7,13 +7,17 @@ Rules, in order, for each candidate (priority, then submission order; smaller jo
 waiting one may start: backfill):
 1. Memory is a hard rule (invariant 1): the sum of budgets on a GPU never exceeds its usable
    memory. Best fit: among the GPUs that can take the job, the one left with the least room.
-2. A job with no profile runs time-sliced (its first run is profiled).
-3. From the profiles of the jobs already on the GPU (aligned on their elapsed time) and the
-   candidate's, predicted combined SM activity and memory bandwidth over the overlap:
-   MPS when both stay below `saturation` and MPS is allowed there (not in FAULT, the uid rule of
-   invariant 5); time-sliced when it would saturate but time-slicing is predicted to raise the
-   GPU's throughput over waiting by `min_gain`; otherwise wait. Throughput comes from the co-run
-   model in colo/simmodel.py.
+2. A job with no profile runs alone, or beside at most one well-known job (a profile learned
+   from `well_known_runs` runs) that it is not predicted to slow past the bound, time-sliced: its
+   first profile is then clean, and nobody shares a GPU with a stranger. A job already running
+   without a profile takes at most one such neighbour.
+3. Every co-location, MPS included, passes one check. From the profiles of the jobs already on
+   the GPU (aligned on their elapsed time) and the candidate's, the co-run model
+   (colo/simmodel.py) predicts each job's rate over the overlap in each mode allowed there; the
+   rates are discounted by `margin` (the model's observed error). A mode passes when no job's
+   predicted slowdown exceeds `slowdown_bound` and the GPU's throughput beats waiting by
+   `min_gain`. MPS (allowed: not in FAULT, the uid rule of invariant 5, summed SM and bandwidth
+   below `saturation`) is taken when it passes, else time-slicing when it passes, else wait.
 4. EXCLUSIVE_PROCESS GPUs take MPS clients only (invariant 4); PROHIBITED GPUs take nothing.
 """
 from __future__ import annotations
@@ -96,6 +100,12 @@ class PolicyConfig:
     thread_headroom: float = 1.25  # MPS active threads = peak SM of the job x this, in 5 % steps
     unknown_sm: float = 1.0  # a running job with no profile is assumed to use this much...
     unknown_membw: float = 0.5  # ...and this much bandwidth
+    # Harm bounds (issue 13). Predicted co-run rates are divided by 1 + margin before the checks:
+    # the margin is the model's observed prediction error (learned; this default until then).
+    slowdown_bound: float = 1.5  # no job is knowingly placed where it is predicted to run slower than this
+    margin: float = 0.10
+    well_known_runs: int = 3  # a profile learned from this many runs may take an unprofiled neighbour
+    unprofiled_share: bool = False  # True: jobs with no profile share time-sliced like the rest (memory decides)
     # Backfill lets small jobs pass one that waits; to keep a stream of them from starving it for
     # ever, the first job in queue order that has waited this long gets GPUs held for it: nothing
     # new starts there until it does. Seconds; 0 turns it off.
@@ -111,6 +121,8 @@ class _Arr:
     cache_bound: bool
     peak_sm: float
     peak_membw: float
+    runs: int = 1
+    name: str = ""
 
 
 _CACHE: dict[tuple[int, float], tuple[Any, _Arr]] = {}
@@ -129,7 +141,8 @@ def _arrays(profile: Any, step: float, horizon: float) -> _Arr:
     n = max(1, min(math.ceil(runtime / step - 1e-9), math.ceil(horizon / step)))
     starts = np.minimum((np.arange(n) * step / pstep).astype(int), len(sm) - 1)
     arr = _Arr(np.maximum.reduceat(sm, starts), np.maximum.reduceat(bw, starts),
-               bool(getattr(profile, "cache_bound", False)), float(sm.max()), float(bw.max()))
+               bool(getattr(profile, "cache_bound", False)), float(sm.max()), float(bw.max()),
+               int(getattr(profile, "runs", 1) or 1), str(getattr(profile, "name", "")))
     if len(_CACHE) > 4096:
         _CACHE.clear()
     _CACHE[key] = (profile, arr)
@@ -138,7 +151,7 @@ def _arrays(profile: Any, step: float, horizon: float) -> _Arr:
 
 def _unknown(cfg: PolicyConfig) -> _Arr:
     n = max(1, math.ceil(cfg.horizon / cfg.step))
-    return _Arr(np.full(n, cfg.unknown_sm), np.full(n, cfg.unknown_membw), False, cfg.unknown_sm, cfg.unknown_membw)
+    return _Arr(np.full(n, cfg.unknown_sm), np.full(n, cfg.unknown_membw), False, cfg.unknown_sm, cfg.unknown_membw, 0)
 
 
 def thread_pct(arr: _Arr, cfg: PolicyConfig) -> int:
@@ -179,7 +192,8 @@ def _mem_text(g: _Gpu, budget_after: int) -> str:
     return f"memory {(g.view.usable - budget_after) / GiB:.1f} of {g.view.usable / GiB:.1f} GiB budgeted"
 
 
-def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig) -> tuple[str | None, str, dict, bool]:
+def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
+            learned: "Learned | None" = None) -> tuple[str | None, str, dict, bool]:
     """(mode or None to wait, reason core, details, costly) for the candidate on this GPU;
     costly: the start is predicted to slow someone (so an empty GPU is better)."""
     v = g.view
@@ -200,12 +214,28 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig) -> tuple[str
     if v.compute_mode == "exclusive_process" and not allow_mps:
         return None, f"{name} is EXCLUSIVE_PROCESS (MPS clients only) and {block}", {"gpu": v.index}, False
 
-    if arr is None:  # never profiled: run it time-sliced and learn
+    if arr is None and cfg.unprofiled_share:
         if allow_ts:
             return "timesliced", f"time-sliced on {name}: no profile yet, this run is profiled", {"gpu": v.index}, False
         if not g.res:
             return "mps", f"MPS on {name}: no profile yet; EXCLUSIVE_PROCESS GPU takes MPS clients only", {"gpu": v.index}, False
         return None, f"{name} is EXCLUSIVE_PROCESS and busy; a job with no profile is not co-located under MPS", {"gpu": v.index}, False
+    if arr is None and not g.res:  # never profiled: run it alone and learn
+        if allow_ts:
+            return "timesliced", f"time-sliced on {name}: no profile yet, runs alone so that this run is profiled", {"gpu": v.index}, False
+        return "mps", f"MPS on {name}: no profile yet, runs alone; EXCLUSIVE_PROCESS GPU takes MPS clients only", {"gpu": v.index}, False
+    if not cfg.unprofiled_share and (arr is None or any(r.arr is None for r in g.res)):
+        # a stranger (no profile) shares a GPU with at most one well-known job, time-sliced
+        stranger = "this job has no profile" if arr is None else \
+            f"job {next(r.job_id for r in g.res if r.arr is None)} on {name} has no profile yet"
+        known = arr if arr is not None else g.res[0].arr
+        if len(g.res) > 1 or known is None or known.runs < cfg.well_known_runs:
+            return None, (f"{stranger}: it runs alone or beside one well-known job (a profile of "
+                          f"{cfg.well_known_runs}+ runs), so that its profile is clean"), {"gpu": v.index}, False
+        if not allow_ts:
+            return None, f"{stranger} and {name} is EXCLUSIVE_PROCESS: not co-located under MPS", {"gpu": v.index}, False
+        allow_mps, block = False, f"{stranger}"
+        arr = arr if arr is not None else _unknown(cfg)
 
     if not g.res:
         sat = arr.peak_sm >= cfg.saturation or arr.peak_membw >= cfg.bw_saturation
@@ -219,9 +249,10 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig) -> tuple[str
 
     # Align everyone on the candidate's future: resident r is at grid index r.off now.
     L = len(arr.sm)
-    rows_sm, rows_bw, cb, is_mps, ids = [], [], [], [], []
+    rows_sm, rows_bw, cb, is_mps, ids, names = [], [], [], [], [], []
     for r in g.res:
         ra = r.arr if r.arr is not None else _unknown(cfg)
+        names.append(ra.name)
         off = min(r.off, len(ra.sm) - 1)  # still running: it holds its last level
         s, b = ra.sm[off:off + L], ra.membw[off:off + L]
         rows_sm.append(s), rows_bw.append(b), cb.append(ra.cache_bound), is_mps.append(r.mode == "mps"), ids.append(r.job_id)
@@ -243,33 +274,119 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig) -> tuple[str
     d = {"gpu": v.index, "overlap_s": overlap * cfg.step, "peak_sm": peak_sm, "peak_membw": peak_bw,
          "sm_by_job": per_job, "saturation": cfg.saturation}
     who = ", ".join([f"job {j}: {_pct(x)}" for j, x in per_job.items() if j != "this"] + [f"this job: {_pct(per_job['this'])}"])
-    ts_busy = any(not m and float(sm[i].max()) > 0 for i, m in enumerate(is_mps))
-    if allow_mps and fits and not ts_busy:
-        return "mps", (f"MPS on {name}: predicted peak SM {_pct(peak_sm)} ({who}) < {_pct(cfg.saturation)}"
-                       + (f", bandwidth {_pct(peak_bw)}" if peak_bw > 0.5 else "")), d, False
-
-    # Throughput (sum of progress rates, in jobs' alone speed) over the overlap.
+    # One check for every way of sharing: each job's predicted rate over the overlap (in its
+    # alone speed, discounted by the margin) against the slowdown bound, and the GPU's
+    # throughput (sum of rates) against waiting.
     wkey = (g.version, overlap)
     wait_tp = g.wait_tp.get(wkey)
     if wait_tp is None:  # the status quo is the same for every candidate of this length
         wait_tp = g.wait_tp[wkey] = float(simmodel.rates(sm[:-1], bw[:-1], cbv[:-1], mps_rows[:-1]).sum(axis=0).mean())
-    tp = {"wait": wait_tp}
-    if allow_mps and fits:
-        tp["mps"] = float(simmodel.rates(sm, bw, cbv, mps_rows).sum(axis=0).mean())
-    if allow_ts:
-        tp["timesliced"] = float(simmodel.rates(sm, bw, cbv, np.array(is_mps + [False])).sum(axis=0).mean())
-    d["throughput"] = tp
-    best = max((m for m in tp if m != "wait"), key=lambda m: tp[m], default=None)
+    tp, slow, this = {"wait": wait_tp}, {}, {}
+    modes = (["mps"] if allow_mps and fits else []) + (["timesliced"] if allow_ts else [])
+    for m in modes:
+        rate = simmodel.rates(sm, bw, cbv, mps_rows if m == "mps" else np.array(is_mps + [False]))
+        fac = learned.factors(names, arr.name, m) if learned is not None and learned.corun else None
+        if fac is not None:  # co-run slowdowns the model missed, as observed
+            rate = rate / fac[:, None]
+            d.setdefault("learned_factor", {})[m] = float(fac[-1])
+        tp[m] = float(rate.sum(axis=0).mean()) / (1.0 + cfg.margin)
+        per_job = rate.mean(axis=1)
+        slow[m] = (1.0 + cfg.margin) / max(1e-9, float(per_job.min()))
+        this[m] = 1.0 / max(1e-9, float(per_job[-1]))  # this job's own, no margin: recorded, compared at its end
+    d["throughput"], d["slowdown"], d["slowdown_this"], d["margin"] = tp, slow, this, cfg.margin
+    passing = [m for m in modes if slow[m] <= cfg.slowdown_bound and tp[m] >= wait_tp + cfg.min_gain]
     sat_text = (f"sharing would saturate: predicted peak SM {_pct(peak_sm)} ({who})"
                 + (f", bandwidth {_pct(peak_bw)}" if peak_bw >= cfg.bw_saturation else "")
-                + f" >= {_pct(cfg.saturation)}") if not fits else (f"MPS: {block}" if block else "time-sliced neighbours")
-    if best is not None and tp[best] >= wait_tp + cfg.min_gain:
-        label = "MPS" if best == "mps" else "time-sliced"
-        return best, (f"{label} on {name}: {sat_text}; predicted throughput {tp[best]:.2f} vs "
-                      f"{wait_tp:.2f} waiting"), d, True
-    alt = f"{tp[best]:.2f} {'under MPS' if best == 'mps' else 'time-sliced'}" if best else "no way to share"
-    return None, (f"co-running on {name} predicted to cost more than it gains: {sat_text}; "
-                  f"throughput {alt} vs {wait_tp:.2f} waiting"), d, False
+                + f" >= {_pct(cfg.saturation)}") if not fits else (f"MPS: {block}" if block else "")
+    if passing:
+        best = passing[0]  # MPS first when it passes: the clients' kernels run at once
+        costly = slow[best] > (1.0 + cfg.margin) * 1.02  # someone is predicted slower than alone
+        if best == "mps":
+            return "mps", (f"MPS on {name}: predicted peak SM {_pct(peak_sm)} ({who}) < {_pct(cfg.saturation)}"
+                           + (f", bandwidth {_pct(peak_bw)}" if peak_bw > 0.5 else "")
+                           + (f"; predicted slowdown {slow[best]:.2f}x (margin {_pct(cfg.margin)})" if costly else "")), d, costly
+        return best, (f"time-sliced on {name}: {sat_text + '; ' if sat_text else ''}predicted throughput "
+                      f"{tp[best]:.2f} vs {wait_tp:.2f} waiting, worst slowdown {slow[best]:.2f}x "
+                      f"<= {cfg.slowdown_bound:g}x"), d, costly
+    if not modes:
+        return None, f"co-running on {name} is not possible: {sat_text or 'no mode allowed'}", d, False
+    m = min(modes, key=lambda m: slow[m])
+    label = "under MPS" if m == "mps" else "time-sliced"
+    why = (f"a job would run {slow[m]:.2f}x slower than alone (bound {cfg.slowdown_bound:g}x)"
+           if slow[m] > cfg.slowdown_bound else f"throughput {tp[m]:.2f} {label} vs {wait_tp:.2f} waiting")
+    return None, (f"co-running on {name} predicted to cost more than it gains: "
+                  f"{sat_text + '; ' if sat_text else ''}{why}"), d, False
+
+
+# ---- learning from what happened (issue 13) -------------------------------------------------
+# The daemon and `colo sim` record, at each start, the slowdown plan() predicted for the job
+# (details["slowdown_this"], 1.0 alone) and, at its end, how long it really took against its
+# profile's alone run time. Alone runs correct the alone time only (a contended run would
+# inflate it); shared runs, corrected by that, give the co-run slowdown the model missed, per
+# (profile, neighbour profile, mode), and the spread of the model's error sizes the margin.
+# A shared run of a profile never seen alone mixes the profile's own error with the co-run
+# error; learning both as co-run would forbid sharing that pays, so only what passes the most a
+# profile is plausibly off (ALONE_DOUBT) is learned from it.
+
+_KEEP = 200  # errors kept for the margin (the most recent)
+ALONE_DOUBT = 1.25  # how far a profile's alone run time may be off (runs on other data, drivers, clocks)
+
+
+@dataclass
+class Learned:
+    corun: dict = field(default_factory=dict)  # (profile, neighbour, mode) -> (runs, mean extra slowdown factor)
+    alone: dict = field(default_factory=dict)  # profile -> (runs, mean real / stored alone time)
+    errors: list = field(default_factory=list)  # observed / predicted slowdown of shared runs
+    max_mem: dict = field(default_factory=dict)  # profile -> the most memory any run used (bytes)
+
+    def observe(self, name: str, neighbours: Sequence[str], mode: str, predicted: float, wall: float,
+                stored_runtime: float, peak_mem: int | None = None, factor: float = 1.0) -> float | None:
+        """One job's end: `wall` seconds against its stored alone run time, predicted `predicted`x
+        (of which `factor` came from what was learned before). Returns observed / predicted
+        slowdown (None when it cannot say)."""
+        if peak_mem:
+            self.max_mem[name] = max(self.max_mem.get(name, 0), int(peak_mem))
+        if not name or stored_runtime <= 0 or wall <= 0:
+            return None
+        ratio = wall / stored_runtime
+        if not neighbours:  # uncontended: what its alone time really is
+            n, m = self.alone.get(name, (0, 1.0))
+            self.alone[name] = (n + 1, (m * n + ratio) / (n + 1))
+            return ratio / max(predicted, 1e-9)
+        # Correct the shared sample by the profile's known alone error; never seen alone, assume
+        # the most a profile is plausibly off (ALONE_DOUBT) and learn only a slowdown beyond it.
+        base = self.alone[name][1] if name in self.alone else ALONE_DOUBT
+        residual = ratio / base / max(predicted, 1e-9)
+        if name not in self.alone and residual <= 1.0:
+            return None
+        self.errors = (self.errors + [residual])[-_KEEP:]
+        missed = residual * factor  # against the model alone: what the co-run model lacks
+        for nb in set(neighbours):
+            n, m = self.corun.get((name, nb, mode), (0, 1.0))
+            self.corun[(name, nb, mode)] = (n + 1, (m * n + missed) / (n + 1))
+        return residual
+
+    def factor(self, name: str, other: str, mode: str) -> float:
+        got = self.corun.get((name, other, mode))
+        return max(1.0, got[1]) if got else 1.0
+
+    def factors(self, resident_names: Sequence[str], cand: str, mode: str) -> np.ndarray:
+        """Per row (residents, then the candidate): the learned extra slowdown from this pairing."""
+        res = [self.factor(r, cand, mode) for r in resident_names]
+        return np.array(res + [max([self.factor(cand, r, mode) for r in resident_names] or [1.0])])
+
+    def margin(self, default: float) -> float:
+        """How far predictions (learned factors included) have been wrong: the 80th percentile of
+        the error, 5 % .. 25 % (past that, the learned co-run factors must carry it: a margin that
+        large would forbid all sharing, the kind that pays included)."""
+        if len(self.errors) < 5:
+            return default
+        return float(min(0.25, max(0.05, np.quantile(np.array(self.errors) - 1.0, 0.8))))
+
+    def suggest_budget(self, name: str, quantum: int = 256 * 1024**2) -> int | None:
+        """The most memory a run of this profile used, plus 10 %, rounded up to `quantum`."""
+        peak = self.max_mem.get(name)
+        return int(math.ceil(peak * 1.10 / quantum) * quantum) if peak else None
 
 
 # ---- the pass ---------------------------------------------------------------------------------
@@ -314,7 +431,8 @@ def order(candidates: Sequence[Candidate]) -> list[Candidate]:
 
 
 def plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequence[Placed],
-         config: PolicyConfig = PolicyConfig(), now: float | None = None) -> list[Decision]:
+         config: PolicyConfig = PolicyConfig(), now: float | None = None,
+         learned: "Learned | None" = None) -> list[Decision]:
     """One decision per candidate, in queue order; a job that cannot start now lets smaller ones
     behind it start (backfill) when they fit, unless it has waited `hold_after` seconds by `now`
     (then GPUs are held for it; without `now`, never)."""
@@ -323,7 +441,9 @@ def plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Seque
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _plan(candidates, gpus, placed, config, now)
+        if learned is not None and learned.errors:  # the margin is the error seen, once there is one
+            config = dataclasses.replace(config, margin=learned.margin(config.margin))
+        return _plan(candidates, gpus, placed, config, now, learned)
     finally:
         if was_enabled:
             gc.enable()
@@ -361,7 +481,7 @@ def _hold_for(c: Candidate, state: dict[str, "_Gpu"]) -> list["_Gpu"] | None:
 
 
 def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequence[Placed],
-          config: PolicyConfig, now: float | None) -> list[Decision]:
+          config: PolicyConfig, now: float | None, learned: "Learned | None" = None) -> list[Decision]:
     cfg = config
     free = free_budget(gpus, placed)
     state: dict[str, _Gpu] = {g.uuid: _Gpu(g, free[g.uuid], []) for g in gpus
@@ -439,7 +559,7 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
                 k = rk + (g.version,)
                 got = memo.get(k)
                 if got is None:
-                    got = memo[k] = _assess(arr, c.uid, g, cfg)
+                    got = memo[k] = _assess(arr, c.uid, g, cfg, learned)
                     if got[0] is None:
                         refused[rk] = got
             options.append((g, got))

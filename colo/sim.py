@@ -1,11 +1,17 @@
 """`colo sim`: replay a workload through colo's own policy (policy.plan, unchanged) and through
-baseline policies, on a discrete-event model of the GPUs (colo/simmodel.py), and compare.
+baseline policies, on a discrete-event model of the GPUs, and compare.
+
+What the jobs really do (their run time, SM, bandwidth, memory, and how co-running slows them) is
+the Truth's (colo/simtruth.py); every policy, baselines included, sees only the stored profiles.
 
 Events: arrivals, job ends and failures, profile step boundaries (a job's demand changes), and a
 re-plan tick. Between events every demand is constant, so progress is exact.
 Memory: a job whose use passes its budget fails (the interposer makes its allocation fail);
 without budgets, a job whose allocation passes the device's capacity fails. A job that fails by
-OOM is re-run from the start, at most MAX_TRIES times in all, as the study's baselines were.
+OOM is re-run from the start, at most MAX_TRIES times in all, as the study's baselines were;
+after that it is lost, and a result with lost jobs is a failure, whatever its makespan.
+With `grow`, colo requeues a job refused by its budget once with a larger budget (`colo submit
+--grow`): GROW_FACTOR x the budget, at least GROW_FACTOR x the refused use, at most the GPU's.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import policy as pol
-from . import simmodel
+from . import simtruth
 from .profiles import Profile, ProfileStore, shipped_dir
 from .units import format_size, parse_size
 
@@ -29,6 +35,7 @@ REPLAN_EVERY = 10.0  # seconds: the daemon re-plans on events and on a periodic 
 WORKLOAD_FORMAT = "colo-workload"
 WORKLOAD_VERSION = 1
 DEFAULT_GPU_MEM = 12 * GiB  # the study's TITAN Xp
+GROW_FACTOR = 1.25
 
 
 class SimError(ValueError):
@@ -38,7 +45,7 @@ class SimError(ValueError):
 @dataclass
 class SimJob:
     id: int
-    profile: Profile  # what the job really does (the simulator's truth)
+    profile: Profile  # its stored profile: what policies see (the Truth realises what it really does)
     arrival: float = 0.0
     budget: int | None = None  # bytes; None: colo budgets the profile's peak
     uid: int = 0
@@ -204,12 +211,18 @@ def jobs_from_history(rows: list[dict], store: ProfileStore | None = None) -> li
 class _Run:
     """One job in the simulation (and its current attempt)."""
 
-    def __init__(self, job: SimJob, seq: int):
+    def __init__(self, job: SimJob, seq: int, real: simtruth.Real):
         self.job, self.seq = job, seq
         self.held: tuple[int, ...] = ()  # GPUs colo's policy held for it in its last pass
-        p = job.profile
-        self.sm, self.mem, self.membw = p.sm, p.mem, p.membw
-        self.step, self.runtime, self.n = p.step, p.runtime, len(p.sm)
+        self.sm, self.mem, self.membw = real.sm, real.mem, real.membw  # the truth, never shown to policies
+        self.step, self.runtime, self.n = real.step, real.runtime, len(real.sm)
+        self.cache_bound, self.corun = real.cache_bound, real.corun
+        self.ask = job.budget or budget_for(job.profile)  # the budget colo places it with
+        self.grown = False
+        self.predicted = 1.0  # the slowdown plan() predicted for it at its start
+        self.factor = 1.0  # the part of it that came from learned co-run slowdowns
+        self.neighbours: set[str] = set()  # profiles of the jobs that shared its GPU during this attempt
+        self.peak = 0  # the most memory it used (bytes), as the daemon's samples would show
         self.p = 0.0  # progress in seconds of alone work
         self.state = "pending"
         self.gpu: int | None = None
@@ -252,22 +265,43 @@ class Result:
     oom: int  # OOM failures (each attempt counted)
     lost: int  # jobs that never completed
     unslowed: int  # jobs that ran with no slowdown (< 1 %)
+    max_slowdown: float = 1.0
+    ratio: float | None = None  # makespan / exclusive SJF's in the same run; None: a failure (lost jobs)
+    seed: int | None = None
+    truth: str = "exact"
     jobs: list[dict] = field(default_factory=list)
     timeline: list[tuple] = field(default_factory=list)  # (t0, t1, gpu, sm use, jobs running)
 
     def summary(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("policy", "makespan", "mean_jct", "p95_jct", "p95_slowdown",
-                                              "sm_util", "mem_util", "oom", "lost", "unslowed")}
+        return {k: getattr(self, k) for k in ("policy", "truth", "seed", "makespan", "ratio", "mean_jct", "p95_jct",
+                                              "p95_slowdown", "max_slowdown", "sm_util", "mem_util", "oom",
+                                              "lost", "unslowed")}
+
+    @property
+    def failed(self) -> bool:
+        return self.lost > 0
 
 
 def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int = 1,
              gpu_mem: int = DEFAULT_GPU_MEM, config: pol.PolicyConfig | None = None,
-             replan_every: float | None = REPLAN_EVERY, name: str | None = None) -> Result:
+             replan_every: float | None = REPLAN_EVERY, name: str | None = None,
+             truth: simtruth.Truth | None = None, grow: bool = False,
+             learned: pol.Learned | None = None) -> Result:
+    """`learned`: colo plans with it and learns into it from every job's end (the daemon's
+    learning, carried across runs by the caller)."""
     config = config or pol.PolicyConfig()
+    truth = truth or simtruth.Truth("exact")
     fn = POLICIES[policy] if isinstance(policy, str) else policy
+    if fn is colo and learned is not None:
+        fn = lambda *a: colo(*a, learned=learned)  # noqa: E731
     label = policy if isinstance(policy, str) else (name or getattr(policy, "__name__", "custom"))
     node = [SimGpu(i, gpu_mem, gpu_mem - config.reserve) for i in range(gpus)]
-    runs = [_Run(j, i) for i, j in enumerate(sorted(jobs, key=lambda j: (j.arrival, j.id)))]
+    runs = [_Run(j, i, truth.realise(j.id, j.profile)) for i, j in enumerate(sorted(jobs, key=lambda j: (j.arrival, j.id)))]
+    if grow and learned is not None:  # --grow lets colo start with what earlier runs needed
+        for r in runs:
+            got = learned.suggest_budget(r.job.profile.name) if r.job.known else None
+            if got and got > r.ask:
+                r.ask = min(got, gpu_mem - config.reserve)
     pending = list(runs)
     queue: list[_Run] = []
     t = 0.0
@@ -277,12 +311,21 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
     next_tick = 0.0
     replan = True
 
-    def fail(r: _Run, why: str) -> None:
+    def fail(r: _Run, why: str, used: int = 0) -> None:
         nonlocal oom, replan
         oom += 1
         r.ooms += 1
+        usable = node[r.gpu].usable
         node[r.gpu].runs.remove(r)
         r.gpu, replan = None, True
+        if learned is not None and used and r.job.known:  # the refused allocation shows what it needs
+            name = r.job.profile.name
+            learned.max_mem[name] = max(learned.max_mem.get(name, 0), used)
+        if grow and used and not r.grown and r.budget is not None and r.ask < usable:
+            q = 256 * MiB  # requeued once, with a larger budget (submitted with --grow)
+            r.ask = min(usable, int(math.ceil(max(r.ask, used) * GROW_FACTOR / q) * q))
+            r.grown, r.tries = True, r.tries - 1  # the grown run is a new attempt, not a retry
+            why += f"; requeued with budget {format_size(r.ask)} (--grow)"
         if r.tries >= MAX_TRIES:
             r.state, r.reason, r.end = "lost", why, t
         else:
@@ -293,7 +336,8 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
     def check_memory(g: SimGpu, grown: list[_Run]) -> None:
         for r in list(grown):
             if r.budget is not None and r.mem[r.segment()] > r.budget:
-                fail(r, f"OOM: {format_size(int(r.mem[r.segment()]))} passes its budget {format_size(r.budget)}")
+                fail(r, f"OOM: {format_size(int(r.mem[r.segment()]))} passes its budget {format_size(r.budget)}",
+                     int(r.mem[r.segment()]))
         used = sum(int(r.mem[r.segment()]) for r in g.runs)
         for r in [r for r in grown if r in g.runs]:
             if used <= g.capacity:
@@ -310,6 +354,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
         if replan_every is not None and t >= next_tick - 1e-9:
             replan, next_tick = True, t + replan_every
         if replan and queue:
+            replan = False  # a start that fails at once (OOM) sets it again: re-plan at this instant
             running = [r for g in node for r in g.runs]
             for r, gi, mode, budget in fn(t, list(queue), running, node, config):
                 queue.remove(r)
@@ -317,11 +362,18 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                 r.state, r.gpu, r.mode, r.budget, r.start, r.p = "running", gi, mode, budget, t, 0.0
                 r.tries += 1
                 r.seg = 0
+                r.neighbours = {o.job.profile.name for o in g.runs}
+                for o in g.runs:
+                    o.neighbours.add(r.job.profile.name)
+                r.peak = int(r.mem[0])
                 g.runs.append(r)
                 check_memory(g, [r])
-        replan = False
+        else:
+            replan = False
         running = [r for g in node for r in g.runs]
         if not running and not pending:
+            if replan and queue:  # jobs failed as they started: the queue is not stuck, re-plan
+                continue
             for r in queue:
                 r.state, r.reason, r.end = "lost", "never started: no GPU can take it", t
             break
@@ -333,9 +385,9 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
             seg = [r.segment() for r in g.runs]
             sm = np.array([r.sm[s] for r, s in zip(g.runs, seg)])
             bw = np.array([r.membw[s] for r, s in zip(g.runs, seg)])
-            cb = np.array([r.job.profile.cache_bound for r in g.runs])
+            cb = np.array([r.cache_bound for r in g.runs])
             mps = np.array([r.mode == "mps" for r in g.runs])
-            rr = simmodel.rates(sm, bw, cb, mps)[:, 0]
+            rr = truth.rates(sm, bw, cb, mps, np.array([r.corun for r in g.runs]))[:, 0]
             for r, x in zip(g.runs, rr):
                 rate[id(r)] = float(x)
         dt = math.inf
@@ -363,11 +415,17 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                 if r.p >= r.runtime - 1e-6:
                     g.runs.remove(r)
                     r.state, r.end, r.gpu, replan = "done", t, None, True
+                    if learned is not None and r.job.known and label == "colo":
+                        learned.observe(r.job.profile.name, sorted(r.neighbours), r.mode, r.predicted,
+                                        t - r.start, r.job.profile.runtime, r.peak, r.factor)
                 elif r.segment() != before and r.mem[r.segment()] > r.mem[before]:
                     grown.append(r)
+                    r.peak = max(r.peak, int(r.mem[r.segment()]))
             if grown:
                 check_memory(g, grown)
-    return _result(label, runs, t, sm_area, mem_area, oom, gpus, timeline)
+    res = _result(label, runs, t, sm_area, mem_area, oom, gpus, timeline)
+    res.seed, res.truth = truth.seed if truth.kind != "exact" else None, truth.kind
+    return res
 
 
 def _result(label, runs, t_end, sm_area, mem_area, oom, gpus, timeline) -> Result:
@@ -378,29 +436,32 @@ def _result(label, runs, t_end, sm_area, mem_area, oom, gpus, timeline) -> Resul
     span = max(t_end, 1e-9) * gpus
     jobs = [{"id": r.job.id, "profile": r.job.profile.name, "state": r.state, "arrival": r.job.arrival,
              "start": r.start, "end": r.end, "mode": r.mode, "gpu": r.gpu, "tries": r.tries,
-             "ooms": r.ooms, "reason": r.reason} for r in runs]
+             "ooms": r.ooms, "reason": r.reason, "budget": r.budget, "alone": r.runtime} for r in runs]
     return Result(label, float(makespan), float(jct.mean()), float(np.percentile(jct, 95)),
                   float(np.percentile(slow, 95)), sm_area / span, mem_area / span, oom,
-                  sum(r.state == "lost" for r in runs), int((slow < 1.01).sum()) if done else 0, jobs, timeline)
+                  sum(r.state == "lost" for r in runs), int((slow < 1.01).sum()) if done else 0,
+                  max_slowdown=float(slow.max()), jobs=jobs, timeline=timeline)
 
 
 # ---- policies ---------------------------------------------------------------------------------
 
-def colo(now, queue, running, node, cfg):
+def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None):
     """colo's own policy: policy.plan(), unchanged; budgets enforced (the interposer)."""
     views = [pol.GpuView(f"sim-gpu{g.index}", g.index, g.usable, mps="active") for g in node]
     placed = [pol.Placed(r.job.id, (f"sim-gpu{r.gpu}",), r.budget or 0, r.job.uid, r.mode,
                          r.job.profile if r.job.known else None, now - r.start) for r in running]
     by_id = {r.job.id: r for r in queue}
-    cands = [pol.Candidate(r.job.id, r.job.budget or budget_for(r.job.profile), 1, r.job.uid,
+    cands = [pol.Candidate(r.job.id, r.ask, 1, r.job.uid,
                            r.job.priority, r.seq, r.job.profile if r.job.known else None, r.job.arrival,
                            r.held) for r in queue]
     out = []
-    for d in pol.plan(cands, views, placed, cfg, now=now):
+    for d in pol.plan(cands, views, placed, cfg, now=now, learned=learned):
         by_id[d.job_id].held = tuple(d.details.get("held", ()))  # as the daemon keeps its last decision
         if d.action == pol.START:
             r = by_id[d.job_id]
-            out.append((r, int(d.gpus[0].removeprefix("sim-gpu")), d.mode, r.job.budget or budget_for(r.job.profile)))
+            r.predicted = float(d.details.get("slowdown_this", {}).get(d.mode, 1.0))
+            r.factor = float(d.details.get("learned_factor", {}).get(d.mode, 1.0))
+            out.append((r, int(d.gpus[0].removeprefix("sim-gpu")), d.mode, r.ask))
     return out
 
 
@@ -413,7 +474,8 @@ def _exclusive(key):
 
 
 exclusive_fifo = _exclusive(lambda r: r.seq)
-exclusive_sjf = _exclusive(lambda r: (r.runtime, r.seq))
+# SJF by the stored run time (the real one is unknown until the job ends); unprofiled jobs last
+exclusive_sjf = _exclusive(lambda r: (r.job.profile.runtime if r.job.known else math.inf, r.seq))
 
 
 def _pack(sm_of, mem_of, tetris: bool):
@@ -439,8 +501,14 @@ def _pack(sm_of, mem_of, tetris: bool):
     return fn
 
 
-tetris = _pack(lambda r: r.job.profile.peak_sm, lambda r: r.job.profile.peak_mem, True)
-mean_pack = _pack(lambda r: r.job.profile.mean_sm, lambda r: r.job.profile.mean_mem, False)
+# Baselines pack by the stored profile; a job without one counts as a full GPU's SM and its budget.
+def _stored(attr: str, unknown: Callable[[_Run], float]) -> Callable[[_Run], float]:
+    return lambda r: getattr(r.job.profile, attr) if r.job.known else unknown(r)
+
+
+tetris = _pack(_stored("peak_sm", lambda r: 1.0), _stored("peak_mem", lambda r: r.ask), True)
+max_pack = _pack(_stored("peak_sm", lambda r: 1.0), _stored("peak_mem", lambda r: r.ask), False)
+mean_pack = _pack(_stored("mean_sm", lambda r: 1.0), _stored("mean_mem", lambda r: r.ask), False)
 
 
 def naive(now, queue, running, node, cfg):
@@ -460,32 +528,58 @@ def mps_all(now, queue, running, node, cfg):
 
 
 POLICIES: dict[str, PolicyFn] = {"exclusive-fifo": exclusive_fifo, "exclusive-sjf": exclusive_sjf,
-                                 "tetris": tetris, "mean-pack": mean_pack, "naive": naive, "colo": colo,
-                                 "mps-all": mps_all}
-DEFAULT_POLICIES = ["exclusive-fifo", "exclusive-sjf", "tetris", "mean-pack", "naive", "colo"]
+                                 "tetris": tetris, "max-pack": max_pack, "mean-pack": mean_pack, "naive": naive,
+                                 "colo": colo, "mps-all": mps_all}
+DEFAULT_POLICIES = ["exclusive-fifo", "exclusive-sjf", "tetris", "max-pack", "mean-pack", "naive", "colo"]
 
 
 def compare(jobs: Sequence[SimJob], policies: Sequence[str] = DEFAULT_POLICIES, gpus: int = 1,
-            gpu_mem: int = DEFAULT_GPU_MEM, config: pol.PolicyConfig | None = None) -> list[Result]:
+            gpu_mem: int = DEFAULT_GPU_MEM, config: pol.PolicyConfig | None = None,
+            truth: simtruth.Truth | None = None, grow: bool = False) -> list[Result]:
+    """Each policy on the same jobs and the same truth; `ratio` against exclusive SJF run alongside
+    (run for the ratio even when not asked for). A result with lost jobs has no ratio: it failed."""
     for p in policies:
         if p not in POLICIES:
             raise SimError(f"unknown policy {p!r}: one of {', '.join(POLICIES)}")
-    return [simulate(jobs, p, gpus, gpu_mem, config) for p in policies]
+    out = [simulate(jobs, p, gpus, gpu_mem, config, truth=truth, grow=grow) for p in policies]
+    sjf = next((r for r in out if r.policy == "exclusive-sjf"), None)
+    if sjf is None:
+        sjf = simulate(jobs, "exclusive-sjf", gpus, gpu_mem, config, truth=truth)
+    for r in out:
+        r.ratio = None if (r.failed or sjf.failed or not sjf.makespan) else r.makespan / sjf.makespan
+    return out
 
 
 # ---- output -------------------------------------------------------------------------------------
 
-def table(results: Sequence[Result], baseline: str = "exclusive-sjf") -> str:
-    base = next((r.makespan for r in results if r.policy == baseline), None)
-    head = f"{'policy':15s} {'makespan':>9s} {'vs SJF':>7s} {'mean JCT':>9s} {'p95 JCT':>8s} {'p95 slow':>8s} {'SM util':>7s} {'mem util':>8s} {'OOM':>4s} {'lost':>4s}"
+def table(results: Sequence[Result]) -> str:
+    head = (f"{'policy':15s} {'makespan':>9s} {'vs SJF':>7s} {'mean JCT':>9s} {'p95 JCT':>8s} {'p95 slow':>8s} "
+            f"{'max slow':>8s} {'SM util':>7s} {'mem util':>8s} {'OOM':>4s} {'lost':>4s}")
     lines = [head]
     for r in results:
-        rel = f"{r.makespan / base:.3f}" if base else "-"
-        mark = "*" if r.lost else "s"  # lost jobs end early: the makespan covers fewer jobs
-        lines.append(f"{r.policy:15s} {r.makespan:8.0f}{mark} {rel:>7s} {r.mean_jct:8.0f}s {r.p95_jct:7.0f}s "
-                     f"{r.p95_slowdown:7.2f}x {r.sm_util * 100:6.0f}% {r.mem_util * 100:7.0f}% {r.oom:4d} {r.lost:4d}")
-    if any(r.lost for r in results):
-        lines.append("* jobs were lost (OOM more than MAX_TRIES times, or never fit): makespan ends with the last loss")
+        if r.failed:  # lost jobs end early: a short makespan there is no achievement
+            span, rel = f"{'FAILED':>9s}", f"{'-':>7s}"
+        else:
+            span, rel = f"{r.makespan:8.0f}s", f"{r.ratio:7.3f}" if r.ratio is not None else f"{'-':>7s}"
+        lines.append(f"{r.policy:15s} {span} {rel} {r.mean_jct:8.0f}s {r.p95_jct:7.0f}s "
+                     f"{r.p95_slowdown:7.2f}x {r.max_slowdown:7.2f}x {r.sm_util * 100:6.0f}% {r.mem_util * 100:7.0f}% "
+                     f"{r.oom:4d} {r.lost:4d}")
+    if any(r.failed for r in results):
+        lines.append("FAILED: jobs were lost (OOM more than MAX_TRIES times, or never fit); JCT and slowdown cover the rest")
+    return "\n".join(lines)
+
+
+def seeds_table(per_seed: Sequence[Sequence[Result]]) -> str:
+    """Per policy over seeds: median and worst ratio to SJF, failed seeds, worst p95 and max slowdown."""
+    lines = [f"{'policy':15s} {'median vs SJF':>13s} {'worst':>7s} {'failed':>7s} {'OOM':>5s} {'p95 slow':>8s} {'max slow':>8s}"]
+    for i, r0 in enumerate(per_seed[0]):
+        rs = [rs[i] for rs in per_seed]
+        ok = [r.ratio for r in rs if r.ratio is not None]
+        med = f"{float(np.median(ok)):13.3f}" if ok else f"{'-':>13s}"
+        worst = f"{max(ok):7.3f}" if ok else f"{'-':>7s}"
+        lines.append(f"{r0.policy:15s} {med} {worst} {sum(r.failed for r in rs):4d}/{len(rs):<2d} "
+                     f"{sum(r.oom for r in rs):5d} {max(r.p95_slowdown for r in rs):7.2f}x "
+                     f"{max(r.max_slowdown for r in rs):7.2f}x")
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ def flat(name, sm, bw=0.2, runtime=100.0, cache_bound=False, mem=GiB):
 LIGHT = flat("light", 0.30)
 LIGHT2 = flat("light2", 0.32)
 HOT = flat("hot", 1.0, bw=0.9, cache_bound=True)
+TINY = dataclasses.replace(flat("tiny", 0.05, bw=0.02), runs=5)  # well known, barely uses the GPU
 HOT2 = flat("hot2", 1.0, bw=0.9, cache_bound=True)
 G0 = GpuView("gpu-0", 0, int(79.6 * GiB), mps="active")
 
@@ -33,23 +34,23 @@ def one(cands, gpus=(G0,), placed=(), **cfg):
     return plan(cands, list(gpus), list(placed), PolicyConfig(**cfg))
 
 
-# ---- memory: the hard rule, unchanged behaviour for jobs without profiles ----------------------
+# ---- memory: the hard rule (small, well-known jobs: nothing but memory decides) ------------------
 
 def test_priority_then_fifo_and_backfill():
     g = GpuView("g", 0, 10 * GiB)
-    d = plan([Candidate(1, 8 * GiB, seq=1), Candidate(2, 4 * GiB, seq=2, priority=5),
-              Candidate(3, 6 * GiB, seq=3), Candidate(4, 2 * GiB, seq=4)], [g], [])
+    d = plan([Candidate(1, 8 * GiB, seq=1, profile=TINY), Candidate(2, 4 * GiB, seq=2, priority=5, profile=TINY),
+              Candidate(3, 6 * GiB, seq=3, profile=TINY), Candidate(4, 2 * GiB, seq=4, profile=TINY)], [g], [])
     assert [x.job_id for x in d] == [2, 1, 3, 4]
     by = {x.job_id: x for x in d}
     assert by[2].action == START and by[1].action == WAIT and "waiting for memory" in by[1].reason
     assert by[3].action == START and by[4].action == WAIT  # 4 + 6 = 10: full
-    assert by[2].mode == "timesliced"  # no profile: time-sliced, profiled
+    assert by[2].mode == "mps"
 
 
 def test_best_fit_and_no_gpu_jobs():
     a, b = GpuView("a", 0, 16 * GiB), GpuView("b", 1, 16 * GiB)
-    placed = [Placed(9, ("a",), 10 * GiB)]
-    d = plan([Candidate(1, 4 * GiB, seq=1), Candidate(2, 0, gpus=0, seq=2)], [a, b], placed)
+    placed = [Placed(9, ("a",), 10 * GiB, profile=TINY)]
+    d = plan([Candidate(1, 4 * GiB, seq=1, profile=TINY), Candidate(2, 0, gpus=0, seq=2)], [a, b], placed)
     assert d[0].gpus == ("a",)  # least room left over
     assert (d[1].action, d[1].mode, d[1].gpus) == (START, "none", ())
 
@@ -63,21 +64,21 @@ def test_prohibited_gpu_takes_nothing_and_can_ever_fit():
 def test_gpu_out_of_service_takes_nothing_and_waiting_jobs_are_told():
     lost = GpuView("l", 1, 16 * GiB, error="NVML error: GPU is lost")
     ok = GpuView("o", 0, 16 * GiB)
-    d = plan([Candidate(1, 10 * GiB, seq=1), Candidate(2, 10 * GiB, seq=2)], [ok, lost], [])
+    d = plan([Candidate(1, 10 * GiB, seq=1, profile=TINY), Candidate(2, 10 * GiB, seq=2, profile=TINY)], [ok, lost], [])
     assert (d[0].action, d[0].gpus) == (START, ("o",))
     assert d[1].action == WAIT and "GPU1 is out of service (NVML error: GPU is lost)" in d[1].reason
     # its running jobs keep their budgets: once it answers again, only what is free there is placed
     back = GpuView("l", 1, 16 * GiB)
-    d = plan([Candidate(3, 10 * GiB, seq=3)], [back], [Placed(9, ("l",), 10 * GiB)])
+    d = plan([Candidate(3, 10 * GiB, seq=3, profile=TINY)], [back], [Placed(9, ("l",), 10 * GiB, profile=TINY)])
     assert d[0].action == WAIT and "out of service" not in d[0].reason
 
 
 def test_a_job_passed_over_too_long_gets_a_gpu_held_for_it():
     """Backfill without a limit starves a big job behind a stream of small ones."""
     a, b = GpuView("a", 0, 16 * GiB), GpuView("b", 1, 16 * GiB)
-    placed = [Placed(8, ("a",), 6 * GiB), Placed(9, ("b",), 10 * GiB)]
-    big = Candidate(1, 16 * GiB, seq=1, queued_at=0.0)
-    smalls = [Candidate(2, 4 * GiB, seq=2, queued_at=500.0), Candidate(3, 4 * GiB, seq=3, queued_at=500.0)]
+    placed = [Placed(8, ("a",), 6 * GiB, profile=TINY), Placed(9, ("b",), 10 * GiB, profile=TINY)]
+    big = Candidate(1, 16 * GiB, seq=1, queued_at=0.0, profile=TINY)
+    smalls = [Candidate(2, 4 * GiB, seq=2, queued_at=500.0, profile=TINY), Candidate(3, 4 * GiB, seq=3, queued_at=500.0, profile=TINY)]
     cfg = PolicyConfig(hold_after=1800)
     early = {d.job_id: d for d in plan([big, *smalls], [a, b], placed, cfg, now=600.0)}
     assert early[1].action == WAIT and "held" not in early[1].reason
@@ -97,8 +98,8 @@ def test_a_job_passed_over_too_long_gets_a_gpu_held_for_it():
 def test_a_hold_stays_where_it_was_while_that_gpu_can_still_take_the_job():
     a, b = GpuView("a", 0, 16 * GiB), GpuView("b", 1, 16 * GiB)
     # GPU1 was held last pass and has drained to 10 GiB free; GPU0 now has more free (12 GiB)
-    placed = [Placed(8, ("a",), 4 * GiB), Placed(9, ("b",), 6 * GiB)]
-    big = Candidate(1, 16 * GiB, seq=1, queued_at=0.0)
+    placed = [Placed(8, ("a",), 4 * GiB, profile=TINY), Placed(9, ("b",), 6 * GiB, profile=TINY)]
+    big = Candidate(1, 16 * GiB, seq=1, queued_at=0.0, profile=TINY)
     cfg = PolicyConfig(hold_after=60)
     fresh = plan([big], [a, b], placed, cfg, now=100.0)[0]
     assert fresh.details["held"] == [0]  # nothing held before: the most free
@@ -111,8 +112,8 @@ def test_a_hold_stays_where_it_was_while_that_gpu_can_still_take_the_job():
 
 def test_only_the_first_long_waiter_in_queue_order_gets_a_hold():
     g = [GpuView(f"g{i}", i, 16 * GiB) for i in range(3)]
-    placed = [Placed(9, (f"g{i}",), 8 * GiB) for i in range(3)]
-    c = [Candidate(1, 12 * GiB, seq=1), Candidate(2, 12 * GiB, seq=2, priority=1), Candidate(3, 12 * GiB, seq=3)]
+    placed = [Placed(9, (f"g{i}",), 8 * GiB, profile=TINY) for i in range(3)]
+    c = [Candidate(1, 12 * GiB, seq=1, profile=TINY), Candidate(2, 12 * GiB, seq=2, priority=1, profile=TINY), Candidate(3, 12 * GiB, seq=3, profile=TINY)]
     d = {x.job_id: x for x in plan(c, g, placed, PolicyConfig(hold_after=60), now=100.0)}
     assert "held for it" in d[2].reason and "held for it" not in d[1].reason + d[3].reason
     assert "is held for job 2" in d[1].reason
@@ -174,9 +175,37 @@ def test_time_sliced_when_it_beats_waiting():
     assert re.search(r"sharing would saturate: predicted peak SM 200 %.*throughput [\d.]+ vs 1\.00 waiting", d.reason)
 
 
-def test_unprofiled_job_runs_time_sliced_next_to_others():
+def test_unprofiled_job_runs_alone_or_beside_one_well_known_job():
+    alone = one([Candidate(2, GiB)])[0]
+    assert (alone.action, alone.mode) == (START, "timesliced") and "no profile yet, runs alone" in alone.reason
     d = one([Candidate(2, GiB)], placed=[Placed(1, ("gpu-0",), GiB, profile=HOT)])[0]
-    assert (d.action, d.mode) == (START, "timesliced") and "no profile yet" in d.reason
+    assert d.action == WAIT and "runs alone or beside one well-known job" in d.reason  # HOT: one run only
+    d = one([Candidate(2, GiB)], placed=[Placed(1, ("gpu-0",), GiB, profile=TINY)])[0]
+    assert (d.action, d.mode) == (START, "timesliced"), d.reason  # TINY: 5 runs, barely slowed
+    two = [Placed(1, ("gpu-0",), GiB, profile=TINY), Placed(3, ("gpu-0",), GiB, profile=TINY)]
+    assert one([Candidate(2, GiB)], placed=two)[0].action == WAIT  # at most one neighbour
+    # and the other way round: a job running with no profile takes one well-known neighbour only
+    stranger = [Placed(1, ("gpu-0",), GiB)]
+    assert one([Candidate(2, GiB, profile=LIGHT)], placed=stranger)[0].action == WAIT  # LIGHT: one run
+    assert one([Candidate(2, GiB, profile=TINY)], placed=stranger)[0].mode == "timesliced"
+    assert one([Candidate(2, GiB, profile=TINY)], placed=stranger + [Placed(3, ("gpu-0",), GiB, profile=TINY)]
+               )[0].action == WAIT
+
+
+def test_no_job_is_knowingly_slowed_past_the_bound():
+    """MPS included: a pairing that fits under saturation still goes through the slowdown check."""
+    bw_heavy = flat("bw", 0.40, bw=0.8, cache_bound=True)
+    d = one([Candidate(2, GiB, profile=bw_heavy)], placed=[Placed(1, ("gpu-0",), GiB, mode="mps", profile=bw_heavy)],
+            bw_saturation=2.0)[0]
+    assert d.action == WAIT and "slower than alone (bound 1.5x)" in d.reason, d.reason
+    assert d.details["slowdown"]["mps"] > 1.5
+    loose = one([Candidate(2, GiB, profile=bw_heavy)], placed=[Placed(1, ("gpu-0",), GiB, mode="mps", profile=bw_heavy)],
+                bw_saturation=2.0, slowdown_bound=10.0)[0]
+    assert loose.action == WAIT and "throughput" in loose.reason  # and it would not pay either
+    # the margin (observed prediction error) makes the same check stricter
+    light = [Placed(1, ("gpu-0",), GiB, mode="mps", profile=LIGHT)]
+    assert one([Candidate(2, GiB, profile=LIGHT2)], placed=light, margin=0.1)[0].mode == "mps"
+    assert one([Candidate(2, GiB, profile=LIGHT2)], placed=light, margin=0.6)[0].action == WAIT
 
 
 def test_uid_rule_without_and_with_multi_user_mps():
@@ -222,3 +251,30 @@ def test_shipped_profiles_light_pair_and_heavy_pair():
     assert [x.mode for x in light] == ["mps", "mps"]
     heavy = plan([Candidate(1, 2 * GiB, seq=1, profile=s.get("hoomd")), Candidate(2, 2 * GiB, seq=2, profile=s.get("hoomd"))], [g], [])
     assert heavy[0].action == START and heavy[1].action == WAIT
+
+
+def test_learned_corun_slowdown_and_margin_change_the_next_decision():
+    light = [Placed(1, ("gpu-0",), GiB, mode="mps", profile=LIGHT, elapsed=0)]
+    cand = [Candidate(2, GiB, profile=LIGHT2)]
+    assert one(cand, placed=light)[0].mode == "mps"
+    learned = pol.Learned()
+    # a run alone teaches LIGHT2's real alone time (10 % longer than stored), nothing about co-running
+    assert learned.observe("light2", [], "mps", 1.0, 110.0, 100.0, peak_mem=GiB) == pytest.approx(1.1)
+    assert learned.corun == {} and learned.errors == []
+    # then, beside LIGHT under MPS, predicted unslowed, it took 2.2x its stored time: 2x co-run slowdown
+    assert learned.observe("light2", ["light"], "mps", 1.0, 220.0, 100.0) == pytest.approx(2.0)
+    assert learned.factor("light2", "light", "mps") == pytest.approx(2.0)
+    d = plan(cand, [G0], light, PolicyConfig(), learned=learned)[0]
+    assert d.action == WAIT and "slower than alone" in d.reason, d.reason
+    # a profile never seen alone learns only what passes ALONE_DOUBT
+    fresh = pol.Learned()
+    assert fresh.observe("x", ["y"], "timesliced", 1.0, 120.0, 100.0) is None and not fresh.corun
+    assert fresh.observe("x", ["y"], "timesliced", 1.0, 250.0, 100.0) == pytest.approx(2.0)
+    # the margin follows the errors seen, 5 .. 25 %
+    m = pol.Learned(errors=[1.0] * 10)
+    assert m.margin(0.1) == pytest.approx(0.05)
+    assert pol.Learned(errors=[3.0] * 10).margin(0.1) == pytest.approx(0.25)
+    assert pol.Learned(errors=[1.2] * 3).margin(0.1) == 0.1  # too few to say
+    # budgets: the most memory any run used, plus 10 %, in 256 MiB steps
+    learned.observe("light2", [], "mps", 1.0, 100.0, 100.0, peak_mem=3 * GiB)
+    assert learned.suggest_budget("light2") == int(3.5 * GiB) and learned.suggest_budget("nobody") is None

@@ -3,13 +3,14 @@ shipped mixes, determinism, history replay, and the CLI."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from colo import cli_sim, policy, sim, simmodel
+from colo import cli_sim, policy, sim, simmodel, simtruth
 from colo.profiles import Profile, ProfileStore, shipped_dir
 
 GiB = 1024**3
@@ -197,3 +198,108 @@ def test_cli_from_history_hook(cli, monkeypatch):
     monkeypatch.setattr(cli_sim, "load_history_rows", lambda: rows)
     r = cli("sim", "--from-history", "--json", "-p", "colo")
     assert r.exit_code == 0 and json.loads(r.stdout)["results"][0]["makespan"] == pytest.approx(45.0)
+
+
+# ---- truth apart from prediction (issue 13) ----------------------------------------------------
+
+def test_study_truth_keeps_the_mps_study_pairs():
+    light = flat("s-light", **{k: simmodel.CAL_LIGHT[k] for k in ("sm", "runtime", "cache_bound")}, bw=simmodel.CAL_LIGHT["membw"])
+    h = simtruth.calibration_pair("heavy")
+    heavy = flat("s-heavy", h["sm"], h["membw"], h["runtime"], h["cache_bound"])
+    exact_physics = simtruth.Truth("study", spreads=simtruth.NO_SPREAD)
+    assert sim.simulate(pair(light), "mps-all", truth=exact_physics).makespan == pytest.approx(0.74, abs=0.005)
+    assert sim.simulate(pair(light), "naive", truth=exact_physics).makespan == pytest.approx(1.50, abs=0.005)
+    assert sim.simulate(pair(heavy), "mps-all", truth=exact_physics).makespan == pytest.approx(223.6, abs=0.2)
+    assert sim.simulate(pair(heavy), "naive", truth=exact_physics).makespan == pytest.approx(61.5, abs=0.1)
+
+
+def test_policies_decide_from_stored_profiles_not_from_the_truth():
+    """SJF orders by the *stored* run time: a job that really runs longer than stored keeps its
+    place; the truth moves only how long things take."""
+    short, long_ = flat("short", 0.5, 0.2, 100), flat("long", 0.5, 0.2, 300)
+    jobs = [sim.SimJob(1, long_, budget=2 * GiB), sim.SimJob(2, short, budget=2 * GiB)]
+    for kind in simtruth.TRUTHS:
+        for seed in range(3):
+            r = sim.simulate(jobs, "exclusive-sjf", truth=simtruth.Truth(kind, seed))
+            by = {j["id"]: j for j in r.jobs}
+            assert by[2]["start"] == 0.0 and by[1]["start"] == pytest.approx(by[2]["alone"]), (kind, seed)
+    spread = simtruth.Spreads(duration=(2.0, 2.0), corun=(0.0, 0.0))
+    r = sim.simulate(jobs, "exclusive-sjf", truth=simtruth.Truth("noisy", 0, spread))
+    assert [j["alone"] for j in r.jobs] == pytest.approx([600.0, 200.0])  # the truth, not the profile
+
+
+def test_noisy_truth_is_reproducible_and_differs_by_seed():
+    w = sim.load_workload("light").jobs[:8]
+    a = [sim.simulate(w, "tetris", truth=simtruth.Truth("noisy", 3)).summary() for _ in range(2)]
+    assert a[0] == a[1]
+    assert sim.simulate(w, "tetris", truth=simtruth.Truth("noisy", 4)).makespan != a[0]["makespan"]
+
+
+def test_a_job_failing_at_its_first_step_does_not_lose_the_queue():
+    """It used to: the node looked idle with nothing pending, so every queued job was 'lost'."""
+    huge = Profile(name="huge", step=1, sm=np.full(5, 0.5), membw=np.full(5, 0.1), mem=np.full(5, 20 * GiB),
+                   runtime=5)
+    ok = flat("ok", 0.5, 0.1, 50)
+    r = sim.simulate([sim.SimJob(1, huge), sim.SimJob(2, ok)], "exclusive-fifo")
+    by = {j["id"]: j for j in r.jobs}
+    assert by[1]["state"] == "lost" and by[1]["ooms"] == sim.MAX_TRIES
+    assert by[2]["state"] == "done" and r.makespan == pytest.approx(50.0)
+    assert r.failed
+
+
+def test_lost_jobs_are_a_failure_never_a_shorter_makespan():
+    w = sim.load_workload("light").jobs
+    res = {r.policy: r for r in sim.compare(w, ["naive", "colo"])}  # SJF is run for the ratio
+    assert res["naive"].lost > 0 and res["naive"].ratio is None
+    assert res["colo"].lost == 0 and res["colo"].ratio is not None and res["colo"].ratio < 1.0
+    text = sim.table(list(res.values()))
+    assert re.search(r"naive\s+FAILED\s+-", text) and "FAILED: jobs were lost" in text
+
+
+def test_grow_requeues_a_job_refused_by_its_budget_once_with_a_larger_one():
+    grow = Profile(name="grow", step=10, sm=np.full(10, 0.2), membw=np.full(10, 0.1),
+                   mem=(np.linspace(1, 4, 10) * GiB).astype(np.int64), runtime=100)
+    jobs = [sim.SimJob(1, grow, budget=3 * GiB)]
+    assert sim.simulate(jobs, "colo").lost == 1
+    r = sim.simulate(jobs, "colo", grow=True)
+    j = r.jobs[0]
+    # refused at 3.33 GiB: 1.25 x that, rounded up to 256 MiB
+    assert (r.lost, j["state"], j["ooms"]) == (0, "done", 1) and j["budget"] == int(4.25 * GiB)
+    capped = sim.simulate(jobs, "colo", grow=True, gpu_mem=int(3.5 * GiB))
+    assert capped.lost == 1 and capped.jobs[0]["budget"] == int(3.5 * GiB)  # no more than the GPU has
+
+
+def test_cli_sim_truth_and_seeds(cli):
+    r = cli("sim", "light", "--truth", "noisy", "--seeds", "2", "--json", "-p", "colo", "-p", "tetris", "--grow")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["truth"] == "noisy" and [(x["seed"], x["policy"]) for x in d["results"]] == [
+        (0, "colo"), (0, "tetris"), (1, "colo"), (1, "tetris")]
+    assert all({"ratio", "lost", "oom", "p95_slowdown", "max_slowdown", "makespan"} <= set(x) for x in d["results"])
+    r = cli("sim", "light", "--truth", "study", "--seeds", "2", "-p", "colo")
+    assert r.exit_code == 0 and "over 2 seeds" in r.stdout and "median vs SJF" in r.stdout
+    r = cli("sim", "light", "--truth", "magic")
+    assert r.exit_code == 1 and "unknown truth" in r.stderr
+
+
+def test_colo_in_sim_learns_across_repeated_mixes():
+    """A pair whose co-running really costs far more than the model knows: shared the first
+    time, not once colo has seen it (and each alone)."""
+    a, b = flat("la", 0.3, 0.2, 100), flat("lb", 0.3, 0.2, 100)
+    truth = simtruth.Truth("noisy", 0, simtruth.Spreads((1, 1), (1, 1), (1, 1), 0.0, (1, 1), (2.0, 2.0)))
+    learned = policy.Learned()
+    alone = sim.simulate([sim.SimJob(1, a, budget=GiB)], "colo", truth=truth, learned=learned)
+    alone2 = sim.simulate([sim.SimJob(1, b, budget=GiB)], "colo", truth=truth, learned=learned)
+    assert alone.makespan == alone2.makespan == pytest.approx(100.0) and set(learned.alone) == {"la", "lb"}
+    jobs = [sim.SimJob(1, a, budget=GiB), sim.SimJob(2, b, budget=GiB)]
+    first = sim.simulate(jobs, "colo", truth=truth, learned=learned)
+    assert [j["start"] for j in first.jobs] == [0.0, 0.0] and first.makespan == pytest.approx(300.0)
+    assert learned.factor("la", "lb", "mps") == pytest.approx(3.0)
+    again = sim.simulate(jobs, "colo", truth=truth, learned=learned)
+    assert sorted(j["start"] for j in again.jobs) == [0.0, pytest.approx(100.0)] and again.makespan == pytest.approx(200.0)
+    # budgets learn too: with --grow a job starts with what its profile needed before
+    grow = Profile(name="grow", step=10, sm=np.full(10, 0.2), membw=np.full(10, 0.1),
+                   mem=(np.linspace(1, 4, 10) * GiB).astype(np.int64), runtime=100)
+    sim.simulate([sim.SimJob(1, grow, budget=3 * GiB)], "colo", grow=True, learned=learned)
+    r = sim.simulate([sim.SimJob(1, grow, budget=3 * GiB)], "colo", grow=True, learned=learned)
+    assert (r.oom, r.lost) == (0, 0) and r.jobs[0]["budget"] >= 4 * GiB

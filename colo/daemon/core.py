@@ -63,7 +63,8 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         self.config = config
         self.cfg_policy = policy.PolicyConfig(reserve=config.reserve, saturation=config.saturation,
                                               bw_saturation=config.bw_saturation, min_gain=config.min_gain,
-                                              hold_after=config.hold_after,
+                                              hold_after=config.hold_after, slowdown_bound=config.slowdown_bound,
+                                              unprofiled_share=config.unprofiled_share,
                                               multi_user_mps=config.multi_user_mps, use_mps=config.use_mps)
         self._lock_fd: int | None = None
         self.store: Store | None = None
