@@ -84,6 +84,7 @@ def submit(
     env_file: List[Path] = typer.Option([], "--env-file", help="K=V lines (# comments), repeatable"),
     wait_: bool = typer.Option(False, "--wait", help="block until the job ends; exit with its exit code"),
     follow: bool = typer.Option(False, "--follow", "-f", help="print its output until it ends (implies --wait)"),
+    grow: bool = typer.Option(False, "--grow", help="refused by its budget: requeue once with a larger one"),
     sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt,
 ):
     """Queue a job; prints its id.
@@ -105,6 +106,8 @@ def submit(
                           retries=retries)
     except SubmitError as e:
         fail(str(e))
+    if grow:  # sent only when asked for: a daemon of before --grow takes the spec unchanged
+        spec["grow"] = True
     job = _call(client(sock).submit, spec)
     print_json(job) if as_json else typer.echo(job["id"])
     if follow:  # like `docker run`: the output, then the job's exit code
@@ -247,6 +250,15 @@ def explain(job: str = typer.Argument(..., help="job id or name"), sock: Optiona
         typer.echo(f"job {job_id} ({r['state']}): no placement decision yet. {r['reason']}")
     else:
         typer.echo(f"job {job_id} ({r['state']}): {d['reason']}")
+        det = d.get("details") or {}
+        if "observed_slowdown" in det:  # what it really did, against what was predicted at its start
+            shared = ", ".join(det.get("shared_with") or []) or "nobody"
+            typer.echo(f"predicted slowdown {det.get('predicted_slowdown', 1.0):.2f}x, observed "
+                       f"{det['observed_slowdown']:.2f}x of its profile's {det['profile_runtime']:.0f} s alone "
+                       f"(shared with {shared})")
+        if det.get("suggested_budget"):
+            typer.echo(f"suggested budget for its profile: {format_size(det['suggested_budget'])} "
+                       f"(the most any run used, + 10 %)")
 
 
 @app.command()

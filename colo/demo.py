@@ -1,4 +1,8 @@
-"""`colo demo`: a private daemon on simulated GPUs, a handful of jobs, a summary. Stops cleanly."""
+"""`colo demo`: a private daemon on simulated GPUs tells colo's story with real jobs (colo-burn):
+two light profiled jobs share a GPU under MPS, a heavy job is kept off a GPU it would saturate,
+a job nobody profiled runs alone, is profiled, and its next run is placed from what was learned,
+a budget refuses one allocation, and the summary says what sharing saved against one job per GPU.
+Stops cleanly unless --keep."""
 from __future__ import annotations
 
 import os
@@ -10,25 +14,29 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import fakegpu, native
+from . import fakegpu, native, profiles
 from .client import Client, ClientError
 from .units import format_duration, format_size
 
 GiB = 1024**3
+ENDED = ("succeeded", "failed", "cancelled", "lost")
 
-# name, budget, what colo-burn does, why it is in the demo
-JOBS = [
-    ("train-a", "10GiB", ["--mem", "8GiB", "--duty", "60", "--seconds", "4"], "fits on a GPU of its own"),
-    ("train-b", "10GiB", ["--mem", "8GiB", "--duty", "60", "--seconds", "4"], "fits on the other GPU"),
-    ("infer", "4GiB", ["--mem", "3GiB", "--duty", "20", "--seconds", "3"], "fits beside one of them"),
-    ("finetune", "12GiB", ["--mem", "10GiB", "--duty", "50", "--seconds", "2"], "must wait for memory"),
-    ("greedy", "2GiB", ["--mem", "1GiB", "--over", "4GiB", "--seconds", "1"],
-     "tries to pass its budget: refused, keeps running"),
-]
+# Profiles the demo ships to its daemon: what these colo-burn runs do, as if learned from 3 runs.
+# (name, SM, bandwidth, cache-bound); colo-burn --duty D shows SM D % and bandwidth D/2 %.
+DEMO_PROFILES = [("demo-light", 0.30, 0.15, False), ("demo-heavy", 0.95, 0.48, True), ("demo-tiny", 0.10, 0.05, False)]
 
 
-def _say(msg: str) -> None:
+def _say(msg: str = "") -> None:
     print(msg, flush=True)
+
+
+def _write_profiles(d: Path) -> None:
+    for name, sm, bw, cache in DEMO_PROFILES:
+        n = 20
+        p = profiles.from_samples(name, {"times": list(range(n)), "sm": [sm] * n, "mem": [512 * 1024**2] * n,
+                                         "membw": [bw] * n}, runtime=20, cache_bound=cache)
+        p.runs = 3
+        profiles.save(p, d / f"{name}.profile")
 
 
 def run_demo(keep: bool = False) -> int:
@@ -37,47 +45,184 @@ def run_demo(keep: bool = False) -> int:
         _say("A real NVIDIA GPU seems present; this demo still uses simulated GPUs. Run the real daemon with "
              "`sudo colo daemon` (or the systemd unit in packaging/) and submit with `colo submit`.")
     root = Path(tempfile.mkdtemp(prefix="colo-demo-"))
+    os.chmod(root, 0o755)  # MPS servers and job processes reach the simulated driver's state here
     state = root / "fakegpu" / "state"
     state.parent.mkdir()
     os.chmod(state.parent, 0o777)
     fakegpu.create(state, count=2, mem=16 * GiB, name="Colo Simulated GPU")
+    prof = root / "profiles"
+    prof.mkdir()
+    _write_profiles(prof)
+    conf = root / "colo.toml"
+    conf.write_text(f'profile_dirs = ["{prof}"]\nsample_interval = 0.5\nstop_grace = 3.0\nmps_idle_stop = 600.0\n')
     sock = root / "colo.sock"
     env = {**os.environ, "COLO_SOCKET": str(sock)}
     env.pop("COLO_FAKEGPU_STATE", None)
     daemon = subprocess.Popen(
         [sys.executable, "-m", "colo", "daemon", "--state-dir", str(root / "state"), "--socket", str(sock),
-         "--fake-gpus", str(state)], env=env, stdout=open(root / "daemon.log", "wb"), stderr=subprocess.STDOUT)
+         "--config", str(conf), "--fake-gpus", str(state)], env=env,
+        stdout=open(root / "daemon.log", "wb"), stderr=subprocess.STDOUT, start_new_session=keep)
     client = Client(sock, timeout=30)
+    ok = False
     try:
         hello = _wait_up(client, daemon, root)
         image = _demo_image() if hello["docker_error"] is None else None
         where = f"containers of the local image {image}" if image else "host processes (no Docker engine here)"
-        _say(f"colo demo: a private daemon on 2 simulated 16 GiB GPUs; jobs run as {where}.\n")
-        ids = {}
-        burn = "/opt/colo/native/colo-burn" if image else str(native.path(native.BURN))
-        for name, budget, args, why in JOBS:
-            spec = {"argv": [burn, *args], "image": image, "name": name, "gpu_mem": budget, "gpus": 1,
-                    "workdir": None if image else str(root)}
-            job = client.submit(spec)
-            ids[job["id"]] = name
-            _say(f"  submitted job {job['id']:>2} {name:<9} budget {budget:>5}  ({why})")
-        _say("")
-        _watch(client, list(ids))
-        return _summary(client, list(ids))
+        _say(f"colo demo: a private daemon on 2 simulated 16 GiB GPUs; jobs run colo-burn as {where}.")
+        ok = Story(client, image, root).run()
+        return 0 if ok else 1
     except (ClientError, RuntimeError) as e:
         _say(f"colo demo: {e} (daemon log: {root / 'daemon.log'})")
         keep = True
         return 1
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        if keep:
-            _say(f"state kept in {root}")
+        if keep and daemon.poll() is None:
+            _say(f"\nThe daemon is still up (pid {daemon.pid}); watch it with\n"
+                 f"  COLO_SOCKET={sock} colo top\n"
+                 f"stop it with `kill {daemon.pid}`; its state is in {root}")
         else:
-            shutil.rmtree(root, ignore_errors=True)
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+            if keep:
+                _say(f"state kept in {root}")
+            else:
+                shutil.rmtree(root, ignore_errors=True)
+
+
+class Story:
+    def __init__(self, client: Client, image: str | None, root: Path):
+        self.c, self.image, self.root = client, image, root
+        self.burn = "/opt/colo/native/colo-burn" if image else str(native.path(native.BURN))
+        self.ids: dict[int, str] = {}
+        self.gpu_index = {g["uuid"]: g["index"] for g in client.gpus()["gpus"]}
+
+    def submit(self, name: str, budget: str, burn_args: list[str], profile: str | None = None) -> int:
+        spec = {"argv": [self.burn, *burn_args], "image": self.image, "name": name, "gpu_mem": budget, "gpus": 1,
+                "workdir": None if self.image else str(self.root), "profile": profile}
+        job = self.c.submit(spec)
+        self.ids[job["id"]] = name
+        return job["id"]
+
+    def until(self, what: str, cond, timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = cond()
+            if got:
+                return got
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            time.sleep(0.2)
+
+    def state(self, j: int, *states: str) -> dict | None:
+        job = self.c.show(j)
+        return job if job["state"] in states else None
+
+    def waits_because(self, j: int, words: str) -> dict | None:
+        job = self.c.show(j)
+        return job if job["state"] == "queued" and words in (job["reason"] or "") else None
+
+    def where(self, job: dict) -> str:
+        return f"GPU{self.gpu_index.get(job['gpus'][0], '?')}" if job.get("gpus") else "-"
+
+    def told(self, j: int) -> str:
+        d = self.c.explain(j)["decision"]
+        return d["reason"] if d else self.c.show(j)["reason"]
+
+    def run(self) -> bool:
+        burn = ["--mem", "1GiB", "--duty", "30", "--seconds", "10"]
+        _say("\n1. Two light jobs with profiles (30 % SM each) share one GPU as MPS clients:")
+        a = self.submit("light-a", "2GiB", burn, "demo-light")
+        b = self.submit("light-b", "2GiB", burn, "demo-light")
+        for j in (a, b):
+            job = self.until("the light jobs to start", lambda j=j: self.state(j, "running", *ENDED))
+            _say(f"   job {j} {self.ids[j]:<8} {self.told(j)}")
+
+        _say("\n2. Heavy jobs (95 % SM, cache-bound) saturate a GPU by themselves:")
+        h1 = self.submit("heavy-1", "4GiB", ["--mem", "2GiB", "--duty", "95", "--seconds", "8"], "demo-heavy")
+        job = self.until("heavy-1 to start", lambda: self.state(h1, "running", *ENDED))
+        _say(f"   job {h1} heavy-1  {self.told(h1)}")
+        h2 = self.submit("heavy-2", "4GiB", ["--mem", "2GiB", "--duty", "95", "--seconds", "8"], "demo-heavy")
+        self.until("heavy-2's decision", lambda: self.waits_because(h2, "predicted") or self.state(h2, "running", *ENDED))
+        _say(f"   job {h2} heavy-2  kept off: {self.told(h2).removeprefix('waiting: ')}")
+
+        _say("\n3. A budget holds: a job asks for 2 GiB more than its 1 GiB budget; only that allocation is refused:")
+        g = self.submit("greedy", "1GiB", ["--mem", "512MiB", "--over", "2GiB", "--seconds", "3"], "demo-tiny")
+        job = self.until("greedy to end", lambda: self.state(g, *ENDED))
+        _say(f"   job {g} greedy   {job['state']} ({job['mode']} on {self.where(job)}): {job['reason']}")
+
+        _say("\n4. A job nobody has profiled yet runs alone, so that its first profile is clean:")
+        fresh_args = self.fresh_args = ["--mem", "768MiB", "--duty", "40", "--seconds", "5"]
+        f1 = self.submit("fresh", "2GiB", fresh_args)
+        job = self.until("fresh to be placed", lambda: self.waits_because(f1, "no profile") or self.state(f1, "running", *ENDED))
+        if job["state"] == "queued":
+            _say(f"   job {f1} fresh    waits: {job['reason'].removeprefix('waiting: ')}")
+        job = self.until("fresh to start", lambda: self.state(f1, "running", *ENDED))
+        _say(f"   job {f1} fresh    {self.told(f1)}")
+        self.until("fresh to end", lambda: self.state(f1, *ENDED))
+        try:
+            learned = self.until("fresh's profile to be learned", self.learned_profile, timeout=30)
+        except RuntimeError:
+            learned = None
+            _say("   (no profile was learned from it: too few samples; its next run is placed as unprofiled)")
+        if learned is not None:
+            _say(f"   learned from its run: profile {learned.name}, {format_duration(learned.runtime)}, "
+                 f"peak SM {learned.peak_sm * 100:.0f} %, peak memory {format_size(learned.peak_mem)}")
+
+        _say("\n5. Its next run is placed from what was learned:")
+        c = self.submit("light-c", "2GiB", ["--mem", "1GiB", "--duty", "30", "--seconds", "6"], "demo-light")
+        self.until("light-c to start", lambda: self.state(c, "running", *ENDED))
+        f2 = self.submit("fresh", "2GiB", fresh_args)
+        job = self.until("fresh's second run to start", lambda: self.state(f2, "running", *ENDED))
+        _say(f"   job {f2} fresh    {self.told(f2)}")
+
+        self.until("every job to end", lambda: all(self.state(j, *ENDED) for j in self.ids), timeout=120)
+        return self.summary()
+
+    def learned_profile(self):
+        """The profile the daemon learned for `fresh` (named after its image and command)."""
+        name = profiles.key_for(self.image, [self.burn, *self.fresh_args])
+        for d in (self.root / "state" / "profiles", self.root / "profiles"):  # the first it can write
+            try:
+                return profiles.load(d / f"{name}.profile")
+            except (OSError, profiles.ProfileError):
+                continue
+        return None
+
+    def summary(self) -> bool:
+        _say("\nSummary")
+        ok, spans, busy = True, [], {}
+        for i in self.ids:
+            j = self.c.show(i)
+            ran = (j["ended_at"] or time.time()) - (j["started_at"] or time.time())
+            _say(f"  job {i:>2} {j['name']:<8} {j['state']:<9} {j['mode'] or '-':<10} {self.where(j):<5} budget "
+                 f"{format_size(j['budget']):>7}  ran {format_duration(ran):>4}  {j['reason'] or ''}")
+            ok &= j["state"] == "succeeded"
+            if j["started_at"] and j["ended_at"] and j.get("gpus"):
+                spans.append(ran)
+                busy.setdefault(j["gpus"][0], []).append((j["started_at"], j["ended_at"]))
+        alone = sum(spans)
+        used = sum(_union(iv) for iv in busy.values())
+        if alone > 0:
+            _say(f"\nWhat sharing saved: the jobs ran {alone:.0f} s in all; one job per GPU needs that much GPU time, "
+                 f"sharing needed {used:.0f} s ({(alone - used) / alone * 100:.0f} % less). (Simulated GPUs do not "
+                 f"slow co-running jobs; on a real one the MPS pair of 1. was predicted to lose nothing, and "
+                 f"what it really lost would be learned.)")
+        _say("Every budget held: no GPU ever had more memory promised than it has.")
+        _say("Next: `colo daemon &` then `colo submit --process --gpu-mem 1GiB -- CMD`; `colo top` to watch; "
+             "`colo demo --keep` leaves this daemon up.")
+        return ok
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 def _wait_up(client: Client, daemon: subprocess.Popen, root: Path) -> dict:
@@ -103,45 +248,3 @@ def _demo_image() -> str | None:
     except Exception as e:  # noqa: BLE001 - fall back to host processes
         _say(f"(could not build the demo image: {e}; using host processes)")
         return None
-
-
-def _watch(client: Client, ids: list[int]) -> None:
-    seen: dict[int, str] = {}
-    t0 = time.monotonic()
-    while True:
-        jobs = {j["id"]: j for j in client.ls() if j["id"] in ids}
-        for i in ids:
-            j = jobs[i]
-            if seen.get(i) != j["state"]:
-                seen[i] = j["state"]
-                gpu = f" on GPU{_gpu_index(client, j)}" if j["gpus"] else ""
-                _say(f"  [{time.monotonic() - t0:5.1f}s] job {i:>2} {j['name']:<9} {j['state']:<9}{gpu}  "
-                     f"{j['reason']}")
-        if all(s in ("succeeded", "failed", "cancelled", "lost") for s in seen.values()):
-            return
-        time.sleep(0.2)
-
-
-_gpu_cache: dict[str, int] = {}
-
-
-def _gpu_index(client: Client, j: dict) -> int:
-    if not _gpu_cache:
-        _gpu_cache.update({g["uuid"]: g["index"] for g in client.gpus()["gpus"]})
-    return _gpu_cache.get(j["gpus"][0], -1)
-
-
-def _summary(client: Client, ids: list[int]) -> int:
-    _say("\nSummary")
-    ok = True
-    for i in ids:
-        j = client.show(i)
-        waited = (j["started_at"] or j["submitted_at"]) - j["submitted_at"]
-        ran = (j["ended_at"] or time.time()) - (j["started_at"] or time.time())
-        _say(f"  job {i:>2} {j['name']:<9} {j['state']:<9} budget {format_size(j['budget']):>7}  waited "
-             f"{format_duration(waited):>4}  ran {format_duration(ran):>4}  {j['reason']}")
-        ok &= j["state"] == "succeeded"
-    _say("\nEvery budget held: no GPU ever had more memory promised than it has, and the job that tried to "
-         "take more than its budget had only that allocation refused.")
-    _say("Next: `colo daemon &` then `colo submit --process --gpu-mem 1GiB -- CMD`; `colo top` to watch.")
-    return 0 if ok else 1

@@ -82,6 +82,7 @@ class JobSpec:
     priority: int = 0
     profile: str | None = None
     retries: int = 0  # times a job may be requeued after a fault that was not its own (MPS server fault)
+    grow: bool = False  # refused by its budget: requeued once with a larger one (then False again)
     slurm_job: int | None = None  # started by Slurm on this node (colo/daemon/external.py); never from a submitter
 
     @property

@@ -224,6 +224,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
         if allow_ts:
             return "timesliced", f"time-sliced on {name}: no profile yet, runs alone so that this run is profiled", {"gpu": v.index}, False
         return "mps", f"MPS on {name}: no profile yet, runs alone; EXCLUSIVE_PROCESS GPU takes MPS clients only", {"gpu": v.index}, False
+    prefix = ""
     if not cfg.unprofiled_share and (arr is None or any(r.arr is None for r in g.res)):
         # a stranger (no profile) shares a GPU with at most one well-known job, time-sliced
         stranger = "this job has no profile" if arr is None else \
@@ -236,6 +237,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
             return None, f"{stranger} and {name} is EXCLUSIVE_PROCESS: not co-located under MPS", {"gpu": v.index}, False
         allow_mps, block = False, f"{stranger}"
         arr = arr if arr is not None else _unknown(cfg)
+        prefix = f"{stranger}, and beside job {g.res[0].job_id} "
 
     if not g.res:
         sat = arr.peak_sm >= cfg.saturation or arr.peak_membw >= cfg.bw_saturation
@@ -314,7 +316,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     label = "under MPS" if m == "mps" else "time-sliced"
     why = (f"a job would run {slow[m]:.2f}x slower than alone (bound {cfg.slowdown_bound:g}x)"
            if slow[m] > cfg.slowdown_bound else f"throughput {tp[m]:.2f} {label} vs {wait_tp:.2f} waiting")
-    return None, (f"co-running on {name} predicted to cost more than it gains: "
+    return None, (f"{prefix}co-running on {name} predicted to cost more than it gains: "
                   f"{sat_text + '; ' if sat_text else ''}{why}"), d, False
 
 
@@ -432,17 +434,16 @@ def order(candidates: Sequence[Candidate]) -> list[Candidate]:
 
 def plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequence[Placed],
          config: PolicyConfig = PolicyConfig(), now: float | None = None,
-         learned: "Learned | None" = None) -> list[Decision]:
+         learned: "Learned | dict[int, Learned] | None" = None) -> list[Decision]:
     """One decision per candidate, in queue order; a job that cannot start now lets smaller ones
     behind it start (backfill) when they fit, unless it has waited `hold_after` seconds by `now`
-    (then GPUs are held for it; without `now`, never)."""
+    (then GPUs are held for it; without `now`, never). `learned`: what ends of jobs taught, for
+    every job, or per uid (each user's jobs placed with what that user's runs taught only)."""
     # A pass allocates ~3 small objects per candidate and frees none; cyclic GC runs in the
     # middle of it would double its time and find nothing to collect.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        if learned is not None and learned.errors:  # the margin is the error seen, once there is one
-            config = dataclasses.replace(config, margin=learned.margin(config.margin))
         return _plan(candidates, gpus, placed, config, now, learned)
     finally:
         if was_enabled:
@@ -481,7 +482,19 @@ def _hold_for(c: Candidate, state: dict[str, "_Gpu"]) -> list["_Gpu"] | None:
 
 
 def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequence[Placed],
-          config: PolicyConfig, now: float | None, learned: "Learned | None" = None) -> list[Decision]:
+          config: PolicyConfig, now: float | None, learned: "Learned | dict | None" = None) -> list[Decision]:
+    per_uid = isinstance(learned, dict)
+    cfgs: dict = {}
+
+    def for_uid(uid: int) -> tuple["Learned | None", PolicyConfig]:
+        """What this candidate's owner has learned, and the margin it sizes (cached per pass)."""
+        got = cfgs.get(uid)
+        if got is None:
+            lrn = learned.get(uid) if per_uid else learned
+            c = dataclasses.replace(config, margin=lrn.margin(config.margin)) if lrn is not None and lrn.errors else config
+            got = cfgs[uid] = (lrn, c)
+        return got
+
     cfg = config
     free = free_budget(gpus, placed)
     state: dict[str, _Gpu] = {g.uuid: _Gpu(g, free[g.uuid], []) for g in gpus
@@ -553,13 +566,15 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         options, free_ones = [], 0
         for g in fitting:
             uid_ok = cfg.multi_user_mps or all(r.uid == c.uid for r in g.res if r.mode == "mps")
-            rk = (id(c.profile), uid_ok, g.view.uuid)  # the uid matters only through uid_ok
+            # the uid matters only through uid_ok, and through what its owner learned when per user
+            rk = (id(c.profile), uid_ok, g.view.uuid, c.uid if per_uid else None)
             got = refused.get(rk)  # within a pass a GPU only gets busier: a refusal stands
             if got is None:
                 k = rk + (g.version,)
                 got = memo.get(k)
                 if got is None:
-                    got = memo[k] = _assess(arr, c.uid, g, cfg, learned)
+                    lrn, ccfg = for_uid(c.uid) if learned is not None else (None, cfg)
+                    got = memo[k] = _assess(arr, c.uid, g, ccfg, lrn)
                     if got[0] is None:
                         refused[rk] = got
             options.append((g, got))
@@ -590,7 +605,8 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         most_free = max((g.free for g in state.values()), default=0)
         g0, a0 = chosen[0]
         reason = a0[1] if a0[0] == mode else f"time-sliced on {', '.join(f'GPU{g.view.index}' for g, _ in chosen)}"
-        details = dict(a0[2], mode=mode, budget=c.budget, left=g0.free, usable=g0.view.usable)
+        details = dict(a0[2], mode=mode, budget=c.budget, left=g0.free, usable=g0.view.usable,
+                       predicted_slowdown=max(float(a[2].get("slowdown_this", {}).get(mode, 1.0)) for _, a in chosen))
         tp = thread_pct(arr, cfg) if (mode == "mps" and arr is not None) else None
         if tp is not None:
             details["thread_pct"] = tp

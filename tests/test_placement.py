@@ -3,6 +3,7 @@ driver with its fake MPS control daemon, jobs running the colo-burn load tool.""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -235,5 +236,39 @@ def test_sim_from_history_replays_what_the_daemon_ran(node):
         assert r.returncode == 0, r.stderr
         rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.split()}
         assert "colo" in rows and "exclusive-fifo" in rows and "history" in r.stdout
+    finally:
+        d.stop()
+
+
+def test_explain_shows_predicted_vs_observed_and_shared_runs_do_not_teach_the_alone_profile(node):
+    d = start(node)
+    try:
+        a = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--mem", "600MiB", "--duty", "30", "--seconds", "2"))
+        b = d.submit("--process", "--gpu-mem", "2GiB", "--profile", "light", *burn(d, "--mem", "256MiB", "--duty", "30", "--seconds", "2"))
+        for j in (a, b):
+            d.wait_state(j, "succeeded", timeout=60)
+        assert d.job(a)["mode"] == d.job(b)["mode"] == "mps"
+        out = wait_for(lambda: "observed" in (o := d.cli("explain", str(a)).stdout) and o,
+                       what="the observation in explain")
+        assert re.search(r"predicted slowdown 1\.00x, observed 0\.0\dx of its profile's 600 s alone \(shared with light\)", out), out
+        assert "suggested budget for its profile: 768MiB" in out, out  # 600 MiB + 10 %, in 256 MiB steps
+        # both shared the GPU: the stored profile's alone series and run time were not learned from them
+        assert not (d.state_dir / "profiles" / "light.profile").exists()
+    finally:
+        d.stop()
+
+
+def test_grow_requeues_a_job_refused_by_its_budget_once_with_a_larger_one(node):
+    d = start(node)
+    try:
+        plain = d.submit("--process", "--gpu-mem", "1GiB", *burn(d, "--mem", "1200MiB", "--seconds", "1"))
+        grown = d.submit("--process", "--gpu-mem", "1GiB", "--grow", *burn(d, "--mem", "1200MiB", "--seconds", "1"))
+        assert d.wait_state(plain, "failed", timeout=60)["budget"] == GiB  # without --grow: its failure, as before
+        job = d.wait_state(grown, "succeeded", timeout=90)
+        assert job["budget"] == 1280 * 1024**2 and job["spec"]["grow"] is False  # 1.25x, once
+        events = [e["reason"] for e in job["events"]]
+        assert any("refused by its budget of 1.0GiB; requeued with budget 1.2GiB (--grow)" in r for r in events), events
+        with pytest.raises(Exception, match="grow must be true or false"):
+            d.client.submit({"argv": ["true"], "gpu_mem": "1GiB", "grow": "yes", "workdir": "/tmp"})
     finally:
         d.stop()

@@ -89,6 +89,9 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         self._init_profiles()  # per-user learned, shared, configured, shipped (learning.py)
         self._init_scheduler()
         self._init_patrol()
+        # what ends of jobs taught, per user: one user's runs never change how another's are placed
+        self.learned: dict[int, policy.Learned] = {}
+        self._neighbours: dict[int, set[str]] = {}  # per running job: profiles that shared its GPU
 
     # start-up ---------------------------------------------------------------------------------
     def open(self) -> None:

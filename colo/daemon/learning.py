@@ -7,18 +7,37 @@ state_dir/profiles of colo versions before this; `shared_profiles` from the conf
 state_dir/profiles on a cluster), then the configured `profile_dirs`, then the
 shipped profiles. Nothing but an admin's `profile share` writes outside a user's own folder, so
 one user's runs cannot change how another user's jobs are placed.
+
+At a start the scheduler's decision holds the slowdown plan() predicted for the job
+(details["predicted_slowdown"]) and note_start() records which profiles share its GPU. At its
+end learn() compares: wall time against the stored profile's alone run time, over the predicted
+slowdown. Into the owner's `self.learned[uid]` (policy.Learned, which plan() uses for that
+user's jobs only, invariant 13): the alone-time error from
+uncontended runs, the co-run slowdown the model missed per (profile, neighbour, mode) from shared
+ones, the model's error (the margin), the largest memory per profile (the budget it suggests).
+The observation is added to the job's stored decision, so `colo explain` shows predicted vs
+observed. The stored profile (its series and alone run time) is learned from uncontended runs
+only, or from a first run that has no profile yet: a shared run's wall time is not its alone time.
+What was learned is kept in memory: a restarted daemon starts learning again from its next ends.
+
+Per-process SM under MPS: on a real driver NVML may attribute all MPS clients' activity to the
+MPS server's process (per-process samples then show the server, not the jobs). colo then learns
+no series from an MPS run of a profile it already has (the rule above: it shared the GPU), and
+a job's first run, which has no profile, runs alone time-sliced, where the samples are its own.
 """
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import time
 from pathlib import Path
 
-from .. import profiles
-from ..jobs import Job
+from .. import policy, profiles
+from ..jobs import ACTIVE, Job
 
 log = logging.getLogger("colo")
+GROW = 1.25  # --grow: a budget that refused an allocation grows at least this much (as in colo sim)
 
 
 class LearningMixin:
@@ -95,7 +114,15 @@ class LearningMixin:
         """A job that ran to its end teaches its owner's own copy of the profile it ran under
         (started from the shared or shipped one when the owner has none yet)."""
         rows = self.store.samples(job.id)
-        if len(rows) < 2 or not job.gpus:
+        neighbours = sorted(self._neighbours.pop(job.id, set()))
+        if not job.gpus:
+            return
+        self._observe(job, rows, neighbours)
+        if len(rows) < 2:
+            return
+        if neighbours and self.profile_of(job) is not None:  # its wall time is not its alone time
+            log.info("job %d shared its GPU with %s: its profile's series are not learned from this run",
+                     job.id, ", ".join(neighbours))
             return
         t0 = rows[0][0]
         samples = {"times": [r[0] - t0 for r in rows], "sm": [r[1] or 0.0 for r in rows],
@@ -112,3 +139,50 @@ class LearningMixin:
             self.forget_profile(name, job.uid)
         except (profiles.ProfileError, OSError) as e:
             log.warning("could not learn profile for job %d: %s", job.id, e)
+
+    def grown_budget(self, job: Job) -> int | None:
+        """--grow: the budget a job refused by its budget is requeued with (once): 1.25x its budget,
+        or the most its profile's runs used + 10 % when more, at most the largest usable GPU memory.
+        None when that is no more than it had."""
+        name = self.profile_name(job)
+        peak = max((r[2] or 0 for r in self.store.samples(job.id)), default=0)
+        if peak:
+            self.learned_for(job.uid).max_mem[name] = max(self.learned_for(job.uid).max_mem.get(name, 0), int(peak))
+        q = 256 * 1024**2
+        want = max(job.spec.gpu_mem * GROW, self.learned_for(job.uid).suggest_budget(name) or 0)
+        want = min(int(math.ceil(want / q) * q), max((v.usable for v in self.gpu_views()), default=0))
+        return want if want > job.spec.gpu_mem else None
+
+    def learned_for(self, uid: int) -> policy.Learned:
+        return self.learned.setdefault(uid, policy.Learned())
+
+    def note_start(self, job_id: int, gpus: tuple[str, ...]) -> None:
+        """Who shares a GPU with whom (profile names), both ways, for learning at each end."""
+        me = self.job(job_id)
+        mine = self._neighbours.setdefault(job_id, set())
+        for other in self.jobs_in(*ACTIVE):
+            if other.id != job_id and set(other.gpus) & set(gpus):
+                mine.add(self.profile_name(other))
+                self._neighbours.setdefault(other.id, set()).add(self.profile_name(me))
+
+    def _observe(self, job: Job, rows: list, neighbours: list[str]) -> None:
+        """Predicted vs observed, into self.learned and the job's stored decision."""
+        prof = self.profile_of(job)
+        dec = self.store.decision(job.id)
+        if prof is None or dec is None or dec.get("action") != "start" or not job.started_at or not job.ended_at:
+            return
+        details = dict(dec.get("details") or {})
+        predicted = float(details.get("predicted_slowdown", 1.0))
+        factor = float((details.get("learned_factor") or {}).get(dec.get("mode") or "", 1.0))
+        wall = job.ended_at - job.started_at
+        peak = max((r[2] or 0 for r in rows), default=0)
+        mine = self.learned_for(job.uid)
+        residual = mine.observe(self.profile_name(job), neighbours, str(job.mode or "timesliced"),
+                                predicted, wall, prof.runtime, peak, factor)
+        details.update(observed_slowdown=wall / prof.runtime, profile_runtime=prof.runtime, shared_with=neighbours,
+                       observed_vs_predicted=residual, suggested_budget=mine.suggest_budget(self.profile_name(job)))
+        try:
+            self.store.record_decisions([(job.id, dec["action"], dec.get("mode"), dec.get("gpus") or [],
+                                          dec.get("reason") or "", details)])
+        except Exception as e:  # noqa: BLE001 - an observation is worth less than the job's end
+            log.warning("could not store what job %d did against its prediction: %s", job.id, e)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import shutil
 import signal
@@ -137,6 +139,10 @@ class LifecycleMixin:
                                    f"exited with code {_code_text(code)})", exit_code=code)
         if code == 0:
             return self.transition(job_id, State.SUCCEEDED, f"exited with code 0{note}", exit_code=0)
+        if refused and job.spec.grow and (bigger := self.grown_budget(job)) is not None:
+            spec = dataclasses.replace(job.spec, gpu_mem=bigger, grow=False)  # once
+            return self.transition(job_id, State.QUEUED, f"exited with code {_code_text(code)}{note}; requeued with "
+                                   f"budget {format_size(bigger)} (--grow)", spec=json.dumps(spec.to_dict()))
         return self.transition(job_id, State.FAILED, f"exited with code {_code_text(code)}{note}", exit_code=code)
 
     def _refused(self, job_id: int) -> int:

@@ -214,20 +214,23 @@ class SchedulerMixin:
                     break
             else:
                 walk = None  # every queued job was looked at
-            decisions = policy.plan(cands, views, placed, self.cfg_policy, now=now)
+            decisions = policy.plan(cands, views, placed, self.cfg_policy, now=now,
+                                    learned=self.learned)  # per uid: invariant 13
             if walk is None or self._none_fits(views, placed, decisions):
                 break
             want *= 4  # more could start: look further (plan is pure; the longer prefix is planned afresh)
         left = len(cands)
         self._take(fresh, seen, cands, waits, loads)  # new jobs the walk did not reach: nothing fits them,
         if len(cands) > left:  # but they get a decision with its reason
-            decisions = policy.plan(cands, views, placed, self.cfg_policy, now=now)
+            decisions = policy.plan(cands, views, placed, self.cfg_policy, now=now,
+                                    learned=self.learned)  # per uid: invariant 13
         decisions = self._within_limits(decisions, loads)
         self._record(waits)
         self._record(decisions)
         took = time.monotonic() - mono
         for d in decisions:
             if d.action == policy.START:
+                self.note_start(d.job_id, d.gpus)
                 self.start_job(d)
             elif "held" in d.details:
                 self._holders.add(d.job_id)

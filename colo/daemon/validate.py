@@ -54,7 +54,7 @@ def is_admin(caller: Caller, admin_group: str | None) -> bool:
 
 
 SPEC_FIELDS = {"argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "workdir", "after",
-               "priority", "profile", "retries"}
+               "priority", "profile", "retries", "grow"}
 # colo's own plumbing: a job that could set these could escape its budget or reach MPS.
 RESERVED_ENV = re.compile(r"^(LD_PRELOAD|LD_AUDIT|LD_LIBRARY_PATH|COLO_.*|CUDA_MPS_.*|CUDA_VISIBLE_DEVICES|"
                           r"NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|GPU_DEVICE_ORDINAL)$")
@@ -210,11 +210,15 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     for label, v in (("--name", name), ("--profile", profile)):
         if v is not None and (not isinstance(v, str) or not NAME.fullmatch(v)):
             raise Invalid(f"{label} must be 1-64 letters, digits, '.', '_' or '-'")
+    grow = raw.get("grow", False)
+    if not isinstance(grow, bool):
+        raise Invalid("grow must be true or false")
     retries = raw.get("retries", 0)
     if not _int(retries) or not 0 <= retries <= 10:
         raise Invalid("retries must be 0 to 10")
     return JobSpec(argv=argv, image=image, name=name, gpu_mem=gpu_mem, gpus=gpus, env=env, mounts=mounts,
-                   workdir=workdir, after=after, priority=priority, profile=profile, retries=retries)
+                   workdir=workdir, after=after, priority=priority, profile=profile, retries=retries,
+                   grow=grow)
 
 
 def forbidden_source(path: str, caller: Caller, protected: list[Path]) -> str | None:
