@@ -184,7 +184,8 @@ class Story:
     def learned_profile(self):
         """The profile the daemon learned for `fresh` (named after its image and command)."""
         name = profiles.key_for(self.image, [self.burn, *self.fresh_args])
-        for d in (self.root / "state" / "profiles", self.root / "profiles"):  # the first it can write
+        own = self.root / "state" / "profiles" / "users" / str(os.getuid())  # the submitter's own copy
+        for d in (own, self.root / "state" / "profiles", self.root / "profiles"):
             try:
                 return profiles.load(d / f"{name}.profile")
             except (OSError, profiles.ProfileError):
