@@ -85,6 +85,10 @@ def submit(
     wait_: bool = typer.Option(False, "--wait", help="block until the job ends; exit with its exit code"),
     follow: bool = typer.Option(False, "--follow", "-f", help="print its output until it ends (implies --wait)"),
     grow: bool = typer.Option(False, "--grow", help="refused by its budget: requeue once with a larger one"),
+    cpus: Optional[float] = typer.Option(None, "--cpus", help="CPU limit in cores, e.g. 2 or 0.5"),
+    mem: Optional[str] = typer.Option(None, "--mem", help="host memory limit, e.g. 8GiB"),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="wall-time limit as Slurm reads it: "
+                                             "minutes, MM:SS, HH:MM:SS, D-HH:MM:SS (or 90s, 2h)"),
     sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt,
 ):
     """Queue a job; prints its id.
@@ -103,7 +107,7 @@ def submit(
     try:
         spec = build_spec(command, image=image, process=process, gpu_mem=gpu_mem, gpus=gpus, name=name, env=envs,
                           mount=mount, workdir=workdir, after=after, priority=priority, profile=profile,
-                          retries=retries)
+                          retries=retries, cpus=cpus, mem=mem, time=time_limit)
     except SubmitError as e:
         fail(str(e))
     if grow:  # sent only when asked for: a daemon of before --grow takes the spec unchanged

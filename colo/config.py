@@ -49,6 +49,8 @@ class Config:
     profile_dirs: list[Path] = field(default_factory=list)
     shared_profiles: Path | None = None  # learned profiles go here (e.g. NFS), so every node decides alike
     allowed_mount_roots: list[str] = field(default_factory=list)  # empty: any path the submitter can read
+    log_cap: int = 256 * 1024**2  # bytes of output kept per job; then one marked line, the rest dropped (0: no cap)
+    log_reserve: int = 512 * 1024**2  # free bytes on the state disk below which job output is dropped
 
     @property
     def db_path(self) -> Path:
@@ -82,7 +84,7 @@ class Config:
         unknown = set(values) - known
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
-        for k in ("reserve", "max_gpu_mem_per_user"):
+        for k in ("reserve", "max_gpu_mem_per_user", "log_cap", "log_reserve"):
             if k in values:
                 r = values[k]
                 try:

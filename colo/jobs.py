@@ -84,6 +84,9 @@ class JobSpec:
     retries: int = 0  # times a job may be requeued after a fault that was not its own (MPS server fault)
     grow: bool = False  # refused by its budget: requeued once with a larger one (then False again)
     slurm_job: int | None = None  # started by Slurm on this node (colo/daemon/external.py); never from a submitter
+    cpus: float | None = None  # CPU limit in cores (cgroup / Docker nano_cpus)
+    mem: int | None = None  # host memory limit in bytes (cgroup / Docker mem_limit)
+    time: int | None = None  # wall-time limit in seconds: stopped when it is reached
 
     @property
     def runtime(self) -> str:

@@ -37,7 +37,8 @@ def utf8_only(*fields: tuple[str, object]) -> None:
 def build_spec(command: list[str] | None, *, image: str | None = None, process: bool = False,
                gpu_mem: str | None = None, gpus: int = 1, name: str | None = None, env: list[str] = (),
                mount: list[str] = (), workdir: str | None = None, after: list[int] = (), priority: int = 0,
-               profile: str | None = None, retries: int = 0) -> dict:
+               profile: str | None = None, retries: int = 0, cpus: float | None = None, mem: str | None = None,
+               time: str | None = None) -> dict:
     if not command:
         raise SubmitError("missing command: give it after `--`, e.g. colo submit --gpu-mem 1GiB -- python train.py")
     if image and process:
@@ -58,15 +59,18 @@ def build_spec(command: list[str] | None, *, image: str | None = None, process: 
         envd[k] = v
     utf8_only(("the command", list(command)), ("--env", list(env)), ("--mount", list(mount)), ("--name", name),
               ("--workdir", workdir), ("--image", image))
-    return {"argv": list(command), "image": image, "name": name, "gpu_mem": size, "gpus": gpus, "env": envd,
+    spec = {"argv": list(command), "image": image, "name": name, "gpu_mem": size, "gpus": gpus, "env": envd,
             "mounts": list(mount), "workdir": workdir or (os.getcwd() if process else None), "after": list(after),
             "priority": priority, "profile": profile, "retries": retries}
+    spec.update({k: v for k, v in (("cpus", cpus), ("mem", mem), ("time", time)) if v is not None})  # checked by the daemon
+    return spec
 
 
 # the short path ------------------------------------------------------------------------------
 _VALUE = {"--image": ("image", str), "--gpu-mem": ("gpu_mem", str), "--gpus": ("gpus", int),
           "--name": ("name", str), "--workdir": ("workdir", str), "--priority": ("priority", int),
-          "--profile": ("profile", str), "--retries": ("retries", int), "--socket": ("socket", str)}
+          "--profile": ("profile", str), "--retries": ("retries", int), "--socket": ("socket", str),
+          "--cpus": ("cpus", float), "--mem": ("mem", str), "--time": ("time", str)}
 _MANY = {"--env": ("env", str), "--mount": ("mount", str), "--after": ("after", int)}
 _FLAG = {"--process": "process", "--json": "json"}
 
@@ -97,9 +101,9 @@ def _parse(args: list[str]) -> dict | None:
             i += 1
         i += 1
         key, typ = _VALUE.get(opt) or _MANY[opt]
-        if typ is int:
+        if typ in (int, float):
             try:
-                val = int(val)
+                val = typ(val)
             except ValueError:
                 return None
         if opt in _MANY:

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from .. import mps, native, policy
+from ..cgroup import Cgroups
 from ..config import Config
 from ..gpu import GpuInfo, NoDriver, Nvml
 from ..jobs import ACTIVE, TERMINAL, Job, State
@@ -86,6 +87,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         self._ended: dict[int, Job] | None = None  # ended jobs never change: read once, then kept
         self._writer: DecisionWriter | None = None
         self.mps: mps.MpsManager | None = None
+        self.cgroups: Cgroups | None = None
         self._init_profiles()  # per-user learned, shared, configured, shipped (learning.py)
         self._init_scheduler()
         self._init_patrol()
@@ -115,7 +117,12 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         self.open_jobs = {j.id: j for j in self.store.jobs([State.QUEUED, *ACTIVE])}
         self._writer = DecisionWriter(c.db_path)
         self.native = native.publish(c.state_dir)
-        self.runtimes["process"] = ProcessRuntime(shim=self.native / "colo-shim")
+        self.cgroups = Cgroups.setup(self.instance_id())
+        for what, why in self.cgroups.missing.items():
+            log.warning("%s: %s", {"contain": "process jobs run without a cgroup of their own",
+                                   "cpu": "--cpus is refused", "memory": "--mem is refused"}[what], why)
+        self.runtimes["process"] = ProcessRuntime(shim=self.native / "colo-shim", cgroups=self.cgroups,
+                                                  log_cap=c.log_cap, reserve=c.log_reserve)
         self.runtimes["slurm"] = SlurmRuntime(self)  # jobs Slurm started here (external.py)
         try:
             self.devices = self.nvml.devices()
@@ -133,6 +140,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
 
             rt = DockerRuntime.from_env(instance=self.instance_id())
             rt.client.ping()
+            rt.log_cap, rt.log_reserve = self.config.log_cap, self.config.log_reserve
             self.runtimes["docker"] = rt
         except Exception as e:  # noqa: BLE001 - any failure: container jobs are refused with this reason
             first = self.docker_error is None
@@ -185,6 +193,8 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         pin.sweep(self.config.state_dir / "mounts")  # a start cut short by the stop needs none
         if "docker" in self.runtimes:
             self.runtimes["docker"].close()
+        if self.cgroups is not None:
+            self.cgroups.close()
         if self.mps is not None:
             self.mps.stop_unused()  # MPS servers of running jobs stay up and are adopted at restart
         if self._writer is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from typing import TYPE_CHECKING
 
 from .. import interposer, mps, native, policy
@@ -18,10 +19,15 @@ IN_JOB = "/opt/colo"  # where colo's own files appear inside a container
 
 
 def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
+    # Root's, 0711: the job reaches its ledger by name but can neither list, replace nor add
+    # anything here, so what the daemon reads back (exit code, ledger) is what colo put there.
+    # Made afresh: an earlier attempt (or an older colo, which gave this folder to the user) may
+    # have left things in it.
     run_dir = d.run_dir(job.id)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    os.chown(run_dir, job.uid, job.gid)
-    os.chmod(run_dir, 0o700)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    os.chown(run_dir, os.geteuid(), os.getegid())
+    os.chmod(run_dir, 0o711)
     in_container = job.spec.image is not None
     env = dict(job.spec.env)
     env["COLO_JOB_ID"] = str(job.id)
@@ -63,7 +69,7 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
             if in_container:
                 mounts.append(Mount(str(null), f"{IN_JOB}/nomps", True))
 
-    log_path = d.log_path(job.id)
+    log_path = d.log_path(job.id)  # in the root-only logs/ folder; the runtime writes it as root
     log_path.touch(mode=0o600, exist_ok=True)
     # Last, so that nothing after it can fail and leave them mounted: the user's sources opened
     # again as the user and pinned, Docker mounts what was checked (pin.py). Launch.release
@@ -78,4 +84,4 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
     return Launch(job_id=job.id, argv=job.spec.argv, uid=job.uid, gid=job.gid, log_path=log_path,
                   run_dir=run_dir, image=job.spec.image, env=env, mounts=mounts, workdir=job.spec.workdir,
                   gpus=list(dec.gpus), labels={"colo.job": str(job.id), "colo.user": job.user},
-                  share_host_shm=share_shm, release=release)
+                  share_host_shm=share_shm, release=release, cpus=job.spec.cpus, mem=job.spec.mem)

@@ -8,13 +8,14 @@ import logging
 import shutil
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 from .. import interposer, mps, policy
 from ..jobs import TERMINAL, Job, Mode, State
 from ..runtimes.base import Gone, StartError, Unavailable
 from ..store import StoreError
-from ..units import format_size
+from ..units import format_duration, format_size
 from .launchspec import build_launch
 
 log = logging.getLogger("colo")
@@ -55,6 +56,7 @@ class Live:
     """What the daemon knows about an active job beyond the store."""
     task: asyncio.Task | None = None
     stopping: bool = False
+    timed_out: bool = False  # stopped by the daemon at its --time limit
 
 
 class LifecycleMixin:
@@ -104,6 +106,8 @@ class LifecycleMixin:
     async def follow(self, job_id: int, handle: str) -> None:
         job = self.job(job_id)
         rt = self.runtime_for(job)
+        timer = (asyncio.get_running_loop().create_task(self._time_limit(job_id, handle))
+                 if job.spec.time else None)
         try:
             code = await blocking(rt.wait, handle)
         except Unavailable:
@@ -116,10 +120,41 @@ class LifecycleMixin:
             return
         except asyncio.CancelledError:
             return  # the daemon is stopping; the job runs on and is found again at restart
+        finally:
+            if timer is not None:
+                timer.cancel()
         job = await self._durably(lambda: self.record_exit(job_id, code))
         if job.state == State.SUCCEEDED:
             self.learn(job)
         self._finish(job_id, rt, handle)
+
+    async def _time_limit(self, job_id: int, handle: str) -> None:
+        """--time: stop the job when its wall time is up (counted from its start, also across a
+        daemon restart)."""
+        job = self.job(job_id)
+        started = job.started_at or time.time()
+        await asyncio.sleep(max(0.0, started + job.spec.time - time.time()))
+        job = self.job(job_id)
+        if job.state != State.RUNNING or job.cancel_by:
+            return
+        live = self.live.setdefault(job_id, Live())
+        if live.stopping:
+            return
+        live.timed_out = True
+        log.info("job %d reached its time limit of %s: stopping it", job_id, format_duration(job.spec.time))
+        try:
+            await self._stop(job_id, handle)
+        except Exception as e:  # noqa: BLE001 - the job's end is still followed; say why it ran on
+            live.stopping = False
+            log.warning("job %d: stopping it at its time limit failed: %s", job_id, e)
+
+    def _timed_out(self, job: Job, code: int) -> bool:
+        live = self.live.get(job.id)
+        if live is not None and live.timed_out:
+            return True
+        # after a restart: it ended, killed, past its limit (the daemon that stopped it died since)
+        return bool(job.spec.time and job.started_at and code > 128
+                    and time.time() >= job.started_at + job.spec.time)
 
     def record_exit(self, job_id: int, code: int) -> Job:
         refused = self._refused(job_id)
@@ -137,6 +172,9 @@ class LifecycleMixin:
             first = "the stop was sent first, " if stop_sent else ""
             return self.transition(job_id, State.CANCELLED, f"cancelled by {job.cancel_by} ({first}then it "
                                    f"exited with code {_code_text(code)})", exit_code=code)
+        if self._timed_out(job, code):
+            return self.transition(job_id, State.FAILED, f"stopped at its time limit of {format_duration(job.spec.time)}"
+                                   f" (exited with code {_code_text(code)}){note}", exit_code=code)
         if code == 0:
             return self.transition(job_id, State.SUCCEEDED, f"exited with code 0{note}", exit_code=0)
         if refused and job.spec.grow and (bigger := self.grown_budget(job)) is not None:

@@ -23,6 +23,8 @@ class RecoveryMixin:
             for d in self.devices:
                 await asyncio.to_thread(self.mps.adopt, d.uuid, d.index)
         await self._recover(self.jobs_in(*ACTIVE))
+        if self.cgroups is not None:  # leaves of jobs that ended while colo was away
+            await asyncio.to_thread(self.cgroups.sweep, {j.id for j in self.jobs_in(*ACTIVE)})
 
     async def _recover(self, jobs: list[Job]) -> None:
         found: dict[int, str] = {}
@@ -95,7 +97,7 @@ class RecoveryMixin:
         for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = p.info["cmdline"] or []
             if len(cmd) > 1 and cmd[0].endswith("colo-shim") and cmd[1] == exit_file:
-                return f"{p.pid}:{p.info['create_time']:.3f}"
+                return f"{p.pid}:{p.info['create_time']:.3f}:{job.id}"
         if os.path.exists(exit_file):
             return "0:0"  # it ran and ended while colo was away; poll() reads its exit code
         return None

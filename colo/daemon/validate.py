@@ -54,7 +54,7 @@ def is_admin(caller: Caller, admin_group: str | None) -> bool:
 
 
 SPEC_FIELDS = {"argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "workdir", "after",
-               "priority", "profile", "retries", "grow"}
+               "priority", "profile", "retries", "grow", "cpus", "mem", "time"}
 # colo's own plumbing: a job that could set these could escape its budget or reach MPS.
 RESERVED_ENV = re.compile(r"^(LD_PRELOAD|LD_AUDIT|LD_LIBRARY_PATH|COLO_.*|CUDA_MPS_.*|CUDA_VISIBLE_DEVICES|"
                           r"NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|GPU_DEVICE_ORDINAL)$")
@@ -216,9 +216,52 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     retries = raw.get("retries", 0)
     if not _int(retries) or not 0 <= retries <= 10:
         raise Invalid("retries must be 0 to 10")
+    cpus = raw.get("cpus")
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, (int, float))
+                             or not 0.01 <= cpus <= 4096):
+        raise Invalid(f"--cpus must be a number of cores from 0.01 to 4096, not {cpus!r}")
+    mem = raw.get("mem")
+    if mem is not None:
+        try:
+            mem = parse_size(mem)
+        except BadSize as e:
+            raise Invalid(f"--mem: {e}") from None
+        if mem < 4 << 20:
+            raise Invalid("--mem must be at least 4MiB")
+    limit = raw.get("time")
+    if limit is not None:
+        limit = parse_time(limit)
     return JobSpec(argv=argv, image=image, name=name, gpu_mem=gpu_mem, gpus=gpus, env=env, mounts=mounts,
                    workdir=workdir, after=after, priority=priority, profile=profile, retries=retries,
-                   grow=grow)
+                   grow=grow, cpus=float(cpus) if cpus is not None else None, mem=mem, time=limit)
+
+
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_UNIT = re.compile(r"^(\d+)([smhd])$")
+
+
+def parse_time(raw: Any) -> int:
+    """--time in seconds, read as Slurm reads it: MIN, MIN:SEC, H:MIN:SEC, D-H, D-H:MIN, D-H:MIN:SEC
+    (a bare number is minutes); also 90s, 10m, 2h, 1d. A whole number in a raw request is seconds."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        secs = raw
+    elif isinstance(raw, str) and (m := _UNIT.match(raw.strip())):
+        secs = int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    elif isinstance(raw, str) and (m := _TIME.match(raw.strip())):
+        days, a, b, c = m.groups()
+        if days is not None:  # D-H[:M[:S]]
+            secs = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+        elif c is not None:  # H:M:S
+            secs = int(a) * 3600 + int(b) * 60 + int(c)
+        elif b is not None:  # M:S
+            secs = int(a) * 60 + int(b)
+        else:  # M
+            secs = int(a) * 60
+    else:
+        raise Invalid(f"malformed --time {raw!r}: use minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]] or 90s/10m/2h/1d")
+    if not 1 <= secs <= 366 * 86400:
+        raise Invalid("--time must be from 1 second to 366 days")
+    return secs
 
 
 def forbidden_source(path: str, caller: Caller, protected: list[Path]) -> str | None:

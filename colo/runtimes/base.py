@@ -27,7 +27,7 @@ class Launch:
     uid: int
     gid: int
     log_path: Path  # the job's output; kept after the job ends, read by `colo logs`
-    run_dir: Path  # per-job private dir owned by colo (exit file, ledger...)
+    run_dir: Path  # per-job folder owned by root, not writable by the job (exit file, ledger)
     image: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # complete additions: user env + colo's own
     mounts: list[Mount] = field(default_factory=list)  # user mounts (validated) + colo's own
@@ -38,6 +38,8 @@ class Launch:
     # called once the mount sources are no longer needed (the container started, or did not):
     # removes the staging mounts of the user's pinned sources (colo/daemon/pin.py)
     release: Callable[[], None] | None = None
+    cpus: float | None = None  # CPU limit (cores), None: none
+    mem: int | None = None  # host memory limit (bytes), None: none
 
 
 class Runtime(Protocol):

@@ -87,9 +87,11 @@ class _Follower(threading.Thread):
     so comparing them as strings orders them in time.
     """
 
-    def __init__(self, api, handle: str, log_path: Path):
+    def __init__(self, api, handle: str, log_path: Path, cap: int = 0, reserve: int = 0):
         super().__init__(name=f"colo-logs-{handle[:12]}", daemon=True)
         self.api, self.handle, self.log_path = api, handle, Path(log_path)
+        self.cap, self.reserve = cap, reserve  # as the process shim: bytes kept, free bytes kept on the disk
+        self._starved = False
         self.cursor = cursor_path(self.log_path)
         self.error: BaseException | None = None
         self._stream = None
@@ -169,7 +171,7 @@ class _Follower(threading.Thread):
                                 continue
                         past = True
                     ts, n = (ts, n + 1) if t == ts else (t, 1)
-                    offset += _write_all(fd, msg)
+                    offset += self._write(fd, msg, offset)
                     if time.monotonic() - last_save > CURSOR_EVERY:
                         self._save(ts, n, offset)
                         last_save = time.monotonic()
@@ -181,6 +183,26 @@ class _Follower(threading.Thread):
                 follow = self.api.inspect_container(self.handle)["State"]["Running"]
         finally:
             os.close(fd)
+
+    def _write(self, fd: int, msg: bytes, offset: int) -> int:
+        """Write under the log cap and the disk reserve; the bytes written."""
+        if self.cap and offset >= self.cap:
+            return 0  # capped already (the marker is there)
+        if self.reserve:
+            st = os.fstatvfs(fd)
+            if st.f_bavail * st.f_frsize < self.reserve + len(msg):
+                if self._starved:
+                    return 0
+                self._starved = True
+                return _write_all(fd, f"\n[colo: output dropped: less than {self.reserve >> 20} MiB free on "
+                                      "the state disk]\n".encode())
+            if self._starved:
+                self._starved = False
+                msg = b"[colo: output resumes: the state disk has room again]\n" + msg
+        if self.cap and offset + len(msg) > self.cap:
+            return _write_all(fd, msg[: self.cap - offset] + f"\n[colo: the log reached its cap of {self.cap} "
+                                                            "bytes; further output is dropped]\n".encode())
+        return _write_all(fd, msg)
 
     def stop(self) -> None:
         self._halt.set()
@@ -213,6 +235,7 @@ class DockerRuntime:
         self.down: str | None = None  # why the engine does not answer now; None while it does
         self._notes: dict[str, str] = {}  # handle -> what wait() saw happen to the engine
         self._closed = threading.Event()
+        self.log_cap, self.log_reserve = 0, 0  # set by the daemon from its config
 
     @classmethod
     def from_env(cls, instance: str = "default") -> "DockerRuntime":
@@ -288,8 +311,12 @@ class DockerRuntime:
             security_opt=["no-new-privileges"],
             privileged=False,
             init=self.init or None,
-            # json-file can be read back by `logs` whatever the engine's default log driver is.
-            log_config=docker.types.LogConfig(type="json-file"),
+            # json-file can be read back by `logs` whatever the engine's default log driver is;
+            # rotated, so a chatty job cannot fill the engine's disk either (colo's copy is capped).
+            log_config=docker.types.LogConfig(type="json-file", config={"max-size": "64m", "max-file": "2"}),
+            nano_cpus=int(launch.cpus * 1e9) if launch.cpus else None,
+            mem_limit=launch.mem or None,
+            memswap_limit=launch.mem or None,  # the limit is on memory, not memory + swap
         )
 
     def start(self, launch: Launch) -> str:
@@ -359,7 +386,7 @@ class DockerRuntime:
             f = self._followers.get(handle)
             if f is not None and f.is_alive():
                 return
-            f = self._followers[handle] = _Follower(self.api, handle, Path(log_path))
+            f = self._followers[handle] = _Follower(self.api, handle, Path(log_path), self.log_cap, self.log_reserve)
             f.start()
 
     def _drain(self, handle: str, timeout: float = JOIN_TIMEOUT) -> None:

@@ -1,13 +1,19 @@
-"""Jobs as host processes: run as the submitter, in their own session, output to a log file.
+"""Jobs as host processes, each under a small root helper (native/shim) as slurmstepd is for Slurm.
 
-A small C shim (native/shim) is the job's session leader and writes the exit code to a file,
-so a job that outlives a daemon restart is followed to its end with its exit code.
+The daemon starts the shim as root with the job's log already open (a root-owned file in the
+root-only logs/ folder) and its exit file in the job's root-owned run folder. The shim forks; the
+child joins the job's cgroup, drops to the submitter's groups, gid and uid, and only then enters
+the workdir and runs the command. The shim (root) copies the output to the log under a cap, kills
+whatever the job left when its main process ends, and writes the exit status where the job cannot
+write. So a job that outlives a daemon restart is followed to its end with its exit code, and
+nothing the job controls is ever opened by root.
 """
 from __future__ import annotations
 
 import os
 import pwd
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -16,55 +22,111 @@ from pathlib import Path
 import psutil
 
 from .. import native
+from ..cgroup import CgroupError, Cgroups
 from .base import Gone, Launch, StartError
 
 EXIT_FILE = "exit"
+_EXIT_MAX = 4096
 
 
-def _exit_code_file(run_dir: Path) -> int | None:
+def read_exit_file(path: Path) -> tuple[int, str] | None:
+    """(exit code, reason) from a shim's exit file, or None. Opened without following a symlink or
+    blocking on a FIFO, and only when it is a small regular file of this daemon's user: the folder
+    is root's, but a record that could have been forged is no record."""
     try:
-        return int((run_dir / EXIT_FILE).read_text().strip())
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > _EXIT_MAX:
+            return None
+        text = os.read(fd, _EXIT_MAX).decode(errors="replace")
+    finally:
+        os.close(fd)
+    code, _, reason = text.partition("\n")
+    try:
+        return int(code.strip()), reason.strip()
+    except ValueError:
+        return None
+
+
+def _parse(handle: str) -> tuple[int, float, int | None]:
+    """A handle is "SHIM_PID:START_TIME:JOB_ID" (older ones lack the job id)."""
+    parts = handle.split(":")
+    try:
+        return int(parts[0]), float(parts[1]), int(parts[2]) if len(parts) > 2 else None
+    except (IndexError, ValueError):
+        return 0, 0.0, None
 
 
 class ProcessRuntime:
     name = "process"
 
-    def __init__(self, shim: Path | None = None, base_env: dict[str, str] | None = None):
+    def __init__(self, shim: Path | None = None, base_env: dict[str, str] | None = None,
+                 cgroups: Cgroups | None = None, log_cap: int = 0, reserve: int = 0):
         self.shim = shim
         self.base_env = base_env if base_env is not None else {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
+        self.cgroups = cgroups
+        self.log_cap, self.reserve = log_cap, reserve
         self._children: dict[str, subprocess.Popen] = {}
         self._run_dirs: dict[str, Path] = {}
+        self._notes: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def start(self, launch: Launch) -> str:
         shim = str(self.shim or native.path("colo-shim"))
+        root = os.geteuid() == 0
+        if not root and launch.uid != os.geteuid():
+            raise StartError("this daemon is not root, so it runs jobs of its own user only")
         env = dict(self.base_env)
         groups: list[int] = []
+        home = "/"
         try:
             pw = pwd.getpwuid(launch.uid)
             env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
             groups = os.getgrouplist(pw.pw_name, launch.gid)  # what the user has when logged in
+            home = pw.pw_dir if os.path.isdir(pw.pw_dir) else "/"
         except KeyError:
             pass
         env.update(launch.env)
-        (launch.run_dir / EXIT_FILE).unlink(missing_ok=True)
-        as_other = os.geteuid() == 0 and launch.uid != 0
-        if os.geteuid() != 0 and launch.uid != os.geteuid():
-            raise StartError("this daemon is not root, so it runs jobs of its own user only")
-        with open(launch.log_path, "ab", buffering=0) as log:
+        exit_file = launch.run_dir / EXIT_FILE
+        exit_file.unlink(missing_ok=True)
+        args = [shim, str(exit_file), "--workdir", launch.workdir or home,
+                "--log-cap", str(int(self.log_cap)), "--reserve", str(int(self.reserve))]
+        if root:
+            args += ["--user", f"{launch.uid}:{launch.gid}:{','.join(map(str, groups))}".rstrip(":")]
+        if (launch.cpus or launch.mem) and self.cgroups is None:
+            raise StartError("--cpus/--mem cannot be enforced here: colo has no cgroups")
+        if self.cgroups is not None:
             try:
-                p = subprocess.Popen(
-                    [shim, str(launch.run_dir / EXIT_FILE), *launch.argv],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    cwd=launch.workdir or str(launch.run_dir), env=env, start_new_session=True,
-                    user=launch.uid if as_other else None, group=launch.gid if as_other else None,
-                    extra_groups=groups if as_other else None, close_fds=True)
+                for d in self.cgroups.create(launch.job_id, launch.cpus, launch.mem):
+                    args += ["--cgroup", str(d)]
+            except CgroupError as e:
+                raise StartError(str(e)) from None
+            except OSError as e:
+                raise StartError(f"cannot make the job's cgroup: {e.strerror}") from None
+        # The environment goes through a memfd, not argv (which every user can read in /proc).
+        envfd = os.memfd_create("colo-env", os.MFD_CLOEXEC)
+        try:
+            os.write(envfd, b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+            os.lseek(envfd, 0, os.SEEK_SET)
+            args += ["--env-fd", str(envfd), "--", *launch.argv]
+            log = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
+                                     env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                                     start_new_session=True, pass_fds=(envfd,), close_fds=True)
             except (OSError, subprocess.SubprocessError) as e:
+                if self.cgroups is not None:
+                    self.cgroups.remove(launch.job_id)
                 raise StartError(f"cannot start process: {e}") from e
-        handle = f"{p.pid}:{psutil.Process(p.pid).create_time():.3f}"
+            finally:
+                os.close(log)
+        finally:
+            os.close(envfd)
+        handle = f"{p.pid}:{psutil.Process(p.pid).create_time():.3f}:{launch.job_id}"
         with self._lock:
             self._children[handle] = p
             self._run_dirs[handle] = launch.run_dir
@@ -75,20 +137,39 @@ class ProcessRuntime:
         with self._lock:
             self._run_dirs[handle] = run_dir
 
+    def _job_id(self, handle: str) -> int | None:
+        job = _parse(handle)[2]
+        if job is None:
+            run_dir = self._run_dirs.get(handle)
+            if run_dir is not None and run_dir.name.isdigit():
+                return int(run_dir.name)
+        return job
+
     def _proc(self, handle: str) -> psutil.Process | None:
-        pid, _, created = handle.partition(":")
+        pid, created, _ = _parse(handle)
         try:
-            if int(pid) <= 0:
+            if pid <= 0:
                 return None  # "0:0": it ended while colo was away, only its exit file is left
-            p = psutil.Process(int(pid))
-            if abs(p.create_time() - float(created)) > 0.01 or p.status() == psutil.STATUS_ZOMBIE:
+            p = psutil.Process(pid)
+            if abs(p.create_time() - created) > 0.01 or p.status() == psutil.STATUS_ZOMBIE:
                 return None  # the pid was reused, or it is only a zombie left for its parent
             return p
-        except (psutil.NoSuchProcess, ValueError):
+        except psutil.NoSuchProcess:
             return None
 
+    def _exit(self, handle: str) -> int | None:
+        run_dir = self._run_dirs.get(handle)
+        got = read_exit_file(run_dir / EXIT_FILE) if run_dir is not None else None
+        if got is None:
+            return None
+        code, reason = got
+        if reason:
+            with self._lock:
+                self._notes[handle] = reason
+        return code
+
     def _finished(self, handle: str) -> int:
-        code = _exit_code_file(self._run_dirs[handle]) if handle in self._run_dirs else None
+        code = self._exit(handle)
         if code is None:
             raise Gone("the job's process ended without leaving an exit code (killed with its shim?)")
         return code
@@ -100,7 +181,7 @@ class ProcessRuntime:
             rc = child.wait()
             with self._lock:
                 self._children.pop(handle, None)
-            code = _exit_code_file(self._run_dirs[handle])
+            code = self._exit(handle)
             return code if code is not None else (128 - rc if rc < 0 else rc)
         p = self._proc(handle)
         if p is not None:
@@ -111,7 +192,8 @@ class ProcessRuntime:
         return self._finished(handle)
 
     def exit_note(self, handle: str) -> str:
-        return ""
+        with self._lock:
+            return self._notes.get(handle, "")
 
     def poll(self, handle: str) -> int | None:
         with self._lock:
@@ -123,67 +205,60 @@ class ProcessRuntime:
         return self._finished(handle)
 
     def stop(self, handle: str, grace: float) -> None:
-        p = self._proc(handle)
+        """SIGTERM to every process of the job, SIGKILL to what is left after `grace`. The shim
+        (root, outside the job's cgroup) lives on to record the exit code."""
+        job = self._job_id(handle)
+        if self.cgroups is not None and self.cgroups.contain is not None and job is not None:
+            self.cgroups.signal(job, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and not self.cgroups.empty(job):
+                time.sleep(0.05)
+            self.cgroups.kill(job)
+            return
+        p = self._proc(handle)  # no cgroup: the shim's descendants (it is their subreaper)
         if p is None:
             return
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
+        self._signal_tree(p, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if self._group_gone(p.pid):
+        while time.monotonic() < deadline and self._descendants(p):
+            time.sleep(0.05)
+        for _ in range(200):
+            if not self._signal_tree(p, signal.SIGKILL):
                 return
             time.sleep(0.05)
-        # SIGKILL the job's processes but not its shim (the group leader), so that the shim lives
-        # to write the exit code: after a daemon restart that file is the only record of it.
-        for _ in range(20):
-            rest = self._members(p.pid, but=p.pid)
-            if not rest:
-                return
-            for pid in rest:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
-        try:
-            os.killpg(p.pid, signal.SIGKILL)  # it keeps forking: the whole group, shim included
-        except ProcessLookupError:
-            pass
 
     @staticmethod
-    def _members(pgid: int, but: int) -> list[int]:
-        """Live (not zombie) processes of group `pgid`, leaving out `but`."""
-        out = []
-        for q in psutil.process_iter(["pid", "status"]):
+    def _descendants(p: psutil.Process) -> list[psutil.Process]:
+        try:
+            return [c for c in p.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+        except psutil.NoSuchProcess:
+            return []
+
+    def _signal_tree(self, p: psutil.Process, sig: int) -> int:
+        procs = self._descendants(p)
+        for c in procs:
             try:
-                if q.pid != but and os.getpgid(q.pid) == pgid and q.info["status"] != psutil.STATUS_ZOMBIE:
-                    out.append(q.pid)
-            except (ProcessLookupError, psutil.NoSuchProcess):
-                continue
-        return out
-
-    @staticmethod
-    def _group_gone(pgid: int) -> bool:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        return not ProcessRuntime._members(pgid, but=-1)  # only zombies (waiting for our reaper) left
+                c.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        return len(procs)
 
     def adopt(self) -> dict[int, str]:
         return {}  # process jobs are found again from the store's handles (see poll)
 
     def pids(self, handle: str) -> list[int]:
+        job = self._job_id(handle)
+        if self.cgroups is not None and self.cgroups.contain is not None and job is not None:
+            return self.cgroups.pids(job)
         p = self._proc(handle)
-        if p is None:
-            return []
-        try:
-            return [p.pid] + [c.pid for c in p.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return [c.pid for c in self._descendants(p)] if p is not None else []
 
     def cleanup(self, handle: str) -> None:
+        """Nothing of the job runs on (its shim may have been killed): empty its cgroup, remove it."""
         with self._lock:
             self._children.pop(handle, None)
+            self._notes.pop(handle, None)
+        job = self._job_id(handle)
+        if self.cgroups is not None and job is not None:
+            self.cgroups.kill(job)
+            self.cgroups.remove(job)

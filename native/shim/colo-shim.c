@@ -1,21 +1,54 @@
-/* colo-shim EXITFILE CMD [ARGS...]
+/* colo-shim: the small root helper of one process job (as slurmstepd is for a Slurm step).
  *
- * Runs CMD as its child and writes the child's exit status to EXITFILE (atomically) when it
- * ends, so a process job that outlives a colo daemon restart still has its exit code.
- * Exit code: the child's, or 128+signal when the child was killed by a signal.
- * Signals sent to the shim alone (TERM, INT, HUP, QUIT, USR1, USR2) are passed on to the child;
- * the handlers are reset by exec, so the child starts with default dispositions.
+ *   colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G1,G2...]] [--workdir DIR]
+ *             [--env-fd N] [--log-cap BYTES] [--reserve BYTES] -- CMD [ARGS...]
+ *
+ * Started by the daemon with stdout and stderr on the job's log (a root-owned file in a root-only
+ * folder) and EXITFILE in a folder the job cannot write. It forks; the child starts a session of
+ * its own, joins the job's cgroups, puts its output on a pipe to the shim, drops to the user's
+ * groups, gid and uid (and checks it cannot get root back), and only then enters the workdir and
+ * runs CMD: nothing the user named is touched with root's rights. A failure on the way is the
+ * job's failure, with its reason on the log and in EXITFILE; nothing is retried as root.
+ *
+ * The shim stays root: it copies the job's output to the log up to --log-cap bytes (then one marked
+ * line, and the rest is dropped) and drops output while the log's file system has less than
+ * --reserve bytes free. When CMD ends, whatever else the job started is killed (cgroup.kill, or a
+ * kill loop over cgroup.procs; with no cgroup, every descendant: the shim is a child subreaper, so
+ * double forks and setsid children stay its descendants) and reaped; then the exit status goes to
+ * EXITFILE atomically: "CODE\n" and, when the job never ran, "REASON\n".
+ * Exit code: CMD's, or 128+signal when a signal ended it.
+ * TERM, INT, HUP, QUIT, USR1, USR2 sent to the shim are passed on to CMD.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#define MAX_CGROUPS 8
+#define MAX_GROUPS 1024
+#define ENV_MAX (16u << 20)
+
+extern char **environ;
+
 static volatile pid_t child = -1;
+static const char *cgroups[MAX_CGROUPS];
+static int ncgroups;
 
 static void forward(int sig)
 {
@@ -23,53 +56,430 @@ static void forward(int sig)
         kill(child, sig);
 }
 
-static void write_status(const char *path, int code)
+static void die(const char *fmt, ...)
 {
-    char tmp[4096], buf[32];
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("colo-shim: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(127);
+}
+
+static long long parse_num(const char *s, const char *what)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < 0)
+        die("malformed %s: %s", what, s);
+    return v;
+}
+
+static int write_all(int fd, const char *buf, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        buf += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* ---- the job's output: capped, and dropped while the disk is short of its reserve ---- */
+static long long log_size, log_cap, reserve;
+static int capped, starved;
+
+static void note(const char *msg)
+{
+    write_all(1, msg, strlen(msg));
+}
+
+static void relay(const char *buf, size_t n)
+{
+    char msg[256];
+    if (capped)
+        return;
+    if (reserve > 0) {
+        struct statvfs sv;
+        if (fstatvfs(1, &sv) == 0) {
+            unsigned long long avail = (unsigned long long)sv.f_bavail * sv.f_frsize;
+            if (avail < (unsigned long long)reserve + n) {
+                if (!starved) {
+                    snprintf(msg, sizeof msg, "\n[colo: output dropped: less than %lld MiB free on the "
+                             "state disk]\n", reserve >> 20);
+                    note(msg);
+                    starved = 1;
+                }
+                return;
+            }
+            if (starved) {
+                note("[colo: output resumes: the state disk has room again]\n");
+                starved = 0;
+            }
+        }
+    }
+    if (log_cap > 0 && log_size + (long long)n > log_cap) {
+        size_t room = log_size < log_cap ? (size_t)(log_cap - log_size) : 0;
+        if (room)
+            write_all(1, buf, room);
+        snprintf(msg, sizeof msg, "\n[colo: the log reached its cap of %lld bytes; further output is "
+                 "dropped]\n", log_cap);
+        note(msg);
+        capped = 1;
+        return;
+    }
+    if (write_all(1, buf, n) == 0)
+        log_size += (long long)n;
+}
+
+/* ---- containment ---- */
+static int read_pids(const char *dir, pid_t *out, int max)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -1;
+    int n = 0;
+    long p;
+    while (n < max && fscanf(f, "%ld", &p) == 1)
+        out[n++] = (pid_t)p;
+    fclose(f);
+    return n;
+}
+
+/* Kill everything in the first cgroup (the one that contains the job); 1 when it is empty. */
+static int cgroup_kill(void)
+{
+    char path[PATH_MAX];
+    pid_t pids[4096];
+    snprintf(path, sizeof path, "%s/cgroup.kill", cgroups[0]);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)!write(fd, "1", 1);
+        close(fd);
+    }
+    int n = read_pids(cgroups[0], pids, 4096);
+    for (int i = 0; i < n; i++)
+        kill(pids[i], SIGKILL);
+    return n <= 0;
+}
+
+/* Without a cgroup: SIGKILL every descendant (found through /proc/PID/task/TID/children). */
+static void kill_tree(pid_t pid, int depth)
+{
+    char path[PATH_MAX];
+    if (depth > 64)
+        return;
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char cpath[PATH_MAX];
+        snprintf(cpath, sizeof cpath, "/proc/%d/task/%s/children", (int)pid, e->d_name);
+        FILE *f = fopen(cpath, "re");
+        if (!f)
+            continue;
+        long c;
+        while (fscanf(f, "%ld", &c) == 1) {
+            kill((pid_t)c, SIGSTOP); /* stop it forking while its children are found */
+            kill_tree((pid_t)c, depth + 1);
+            kill((pid_t)c, SIGKILL);
+        }
+        fclose(f);
+    }
+    closedir(d);
+}
+
+static void reap(int *main_status, int *main_done)
+{
+    int st;
+    pid_t p;
+    while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
+        if (p == child) {
+            *main_status = st;
+            *main_done = 1;
+        }
+    }
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- the exit record ---- */
+static void write_status(const char *path, int code, const char *reason)
+{
+    char tmp[PATH_MAX], buf[1200];
     int n = snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (n < 0 || (size_t)n >= sizeof tmp)
         return;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
+    unlink(tmp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "colo-shim: cannot write %s: %s\n", tmp, strerror(errno));
         return;
-    int len = snprintf(buf, sizeof buf, "%d\n", code);
-    if (write(fd, buf, (size_t)len) == len && fsync(fd) == 0)
+    }
+    int len = reason && *reason ? snprintf(buf, sizeof buf, "%d\n%s\n", code, reason)
+                                : snprintf(buf, sizeof buf, "%d\n", code);
+    if (len > (int)sizeof buf - 1)
+        len = (int)sizeof buf - 1;
+    if (write_all(fd, buf, (size_t)len) == 0 && fsync(fd) == 0)
         rename(tmp, path);
     close(fd);
+}
+
+/* ---- the child: cgroups, output, credentials, workdir, exec ---- */
+static int errfd = -1;
+
+static void child_fail(int code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    dprintf(2, "colo: %s\n", msg);
+    if (errfd >= 0)
+        write_all(errfd, msg, strlen(msg));
+    _exit(code);
+}
+
+static void run_child(int out_w, int have_user, uid_t uid, gid_t gid, gid_t *groups, int ngroups,
+                      const char *workdir, char **envp, char **argv)
+{
+    setsid();
+    for (int i = 0; i < ncgroups; i++) {
+        char path[PATH_MAX], pid[32];
+        snprintf(path, sizeof path, "%s/cgroup.procs", cgroups[i]);
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        int len = snprintf(pid, sizeof pid, "%d", (int)getpid());
+        if (fd < 0 || write(fd, pid, (size_t)len) != len)
+            child_fail(126, "cannot join the job's cgroup %s: %s", cgroups[i], strerror(errno));
+        close(fd);
+    }
+    if (dup2(out_w, 1) < 0 || dup2(out_w, 2) < 0)
+        _exit(126);
+    if (out_w > 2)
+        close(out_w);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    for (int s = 1; s < NSIG; s++)
+        signal(s, SIG_DFL);
+    umask(022);
+    if (have_user) {
+        if (setgroups((size_t)ngroups, groups) != 0)
+            child_fail(126, "cannot set the groups of uid %d: %s", (int)uid, strerror(errno));
+        if (setresgid(gid, gid, gid) != 0)
+            child_fail(126, "cannot switch to gid %d: %s", (int)gid, strerror(errno));
+        if (setresuid(uid, uid, uid) != 0)
+            child_fail(126, "cannot switch to uid %d: %s", (int)uid, strerror(errno));
+        uid_t r, e, s;
+        gid_t rg, eg, sg;
+        if (getresuid(&r, &e, &s) || r != uid || e != uid || s != uid || getresgid(&rg, &eg, &sg) ||
+            rg != gid || eg != gid || sg != gid)
+            child_fail(126, "the switch to uid %d gid %d did not hold", (int)uid, (int)gid);
+        if (uid != 0 && (setuid(0) == 0 || seteuid(0) == 0))
+            child_fail(126, "uid %d could become root again", (int)uid);
+    }
+    /* As the user: a folder the user cannot enter is refused by the kernel, as for them. */
+    if (workdir && chdir(workdir) != 0)
+        child_fail(126, "cannot enter the workdir %s as uid %d: %s", workdir, (int)getuid(), strerror(errno));
+    environ = envp; /* execvp looks CMD up in the job's own PATH */
+    execvp(argv[0], argv);
+    child_fail(errno == ENOENT ? 127 : 126, "cannot run %s: %s", argv[0], strerror(errno));
+}
+
+static char **read_env(int fd)
+{
+    size_t cap = 65536, len = 0;
+    char *buf = malloc(cap);
+    if (!buf)
+        die("out of memory");
+    for (;;) {
+        if (len == cap) {
+            if (cap >= ENV_MAX)
+                die("environment larger than %u bytes", ENV_MAX);
+            cap *= 2;
+            if (!(buf = realloc(buf, cap)))
+                die("out of memory");
+        }
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            die("cannot read the environment: %s", strerror(errno));
+        if (r == 0)
+            break;
+        len += (size_t)r;
+    }
+    close(fd);
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += buf[i] == '\0';
+    char **env = calloc(n + 1, sizeof *env);
+    if (!env)
+        die("out of memory");
+    size_t k = 0, start = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (buf[i] == '\0') {
+            env[k++] = buf + start;
+            start = i + 1;
+        }
+    }
+    return env;
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: colo-shim EXITFILE CMD [ARGS...]\n");
+        fprintf(stderr, "usage: colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G,...]] [--workdir DIR] "
+                        "[--env-fd N] [--log-cap BYTES] [--reserve BYTES] -- CMD [ARGS...]\n");
         return 2;
     }
+    const char *exitfile = argv[1], *workdir = NULL;
+    int have_user = 0, ngroups = 0, envfd = -1, i;
+    uid_t uid = 0;
+    gid_t gid = 0;
+    static gid_t groups[MAX_GROUPS];
+    for (i = 2; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (i + 1 >= argc)
+            die("%s needs a value", argv[i]);
+        const char *opt = argv[i], *val = argv[++i];
+        if (!strcmp(opt, "--cgroup")) {
+            if (ncgroups == MAX_CGROUPS)
+                die("too many cgroups");
+            cgroups[ncgroups++] = val;
+        } else if (!strcmp(opt, "--user")) {
+            char *copy = strdup(val), *save = NULL;
+            char *u = strtok_r(copy, ":", &save), *g = strtok_r(NULL, ":", &save), *gs = strtok_r(NULL, ":", &save);
+            if (!u || !g)
+                die("malformed --user %s", val);
+            uid = (uid_t)parse_num(u, "uid");
+            gid = (gid_t)parse_num(g, "gid");
+            for (char *t = gs ? strtok_r(gs, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save)) {
+                if (ngroups == MAX_GROUPS)
+                    die("too many groups");
+                groups[ngroups++] = (gid_t)parse_num(t, "group");
+            }
+            have_user = 1;
+        } else if (!strcmp(opt, "--workdir")) {
+            workdir = val;
+        } else if (!strcmp(opt, "--env-fd")) {
+            envfd = (int)parse_num(val, "--env-fd");
+        } else if (!strcmp(opt, "--log-cap")) {
+            log_cap = parse_num(val, "--log-cap");
+        } else if (!strcmp(opt, "--reserve")) {
+            reserve = parse_num(val, "--reserve");
+        } else {
+            die("unknown option %s", opt);
+        }
+    }
+    if (i >= argc - 1)
+        die("missing command after --");
+    char **cmd = argv + i + 1;
+    char **envp = envfd >= 0 ? read_env(envfd) : environ;
+    struct stat st;
+    if (fstat(1, &st) == 0 && S_ISREG(st.st_mode))
+        log_size = st.st_size;
+
     int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = forward;
     sigemptyset(&sa.sa_mask);
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-        sigaction(sigs[i], &sa, NULL);
+    sa.sa_flags = SA_RESTART;
+    for (size_t k = 0; k < sizeof sigs / sizeof sigs[0]; k++)
+        sigaction(sigs[k], &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    prctl(PR_SET_CHILD_SUBREAPER, 1); /* orphans of the job (double forks) stay ours to kill and reap */
 
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
+        die("pipe: %s", strerror(errno));
     child = fork();
-    if (child < 0) {
-        perror("colo-shim: fork");
-        return 127;
-    }
+    if (child < 0)
+        die("fork: %s", strerror(errno));
     if (child == 0) {
-        execvp(argv[2], argv + 2);
-        fprintf(stderr, "colo: cannot run %s: %s\n", argv[2], strerror(errno));
-        _exit(errno == ENOENT ? 127 : 126);
+        close(out[0]);
+        close(err[0]);
+        errfd = err[1];
+        run_child(out[1], have_user, uid, gid, groups, ngroups, workdir, envp, cmd);
     }
-    int status, code;
-    while (waitpid(child, &status, 0) < 0) {
-        if (errno != EINTR) {
-            perror("colo-shim: waitpid");
-            return 127;
+    close(out[1]);
+    close(err[1]);
+
+    static char buf[65536];
+    int status = 0, main_done = 0, eof = 0;
+    long after_ms = 0; /* time spent waiting since the main process ended */
+    for (;;) {
+        struct pollfd p = {out[0], POLLIN, 0};
+        int r = eof ? 0 : poll(&p, 1, 100);
+        if (r > 0) {
+            ssize_t n = read(out[0], buf, sizeof buf);
+            if (n > 0)
+                relay(buf, (size_t)n);
+            else if (n == 0 || (errno != EINTR && errno != EAGAIN))
+                eof = 1;
+        }
+        reap(&status, &main_done);
+        if (!main_done) {
+            if (eof)
+                sleep_ms(50); /* it closed its output but runs on */
+            continue;
+        }
+        /* The main process ended: so does everything else the job started. */
+        int empty;
+        if (ncgroups > 0) {
+            empty = cgroup_kill();
+        } else {
+            kill_tree(getpid(), 0);
+            empty = waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD;
+        }
+        if (empty && (eof || after_ms >= 2000))
+            break; /* (a pipe end passed to a process outside the job is not waited for long) */
+        if (!empty && after_ms >= 60000) {
+            fprintf(stderr, "colo-shim: processes of the job are still there after 60 s\n");
+            break;
+        }
+        if (eof || r == 0) {
+            sleep_ms(eof ? 20 : 0);
+            after_ms += eof ? 20 : 100;
         }
     }
-    code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    write_status(argv[1], code);
+    while (!eof) { /* whatever is still in the pipe */
+        struct pollfd p = {out[0], POLLIN, 0};
+        if (poll(&p, 1, 0) <= 0)
+            break;
+        ssize_t n = read(out[0], buf, sizeof buf);
+        if (n <= 0)
+            break;
+        relay(buf, (size_t)n);
+    }
+    char reason[1024] = "";
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    ssize_t rn = read(err[0], reason, sizeof reason - 1);
+    reason[rn > 0 ? rn : 0] = '\0';
+    for (char *c = reason; *c; c++)
+        if (*c == '\n')
+            *c = ' ';
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    write_status(exitfile, code, reason);
+    for (int k = 0; k < ncgroups; k++)
+        rmdir(cgroups[k]);
     return code;
 }

@@ -1,0 +1,304 @@
+"""A cgroup of its own for every process job: what contains it, and its optional CPU and memory limits.
+
+Each job's leaf is `<base>/colo-<instance>/job-<ID>` in every hierarchy colo uses, where <base> is
+the daemon's own cgroup there (under systemd with `Delegate=yes`, the unit's; when the daemon sits
+in a `supervisor` leaf, as `DelegateSubgroup=supervisor` puts it, that leaf's parent).
+
+Two layouts are supported:
+- pure cgroup v2 (`/sys/fs/cgroup` is cgroup2): containment and the cpu and memory controllers
+  in one tree. Controllers can only be handed down through cgroups that hold no processes, so
+  a daemon in a non-root cgroup first moves itself into a `supervisor` leaf.
+- hybrid (cgroup2 at `/sys/fs/cgroup/unified`, controllers on v1 hierarchies): the v2 leaf
+  contains the job (cgroup.kill, cgroup.events); limits go to the v1 `cpu` and `memory` leaves.
+Where neither exists (or the daemon is not root), jobs run without a cgroup: the shim, a child
+subreaper, still ends every descendant; --cpus/--mem are refused with the reason.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPERVISOR = "supervisor"
+CPU_PERIOD = 100_000  # microseconds
+_JOB = re.compile(r"/colo-([0-9A-Za-z_-]+)/job-([0-9]+)$")
+
+
+class CgroupError(RuntimeError):
+    pass
+
+
+def job_of_pid(pid: int, instance_id: str) -> int | None:
+    """The id of the colo job (of the daemon `instance_id`) whose cgroup holds `pid`, or None."""
+    try:
+        with open(f"/proc/{int(pid)}/cgroup") as f:
+            lines = f.read().splitlines()
+    except (OSError, ValueError):
+        return None
+    for line in lines:
+        m = _JOB.search(line.split(":", 2)[-1])
+        if m and m.group(1) == instance_id:
+            return int(m.group(2))
+    return None
+
+
+def _mounts() -> tuple[Path | None, dict[str, Path]]:
+    """(the cgroup2 mount, {v1 controller: its mount}) from /proc/self/mountinfo."""
+    unified, v1 = None, {}
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return None, {}
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        parts, rparts = left.split(), right.split()
+        if len(parts) < 5 or len(rparts) < 3:
+            continue
+        point, fstype, opts = Path(parts[4].replace("\\040", " ")), rparts[0], rparts[2].split(",")
+        if fstype == "cgroup2" and unified is None:
+            unified = point
+        elif fstype == "cgroup":
+            for c in ("cpu", "memory", "pids", "freezer"):
+                if c in opts:
+                    v1.setdefault(c, point)
+    return unified, v1
+
+
+def _own(pid: int | str = "self") -> tuple[str | None, dict[str, str]]:
+    """This process's cgroup path in v2 and in each v1 hierarchy, from /proc/PID/cgroup."""
+    v2, v1 = None, {}
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None, {}
+    for line in lines:
+        hid, ctrls, path = line.split(":", 2)
+        if hid == "0" and ctrls == "":
+            v2 = path
+        for c in ctrls.split(","):
+            v1[c] = path
+    return v2, v1
+
+
+def _base(mount: Path, path: str) -> Path:
+    rel = path.strip("/")
+    if rel.rsplit("/", 1)[-1] == SUPERVISOR:
+        rel = rel.rsplit("/", 1)[0] if "/" in rel else ""
+    return mount / rel if rel else mount
+
+
+def _write(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Cgroups:
+    """The cgroups of one daemon's jobs. `contain` is where a job is watched and killed (v2, or a v1
+    hierarchy); `limits` maps "cpu"/"memory" to the tree that takes that limit; `missing` says why
+    a limit cannot be had here."""
+    instance: str
+    contain: Path | None = None  # colo-<instance> in the tree that contains jobs
+    v2: bool = False  # contain is cgroup v2 (cgroup.kill, cgroup.events)
+    limits: dict[str, Path] = field(default_factory=dict)
+    limit_v2: dict[str, bool] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def setup(cls, instance: str) -> "Cgroups":
+        """Find the layout and make this daemon's folders; degrade (saying why) where not possible."""
+        cg = cls(instance)
+        name = f"colo-{instance}"
+        if os.geteuid() != 0:
+            why = "the daemon is not root"
+            cg.missing = {"cpu": why, "memory": why, "contain": why}
+            return cg
+        unified, v1 = _mounts()
+        own2, own1 = _own()
+        if unified is not None and own2 is not None:
+            base = _base(unified, own2)
+            ctrls = set(_read(base / "cgroup.controllers").split())
+            want = {"cpu", "memory"} & ctrls
+            if want and base != unified:
+                cg._leave_for_leaf(unified, own2, base)
+            try:
+                for c in sorted(want):
+                    _enable(base, c)
+                (base / name).mkdir(exist_ok=True)
+                for c in sorted(want):
+                    _enable(base / name, c)
+                cg.contain, cg.v2 = base / name, True
+                for c in want:
+                    cg.limits[c], cg.limit_v2[c] = base / name, True
+            except OSError as e:
+                cg.missing["contain"] = f"cannot make {base / name}: {e.strerror}"
+        for c in ("cpu", "memory"):
+            if c in cg.limits:
+                continue
+            if c in v1 and c in own1:
+                d = _base(v1[c], own1[c]) / name
+                try:
+                    d.mkdir(exist_ok=True)
+                    cg.limits[c], cg.limit_v2[c] = d, False
+                    continue
+                except OSError as e:
+                    cg.missing[c] = f"cannot make {d}: {e.strerror}"
+                    continue
+            cg.missing[c] = f"no {c} cgroup controller is available to colo here"
+        if cg.contain is None:
+            for c in ("pids", "freezer", "memory"):
+                if c in v1 and c in own1:
+                    d = _base(v1[c], own1[c]) / name
+                    try:
+                        d.mkdir(exist_ok=True)
+                        cg.contain = d
+                        break
+                    except OSError:
+                        continue
+        return cg
+
+    @staticmethod
+    def _leave_for_leaf(unified: Path, own2: str, base: Path) -> None:
+        """cgroup v2 hands controllers down only through cgroups without processes: leave the
+        delegated cgroup for a leaf of our own (what systemd's DelegateSubgroup= would do)."""
+        if own2.rstrip("/").endswith("/" + SUPERVISOR):
+            return
+        leaf = base / SUPERVISOR
+        leaf.mkdir(exist_ok=True)
+        _write(leaf / "cgroup.procs", "0")
+
+    # per job ----------------------------------------------------------------------------------
+    def dirs(self, job_id: int) -> list[Path]:
+        """Every leaf of this job, the containing one first (the shim kills and watches that one)."""
+        out = [self.contain / f"job-{job_id}"] if self.contain is not None else []
+        for c in ("cpu", "memory"):
+            d = self.limits.get(c)
+            if d is not None and d / f"job-{job_id}" not in out:
+                out.append(d / f"job-{job_id}")
+        return out
+
+    def create(self, job_id: int, cpus: float | None = None, mem: int | None = None) -> list[Path]:
+        """Make the job's leaves with its limits; CgroupError when a limit cannot be had here."""
+        for what, want in (("cpu", cpus), ("memory", mem)):
+            if want and what not in self.limits:
+                flag = "--cpus" if what == "cpu" else "--mem"
+                raise CgroupError(f"{flag} cannot be enforced here: {self.missing.get(what, 'no controller')}")
+        dirs = self.dirs(job_id)
+        for d in dirs:
+            d.mkdir(exist_ok=True)
+        leaf = f"job-{job_id}"
+        try:
+            if cpus:
+                d = self.limits["cpu"] / leaf
+                quota = max(1000, int(cpus * CPU_PERIOD))
+                if self.limit_v2["cpu"]:
+                    _write(d / "cpu.max", f"{quota} {CPU_PERIOD}")
+                else:
+                    _write(d / "cpu.cfs_period_us", str(CPU_PERIOD))
+                    _write(d / "cpu.cfs_quota_us", str(quota))
+            if mem:
+                d = self.limits["memory"] / leaf
+                if self.limit_v2["memory"]:
+                    _write(d / "memory.max", str(int(mem)))
+                    try:
+                        _write(d / "memory.swap.max", "0")  # the limit is on memory, not memory + swap
+                    except OSError:
+                        pass
+                else:
+                    _write(d / "memory.limit_in_bytes", str(int(mem)))
+                    try:
+                        _write(d / "memory.memsw.limit_in_bytes", str(int(mem)))
+                    except OSError:
+                        pass
+        except OSError as e:
+            self.remove(job_id)
+            raise CgroupError(f"cannot set the job's limits: {e.strerror}") from None
+        return dirs
+
+    def pids(self, job_id: int) -> list[int]:
+        if self.contain is None:
+            return []
+        try:
+            return [int(x) for x in _read(self.contain / f"job-{job_id}" / "cgroup.procs").split()]
+        except (OSError, ValueError):
+            return []
+
+    def signal(self, job_id: int, sig: int) -> None:
+        for pid in self.pids(job_id):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self, job_id: int, timeout: float = 30.0) -> bool:
+        """SIGKILL everything in the job (setsid children, double forks); True once it is empty."""
+        if self.contain is None:
+            return True
+        d = self.contain / f"job-{job_id}"
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.v2:
+                try:
+                    _write(d / "cgroup.kill", "1")
+                except FileNotFoundError:
+                    return True  # gone: nothing left
+                except OSError:
+                    self.signal(job_id, signal.SIGKILL)  # a kernel before 5.14
+            else:
+                self.signal(job_id, signal.SIGKILL)
+            if not self.pids(job_id):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+
+    def empty(self, job_id: int) -> bool:
+        return not self.pids(job_id)
+
+    def remove(self, job_id: int) -> None:
+        for d in self.dirs(job_id):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+    def sweep(self, keep: set[int]) -> None:
+        """Empty leaves of jobs that are no longer open (ended while the daemon was away)."""
+        roots = {self.contain, *self.limits.values()} - {None}
+        for root in roots:
+            try:
+                names = os.listdir(root)
+            except OSError:
+                continue
+            for n in names:
+                if n.startswith("job-") and n[4:].isdigit() and int(n[4:]) not in keep:
+                    try:
+                        (root / n).rmdir()
+                    except OSError:
+                        pass
+
+    def close(self) -> None:
+        """The daemon's own folders, when no job is left in them (jobs outlive a daemon stop)."""
+        for root in {self.contain, *self.limits.values()} - {None}:
+            try:
+                root.rmdir()
+            except OSError:
+                pass
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _enable(parent: Path, ctrl: str) -> None:
+    if ctrl not in _read(parent / "cgroup.subtree_control").split():
+        _write(parent / "cgroup.subtree_control", f"+{ctrl}")
