@@ -384,8 +384,8 @@ def test_socket_and_state_file_modes(shared, users):
     assert _mode(st_ / "logs") == 0o700
     for log in (st_ / "logs").iterdir():
         assert _mode(log) & 0o077 == 0, (log, oct(_mode(log)))
-    run_dir = st_ / "jobs" / str(j)
-    assert os.lstat(run_dir).st_uid == users[0].pw_uid and _mode(run_dir) == 0o700
+    run_dir = st_ / "jobs" / str(j)  # root's: the job cannot replace its ledger or exit record
+    assert os.lstat(run_dir).st_uid == 0 and _mode(run_dir) == 0o711
     assert os.lstat(run_dir / "ledger").st_uid == users[0].pw_uid and _mode(run_dir / "ledger") & 0o077 == 0
     # another user reaches none of it, even knowing the names
     for p in ("colo.db", "colo.lock", f"logs/{j}.log", f"jobs/{j}/ledger"):

@@ -126,7 +126,13 @@ class ProcessRuntime:
                 os.close(log)
         finally:
             os.close(envfd)
-        handle = f"{p.pid}:{psutil.Process(p.pid).create_time():.3f}:{launch.job_id}"
+        handle = f"{p.pid}:{psutil.Process(p.pid).create_time():.3f}:{launch.job_id}"  # (before it is reaped)
+        if self.cgroups is not None and self.cgroups.contain is not None:
+            # Started means contained: a stop that came before the child joined its cgroup would
+            # find the cgroup empty and leave the job to run on.
+            deadline = time.monotonic() + 10
+            while not self.cgroups.pids(launch.job_id) and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.002)
         with self._lock:
             self._children[handle] = p
             self._run_dirs[handle] = launch.run_dir
