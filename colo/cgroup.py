@@ -123,21 +123,27 @@ class Cgroups:
         own2, own1 = _own()
         if unified is not None and own2 is not None:
             base = _base(unified, own2)
-            ctrls = set(_read(base / "cgroup.controllers").split())
-            want = {"cpu", "memory"} & ctrls
+            want = {"cpu", "memory"} & set(_read(base / "cgroup.controllers").split())
             if want and base != unified:
-                cg._leave_for_leaf(unified, own2, base)
+                try:
+                    cg._leave_for_leaf(own2, base)
+                except OSError as e:
+                    for c in want:
+                        cg.missing[c] = f"cannot move the daemon into {base / SUPERVISOR}: {e.strerror}"
+                    want = set()
             try:
-                for c in sorted(want):
-                    _enable(base, c)
                 (base / name).mkdir(exist_ok=True)
-                for c in sorted(want):
-                    _enable(base / name, c)
                 cg.contain, cg.v2 = base / name, True
-                for c in want:
-                    cg.limits[c], cg.limit_v2[c] = base / name, True
             except OSError as e:
                 cg.missing["contain"] = f"cannot make {base / name}: {e.strerror}"
+                want = set()
+            for c in sorted(want):
+                try:
+                    _enable(base, c)
+                    _enable(base / name, c)
+                    cg.limits[c], cg.limit_v2[c] = base / name, True
+                except OSError as e:
+                    cg.missing[c] = f"cannot hand the {c} controller down from {base}: {e.strerror}"
         for c in ("cpu", "memory"):
             if c in cg.limits:
                 continue
@@ -146,25 +152,26 @@ class Cgroups:
                 try:
                     d.mkdir(exist_ok=True)
                     cg.limits[c], cg.limit_v2[c] = d, False
-                    continue
+                    cg.missing.pop(c, None)
                 except OSError as e:
                     cg.missing[c] = f"cannot make {d}: {e.strerror}"
-                    continue
-            cg.missing[c] = f"no {c} cgroup controller is available to colo here"
-        if cg.contain is None:
+                continue
+            cg.missing.setdefault(c, f"no {c} cgroup controller is available to colo here")
+        if cg.contain is None:  # no cgroup v2: a v1 hierarchy contains (a kill loop over cgroup.procs)
             for c in ("pids", "freezer", "memory"):
                 if c in v1 and c in own1:
                     d = _base(v1[c], own1[c]) / name
                     try:
                         d.mkdir(exist_ok=True)
                         cg.contain = d
+                        cg.missing.pop("contain", None)
                         break
                     except OSError:
                         continue
         return cg
 
     @staticmethod
-    def _leave_for_leaf(unified: Path, own2: str, base: Path) -> None:
+    def _leave_for_leaf(own2: str, base: Path) -> None:
         """cgroup v2 hands controllers down only through cgroups without processes: leave the
         delegated cgroup for a leaf of our own (what systemd's DelegateSubgroup= would do)."""
         if own2.rstrip("/").endswith("/" + SUPERVISOR):

@@ -68,7 +68,8 @@ def test_setsid_and_double_forked_children_end_with_the_job(daemon, fakegpu, tmp
     wait_for(lambda: "ready" in "".join(daemon.client.logs(j)), 30, "the job to start its children")
     left = [int(x) for x in pids.read_text().split()]
     wait_for(lambda: left[0] in _gpu_pids(fakegpu), 30, "the setsid child to hold GPU memory")
-    assert all(job_of_pid(p, _instance(daemon)) == j for p in left)  # the patrol's view: they are the job's
+    contained = "without a cgroup of their own" not in daemon.log.read_text()  # else: the shim's subreaper
+    assert all(job_of_pid(p, _instance(daemon)) == (j if contained else None) for p in left)  # the patrol's view
     daemon.client.cancel(j)
     daemon.wait_state(j, "cancelled")
     wait_for(lambda: not _pids_file_alive(pids), 20, "the cancelled job's children to be killed")
@@ -152,7 +153,6 @@ def test_cpu_and_memory_limits(daemon, tmp_path):
         assert "cannot be enforced here" in job["reason"], job
         pytest.skip(job["reason"])
     pid = int(wait_for(lambda: pidf.exists() and pidf.read_text().strip(), 20, "the job's pid"))
-    assert job_of_pid(pid, _instance(daemon)) == j
     quota = _cgroup_file(pid, "cpu.cfs_quota_us", "cpu.max").read_text().split()
     assert quota[0] == "50000" and (len(quota) == 1 or quota[1] == "100000"), quota
     limit = _cgroup_file(pid, "memory.limit_in_bytes", "memory.max").read_text().strip()
