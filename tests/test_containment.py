@@ -165,3 +165,16 @@ def test_cpu_and_memory_limits(daemon, tmp_path):
     job = daemon.wait_state(j, "failed", "succeeded", timeout=60)
     assert job["state"] == "failed" and job["exit_code"] == 137, job
     assert "kept" not in "".join(daemon.client.logs(j))
+
+
+def test_container_limits_and_time(daemon, test_image, docker_client):
+    """Containers take --cpus/--mem as Docker's own limits, and --time as process jobs do."""
+    r = daemon.cli("submit", "--image", test_image, "--gpus", "0", "--cpus", "0.5", "--mem", "64MiB",
+                   "--time", "3s", "--", "sleep", "600", check=True)
+    j = int(r.stdout.strip())
+    daemon.wait_state(j, "running", timeout=60)
+    (c,) = docker_client.containers.list(filters={"label": [f"colo.job={j}", f"colo.instance={_instance(daemon)}"]})
+    host = c.attrs["HostConfig"]
+    assert host["NanoCpus"] == 500_000_000 and host["Memory"] == 64 * MiB, host
+    job = daemon.wait_state(j, "failed", "succeeded", timeout=60)
+    assert job["state"] == "failed" and job["reason"].startswith("stopped at its time limit of 3s"), job
