@@ -73,6 +73,7 @@ class ProcessRuntime:
         self._children: dict[str, subprocess.Popen] = {}
         self._run_dirs: dict[str, Path] = {}
         self._notes: dict[str, str] = {}
+        self._attempt: dict[int, str] = {}  # job id -> handle of its latest start (which owns job-<ID>)
         self._lock = threading.Lock()
 
     def start(self, launch: Launch) -> str:
@@ -91,6 +92,19 @@ class ProcessRuntime:
         except KeyError:
             pass
         env.update(launch.env)
+        self._end_earlier_attempt(launch.job_id)
+        with self._lock:  # from here the cgroup is this start's: an earlier attempt's cleanup leaves it
+            self._attempt[launch.job_id] = "starting"
+        try:
+            return self._start(launch, shim, root, env, groups, home)
+        except BaseException:
+            with self._lock:
+                if self._attempt.get(launch.job_id) == "starting":
+                    del self._attempt[launch.job_id]
+            raise
+
+    def _start(self, launch: Launch, shim: str, root: bool, env: dict[str, str], groups: list[int],
+               home: str) -> str:
         exit_file = launch.run_dir / EXIT_FILE
         exit_file.unlink(missing_ok=True)
         args = [shim, str(exit_file), "--workdir", launch.workdir or home,
@@ -136,12 +150,37 @@ class ProcessRuntime:
         with self._lock:
             self._children[handle] = p
             self._run_dirs[handle] = launch.run_dir
+            self._attempt[launch.job_id] = handle
         return handle
+
+    def _end_earlier_attempt(self, job_id: int) -> None:
+        """A requeued job (MPS fault) starts again only once its earlier attempt has ended: both
+        would share the cgroup job-<ID>, and the old shim empties it as it ends."""
+        with self._lock:
+            prior = self._attempt.get(job_id)
+        p = self._proc(prior) if prior is not None else None
+        if p is None:
+            return
+        if self.cgroups is not None:
+            self.cgroups.kill(job_id)
+        self._signal_tree(p, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while self._proc(prior) is not None and time.monotonic() < deadline:  # (not reaped here: its
+            time.sleep(0.02)                                                  # follower waits on it)
+
+    def _owns(self, handle: str, job: int | None) -> bool:
+        """Is this handle the job's latest start (so the job's cgroup is its own)?"""
+        with self._lock:
+            return job is not None and self._attempt.get(job, handle) == handle
 
     def remember(self, handle: str, run_dir: Path) -> None:
         """After a restart: where this job's exit file is."""
         with self._lock:
             self._run_dirs[handle] = run_dir
+        job = self._job_id(handle)
+        if job is not None:
+            with self._lock:
+                self._attempt.setdefault(job, handle)
 
     def _job_id(self, handle: str) -> int | None:
         job = _parse(handle)[2]
@@ -214,14 +253,15 @@ class ProcessRuntime:
         """SIGTERM to every process of the job, SIGKILL to what is left after `grace`. The shim
         (root, outside the job's cgroup) lives on to record the exit code."""
         job = self._job_id(handle)
-        if self.cgroups is not None and self.cgroups.contain is not None and job is not None:
+        if self.cgroups is not None and self._owns(handle, job) and self.cgroups.pids(job):
             self.cgroups.signal(job, signal.SIGTERM)
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline and not self.cgroups.empty(job):
                 time.sleep(0.05)
             self.cgroups.kill(job)
             return
-        p = self._proc(handle)  # no cgroup: the shim's descendants (it is their subreaper)
+        # No cgroup (or a job started by an older colo): the shim's descendants (it is their subreaper).
+        p = self._proc(handle)
         if p is None:
             return
         self._signal_tree(p, signal.SIGTERM)
@@ -254,9 +294,10 @@ class ProcessRuntime:
 
     def pids(self, handle: str) -> list[int]:
         job = self._job_id(handle)
-        if self.cgroups is not None and self.cgroups.contain is not None and job is not None:
-            return self.cgroups.pids(job)
-        p = self._proc(handle)
+        got = self.cgroups.pids(job) if self.cgroups is not None and self._owns(handle, job) else []
+        if got:
+            return got
+        p = self._proc(handle)  # no cgroup, or a job started by an older colo
         return [c.pid for c in self._descendants(p)] if p is not None else []
 
     def cleanup(self, handle: str) -> None:
@@ -265,6 +306,8 @@ class ProcessRuntime:
             self._children.pop(handle, None)
             self._notes.pop(handle, None)
         job = self._job_id(handle)
-        if self.cgroups is not None and job is not None:
+        if self.cgroups is not None and self._owns(handle, job):
             self.cgroups.kill(job)
             self.cgroups.remove(job)
+            with self._lock:
+                self._attempt.pop(job, None)
