@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from colo.daemon.cgroup import job_of_pid
+from colo.cgroup import job_of_pid
 from colo.client import Client, ClientError
 from daemon_util import DaemonProc, wait_for
 

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from .. import mps, native, policy
-from .cgroup import Cgroups
+from ..cgroup import Cgroups
 from ..config import Config
 from ..gpu import GpuInfo, NoDriver, Nvml
 from ..jobs import ACTIVE, TERMINAL, Job, State

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from .. import native
-from ..daemon.cgroup import CgroupError, Cgroups
+from ..cgroup import CgroupError, Cgroups
 from .base import Gone, Launch, StartError
 
 EXIT_FILE = "exit"
