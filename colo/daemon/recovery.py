@@ -97,7 +97,7 @@ class RecoveryMixin:
         for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = p.info["cmdline"] or []
             if len(cmd) > 1 and cmd[0].endswith("colo-shim") and cmd[1] == exit_file:
-                return f"{p.pid}:{p.info['create_time']:.3f}:{job.id}"
+                return f"{p.pid}:{p.info['create_time']:.3f}"
         if os.path.exists(exit_file):
             return "0:0"  # it ran and ended while colo was away; poll() reads its exit code
         return None

@@ -51,13 +51,13 @@ def read_exit_file(path: Path) -> tuple[int, str] | None:
         return None
 
 
-def _parse(handle: str) -> tuple[int, float, int | None]:
-    """A handle is "SHIM_PID:START_TIME:JOB_ID" (older ones lack the job id)."""
-    parts = handle.split(":")
+def _parse(handle: str) -> tuple[int, float]:
+    """A handle is "SHIM_PID:START_TIME"; the job's id comes with start() or remember()."""
+    pid, _, created = handle.partition(":")
     try:
-        return int(parts[0]), float(parts[1]), int(parts[2]) if len(parts) > 2 else None
-    except (IndexError, ValueError):
-        return 0, 0.0, None
+        return int(pid), float(created)
+    except ValueError:
+        return 0, 0.0
 
 
 class ProcessRuntime:
@@ -140,7 +140,7 @@ class ProcessRuntime:
                 os.close(log)
         finally:
             os.close(envfd)
-        handle = f"{p.pid}:{psutil.Process(p.pid).create_time():.3f}:{launch.job_id}"  # (before it is reaped)
+        handle = f"{p.pid}:{psutil.Process(p.pid).create_time():.3f}"  # (before it is reaped)
         if self.cgroups is not None and self.cgroups.contain is not None:
             # Started means contained: a stop that came before the child joined its cgroup would
             # find the cgroup empty and leave the job to run on.
@@ -183,15 +183,12 @@ class ProcessRuntime:
                 self._attempt.setdefault(job, handle)
 
     def _job_id(self, handle: str) -> int | None:
-        job = _parse(handle)[2]
-        if job is None:
-            run_dir = self._run_dirs.get(handle)
-            if run_dir is not None and run_dir.name.isdigit():
-                return int(run_dir.name)
-        return job
+        """From the run folder the handle was started (or found again) with: jobs/<ID>."""
+        run_dir = self._run_dirs.get(handle)
+        return int(run_dir.name) if run_dir is not None and run_dir.name.isdigit() else None
 
     def _proc(self, handle: str) -> psutil.Process | None:
-        pid, created, _ = _parse(handle)
+        pid, created = _parse(handle)
         try:
             if pid <= 0:
                 return None  # "0:0": it ended while colo was away, only its exit file is left
