@@ -3,7 +3,7 @@
 The interposer is the fence; this is the patrol. A process that bypasses the interposer (a
 static binary, `env -u LD_PRELOAD`, a process that escaped its job) still shows in NVML's
 per-process list. On every sample each such process is mapped to a job: by the job's own cgroup
-(colo/daemon/cgroup.py, where colo runs jobs in cgroups), by the container id in
+(colo/cgroup.py: every process job has one), by the container id in
 /proc/PID/cgroup, by the process tree of a process job, or by the job id colo put in its
 environment (believed only for a process of the job's own user: it can only blame its own job).
 - a job whose processes hold more than its budget (plus `context` per process for what the
@@ -23,16 +23,13 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+from ..cgroup import job_of_pid as _cgroup_job_of_pid
 from ..gpu import GpuInfo
 from ..jobs import ACTIVE, Job, Mode, State
 from ..units import format_size
 
 log = logging.getLogger("colo")
 
-try:  # per-job cgroups, where colo makes them (issue 12, item 1)
-    from .cgroup import job_of_pid as _cgroup_job_of_pid  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - until it lands
-    _cgroup_job_of_pid = None
 
 CONTEXT_ALLOWANCE = 512 * 1024**2  # bytes per process: a CUDA context, which no budget counts
 _CONTAINER_ID = re.compile(rb"[0-9a-f]{64}")
@@ -92,7 +89,7 @@ class PatrolMixin:
         by_pid: dict[int, int] = {p: j for j, pids in tree.items() for p in pids}
         jobs = {j.id: j for j in running}
         containers = {j.handle: j.id for j in running if j.spec.image and j.handle}
-        instance = self.instance_id() if _cgroup_job_of_pid is not None else None
+        instance = self.instance_id()
         by_job: dict[int, dict[str, int]] = {}
         pids: dict[int, set[int]] = {}
         foreign, unbudgeted = [], {}
@@ -106,7 +103,7 @@ class PatrolMixin:
                     own = own_pids() if own is None else own  # asked only when a process is not a job's
                     if p.pid in own:
                         continue
-                if job_id is None and _cgroup_job_of_pid is not None:
+                if job_id is None:
                     try:
                         job_id = _cgroup_job_of_pid(p.pid, instance)
                     except Exception:  # noqa: BLE001 - gone, or not ours
