@@ -115,7 +115,7 @@ def submit(
     job = _call(client(sock).submit, spec)
     print_json(job) if as_json else typer.echo(job["id"])
     if follow:  # like `docker run`: the output, then the job's exit code
-        logs(str(job["id"]), follow=True, tail=None, sock=sock)
+        logs(str(job["id"]), follow=True, tail=None, since=None, timestamps=False, sock=sock, as_json=False)
     if wait_ or follow:
         wait([str(job["id"])], sock=sock, as_json=False)
 
@@ -265,19 +265,60 @@ def explain(job: str = typer.Argument(..., help="job id or name"), sock: Optiona
                        f"(the most any run used, + 10 %)")
 
 
+def parse_since(text: str) -> float:
+    """Epoch seconds from a duration back from now (90s, 10m, 2h, 1d) or a local ISO 8601 time."""
+    from datetime import datetime
+
+    from .report import parse_period
+
+    try:
+        return time.time() - parse_period(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()  # no zone given: local time
+    except ValueError:
+        fail(f"malformed --since {text!r}: a duration back from now (10m, 2h, 1d) or a time "
+             "(2026-11-22T14:00, 2026-11-22 14:00:05+00:00)")
+
+
+def _stamp(at: float) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(at).astimezone().isoformat(timespec="milliseconds")
+
+
 @app.command()
 def logs(job: str = typer.Argument(..., help="job id or name"),
          follow: bool = typer.Option(False, "-f", "--follow", help="follow until the job ends"),
-         tail: Optional[int] = typer.Option(None, "--tail", "-n", help="only the last N lines"),
-         sock: Optional[Path] = SocketOpt):
-    """A job's output, as it wrote it (stdout and stderr together).
+         tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0, help="only the last N lines "
+                                            "(after --since, when both are given)"),
+         since: Optional[str] = typer.Option(None, "--since", help="only lines colo saw at or after this: "
+                                             "a duration back from now (10m, 2h) or a time (2026-11-22T14:00)"),
+         timestamps: bool = typer.Option(False, "-t", "--timestamps", help="put before each line the time "
+                                         "colo first saw it in the job's output: the line was written then or "
+                                         "at most one sample interval (1 s) before; lines of jobs that ended "
+                                         "before colo noted such times show the job's end"),
+         sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """A job's output, as it wrote it (stdout and stderr together). Jobs write no times into their
+    output: colo notes when it sees each line arrive (see --timestamps).
 
-    Example: colo logs -f --tail 20 7
+    Example: colo logs -f --tail 20 7   ·   colo logs --since 10m --timestamps train
     """
+    cut = parse_since(since) if since is not None else None
     try:
         c = Client(sock, timeout=None if follow else 30)
-        for chunk in c.logs(job_ref(c, job), follow, tail):
-            sys.stdout.write(chunk)
+        ref = job_ref(c, job)
+        if not (timestamps or as_json):
+            for chunk in c.logs(ref, follow, tail, cut):
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+            return
+        for at, text in c.log_lines(ref, follow, tail, cut):
+            if as_json:  # one object a line (a stream): {"at": epoch seconds or null, "line": text}
+                sys.stdout.write(json.dumps({"at": at, "line": text}) + "\n")
+            else:
+                sys.stdout.write(f"{_stamp(at)} {text}" if at is not None else text)
             sys.stdout.flush()
     except ClientError as e:
         fail(str(e))

@@ -128,10 +128,18 @@ class Client:
     def history(self) -> list[dict]:
         return self.call("history")
 
-    def logs(self, job_id: int, follow: bool = False, tail: int | None = None) -> Iterator[str]:
-        gen = self.stream("logs", id=job_id, follow=follow, tail=tail)
+    def logs(self, job_id: int, follow: bool = False, tail: int | None = None,
+             since: float | None = None) -> Iterator[str]:
+        gen = self.stream("logs", id=job_id, follow=follow, tail=tail, since=since)
         for ev in gen:
             yield ev["data"]
+
+    def log_lines(self, job_id: int, follow: bool = False, tail: int | None = None,
+                  since: float | None = None) -> Iterator[tuple[float | None, str]]:
+        """(time colo first saw the line, text); None for the rest of a line begun earlier."""
+        for ev in self.stream("logs", id=job_id, follow=follow, tail=tail, since=since, timestamps=True):
+            for at, text in ev["lines"]:
+                yield at, text
 
     def wait(self, job_ids: list[int]) -> list[dict]:
         gen = self.stream("wait", ids=job_ids)

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -226,3 +227,36 @@ def test_history_and_report_count_gpu_hours_and_what_sharing_saved(daemon, tmp_p
     assert out.splitlines()[0].split()[:2] == ["USER", "JOBS"] and "sharing saved" in out and "GPU-h" in out
     r = daemon.cli("history", "--since", "soon")
     assert r.returncode == 1 and "malformed period" in r.stderr
+
+
+def test_logs_tail_since_and_timestamps(daemon, tmp_path):
+    from datetime import datetime
+
+    gate, done = tmp_path / "go", tmp_path / "done"
+    j = daemon.submit("--process", "--gpus", "0", "--name", "talk", "--", "sh", "-c",
+                      f"echo one; echo two; while [ ! -e {gate} ]; do sleep 0.05; done; echo three; "
+                      f"while [ ! -e {done} ]; do sleep 0.05; done")
+    times = daemon.state_dir / "logs" / f"{j}.times"
+    # the daemon notes that the log holds the first two lines (8 bytes) at its next sample
+    wait_for(lambda: times.exists() and any(int(ln.split()[1]) >= 8 for ln in times.read_text().splitlines()),
+             30, "colo to note the first lines")
+    cut = time.time() + 0.01
+    wait_for(lambda: time.time() > cut, 5, "the clock to pass the cut")
+    gate.touch()
+    wait_for(lambda: "three" in daemon.cli("logs", str(j)).stdout, 30, "the third line")
+    since = datetime.fromtimestamp(cut).isoformat()
+    assert daemon.cli("logs", "--since", since, "talk", check=True).stdout == "three\n"
+    assert daemon.cli("logs", "--since", "1h", str(j), check=True).stdout == "one\ntwo\nthree\n"
+    assert daemon.cli("logs", "--tail", "2", str(j), check=True).stdout == "two\nthree\n"
+    assert daemon.cli("logs", "--tail", "1", "--since", since, str(j), check=True).stdout == "three\n"
+    out = daemon.cli("logs", "--timestamps", str(j), check=True).stdout.splitlines()
+    stamps = [datetime.fromisoformat(ln.split(" ", 1)[0]).timestamp() for ln in out]
+    assert [ln.split(" ", 1)[1] for ln in out] == ["one", "two", "three"], out
+    assert stamps[0] <= stamps[1] < cut <= stamps[2], (stamps, cut)
+    rows = [json.loads(ln) for ln in daemon.cli("logs", "--json", "-n", "1", str(j), check=True).stdout.splitlines()]
+    assert rows == [{"at": pytest.approx(stamps[2], abs=0.001), "line": "three\n"}]
+    done.touch()
+    daemon.wait_state(j, "succeeded")
+    assert daemon.cli("logs", "-t", "--since", since, str(j), check=True).stdout.endswith(" three\n")
+    r = daemon.cli("logs", "--since", "yesterday", str(j))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "malformed --since 'yesterday'" in r.stderr

@@ -9,7 +9,7 @@ import pwd
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from .. import __version__, fairshare, protocol
+from .. import __version__, fairshare, logtimes, protocol
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..policy import can_ever_fit
 from ..runtimes.base import Unavailable
@@ -375,15 +375,38 @@ class Api:
 
     # streams --------------------------------------------------------------------------------------
     async def logs(self, caller: Caller, args: dict) -> AsyncIterator[Any]:
+        """The job's output from the start, or its last `tail` lines, or those colo saw at or after
+        `since` (epoch seconds); with `timestamps`, events are {"lines": [[at, text], ...]}, `at`
+        the time colo first saw the line (colo/logtimes.py), null for the rest of a line begun in
+        an earlier event."""
         job = self._own(self._job(args), caller, "read the logs of")
         path = self.d.log_path(job.id)
         follow = bool(args.get("follow"))
-        tail = args.get("tail")
-        pos = 0
-        if isinstance(tail, int) and tail >= 0 and path.exists():
-            data = path.read_bytes()
+        tail, since, stamps = args.get("tail"), args.get("since"), bool(args.get("timestamps"))
+        if tail is not None and (not isinstance(tail, int) or isinstance(tail, bool) or tail < 0):
+            raise ApiError(f"malformed tail {tail!r}: a number of lines, 0 or more", protocol.BAD_REQUEST)
+        if since is not None and (not isinstance(since, (int, float)) or isinstance(since, bool)):
+            raise ApiError(f"malformed since {since!r}: seconds since the epoch", protocol.BAD_REQUEST)
+        pos, line_start = 0, True
+        if (tail is not None or since is not None or stamps) and path.exists():
+            data = await asyncio.to_thread(path.read_bytes)
             lines = data.splitlines(keepends=True)
-            pos = len(data) - sum(len(x) for x in lines[-tail:]) if tail else len(data)
+            pos = len(data)
+            line_start = not data or data.endswith((b"\n", b"\r"))
+            now = self.d.job(job.id)
+            fallback = now.ended_at if now.state in TERMINAL and now.ended_at else time.time()
+            ats = logtimes.stamp(lines, await asyncio.to_thread(logtimes.load, path), fallback)
+            # a line seen before `since` was written before it; one seen after may be up to a
+            # sample older (logtimes): kept, as `since` asks for at least everything after it
+            keep = [(a, ln) for a, ln in zip(ats, lines) if since is None or a >= since]
+            if tail is not None:
+                keep = keep[len(keep) - tail:] if tail else []
+            for i in range(0, len(keep), 4096):
+                part = keep[i:i + 4096]
+                if stamps:
+                    yield {"lines": [[a, ln.decode(errors="replace")] for a, ln in part]}
+                else:
+                    yield {"data": b"".join(ln for _, ln in part).decode(errors="replace")}
         while True:
             chunk = b""
             if path.exists():
@@ -392,7 +415,14 @@ class Api:
                     chunk = f.read(1 << 20)
             if chunk:
                 pos += len(chunk)
-                yield {"data": chunk.decode(errors="replace")}
+                if stamps:  # read now: written at or before now
+                    at, out = time.time(), []
+                    for ln in chunk.splitlines(keepends=True):
+                        out.append([at if line_start else None, ln.decode(errors="replace")])
+                        line_start = ln.endswith((b"\n", b"\r"))
+                    yield {"lines": out}
+                else:
+                    yield {"data": chunk.decode(errors="replace")}
                 continue
             state = self.d.job(job.id).state
             if not follow or state in TERMINAL:

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from .. import interposer, mps
+from .. import interposer, logtimes, mps
 from ..gpu import GpuInfo, NoDriver
 from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
 from ..runtimes.base import Gone, Unavailable
@@ -58,6 +58,7 @@ class SamplingMixin:
             await asyncio.sleep(self.config.sample_interval)
 
     async def sample(self) -> None:
+        await asyncio.to_thread(self._note_logs, self.jobs_in(*ACTIVE))
         await self._watch_docker()
         if self.gpu_error is None:
             try:
@@ -90,6 +91,11 @@ class SamplingMixin:
                     self.stats[job_id]["nvml_used"] = max(per_gpu.values())
             if self.unbudgeted != before:
                 self.wake()  # what plan() may give out changed
+
+    def _note_logs(self, active: list[Job]) -> None:
+        """How far each live job's log has grown, with the time (colo logs --timestamps/--since)."""
+        last = getattr(self, "_log_sizes", {})
+        self._log_sizes = {j.id: logtimes.note(self.log_path(j.id), last.get(j.id, 0)) for j in active}
 
     def _note_gpu_errors(self, before: list[GpuInfo], after: list[GpuInfo]) -> None:
         """Say when the driver stops (or starts again) answering for a GPU. Its running jobs are
