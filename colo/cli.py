@@ -384,6 +384,100 @@ def cancel(jobs: List[str] = typer.Argument(None, help="job ids or names"),
     raise typer.Exit(1 if bad else 0)
 
 
+def _each(jobs: List[str], sock, as_json: bool, fn, said) -> None:
+    """Do `fn` to each job; one line each (or a JSON list); exit 1 if any was refused."""
+    c = client(sock)
+    out, bad = [], 0
+    for ref in jobs:
+        try:
+            j = fn(c, job_ref(c, ref))
+        except ClientError as e:
+            typer.echo(f"colo: {safe(str(e))}", err=True)
+            bad += 1
+            continue
+        out.append(j)
+        if not as_json:
+            typer.echo(said(safe_tree(j)))
+    if as_json:
+        print_json(out)
+    raise typer.Exit(1 if bad else 0)
+
+
+@app.command()
+def hold(jobs: List[str] = typer.Argument(..., help="ids or names of queued jobs"),
+         sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """Keep queued jobs from starting until `colo release` (as Slurm's scontrol hold). ls, show
+    and explain say who holds them. Your own jobs; any job for root and the admin group.
+
+    Example: colo hold 7 8   ·   colo hold sweep-3
+    """
+    _each(jobs, sock, as_json, lambda c, i: c.hold(i), lambda j: f"job {j['id']}: held by {j['held_by']}")
+
+
+@app.command()
+def release(jobs: List[str] = typer.Argument(..., help="ids or names of held jobs"),
+            sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """Let held jobs start again: they keep their place in the queue.
+
+    Example: colo release 7 8
+    """
+    _each(jobs, sock, as_json, lambda c, i: c.release(i), lambda j: f"job {j['id']}: released")
+
+
+@app.command()
+def edit(job: str = typer.Argument(..., help="id or name of a queued job"),
+         gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="new GPU memory budget per GPU, e.g. 6GiB"),
+         priority: Optional[int] = typer.Option(None, "--priority", help="new priority (higher starts first; "
+                                                "users may set up to max_user_priority)"),
+         name: Optional[str] = typer.Option(None, "--name", help="new name (letters, digits, . _ -)"),
+         sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """Change a queued job's budget, priority or name, checked as `colo submit` checks them. A job
+    that started keeps what it started with.
+
+    Example: colo edit 7 --gpu-mem 6GiB --priority 5
+    """
+    changes: dict = {}
+    if gpu_mem is not None:
+        try:
+            changes["gpu_mem"] = parse_size(gpu_mem)
+        except BadSize as e:
+            fail(str(e))
+    if priority is not None:
+        changes["priority"] = priority
+    if name is not None:
+        from .submitspec import utf8_only
+
+        try:
+            utf8_only(("--name", name))
+        except SubmitError as e:
+            fail(str(e))
+        changes["name"] = name
+    if not changes:
+        fail("say what to change: --gpu-mem, --priority or --name")
+    c = client(sock)
+    j = _call(c.edit, job_ref(c, job), **changes)
+    if as_json:
+        return print_json(j)
+    j = safe_tree(j)
+    typer.echo(f"job {j['id']}: " + (f"name {j['name']}, " if j["name"] else "")
+               + (f"budget {format_size_exact(j['budget'])}, " if j["ngpus"] else "") + f"priority {j['priority']}")
+
+
+@app.command()
+def requeue(jobs: List[str] = typer.Argument(..., help="ids or names of ended jobs"),
+            sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """Run ended jobs (succeeded, failed, cancelled, lost) again: each is submitted anew as a copy
+    with a new id, as pueue's restart does by default; the ended run stays in `colo history`.
+    Prints the new ids.
+
+    Example: colo requeue 7   ·   colo ls -q --all --state failed | xargs colo requeue
+    """
+    _each(jobs, sock, as_json, lambda c, i: c.requeue(i), lambda j: str(j["id"]))
+
+
+app.command("restart", help="The same as `colo requeue` (pueue's name for it).\n\nExample: colo restart 7")(requeue)
+
+
 @app.command()
 def gpus(sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
     """The GPUs as the daemon sees them, with the budgets placed on each (exact: what is usable is

@@ -119,6 +119,19 @@ class Client:
     def cancel(self, job_id: int) -> dict:
         return self.call("cancel", id=job_id)
 
+    def hold(self, job_id: int) -> dict:
+        return self.call("hold", id=job_id)
+
+    def release(self, job_id: int) -> dict:
+        return self.call("release", id=job_id)
+
+    def edit(self, job_id: int, **changes: Any) -> dict:
+        """changes: gpu_mem (bytes), priority, name."""
+        return self.call("edit", id=job_id, changes=changes)
+
+    def requeue(self, job_id: int) -> dict:
+        return self.call("requeue", id=job_id)
+
     def gpus(self) -> dict:
         return self.call("gpus")
 

@@ -123,6 +123,7 @@ class Job:
     handle: str | None = None  # runtime's id: container id, or "pid:starttime"
     attempts: int = 0
     cancel_by: str | None = None  # a cancel was asked for (by this user) and is under way
+    held_by: str | None = None  # `colo hold`: a queued job that is not started until released
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -17,6 +17,7 @@ OPS = frozenset({
     "hello", "submit", "ls", "show", "logs", "wait", "cancel", "gpus", "explain", "top",
     "history", "shutdown", "slurm",
     "profiles", "profile", "profile_share",  # what the daemon places jobs with (issue 11 item 5)
+    "hold", "release", "edit", "requeue",  # a queued job held back or changed; an ended one again (issue 16)
 })
 
 # error codes (stable, for scripts)

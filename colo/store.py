@@ -50,10 +50,14 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN cancel_by TEXT;
     """,
+    # 3: `colo hold`: who holds a queued job back (NULL: not held)
+    """
+    ALTER TABLE jobs ADD COLUMN held_by TEXT;
+    """,
 ]
 
 _JOB_COLS = ("id, spec, uid, gid, user, state, reason, submitted_at, started_at, ended_at, "
-             "exit_code, gpus, mode, handle, attempts, cancel_by")
+             "exit_code, gpus, mode, handle, attempts, cancel_by, held_by")
 
 
 class StoreError(RuntimeError):
@@ -78,7 +82,7 @@ def _row_to_job(r: tuple) -> Job:
         id=r[0], spec=JobSpec.from_dict(json.loads(r[1])), uid=r[2], gid=r[3], user=r[4],
         state=State(r[5]), reason=r[6], submitted_at=r[7], started_at=r[8], ended_at=r[9],
         exit_code=r[10], gpus=json.loads(r[11]), mode=Mode(r[12]) if r[12] else None,
-        handle=r[13], attempts=r[14], cancel_by=r[15])
+        handle=r[13], attempts=r[14], cancel_by=r[15], held_by=r[16])
 
 
 class Store:
@@ -135,16 +139,36 @@ class Store:
         self.db.close()
 
     # jobs -------------------------------------------------------------------------------------
-    def add_job(self, spec: JobSpec, uid: int, gid: int, user: str, now: float | None = None) -> Job:
+    def add_job(self, spec: JobSpec, uid: int, gid: int, user: str, now: float | None = None,
+                reason: str | None = None) -> Job:
         now = time.time() if now is None else now
+        reason = reason or f"submitted by {user}"
         with self.tx():
             cur = self.db.execute(
                 "INSERT INTO jobs(spec, uid, gid, user, state, reason, priority, submitted_at) VALUES (?,?,?,?,?,?,?,?)",
-                (json.dumps(spec.to_dict()), uid, gid, user, State.QUEUED.value, f"submitted by {user}",
-                 spec.priority, now))
+                (json.dumps(spec.to_dict()), uid, gid, user, State.QUEUED.value, reason, spec.priority, now))
             job_id = cur.lastrowid
             self.db.execute("INSERT INTO events(job_id, at, old_state, new_state, reason) VALUES (?,?,?,?,?)",
-                            (job_id, now, None, State.QUEUED.value, f"submitted by {user}"))
+                            (job_id, now, None, State.QUEUED.value, reason))
+        return self.get(job_id)
+
+    def change_queued(self, job_id: int, reason: str, spec: JobSpec | None = None, held_by: Any = ...,
+                      now: float | None = None) -> Job:
+        """`colo edit`/`hold`/`release`: a queued job's spec or hold, with an event (queued -> queued)
+        saying what changed; NotFound unless the job is still queued."""
+        now = time.time() if now is None else now
+        sets: dict[str, Any] = {}
+        if spec is not None:
+            sets.update(spec=json.dumps(spec.to_dict()), priority=spec.priority)
+        if held_by is not ...:
+            sets["held_by"] = held_by
+        with self.tx():
+            cur = self.db.execute(f"UPDATE jobs SET {', '.join(f'{k}=?' for k in sets)} WHERE id=? AND state=?",
+                                  (*sets.values(), job_id, State.QUEUED.value))
+            if cur.rowcount != 1:
+                raise NotFound(job_id)
+            self.db.execute("INSERT INTO events(job_id, at, old_state, new_state, reason) VALUES (?,?,?,?,?)",
+                            (job_id, now, State.QUEUED.value, State.QUEUED.value, reason))
         return self.get(job_id)
 
     def get(self, job_id: int) -> Job:

@@ -260,3 +260,54 @@ def test_logs_tail_since_and_timestamps(daemon, tmp_path):
     assert daemon.cli("logs", "-t", "--since", since, str(j), check=True).stdout.endswith(" three\n")
     r = daemon.cli("logs", "--since", "yesterday", str(j))
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "malformed --since 'yesterday'" in r.stderr
+
+
+def test_hold_release_edit_and_requeue(shared, other_user):
+    d = shared
+    gate = d.root / "go"
+    first = d.submit("--process", "--gpus", "0", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    later = d.submit("--process", "--gpu-mem", "1GiB", "--after", str(first), "--name", "later", "--",
+                     "echo", "ran")
+    assert d.cli("hold", "later", check=True).stdout == f"job {later}: held by root\n"
+    assert json.loads(d.cli("ls", "--json", check=True).stdout)[1]["reason"] == f"held by root (colo release {later})"
+    assert "held by root" in d.cli("explain", str(later), check=True).stdout
+    # another user may neither hold, release nor edit it
+    for args in (("release", str(later)), ("edit", str(later), "--priority", "1"), ("hold", str(first))):
+        code, out = invoke_as(other_user, d, *args)
+        assert code == 1 and "belongs to root" in out and out.count("\n") == 1, (args, out)
+    # edit: the same checks as a submit; a refused edit changes nothing
+    r = d.cli("edit", str(later), "--gpu-mem", "20GiB")
+    assert r.returncode == 1 and "15.75GiB is usable" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = d.cli("edit", str(later), "--priority", "5000")
+    assert r.returncode == 1 and "--priority must be a whole number from -1000 to 1000" in r.stderr, r.stderr
+    r = d.cli("edit", str(later), "--name", "bad name")
+    assert r.returncode == 1 and "--name must be" in r.stderr, r.stderr
+    out = d.cli("edit", str(later), "--gpu-mem", "2GiB", "--priority", "3", "--name", "renamed", check=True).stdout
+    assert out == f"job {later}: name renamed, budget 2GiB, priority 3\n", out
+    j = d.job(later)
+    assert (j["budget"], j["priority"], j["name"], j["spec"]["after"]) == (2 * GiB, 3, "renamed", [first])
+    assert j["events"][-1]["reason"] == "edited by root: gpu_mem 1GiB -> 2GiB, name 'later' -> 'renamed', priority 0 -> 3"
+    r = d.cli("edit", str(first), "--priority", "1")
+    assert r.returncode == 1 and f"job {first} is running: only a queued job may be edited" in r.stderr, r.stderr
+    # a held job is not started once what it waited for is done: the scheduler says why it waits
+    gate.touch()
+    d.wait_state(first, "succeeded")
+    wait_for(lambda: "held by root" in ((d.job(later)["decision"] or {}).get("reason") or ""), 30,
+             "a pass to look at the held job")
+    assert d.job(later)["state"] == "queued"
+    rel = json.loads(d.cli("release", "--json", "renamed", check=True).stdout)
+    assert [(x["id"], x["held_by"]) for x in rel] == [(later, None)]
+    d.wait_state(later, "succeeded")
+    r = d.cli("release", str(later))
+    assert r.returncode == 1 and "only a queued job may be released" in r.stderr
+    # requeue: an ended job again, as a copy with a new id; the ended one stays as it was
+    again = json.loads(d.cli("requeue", "--json", str(later), check=True).stdout)[0]
+    assert again["id"] > later and again["name"] == "renamed" and again["budget"] == 2 * GiB
+    d.wait_state(again["id"], "succeeded")
+    assert d.cli("logs", str(again["id"]), check=True).stdout == "ran\n"
+    assert d.job(again["id"])["events"][0]["reason"] == f"requeued by root as a copy of job {later}"
+    assert d.job(later)["state"] == "succeeded"
+    newer = int(d.cli("restart", str(later), check=True).stdout)
+    d.wait_state(newer, "succeeded")
+    r = d.cli("requeue", "999999")
+    assert r.returncode == 1 and "no job 999999" in r.stderr

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from .. import __version__, fairshare, logtimes, protocol
-from ..jobs import ACTIVE, TERMINAL, Job, State
+from ..jobs import ACTIVE, TERMINAL, Job, JobSpec, State
 from ..policy import can_ever_fit
 from ..runtimes.base import Unavailable
 from ..store import NotFound
@@ -63,7 +63,7 @@ class Api:
 
     def summary(self, job: Job, reasons: dict[int, str] | None = None) -> dict:
         out = {
-            "id": job.id, "name": job.spec.name, "user": job.user, "uid": job.uid, "state": str(job.state),
+            "id": job.id, "name": job.spec.name, "held_by": job.held_by if job.state == State.QUEUED else None, "user": job.user, "uid": job.uid, "state": str(job.state),
             "gpus": job.gpus, "mode": str(job.mode) if job.mode else None, "budget": job.spec.gpu_mem,
             "ngpus": job.spec.gpus, "image": job.spec.image, "argv": job.spec.argv,
             "submitted_at": job.submitted_at, "started_at": job.started_at, "ended_at": job.ended_at,
@@ -73,6 +73,8 @@ class Api:
         }
         if reasons is not None and job.state == State.QUEUED and job.id in reasons:
             out["reason"] = reasons[job.id]
+        if out["held_by"]:  # said at once, before a pass has looked at it
+            out["reason"] = f"held by {job.held_by} (colo release {job.id})"
         if job.state in ACTIVE:
             u = self.d.stats.get(job.id) or self.d.usage(job)  # the sampler's, or read now
             if u:
@@ -119,12 +121,21 @@ class Api:
                 raise ApiError(str(e), protocol.INVALID) from None
             except Forbidden as e:
                 raise ApiError(str(e), protocol.FORBIDDEN) from None
+        await self._admit(spec, caller, caller.user, caller.uid)
+        job = d.add_job(spec, caller.uid, caller.gid, caller.user)
+        return self.summary(job)
+
+    async def _admit(self, spec: JobSpec, caller: Caller, user: str, uid: int, queued: bool = False) -> None:
+        """What submit checks beyond the spec's own form, for `user`'s job asked for by `caller` (a
+        submit, a requeue, or an edit: `queued`, the job is already counted and its dependencies and
+        image were checked)."""
+        d = self.d
         top = d.config.max_user_priority
         if spec.priority > top and caller.uid != os.geteuid() and not is_admin(caller, d.config.admin_group):
             raise ApiError(f"--priority {spec.priority} is above {top}, the most a user may set here "
                            f"(max_user_priority); members of {d.config.admin_group or 'no admin group'} and root "
                            "may set more", protocol.FORBIDDEN)
-        if why := fairshare.submit_refusal(d.limits, caller.user, d.queued_count(caller.uid)):
+        if not queued and (why := fairshare.submit_refusal(d.limits, user, d.queued_count(uid))):
             raise ApiError(why, protocol.FORBIDDEN)
         if spec.gpus:
             if d.gpu_error:
@@ -132,6 +143,8 @@ class Api:
             why = self._too_big(spec.gpu_mem, spec.gpus) or can_ever_fit(spec.gpu_mem, spec.gpus, d.gpu_views())
             if why:
                 raise ApiError(f"job can never run here: {why}", protocol.INVALID)
+        if queued:
+            return
         for a in spec.after:
             try:
                 d.store.get(a)
@@ -149,8 +162,64 @@ class Api:
             if not here:
                 raise ApiError(f"image {spec.image!r} not found locally (colo does not pull; "
                                "build or load it first)", protocol.NOT_FOUND)
-        job = d.add_job(spec, caller.uid, caller.gid, caller.user)
-        return self.summary(job)
+
+    def _queued(self, args: dict, caller: Caller, verb: str, done: str) -> Job:
+        job = self._own(self._job(args), caller, verb)
+        if job.state != State.QUEUED:
+            raise ApiError(f"job {job.id} is {job.state}: only a queued job may be {done}", protocol.INVALID)
+        return job
+
+    async def hold(self, caller: Caller, args: dict) -> dict:
+        """Keep a queued job from starting until it is released (as Slurm's scontrol hold)."""
+        job = self._queued(args, caller, "hold", "held")
+        if job.held_by:
+            return self.summary(job)
+        return self.summary(self.d.change_queued(job.id, f"held by {caller.user}", held_by=caller.user))
+
+    async def release(self, caller: Caller, args: dict) -> dict:
+        job = self._queued(args, caller, "release", "released")
+        if not job.held_by:
+            raise ApiError(f"job {job.id} is not held", protocol.INVALID)
+        return self.summary(self.d.change_queued(job.id, f"released by {caller.user}", held_by=None))
+
+    async def edit(self, caller: Caller, args: dict) -> dict:
+        """Change a queued job's budget, priority or name; checked as a submit is."""
+        job = self._queued(args, caller, "edit", "edited")
+        changes = args.get("changes")
+        if not isinstance(changes, dict) or not changes or set(changes) - {"gpu_mem", "priority", "name"}:
+            raise ApiError("edit takes gpu_mem, priority and name", protocol.BAD_REQUEST)
+        if "gpu_mem" in changes and not job.spec.gpus:
+            raise ApiError(f"job {job.id} uses no GPU: --gpu-mem does not apply", protocol.INVALID)
+        raw = {**job.spec.to_dict(), **changes}
+        raw.pop("mounts")  # checked as the owner at submit; unchanged, and not re-read as whoever edits
+        raw.pop("slurm_job", None)
+        try:
+            spec = check_spec(raw, caller, [self.d.config.state_dir, self.d.config.socket.parent])
+        except (Invalid, Forbidden) as e:
+            raise ApiError(str(e), protocol.INVALID) from None
+        spec.mounts = job.spec.mounts
+        await self._admit(spec, caller, job.user, job.uid, queued=True)
+        job = self.d.job(job.id)  # the checks may have waited: is it still queued?
+        if job.state != State.QUEUED:
+            raise ApiError(f"job {job.id} is {job.state}: only a queued job may be changed", protocol.INVALID)
+        said = [f"{k} {_shown(k, getattr(job.spec, k))} -> {_shown(k, getattr(spec, k))}" for k in sorted(changes)
+                if getattr(job.spec, k) != getattr(spec, k)]
+        if not said:
+            return self.summary(job)
+        return self.summary(self.d.change_queued(job.id, f"edited by {caller.user}: {', '.join(said)}", spec=spec))
+
+    async def requeue(self, caller: Caller, args: dict) -> dict:
+        """An ended job submitted again as a new job (a new id; the ended one stays in the history)."""
+        job = self._own(self._job(args), caller, "requeue")
+        if job.state not in TERMINAL:
+            raise ApiError(f"job {job.id} is {job.state}: only an ended job can be requeued", protocol.INVALID)
+        if job.spec.slurm_job is not None:
+            raise ApiError(f"job {job.id} was a Slurm job: submit it to Slurm again", protocol.INVALID)
+        spec = JobSpec.from_dict(job.spec.to_dict())
+        await self._admit(spec, caller, job.user, job.uid)
+        new = self.d.add_job(spec, job.uid, job.gid, job.user,
+                             reason=f"requeued by {caller.user} as a copy of job {job.id}")
+        return self.summary(new)
 
     def _too_big(self, budget: int, ngpus: int) -> str | None:
         """A budget above what any GPU can give, said with exact sizes: usable vs asked (issue 16)."""
@@ -212,6 +281,10 @@ class Api:
         job = self._own(self._job(args), caller, "see the details of")
         dec = self.d.explain(job.id)
         reason = job.reason
+        if job.state == State.QUEUED and job.held_by:
+            held = f"held by {job.held_by} (colo release {job.id})"
+            return {"id": job.id, "state": str(job.state), "reason": held,
+                    "decision": {**(dec or {}), "action": "wait", "reason": held}}
         if note := self.d.patrol_note(job.id):
             reason = f"{reason}; {note}"
             if dec is not None:
@@ -441,6 +514,10 @@ class Api:
                 yield {"final": [self.summary(j) for j in jobs]}
                 return
             await self.d.changed.wait(5)
+
+
+def _shown(field: str, v: Any) -> str:
+    return format_size_exact(v) if field == "gpu_mem" else repr(v) if field == "name" else str(v)
 
 
 def _not_utf8(v: Any, depth: int = 0) -> bool:

@@ -242,11 +242,22 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
     async def notify(self) -> None:
         self.changed.notify_all()
 
-    def add_job(self, spec, uid: int, gid: int, user: str) -> Job:
-        job = self.store.add_job(spec, uid, gid, user)
+    def add_job(self, spec, uid: int, gid: int, user: str, reason: str | None = None) -> Job:
+        job = self.store.add_job(spec, uid, gid, user, reason=reason)
         self.open_jobs[job.id] = job
         self._queue_changed(None, job)
         self.wake(full=False)
+        return job
+
+    def change_queued(self, job_id: int, reason: str, **changes) -> Job:
+        """A queued job's spec or hold changed (colo edit/hold/release): stored, mirrored, re-filed."""
+        prev = self.open_jobs[job_id]
+        job = self.store.change_queued(job_id, reason, **changes)
+        self.open_jobs[job_id] = job
+        self._queue_edited(prev, job)
+        log.info("job %d: %s", job_id, reason)
+        self.wake()
+        asyncio.get_running_loop().create_task(self.notify())
         return job
 
     def transition(self, job_id: int, new: State, reason: str, **fields) -> Job:

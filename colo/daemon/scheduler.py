@@ -121,6 +121,15 @@ class SchedulerMixin:
                                  and j.state == State.QUEUED and j.id != job.id]
             self._uq_stale[job.uid] = 0
 
+    def _queue_edited(self, prev: Job, job: Job) -> None:
+        """A queued job's budget, priority or hold changed: filed again under its new key."""
+        self._leave_queue(prev)
+        if lst := self._uq.get(prev.uid):
+            self._uq[prev.uid] = [k for k in lst if k[1] != prev.id]
+        self._enter_queue(job)
+        self._cands.pop(job.id, None)
+        self._holders.discard(job.id)
+
     def _user_queue(self, uid: int):
         """A user's queued jobs in their own order (skipping entries of jobs that left)."""
         open_jobs = self.open_jobs
@@ -272,6 +281,9 @@ class SchedulerMixin:
             seen.add(job_id)
             j = job or self.open_jobs.get(job_id)
             if j is None or j.state != State.QUEUED:
+                continue
+            if j.held_by:
+                waits.append(policy.Decision(j.id, policy.WAIT, reason=f"held by {j.held_by} (colo release {j.id})"))
                 continue
             if j.spec.after:
                 deps = {a: self._state_of(a) for a in j.spec.after}
