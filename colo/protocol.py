@@ -134,6 +134,19 @@ def _name(v: Any) -> None:
         raise ProtocolError(f"malformed profile name {short(v)}")
 
 
+def _time(name: str):
+    def check(v: Any) -> None:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1e11:
+            raise ProtocolError(f"{name} must be seconds since the epoch, not {short(v)}")
+    return check
+
+
+def _changes(v: Any) -> None:
+    if not isinstance(v, dict) or not v or len(v) > 3:
+        raise ProtocolError("edit takes changes: gpu_mem, priority, name")
+    # their values: colo/daemon/validate.py, as for a submit
+
+
 def _spec(v: Any) -> None:
     if not isinstance(v, dict):
         raise ProtocolError("spec must be an object", INVALID)
@@ -146,7 +159,10 @@ ARGS: dict[str, dict[str, Any]] = {
     "submit": {"spec": _spec},
     "ls": {"all": _flag("all"), "limit": _count("ls --limit")},
     "show": {"id": _job_id}, "explain": {"id": _job_id}, "cancel": {"id": _job_id},
-    "logs": {"id": _job_id, "follow": _flag("follow"), "tail": _count("logs --tail")},
+    "logs": {"id": _job_id, "follow": _flag("follow"), "tail": _count("logs --tail"), "since": _time("logs --since"),
+             "timestamps": _flag("timestamps")},
+    "hold": {"id": _job_id}, "release": {"id": _job_id}, "requeue": {"id": _job_id},
+    "edit": {"id": _job_id, "changes": _changes},
     "wait": {"ids": _ids},
     "profiles": {"user": _user}, "profile": {"name": _name, "user": _user},
     "profile_share": {"name": _name, "user": _user},
