@@ -76,7 +76,13 @@ def submit(
     mount: List[str] = typer.Option([], "--mount", help="SRC:DST[:ro], repeatable"),
     workdir: Optional[str] = typer.Option(None, "--workdir", help="folder the job starts in (a process job: "
                                           "the current one by default)"),
-    after: List[int] = typer.Option([], "--after", help="start only after this job succeeded"),
+    after: List[int] = typer.Option([], "--after", help="start only after this job succeeded (repeatable; "
+                                    "if it fails, this job fails too)"),
+    after_any: List[int] = typer.Option([], "--after-any", help="start only after this job ended, however it "
+                                        "ended (repeatable)"),
+    after_fail: List[int] = typer.Option([], "--after-fail", help="start only after this job ended without "
+                                         "succeeding: failed, cancelled or lost (repeatable; if it succeeds, this "
+                                         "job fails, as it will never run)"),
     priority: int = typer.Option(0, "--priority", help="higher starts first (users may set up to "
                                  "max_user_priority)"),
     profile: Optional[str] = typer.Option(None, "--profile", help="profile name this job runs under"),
@@ -94,6 +100,7 @@ def submit(
     """Queue a job; prints its id.
 
     Example: colo submit --image local/trainer:1 --gpu-mem 4GiB --name mnist -- python train.py
+    ·   colo submit --process --gpus 0 --after-fail 7 -- ./notify.sh "job 7 failed"
     """
     envs = list(env)
     for f in env_file:
@@ -107,7 +114,8 @@ def submit(
     try:
         spec = build_spec(command, image=image, process=process, gpu_mem=gpu_mem, gpus=gpus, name=name, env=envs,
                           mount=mount, workdir=workdir, after=after, priority=priority, profile=profile,
-                          retries=retries, cpus=cpus, mem=mem, time=time_limit)
+                          retries=retries, cpus=cpus, mem=mem, time=time_limit, after_any=after_any,
+                          after_fail=after_fail)
     except SubmitError as e:
         fail(str(e))
     if grow:  # sent only when asked for: a daemon of before --grow takes the spec unchanged

@@ -78,7 +78,9 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     mounts: list[Mount] = field(default_factory=list)
     workdir: str | None = None
-    after: list[int] = field(default_factory=list)
+    after: list[int] = field(default_factory=list)  # start once these succeeded (Slurm's afterok)
+    after_any: list[int] = field(default_factory=list)  # ... once these ended, however (afterany)
+    after_fail: list[int] = field(default_factory=list)  # ... once these ended without success (afternotok)
     priority: int = 0
     profile: str | None = None
     retries: int = 0  # times a job may be requeued after a fault that was not its own (MPS server fault)
@@ -93,6 +95,10 @@ class JobSpec:
         if self.slurm_job is not None:
             return "slurm"
         return "docker" if self.image else "process"
+
+    @property
+    def deps(self) -> bool:
+        return bool(self.after or self.after_any or self.after_fail)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -38,7 +38,7 @@ def build_spec(command: list[str] | None, *, image: str | None = None, process: 
                gpu_mem: str | None = None, gpus: int = 1, name: str | None = None, env: list[str] = (),
                mount: list[str] = (), workdir: str | None = None, after: list[int] = (), priority: int = 0,
                profile: str | None = None, retries: int = 0, cpus: float | None = None, mem: str | None = None,
-               time: str | None = None) -> dict:
+               time: str | None = None, after_any: list[int] = (), after_fail: list[int] = ()) -> dict:
     if not command:
         raise SubmitError("missing command: give it after `--`, e.g. colo submit --gpu-mem 1GiB -- python train.py")
     if image and process:
@@ -59,7 +59,9 @@ def build_spec(command: list[str] | None, *, image: str | None = None, process: 
         envd[k] = v
     utf8_only(("the command", list(command)), ("--env", list(env)), ("--mount", list(mount)), ("--name", name),
               ("--workdir", workdir), ("--image", image))
-    spec = {"argv": list(command), "image": image, "name": name, "gpu_mem": size, "gpus": gpus, "env": envd,
+    deps = {k: list(v) for k, v in (("after_any", after_any), ("after_fail", after_fail)) if v}  # sent if given
+    spec = {**deps, "argv": list(command), "image": image, "name": name, "gpu_mem": size, "gpus": gpus,
+            "env": envd,
             "mounts": list(mount), "workdir": workdir or (os.getcwd() if process else None), "after": list(after),
             "priority": priority, "profile": profile, "retries": retries}
     spec.update({k: v for k, v in (("cpus", cpus), ("mem", mem), ("time", time)) if v is not None})  # checked by the daemon
@@ -71,14 +73,15 @@ _VALUE = {"--image": ("image", str), "--gpu-mem": ("gpu_mem", str), "--gpus": ("
           "--name": ("name", str), "--workdir": ("workdir", str), "--priority": ("priority", int),
           "--profile": ("profile", str), "--retries": ("retries", int), "--socket": ("socket", str),
           "--cpus": ("cpus", float), "--mem": ("mem", str), "--time": ("time", str)}
-_MANY = {"--env": ("env", str), "--mount": ("mount", str), "--after": ("after", int)}
+_MANY = {"--env": ("env", str), "--mount": ("mount", str), "--after": ("after", int),
+         "--after-any": ("after_any", int), "--after-fail": ("after_fail", int)}
 _FLAG = {"--process": "process", "--json": "json"}
 
 
 def _parse(args: list[str]) -> dict | None:
     """submit's options as click would read them (options first; the command from the first word
     that is not one, or after --); None for anything this short parser does not know."""
-    out: dict = {"env": [], "mount": [], "after": []}
+    out: dict = {"env": [], "mount": [], "after": [], "after_any": [], "after_fail": []}
     i = 0
     while i < len(args):
         a = args[i]

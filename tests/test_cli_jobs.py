@@ -311,3 +311,28 @@ def test_hold_release_edit_and_requeue(shared, other_user):
     d.wait_state(newer, "succeeded")
     r = d.cli("requeue", "999999")
     assert r.returncode == 1 and "no job 999999" in r.stderr
+
+
+def test_after_any_and_after_fail(daemon, tmp_path):
+    gate = tmp_path / "go"
+    bad = daemon.submit("--process", "--gpus", "0", "--", "sh", "-c", "exit 3")
+    good = daemon.submit("--process", "--gpus", "0", "--", "true")
+    slow = daemon.submit("--process", "--gpus", "0", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    cpu = ["--process", "--gpus", "0", "--", "echo", "ran"]
+    on_fail = daemon.submit("--after-fail", str(bad), *cpu)
+    never = daemon.submit("--after-fail", str(good), *cpu)
+    either = daemon.submit("--after-any", str(bad), "--after-any", str(good), *cpu)
+    waits = daemon.submit("--after-any", str(slow), "--after", str(good), *cpu)
+    assert daemon.wait_state(on_fail, "succeeded", "failed")["state"] == "succeeded"
+    assert daemon.wait_state(either, "succeeded", "failed")["state"] == "succeeded"
+    j = daemon.wait_state(never, "failed", "succeeded")
+    assert j["reason"] == f"dependency not met (--after-fail): job {good} succeeded" and j["started_at"] is None, j
+    wait_for(lambda: daemon.cli("explain", str(waits)).stdout.strip().endswith(f"waiting for job {slow} to end"),
+             30, "the job to wait for its --after-any")
+    gate.touch()
+    assert daemon.wait_state(waits, "succeeded", "failed")["state"] == "succeeded"
+    # the typer command takes them too (--wait is not on the short path), and an unknown job is refused
+    r = daemon.cli("submit", "--wait", "--after-fail", str(waits), *cpu)
+    assert r.returncode == 1 and "dependency not met (--after-fail)" in r.stderr, r.stderr
+    r = daemon.cli("submit", "--after-any", "999999", *cpu)
+    assert r.returncode == 1 and r.stderr == "colo: --after-any 999999: no such job\n", r.stderr

@@ -145,11 +145,12 @@ class Api:
                 raise ApiError(f"job can never run here: {why}", protocol.INVALID)
         if queued:
             return
-        for a in spec.after:
-            try:
-                d.store.get(a)
-            except NotFound:
-                raise ApiError(f"--after {a}: no such job", protocol.NOT_FOUND) from None
+        for key in ("after", "after_any", "after_fail"):
+            for a in getattr(spec, key):
+                try:
+                    d.store.get(a)
+                except NotFound:
+                    raise ApiError(f"--{key.replace('_', '-')} {a}: no such job", protocol.NOT_FOUND) from None
         if spec.image is not None:
             rt = d.runtimes.get("docker")
             if rt is None:

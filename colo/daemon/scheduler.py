@@ -93,7 +93,7 @@ class SchedulerMixin:
         if self._queued_n is None:
             return  # counted when loaded
         self._queued_n[job.uid] += 1
-        if not job.spec.gpus or job.spec.after:
+        if not job.spec.gpus or job.spec.deps:
             self._always.add(job.id)
         if job.spec.gpus:
             self._budgets[job.spec.gpu_mem] += 1
@@ -285,16 +285,13 @@ class SchedulerMixin:
             if j.held_by:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=f"held by {j.held_by} (colo release {j.id})"))
                 continue
-            if j.spec.after:
-                deps = {a: self._state_of(a) for a in j.spec.after}
-                failed = [a for a, st in deps.items() if st in (State.FAILED, State.CANCELLED, State.LOST, None)]
-                if failed:
-                    self.transition(j.id, State.FAILED, f"dependency failed: job {failed[0]} "
-                                    f"{deps[failed[0]] or 'does not exist'}")
+            if j.spec.deps:
+                why, never = self._deps_wait(j)
+                if never:
+                    self.transition(j.id, State.FAILED, why)
                     continue
-                pending = [a for a, st in deps.items() if st != State.SUCCEEDED]
-                if pending:
-                    waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting for job {pending[0]} to succeed"))
+                if why:
+                    waits.append(policy.Decision(j.id, policy.WAIT, reason=why))
                     continue
             if j.spec.gpus and self.gpu_error:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=self.gpu_error))
@@ -373,6 +370,21 @@ class SchedulerMixin:
         return (f"waiting for fair share: {ahead} job(s) of other users, submitted after it, go first "
                 f"(their users used less GPU lately; {job.user}: {usage.get(job.uid, 0.0):.2f} GiB-h, "
                 f"half-life {self.config.fair_share_half_life / 3600:g} h)")
+
+    def _deps_wait(self, j: Job) -> tuple[str | None, bool]:
+        """(why it waits, or None; True if it never can): --after needs success, --after-any an
+        end, --after-fail an end without success (Slurm's afterok, afterany, afternotok)."""
+        pending = None
+        for key, want, ok in (("after", "succeed", (State.SUCCEEDED,)), ("after_any", "end", TERMINAL),
+                              ("after_fail", "fail", TERMINAL - {State.SUCCEEDED})):
+            for a in getattr(j.spec, key):
+                st = self._state_of(a)
+                if st is None or (st in TERMINAL and st not in ok):  # one that never can: said at once
+                    what = "failed" if key == "after" else f"not met (--{key.replace('_', '-')})"
+                    return f"dependency {what}: job {a} {st or 'does not exist'}", True
+                if st not in ok and pending is None:
+                    pending = f"waiting for job {a} to {want}"
+        return pending, False
 
     def _state_of(self, job_id: int) -> State | None:
         try:

@@ -53,8 +53,8 @@ def is_admin(caller: Caller, admin_group: str | None) -> bool:
         return False
 
 
-SPEC_FIELDS = {"argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "workdir", "after",
-               "priority", "profile", "retries", "grow", "cpus", "mem", "time"}
+SPEC_FIELDS = {"argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "workdir", "after", "after_any",
+               "after_fail", "priority", "profile", "retries", "grow", "cpus", "mem", "time"}
 # colo's own plumbing: a job that could set these could escape its budget or reach MPS.
 RESERVED_ENV = re.compile(r"^(LD_PRELOAD|LD_AUDIT|LD_LIBRARY_PATH|COLO_.*|CUDA_MPS_.*|CUDA_VISIBLE_DEVICES|"
                           r"NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|GPU_DEVICE_ORDINAL)$")
@@ -199,10 +199,11 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     workdir = raw.get("workdir")
     if workdir is not None:
         workdir = _path("--workdir", workdir)
-    after = raw.get("after") or []
-    if not isinstance(after, list) or len(after) > MAX_AFTER or not all(
-            _int(a) and 0 < a < 1 << 63 for a in after):
-        raise Invalid(f"--after takes up to {MAX_AFTER} job ids")
+    deps = {}
+    for key in ("after", "after_any", "after_fail"):
+        ids = deps[key] = raw.get(key) or []
+        if not isinstance(ids, list) or len(ids) > MAX_AFTER or not all(_int(a) and 0 < a < 1 << 63 for a in ids):
+            raise Invalid(f"--{key.replace('_', '-')} takes up to {MAX_AFTER} job ids")
     priority = raw.get("priority", 0)
     if not _int(priority) or not -1000 <= priority <= 1000:
         raise Invalid("--priority must be a whole number from -1000 to 1000")
@@ -232,7 +233,7 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     if limit is not None:
         limit = parse_time(limit)
     return JobSpec(argv=argv, image=image, name=name, gpu_mem=gpu_mem, gpus=gpus, env=env, mounts=mounts,
-                   workdir=workdir, after=after, priority=priority, profile=profile, retries=retries,
+                   workdir=workdir, **deps, priority=priority, profile=profile, retries=retries,
                    grow=grow, cpus=float(cpus) if cpus is not None else None, mem=mem, time=limit)
 
 
