@@ -89,7 +89,32 @@ def run_demo(keep: bool = False) -> int:
             if keep:
                 _say(f"state kept in {root}")
             else:
+                _end_leftovers(root)
                 shutil.rmtree(root, ignore_errors=True)
+
+
+def _end_leftovers(root: Path) -> None:
+    """The demo's private MPS control daemons outlive colo when a client was still detaching as it
+    stopped (colo leaves MPS daemons with clients up, to adopt them at its restart): nothing else
+    will ever adopt these, so end every process run from the demo's own folder."""
+    import psutil
+
+    mine = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if cmd and cmd[0].startswith(str(root) + os.sep):
+            mine.append(p)
+    for p in mine:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(mine, timeout=5)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 class Story:

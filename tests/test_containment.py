@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from colo.cgroup import job_of_pid
-from colo.client import Client, ClientError
+from colo.client import Client
 from daemon_util import DaemonProc, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
