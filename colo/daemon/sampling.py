@@ -76,6 +76,10 @@ class SamplingMixin:
                 await self._mps_fault(uuid, set(clients))
             busy = {u for j in self.jobs_in(*ACTIVE) if j.mode == Mode.MPS for u in j.gpus}
             await asyncio.to_thread(self.mps.release_idle, time.time(), busy)
+            states = self.mps.states()
+            if states != getattr(self, "_mps_seen", None):  # e.g. a server left FAULT: MPS jobs may start
+                self._mps_seen = states
+                self.wake()
         running = self.jobs_in(State.RUNNING)
         rows = await asyncio.to_thread(self._usage_samples, running)
         if rows:
