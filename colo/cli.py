@@ -268,6 +268,9 @@ def explain(job: str = typer.Argument(..., help="job id or name"), sock: Optiona
             typer.echo(f"predicted slowdown {det.get('predicted_slowdown', 1.0):.2f}x, observed "
                        f"{det['observed_slowdown']:.2f}x of its profile's {det['profile_runtime']:.0f} s alone "
                        f"(shared with {shared})")
+        if det.get("learned_factor"):  # co-run slowdowns the model missed, learned from earlier ends
+            typer.echo("learned co-run slowdown beside its neighbours: " + ", ".join(
+                f"{m} {f:.2f}x" for m, f in sorted(det["learned_factor"].items())))
         if det.get("suggested_budget"):
             typer.echo(f"suggested budget for its profile: {format_size(det['suggested_budget'])} "
                        f"(the most any run used, + 10 %)")

@@ -73,6 +73,23 @@ def nvml_sampler(index: int | None = None) -> Callable[[], dict]:
     return sample
 
 
+def learned_lines(lr: dict) -> list[str]:
+    """What the daemon learned about a profile from your runs, in words (colo profile show)."""
+    out = []
+    if lr.get("max_mem"):
+        out.append(f"learned: the most memory a run used {format_size(lr['max_mem'])}, suggested budget "
+                   f"{format_size(lr['suggested_budget'])}")
+    if lr.get("alone"):
+        a = lr["alone"]
+        out.append(f"learned: alone it ran {a['ratio']:.2f}x its stored run time ({a['runs']} run(s))")
+    for c in lr.get("corun") or []:
+        out.append(f"learned: beside {c['with']} ({c['mode']}) it ran {c['factor']:.2f}x what the model "
+                   f"predicted ({c['runs']} run(s))")
+    if "margin" in lr:
+        out.append(f"learned: admission margin {lr['margin'] * 100:.0f} % (from {lr['errors']} prediction error(s))")
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @app.command("sim")
     def sim_cmd(
@@ -193,6 +210,8 @@ def register(app: typer.Typer) -> None:
             return
         typer.echo(p["text"], nl=False)
         typer.echo(f"# source: {p['source']} (own: learned from your runs; shared, configured, shipped: the admin's)")
+        for line in learned_lines(p.get("learned") or {}):
+            typer.echo(f"# {line}")
 
     @profile_app.command("share")
     def share_cmd(name: str, user: str = typer.Option(..., "--user", help="whose own copy to share")):

@@ -54,6 +54,28 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN held_by TEXT;
     """,
+    # 4: what the daemon learned from jobs' ends (colo/daemon/learning.py), per user (invariant 13),
+    # so a restart does not forget it; and which profiles shared a running job's GPU
+    """
+    CREATE TABLE learned_corun (
+        uid INTEGER NOT NULL, profile TEXT NOT NULL, neighbour TEXT NOT NULL, mode TEXT NOT NULL,
+        runs INTEGER NOT NULL, factor REAL NOT NULL, at REAL NOT NULL,
+        PRIMARY KEY (uid, profile, neighbour, mode)
+    );
+    CREATE TABLE learned_profile (
+        uid INTEGER NOT NULL, profile TEXT NOT NULL,
+        alone_runs INTEGER, alone_ratio REAL, max_mem INTEGER, at REAL NOT NULL,
+        PRIMARY KEY (uid, profile)
+    );
+    CREATE TABLE learned_error (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, uid INTEGER NOT NULL, error REAL NOT NULL
+    );
+    CREATE INDEX learned_error_uid ON learned_error(uid, id);
+    CREATE TABLE job_neighbours (
+        job_id INTEGER NOT NULL REFERENCES jobs(id), profile TEXT NOT NULL,
+        PRIMARY KEY (job_id, profile)
+    );
+    """,
 ]
 
 _JOB_COLS = ("id, spec, uid, gid, user, state, reason, submitted_at, started_at, ended_at, "
@@ -265,6 +287,95 @@ class Store:
 
     def samples(self, job_id: int) -> list[tuple[float, float | None, int | None, float | None]]:
         return list(self.db.execute("SELECT at, sm, mem, membw FROM samples WHERE job_id=? ORDER BY at", (job_id,)))
+
+
+    # learning -------------------------------------------------------------------------------
+    def learned(self) -> dict[int, dict]:
+        """Everything learned, per uid: {"corun": {(profile, neighbour, mode): (runs, factor)},
+        "alone": {profile: (runs, ratio)}, "max_mem": {profile: bytes}, "errors": [oldest..newest]};
+        each dict in the order the entries were last changed (oldest first)."""
+        out: dict[int, dict] = {}
+
+        def of(uid: int) -> dict:
+            return out.setdefault(uid, {"corun": {}, "alone": {}, "max_mem": {}, "errors": []})
+
+        for uid, p, nb, m, runs, f in self.db.execute(
+                "SELECT uid, profile, neighbour, mode, runs, factor FROM learned_corun ORDER BY at, rowid"):
+            of(uid)["corun"][(p, nb, m)] = (runs, f)
+        for uid, p, runs, ratio, mem in self.db.execute(
+                "SELECT uid, profile, alone_runs, alone_ratio, max_mem FROM learned_profile ORDER BY at, rowid"):
+            if runs is not None and ratio is not None:
+                of(uid)["alone"][p] = (runs, ratio)
+            if mem is not None:
+                of(uid)["max_mem"][p] = mem
+        for uid, e in self.db.execute("SELECT uid, error FROM learned_error ORDER BY id"):
+            of(uid)["errors"].append(e)
+        return out
+
+    def save_learned(self, uid: int, corun: dict | None = None, alone: dict | None = None,
+                     max_mem: dict | None = None, errors: list[float] | None = None,
+                     forget_corun: Iterable[tuple[str, str, str]] = (), forget_alone: Iterable[str] = (),
+                     forget_mem: Iterable[str] = (), now: float | None = None) -> None:
+        """One user's changed entries in one transaction: `corun` {(p, nb, mode): (runs, factor)},
+        `alone` {p: (runs, ratio)}, `max_mem` {p: bytes}; `errors` replaces that user's error list;
+        the `forget_*` entries are removed (pruned)."""
+        now = time.time() if now is None else now
+        with self.tx():
+            self.db.executemany(
+                "INSERT INTO learned_corun(uid, profile, neighbour, mode, runs, factor, at) VALUES (?,?,?,?,?,?,?) "
+                "ON CONFLICT(uid, profile, neighbour, mode) DO UPDATE SET runs=excluded.runs, factor=excluded.factor, at=excluded.at",
+                [(uid, p, nb, m, int(r), float(f), now) for (p, nb, m), (r, f) in (corun or {}).items()])
+            self.db.executemany(
+                "INSERT INTO learned_profile(uid, profile, alone_runs, alone_ratio, at) VALUES (?,?,?,?,?) "
+                "ON CONFLICT(uid, profile) DO UPDATE SET alone_runs=excluded.alone_runs, alone_ratio=excluded.alone_ratio, "
+                "at=excluded.at", [(uid, p, int(r), float(x), now) for p, (r, x) in (alone or {}).items()])
+            self.db.executemany(
+                "INSERT INTO learned_profile(uid, profile, max_mem, at) VALUES (?,?,?,?) "
+                "ON CONFLICT(uid, profile) DO UPDATE SET max_mem=excluded.max_mem, at=excluded.at",
+                [(uid, p, int(b), now) for p, b in (max_mem or {}).items()])
+            if errors is not None:
+                self.db.execute("DELETE FROM learned_error WHERE uid=?", (uid,))
+                self.db.executemany("INSERT INTO learned_error(uid, error) VALUES (?,?)",
+                                    [(uid, float(e)) for e in errors])
+            self.db.executemany("DELETE FROM learned_corun WHERE uid=? AND profile=? AND neighbour=? AND mode=?",
+                                [(uid, *k) for k in forget_corun])
+            self.db.executemany("UPDATE learned_profile SET alone_runs=NULL, alone_ratio=NULL "
+                                "WHERE uid=? AND profile=?", [(uid, p) for p in forget_alone])
+            self.db.executemany("UPDATE learned_profile SET max_mem=NULL WHERE uid=? AND profile=?",
+                                [(uid, p) for p in forget_mem])
+            self.db.execute("DELETE FROM learned_profile WHERE uid=? AND alone_ratio IS NULL AND max_mem IS NULL",
+                            (uid,))
+
+    def add_neighbours(self, pairs: Iterable[tuple[int, str]], most: int, fresh: int | None = None) -> None:
+        """(job id, profile that shares its GPU), each job keeping at most `most` names; job `fresh`
+        (starting again) first forgets those of an earlier attempt."""
+        with self.tx():
+            if fresh is not None:
+                self.db.execute("DELETE FROM job_neighbours WHERE job_id=?", (fresh,))
+            self.db.executemany(
+                "INSERT OR IGNORE INTO job_neighbours(job_id, profile) SELECT ?, ? "
+                "WHERE (SELECT count(*) FROM job_neighbours WHERE job_id=?) < ?",
+                [(j, p, j, most) for j, p in pairs])
+
+    def neighbours(self, job_id: int) -> set[str]:
+        return {r[0] for r in self.db.execute("SELECT profile FROM job_neighbours WHERE job_id=?", (job_id,))}
+
+    def take_neighbours(self, job_id: int) -> set[str]:
+        """A job's neighbours, forgotten as they are read (at its end)."""
+        with self.tx():
+            out = self.neighbours(job_id)
+            self.db.execute("DELETE FROM job_neighbours WHERE job_id=?", (job_id,))
+        return out
+
+    def prune_neighbours(self, ended: Iterable[State]) -> int:
+        """Forget the neighbours of jobs in the `ended` states (ends that taught nothing: failed,
+        cancelled, lost)."""
+        states = [str(s) for s in ended]
+        with self.tx():
+            return self.db.execute(
+                "DELETE FROM job_neighbours WHERE job_id IN "
+                f"(SELECT job_id FROM job_neighbours JOIN jobs ON jobs.id = job_id "
+                f"WHERE jobs.state IN ({','.join('?' * len(states))}))", states).rowcount
 
 
 class _Tx:

@@ -425,6 +425,7 @@ class Api:
             raise ApiError(str(e), protocol.INVALID) from None
         if r is None:
             raise ApiError(f"no profile named {name!r}", protocol.NOT_FOUND)
+        r["learned"] = self.d.learned_summary(uid, name)  # on the loop: learning changes it there
         return r
 
     async def profile_share(self, caller: Caller, args: dict) -> dict:

@@ -92,8 +92,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         self._init_scheduler()
         self._init_patrol()
         # what ends of jobs taught, per user: one user's runs never change how another's are placed
-        self.learned: dict[int, policy.Learned] = {}
-        self._neighbours: dict[int, set[str]] = {}  # per running job: profiles that shared its GPU
+        self.learned: dict[int, policy.Learned] = {}  # stored too: load_learned() at open
 
     # start-up ---------------------------------------------------------------------------------
     def open(self) -> None:
@@ -114,6 +113,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
             os.chmod(d, 0o711 if d == c.jobs_dir else 0o700)
         pin.sweep(c.state_dir / "mounts")  # staging left by a start cut short
         self.store = Store(c.db_path)
+        self.load_learned()
         self.open_jobs = {j.id: j for j in self.store.jobs([State.QUEUED, *ACTIVE])}
         self._writer = DecisionWriter(c.db_path)
         self.native = native.publish(c.state_dir)

@@ -18,7 +18,13 @@ ones, the model's error (the margin), the largest memory per profile (the budget
 The observation is added to the job's stored decision, so `colo explain` shows predicted vs
 observed. The stored profile (its series and alone run time) is learned from uncontended runs
 only, or from a first run that has no profile yet: a shared run's wall time is not its alone time.
-What was learned is kept in memory: a restarted daemon starts learning again from its next ends.
+
+What was learned is stored (colo/store.py, schema 4) in the transaction that learns it, and read
+back at start, so a restarted daemon, SIGKILLed or not, goes on from where it was. So is who
+shared a running job's GPU (its neighbours): a job that runs across a restart still knows it was
+contended. Bounds: a job keeps at most NEIGHBOURS_MAX neighbour names (past that it is plainly
+contended; which names matter little) and they are forgotten at its end, whatever the end; each
+user keeps the LEARNED_MAX co-run pairings and profiles changed most recently.
 
 Per-process SM under MPS: on a real driver NVML may attribute all MPS clients' activity to the
 MPS server's process (per-process samples then show the server, not the jobs). colo then learns
@@ -34,10 +40,12 @@ import time
 from pathlib import Path
 
 from .. import policy, profiles
-from ..jobs import ACTIVE, Job
+from ..jobs import ACTIVE, TERMINAL, Job
 
 log = logging.getLogger("colo")
 GROW = 1.25  # --grow: a budget that refused an allocation grows at least this much (as in colo sim)
+NEIGHBOURS_MAX = 32  # names kept per running job (any one makes its run contended)
+LEARNED_MAX = 2000  # per user: co-run pairings, and profiles, kept (the most recently changed)
 
 
 class LearningMixin:
@@ -114,8 +122,8 @@ class LearningMixin:
         """A job that ran to its end teaches its owner's own copy of the profile it ran under
         (started from the shared or shipped one when the owner has none yet)."""
         rows = self.store.samples(job.id)
-        neighbours = sorted(self._neighbours.pop(job.id, set()))
-        if not job.gpus:
+        neighbours = sorted(self._take_neighbours(job.id))
+        if not job.gpus or neighbours == ["?"]:
             return
         self._observe(job, rows, neighbours)
         if len(rows) < 2:
@@ -147,7 +155,9 @@ class LearningMixin:
         name = self.profile_name(job)
         peak = max((r[2] or 0 for r in self.store.samples(job.id)), default=0)
         if peak:
-            self.learned_for(job.uid).max_mem[name] = max(self.learned_for(job.uid).max_mem.get(name, 0), int(peak))
+            def note(mine: policy.Learned) -> None:
+                mine.max_mem[name] = max(mine.max_mem.get(name, 0), int(peak))
+            self._learning(job.uid, note)
         q = 256 * 1024**2
         want = max(job.spec.gpu_mem * GROW, self.learned_for(job.uid).suggest_budget(name) or 0)
         want = min(int(math.ceil(want / q) * q), max((v.usable for v in self.gpu_views()), default=0))
@@ -157,13 +167,79 @@ class LearningMixin:
         return self.learned.setdefault(uid, policy.Learned())
 
     def note_start(self, job_id: int, gpus: tuple[str, ...]) -> None:
-        """Who shares a GPU with whom (profile names), both ways, for learning at each end."""
+        """Who shares a GPU with whom (profile names), both ways, for learning at each end; stored,
+        so a job running across a restart still knows."""
         me = self.job(job_id)
-        mine = self._neighbours.setdefault(job_id, set())
+        mine = self.profile_name(me)
+        pairs = []
         for other in self.jobs_in(*ACTIVE):
             if other.id != job_id and set(other.gpus) & set(gpus):
-                mine.add(self.profile_name(other))
-                self._neighbours.setdefault(other.id, set()).add(self.profile_name(me))
+                pairs += [(job_id, self.profile_name(other)), (other.id, mine)]
+        try:
+            self.store.prune_neighbours(TERMINAL)  # ends that taught nothing (failed, cancelled, lost)
+            self.store.add_neighbours(pairs, NEIGHBOURS_MAX, fresh=job_id)
+        except Exception as e:  # noqa: BLE001 - the start matters more than what it may teach
+            log.warning("could not store who shares a GPU with job %d: %s", job_id, e)
+
+    def _take_neighbours(self, job_id: int) -> set[str]:
+        try:
+            return self.store.take_neighbours(job_id)
+        except Exception as e:  # noqa: BLE001
+            log.warning("could not read who shared a GPU with job %d: %s", job_id, e)
+            return {"?"}  # unknown: never read as an uncontended run
+
+    def load_learned(self) -> None:
+        """What earlier runs of the daemon learned (at start, once the store is open)."""
+        self.learned = {uid: policy.Learned(corun=got["corun"], alone=got["alone"], errors=got["errors"],
+                                            max_mem=got["max_mem"])
+                        for uid, got in self.store.learned().items()}
+        if self.learned:
+            log.info("learned from earlier runs: %d user(s), %d co-run pairing(s), %d profile(s)", len(self.learned),
+                     sum(len(x.corun) for x in self.learned.values()),
+                     sum(len(set(x.alone) | set(x.max_mem)) for x in self.learned.values()))
+
+    def _learning(self, uid: int, change):
+        """Run change(Learned) on `uid`'s learning and store what it changed (most recently changed
+        entries last; past LEARNED_MAX the oldest are forgotten, in memory and in the store)."""
+        mine = self.learned_for(uid)
+        before = (dict(mine.corun), dict(mine.alone), dict(mine.max_mem), list(mine.errors))
+        out = change(mine)
+        delta = []
+        for now_d, was in zip((mine.corun, mine.alone, mine.max_mem), before[:3]):
+            changed = {k: v for k, v in now_d.items() if was.get(k) != v}
+            for k in changed:  # to the end: dicts keep insertion order, so the oldest come first
+                now_d[k] = now_d.pop(k)
+            gone = [k for k in was if k not in now_d] + list(now_d)[:max(0, len(now_d) - LEARNED_MAX)]
+            for k in gone:
+                now_d.pop(k, None)
+            delta.append((changed, gone))
+        (corun, gone_c), (alone, gone_a), (mem, gone_m) = delta
+        errors = list(mine.errors) if list(mine.errors) != before[3] else None
+        if corun or alone or mem or errors is not None or gone_c or gone_a or gone_m:
+            try:
+                self.store.save_learned(uid, corun=corun, alone=alone, max_mem=mem, errors=errors,
+                                        forget_corun=gone_c, forget_alone=gone_a, forget_mem=gone_m)
+            except Exception as e:  # noqa: BLE001 - kept in memory; a later save carries it again
+                log.warning("could not store what was learned for uid %d: %s", uid, e)
+        return out
+
+    def learned_summary(self, uid: int, name: str) -> dict:
+        """What `uid`'s runs taught about profile `name` (for `colo profile show`)."""
+        mine = self.learned.get(uid)
+        if mine is None:
+            return {}
+        out: dict = {}
+        if name in mine.max_mem:
+            out.update(max_mem=mine.max_mem[name], suggested_budget=mine.suggest_budget(name))
+        if name in mine.alone:
+            out["alone"] = {"runs": mine.alone[name][0], "ratio": mine.alone[name][1]}
+        corun = [{"with": nb, "mode": m, "runs": r, "factor": f}
+                 for (p, nb, m), (r, f) in mine.corun.items() if p == name]
+        if corun:
+            out["corun"] = sorted(corun, key=lambda c: (c["with"], c["mode"]))
+        if out or mine.errors:
+            out.update(errors=len(mine.errors), margin=mine.margin(self.cfg_policy.margin))
+        return out
 
     def _observe(self, job: Job, rows: list, neighbours: list[str]) -> None:
         """Predicted vs observed, into self.learned and the job's stored decision."""
@@ -176,9 +252,9 @@ class LearningMixin:
         factor = float((details.get("learned_factor") or {}).get(dec.get("mode") or "", 1.0))
         wall = job.ended_at - job.started_at
         peak = max((r[2] or 0 for r in rows), default=0)
+        residual = self._learning(job.uid, lambda mine: mine.observe(
+            self.profile_name(job), neighbours, str(job.mode or "timesliced"), predicted, wall, prof.runtime, peak, factor))
         mine = self.learned_for(job.uid)
-        residual = mine.observe(self.profile_name(job), neighbours, str(job.mode or "timesliced"),
-                                predicted, wall, prof.runtime, peak, factor)
         details.update(observed_slowdown=wall / prof.runtime, profile_runtime=prof.runtime, shared_with=neighbours,
                        observed_vs_predicted=residual, suggested_budget=mine.suggest_budget(self.profile_name(job)))
         try:

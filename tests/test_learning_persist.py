@@ -1,0 +1,114 @@
+"""Issue 13 items 3-4: what the daemon learns from jobs' ends is stored, so a restart (SIGKILL
+included) does not forget it; the neighbour sets it learns from are bounded and pruned."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from colo import fakegpu, profiles
+from colo.jobs import JobSpec, State
+from colo.store import MIGRATIONS, Store
+from daemon_util import DaemonProc, wait_for
+
+GiB, MiB = 1024**3, 1024**2
+
+
+@pytest.fixture
+def node(native_dir):
+    root = Path(tempfile.mkdtemp(prefix="colo-learn-"))
+    os.chmod(root, 0o755)
+    state = root / "fakegpu" / "state"
+    state.parent.mkdir(mode=0o777)
+    os.chmod(state.parent, 0o777)
+    fakegpu.create(state, count=1, mem=16 * GiB)
+    prof = root / "profiles"
+    prof.mkdir()
+    n = 20  # light: two of them share the GPU under MPS; 2 s alone
+    p = profiles.from_samples("pair", {"times": list(range(n)), "sm": [0.3] * n, "mem": [256 * MiB] * n,
+                                       "membw": [0.2] * n}, runtime=2.0, cache_bound=False)
+    profiles.save(p, prof / "pair.profile")
+    (root / "d").mkdir(mode=0o755)
+    d = DaemonProc(root / "d", state, {"profile_dirs": [str(prof)], "mps_idle_stop": 600.0})
+    yield d
+    d.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def burn(d: DaemonProc, *args: str) -> list[str]:
+    return ["--", str(next(d.state_dir.glob("native-*")) / "colo-burn"), *args]
+
+
+def test_what_was_learned_survives_a_sigkill_of_the_daemon(node):
+    d = node.start()
+    alone = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "pair",
+                     *burn(d, "--mem", "300MiB", "--duty", "30", "--seconds", "2"))
+    d.wait_state(alone, "succeeded", timeout=60)
+    a = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "pair", *burn(d, "--mem", "256MiB", "--duty", "30", "--seconds", "5"))
+    b = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "pair", *burn(d, "--mem", "256MiB", "--duty", "30", "--seconds", "5"))
+    for j in (a, b):
+        d.wait_state(j, "succeeded", timeout=60)
+    assert d.job(a)["mode"] == d.job(b)["mode"] == "mps"
+
+    def learned():
+        return json.loads(d.cli("profile", "show", "pair", "--json", check=True).stdout)["learned"]
+
+    before = wait_for(lambda: (lr := learned()).get("corun") and lr["corun"][0]["runs"] == 2 and lr,
+                      60, "both shared runs to be learned")
+    assert before["alone"]["runs"] == 1  # the uncontended run only
+    assert before["max_mem"] >= 300 * MiB and before["suggested_budget"] == 512 * MiB  # 300 MiB + 10 %, 256 MiB steps
+    assert [(c["with"], c["mode"]) for c in before["corun"]] == [("pair", "mps")]
+    assert before["errors"] == 2  # both shared runs' error against the prediction
+    explained = d.cli("explain", str(a), check=True).stdout
+    assert "observed" in explained and "shared with pair" in explained, explained
+    db = sqlite3.connect(d.state_dir / "colo.db")
+    assert db.execute("SELECT count(*) FROM job_neighbours").fetchone()[0] == 0  # forgotten at the ends
+    db.close()
+
+    d.kill9()
+    d.start()
+    assert learned() == before  # the same figures, read back from the store
+    shown = d.cli("profile", "show", "pair", check=True).stdout
+    assert "# learned: beside pair (mps) it ran" in shown and "suggested budget 512MiB" in shown, shown
+    assert d.cli("explain", str(a), check=True).stdout == explained
+    # and the next pair is planned with it: its decision carries the learned co-run factor
+    c = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "pair", *burn(d, "--mem", "256MiB", "--duty", "30", "--seconds", "30"))
+    d.wait_state(c, "running", timeout=60)
+    e = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "pair", "--", "true")
+    factor = before["corun"][0]["factor"]
+    got = wait_for(lambda: (d.client.explain(e)["decision"] or {}).get("details", {}).get("learned_factor"),
+                   60, "a decision for the second job")
+    assert got["mps"] == pytest.approx(max(1.0, factor)), got
+
+
+def test_schema_4_keeps_an_older_database_and_bounds_neighbours(tmp_path):
+    path = tmp_path / "colo.db"
+    db = sqlite3.connect(path)
+    for i in range(3):  # a colo of schema 3 made it, with a job in it
+        db.executescript(f"BEGIN;{MIGRATIONS[i]};PRAGMA user_version={i + 1};COMMIT;")
+    spec = JobSpec(argv=["true"], gpu_mem=GiB)
+    db.execute("INSERT INTO jobs(spec, uid, gid, user, state, submitted_at) VALUES (?,0,0,'root','queued',1.0)",
+               (json.dumps(spec.to_dict()),))
+    db.commit()
+    db.close()
+    st = Store(path)
+    assert st.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert [j.id for j in st.jobs()] == [1]
+    st.save_learned(0, corun={("a", "b", "mps"): (2, 1.3)}, alone={"a": (1, 1.1)}, max_mem={"a": 5, "b": 7},
+                    errors=[1.2, 1.4], now=1.0)
+    st.save_learned(0, corun={("a", "c", "mps"): (1, 1.5)}, forget_mem=["b"], now=2.0)
+    assert st.learned() == {0: {"corun": {("a", "b", "mps"): (2, 1.3), ("a", "c", "mps"): (1, 1.5)},
+                                "alone": {"a": (1, 1.1)}, "max_mem": {"a": 5}, "errors": [1.2, 1.4]}}
+    # a running job keeps at most `most` neighbour names; an ended one's are pruned
+    st.transition(1, State.STARTING)
+    st.add_neighbours([(1, f"p{i}") for i in range(10)], most=3)
+    assert len(st.neighbours(1)) == 3
+    assert st.prune_neighbours([State.SUCCEEDED, State.FAILED]) == 0
+    st.transition(1, State.FAILED, "x")
+    assert st.prune_neighbours([State.SUCCEEDED, State.FAILED]) == 3 and st.neighbours(1) == set()
+    st.close()
