@@ -95,12 +95,22 @@ def submit(
     mem: Optional[str] = typer.Option(None, "--mem", help="host memory limit, e.g. 8GiB"),
     time_limit: Optional[str] = typer.Option(None, "--time", help="wall-time limit as Slurm reads it: "
                                              "minutes, MM:SS, HH:MM:SS, D-HH:MM:SS (or 90s, 2h)"),
+    array: Optional[str] = typer.Option(None, "--array", help="a job array, as Slurm's: one task per index "
+                                        "(0-9, 0-9:2, 1,3,5; %N at the end: at most N at once, 0-15%4), each "
+                                        "with COLO_ARRAY_INDEX and COLO_ARRAY_JOB_ID set; prints the array's id, "
+                                        "which ls, wait, cancel, hold and release take for all its tasks; at most "
+                                        "1,000 tasks"),
+    gpu_id: List[str] = typer.Option([], "--gpu-id", help="only these GPUs may take the job: indices as `colo "
+                                     "gpus` shows them, e.g. 1 or 0,2 (repeatable)"),
+    gpu_type: Optional[str] = typer.Option(None, "--gpu-type", help="only GPUs whose name holds this text "
+                                           "(any case), e.g. A100 or 'RTX 4090'"),
     sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt,
 ):
-    """Queue a job; prints its id.
+    """Queue a job; prints its id (an array's: its first task's).
 
     Example: colo submit --image local/trainer:1 --gpu-mem 4GiB --name mnist -- python train.py
     ·   colo submit --process --gpus 0 --after-fail 7 -- ./notify.sh "job 7 failed"
+    ·   colo submit --process --gpu-mem 2GiB --array 0-15%4 --gpu-type A100 --name sweep -- ./run.sh
     """
     envs = list(env)
     for f in env_file:
@@ -115,9 +125,11 @@ def submit(
         spec = build_spec(command, image=image, process=process, gpu_mem=gpu_mem, gpus=gpus, name=name, env=envs,
                           mount=mount, workdir=workdir, after=after, priority=priority, profile=profile,
                           retries=retries, cpus=cpus, mem=mem, time=time_limit, after_any=after_any,
-                          after_fail=after_fail)
+                          after_fail=after_fail, array=array, gpu_id=gpu_id, gpu_type=gpu_type)
     except SubmitError as e:
         fail(str(e))
+    if follow and array:
+        fail("--follow shows one job's output: with --array use --wait, then colo logs ARRAY_INDEX")
     if grow:  # sent only when asked for: a daemon of before --grow takes the spec unchanged
         spec["grow"] = True
     job = _call(client(sock).submit, spec)
@@ -125,7 +137,7 @@ def submit(
     if follow:  # like `docker run`: the output, then the job's exit code
         logs(str(job["id"]), follow=True, tail=None, since=None, timestamps=False, sock=sock, as_json=False)
     if wait_ or follow:
-        wait([str(job["id"])], sock=sock, as_json=False)
+        wait([str(i) for i in job.get("tasks") or [job["id"]]], sock=sock, as_json=False)
 
 
 # Columns `colo ls` can show (--format id,name,...): title and how to draw one job's cell.
@@ -142,9 +154,17 @@ LS_COLUMNS = {
     "priority": ("PRIO", lambda j, now, w: str(j.get("priority") or 0)),
     "command": ("COMMAND", lambda j, now, w: " ".join(j.get("argv") or [])[: None if w else 40]),
     "reason": ("REASON", lambda j, now, w: (j["reason"] or "") if w else (j["reason"] or "")[:60]),
+    "array": ("ARRAY", lambda j, now, w: array_ref(j) or "-"),
 }
 LS_DEFAULT = "id,name,user,state,gpu,mode,budget,age,reason"
 STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "lost")
+
+
+def _names(j: dict, ref: str) -> bool:
+    """Does `ref` (as `colo ls REF` reads it) name this job?"""
+    if ref.isdigit():
+        return j["id"] == int(ref) or j.get("array_job") == int(ref)
+    return ref == j["name"] or ref == array_ref(j)
 
 
 def job_row(j: dict, now: float, cols: list[str] | None = None, wide: bool = False) -> list[str]:
@@ -159,24 +179,75 @@ def _filtered(jobs: list[dict], users: list[str], states: list[str], names: list
             and (not names or (j["name"] or "") in names)]
 
 
-def job_ref(c: Client, ref: str, _cache: dict = {}) -> int:
-    """A job by id, or by its name where one job (the newest open one first) has it."""
-    if ref.isdigit():
-        return int(ref)
+OPEN = ("queued", "starting", "running")
+
+
+def array_ref(j: dict) -> str | None:
+    """A task of a job array as Slurm writes it (ARRAY_INDEX: 12_3), else None."""
+    return None if j.get("array_job") is None else f"{j['array_job']}_{j['array_index']}"
+
+
+def _all_jobs(c: Client, _cache: dict = {}) -> list[dict]:
     if "jobs" not in _cache:
         _cache["jobs"] = _call(c.ls, True, None)
-    named = [j for j in _cache["jobs"] if j["name"] == ref]
-    open_ = [j for j in named if j["state"] in ("queued", "starting", "running")]
+    return _cache["jobs"]
+
+
+def job_ref(c: Client, ref: str) -> int:
+    """One job: by id, as an array's task (12_3), or by its name where one job (the newest open
+    one first) has it."""
+    ids = job_refs(c, ref, many=False)
+    return ids[0]
+
+
+def job_refs(c: Client, ref: str, many: bool = True, open_only: bool = False) -> list[int]:
+    """The jobs a reference names: an id; with `many`, an array's id (its first task's) names every
+    task, as scancel and squeue read it; a task as ARRAY_INDEX (12_3); a name that one job has, or
+    (with `many`) the tasks of one array. open_only: only the queued and running ones of an array."""
+    if ref.isdigit():
+        i = int(ref)
+        if not many:
+            return [i]
+        try:  # is it an array's id? (a job the caller may not see is left to the op to refuse)
+            head = c.show(i)
+        except ClientError:
+            return [i]
+        if head.get("array_job") != i:
+            return [i]
+        if open_only:
+            return [j["id"] for j in _call(c.ls, False, None) if j.get("array_job") == i] or [i]
+        return list(range(i, i + (head["spec"].get("array_size") or 1)))  # one transaction: consecutive ids
+    jobs = _all_jobs(c)
+    a, sep, idx = ref.partition("_")
+    if sep and a.isdigit() and idx.isdigit():
+        named = [j for j in jobs if j.get("array_job") == int(a) and j.get("array_index") == int(idx)]
+        if not named:
+            fail(f"no task {ref!r}: array {a} has no index {idx}")
+    else:
+        named = [j for j in jobs if j["name"] == ref]
+    open_ = [j for j in named if j["state"] in OPEN]
     pick = open_ if open_ else named
-    if len(pick) == 1:
-        return pick[0]["id"]
     if not pick:
-        fail(f"no job {ref!r}: give a job id or the name of a job")
-    fail(f"{len(pick)} jobs are named {ref!r} ({', '.join(str(j['id']) for j in pick[:5])}…): give the id")
+        fail(f"no job {ref!r}: give a job id, ARRAY_INDEX (12_3) or the name of a job")
+    arrays = {j.get("array_job") for j in pick}
+    if many and len(pick) > 1 and len(arrays) == 1 and None not in arrays:  # the tasks of one array
+        return [j["id"] for j in (open_ if open_only else [j for j in named if j.get("array_job") in arrays])]
+    if len(pick) == 1:
+        return [pick[-1]["id"]]
+    what = f"array {arrays.pop()}'s tasks" if len(arrays) == 1 and None not in arrays else "jobs"
+    fail(f"{len(pick)} {what} are named {ref!r} ({', '.join(str(j['id']) for j in pick[:5])}…): give the id"
+         + (" or ARRAY_INDEX (12_3)" if what != "jobs" else ""))
+
+
+def _refs(c: Client, refs: list[str], open_only: bool = False) -> list[int]:
+    """job_refs of each, in order, each job once."""
+    return list(dict.fromkeys(i for r in refs for i in job_refs(c, r, open_only=open_only)))
 
 
 @app.command("ls")
-def ls(all_: bool = typer.Option(False, "--all", "-a", help="ended jobs too (default: queued and running)"),
+def ls(refs: List[str] = typer.Argument(None, help="only these jobs (ended ones too): ids, names, an array's "
+                                        "id or name (all its tasks), ARRAY_INDEX"),
+       all_: bool = typer.Option(False, "--all", "-a", help="ended jobs too (default: queued and running)"),
        user: List[str] = typer.Option([], "--user", "-u", help="only this user's jobs (repeatable)"),
        state: List[str] = typer.Option([], "--state", "-s", help="only jobs in this state (repeatable): "
                                         + ", ".join(STATES)),
@@ -189,10 +260,12 @@ def ls(all_: bool = typer.Option(False, "--all", "-a", help="ended jobs too (def
        sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
     """List jobs: the queued and running ones, or with --all every job colo remembers.
 
-    Example: colo ls --all --state failed --user alice -o id,name,exit,reason
+    Example: colo ls --all --state failed --user alice -o id,name,exit,reason   ·   colo ls 12 -o id,array,state
     """
     ended = [s for s in state if s in ("succeeded", "failed", "cancelled", "lost")]
-    jobs = _call(client(sock).ls, all_ or bool(ended), None)
+    jobs = _call(client(sock).ls, all_ or bool(ended) or bool(refs), None)
+    if refs:
+        jobs = [j for j in jobs if any(_names(j, r) for r in refs)]
     jobs = _filtered(jobs, user, state, name)
     if limit and limit > 0:
         jobs = jobs[-limit:]
@@ -230,6 +303,13 @@ def show(job: str = typer.Argument(..., help="job id or name"), sock: Optional[P
              f"  runs:      {'image ' + spec['image'] if spec['image'] else 'host process'}: {' '.join(spec['argv'])}",
              f"  budget:    {format_size_exact(j['budget'])} x {spec['gpus']} GPU(s)" if spec["gpus"] else "  budget:    no GPU",
              f"  gpus:      {', '.join(j['gpus']) or '-'}   mode: {j['mode'] or '-'}"]
+    if spec.get("gpu_ids") or spec.get("gpu_type"):
+        lines.append("  may use:   " + ", ".join(x for x in (
+            f"GPU {','.join(map(str, spec['gpu_ids']))}" if spec.get("gpu_ids") else "",
+            f"GPUs named *{spec['gpu_type']}*" if spec.get("gpu_type") else "") if x))
+    if j.get("array_job") is not None:
+        lines.append(f"  array:     task {array_ref(j)} of array {j['array_job']} ({spec.get('array_size')} tasks"
+                     + (f", at most {spec['array_limit']} at once)" if spec.get("array_limit") else ")"))
     if "used" in j:
         lines.append(f"  in use:    {format_size(j['used'])} (refused allocations: {j['refused']})")
     if j["decision"]:
@@ -340,11 +420,12 @@ def wait(jobs: List[str] = typer.Argument(..., help="job ids or names"), sock: O
          as_json: bool = JsonOpt):
     """Block until the jobs end; say how each ended; exit with the first non-zero exit code among
     them, in the order given (1 for a job that ended without one: cancelled, lost, never started).
+    An array's id or name waits for all its tasks.
 
-    Example: colo wait 3 2 1 && echo all succeeded
+    Example: colo wait 3 2 1 && echo all succeeded   ·   colo wait sweep
     """
     c = Client(sock, timeout=None)
-    ended = _call(c.wait, [job_ref(c, j) for j in jobs])
+    ended = _call(c.wait, _refs(c, jobs))
     if as_json:
         print_json(ended)
     first = 0
@@ -357,7 +438,7 @@ def wait(jobs: List[str] = typer.Argument(..., help="job ids or names"), sock: O
 
 
 @app.command()
-def cancel(jobs: List[str] = typer.Argument(None, help="job ids or names"),
+def cancel(jobs: List[str] = typer.Argument(None, help="job ids or names; an array's id or name: its open tasks"),
            user: List[str] = typer.Option([], "--user", "-u", help="every open job of this user (repeatable)"),
            state: List[str] = typer.Option([], "--state", "-s", help="only open jobs in this state: queued, "
                                             "starting, running"),
@@ -367,41 +448,31 @@ def cancel(jobs: List[str] = typer.Argument(None, help="job ids or names"),
     """Stop jobs: queued ones at once; running ones get SIGTERM, then SIGKILL after the grace
     period. Returns at once: the stops go on in the daemon, all at the same time.
 
-    Example: colo cancel 7 8   ·   colo cancel --all --state queued   ·   colo cancel --name sweep
+    Example: colo cancel 7 8   ·   colo cancel --all --state queued   ·   colo cancel --name sweep   ·   colo cancel 12_3
     """
     c = client(sock)
-    ids = [job_ref(c, j) for j in jobs or []]
+    ids = _refs(c, jobs or [], open_only=True)
     if user or state or name or all_:
         me = _call(c.hello)["user"] if all_ else None
         picked = _filtered(_call(c.ls, False, None), user + ([me] if me else []), state, name)
         ids += [j["id"] for j in picked if j["id"] not in ids]
     elif not ids:
         fail("say which jobs: ids or names, or --user/--state/--name/--all")
+    # the stop is under way; its end is recorded a moment later (or when the engine is back)
+    _each(ids, c, as_json, lambda c, i: c.cancel(i), lambda j: f"job {j['id']}: " + (
+        "stopping" if j["state"] in ("starting", "running") and j.get("cancel_by") else j["state"]))
+
+
+def _each(jobs: list, sock_or_client, as_json: bool, fn, said, open_only: bool | None = True) -> None:
+    """Do `fn` to each job (refs, or ids already resolved); one line each (or a JSON list); exit 1
+    if any was refused. open_only: an array's ref means its open tasks; None: one job per ref."""
+    c = sock_or_client if isinstance(sock_or_client, Client) else client(sock_or_client)
+    ids = jobs if all(isinstance(i, int) for i in jobs) else (
+        [job_ref(c, r) for r in jobs] if open_only is None else _refs(c, jobs, open_only=open_only))
     out, bad = [], 0
     for i in ids:
         try:
-            j = c.cancel(i)
-        except ClientError as e:
-            typer.echo(f"colo: {safe(str(e))}", err=True)
-            bad += 1
-            continue
-        out.append(j)
-        if not as_json:
-            # the stop is under way; its end is recorded a moment later (or when the engine is back)
-            st = "stopping" if j["state"] in ("starting", "running") and j.get("cancel_by") else j["state"]
-            typer.echo(f"job {j['id']}: {st}")
-    if as_json:
-        print_json(out)
-    raise typer.Exit(1 if bad else 0)
-
-
-def _each(jobs: List[str], sock, as_json: bool, fn, said) -> None:
-    """Do `fn` to each job; one line each (or a JSON list); exit 1 if any was refused."""
-    c = client(sock)
-    out, bad = [], 0
-    for ref in jobs:
-        try:
-            j = fn(c, job_ref(c, ref))
+            j = fn(c, i)
         except ClientError as e:
             typer.echo(f"colo: {safe(str(e))}", err=True)
             bad += 1
@@ -420,7 +491,7 @@ def hold(jobs: List[str] = typer.Argument(..., help="ids or names of queued jobs
     """Keep queued jobs from starting until `colo release` (as Slurm's scontrol hold). ls, show
     and explain say who holds them. Your own jobs; any job for root and the admin group.
 
-    Example: colo hold 7 8   ·   colo hold sweep-3
+    Example: colo hold 7 8   ·   colo hold sweep-3   ·   colo hold 12 (an array's queued tasks)
     """
     _each(jobs, sock, as_json, lambda c, i: c.hold(i), lambda j: f"job {j['id']}: held by {j['held_by']}")
 
@@ -483,7 +554,7 @@ def requeue(jobs: List[str] = typer.Argument(..., help="ids or names of ended jo
 
     Example: colo requeue 7   ·   colo ls -q --all --state failed | xargs colo requeue
     """
-    _each(jobs, sock, as_json, lambda c, i: c.requeue(i), lambda j: str(j["id"]))
+    _each(jobs, sock, as_json, lambda c, i: c.requeue(i), lambda j: str(j["id"]), open_only=None)
 
 
 app.command("restart", help="The same as `colo requeue` (pueue's name for it).\n\nExample: colo restart 7")(requeue)
@@ -520,6 +591,9 @@ def gpus(sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
 
 
 # accounting -----------------------------------------------------------------------------------
+SinceOpt = typer.Option("7d", "--since", "-S", help="jobs that ended within this period: 90m, 12h, 7d, 2w")
+UserOpt = typer.Option([], "--user", "-u", help="only this user's jobs (repeatable)")
+
 def _ended(sock, since: Optional[str], user: List[str]) -> list[dict]:
     from . import report as rp
 
@@ -531,10 +605,7 @@ def _ended(sock, since: Optional[str], user: List[str]) -> list[dict]:
 
 
 @app.command()
-def history(since: Optional[str] = typer.Option("7d", "--since", "-S", help="jobs that ended within this "
-                                                "period: 90m, 12h, 7d, 2w"),
-            user: List[str] = typer.Option([], "--user", "-u", help="only this user's jobs (repeatable)"),
-            sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+def history(since: Optional[str] = SinceOpt, user: List[str] = UserOpt, sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
     """Ended jobs, as sacct shows them: waited, ran, GPUs, GPU-hours, budget, exit.
 
     Example: colo history --since 1d --user alice
@@ -551,10 +622,7 @@ def history(since: Optional[str] = typer.Option("7d", "--since", "-S", help="job
 
 
 @app.command()
-def report(since: Optional[str] = typer.Option("7d", "--since", "-S", help="jobs that ended within this "
-                                               "period: 90m, 12h, 7d, 2w"),
-           user: List[str] = typer.Option([], "--user", "-u", help="only this user's jobs (repeatable)"),
-           sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+def report(since: Optional[str] = SinceOpt, user: List[str] = UserOpt, sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
     """Per user: jobs, GPU-hours, waiting; for the node: what sharing GPUs saved against one job
     per GPU (the GPU-hours the same jobs take each alone on its GPUs, less the GPU-hours the
     GPUs were busy).

@@ -21,6 +21,7 @@ class State(str, enum.Enum):
 
 TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.LOST})
 ACTIVE = frozenset({State.STARTING, State.RUNNING})
+ARRAY_FIELDS = ("array_job", "array_index", "array_size", "array_limit")  # set by the daemon, never by a submitter
 
 # The only place that says which state may follow which.
 ALLOWED: dict[State, frozenset[State]] = {
@@ -89,6 +90,14 @@ class JobSpec:
     cpus: float | None = None  # CPU limit in cores (cgroup / Docker nano_cpus)
     mem: int | None = None  # host memory limit in bytes (cgroup / Docker mem_limit)
     time: int | None = None  # wall-time limit in seconds: stopped when it is reached
+    gpu_ids: list[int] = field(default_factory=list)  # --gpu-id: only these GPU indices may take it (empty: any)
+    gpu_type: str | None = None  # --gpu-type: only GPUs whose name holds this (case-insensitive)
+    # A task of a job array (--array): the array's id (its first task's job id), this task's
+    # index (COLO_ARRAY_INDEX), the number of tasks, and how many may run at once (%N; None: no bound).
+    array_job: int | None = None
+    array_index: int | None = None
+    array_size: int | None = None
+    array_limit: int | None = None
 
     @property
     def runtime(self) -> str:
@@ -102,6 +111,11 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def array_ref(self) -> str | None:
+        """`ARRAY_INDEX` (as Slurm writes a task: 12_3), or None for a job of no array."""
+        return None if self.array_job is None else f"{self.array_job}_{self.array_index}"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "JobSpec":

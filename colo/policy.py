@@ -73,6 +73,8 @@ class Candidate:
     profile: Any = None
     queued_at: float = 0.0  # when it was submitted (the clock `plan(now=...)` reads)
     held: tuple[int, ...] = ()  # GPU indices held for it by the last pass (details["held"]): kept
+    gpu_ids: tuple[int, ...] = ()  # --gpu-id: only these GPU indices (empty: any)
+    gpu_type: str | None = None  # --gpu-type: only GPUs whose name holds this
 
 
 @dataclass(frozen=True)
@@ -412,6 +414,27 @@ def free_budget(gpus: Sequence[GpuView], placed: Sequence[Placed]) -> dict[str, 
     return free
 
 
+def gpu_allowed(g: GpuView, ids: Sequence[int] = (), kind: str | None = None) -> bool:
+    """May a job with --gpu-id `ids` / --gpu-type `kind` use this GPU? (empty/None: any)"""
+    return (not ids or g.index in ids) and (not kind or kind.casefold() in g.name.casefold())
+
+
+def _only_text(ids: Sequence[int], kind: str | None) -> str:
+    return " and ".join(x for x in ((f"--gpu-id {','.join(map(str, ids))}" if ids else ""),
+                                     (f"--gpu-type {kind!r}" if kind else "")) if x)
+
+
+def gpu_filter_refusal(ids: Sequence[int], kind: str | None, ngpus: int, gpus: Sequence[GpuView]) -> str | None:
+    """Why no GPU of this node can ever take a job restricted by --gpu-id/--gpu-type, or None."""
+    if not ids and not kind:
+        return None
+    ok = [g for g in gpus if gpu_allowed(g, ids, kind)]
+    if len(ok) >= ngpus:
+        return None
+    here = ", ".join(f"GPU{g.index} {g.name}" for g in gpus) or "none"
+    return f"{_only_text(ids, kind)} leaves {len(ok)} GPU(s) for a job of {ngpus} (this node has: {here})"
+
+
 def can_ever_fit(budget: int, ngpus: int, gpus: Sequence[GpuView]) -> str | None:
     """None when some empty node state could run the job; else why it never can."""
     if ngpus == 0:
@@ -477,7 +500,8 @@ def _hold_for(c: Candidate, state: dict[str, "_Gpu"]) -> list["_Gpu"] | None:
         kept = [g for g in state.values() if g.view.index in c.held and g.view.usable >= c.budget]
         if len(kept) == c.gpus:
             return sorted(kept, key=lambda g: g.view.index)
-    can = sorted((g for g in state.values() if g.view.usable >= c.budget), key=lambda g: (-g.free, g.view.index))
+    can = sorted((g for g in state.values() if g.view.usable >= c.budget and gpu_allowed(g.view, c.gpu_ids, c.gpu_type)),
+                 key=lambda g: (-g.free, g.view.index))
     return can[: c.gpus] if len(can) >= c.gpus else None
 
 
@@ -537,6 +561,7 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         if c.gpus == 0:
             append(_decision(c.job_id, START, (), "none", "needs no GPU"))
             continue
+        only = c.gpu_ids or c.gpu_type  # --gpu-id/--gpu-type: GPUs it may not use are not looked at
         if c.budget > most_free or c.gpus > len(state):  # the common case in a long queue: no numpy
             key = (c.budget, c.gpus, most_free)
             text = wait_text.get(key)
@@ -547,16 +572,18 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
             continue
         # Within a pass GPUs only fill up: a job like one already refused (same profile, uid and
         # GPU count) with at least its budget is refused for the same reason, without more work.
-        same = (id(c.profile), c.uid, c.gpus)
+        same = (id(c.profile), c.uid, c.gpus, c.gpu_ids, c.gpu_type)
         prev = refused_like.get(same)
         if prev is not None and c.budget >= prev[0]:
             append(_decision(c.job_id, WAIT, reason=prev[1], details=dict(prev[2])))
             continue
-        fitting = [g for g in state.values() if g.free >= c.budget]
+        fitting = [g for g in state.values() if g.free >= c.budget and (not only or gpu_allowed(g.view, c.gpu_ids,
+                                                                                                c.gpu_type))]
         if len(fitting) < c.gpus:
+            among = f" among the GPUs it may use ({_only_text(c.gpu_ids, c.gpu_type)})" if only else ""
             append(Decision(c.job_id, WAIT, reason=(
                 f"waiting for memory: needs {format_size(c.budget)} on {c.gpus} GPU(s), "
-                f"{len(fitting)} GPU(s) have that much free budget{down}"),
+                f"{len(fitting)} GPU(s){among} have that much free budget{down}"),
                 details={"need": c.budget, "most_free": most_free}))
             continue
         arr = _arrays(c.profile, cfg.step, cfg.horizon) if c.profile is not None else None

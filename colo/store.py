@@ -174,6 +174,30 @@ class Store:
                             (job_id, now, None, State.QUEUED.value, reason))
         return self.get(job_id)
 
+    def add_array(self, spec: JobSpec, indices: list[int], limit: int | None, uid: int, gid: int, user: str,
+                  now: float | None = None) -> list[Job]:
+        """The tasks of a job array in one transaction: all or none. The array's id is its first
+        task's job id, known once that row is in, and written into every task's spec."""
+        from dataclasses import replace
+
+        now = time.time() if now is None else now
+        reason = f"submitted by {user}"
+        ids: list[int] = []
+        with self.tx():
+            for i in indices:
+                s = replace(spec, array_job=ids[0] if ids else 0, array_index=i, array_size=len(indices),
+                            array_limit=limit)
+                cur = self.db.execute(
+                    "INSERT INTO jobs(spec, uid, gid, user, state, reason, priority, submitted_at) VALUES (?,?,?,?,?,?,?,?)",
+                    (json.dumps(s.to_dict()), uid, gid, user, State.QUEUED.value, reason, spec.priority, now))
+                ids.append(cur.lastrowid)
+                if len(ids) == 1:
+                    self.db.execute("UPDATE jobs SET spec=? WHERE id=?",
+                                    (json.dumps(replace(s, array_job=ids[0]).to_dict()), ids[0]))
+            self.db.executemany("INSERT INTO events(job_id, at, old_state, new_state, reason) VALUES (?,?,?,?,?)",
+                                [(i, now, None, State.QUEUED.value, reason) for i in ids])
+        return [self.get(i) for i in ids]
+
     def change_queued(self, job_id: int, reason: str, spec: JobSpec | None = None, held_by: Any = ...,
                       now: float | None = None) -> Job:
         """`colo edit`/`hold`/`release`: a queued job's spec or hold, with an event (queued -> queued)

@@ -38,7 +38,8 @@ def build_spec(command: list[str] | None, *, image: str | None = None, process: 
                gpu_mem: str | None = None, gpus: int = 1, name: str | None = None, env: list[str] = (),
                mount: list[str] = (), workdir: str | None = None, after: list[int] = (), priority: int = 0,
                profile: str | None = None, retries: int = 0, cpus: float | None = None, mem: str | None = None,
-               time: str | None = None, after_any: list[int] = (), after_fail: list[int] = ()) -> dict:
+               time: str | None = None, after_any: list[int] = (), after_fail: list[int] = (),
+               array: str | None = None, gpu_id: list[str] = (), gpu_type: str | None = None) -> dict:
     if not command:
         raise SubmitError("missing command: give it after `--`, e.g. colo submit --gpu-mem 1GiB -- python train.py")
     if image and process:
@@ -64,7 +65,14 @@ def build_spec(command: list[str] | None, *, image: str | None = None, process: 
             "env": envd,
             "mounts": list(mount), "workdir": workdir or (os.getcwd() if process else None), "after": list(after),
             "priority": priority, "profile": profile, "retries": retries}
-    spec.update({k: v for k, v in (("cpus", cpus), ("mem", mem), ("time", time)) if v is not None})  # checked by the daemon
+    ids = []
+    for part in ",".join(gpu_id).split(",") if gpu_id else ():
+        if not part.strip().isdigit():
+            raise SubmitError(f"malformed --gpu-id {','.join(gpu_id)!r}: GPU indices as `colo gpus` shows them, e.g. 0 or 0,2")
+        ids.append(int(part))
+    # sent only when given (a daemon of before them refuses what it does not know); checked by the daemon
+    spec.update({k: v for k, v in (("cpus", cpus), ("mem", mem), ("time", time), ("array", array),
+                                   ("gpu_ids", ids or None), ("gpu_type", gpu_type)) if v is not None})
     return spec
 
 
@@ -72,16 +80,17 @@ def build_spec(command: list[str] | None, *, image: str | None = None, process: 
 _VALUE = {"--image": ("image", str), "--gpu-mem": ("gpu_mem", str), "--gpus": ("gpus", int),
           "--name": ("name", str), "--workdir": ("workdir", str), "--priority": ("priority", int),
           "--profile": ("profile", str), "--retries": ("retries", int), "--socket": ("socket", str),
-          "--cpus": ("cpus", float), "--mem": ("mem", str), "--time": ("time", str)}
+          "--cpus": ("cpus", float), "--mem": ("mem", str), "--time": ("time", str), "--array": ("array", str),
+          "--gpu-type": ("gpu_type", str)}
 _MANY = {"--env": ("env", str), "--mount": ("mount", str), "--after": ("after", int),
-         "--after-any": ("after_any", int), "--after-fail": ("after_fail", int)}
+         "--after-any": ("after_any", int), "--after-fail": ("after_fail", int), "--gpu-id": ("gpu_id", str)}
 _FLAG = {"--process": "process", "--json": "json"}
 
 
 def _parse(args: list[str]) -> dict | None:
     """submit's options as click would read them (options first; the command from the first word
     that is not one, or after --); None for anything this short parser does not know."""
-    out: dict = {"env": [], "mount": [], "after": [], "after_any": [], "after_fail": []}
+    out: dict = {"env": [], "mount": [], "after": [], "after_any": [], "after_fail": [], "gpu_id": []}
     i = 0
     while i < len(args):
         a = args[i]

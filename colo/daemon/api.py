@@ -10,14 +10,14 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from .. import __version__, fairshare, logtimes, protocol
-from ..jobs import ACTIVE, TERMINAL, Job, JobSpec, State
-from ..policy import can_ever_fit
+from ..jobs import ACTIVE, ARRAY_FIELDS, TERMINAL, Job, JobSpec, State
+from ..policy import can_ever_fit, gpu_allowed, gpu_filter_refusal
 from ..runtimes.base import Unavailable
 from ..store import NotFound
 from ..units import format_size_exact
 from . import pin
 from .external import External, Refused
-from .validate import Caller, Forbidden, Invalid, check_spec, is_admin
+from .validate import Caller, Forbidden, Invalid, check_spec, is_admin, parse_array
 
 if TYPE_CHECKING:
     from .core import Daemon
@@ -70,6 +70,7 @@ class Api:
             "exit_code": job.exit_code, "priority": job.spec.priority, "reason": job.reason,
             "cancel_by": job.cancel_by if job.state in ACTIVE else None,
             "slurm_job": job.spec.slurm_job,
+            "array_job": job.spec.array_job, "array_index": job.spec.array_index,
         }
         if reasons is not None and job.state == State.QUEUED and job.id in reasons:
             out["reason"] = reasons[job.id]
@@ -110,6 +111,8 @@ class Api:
         protected = [d.config.state_dir, d.config.socket.parent]
         try:
             spec = check_spec(args.get("spec"), caller, protected)
+            array = args["spec"].get("array")
+            indices, limit = parse_array(array) if array is not None else (None, None)
         except Invalid as e:
             raise ApiError(str(e), protocol.INVALID) from None
         except Forbidden as e:
@@ -121,11 +124,14 @@ class Api:
                 raise ApiError(str(e), protocol.INVALID) from None
             except Forbidden as e:
                 raise ApiError(str(e), protocol.FORBIDDEN) from None
-        await self._admit(spec, caller, caller.user, caller.uid)
-        job = d.add_job(spec, caller.uid, caller.gid, caller.user)
-        return self.summary(job)
+        await self._admit(spec, caller, caller.user, caller.uid, tasks=len(indices) if indices else 1)
+        if indices is None:
+            return self.summary(d.add_job(spec, caller.uid, caller.gid, caller.user))
+        jobs = d.add_array(spec, indices, limit, caller.uid, caller.gid, caller.user)
+        return {**self.summary(jobs[0]), "tasks": [j.id for j in jobs]}  # the array's id is its first task's
 
-    async def _admit(self, spec: JobSpec, caller: Caller, user: str, uid: int, queued: bool = False) -> None:
+    async def _admit(self, spec: JobSpec, caller: Caller, user: str, uid: int, queued: bool = False,
+                     tasks: int = 1) -> None:
         """What submit checks beyond the spec's own form, for `user`'s job asked for by `caller` (a
         submit, a requeue, or an edit: `queued`, the job is already counted and its dependencies and
         image were checked)."""
@@ -135,12 +141,14 @@ class Api:
             raise ApiError(f"--priority {spec.priority} is above {top}, the most a user may set here "
                            f"(max_user_priority); members of {d.config.admin_group or 'no admin group'} and root "
                            "may set more", protocol.FORBIDDEN)
-        if not queued and (why := fairshare.submit_refusal(d.limits, user, d.queued_count(uid))):
+        if not queued and (why := fairshare.submit_refusal(d.limits, user, d.queued_count(uid) + tasks - 1)):
             raise ApiError(why, protocol.FORBIDDEN)
         if spec.gpus:
             if d.gpu_error:
                 raise ApiError(d.gpu_error, protocol.INVALID)
-            why = self._too_big(spec.gpu_mem, spec.gpus) or can_ever_fit(spec.gpu_mem, spec.gpus, d.gpu_views())
+            views = [v for v in d.gpu_views() if gpu_allowed(v, spec.gpu_ids, spec.gpu_type)]
+            why = (gpu_filter_refusal(spec.gpu_ids, spec.gpu_type, spec.gpus, d.gpu_views())
+                   or self._too_big(spec.gpu_mem, spec.gpus, views) or can_ever_fit(spec.gpu_mem, spec.gpus, views))
             if why:
                 raise ApiError(f"job can never run here: {why}", protocol.INVALID)
         if queued:
@@ -194,11 +202,14 @@ class Api:
         raw = {**job.spec.to_dict(), **changes}
         raw.pop("mounts")  # checked as the owner at submit; unchanged, and not re-read as whoever edits
         raw.pop("slurm_job", None)
+        kept = {k: raw.pop(k, None) for k in ARRAY_FIELDS}  # the daemon's, not the submitter's
         try:
             spec = check_spec(raw, caller, [self.d.config.state_dir, self.d.config.socket.parent])
         except (Invalid, Forbidden) as e:
             raise ApiError(str(e), protocol.INVALID) from None
         spec.mounts = job.spec.mounts
+        for k, v in kept.items():
+            setattr(spec, k, v)
         await self._admit(spec, caller, job.user, job.uid, queued=True)
         job = self.d.job(job.id)  # the checks may have waited: is it still queued?
         if job.state != State.QUEUED:
@@ -222,9 +233,10 @@ class Api:
                              reason=f"requeued by {caller.user} as a copy of job {job.id}")
         return self.summary(new)
 
-    def _too_big(self, budget: int, ngpus: int) -> str | None:
-        """A budget above what any GPU can give, said with exact sizes: usable vs asked (issue 16)."""
-        views = {v.uuid: v for v in self.d.gpu_views()}
+    def _too_big(self, budget: int, ngpus: int, views: list) -> str | None:
+        """A budget above what any GPU (the job may use) can give, said with exact sizes: usable vs
+        asked (issue 16)."""
+        views = {v.uuid: v for v in views}
         gpus = sorted(((views[g.uuid].usable, g.total) for g in self.d.devices if g.uuid in views), reverse=True)
         if not ngpus or len(gpus) < ngpus or gpus[ngpus - 1][0] >= budget:
             return None

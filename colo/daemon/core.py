@@ -249,6 +249,15 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         self.wake(full=False)
         return job
 
+    def add_array(self, spec, indices: list[int], limit: int | None, uid: int, gid: int, user: str) -> list[Job]:
+        """The tasks of `colo submit --array`, stored at once (store.add_array)."""
+        jobs = self.store.add_array(spec, indices, limit, uid, gid, user)
+        for job in jobs:
+            self.open_jobs[job.id] = job
+            self._queue_changed(None, job)
+        self.wake(full=False)
+        return jobs
+
     def change_queued(self, job_id: int, reason: str, **changes) -> Job:
         """A queued job's spec or hold changed (colo edit/hold/release): stored, mirrored, re-filed."""
         prev = self.open_jobs[job_id]

@@ -31,6 +31,10 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
     in_container = job.spec.image is not None
     env = dict(job.spec.env)
     env["COLO_JOB_ID"] = str(job.id)
+    if job.spec.array_job is not None:  # as Slurm's SLURM_ARRAY_TASK_ID, _JOB_ID and _TASK_COUNT
+        env["COLO_ARRAY_INDEX"] = str(job.spec.array_index)
+        env["COLO_ARRAY_JOB_ID"] = str(job.spec.array_job)
+        env["COLO_ARRAY_TASK_COUNT"] = str(job.spec.array_size)
     mounts: list[Mount] = []  # colo's own; the user's are added last (below)
     share_shm = False
 

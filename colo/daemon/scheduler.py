@@ -30,12 +30,13 @@ COMPLETE_PASS_EVERY = 60.0  # seconds
 
 
 def _cand(job_id: int, budget: int, gpus: int, uid: int, priority: int, seq: int, profile, queued_at: float,
-          held: tuple) -> policy.Candidate:
+          held: tuple, gpu_ids: tuple = (), gpu_type: str | None = None) -> policy.Candidate:
     """Candidate without the frozen dataclass's per-field __setattr__ (10,000 a full pass)."""
     c = object.__new__(policy.Candidate)
     object.__setattr__(c, "__dict__", {"job_id": job_id, "budget": budget, "gpus": gpus, "uid": uid,
                                        "priority": priority, "seq": seq, "profile": profile,
-                                       "queued_at": queued_at, "held": held})
+                                       "queued_at": queued_at, "held": held, "gpu_ids": gpu_ids,
+                                       "gpu_type": gpu_type})
     return c
 
 
@@ -202,6 +203,7 @@ class SchedulerMixin:
             ld.gpu_mem += j.spec.gpu_mem * len(j.gpus)
         placed = self.placed(now, active)
         seen: set[int] = set()
+        self._array_load: Counter | None = None  # array id -> tasks running or taken this pass (when asked)
         waits: list[policy.Decision] = []
         cands: list[policy.Candidate] = []
         # first, in every pass: held-for jobs, CPU-only jobs and jobs with --after (few)
@@ -303,6 +305,17 @@ class SchedulerMixin:
                     limits, j.user, loads.get(j.uid) or fairshare.UserLoad(), j.spec.gpu_mem, j.spec.gpus)):
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=why))
                 continue
+            if j.spec.array_limit:  # --array ...%N: at most N of its tasks running (or planned this pass)
+                arrays = self._array_load
+                if arrays is None:
+                    arrays = self._array_load = Counter(a.spec.array_job for i in self._active
+                                                        if (a := self.open_jobs.get(i)) is not None)
+                if arrays[j.spec.array_job] >= j.spec.array_limit:
+                    waits.append(policy.Decision(j.id, policy.WAIT, reason=(
+                        f"waiting for its array: {arrays[j.spec.array_job]} task(s) of array {j.spec.array_job} "
+                        f"run, at most {j.spec.array_limit} at once (--array ...%{j.spec.array_limit})")))
+                    continue
+                arrays[j.spec.array_job] += 1
             seq = len(cands)
             last = self.decisions.get(job_id)
             held = tuple(last.details.get("held", ())) if last is not None else ()
@@ -311,7 +324,7 @@ class SchedulerMixin:
                 c = self._cands[job_id] = _cand(
                     job_id, j.spec.gpu_mem, j.spec.gpus, j.uid, 0, seq,
                     c.profile if c is not None else (self.profile_of(j) if j.spec.gpus else None),
-                    j.submitted_at, held)
+                    j.submitted_at, held, tuple(j.spec.gpu_ids), j.spec.gpu_type)
             cands.append(c)
 
     def _none_fits(self, views: list[policy.GpuView], placed: list[policy.Placed],

@@ -54,7 +54,8 @@ def is_admin(caller: Caller, admin_group: str | None) -> bool:
 
 
 SPEC_FIELDS = {"argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "workdir", "after", "after_any",
-               "after_fail", "priority", "profile", "retries", "grow", "cpus", "mem", "time"}
+               "after_fail", "priority", "profile", "retries", "grow", "cpus", "mem", "time", "gpu_ids", "gpu_type",
+               "array"}
 # colo's own plumbing: a job that could set these could escape its budget or reach MPS.
 RESERVED_ENV = re.compile(r"^(LD_PRELOAD|LD_AUDIT|LD_LIBRARY_PATH|COLO_.*|CUDA_MPS_.*|CUDA_VISIBLE_DEVICES|"
                           r"NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|GPU_DEVICE_ORDINAL)$")
@@ -75,6 +76,11 @@ MAX_IMAGE = 255            # characters of an image reference
 MAX_AFTER = 64             # jobs a job may wait for
 MAX_GPU_MEM = 1 << 50      # 1 PiB per GPU: more is a typo
 MAX_SIZE_TEXT = 32         # "4GiB"
+MAX_ARRAY_TASKS = 1000     # tasks one --array may make (Slurm's default MaxArraySize is 1001)
+MAX_ARRAY_INDEX = 1_000_000
+MAX_ARRAY_TEXT = 256       # characters of an --array
+MAX_GPU_IDS = 64
+GPU_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+-]{0,63}$")
 IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -232,9 +238,66 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     limit = raw.get("time")
     if limit is not None:
         limit = parse_time(limit)
+    gpu_ids, gpu_type = _gpu_filter(raw.get("gpu_ids"), raw.get("gpu_type"), gpus)
     return JobSpec(argv=argv, image=image, name=name, gpu_mem=gpu_mem, gpus=gpus, env=env, mounts=mounts,
                    workdir=workdir, **deps, priority=priority, profile=profile, retries=retries,
-                   grow=grow, cpus=float(cpus) if cpus is not None else None, mem=mem, time=limit)
+                   grow=grow, cpus=float(cpus) if cpus is not None else None, mem=mem, time=limit,
+                   gpu_ids=gpu_ids, gpu_type=gpu_type)
+
+
+def _gpu_filter(ids: Any, kind: Any, gpus: int) -> tuple[list[int], str | None]:
+    """--gpu-id (indices, as `colo gpus` numbers them) and --gpu-type (part of the GPU's name)."""
+    ids = [] if ids is None else ids
+    if not isinstance(ids, list) or len(ids) > MAX_GPU_IDS or not all(_int(i) and 0 <= i < MAX_GPU_IDS for i in ids):
+        raise Invalid(f"--gpu-id takes up to {MAX_GPU_IDS} GPU indices from 0 to {MAX_GPU_IDS - 1} (see colo gpus)")
+    if len(set(ids)) != len(ids):
+        raise Invalid("--gpu-id names a GPU twice")
+    if kind is not None and (not isinstance(kind, str) or not GPU_TYPE.fullmatch(kind)):
+        raise Invalid(f"--gpu-type must be 1-64 letters, digits, spaces, '.', '_', '+' or '-' (part of a GPU's "
+                      f"name, e.g. A100), not {short(kind)}")
+    if (ids or kind) and not gpus:
+        raise Invalid("--gpu-id and --gpu-type choose GPUs: they do not apply to a job with --gpus 0")
+    if ids and len(ids) < gpus:
+        raise Invalid(f"--gpus {gpus} but --gpu-id allows only {len(ids)} GPU(s)")
+    return sorted(ids), kind
+
+
+_ARRAY_ITEM = re.compile(r"^(\d{1,9})(?:-(\d{1,9})(?::(\d{1,9}))?)?$")
+
+
+def parse_array(raw: Any) -> tuple[list[int], int | None]:
+    """--array as Slurm reads it: `0-9`, `0-9:2` (a step), `1,3,5`, mixed (`0-3,8`), with `%N` at the
+    end for at most N tasks running at once. (task indices ascending, N or None). The count is
+    worked out before anything is expanded, so `0-999999999` costs nothing to refuse."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise Invalid("--array takes indices such as 0-9, 0-9:2, 1,3,5 or 0-15%4")
+    if len(raw) > MAX_ARRAY_TEXT:
+        raise Invalid(f"--array is longer than {MAX_ARRAY_TEXT} characters")
+    text, pct, lim = raw.strip().partition("%")
+    limit = None
+    if pct:
+        if not lim.isdigit() or len(lim) > 9 or int(lim) < 1:
+            raise Invalid(f"malformed --array {short(raw)}: %N needs a whole number of tasks, 1 or more")
+        limit = int(lim)
+    ranges, total = [], 0
+    for item in text.split(","):
+        m = _ARRAY_ITEM.match(item.strip())
+        if not m:
+            raise Invalid(f"malformed --array {short(raw)}: use indices such as 0-9, 0-9:2, 1,3,5 or 0-15%4")
+        a = int(m.group(1))
+        b = int(m.group(2)) if m.group(2) is not None else a
+        step = int(m.group(3)) if m.group(3) is not None else 1
+        if b < a or step < 1:
+            raise Invalid(f"malformed --array {short(raw)}: a range goes up (0-9) and a step is 1 or more")
+        if b > MAX_ARRAY_INDEX:
+            raise Invalid(f"--array index {b} is above {MAX_ARRAY_INDEX}, the largest colo takes")
+        total += (b - a) // step + 1
+        if total > MAX_ARRAY_TASKS:
+            raise Invalid(f"--array {short(raw)} makes more than {MAX_ARRAY_TASKS} tasks, the most one array may "
+                          "have here; split it, or submit fewer")
+        ranges.append((a, b, step))
+    indices = sorted({i for a, b, step in ranges for i in range(a, b + 1, step)})
+    return indices, limit
 
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
