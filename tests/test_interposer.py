@@ -80,8 +80,9 @@ FAMILIES = {
 def test_each_family_is_counted_refused_over_budget_and_freed_exactly(probe, job, family):
     env, ledger = job
     under, size, over = FAMILIES[family]
-    lines, err = run(probe, env, "init", "info", *under, "info", *over, "info", "rawused", "freeall", "info",
-                     "rawused")
+    # ctxsync: stream-ordered frees count until the stream is known to have reached them
+    lines, err = run(probe, env, "init", "info", *under, "info", *over, "info", "rawused", "freeall", "ctxsync",
+                     "info", "rawused")
     cmd = under[0]
     assert codes(lines, cmd) == [0, 2], lines
     if family == "pitch":
@@ -574,4 +575,75 @@ def test_a_process_killed_between_its_two_updates_is_resynced_exactly(probe, job
     # Reclaiming the dead slot gave back its 40 MiB; the resync then found the 20 MiB in flight
     # that no live slot holds. Without it, 48 MiB would have been refused (20 + 48 > 64).
     assert codes(lines, "alloc") == [0] and info(lines) == [(BUDGET - 48 * MiB, BUDGET), (BUDGET, BUDGET)]
+    assert interposer.read_ledger(ledger).counted[0] == 0
+
+
+@pytest.mark.parametrize("via", ["direct", "gpa"])
+def test_memory_a_pool_keeps_is_counted_until_the_driver_lets_it_go(probe, job, via):
+    env, ledger = job
+    # The default pool keeps up to 64 MiB after its allocations are freed (PyTorch's cudaMallocAsync
+    # backend, CuPy's MemoryAsyncPool set such a release threshold): the driver still holds it.
+    lines, _ = run(probe, env, "init", "threshold", "64M", "async", "32M", "async", "16M", "freeall", "ctxsync",
+                   "info", "rawused", "reserved",
+                   "async", "8M", "info", "rawused",            # served from the reserve: nothing more held
+                   "freeall", "ctxsync", "trim", "8M", "info", "rawused", "reserved",
+                   "threshold", "0", "ctxsync", "info", "rawused", via=via)
+    assert codes(lines, "async") == [0, 0, 0]
+    assert info(lines) == [(BUDGET - 48 * MiB, BUDGET), (BUDGET - 48 * MiB, BUDGET), (BUDGET - 8 * MiB, BUDGET),
+                           (BUDGET, BUDGET)]
+    assert [int(x.split()[2]) for x in lines if x.startswith("rawused")] == [48 * MiB, 48 * MiB, 8 * MiB, 0]
+    assert [int(x.split()[2]) for x in lines if x.startswith("reserved")] == [48 * MiB, 8 * MiB]
+    assert interposer.read_ledger(ledger).counted[0] == 0
+
+
+def test_at_the_budget_edge_idle_pool_memory_is_given_back_before_refusing(probe, job):
+    env, ledger = job
+    # 48 MiB idle in the pool (threshold 64 MiB): a plain 40 MiB allocation would pass the budget
+    # with it, so the pool is trimmed first and the allocation fits; the job then holds 40 MiB.
+    lines, err = run(probe, env, "init", "threshold", "64M", "async", "48M", "freeall", "ctxsync", "info",
+                     "alloc", "40M", "info", "rawused", "reserved", "alloc", "40M", "freeall")
+    assert codes(lines, "alloc") == [0, 2]
+    assert info(lines) == [(BUDGET - 48 * MiB, BUDGET), (BUDGET - 40 * MiB, BUDGET)]
+    assert [int(x.split()[2]) for x in lines if x.startswith(("rawused", "reserved"))] == [40 * MiB, 0]
+    assert err.count("refused") == 1 and interposer.read_ledger(ledger).counted[0] == 0
+
+
+def test_a_free_on_a_stream_counts_until_the_stream_gets_there(probe, job):
+    env, ledger = job
+    # Plain memory freed with cuMemFreeAsync: the driver has it back only when the stream reaches
+    # the free (the simulated stream does at synchronisation; until then cuStreamQuery says
+    # CUDA_ERROR_NOT_READY), and so does the ledger.
+    lines, _ = run(probe, env, "init", "streamnew", "alloc", "40M", "afree", "info", "rawused", "query",
+                   "alloc", "30M", "sync", "info", "rawused", "alloc", "30M",
+                   "alloc", "20M", "afree", "query", "ctxsync", "info", "freeall", "ctxsync", "info")
+    assert codes(lines, "query") == [600, 600] and codes(lines, "alloc") == [0, 2, 0, 0]
+    assert info(lines) == [(BUDGET - 40 * MiB, BUDGET), (BUDGET, BUDGET), (BUDGET - 30 * MiB, BUDGET), (BUDGET, BUDGET)]
+    assert [int(x.split()[2]) for x in lines if x.startswith("rawused")] == [40 * MiB, 0]
+    # From a pool, on one stream: the free goes back to the pool, whose next allocation on that
+    # stream reuses it (stream order), so a loop of allocate/free never passes the budget.
+    lines, _ = run(probe, env, "init", "streamnew", *(["async", "40M", "afree"] * 20), "info", "rawused",
+                   "ctxsync", "info", "rawused")
+    assert codes(lines, "async") == [0] * 20
+    assert info(lines) == [(BUDGET - 40 * MiB, BUDGET), (BUDGET, BUDGET)]
+    assert [int(x.split()[2]) for x in lines if x.startswith("rawused")] == [40 * MiB, 0]
+    assert interposer.read_ledger(ledger).counted[0] == 0
+
+
+@pytest.mark.parametrize("made", ["nodes", "capture"])
+def test_graph_memory_is_counted_from_launch_until_trimmed(probe, job, made):
+    env, ledger = job
+    # A graph allocation of 40 MiB (an alloc node, or cuMemAllocAsync while the stream is captured):
+    # nothing is held until the graph is launched; then the device's graph pool holds it, also after
+    # the allocation is freed, until cuDeviceGraphMemTrim.
+    build = ["graph", "gnode", "40M"] if made == "nodes" else ["capture", "capalloc", "40M", "endcapture"]
+    lines, _ = run(probe, env, "init", "streamnew", *build, "instantiate", "info", "rawused",
+                   "launch", "info", "rawused", "greserved", "alloc", "30M",
+                   "gfreeout", "sync", "info", "gtrim", "info", "rawused", "alloc", "30M", "freeall")
+    assert codes(lines, "launch") == [0] and codes(lines, "alloc") == [2, 0]
+    assert info(lines) == [(BUDGET, BUDGET), (BUDGET - 40 * MiB, BUDGET), (BUDGET - 40 * MiB, BUDGET),
+                           (BUDGET, BUDGET)]
+    assert [int(x.split()[2]) for x in lines if x.startswith(("rawused", "greserved"))] == [0, 40 * MiB, 40 * MiB, 0]
+    # A launch the budget cannot take fails with CUDA_ERROR_OUT_OF_MEMORY, before the driver runs it.
+    lines, _ = run(probe, env, "init", "streamnew", "alloc", "30M", *build, "instantiate", "launch", "rawused", "freeall")
+    assert codes(lines, "launch") == [2] and lines[-2].split()[2] == str(30 * MiB)
     assert interposer.read_ledger(ledger).counted[0] == 0

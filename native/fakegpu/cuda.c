@@ -23,14 +23,6 @@ static int g_devctx[FG_MAX_DEV];         /* live contexts per ordinal */
 static __thread struct fg_ctx *t_stack[32];
 static __thread int t_depth;
 
-#define LOCKED(expr)                   \
-    do {                               \
-        pthread_mutex_lock(&g_mu);     \
-        CUresult r_ = (expr);          \
-        pthread_mutex_unlock(&g_mu);   \
-        return r_;                     \
-    } while (0)
-
 /* ---- fork and exit ---------------------------------------------------------------------- */
 
 static void atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
@@ -602,14 +594,18 @@ static CUresult ctx_get_device(CUdevice *d, CUcontext c)
 FG_API CUresult cuCtxGetDevice(CUdevice *d) { LOCKED(ctx_get_device(d, NULL)); }
 FG_API CUresult cuCtxGetDevice_v2(CUdevice *d, CUcontext c) { LOCKED(ctx_get_device(d, c)); }
 
+/* Every stream reaches the end of its work (stream-ordered frees complete, pools trim). */
 static CUresult ctx_sync(CUcontext c)
 {
     CUresult r;
-    if (!c)
-        return fg_current(&c);
+    if (!c && (r = fg_current(&c)))
+        return r;
     if ((r = fg_check_live()))
         return r;
-    return ctx_valid(c) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctx_valid(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    fg_async_complete_all();
+    return CUDA_SUCCESS;
 }
 FG_API CUresult cuCtxSynchronize(void) { LOCKED(ctx_sync(NULL)); }
 FG_API CUresult cuCtxSynchronize_v2(CUcontext c) { LOCKED(ctx_sync(c)); }

@@ -7,29 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { K_MEM = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_VA, K_LIMIT };
-
-struct alloc {
-    uint64_t ptr, size;
-    int ord, kind;
-    struct fg_ctx *ctx;
-    struct alloc *next;
-};
-
 #define NBUCKET 4096
 #define GRANULE (2ull << 20)
 static struct alloc *g_tab[NBUCKET];
 static uint64_t g_next_addr = 0x7f2000000000ull;
 
-/* Memory pools (see cuMemPoolCreate below). */
-struct fg_pool {
-    uint32_t magic;
-    int ord;
-    struct fg_pool *next;
-};
-#define POOL_MAGIC 0x504f4f4cu
-static struct fg_pool g_defpool[FG_MAX_DEV];
-static struct fg_pool *g_pools;
 
 static unsigned bucket(uint64_t p) { return (unsigned)((p >> 9) * 0x9E3779B97F4A7C15ull >> 52) % NBUCKET; }
 
@@ -65,7 +47,7 @@ static void forget_addr(uint64_t ptr, uint64_t size)
     g_reuse[g_nreuse++].span = span_of(size);
 }
 
-static struct alloc *find(uint64_t p)
+struct alloc *fg_find(uint64_t p)
 {
     for (struct alloc *a = g_tab[bucket(p)]; a; a = a->next)
         if (a->ptr == p)
@@ -73,7 +55,7 @@ static struct alloc *find(uint64_t p)
     return NULL;
 }
 
-static struct alloc *unlink_alloc(uint64_t p, int kind)
+struct alloc *fg_unlink(uint64_t p, int kind)
 {
     for (struct alloc **pp = &g_tab[bucket(p)]; *pp; pp = &(*pp)->next)
         if ((*pp)->ptr == p && (*pp)->kind == kind) {
@@ -84,21 +66,71 @@ static struct alloc *unlink_alloc(uint64_t p, int kind)
     return NULL;
 }
 
-/* Give the bytes of a back to the device (the daemon already did if the client was terminated). */
-static void give_back(struct alloc *a)
+/* Device bytes of the calling process on ordinal ord (an MPS client is held to its pinned limit). */
+CUresult fg_dev_take(int ord, uint64_t size)
 {
-    if (a->kind != K_VA) {
-        fg_lock(&S);
-        struct fg_slot *sl = &S.h->slot[g_slot];
-        if (!(sl->flags & FG_F_TERMINATED)) {
-            int phys = g_vis[a->ord];
-            sl->used[phys] -= a->size;
-            S.h->dev[phys].used -= a->size;
-        }
-        fg_unlock(&S);
+    int phys = g_vis[ord];
+    CUresult r = CUDA_SUCCESS;
+    fg_lock(&S);
+    struct fg_device *dv = &S.h->dev[phys];
+    struct fg_slot *sl = &S.h->slot[g_slot];
+    if (sl->limit[phys] && (size > sl->limit[phys] || sl->used[phys] > sl->limit[phys] - size))
+        r = CUDA_ERROR_OUT_OF_MEMORY; /* MPS pinned device memory limit */
+    else if (size > dv->total - dv->used) {
+        fg_reap(&S); /* memory of processes that died since is free again */
+        if (size > dv->total - dv->used)
+            r = CUDA_ERROR_OUT_OF_MEMORY;
     }
-    forget_addr(a->ptr, a->size);
+    if (!r) {
+        sl->used[phys] += size;
+        dv->used += size;
+    }
+    fg_unlock(&S);
+    return r;
+}
+
+/* Give bytes back to the device (the daemon already did if the client was terminated). */
+void fg_dev_give(int ord, uint64_t size)
+{
+    if (!size)
+        return;
+    fg_lock(&S);
+    struct fg_slot *sl = &S.h->slot[g_slot];
+    if (!(sl->flags & FG_F_TERMINATED)) {
+        int phys = g_vis[ord];
+        sl->used[phys] -= size;
+        S.h->dev[phys].used -= size;
+    }
+    fg_unlock(&S);
+}
+
+/* Forget an allocation record; its bytes go back to the device, or to its pool. */
+void fg_release_alloc(struct alloc *a)
+{
+    if (a->pool)
+        fg_pool_return(a->pool, a->size, NULL);
+    else if (a->kind != K_VA)
+        fg_dev_give(a->ord, a->size);
+    if (!a->fixed)
+        forget_addr(a->ptr, a->size);
     free(a);
+}
+#define give_back fg_release_alloc
+
+/* A record for an allocation whose bytes the caller already took (from the device or a pool). */
+CUresult fg_record(int ord, uint64_t size, int kind, struct fg_ctx *ctx, struct fg_pool *pool, uint64_t at,
+                   unsigned long long *out)
+{
+    struct alloc *a = calloc(1, sizeof *a);
+    if (!a)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *a = (struct alloc){.ptr = at ? at : new_addr(size), .size = size, .ord = ord, .kind = kind, .fixed = at != 0,
+                        .ctx = ctx, .pool = pool};
+    unsigned b = bucket(a->ptr);
+    a->next = g_tab[b];
+    g_tab[b] = a;
+    *out = a->ptr;
+    return CUDA_SUCCESS;
 }
 
 /* Take size bytes on ordinal ord for an allocation of kind in ctx; *out gets its address. */
@@ -106,38 +138,10 @@ static CUresult take(int ord, uint64_t size, int kind, struct fg_ctx *ctx, unsig
 {
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    struct alloc *a = calloc(1, sizeof *a);
-    if (!a)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    if (kind != K_VA) {
-        int phys = g_vis[ord];
-        CUresult r = CUDA_SUCCESS;
-        fg_lock(&S);
-        struct fg_device *dv = &S.h->dev[phys];
-        struct fg_slot *sl = &S.h->slot[g_slot];
-        if (sl->limit[phys] && (size > sl->limit[phys] || sl->used[phys] > sl->limit[phys] - size))
-            r = CUDA_ERROR_OUT_OF_MEMORY; /* MPS pinned device memory limit */
-        else if (size > dv->total - dv->used) {
-            fg_reap(&S); /* memory of processes that died since is free again */
-            if (size > dv->total - dv->used)
-                r = CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        if (!r) {
-            sl->used[phys] += size;
-            dv->used += size;
-        }
-        fg_unlock(&S);
-        if (r) {
-            free(a);
-            return r;
-        }
-    }
-    *a = (struct alloc){.ptr = new_addr(size), .size = size, .ord = ord, .kind = kind, .ctx = ctx};
-    unsigned b = bucket(a->ptr);
-    a->next = g_tab[b];
-    g_tab[b] = a;
-    *out = a->ptr;
-    return CUDA_SUCCESS;
+    CUresult r = kind == K_VA ? CUDA_SUCCESS : fg_dev_take(ord, size);
+    if (!r && (r = fg_record(ord, size, kind, ctx, NULL, 0, out)) && kind != K_VA)
+        fg_dev_give(ord, size);
+    return r;
 }
 
 void fg_mem_drop_ctx(struct fg_ctx *c)
@@ -152,16 +156,13 @@ void fg_mem_drop_ctx(struct fg_ctx *c)
                 pp = &a->next;
             }
         }
+    fg_async_drop_ctx(c);
 }
 
 void fg_mem_reset(void)
 {
     g_nreuse = 0;
-    for (struct fg_pool *p = g_pools, *n; p; p = n) {
-        n = p->next;
-        free(p);
-    }
-    g_pools = NULL;
+    fg_async_reset();
     for (unsigned b = 0; b < NBUCKET; b++)
         for (struct alloc *a = g_tab[b], *n; a; a = n) {
             n = a->next;
@@ -190,20 +191,12 @@ static CUresult ctx_give(uint64_t p, int kind)
         return r;
     if (p == 0)
         return CUDA_SUCCESS;
-    struct alloc *a = unlink_alloc(p, kind);
+    struct alloc *a = fg_unlink(p, kind);
     if (!a)
         return CUDA_ERROR_INVALID_VALUE;
     give_back(a);
     return CUDA_SUCCESS;
 }
-
-#define LOCKED(expr)                   \
-    do {                               \
-        pthread_mutex_lock(&g_mu);     \
-        CUresult r_ = (expr);          \
-        pthread_mutex_unlock(&g_mu);   \
-        return r_;                     \
-    } while (0)
 
 FG_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { LOCKED(ctx_take(n, K_MEM, p)); }
 FG_API CUresult cuMemFree_v2(CUdeviceptr p) { LOCKED(ctx_give(p, K_MEM)); }
@@ -231,106 +224,6 @@ FG_API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, 
         *pitch = pt;
     return r;
 }
-
-FG_API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s)
-{
-    (void)s;
-    LOCKED(ctx_take(n, K_MEM, p));
-}
-/* Memory pools: the pool's device is where its memory comes from. No release threshold, no
- * reserve kept: a free gives the bytes straight back to the device. */
-
-static struct fg_pool *pool_of(CUmemoryPool h)
-{
-    for (int i = 0; i < g_nvis; i++)
-        if (h == (CUmemoryPool)&g_defpool[i])
-            return &g_defpool[i];
-    for (struct fg_pool *p = g_pools; p; p = p->next)
-        if (h == (CUmemoryPool)p)
-            return p;
-    return NULL;
-}
-
-static CUresult pool_take(CUdeviceptr *p, uint64_t n, CUmemoryPool pool)
-{
-    struct fg_ctx *c;
-    CUresult r = fg_current(&c);
-    if (r)
-        return r;
-    if (!p || !pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct fg_pool *fp = pool_of(pool);
-    /* An unknown non-NULL handle counts as the current device's pool (older tests pass one). */
-    return take(fp ? fp->ord : c->ord, n, K_MEM, c, p);
-}
-
-FG_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s)
-{
-    (void)s;
-    LOCKED(pool_take(p, n, pool));
-}
-
-typedef struct { int allocType, handleTypes; struct { int type, id; } location; } POOL_PROPS;
-
-static CUresult pool_create(CUmemoryPool *out, const POOL_PROPS *props)
-{
-    CUresult r = fg_check_live();
-    if (r)
-        return r;
-    if (!out || !props || props->allocType != 1 || props->location.type != 1)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (props->location.id < 0 || props->location.id >= g_nvis)
-        return CUDA_ERROR_INVALID_DEVICE;
-    struct fg_pool *fp = calloc(1, sizeof *fp);
-    if (!fp)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *fp = (struct fg_pool){.magic = POOL_MAGIC, .ord = props->location.id, .next = g_pools};
-    g_pools = fp;
-    *out = (CUmemoryPool)fp;
-    return CUDA_SUCCESS;
-}
-FG_API CUresult cuMemPoolCreate(CUmemoryPool *out, const POOL_PROPS *props) { LOCKED(pool_create(out, props)); }
-
-static CUresult pool_destroy(CUmemoryPool h)
-{
-    CUresult r = fg_check_live();
-    if (r)
-        return r;
-    for (struct fg_pool **pp = &g_pools; *pp; pp = &(*pp)->next)
-        if ((CUmemoryPool)*pp == h) {
-            struct fg_pool *fp = *pp;
-            *pp = fp->next;
-            free(fp);
-            return CUDA_SUCCESS;
-        }
-    return CUDA_ERROR_INVALID_VALUE;
-}
-FG_API CUresult cuMemPoolDestroy(CUmemoryPool h) { LOCKED(pool_destroy(h)); }
-
-static CUresult default_pool(CUmemoryPool *out, CUdevice d)
-{
-    CUresult r = fg_check_live();
-    if (r)
-        return r;
-    if (!out)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (d < 0 || d >= g_nvis)
-        return CUDA_ERROR_INVALID_DEVICE;
-    g_defpool[d] = (struct fg_pool){.magic = POOL_MAGIC, .ord = d};
-    *out = (CUmemoryPool)&g_defpool[d];
-    return CUDA_SUCCESS;
-}
-FG_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *out, CUdevice d) { LOCKED(default_pool(out, d)); }
-FG_API CUresult cuDeviceGetMemPool(CUmemoryPool *out, CUdevice d) { LOCKED(default_pool(out, d)); }
-FG_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
-{
-    (void)s;
-    LOCKED(ctx_give(p, K_MEM));
-}
-FG_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) __attribute__((alias("cuMemAllocAsync")));
-FG_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s)
-    __attribute__((alias("cuMemAllocFromPoolAsync")));
-FG_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) __attribute__((alias("cuMemFreeAsync")));
 
 static CUresult mem_info(size_t *free_b, size_t *total_b)
 {
@@ -544,7 +437,7 @@ static CUresult mem_release(CUmemGenericAllocationHandle h)
     CUresult r = fg_check_live();
     if (r)
         return r;
-    struct alloc *a = unlink_alloc(h, K_HANDLE);
+    struct alloc *a = fg_unlink(h, K_HANDLE);
     if (!a)
         return CUDA_ERROR_INVALID_VALUE;
     give_back(a);
@@ -587,10 +480,10 @@ static CUresult va_free(CUdeviceptr p, size_t size)
     CUresult r = fg_check_live();
     if (r)
         return r;
-    struct alloc *a = find(p);
+    struct alloc *a = fg_find(p);
     if (!a || a->kind != K_VA || a->size != size)
         return CUDA_ERROR_INVALID_VALUE;
-    give_back(unlink_alloc(p, K_VA));
+    give_back(fg_unlink(p, K_VA));
     return CUDA_SUCCESS;
 }
 FG_API CUresult cuMemAddressFree(CUdeviceptr p, size_t size) { LOCKED(va_free(p, size)); }
@@ -600,7 +493,7 @@ static CUresult va_map(CUdeviceptr p, size_t size, CUmemGenericAllocationHandle 
     CUresult r = fg_check_live();
     if (r)
         return r;
-    struct alloc *a = find(h);
+    struct alloc *a = fg_find(h);
     if (!a || a->kind != K_HANDLE || size == 0 || size > a->size || p == 0)
         return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
@@ -646,7 +539,7 @@ static CUresult set_limit(int limit, size_t value)
     if (bytes && (r = take(c->ord, bytes, K_LIMIT, c, &p)))
         return r;
     if (c->limit_ptr[limit]) {
-        struct alloc *a = unlink_alloc(c->limit_ptr[limit], K_LIMIT);
+        struct alloc *a = fg_unlink(c->limit_ptr[limit], K_LIMIT);
         if (a)
             give_back(a);
     }

@@ -24,7 +24,16 @@
     X(cuMipmappedArrayDestroy) X(cuMemCreate) X(cuMemRelease) X(cuMemGetAllocationGranularity)  \
     X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)      \
     X(cuGetErrorName) X(cuGetErrorString) X(cuMemPoolCreate) X(cuMemPoolDestroy)                 \
-    X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuCtxSetLimit) X(cuCtxGetLimit)
+    X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuCtxSetLimit) X(cuCtxGetLimit)             \
+    X(cuDeviceSetMemPool) X(cuMemPoolGetAttribute) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo)      \
+    X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamDestroy_v2) X(cuStreamSynchronize)              \
+    X(cuStreamSynchronize_ptsz) X(cuStreamQuery) X(cuStreamQuery_ptsz) X(cuStreamBeginCapture_v2)   \
+    X(cuStreamBeginCapture_v2_ptsz) X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz)                \
+    X(cuStreamIsCapturing) X(cuStreamIsCapturing_ptsz) X(cuStreamGetCaptureInfo)                    \
+    X(cuStreamGetCaptureInfo_ptsz) X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphAddMemAllocNode)     \
+    X(cuGraphAddMemFreeNode) X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy) X(cuGraphLaunch)  \
+    X(cuGraphLaunch_ptsz) X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute)                   \
+    X(cuDeviceSetGraphMemAttribute)
 FUNCS(F)
 #undef F
 FG_API CUresult cuGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags);
@@ -98,6 +107,30 @@ static const struct { const char *name; int version; void *fn, *ptds; } TABLE[] 
     {"cuMemPoolDestroy", 11020, (void *)cuMemPoolDestroy, 0},
     {"cuDeviceGetDefaultMemPool", 11020, (void *)cuDeviceGetDefaultMemPool, 0},
     {"cuDeviceGetMemPool", 11020, (void *)cuDeviceGetMemPool, 0},
+    {"cuDeviceSetMemPool", 11020, (void *)cuDeviceSetMemPool, 0},
+    {"cuMemPoolGetAttribute", 11020, (void *)cuMemPoolGetAttribute, 0},
+    {"cuMemPoolSetAttribute", 11020, (void *)cuMemPoolSetAttribute, 0},
+    {"cuMemPoolTrimTo", 11020, (void *)cuMemPoolTrimTo, 0},
+    {"cuStreamCreate", 2000, (void *)cuStreamCreate, 0},
+    {"cuStreamDestroy", 2000, (void *)cuStreamDestroy, 0},
+    {"cuStreamDestroy", 4000, (void *)cuStreamDestroy_v2, 0},
+    {"cuStreamSynchronize", 2000, (void *)cuStreamSynchronize, (void *)cuStreamSynchronize_ptsz},
+    {"cuStreamQuery", 2000, (void *)cuStreamQuery, (void *)cuStreamQuery_ptsz},
+    {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2, (void *)cuStreamBeginCapture_v2_ptsz},
+    {"cuStreamEndCapture", 10000, (void *)cuStreamEndCapture, (void *)cuStreamEndCapture_ptsz},
+    {"cuStreamIsCapturing", 10000, (void *)cuStreamIsCapturing, (void *)cuStreamIsCapturing_ptsz},
+    {"cuStreamGetCaptureInfo", 10010, (void *)cuStreamGetCaptureInfo, (void *)cuStreamGetCaptureInfo_ptsz},
+    {"cuGraphCreate", 10000, (void *)cuGraphCreate, 0},
+    {"cuGraphDestroy", 10000, (void *)cuGraphDestroy, 0},
+    {"cuGraphAddMemAllocNode", 11040, (void *)cuGraphAddMemAllocNode, 0},
+    {"cuGraphAddMemFreeNode", 11040, (void *)cuGraphAddMemFreeNode, 0},
+    {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags, 0},
+    {"cuGraphInstantiate", 12000, (void *)cuGraphInstantiateWithFlags, 0},
+    {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy, 0},
+    {"cuGraphLaunch", 10000, (void *)cuGraphLaunch, (void *)cuGraphLaunch_ptsz},
+    {"cuDeviceGraphMemTrim", 11040, (void *)cuDeviceGraphMemTrim, 0},
+    {"cuDeviceGetGraphMemAttribute", 11040, (void *)cuDeviceGetGraphMemAttribute, 0},
+    {"cuDeviceSetGraphMemAttribute", 11040, (void *)cuDeviceSetGraphMemAttribute, 0},
     {"cuGetErrorName", 6000, (void *)cuGetErrorName, 0},
     {"cuGetErrorString", 6000, (void *)cuGetErrorString, 0},
     {"cuGetProcAddress", 11030, (void *)cuGetProcAddress, 0},

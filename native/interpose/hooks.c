@@ -31,14 +31,20 @@
     X(cuDevicePrimaryCtxRelease, c) X(cuDevicePrimaryCtxRelease_v2, c)                             \
     X(cuDevicePrimaryCtxReset, c) X(cuDevicePrimaryCtxReset_v2, c) X(cuCtxDestroy, c)              \
     X(cuCtxDestroy_v2, c) X(cuMemPoolCreate, c) X(cuMemPoolDestroy, c) X(cuDeviceGetDefaultMemPool, c) \
-    X(cuDeviceGetMemPool, c) X(cuCtxSetLimit, c)                                                   \
+    X(cuDeviceGetMemPool, c) X(cuCtxSetLimit, c) X(cuMemPoolTrimTo, c) X(cuMemPoolSetAttribute, c)   \
+    X(cuStreamSynchronize, c) X(cuStreamSynchronize_ptsz, c) X(cuStreamQuery, c)                   \
+    X(cuStreamQuery_ptsz, c) X(cuCtxSynchronize, c) X(cuCtxSynchronize_v2, c)                      \
+    X(cuStreamEndCapture, c) X(cuStreamEndCapture_ptsz, c) X(cuGraphAddMemAllocNode, c)            \
+    X(cuGraphInstantiateWithFlags, c) X(cuGraphLaunch, c) X(cuGraphLaunch_ptsz, c)                 \
+    X(cuGraphExecDestroy, c) X(cuGraphDestroy, c) X(cuDeviceGraphMemTrim, c)                       \
     X(nvmlDeviceGetMemoryInfo, n) X(nvmlDeviceGetMemoryInfo_v2, n)
 /* Real functions we call ourselves but do not wrap. */
 #define HELPERS(X)                                                                                 \
     X(cuCtxGetDevice, c) X(cuDeviceGetCount, c) X(cuCtxGetCurrent, c) X(cuDevicePrimaryCtxGetState, c) \
     X(cuDevicePrimaryCtxRetain, c) X(cuDeviceGetAttribute, c) X(cuDeviceGetUuid, c) X(cuDeviceGetUuid_v2, c) \
     X(nvmlDeviceGetIndex, n) X(nvmlDeviceGetUUID, n) X(nvmlDeviceGetMaxMigDeviceCount, n)         \
-    X(nvmlDeviceGetMigDeviceHandleByIndex, n)
+    X(nvmlDeviceGetMigDeviceHandleByIndex, n) X(cuMemPoolGetAttribute, c)                         \
+    X(cuDeviceGetGraphMemAttribute, c) X(cuStreamGetCaptureInfo, c) X(cuStreamGetCaptureInfo_ptsz, c)
 
 #define AS_ENUM(n, f) H_##n,
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
@@ -52,6 +58,7 @@ static void *lib_handle[2];         /* libcuda / libnvidia-ml as the program ope
 static void *(*real_dlsym_fn)(void *, const char *);
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define ADD_RELAXED(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 
 static void resolve_dlsym(void)
@@ -139,14 +146,22 @@ static uint64_t cur_ctx(void)
 
 /* Keep the allocation's counted size by key. -1: no host memory to keep it (the caller undoes the
  * allocation: a pointer we could not subtract at its free would stay counted for ever). */
-static int keep(int kind, uint64_t key, int dev, uint64_t size, uint64_t ctx)
+static void forgotten(const struct alloc *old);
+
+static int keep_aux(int kind, uint64_t key, int dev, uint64_t size, uint64_t ctx, uint64_t aux)
 {
-    struct alloc a = {.key = key, .size = size, .ctx = ctx, .kind = (uint16_t)kind, .dev = (uint16_t)dev, .refs = 1};
+    struct alloc a = {.key = key, .size = size, .aux = aux, .ctx = ctx, .kind = (uint16_t)kind, .dev = (uint16_t)dev,
+                      .refs = 1};
     struct alloc old;
     int r = table_put(&a, &old);
     /* Still recorded, yet handed out again: the driver freed it without us (a path we do not see). */
-    if (r == 1 && old.kind != K_MAP) ledger_release(old.dev, old.size);
+    if (r == 1) forgotten(&old);
     return r < 0 ? -1 : 0;
+}
+
+static int keep(int kind, uint64_t key, int dev, uint64_t size, uint64_t ctx)
+{
+    return keep_aux(kind, key, dev, size, ctx, 0);
 }
 
 static int record(int kind, uint64_t key, int dev, uint64_t size)
@@ -154,12 +169,14 @@ static int record(int kind, uint64_t key, int dev, uint64_t size)
     return keep(kind, key, dev, size, kind == K_VMM ? 0 : cur_ctx());
 }
 
+static int admit(int dev, uint64_t size);
+
 /* Reserve, call the driver, then record or roll back: never check-then-allocate-then-add. */
 #define COUNTED_ALLOC(dev, size, kind, call, key, undo)                                            \
     do {                                                                                           \
         int d_ = (dev);                                                                            \
         uint64_t s_ = (size);                                                                      \
-        int e_ = ledger_reserve(d_, s_);                                                           \
+        int e_ = admit(d_, s_);                                                                    \
         if (e_) return e_;                                                                         \
         CUresult rc_ = (call);                                                                     \
         if (rc_ == CUDA_SUCCESS && record(kind, (uint64_t)(key), d_, s_) != 0) {                   \
@@ -171,18 +188,21 @@ static int record(int kind, uint64_t key, int dev, uint64_t size)
     } while (0)
 
 /* Forget first (so a concurrent allocation that gets the same address back is not confused with
- * it), free, then subtract: the bytes leave the ledger only once the driver has them back. */
-#define COUNTED_FREE(kind, key, call)                                                              \
+ * it), free, then subtract: the bytes leave the ledger only once the driver has them back. A
+ * free enqueued on a stream (`async`) keeps them counted until the stream is known to be there. */
+static void gone(const struct alloc *a, int async, CUstream s);
+#define COUNTED_FREE_ON(kind, key, call, async, stream)                                           \
     do {                                                                                           \
         struct alloc a_, o_;                                                                       \
         int had_ = table_take(kind, (uint64_t)(key), &a_);                                         \
         CUresult rc_ = (call);                                                                     \
         if (had_) {                                                                                \
-            if (rc_ == CUDA_SUCCESS) ledger_release(a_.dev, a_.size);                              \
-            else if (table_put(&a_, &o_) == 1) ledger_release(o_.dev, o_.size);                    \
+            if (rc_ == CUDA_SUCCESS) gone(&a_, async, stream);                                     \
+            else if (table_put(&a_, &o_) == 1) forgotten(&o_);                                     \
         }                                                                                          \
         return rc_;                                                                                \
     } while (0)
+#define COUNTED_FREE(kind, key, call) COUNTED_FREE_ON(kind, key, call, 0, NULL)
 
 static uint64_t mul_sat(uint64_t a, uint64_t b)
 {
@@ -213,7 +233,6 @@ static CUresult free_v1_raw(uint64_t p);
 static CUresult release_raw(CUmemGenericAllocationHandle h);
 static CUresult array_destroy_raw(CUarray a);
 static CUresult mipmap_destroy_raw(CUmipmappedArray a);
-static int pool_dev(CUmemoryPool pool);
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
@@ -240,29 +259,6 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
     if (!ON || !dptr || !bytesize || g_managed_none) return f(dptr, bytesize, flags);
     COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize, flags), *dptr, free_v2_raw(*dptr));
 }
-
-/* Stream-ordered allocations are counted against the calling thread's current device. */
-#define ALLOC_ASYNC(name)                                                                          \
-    EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream s)                          \
-    {                                                                                              \
-        REAL(name, CUresult(*)(CUdeviceptr *, size_t, CUstream), f, CUDA_ERROR_NOT_FOUND);         \
-        if (!ON || !dptr || !bytesize) return f(dptr, bytesize, s);                                \
-        COUNTED_ALLOC(cur_dev(), bytesize, K_PTR, f(dptr, bytesize, s), *dptr, free_v2_raw(*dptr)); \
-    }
-ALLOC_ASYNC(cuMemAllocAsync)
-ALLOC_ASYNC(cuMemAllocAsync_ptsz)
-
-#define ALLOC_POOL(name)                                                                           \
-    EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)       \
-    {                                                                                              \
-        REAL(name, CUresult(*)(CUdeviceptr *, size_t, CUmemoryPool, CUstream), f,                  \
-             CUDA_ERROR_NOT_FOUND);                                                                \
-        if (!ON || !dptr || !bytesize) return f(dptr, bytesize, pool, s);                          \
-        COUNTED_ALLOC(pool_dev(pool), bytesize, K_PTR, f(dptr, bytesize, pool, s), *dptr,        \
-                      free_v2_raw(*dptr));                                                         \
-    }
-ALLOC_POOL(cuMemAllocFromPoolAsync)
-ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz)
 
 /* The pitch is only known afterwards: reserve an estimate, then settle on the real size (and
  * give the memory back if the difference does not fit). */
@@ -321,7 +317,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, s
     if (!ON || !dptr || !pitch || !w || !h) return f(dptr, pitch, w, h, elem);
     int dev = cur_dev();
     uint64_t est = pitch_estimate(w, h);
-    int e = ledger_reserve(dev, est);
+    int e = admit(dev, est);
     if (e) return e;
     CUresult rc = f(dptr, pitch, w, h, elem);
     if (rc != CUDA_SUCCESS) { ledger_release(dev, est); return rc; }
@@ -337,7 +333,7 @@ EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsig
     if (!ON || !dptr || !pitch || !w || !h) return f(dptr, pitch, w, h, elem);
     int dev = cur_dev();
     uint64_t est = pitch_estimate(w, h);
-    int e = ledger_reserve(dev, est);
+    int e = admit(dev, est);
     if (e) return e;
     CUresult rc = f(dptr, pitch, w, h, elem);
     if (rc != CUDA_SUCCESS) { ledger_release(dev, est); return rc; }
@@ -357,16 +353,6 @@ EXPORT CUresult cuMemFree(CUdeviceptr_v1 p)
     if (!ON || !p) return f(p);
     COUNTED_FREE(K_PTR, p, f(p));
 }
-
-#define FREE_ASYNC(name)                                                                           \
-    EXPORT CUresult name(CUdeviceptr p, CUstream s)                                               \
-    {                                                                                              \
-        REAL(name, CUresult(*)(CUdeviceptr, CUstream), f, CUDA_ERROR_NOT_FOUND);                   \
-        if (!ON || !p) return f(p, s);                                                             \
-        COUNTED_FREE(K_PTR, p, f(p, s));                                                           \
-    }
-FREE_ASYNC(cuMemFreeAsync)
-FREE_ASYNC(cuMemFreeAsync_ptsz)
 
 /* ---- virtual memory management: physical memory lives until the handle is released AND every
  * mapping of it is unmapped, so a handle's bytes leave the ledger only when both happened. ---- */
@@ -513,11 +499,14 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
 
 /* ---- context teardown: the driver frees every allocation made in the context, so do we ------ */
 
-static void dropped(const struct alloc *a) { ledger_release(a->dev, a->size); }
+static void dropped(const struct alloc *a) { gone(a, 0, NULL); }
 
+static void settle_all(void);
 static void drop_ctx(uint64_t ctx)
 {
-    if (ctx) table_take_ctx(ctx, dropped);
+    if (!ctx) return;
+    table_take_ctx(ctx, dropped);
+    settle_all(); /* pools gave the context's allocations back to their reserve (or the device) */
 }
 
 /* The primary context of dev, if it is active (0 otherwise), without changing its retain count. */
@@ -606,7 +595,7 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
     int had = table_take(K_LIMIT, key, &old);
     uint64_t before = had ? old.size : 0;
     if (bytes > before) {
-        int e = ledger_reserve(dev, bytes - before);
+        int e = admit(dev, bytes - before);
         if (e) {
             if (had) keep(K_LIMIT, key, old.dev, old.size, ctx);
             return e;
@@ -623,19 +612,283 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
     return rc;
 }
 
-/* ---- memory pools: a pool's allocations are charged to the pool's device ---------------------- */
+/* ---- stream-ordered memory: pools, frees that complete at stream time, graph memory ----------
+ *
+ * What the driver holds for a pool is its reserved memory (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT):
+ * its live allocations, frees its streams have not reached yet, and what it keeps below its
+ * release threshold. Each allocation from a pool is counted as any other (reserved before the
+ * driver call, at the size asked); the pool's own entry counts the rest, `extra` =
+ * max(0, reserved - live), read back from the driver after each of our pool calls and at each
+ * synchronisation (the only times a pool gives memory back by itself). A free moves the bytes
+ * from the allocation to `extra` (no ledger change), and the next reading takes them off once the
+ * driver has really let them go. The graph memory pool of each device is one more pool
+ * (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), with no allocations of its own counted. */
 
-static int pool_dev(CUmemoryPool pool)
+#define MAX_POOLS 64
+static struct pool {
+    uint64_t h;      /* CUmemoryPool; 0 with graph set: the device's graph memory */
+    int dev, graph, dead;
+    uint64_t live;   /* bytes of the allocations from it that the table holds */
+    uint64_t extra;  /* charged beyond them */
+} g_pools[MAX_POOLS];
+static int g_npools;
+static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER; /* process-local, never across a ledger wait */
+static int g_npend;  /* K_PEND entries: frees of plain memory waiting for their stream */
+
+enum { MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2 };
+
+/* Under g_pool_mu. Found or added (NULL: the table is full: the pool is then counted as plain
+ * allocations, its reserve not at all). */
+static struct pool *pool_entry(uint64_t h, int graph, int dev)
 {
-    struct alloc a;
-    if (pool && table_get(K_POOL, (uint64_t)(uintptr_t)pool, &a)) return a.dev;
-    return cur_dev(); /* a pool we did not see made (imported): the caller's device */
+    for (int i = 0; i < g_npools; i++)
+        if (g_pools[i].h == h && g_pools[i].graph == graph && (h || g_pools[i].dev == dev)) return &g_pools[i];
+    for (int i = 0; i < g_npools; i++)
+        if (g_pools[i].dead && !g_pools[i].live && !g_pools[i].extra) {
+            g_pools[i] = (struct pool){.h = h, .graph = graph, .dev = dev};
+            return &g_pools[i];
+        }
+    if (g_npools == MAX_POOLS) return NULL;
+    g_pools[g_npools] = (struct pool){.h = h, .graph = graph, .dev = dev};
+    return &g_pools[g_npools++];
 }
 
-static void keep_pool(CUmemoryPool pool, int dev)
+/* Under g_pool_mu: bring `extra` to what the driver now holds beyond the live allocations. Less:
+ * given back at once. More (the driver rounded an allocation up, or kept frees we counted as
+ * allocations): charged if it fits, else left for a later reading (see docs: rounding). */
+static void settle(struct pool *p)
 {
-    if (pool) keep(K_POOL, (uint64_t)(uintptr_t)pool, dev, 0, 0);
+    uint64_t reserved = 0;
+    CUresult rc;
+    if (p->dead) return;
+    if (p->graph) {
+        CUresult (*f)(CUdevice, int, void *) = (CUresult(*)(CUdevice, int, void *))real(H_cuDeviceGetGraphMemAttribute);
+        rc = f ? f(p->dev, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved) : CUDA_ERROR_NOT_FOUND;
+    } else {
+        CUresult (*f)(CUmemoryPool, int, void *) = (CUresult(*)(CUmemoryPool, int, void *))real(H_cuMemPoolGetAttribute);
+        rc = f ? f((CUmemoryPool)(uintptr_t)p->h, MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) : CUDA_ERROR_NOT_FOUND;
+    }
+    if (rc != CUDA_SUCCESS) return; /* unknown: keep what is counted (never too low) */
+    uint64_t target = reserved > p->live ? reserved - p->live : 0;
+    if (target < p->extra) {
+        ledger_release(p->dev, p->extra - target);
+        p->extra = target;
+    } else if (target > p->extra && ledger_try(p->dev, target - p->extra)) {
+        p->extra = target;
+    }
 }
+
+static void settle_all(void)
+{
+    if (!LOAD(&g_npools)) return;
+    pthread_mutex_lock(&g_pool_mu);
+    for (int i = 0; i < g_npools; i++) settle(&g_pools[i]);
+    pthread_mutex_unlock(&g_pool_mu);
+}
+
+/* An entry the table replaced (the driver handed its address out again: it is gone). */
+static void forgotten(const struct alloc *old)
+{
+    if (old->kind != K_MAP && old->kind < K_CAPW) gone(old, 0, NULL);
+}
+
+/* The driver took an allocation back (or will, once stream s gets there: async). */
+static void gone(const struct alloc *a, int async, CUstream s)
+{
+    if (a->kind == K_PTR && a->aux) { /* from a pool: its bytes stay the pool's until it lets them go */
+        pthread_mutex_lock(&g_pool_mu);
+        struct pool *p = pool_entry(a->aux, 0, a->dev);
+        if (p) {
+            p->live -= a->size < p->live ? a->size : p->live;
+            p->extra += a->size;
+            settle(p);
+        }
+        pthread_mutex_unlock(&g_pool_mu);
+        if (!p) ledger_release(a->dev, a->size);
+        return;
+    }
+    if (async && a->kind == K_PTR) {
+        /* Plain memory freed on a stream: counted until that stream (or its context) is synchronised. */
+        if (keep_aux(K_PEND, a->key, a->dev, a->size, a->ctx, (uint64_t)(uintptr_t)s) == 0) {
+            ADD_RELAXED(&g_npend, 1);
+            return;
+        }
+    }
+    if (a->kind == K_PEND) ADD_RELAXED(&g_npend, -1);
+    ledger_release(a->dev, a->size);
+}
+
+static void pend_done(const struct alloc *a) { gone(a, 0, NULL); }
+
+/* Stream s (all: every stream of the current context) has reached all its work. */
+static void stream_reached(CUstream s, int all)
+{
+    if (LOAD(&g_npend)) table_take_pending((uint64_t)(uintptr_t)s, all, all ? cur_ctx() : 0, pend_done);
+}
+
+/* Is stream s being captured into a graph? Then an allocation on it is a graph alloc node: the
+ * driver allocates nothing now (its bytes are counted when the graph is launched). */
+static int capturing(CUstream s, int ptsz, uint64_t *id)
+{
+    CUresult (*f)(CUstream, int *, cuuint64_t *) =
+        (CUresult(*)(CUstream, int *, cuuint64_t *))real(ptsz ? H_cuStreamGetCaptureInfo_ptsz : H_cuStreamGetCaptureInfo);
+    int status = 0;
+    cuuint64_t cid = 0;
+    if (!f || f(s, &status, &cid) != CUDA_SUCCESS || status != 1 /* ACTIVE */) return 0;
+    *id = cid;
+    return 1;
+}
+
+static void settle_pool(uint64_t h, int graph, int dev);
+
+static CUresult trim_pool(uint64_t h)
+{
+    CUresult (*f)(CUmemoryPool, size_t) = (CUresult(*)(CUmemoryPool, size_t))real(H_cuMemPoolTrimTo);
+    return f ? f((CUmemoryPool)(uintptr_t)h, 0) : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult trim_graph(int dev)
+{
+    CUresult (*f)(CUdevice) = (CUresult(*)(CUdevice))real(H_cuDeviceGraphMemTrim);
+    return f ? f(dev) : CUDA_ERROR_NOT_FOUND;
+}
+
+/* Give back to the device what the pools on dev keep idle; 1 if any had some. */
+static int trim_idle(int dev)
+{
+    struct pool got[MAX_POOLS];
+    int n = 0;
+    pthread_mutex_lock(&g_pool_mu);
+    for (int i = 0; i < g_npools; i++)
+        if (g_pools[i].dev == dev && g_pools[i].extra && !g_pools[i].dead) got[n++] = g_pools[i];
+    pthread_mutex_unlock(&g_pool_mu);
+    for (int i = 0; i < n; i++) {
+        if (got[i].graph) trim_graph(dev);
+        else trim_pool(got[i].h);
+        settle_pool(got[i].h, got[i].graph, dev);
+    }
+    return n > 0;
+}
+
+/* Reserve size on dev. At the edge of the budget, what pools keep idle (below their release
+ * threshold, or freed but not yet trimmed) is given back to the device first: the driver would
+ * hold it while refusing. */
+static int admit(int dev, uint64_t size)
+{
+    if (ledger_try(dev, size)) return 0;
+    if (LOAD(&g_npools)) trim_idle(dev);
+    return ledger_reserve(dev, size);
+}
+
+/* At the edge of the budget, a stream-ordered allocation first lets its stream reach the frees
+ * enqueued on it (a synchronisation, only here): the pool would reuse them in stream order, but
+ * only trimmed memory is memory the ledger may count as gone. */
+static int admit_on_stream(int dev, uint64_t size, CUstream s, int ptsz)
+{
+    CUresult (*sync)(CUstream) = (CUresult(*)(CUstream))real(ptsz ? H_cuStreamSynchronize_ptsz : H_cuStreamSynchronize);
+    if (sync && sync(s) == CUDA_SUCCESS) stream_reached(s, 0);
+    return admit(dev, size);
+}
+
+static void pool_grew(uint64_t h, int dev, uint64_t live_delta)
+{
+    pthread_mutex_lock(&g_pool_mu);
+    struct pool *p = pool_entry(h, 0, dev);
+    if (p) {
+        p->live += live_delta;
+        settle(p);
+    }
+    pthread_mutex_unlock(&g_pool_mu);
+}
+
+/* The device of a pool we saw made or looked up; the caller's current device otherwise. */
+static int pool_dev(uint64_t h)
+{
+    int dev = -1;
+    pthread_mutex_lock(&g_pool_mu);
+    for (int i = 0; i < g_npools && dev < 0; i++)
+        if (!g_pools[i].graph && g_pools[i].h == h) dev = g_pools[i].dev;
+    pthread_mutex_unlock(&g_pool_mu);
+    return dev >= 0 ? dev : cur_dev();
+}
+
+static void note_pool(uint64_t h, int dev)
+{
+    pthread_mutex_lock(&g_pool_mu);
+    pool_entry(h, 0, dev);
+    pthread_mutex_unlock(&g_pool_mu);
+}
+
+static CUresult alloc_stream_ordered(CUresult (*f)(CUdeviceptr *, size_t, CUmemoryPool, CUstream),
+                                     CUresult (*g)(CUdeviceptr *, size_t, CUstream), CUdeviceptr *dptr, size_t bytes,
+                                     CUmemoryPool pool, CUstream s, int ptsz)
+{
+#define CALL() (f ? f(dptr, bytes, pool, s) : g(dptr, bytes, s))
+    uint64_t cid;
+    if (capturing(s, ptsz, &cid)) { /* a graph alloc node: counted at launch */
+        CUresult rc = CALL();
+        if (rc == CUDA_SUCCESS) table_add(K_CAPW, cid, cur_dev(), bytes);
+        return rc;
+    }
+    int dev;
+    uint64_t h = (uint64_t)(uintptr_t)pool;
+    if (f) {
+        dev = pool_dev(h);
+    } else { /* cuMemAllocAsync: the device's current pool */
+        dev = cur_dev();
+        CUresult (*getpool)(CUmemoryPool *, CUdevice) = (CUresult(*)(CUmemoryPool *, CUdevice))real(H_cuDeviceGetMemPool);
+        CUmemoryPool cp = NULL;
+        if (getpool && getpool(&cp, dev) == CUDA_SUCCESS) h = (uint64_t)(uintptr_t)cp;
+    }
+    if (h) note_pool(h, dev);
+    int e = ledger_try(dev, bytes) ? 0 : admit_on_stream(dev, bytes, s, ptsz);
+    if (e) return e;
+    CUresult rc = CALL();
+    if (rc == CUDA_SUCCESS && keep_aux(K_PTR, *dptr, dev, bytes, cur_ctx(), h) != 0) {
+        CUresult (*fr)(CUdeviceptr, CUstream) = (CUresult(*)(CUdeviceptr, CUstream))real(ptsz ? H_cuMemFreeAsync_ptsz : H_cuMemFreeAsync);
+        if (fr) fr(*dptr, s);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc != CUDA_SUCCESS) {
+        ledger_release(dev, bytes);
+        if (h) pool_grew(h, dev, 0); /* a failed call may still have grown the pool */
+        return rc;
+    }
+    if (h) pool_grew(h, dev, bytes);
+    return rc;
+#undef CALL
+}
+
+#define ALLOC_ASYNC(name, ptsz)                                                                    \
+    EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream s)                          \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUdeviceptr *, size_t, CUstream), f, CUDA_ERROR_NOT_FOUND);         \
+        if (!ON || !dptr || !bytesize) return f(dptr, bytesize, s);                                \
+        return alloc_stream_ordered(NULL, f, dptr, bytesize, NULL, s, ptsz);                       \
+    }
+ALLOC_ASYNC(cuMemAllocAsync, 0)
+ALLOC_ASYNC(cuMemAllocAsync_ptsz, 1)
+
+#define ALLOC_POOL(name, ptsz)                                                                     \
+    EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)       \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUdeviceptr *, size_t, CUmemoryPool, CUstream), f,                  \
+             CUDA_ERROR_NOT_FOUND);                                                                \
+        if (!ON || !dptr || !bytesize || !pool) return f(dptr, bytesize, pool, s);                 \
+        return alloc_stream_ordered(f, NULL, dptr, bytesize, pool, s, ptsz);                       \
+    }
+ALLOC_POOL(cuMemAllocFromPoolAsync, 0)
+ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz, 1)
+
+#define FREE_ASYNC(name)                                                                           \
+    EXPORT CUresult name(CUdeviceptr p, CUstream s)                                               \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUdeviceptr, CUstream), f, CUDA_ERROR_NOT_FOUND);                   \
+        if (!ON || !p) return f(p, s);                                                             \
+        COUNTED_FREE_ON(K_PTR, p, f(p, s), 1, s);                                                  \
+    }
+FREE_ASYNC(cuMemFreeAsync)
+FREE_ASYNC(cuMemFreeAsync_ptsz)
 
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemAllocationProp *props)
 {
@@ -643,16 +896,25 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemAllocationProp *p
     CUresult rc = f(pool, props);
     /* CUmemPoolProps begins like CUmemAllocationProp: type, handle types, location. */
     if (ON && rc == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        keep_pool(*pool, props->location.id);
+        note_pool((uint64_t)(uintptr_t)*pool, props->location.id);
     return rc;
 }
 
+/* The driver gives the idle reserve back at once; allocations still live keep theirs. */
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     REAL(cuMemPoolDestroy, CUresult(*)(CUmemoryPool), f, CUDA_ERROR_NOT_FOUND);
     CUresult rc = f(pool);
-    struct alloc a;
-    if (ON && rc == CUDA_SUCCESS) table_take(K_POOL, (uint64_t)(uintptr_t)pool, &a);
+    if (ON && rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&g_pool_mu);
+        for (int i = 0; i < g_npools; i++)
+            if (!g_pools[i].graph && g_pools[i].h == (uint64_t)(uintptr_t)pool) {
+                ledger_release(g_pools[i].dev, g_pools[i].extra);
+                g_pools[i].extra = 0;
+                g_pools[i].dead = 1;
+            }
+        pthread_mutex_unlock(&g_pool_mu);
+    }
     return rc;
 }
 
@@ -661,11 +923,195 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     {                                                                                              \
         REAL(name, CUresult(*)(CUmemoryPool *, CUdevice), f, CUDA_ERROR_NOT_FOUND);                \
         CUresult rc = f(pool, dev);                                                                \
-        if (ON && rc == CUDA_SUCCESS && pool) keep_pool(*pool, dev);                               \
+        if (ON && rc == CUDA_SUCCESS && pool && *pool) note_pool((uint64_t)(uintptr_t)*pool, dev); \
         return rc;                                                                                 \
     }
 GET_POOL(cuDeviceGetDefaultMemPool)
 GET_POOL(cuDeviceGetMemPool)
+
+static void settle_pool(uint64_t h, int graph, int dev)
+{
+    pthread_mutex_lock(&g_pool_mu);
+    struct pool *p = pool_entry(h, graph, dev);
+    if (p) settle(p);
+    pthread_mutex_unlock(&g_pool_mu);
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep_bytes)
+{
+    REAL(cuMemPoolTrimTo, CUresult(*)(CUmemoryPool, size_t), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(pool, keep_bytes);
+    if (ON && rc == CUDA_SUCCESS && pool) settle_pool((uint64_t)(uintptr_t)pool, 0, pool_dev((uint64_t)(uintptr_t)pool));
+    return rc;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    REAL(cuMemPoolSetAttribute, CUresult(*)(CUmemoryPool, int, void *), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(pool, attr, value);
+    if (ON && rc == CUDA_SUCCESS && pool) settle_pool((uint64_t)(uintptr_t)pool, 0, pool_dev((uint64_t)(uintptr_t)pool));
+    return rc;
+}
+
+/* Synchronisation: the streams reached their frees, and pools gave back what is above their
+ * release threshold. */
+#define STREAM_SYNC(name)                                                                          \
+    EXPORT CUresult name(CUstream s)                                                              \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUstream), f, CUDA_ERROR_NOT_FOUND);                                \
+        CUresult rc = f(s);                                                                        \
+        if (ON && rc == CUDA_SUCCESS) {                                                            \
+            stream_reached(s, 0);                                                                  \
+            settle_all();                                                                          \
+        }                                                                                          \
+        return rc;                                                                                 \
+    }
+STREAM_SYNC(cuStreamSynchronize)
+STREAM_SYNC(cuStreamSynchronize_ptsz)
+
+/* A stream that answers "all done" has reached its frees (pools trim only at synchronisation). */
+#define STREAM_QUERY(name)                                                                         \
+    EXPORT CUresult name(CUstream s)                                                              \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUstream), f, CUDA_ERROR_NOT_FOUND);                                \
+        CUresult rc = f(s);                                                                        \
+        if (ON && rc == CUDA_SUCCESS) stream_reached(s, 0);                                        \
+        return rc;                                                                                 \
+    }
+STREAM_QUERY(cuStreamQuery)
+STREAM_QUERY(cuStreamQuery_ptsz)
+
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    REAL(cuCtxSynchronize, CUresult(*)(void), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f();
+    if (ON && rc == CUDA_SUCCESS) {
+        stream_reached(NULL, 1);
+        settle_all();
+    }
+    return rc;
+}
+
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext c)
+{
+    REAL(cuCtxSynchronize_v2, CUresult(*)(CUcontext), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(c);
+    if (ON && rc == CUDA_SUCCESS) {
+        if (LOAD(&g_npend)) table_take_pending(0, 1, c ? (uint64_t)(uintptr_t)c : cur_ctx(), pend_done);
+        settle_all();
+    }
+    return rc;
+}
+
+/* ---- graph memory: a graph's alloc nodes take their memory from the device's graph pool when it
+ * is launched. Their sizes are summed per capture, graph and instantiated graph; a launch reserves
+ * that sum first (the most the graph pool can grow by), then the pool's real size replaces it. */
+
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct {
+    CUmemAllocationProp poolProps; /* CUmemPoolProps starts alike; 88 bytes in all */
+    unsigned char rest_of_props[88 - sizeof(CUmemAllocationProp)];
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+static void move_w(int from_kind, uint64_t from, int to_kind, uint64_t to)
+{
+    struct alloc a;
+    if (table_get(from_kind, from, &a)) table_add(to_kind, to, a.dev, a.size);
+}
+
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                       CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    REAL(cuGraphAddMemAllocNode,
+         CUresult(*)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *), f,
+         CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(node, g, deps, n, params);
+    if (ON && rc == CUDA_SUCCESS && params)
+        table_add(K_GRAPHW, (uint64_t)(uintptr_t)g, params->poolProps.location.id, params->bytesize);
+    return rc;
+}
+
+#define END_CAPTURE(name, ptsz)                                                                    \
+    EXPORT CUresult name(CUstream s, CUgraph *g)                                                  \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUstream, CUgraph *), f, CUDA_ERROR_NOT_FOUND);                     \
+        uint64_t cid = 0;                                                                          \
+        int was = ON && capturing(s, ptsz, &cid);                                                  \
+        CUresult rc = f(s, g);                                                                     \
+        struct alloc a;                                                                            \
+        if (was && rc == CUDA_SUCCESS && g && *g) move_w(K_CAPW, cid, K_GRAPHW, (uint64_t)(uintptr_t)*g); \
+        if (was) table_take(K_CAPW, cid, &a);                                                      \
+        return rc;                                                                                 \
+    }
+END_CAPTURE(cuStreamEndCapture, 0)
+END_CAPTURE(cuStreamEndCapture_ptsz, 1)
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsigned long long flags)
+{
+    REAL(cuGraphInstantiateWithFlags, CUresult(*)(CUgraphExec *, CUgraph, unsigned long long), f,
+         CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(exec, g, flags);
+    if (ON && rc == CUDA_SUCCESS && exec && *exec)
+        move_w(K_GRAPHW, (uint64_t)(uintptr_t)g, K_EXECW, (uint64_t)(uintptr_t)*exec);
+    return rc;
+}
+
+#define FORGET_GRAPH(name, T, kind)                                                                \
+    EXPORT CUresult name(T x)                                                                     \
+    {                                                                                              \
+        REAL(name, CUresult(*)(T), f, CUDA_ERROR_NOT_FOUND);                                       \
+        CUresult rc = f(x);                                                                        \
+        struct alloc a;                                                                            \
+        if (ON && rc == CUDA_SUCCESS) table_take(kind, (uint64_t)(uintptr_t)x, &a);                \
+        return rc;                                                                                 \
+    }
+FORGET_GRAPH(cuGraphDestroy, CUgraph, K_GRAPHW)
+FORGET_GRAPH(cuGraphExecDestroy, CUgraphExec, K_EXECW)
+
+#define GRAPH_LAUNCH(name)                                                                         \
+    EXPORT CUresult name(CUgraphExec x, CUstream s)                                               \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUgraphExec, CUstream), f, CUDA_ERROR_NOT_FOUND);                   \
+        if (!ON) return f(x, s);                                                                   \
+        return graph_launch(f, x, s);                                                              \
+    }
+
+static CUresult graph_launch(CUresult (*f)(CUgraphExec, CUstream), CUgraphExec x, CUstream s)
+{
+    struct alloc w = {0};
+    int dev = table_get(K_EXECW, (uint64_t)(uintptr_t)x, &w) ? w.dev : cur_dev();
+    if (w.size) {
+        int e = admit(dev, w.size);
+        if (e) return e;
+    }
+    CUresult rc = f(x, s);
+    pthread_mutex_lock(&g_pool_mu);
+    struct pool *p = pool_entry(0, 1, dev);
+    if (p && rc == CUDA_SUCCESS) {
+        p->extra += w.size; /* the reservation becomes the pool's, then its real size replaces it */
+        settle(p);
+    }
+    pthread_mutex_unlock(&g_pool_mu);
+    if (!p || rc != CUDA_SUCCESS) ledger_release(dev, w.size);
+    return rc;
+}
+GRAPH_LAUNCH(cuGraphLaunch)
+GRAPH_LAUNCH(cuGraphLaunch_ptsz)
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    REAL(cuDeviceGraphMemTrim, CUresult(*)(CUdevice), f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(dev);
+    if (ON && rc == CUDA_SUCCESS) settle_pool(0, 1, dev);
+    return rc;
+}
+
 
 /* ---- capacity views: total = budget, free = what is left of it (never above the real free) ---- */
 
@@ -874,6 +1320,18 @@ static const struct rule {
     {"cuMemPoolDestroy", 0, H_cuMemPoolDestroy, H_cuMemPoolDestroy, -1},
     {"cuDeviceGetDefaultMemPool", 0, H_cuDeviceGetDefaultMemPool, H_cuDeviceGetDefaultMemPool, -1},
     {"cuDeviceGetMemPool", 0, H_cuDeviceGetMemPool, H_cuDeviceGetMemPool, -1},
+    {"cuMemPoolTrimTo", 0, H_cuMemPoolTrimTo, H_cuMemPoolTrimTo, -1},
+    {"cuMemPoolSetAttribute", 0, H_cuMemPoolSetAttribute, H_cuMemPoolSetAttribute, -1},
+    {"cuStreamSynchronize", 0, H_cuStreamSynchronize, H_cuStreamSynchronize, H_cuStreamSynchronize_ptsz},
+    {"cuStreamQuery", 0, H_cuStreamQuery, H_cuStreamQuery, H_cuStreamQuery_ptsz},
+    {"cuCtxSynchronize", 13000, H_cuCtxSynchronize, H_cuCtxSynchronize_v2, -1},
+    {"cuStreamEndCapture", 0, H_cuStreamEndCapture, H_cuStreamEndCapture, H_cuStreamEndCapture_ptsz},
+    {"cuGraphAddMemAllocNode", 0, H_cuGraphAddMemAllocNode, H_cuGraphAddMemAllocNode, -1},
+    {"cuGraphInstantiateWithFlags", 0, H_cuGraphInstantiateWithFlags, H_cuGraphInstantiateWithFlags, -1},
+    {"cuGraphLaunch", 0, H_cuGraphLaunch, H_cuGraphLaunch, H_cuGraphLaunch_ptsz},
+    {"cuGraphExecDestroy", 0, H_cuGraphExecDestroy, H_cuGraphExecDestroy, -1},
+    {"cuGraphDestroy", 0, H_cuGraphDestroy, H_cuGraphDestroy, -1},
+    {"cuDeviceGraphMemTrim", 0, H_cuDeviceGraphMemTrim, H_cuDeviceGraphMemTrim, -1},
 };
 
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;

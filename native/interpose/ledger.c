@@ -309,6 +309,12 @@ int ledger_reserve(int dev, uint64_t size)
     return refuse(dev, size, in_use);
 }
 
+int ledger_try(int dev, uint64_t size)
+{
+    uint64_t in_use;
+    return ready() && dev >= 0 && dev < LEDGER_MAX_DEV && try_reserve(dev, size, &in_use);
+}
+
 /* The slot moves first on the way down, the total last (same reason as above). */
 void ledger_release(int dev, uint64_t size)
 {

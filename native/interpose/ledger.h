@@ -67,6 +67,8 @@ uint64_t ledger_budget(void);
  * CUDA_ERROR_OUT_OF_MEMORY (the refusal is counted and logged once per process). */
 int ledger_reserve(int dev, uint64_t size);
 void ledger_release(int dev, uint64_t size);
+/* The same reservation, but a "no" is not a refusal (nothing counted or logged): 1 = reserved. */
+int ledger_try(int dev, uint64_t size);
 /* Bytes the whole job holds on `dev` (dead processes reclaimed first if they hold any);
  * UINT64_MAX when the ledger is unusable (fail closed). */
 uint64_t ledger_job_used(int dev);

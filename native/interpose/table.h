@@ -6,12 +6,16 @@
 
 #include <stdint.h>
 
-enum { K_PTR = 1, K_VMM = 2, K_MAP = 3, K_ARRAY = 4, K_MIPMAP = 5, K_POOL = 6, K_LIMIT = 7 };
+/* K_PEND: a cuMemFreeAsync of memory not from a pool, still counted until its stream is known to
+ * have reached it (aux: the stream). K_CAPW / K_GRAPHW / K_EXECW: bytes of the graph allocations
+ * of a stream capture (by capture id), a graph, an instantiated graph. */
+enum { K_PTR = 1, K_VMM = 2, K_MAP = 3, K_ARRAY = 4, K_MIPMAP = 5, K_POOL = 6, K_LIMIT = 7, K_PEND = 8,
+       K_CAPW = 9, K_GRAPHW = 10, K_EXECW = 11 };
 
 struct alloc {
     uint64_t key;
     uint64_t size;   /* bytes counted in the ledger (K_MAP: bytes mapped) */
-    uint64_t aux;    /* K_MAP: the VMM handle that is mapped */
+    uint64_t aux;    /* K_MAP: the VMM handle that is mapped; K_PTR: its pool (0: none); K_PEND: stream */
     uint64_t ctx;    /* the context it was made in (0: outlives contexts, e.g. VMM handles) */
     uint16_t kind;
     uint16_t dev;
@@ -37,6 +41,10 @@ int table_take_maps(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *));
 void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *));
 /* Remove every entry made in context ctx (its teardown freed them); calls fn for each. */
 void table_take_ctx(uint64_t ctx, void (*fn)(const struct alloc *));
+/* Remove the K_PEND entries of stream `stream` (all: of every stream of context ctx). */
+void table_take_pending(uint64_t stream, int all, uint64_t ctx, void (*fn)(const struct alloc *));
+/* Add `delta` to the size of entry (kind, key), made with device dev if there is none. -1: ENOMEM. */
+int table_add(int kind, uint64_t key, int dev, uint64_t delta);
 void table_atfork_prepare(void);
 void table_atfork_parent(void);
 void table_atfork_child(void);

@@ -59,6 +59,33 @@ CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemAllocationProp *);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
 CUresult cuCtxSetLimit(int, size_t);
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuStreamQuery(CUstream);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemPoolSetAttribute(CUmemoryPool, int, void *);
+CUresult cuMemPoolGetAttribute(CUmemoryPool, int, void *);
+CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct {
+    CUmemAllocationProp poolProps;
+    unsigned char rest[88 - sizeof(CUmemAllocationProp)];
+    const void *accessDescs;
+    size_t accessDescCount, bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
+CUresult cuGraphCreate(CUgraph *, unsigned int);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+CUresult cuGraphAddMemFreeNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUdeviceptr);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGraphExecDestroy(CUgraphExec);
+CUresult cuDeviceGraphMemTrim(CUdevice);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
 
 #define FNS(X)                                                                                     \
     X(cuMemAlloc_v2, "cuMemAlloc") X(cuMemAllocPitch_v2, "cuMemAllocPitch")                        \
@@ -72,7 +99,16 @@ CUresult cuCtxSetLimit(int, size_t);
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem") X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset") \
     X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease") X(cuCtxCreate_v2, "cuCtxCreate")  \
     X(cuCtxDestroy_v2, "cuCtxDestroy") X(cuMemPoolCreate, "cuMemPoolCreate")                       \
-    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool") X(cuCtxSetLimit, "cuCtxSetLimit")
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool") X(cuCtxSetLimit, "cuCtxSetLimit")      \
+    X(cuStreamCreate, "cuStreamCreate") X(cuStreamSynchronize, "cuStreamSynchronize")              \
+    X(cuStreamQuery, "cuStreamQuery") X(cuCtxSynchronize, "cuCtxSynchronize")                      \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute") X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute") \
+    X(cuMemPoolTrimTo, "cuMemPoolTrimTo") X(cuStreamBeginCapture_v2, "cuStreamBeginCapture")       \
+    X(cuStreamEndCapture, "cuStreamEndCapture") X(cuGraphCreate, "cuGraphCreate")                  \
+    X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode") X(cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode") \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags") X(cuGraphLaunch, "cuGraphLaunch")         \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy") X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim")    \
+    X(cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute")
 
 #define AS_PTR(sym, base) static __typeof__(&sym) p_##sym;
 FNS(AS_PTR)
@@ -123,6 +159,10 @@ static int nlive;
 static int cur_dev;
 static CUmemoryPool pool; /* "poolnew DEV": later "pool" allocations come from it */
 static CUcontext made;    /* "ctxcreate" */
+static CUstream stream;   /* "streamnew": later stream-ordered calls use it (NULL: the default stream) */
+static CUgraph graph;     /* "graph": the graph later "gnode"/"gfree" add to */
+static CUgraphExec gexec; /* "instantiate" */
+static CUdeviceptr glast; /* the address of the last graph allocation made */
 
 /* The driver freed everything made in a context: forget it (VMM handles outlive contexts). */
 static void forget_ctx_allocs(void)
@@ -145,7 +185,7 @@ static CUresult free_one(int i)
 {
     CUresult rc;
     switch (live[i].kind) {
-    case A_ASYNC: rc = p_cuMemFreeAsync(live[i].v, NULL); break;
+    case A_ASYNC: rc = p_cuMemFreeAsync(live[i].v, stream); break;
     case A_VMM:
         rc = live[i].va ? p_cuMemUnmap(live[i].va, live[i].size) : CUDA_SUCCESS;
         if (live[i].va) cuMemAddressFree(live[i].va, live[i].size);
@@ -239,10 +279,12 @@ static int run(int argc, char **argv, int i)
         } else if (!strcmp(c, "alloc") || !strcmp(c, "managed") || !strcmp(c, "async") || !strcmp(c, "pool")) {
             uint64_t n = num(argv[++i]);
             CUdeviceptr p = 0;
+            CUmemoryPool from = pool;
+            if (!from) p_cuDeviceGetDefaultMemPool(&from, cur_dev);
             rc = !strcmp(c, "alloc") ? p_cuMemAlloc_v2(&p, n)
                  : !strcmp(c, "managed") ? p_cuMemAllocManaged(&p, n, 1)
-                 : !strcmp(c, "async") ? p_cuMemAllocAsync(&p, n, NULL)
-                                       : p_cuMemAllocFromPoolAsync(&p, n, pool ? pool : (CUmemoryPool)(uintptr_t)1, NULL);
+                 : !strcmp(c, "async") ? p_cuMemAllocAsync(&p, n, stream)
+                                       : p_cuMemAllocFromPoolAsync(&p, n, from, stream);
             if (!rc) push(!strcmp(c, "alloc") || !strcmp(c, "managed") ? A_PTR : A_ASYNC, p, 0, n);
             out(c, rc, NULL);
         } else if (!strcmp(c, "pitch")) {
@@ -443,6 +485,67 @@ static int run(int argc, char **argv, int i)
                 }
                 out(c, rc, NULL);
             }
+        } else if (!strcmp(c, "streamnew")) {
+            out(c, p_cuStreamCreate(&stream, 0), NULL);
+        } else if (!strcmp(c, "sync")) {
+            out(c, p_cuStreamSynchronize(stream), NULL);
+        } else if (!strcmp(c, "query")) {
+            out(c, p_cuStreamQuery(stream), NULL);
+        } else if (!strcmp(c, "ctxsync")) {
+            out(c, p_cuCtxSynchronize(), NULL);
+        } else if (!strcmp(c, "afree")) {
+            /* cuMemFreeAsync of the last allocation, whatever made it, on the current stream */
+            rc = nlive ? p_cuMemFreeAsync(live[nlive - 1].v, stream) : CUDA_ERROR_INVALID_VALUE;
+            if (nlive) nlive--;
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "threshold") || !strcmp(c, "trim") || !strcmp(c, "reserved")) {
+            /* on the pool "pool" uses (poolnew/pooldefault), else device cur_dev's default pool */
+            CUmemoryPool pl = pool;
+            if (!pl) p_cuDeviceGetDefaultMemPool(&pl, cur_dev);
+            cuuint64_t v = 0;
+            if (!strcmp(c, "reserved")) {
+                rc = p_cuMemPoolGetAttribute(pl, 5 /* RESERVED_MEM_CURRENT */, &v);
+                out(c, rc, "%llu", (unsigned long long)v);
+            } else {
+                v = num(argv[++i]);
+                rc = !strcmp(c, "trim") ? p_cuMemPoolTrimTo(pl, v) : p_cuMemPoolSetAttribute(pl, 4 /* RELEASE_THRESHOLD */, &v);
+                out(c, rc, NULL);
+            }
+        } else if (!strcmp(c, "graph")) {
+            out(c, p_cuGraphCreate(&graph, 0), NULL);
+        } else if (!strcmp(c, "gnode")) {
+            CUDA_MEM_ALLOC_NODE_PARAMS prm = {.poolProps = {.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = cur_dev}},
+                                              .bytesize = num(argv[++i])};
+            CUgraphNode node;
+            rc = p_cuGraphAddMemAllocNode(&node, graph, NULL, 0, &prm);
+            if (!rc) glast = prm.dptr;
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "gfree")) {
+            CUgraphNode node;
+            out(c, p_cuGraphAddMemFreeNode(&node, graph, NULL, 0, glast), NULL);
+        } else if (!strcmp(c, "capture")) {
+            out(c, p_cuStreamBeginCapture_v2(stream, 0), NULL);
+        } else if (!strcmp(c, "capalloc")) {
+            /* cuMemAllocAsync on the capturing stream: an alloc node of the captured graph */
+            rc = p_cuMemAllocAsync(&glast, num(argv[++i]), stream);
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "endcapture")) {
+            out(c, p_cuStreamEndCapture(stream, &graph), NULL);
+        } else if (!strcmp(c, "instantiate")) {
+            out(c, p_cuGraphInstantiateWithFlags(&gexec, graph, 0), NULL);
+        } else if (!strcmp(c, "launch")) {
+            out(c, p_cuGraphLaunch(gexec, stream), NULL);
+        } else if (!strcmp(c, "gfreeout")) {
+            /* the graph's allocation it left live, freed outside the graph */
+            out(c, p_cuMemFreeAsync(glast, stream), NULL);
+        } else if (!strcmp(c, "gtrim")) {
+            out(c, p_cuDeviceGraphMemTrim(cur_dev), NULL);
+        } else if (!strcmp(c, "greserved")) {
+            cuuint64_t v = 0;
+            rc = p_cuDeviceGetGraphMemAttribute(cur_dev, 2 /* RESERVED_MEM_CURRENT */, &v);
+            out(c, rc, "%llu", (unsigned long long)v);
+        } else if (!strcmp(c, "execdestroy")) {
+            out(c, p_cuGraphExecDestroy(gexec), NULL);
         } else if (!strcmp(c, "ready")) {
             out(c, 0, NULL); /* the test reads this line, then acts */
         } else if (!strcmp(c, "wait")) {

@@ -1,0 +1,925 @@
+/* Fake libcuda.so.1, stream-ordered memory: streams, memory pools and graph memory nodes.
+ *
+ * The model (bytes are fungible: no fragmentation):
+ * - A stream reaches its enqueued work only when it is synchronised (cuStreamSynchronize, or
+ *   cuCtxSynchronize for all streams); until then cuStreamQuery answers CUDA_ERROR_NOT_READY.
+ * - A pool holds `reserved` device bytes: its live allocations (`used`), frees its streams have
+ *   not reached yet (`pending`, per stream) and `idle` bytes. An allocation takes idle bytes first,
+ *   then pending frees of its own stream (stream-ordered reuse), then new device bytes.
+ * - At a synchronisation the reached frees become idle, and every pool gives idle bytes back to
+ *   the device down to its release threshold (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, default 0);
+ *   cuMemPoolTrimTo gives idle bytes back down to the size asked.
+ * - cuMemFreeAsync of memory that is not from a pool gives it back when the stream reaches it.
+ * - Graph memory: each device has a graph pool (a pool that never trims by itself). A graph's
+ *   alloc nodes (cuGraphAddMemAllocNode, or cuMemAllocAsync on a capturing stream) take their
+ *   bytes from it when the graph is launched; free nodes give them back to it; allocations left
+ *   outstanding are freed later like any pool allocation. cuDeviceGraphMemTrim returns idle bytes.
+ */
+#include "cuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define POOL_MAGIC 0x504f4f4cu
+#define STREAM_MAGIC 0x5354524du
+#define GRAPH_MAGIC 0x47525048u
+#define EXEC_MAGIC 0x47455845u
+
+struct fg_stream {
+    uint32_t magic;
+    struct fg_graph *capture; /* the graph being captured, if any */
+    struct fg_stream *next;
+};
+
+struct pend {
+    struct fg_stream *stream;
+    struct fg_pool *pool; /* pool bytes; NULL: `a`, a plain allocation given back when reached */
+    struct alloc *a;
+    uint64_t bytes;
+    struct fg_ctx *ctx;
+    struct pend *next;
+};
+
+struct fg_pool {
+    uint32_t magic;
+    int ord, graph, dead;
+    uint64_t reserved, used, idle, threshold, res_high, used_high;
+    struct fg_pool *next;
+};
+
+struct gnode {
+    int is_alloc, ord;
+    uint64_t bytes, dptr;
+    struct gnode *next;
+};
+
+struct fg_graph {
+    uint32_t magic;
+    struct gnode *nodes;
+    struct fg_graph *next;
+};
+
+struct fg_exec {
+    uint32_t magic;
+    struct gnode *nodes; /* a copy */
+    struct fg_exec *next;
+};
+
+static struct fg_stream g_null_stream = {.magic = STREAM_MAGIC};
+static struct fg_stream *g_streams;
+static struct pend *g_pend;
+static struct fg_pool g_defpool[FG_MAX_DEV], g_graphpool[FG_MAX_DEV];
+static struct fg_pool *g_curpool[FG_MAX_DEV];
+static struct fg_pool *g_pools;
+static struct fg_graph *g_graphs;
+static struct fg_exec *g_execs;
+
+/* ---- streams ---------------------------------------------------------------------------- */
+
+static struct fg_stream *stream_of(CUstream h)
+{
+    if (h == NULL || h == (CUstream)1 || h == (CUstream)2) /* legacy / per-thread default stream */
+        return &g_null_stream;
+    for (struct fg_stream *s = g_streams; s; s = s->next)
+        if ((CUstream)s == h)
+            return s;
+    return NULL;
+}
+
+/* Pools give idle bytes back to the device down to their threshold (done at synchronisation). */
+static void pool_shrink(struct fg_pool *p, uint64_t keep)
+{
+    uint64_t over = p->reserved > keep ? p->reserved - keep : 0;
+    uint64_t x = over < p->idle ? over : p->idle;
+    p->reserved -= x;
+    p->idle -= x;
+    fg_dev_give(p->ord, x);
+}
+
+static void apply_thresholds(void)
+{
+    for (int d = 0; d < g_nvis; d++)
+        if (g_defpool[d].magic)
+            pool_shrink(&g_defpool[d], g_defpool[d].threshold);
+    for (struct fg_pool *p = g_pools; p; p = p->next)
+        pool_shrink(p, p->dead ? 0 : p->threshold);
+}
+
+/* The stream (NULL: every stream) reaches the end of its work. */
+static void complete(struct fg_stream *s)
+{
+    for (struct pend **pp = &g_pend; *pp;) {
+        struct pend *e = *pp;
+        if (s && e->stream != s) {
+            pp = &e->next;
+            continue;
+        }
+        *pp = e->next;
+        if (e->pool)
+            e->pool->idle += e->bytes;
+        else
+            fg_release_alloc(e->a);
+        free(e);
+    }
+    apply_thresholds();
+}
+
+void fg_async_complete_all(void) { complete(NULL); }
+
+void fg_async_drop_ctx(struct fg_ctx *c)
+{
+    for (struct pend **pp = &g_pend; *pp;) {
+        struct pend *e = *pp;
+        if (e->ctx != c) {
+            pp = &e->next;
+            continue;
+        }
+        *pp = e->next;
+        if (e->pool)
+            e->pool->idle += e->bytes;
+        else
+            fg_release_alloc(e->a);
+        free(e);
+    }
+}
+
+static void free_nodes(struct gnode *n)
+{
+    for (struct gnode *x; n; n = x) {
+        x = n->next;
+        free(n);
+    }
+}
+
+void fg_async_reset(void)
+{
+    for (struct pend *e = g_pend, *n; e; e = n) {
+        n = e->next;
+        free(e);
+    }
+    g_pend = NULL;
+    for (struct fg_stream *s = g_streams, *n; s; s = n) {
+        n = s->next;
+        free(s);
+    }
+    g_streams = NULL;
+    g_null_stream.capture = NULL;
+    for (struct fg_pool *p = g_pools, *n; p; p = n) {
+        n = p->next;
+        free(p);
+    }
+    g_pools = NULL;
+    for (struct fg_graph *g = g_graphs, *n; g; g = n) {
+        n = g->next;
+        free_nodes(g->nodes);
+        free(g);
+    }
+    g_graphs = NULL;
+    for (struct fg_exec *x = g_execs, *n; x; x = n) {
+        n = x->next;
+        free_nodes(x->nodes);
+        free(x);
+    }
+    g_execs = NULL;
+    memset(g_defpool, 0, sizeof g_defpool);
+    memset(g_graphpool, 0, sizeof g_graphpool);
+    memset(g_curpool, 0, sizeof g_curpool);
+}
+
+static CUresult stream_create(CUstream *out, unsigned flags)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (!out || flags > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fg_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *s = (struct fg_stream){.magic = STREAM_MAGIC, .next = g_streams};
+    g_streams = s;
+    *out = (CUstream)s;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuStreamCreate(CUstream *out, unsigned flags) { LOCKED(stream_create(out, flags)); }
+
+static CUresult stream_destroy(CUstream h)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_stream *s = stream_of(h);
+    if (!s || s == &g_null_stream)
+        return CUDA_ERROR_INVALID_HANDLE;
+    complete(s); /* its work still runs to the end */
+    for (struct fg_stream **pp = &g_streams; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    free(s);
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuStreamDestroy_v2(CUstream h) { LOCKED(stream_destroy(h)); }
+FG_API CUresult cuStreamDestroy(CUstream h) { LOCKED(stream_destroy(h)); }
+
+static CUresult stream_sync(CUstream h)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    struct fg_stream *s = stream_of(h);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (s->capture)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    complete(s);
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuStreamSynchronize(CUstream h) { LOCKED(stream_sync(h)); }
+FG_API CUresult cuStreamSynchronize_ptsz(CUstream h) { LOCKED(stream_sync(h)); }
+
+static CUresult stream_query(CUstream h)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    struct fg_stream *s = stream_of(h);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    for (struct pend *e = g_pend; e; e = e->next)
+        if (e->stream == s)
+            return CUDA_ERROR_NOT_READY;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuStreamQuery(CUstream h) { LOCKED(stream_query(h)); }
+FG_API CUresult cuStreamQuery_ptsz(CUstream h) { LOCKED(stream_query(h)); }
+
+/* ---- pools -------------------------------------------------------------------------------- */
+
+static struct fg_pool *default_pool_of(int ord)
+{
+    struct fg_pool *p = &g_defpool[ord];
+    if (!p->magic)
+        *p = (struct fg_pool){.magic = POOL_MAGIC, .ord = ord};
+    return p;
+}
+
+static struct fg_pool *graph_pool_of(int ord)
+{
+    struct fg_pool *p = &g_graphpool[ord];
+    if (!p->magic)
+        *p = (struct fg_pool){.magic = POOL_MAGIC, .ord = ord, .graph = 1, .threshold = UINT64_MAX};
+    return p;
+}
+
+static struct fg_pool *pool_of(CUmemoryPool h)
+{
+    for (int i = 0; i < g_nvis; i++)
+        if (h == (CUmemoryPool)&g_defpool[i])
+            return default_pool_of(i);
+    for (struct fg_pool *p = g_pools; p; p = p->next)
+        if (h == (CUmemoryPool)p && !p->dead)
+            return p;
+    return NULL;
+}
+
+/* Bytes for an allocation of `bytes` from pool p on stream s: idle first, then frees pending on
+ * the same stream, then new device bytes. Nothing changes when it fails. */
+static CUresult pool_take_bytes(struct fg_pool *p, uint64_t bytes, struct fg_stream *s)
+{
+    uint64_t from_idle = bytes < p->idle ? bytes : p->idle, rest = bytes - from_idle, same = 0;
+    for (struct pend *e = g_pend; e && same < rest; e = e->next)
+        if (e->pool == p && e->stream == s)
+            same += e->bytes;
+    uint64_t from_pend = same < rest ? same : rest, fresh = rest - from_pend;
+    if (fresh) {
+        CUresult r = fg_dev_take(p->ord, fresh);
+        if (r)
+            return r;
+    }
+    for (struct pend **pp = &g_pend; *pp && from_pend;) {
+        struct pend *e = *pp;
+        if (e->pool != p || e->stream != s) {
+            pp = &e->next;
+            continue;
+        }
+        uint64_t x = e->bytes < from_pend ? e->bytes : from_pend;
+        e->bytes -= x;
+        from_pend -= x;
+        if (!e->bytes) {
+            *pp = e->next;
+            free(e);
+        }
+    }
+    p->idle -= from_idle;
+    p->reserved += fresh;
+    p->used += bytes;
+    if (p->reserved > p->res_high)
+        p->res_high = p->reserved;
+    if (p->used > p->used_high)
+        p->used_high = p->used;
+    return CUDA_SUCCESS;
+}
+
+/* An allocation of p's gives its bytes back: to its stream's pending frees, or (NULL) idle now. */
+void fg_pool_return(struct fg_pool *p, uint64_t bytes, void *stream)
+{
+    p->used -= bytes;
+    if (stream) {
+        struct pend *e = calloc(1, sizeof *e);
+        if (e) {
+            *e = (struct pend){.stream = stream, .pool = p, .bytes = bytes, .next = g_pend};
+            g_pend = e;
+            return;
+        }
+    }
+    p->idle += bytes;
+    if (p->dead)
+        pool_shrink(p, 0);
+}
+
+/* Stream capture: an allocation on a capturing stream becomes an alloc node of its graph. */
+static CUresult capture_alloc(struct fg_stream *s, int ord, uint64_t bytes, CUdeviceptr *out);
+
+static CUresult alloc_from(CUdeviceptr *out, uint64_t n, struct fg_pool *p, CUstream h, struct fg_ctx *c)
+{
+    if (!out || n == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fg_stream *s = stream_of(h);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (s->capture)
+        return capture_alloc(s, p->ord, n, out);
+    CUresult r = pool_take_bytes(p, n, s);
+    if (r)
+        return r;
+    if ((r = fg_record(p->ord, n, K_MEM, c, p, 0, out))) {
+        p->used -= n;
+        p->idle += n;
+    }
+    return r;
+}
+
+static CUresult alloc_async(CUdeviceptr *out, uint64_t n, CUstream h)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    struct fg_pool *p = g_curpool[c->ord] ? g_curpool[c->ord] : default_pool_of(c->ord);
+    return alloc_from(out, n, p, h, c);
+}
+FG_API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { LOCKED(alloc_async(p, n, s)); }
+FG_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { LOCKED(alloc_async(p, n, s)); }
+
+static CUresult alloc_pool(CUdeviceptr *out, uint64_t n, CUmemoryPool h, CUstream s)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    struct fg_pool *p = pool_of(h);
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_from(out, n, p, s, c);
+}
+FG_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s)
+{
+    LOCKED(alloc_pool(p, n, pool, s));
+}
+FG_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s)
+{
+    LOCKED(alloc_pool(p, n, pool, s));
+}
+
+static CUresult capture_free(struct fg_stream *s, CUdeviceptr p);
+
+static CUresult free_async(CUdeviceptr p, CUstream h)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    if (p == 0)
+        return CUDA_SUCCESS;
+    struct fg_stream *s = stream_of(h);
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (s->capture)
+        return capture_free(s, p);
+    struct alloc *a = fg_unlink(p, K_MEM);
+    if (!a)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (a->pool) {
+        fg_pool_return(a->pool, a->size, s);
+        a->pool = NULL;
+        a->kind = K_VA; /* its bytes went to the pool: forget the record only */
+        fg_release_alloc(a);
+        return CUDA_SUCCESS;
+    }
+    /* Not from a pool: the device has the bytes back once the stream reaches the free. */
+    struct pend *e = calloc(1, sizeof *e);
+    if (!e) {
+        fg_release_alloc(a);
+        return CUDA_SUCCESS;
+    }
+    *e = (struct pend){.stream = s, .a = a, .ctx = a->ctx, .next = g_pend};
+    g_pend = e;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { LOCKED(free_async(p, s)); }
+FG_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { LOCKED(free_async(p, s)); }
+
+typedef struct { int allocType, handleTypes; struct { int type, id; } location; } POOL_PROPS;
+
+static CUresult pool_create(CUmemoryPool *out, const POOL_PROPS *props)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (!out || !props || props->allocType != 1 || props->location.type != 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (props->location.id < 0 || props->location.id >= g_nvis)
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct fg_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *p = (struct fg_pool){.magic = POOL_MAGIC, .ord = props->location.id, .next = g_pools};
+    g_pools = p;
+    *out = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuMemPoolCreate(CUmemoryPool *out, const POOL_PROPS *props) { LOCKED(pool_create(out, props)); }
+
+/* Like the real driver: idle bytes go back at once, the rest as its allocations are freed. */
+static CUresult pool_destroy(CUmemoryPool h)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_pool *p = pool_of(h);
+    if (!p || p == &g_defpool[p->ord])
+        return CUDA_ERROR_INVALID_VALUE;
+    p->dead = 1;
+    for (int d = 0; d < g_nvis; d++)
+        if (g_curpool[d] == p)
+            g_curpool[d] = NULL;
+    pool_shrink(p, 0);
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuMemPoolDestroy(CUmemoryPool h) { LOCKED(pool_destroy(h)); }
+
+static CUresult get_pool(CUmemoryPool *out, CUdevice d, int current)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= g_nvis)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *out = (CUmemoryPool)(current && g_curpool[d] ? g_curpool[d] : default_pool_of(d));
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *out, CUdevice d) { LOCKED(get_pool(out, d, 0)); }
+FG_API CUresult cuDeviceGetMemPool(CUmemoryPool *out, CUdevice d) { LOCKED(get_pool(out, d, 1)); }
+
+static CUresult set_pool(CUdevice d, CUmemoryPool h)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_pool *p = pool_of(h);
+    if (d < 0 || d >= g_nvis)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!p || p->ord != d)
+        return CUDA_ERROR_INVALID_VALUE;
+    g_curpool[d] = p;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool h) { LOCKED(set_pool(d, h)); }
+
+enum { ATTR_REUSE_FOLLOW = 1, ATTR_REUSE_OPPORTUNISTIC, ATTR_REUSE_INTERNAL, ATTR_RELEASE_THRESHOLD,
+       ATTR_RESERVED_CURRENT, ATTR_RESERVED_HIGH, ATTR_USED_CURRENT, ATTR_USED_HIGH };
+
+static CUresult pool_attr(CUmemoryPool h, int attr, void *value, int set)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_pool *p = pool_of(h);
+    if (!p || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t *v = value;
+    switch (attr) {
+    case ATTR_REUSE_FOLLOW: case ATTR_REUSE_OPPORTUNISTIC: case ATTR_REUSE_INTERNAL:
+        if (!set)
+            *(int *)value = 1;
+        return CUDA_SUCCESS;
+    case ATTR_RELEASE_THRESHOLD:
+        if (set)
+            p->threshold = *v; /* takes effect at the next synchronisation */
+        else
+            *v = p->threshold;
+        return CUDA_SUCCESS;
+    case ATTR_RESERVED_CURRENT: case ATTR_USED_CURRENT:
+        if (set)
+            return CUDA_ERROR_INVALID_VALUE;
+        *v = attr == ATTR_RESERVED_CURRENT ? p->reserved : p->used;
+        return CUDA_SUCCESS;
+    case ATTR_RESERVED_HIGH: case ATTR_USED_HIGH:
+        if (set) { /* may only be reset to 0 */
+            if (*v)
+                return CUDA_ERROR_INVALID_VALUE;
+            if (attr == ATTR_RESERVED_HIGH)
+                p->res_high = p->reserved;
+            else
+                p->used_high = p->used;
+        } else {
+            *v = attr == ATTR_RESERVED_HIGH ? p->res_high : p->used_high;
+        }
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+FG_API CUresult cuMemPoolGetAttribute(CUmemoryPool h, int attr, void *value) { LOCKED(pool_attr(h, attr, value, 0)); }
+FG_API CUresult cuMemPoolSetAttribute(CUmemoryPool h, int attr, void *value) { LOCKED(pool_attr(h, attr, value, 1)); }
+
+static CUresult pool_trim(CUmemoryPool h, size_t keep)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_pool *p = pool_of(h);
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    pool_shrink(p, keep); /* frees the streams have not reached are not idle: they stay */
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuMemPoolTrimTo(CUmemoryPool h, size_t keep) { LOCKED(pool_trim(h, keep)); }
+
+/* ---- graphs ------------------------------------------------------------------------------- */
+
+typedef void *CUgraph, *CUgraphExec, *CUgraphNode;
+/* CUDA_MEM_ALLOC_NODE_PARAMS (v1): CUmemPoolProps (88 bytes), access descriptors, size, address. */
+typedef struct {
+    POOL_PROPS props;
+    void *win32;
+    unsigned char reserved[64];
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} MEM_ALLOC_NODE_PARAMS;
+_Static_assert(sizeof(MEM_ALLOC_NODE_PARAMS) == 120, "CUDA_MEM_ALLOC_NODE_PARAMS_v1 layout");
+
+static struct fg_graph *graph_of(CUgraph h)
+{
+    for (struct fg_graph *g = g_graphs; g; g = g->next)
+        if ((CUgraph)g == h)
+            return g;
+    return NULL;
+}
+
+static struct fg_exec *exec_of(CUgraphExec h)
+{
+    for (struct fg_exec *x = g_execs; x; x = x->next)
+        if ((CUgraphExec)x == h)
+            return x;
+    return NULL;
+}
+
+static struct fg_graph *graph_new(void)
+{
+    struct fg_graph *g = calloc(1, sizeof *g);
+    if (g) {
+        *g = (struct fg_graph){.magic = GRAPH_MAGIC, .next = g_graphs};
+        g_graphs = g;
+    }
+    return g;
+}
+
+static struct gnode *add_node(struct fg_graph *g, int is_alloc, int ord, uint64_t bytes, uint64_t dptr)
+{
+    struct gnode *n = calloc(1, sizeof *n), **end = &g->nodes;
+    if (!n)
+        return NULL;
+    *n = (struct gnode){.is_alloc = is_alloc, .ord = ord, .bytes = bytes, .dptr = dptr};
+    while (*end)
+        end = &(*end)->next;
+    *end = n;
+    return n;
+}
+
+/* A graph allocation's address is fixed when its node is made (as on the real driver). */
+static uint64_t g_graph_va = 0x7e0000000000ull;
+static uint64_t graph_va(uint64_t bytes)
+{
+    uint64_t p = g_graph_va;
+    g_graph_va += (bytes + (4ull << 20)) & ~((2ull << 20) - 1);
+    return p;
+}
+
+static CUresult capture_alloc(struct fg_stream *s, int ord, uint64_t bytes, CUdeviceptr *out)
+{
+    uint64_t va = graph_va(bytes);
+    if (!add_node(s->capture, 1, ord, bytes, va))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = va;
+    return CUDA_SUCCESS;
+}
+
+static CUresult capture_free(struct fg_stream *s, CUdeviceptr p)
+{
+    return add_node(s->capture, 0, 0, 0, p) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult graph_create(CUgraph *out, unsigned flags)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (!out || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fg_graph *g = graph_new();
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = (CUgraph)g;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuGraphCreate(CUgraph *out, unsigned flags) { LOCKED(graph_create(out, flags)); }
+
+static CUresult graph_destroy(CUgraph h)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    for (struct fg_graph **pp = &g_graphs; *pp; pp = &(*pp)->next)
+        if ((CUgraph)*pp == h) {
+            struct fg_graph *g = *pp;
+            *pp = g->next;
+            free_nodes(g->nodes);
+            free(g);
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+FG_API CUresult cuGraphDestroy(CUgraph h) { LOCKED(graph_destroy(h)); }
+
+static CUresult add_alloc_node(CUgraphNode *node, CUgraph h, MEM_ALLOC_NODE_PARAMS *p)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_graph *g = graph_of(h);
+    if (!node || !g || !p || !p->bytesize || p->props.allocType != 1 || p->props.location.type != 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (p->props.location.id < 0 || p->props.location.id >= g_nvis)
+        return CUDA_ERROR_INVALID_DEVICE;
+    uint64_t va = graph_va(p->bytesize);
+    struct gnode *n = add_node(g, 1, p->props.location.id, p->bytesize, va);
+    if (!n)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->dptr = va;
+    *node = (CUgraphNode)n;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                       MEM_ALLOC_NODE_PARAMS *p)
+{
+    (void)deps;
+    (void)ndeps;
+    LOCKED(add_alloc_node(node, g, p));
+}
+
+static CUresult add_free_node(CUgraphNode *node, CUgraph h, CUdeviceptr dptr)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_graph *g = graph_of(h);
+    if (!node || !g || !dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct gnode *n = add_node(g, 0, 0, 0, dptr);
+    if (!n)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *node = (CUgraphNode)n;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                      CUdeviceptr dptr)
+{
+    (void)deps;
+    (void)ndeps;
+    LOCKED(add_free_node(node, g, dptr));
+}
+
+static CUresult instantiate(CUgraphExec *out, CUgraph h)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_graph *g = graph_of(h);
+    if (!out || !g)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fg_exec *x = calloc(1, sizeof *x);
+    if (!x)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct gnode **end = &x->nodes;
+    for (struct gnode *n = g->nodes; n; n = n->next) {
+        struct gnode *c = malloc(sizeof *c);
+        if (!c) {
+            free_nodes(x->nodes);
+            free(x);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        *c = *n;
+        c->next = NULL;
+        *end = c;
+        end = &c->next;
+    }
+    x->magic = EXEC_MAGIC;
+    x->next = g_execs;
+    g_execs = x;
+    *out = (CUgraphExec)x;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g, unsigned long long flags)
+{
+    (void)flags;
+    LOCKED(instantiate(out, g));
+}
+
+static CUresult exec_destroy(CUgraphExec h)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    for (struct fg_exec **pp = &g_execs; *pp; pp = &(*pp)->next)
+        if ((CUgraphExec)*pp == h) {
+            struct fg_exec *x = *pp;
+            *pp = x->next;
+            free_nodes(x->nodes);
+            free(x);
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+FG_API CUresult cuGraphExecDestroy(CUgraphExec h) { LOCKED(exec_destroy(h)); }
+
+/* Alloc nodes take their bytes from the device's graph pool (all or nothing), free nodes give
+ * them back to it; what the graph does not free stays allocated after it. */
+static CUresult launch(CUgraphExec h, CUstream hs)
+{
+    struct fg_ctx *c;
+    CUresult r = fg_current(&c);
+    if (r)
+        return r;
+    struct fg_exec *x = exec_of(h);
+    struct fg_stream *s = stream_of(hs);
+    if (!x || !s)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (struct gnode *n = x->nodes; n; n = n->next)
+        if (n->is_alloc && fg_find(n->dptr))
+            return CUDA_ERROR_INVALID_VALUE; /* still allocated from its last launch */
+    uint64_t need[FG_MAX_DEV] = {0};
+    for (struct gnode *n = x->nodes; n; n = n->next)
+        if (n->is_alloc)
+            need[n->ord] += n->bytes;
+    for (int d = 0; d < g_nvis; d++) {
+        struct fg_pool *gp = graph_pool_of(d);
+        uint64_t fresh = need[d] > gp->idle ? need[d] - gp->idle : 0;
+        if (fresh && (r = fg_dev_take(d, fresh))) {
+            for (int e = 0; e < d; e++) { /* undo the devices already taken */
+                struct fg_pool *q = graph_pool_of(e);
+                uint64_t f = need[e] > q->idle ? need[e] - q->idle : 0;
+                fg_dev_give(e, f);
+            }
+            return r;
+        }
+    }
+    for (int d = 0; d < g_nvis; d++) {
+        struct fg_pool *gp = graph_pool_of(d);
+        uint64_t from_idle = need[d] < gp->idle ? need[d] : gp->idle;
+        gp->idle -= from_idle;
+        gp->reserved += need[d] - from_idle;
+        gp->used += need[d];
+        if (gp->reserved > gp->res_high)
+            gp->res_high = gp->reserved;
+        if (gp->used > gp->used_high)
+            gp->used_high = gp->used;
+    }
+    for (struct gnode *n = x->nodes; n; n = n->next) {
+        if (n->is_alloc) {
+            unsigned long long at;
+            if (fg_record(n->ord, n->bytes, K_MEM, c, graph_pool_of(n->ord), n->dptr, &at) == CUDA_SUCCESS)
+                continue;
+            graph_pool_of(n->ord)->used -= n->bytes; /* no host memory for the record */
+            graph_pool_of(n->ord)->idle += n->bytes;
+        } else {
+            struct alloc *a = fg_unlink(n->dptr, K_MEM);
+            if (a)
+                fg_release_alloc(a);
+        }
+    }
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuGraphLaunch(CUgraphExec x, CUstream s) { LOCKED(launch(x, s)); }
+FG_API CUresult cuGraphLaunch_ptsz(CUgraphExec x, CUstream s) { LOCKED(launch(x, s)); }
+
+static CUresult graph_trim(CUdevice d)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (d < 0 || d >= g_nvis)
+        return CUDA_ERROR_INVALID_DEVICE;
+    pool_shrink(graph_pool_of(d), 0);
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuDeviceGraphMemTrim(CUdevice d) { LOCKED(graph_trim(d)); }
+
+/* CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT 0, USED_MEM_HIGH 1, RESERVED_MEM_CURRENT 2, RESERVED_MEM_HIGH 3 */
+static CUresult graph_attr(CUdevice d, int attr, void *value, int set)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (d < 0 || d >= g_nvis)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!value || attr < 0 || attr > 3 || (set && (attr == 0 || attr == 2 || *(uint64_t *)value)))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fg_pool *gp = graph_pool_of(d);
+    uint64_t *v = value;
+    if (set) {
+        if (attr == 1)
+            gp->used_high = gp->used;
+        else
+            gp->res_high = gp->reserved;
+        return CUDA_SUCCESS;
+    }
+    *v = attr == 0 ? gp->used : attr == 1 ? gp->used_high : attr == 2 ? gp->reserved : gp->res_high;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value) { LOCKED(graph_attr(d, attr, value, 0)); }
+FG_API CUresult cuDeviceSetGraphMemAttribute(CUdevice d, int attr, void *value) { LOCKED(graph_attr(d, attr, value, 1)); }
+
+/* ---- stream capture ------------------------------------------------------------------------ */
+
+static CUresult begin_capture(CUstream h, int mode)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_stream *s = stream_of(h);
+    if (!s || s == &g_null_stream || mode < 0 || mode > 2)
+        return CUDA_ERROR_INVALID_VALUE; /* the legacy stream cannot be captured */
+    if (s->capture)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!(s->capture = graph_new()))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { LOCKED(begin_capture(s, mode)); }
+FG_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) { LOCKED(begin_capture(s, mode)); }
+
+static CUresult end_capture(CUstream h, CUgraph *out)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_stream *s = stream_of(h);
+    if (!s || !out || !s->capture)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = (CUgraph)s->capture;
+    s->capture = NULL;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { LOCKED(end_capture(s, g)); }
+FG_API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { LOCKED(end_capture(s, g)); }
+
+/* CU_STREAM_CAPTURE_STATUS_NONE 0, ACTIVE 1; the capture id is the graph's address. */
+static CUresult capture_info(CUstream h, int *status, cuuint64_t *id)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_stream *s = stream_of(h);
+    if (!s || !status)
+        return CUDA_ERROR_INVALID_VALUE;
+    *status = s->capture != NULL;
+    if (id && s->capture)
+        *id = (cuuint64_t)(uintptr_t)s->capture;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuStreamIsCapturing(CUstream s, int *status) { LOCKED(capture_info(s, status, NULL)); }
+FG_API CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { LOCKED(capture_info(s, status, NULL)); }
+FG_API CUresult cuStreamGetCaptureInfo(CUstream s, int *status, cuuint64_t *id) { LOCKED(capture_info(s, status, id)); }
+FG_API CUresult cuStreamGetCaptureInfo_ptsz(CUstream s, int *status, cuuint64_t *id)
+{
+    LOCKED(capture_info(s, status, id));
+}
