@@ -1,18 +1,17 @@
 """CPU cost of `colo top` idle-refreshing on a busy node, and the daemon's cost of serving it.
 
-    python bench/top_cpu.py [--seconds 20] [--size 160x50] [--screenshot docs/top.svg]
+    python bench/top_cpu.py [--seconds 20] [--size 160x50]
 
 A real daemon on 8 simulated GPUs (native/fakegpu) with 200 jobs: 24 run colo-burn under the
 interposer (3 per GPU, some under MPS), the rest wait. `colo top` runs as the CLI runs it, in a
 pseudo-terminal of the given size whose output is read and thrown away. CPU time (utime+stime
 from /proc/PID/stat) of both processes is read over one window without `colo top` (the daemon's
-own background cost) and one with it; the difference is what serving `colo top` costs.
-With --screenshot, the same scene is also saved as an SVG (the README's picture).
+own background cost) and one with it; the difference is what serving `colo top` costs. (The README's picture is drawn by
+`colo demo --screenshot docs/top.svg`, from the demo's scene.)
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import fcntl
 import os
 import pty
@@ -118,24 +117,10 @@ def spawn(argv: list[str], env: dict, cols: int, rows: int) -> tuple[subprocess.
     return p, got
 
 
-def screenshot(d: DaemonProc, path: Path) -> None:
-    from colo.tui.app import make_app
-
-    async def go() -> None:
-        app = make_app(d.client, refresh=0.25)
-        async with app.run_test(size=(150, 44)) as pilot:
-            while app.polls < 24:  # a few seconds of history in the sparklines
-                await pilot.pause(0.05)
-            app.save_screenshot(str(path.name), str(path.parent.resolve()))
-
-    asyncio.run(go())
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--size", default="160x50")
-    ap.add_argument("--screenshot", type=Path)
     ap.add_argument("--json-out", type=Path)
     a = ap.parse_args()
     rep = Report("top_cpu")
@@ -146,9 +131,6 @@ def main() -> int:
         top = None
         try:
             fill(d, Path(tmp))
-            if a.screenshot:
-                screenshot(d, a.screenshot)
-                print(f"wrote {a.screenshot}")
             idle = window({"daemon": d.proc.pid}, a.seconds)
             base = None
             if shutil.which("top"):  # a peer baseline: procps top refreshing every 1 s in the same terminal

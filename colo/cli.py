@@ -722,14 +722,18 @@ def top(once: bool = typer.Option(False, "--once", help="print one plain-text fr
 
 
 @app.command()
-def demo(keep: bool = typer.Option(False, "--keep", help="keep the demo's state dir afterwards")):
+def demo(keep: bool = typer.Option(False, "--keep", help="keep the demo's state dir afterwards"),
+         screenshot: Optional[Path] = typer.Option(None, "--screenshot", metavar="SVG",
+                                                   help="save `colo top` as it stood while heavy-2 was kept off")):
     """Try colo on simulated GPUs: a private daemon, a handful of jobs, a summary.
 
-    Example: colo demo --keep
+    Example: colo demo --keep   ·   colo demo --screenshot docs/top.svg  (the README's picture)
     """
     from .demo import run_demo
 
-    raise typer.Exit(run_demo(keep=keep))
+    if screenshot is not None and not screenshot.parent.is_dir():
+        fail(f"demo: no folder {screenshot.parent} for the screenshot", 2)
+    raise typer.Exit(run_demo(keep=keep, screenshot=screenshot))
 
 
 def _history_rows() -> list[dict]:

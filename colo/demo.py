@@ -1,8 +1,9 @@
 """`colo demo`: a private daemon on simulated GPUs tells colo's story with real jobs (colo-burn):
-two light profiled jobs share a GPU under MPS, a heavy job is kept off a GPU it would saturate,
-a job nobody profiled runs alone, is profiled, and its next run is placed from what was learned,
-a budget refuses one allocation, and the summary says what sharing saved against one job per GPU.
-Stops cleanly unless --keep."""
+two light profiled jobs share a GPU under MPS; a job nobody profiled runs alone, is profiled, and
+its next run is placed from what was learned; a heavy job is kept off a GPU it would saturate;
+meanwhile a budget refuses one allocation; the summary says what sharing saved against one job
+per GPU. Stops cleanly unless --keep. With --screenshot, `colo top` as it stood while heavy-2 was
+kept off and the budget refusal was live is saved as an SVG: the README's picture."""
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -39,7 +41,7 @@ def _write_profiles(d: Path) -> None:
         profiles.save(p, d / f"{name}.profile")
 
 
-def run_demo(keep: bool = False) -> int:
+def run_demo(keep: bool = False, screenshot: Path | None = None) -> int:
     native.ensure_built()
     if shutil.which("nvidia-smi"):
         _say("A real NVIDIA GPU seems present; this demo still uses simulated GPUs. Run the real daemon with "
@@ -69,7 +71,15 @@ def run_demo(keep: bool = False) -> int:
         image = _demo_image() if hello["docker_error"] is None else None
         where = f"containers of the local image {image}" if image else "host processes (no Docker engine here)"
         _say(f"colo demo: a private daemon on 2 simulated 16 GiB GPUs; jobs run colo-burn as {where}.")
-        ok = Story(client, image, root).run()
+        recorder = Recorder(Client(sock, timeout=30)) if screenshot else None
+        story = Story(client, image, root)
+        try:
+            ok = story.run()
+        finally:
+            if recorder:
+                recorder.stop()
+        if recorder and ok:
+            ok = recorder.save(story.kept_off, story.greedy, screenshot)
         return 0 if ok else 1
     except (ClientError, RuntimeError) as e:
         _say(f"colo demo: {e} (daemon log: {root / 'daemon.log'})")
@@ -117,11 +127,65 @@ def _end_leftovers(root: Path) -> None:
             pass
 
 
+class Recorder:
+    """`colo top`'s snapshots through the demo, one per daemon sample, so that a picture
+    of one moment can be drawn afterwards: live jobs would not hold still while the app renders."""
+
+    def __init__(self, client: Client):
+        self.c, self.frames, self.done = client, [], threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.done.is_set():
+            try:
+                self.frames.append(self.c.top())
+            except ClientError:
+                pass
+            self.done.wait(0.5)  # the demo daemon's sample interval
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def save(self, kept_off: int | None, greedy: int | None, path: Path) -> bool:
+        """Draws, after the frames before it, a frame in which `kept_off` waits with its reason: best
+        one where `greedy` runs with its refusal counted, then the one with the most jobs running."""
+        from .tui.app import screenshot
+
+        def job(snap: dict, i: int | None) -> dict:
+            return next((j for j in snap["jobs"] if j["id"] == i), {})
+
+        def kept(snap: dict) -> bool:
+            j = job(snap, kept_off)
+            return j.get("state") == "queued" and "predicted" in (j.get("reason") or "")
+
+        def refused(snap: dict) -> bool:
+            j = job(snap, greedy)
+            return j.get("state") == "running" and bool(j.get("refused"))
+
+        def score(i: int) -> tuple:
+            return refused(self.frames[i]), sum(j["state"] == "running" for j in self.frames[i]["jobs"]), i
+
+        at = [i for i, f in enumerate(self.frames) if kept(f)]
+        if not at:
+            _say(f"colo demo: no snapshot shows job {kept_off} kept off; {path} not written")
+            return False
+        best = max(at, key=score)
+        screenshot(self.frames[:best + 1], path)
+        also = f", job {greedy}'s allocation refused" if refused(self.frames[best]) else ""
+        _say(f"wrote {path}: `colo top` at {time.strftime('%H:%M:%S', time.localtime(self.frames[best]['at']))}, "
+             f"job {kept_off} kept off{also}")
+        return True
+
+
 class Story:
     def __init__(self, client: Client, image: str | None, root: Path):
         self.c, self.image, self.root = client, image, root
         self.burn = "/opt/colo/native/colo-burn" if image else str(native.path(native.BURN))
         self.ids: dict[int, str] = {}
+        self.kept_off: int | None = None  # heavy-2, once submitted
+        self.greedy: int | None = None
         self.gpu_index = {g["uuid"]: g["index"] for g in client.gpus()["gpus"]}
 
     def submit(self, name: str, budget: str, burn_args: list[str], profile: str | None = None) -> int:
@@ -165,20 +229,7 @@ class Story:
             job = self.until("the light jobs to start", lambda j=j: self.state(j, "running", *ENDED))
             _say(f"   job {j} {self.ids[j]:<8} {self.told(j)}")
 
-        _say("\n2. Heavy jobs (95 % SM, cache-bound) saturate a GPU by themselves:")
-        h1 = self.submit("heavy-1", "4GiB", ["--mem", "2GiB", "--duty", "95", "--seconds", "8"], "demo-heavy")
-        job = self.until("heavy-1 to start", lambda: self.state(h1, "running", *ENDED))
-        _say(f"   job {h1} heavy-1  {self.told(h1)}")
-        h2 = self.submit("heavy-2", "4GiB", ["--mem", "2GiB", "--duty", "95", "--seconds", "8"], "demo-heavy")
-        self.until("heavy-2's decision", lambda: self.waits_because(h2, "predicted") or self.state(h2, "running", *ENDED))
-        _say(f"   job {h2} heavy-2  kept off: {self.told(h2).removeprefix('waiting: ')}")
-
-        _say("\n3. A budget holds: a job asks for 2 GiB more than its 1 GiB budget; only that allocation is refused:")
-        g = self.submit("greedy", "1GiB", ["--mem", "512MiB", "--over", "2GiB", "--seconds", "3"], "demo-tiny")
-        job = self.until("greedy to end", lambda: self.state(g, *ENDED))
-        _say(f"   job {g} greedy   {job['state']} ({job['mode']} on {self.where(job)}): {job['reason']}")
-
-        _say("\n4. A job nobody has profiled yet runs alone, so that its first profile is clean:")
+        _say("\n2. A job nobody has profiled yet runs alone, so that its first profile is clean:")
         fresh_args = self.fresh_args = ["--mem", "768MiB", "--duty", "40", "--seconds", "5"]
         f1 = self.submit("fresh", "2GiB", fresh_args)
         job = self.until("fresh to be placed", lambda: self.waits_because(f1, "no profile") or self.state(f1, "running", *ENDED))
@@ -196,12 +247,29 @@ class Story:
             _say(f"   learned from its run: profile {learned.name}, {format_duration(learned.runtime)}, "
                  f"peak SM {learned.peak_sm * 100:.0f} %, peak memory {format_size(learned.peak_mem)}")
 
-        _say("\n5. Its next run is placed from what was learned:")
+        _say("\n3. Its next run is placed from what was learned:")
         c = self.submit("light-c", "2GiB", ["--mem", "1GiB", "--duty", "30", "--seconds", "6"], "demo-light")
         self.until("light-c to start", lambda: self.state(c, "running", *ENDED))
         f2 = self.submit("fresh", "2GiB", fresh_args)
         job = self.until("fresh's second run to start", lambda: self.state(f2, "running", *ENDED))
         _say(f"   job {f2} fresh    {self.told(f2)}")
+
+        _say("\n4. Heavy jobs (95 % SM, cache-bound) saturate a GPU by themselves:")
+        heavy = ["--mem", "2GiB", "--duty", "95", "--seconds"]
+        # heavy-1 outlasts greedy (5.) by far, so that heavy-2 still waits while greedy runs
+        h1 = self.submit("heavy-1", "4GiB", [*heavy, "10"], "demo-heavy")
+        job = self.until("heavy-1 to start", lambda: self.state(h1, "running", *ENDED))
+        _say(f"   job {h1} heavy-1  {self.told(h1)}")
+        h2 = self.kept_off = self.submit("heavy-2", "4GiB", [*heavy, "5"], "demo-heavy")
+        self.until("heavy-2's decision", lambda: self.waits_because(h2, "predicted") or self.state(h2, "running", *ENDED))
+        _say(f"   job {h2} heavy-2  kept off: {self.told(h2).removeprefix('waiting: ')}")
+
+        # While heavy-2 waits, so that one moment shows the whole story (`colo demo --screenshot`).
+        _say("\n5. A budget holds: a job asks for 2 GiB more than its 1 GiB budget; only that allocation is refused:")
+        greedy = ["--mem", "512MiB", "--over", "2GiB", "--seconds", "4"]
+        g = self.greedy = self.submit("greedy", "1GiB", greedy, "demo-tiny")
+        job = self.until("greedy to end", lambda: self.state(g, *ENDED))
+        _say(f"   job {g} greedy   {job['state']} ({job['mode']} on {self.where(job)}): {job['reason']}")
 
         self.until("every job to end", lambda: all(self.state(j, *ENDED) for j in self.ids), timeout=120)
         return self.summary()

@@ -1,4 +1,5 @@
-"""`colo demo` end to end, exactly as a newcomer runs it: each part of the story appears."""
+"""`colo demo` end to end, as a newcomer runs it (with the README's screenshot drawn too): each
+part of the story appears, in the text and in the picture."""
 from __future__ import annotations
 
 import os
@@ -7,9 +8,11 @@ import subprocess
 import sys
 
 
-def test_demo_tells_the_story_and_stops_cleanly():
+def test_demo_tells_the_story_and_stops_cleanly(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("COLO_SOCKET", "COLO_FAKEGPU_STATE")}
-    r = subprocess.run([sys.executable, "-m", "colo", "demo"], capture_output=True, text=True, env=env, timeout=300)
+    svg = tmp_path / "top.svg"
+    r = subprocess.run([sys.executable, "-m", "colo", "demo", "--screenshot", str(svg)], capture_output=True, text=True,
+                       env=env, timeout=300)
     out = r.stdout
     assert r.returncode == 0, out + r.stderr
     # two light profiled jobs share a GPU as MPS clients, with the predicted numbers
@@ -27,6 +30,12 @@ def test_demo_tells_the_story_and_stops_cleanly():
     summary = out.split("\nSummary\n", 1)[1]
     assert len(re.findall(r"\bsucceeded\b", summary)) == 8, summary
     assert re.search(r"What sharing saved: the jobs ran \d+ s in all; .* sharing needed \d+ s \(\d+ % less\)", summary)
+    # the picture: `colo top` while heavy-2 waits with its reason and greedy's refusal is live
+    assert re.search(r"wrote \S+: `colo top` at [\d:]+, job \d+ kept off, job \d+'s allocation refused", out), out
+    shot = svg.read_text().replace("&#160;", " ")
+    for seen in ("light-a", "light-c", "fresh", "greedy", "heavy-1", "heavy-2", "MPS", "TS", "queue: 1 waiting",
+                 "sharing would saturate"):
+        assert seen in shot, seen
     leftovers = subprocess.run(["pgrep", "-f", "colo-demo-"], capture_output=True, text=True).stdout.split()
     assert not leftovers, "the demo left processes behind"
 

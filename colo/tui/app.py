@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 from rich.text import Text
@@ -259,6 +260,42 @@ class ColoTop(App):
 def make_app(client: Client, *, clock: Callable[[], float] | None = None, refresh: float = 1.0) -> ColoTop:
     """The app as the CLI runs it; tests build it here too (a fixed `clock` makes snapshots stable)."""
     return ColoTop(client, clock=clock, refresh=refresh)
+
+
+class _Replay:
+    """Recorded `Client.top()` snapshots served in order on their own clock; after the last one
+    the app stops polling, so that the GPU history ends where the recording did."""
+
+    def __init__(self, frames: list[dict]):
+        self.frames, self.served, self.at = frames, 0, frames[0]["at"]
+        self.app: ColoTop | None = None
+
+    def top(self) -> dict:
+        snap = self.frames[min(self.served, len(self.frames) - 1)]
+        self.served += 1
+        self.at = snap["at"]
+        if self.served >= len(self.frames) and self.app is not None:
+            self.app.refresh_interval = 3600.0  # read as this poll ends, to arm the next
+        return snap
+
+
+def screenshot(frames: list[dict], path: Path, size: tuple[int, int] = (150, 19)) -> None:
+    """Saves as SVG what `colo top` showed after these snapshots (its GPU history drawn from all of them)."""
+    import asyncio
+
+    replay = _Replay(frames)
+
+    async def go() -> None:
+        app = replay.app = make_app(replay, clock=lambda: replay.at, refresh=0.01)  # type: ignore[arg-type]
+        async with app.run_test(size=size) as pilot:
+            while app.polls < len(frames):
+                await pilot.pause(0.02)
+            await pilot.press("home")  # the cursor on the first row, not on the row it followed,
+            app.set_focus(None)  # and drawn blurred: a focused cursor row hides its cells' colours
+            await pilot.pause()
+            app.save_screenshot(path.name, str(path.parent.resolve()))
+
+    asyncio.run(go())
 
 
 def run_top(client: Client, once: bool = False, lines: int | None = None) -> int:
