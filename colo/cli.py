@@ -605,8 +605,10 @@ def _ended(sock, since: Optional[str], user: List[str]) -> list[dict]:
 
 
 @app.command()
-def history(since: Optional[str] = SinceOpt, user: List[str] = UserOpt, sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
-    """Ended jobs, as sacct shows them: waited, ran, GPUs, GPU-hours, budget, exit.
+def history(since: Optional[str] = SinceOpt, user: List[str] = UserOpt,
+            sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """Ended jobs, as sacct shows them: waited, ran, GPUs, GPU-hours, budget, exit, and SLOWDOWN: its
+    run time over its profile's run time alone (— where it had no profile or did not succeed).
 
     Example: colo history --since 1d --user alice
     """
@@ -617,28 +619,42 @@ def history(since: Optional[str] = SinceOpt, user: List[str] = UserOpt, sock: Op
         return print_json(figs)
     rows = [[f["id"], f["name"] or "-", f["user"], f["state"], "-" if f["exit_code"] is None else f["exit_code"],
              format_duration(f["waited"]), format_duration(f["ran"]), f["gpus"], f"{f['gpu_hours']:.2f}",
-             format_size(f["budget"]) if f["budget"] else "-"] for f in safe_tree(figs)]
-    typer.echo(table(rows, ["ID", "NAME", "USER", "STATE", "EXIT", "WAITED", "RAN", "GPUS", "GPU-H", "BUDGET"]))
+             format_size(f["budget"]) if f["budget"] else "-", rp.times(f["slowdown"])] for f in safe_tree(figs)]
+    typer.echo(table(rows, ["ID", "NAME", "USER", "STATE", "EXIT", "WAITED", "RAN", "GPUS", "GPU-H", "BUDGET",
+                            "SLOWDOWN"]))
 
 
 @app.command()
-def report(since: Optional[str] = SinceOpt, user: List[str] = UserOpt, sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
-    """Per user: jobs, GPU-hours, waiting; for the node: what sharing GPUs saved against one job
-    per GPU (the GPU-hours the same jobs take each alone on its GPUs, less the GPU-hours the
-    GPUs were busy).
+def report(since: Optional[str] = SinceOpt, user: List[str] = UserOpt,
+           svg: Optional[Path] = typer.Option(None, "--svg", help="also write the report as an SVG image to "
+                                              "this file: GPU-hours and GiB-hours budgeted per user, and per day "
+                                              "GPU-hours one job per GPU would take, busy and saved"),
+           sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """Per user: jobs, GPU-hours, waiting, slowdown against alone (run time over the profile's run
+    time alone, over the succeeded jobs that had a profile: "—" where none had); for the node:
+    what sharing GPUs saved against one job per GPU (the GPU-hours the same jobs take each alone
+    on its GPUs, less the GPU-hours the GPUs were busy).
 
-    Example: colo report --since 30d
+    Example: colo report --since 30d   ·   colo report --since 30d --svg report.svg
     """
     from . import report as rp
 
     r = rp.report(_ended(sock, since, user))
+    if svg is not None:
+        try:  # the caller's own file, written as the caller
+            svg.write_text(rp.svg(r, f"colo report, last {since}" if since else "colo report"), encoding="utf-8")
+        except OSError as e:
+            fail(f"--svg {svg}: {e.strerror}")
     if as_json:
         return print_json(r)
     r = safe_tree(r)
     rows = [[u["user"], u["jobs"], u["succeeded"], u["failed"], f"{u['gpu_hours']:.2f}",
-             f"{u['gib_hours_budgeted']:.1f}", format_duration(u["wait_median"]), format_duration(u["wait_max"])]
+             f"{u['gib_hours_budgeted']:.1f}", format_duration(u["wait_median"]), format_duration(u["wait_max"]),
+             rp.times(u["slowdown_median"]), rp.times(u["slowdown_max"]), u["slowdown_jobs"]]
             for u in r["users"]]
-    typer.echo(table(rows, ["USER", "JOBS", "OK", "FAILED", "GPU-H", "GIB-H BUDGETED", "WAIT P50", "WAIT MAX"]))
+    typer.echo(table(rows, ["USER", "JOBS", "OK", "FAILED", "GPU-H", "GIB-H BUDGETED", "WAIT P50", "WAIT MAX",
+                            "SLOWDOWN P50", "MAX", "OF JOBS"]))
+    typer.echo("(slowdown: run time / the profile's run time alone, over the succeeded jobs that had a profile)")
     typer.echo("")
     typer.echo(f"{r['jobs']} jobs ended in the period. One job per GPU they would have taken "
                f"{r['gpu_hours_one_per_gpu']:.2f} GPU-hours; the GPUs were busy {r['gpu_hours_busy']:.2f}: "
@@ -646,6 +662,11 @@ def report(since: Optional[str] = SinceOpt, user: List[str] = UserOpt, sock: Opt
     if r["users"]:
         typer.echo("")
         typer.echo("\n".join(rp.bars([(u["user"], u["gpu_hours"]) for u in r["users"]], unit=" GPU-h")))
+    if len(r["days"]) > 1:
+        typer.echo("\nGPU-hours saved per day:")
+        typer.echo("\n".join(rp.bars([(d["day"], d["gpu_hours_saved"]) for d in r["days"]], unit=" GPU-h")))
+    if svg is not None:
+        typer.echo(f"\nwrote {svg}")
 
 
 # the daemon ----------------------------------------------------------------------------------

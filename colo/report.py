@@ -5,6 +5,11 @@ GPU-hours of a job "run one per GPU" = its GPUs x its run time: what the same jo
 has each GPU to itself (the placement study's exclusive-instance baseline). GPU-hours the node
 actually spent = for each GPU, the time at least one job ran on it. Their difference is what
 co-location saved (jobs that overlapped on a GPU were paid for once).
+
+Slowdown against alone = a succeeded job's run time / its profile's run time alone (the profile
+colo placed it with, learned from earlier runs; colo/daemon/learning.py records it at the job's
+end). None ("—" in tables) for a job with no profile, or one that did not succeed (it stopped
+early, so its run time says nothing about speed).
 """
 from __future__ import annotations
 
@@ -32,11 +37,14 @@ def job_figures(row: dict) -> dict:
     ran = max(0.0, (end if end is not None else start) - start) if started else 0.0
     ngpus = len(row.get("gpus") or []) or ((spec.get("gpus") or 0) if started else 0)
     budget = spec.get("gpu_mem") or 0
+    alone = row.get("alone_s")
+    slow = ran / alone if alone and ran > 0 and row.get("state") == "succeeded" else None
     return {"id": row["id"], "name": spec.get("name"), "user": row.get("user"), "state": row.get("state"),
             "exit_code": row.get("exit_code"), "submitted_at": sub, "started_at": start, "ended_at": end,
             "waited": max(0.0, (start if started else (end if end is not None else sub)) - sub), "ran": ran, "gpus": ngpus,
             "gpu_hours": ngpus * ran / 3600.0, "budget": budget,
-            "gib_hours_budgeted": budget * ngpus * ran / 3600.0 / 1024**3}
+            "gib_hours_budgeted": budget * ngpus * ran / 3600.0 / 1024**3,
+            "alone_s": alone, "slowdown": slow, "predicted_slowdown": row.get("predicted_slowdown")}
 
 
 def select(rows: Iterable[dict], since: float | None = None, users: list[str] | None = None,
@@ -80,23 +88,70 @@ def report(rows: list[dict]) -> dict:
     users: dict[str, dict] = {}
     for f in figs:
         u = users.setdefault(f["user"], {"user": f["user"], "jobs": 0, "succeeded": 0, "failed": 0,
-                                         "gpu_hours": 0.0, "gib_hours_budgeted": 0.0, "waits": []})
+                                         "gpu_hours": 0.0, "gib_hours_budgeted": 0.0, "waits": [], "slow": []})
         u["jobs"] += 1
         u["succeeded"] += f["state"] == "succeeded"
         u["failed"] += f["state"] in ("failed", "lost")
         u["gpu_hours"] += f["gpu_hours"]
         u["gib_hours_budgeted"] += f["gib_hours_budgeted"]
         u["waits"].append(f["waited"])
+        if f["slowdown"] is not None:
+            u["slow"].append(f["slowdown"])
     for u in users.values():
         w = sorted(u.pop("waits"))
         u["wait_median"] = w[len(w) // 2] if w else 0.0
         u["wait_max"] = w[-1] if w else 0.0
+        sl = sorted(u.pop("slow"))  # over the jobs whose slowdown is known (slowdown_jobs of them)
+        u["slowdown_jobs"] = len(sl)
+        u["slowdown_median"] = sl[len(sl) // 2] if sl else None
+        u["slowdown_max"] = sl[-1] if sl else None
     exclusive = sum(f["gpu_hours"] for f in figs)
     busy = busy_gpu_hours(rows)
     return {"jobs": len(figs), "users": sorted(users.values(), key=lambda u: -u["gpu_hours"]),
             "gpu_hours_one_per_gpu": exclusive, "gpu_hours_busy": busy,
             "gpu_hours_saved": max(0.0, exclusive - busy),
-            "saved_fraction": (exclusive - busy) / exclusive if exclusive > 0 else 0.0}
+            "saved_fraction": (exclusive - busy) / exclusive if exclusive > 0 else 0.0,
+            "days": per_day(rows)}
+
+
+def _days(s: float, e: float) -> Iterable[tuple[str, float]]:
+    """(local date, seconds) of the span [s, e) cut at local midnights."""
+    from datetime import datetime, timedelta
+
+    t = s
+    while t < e:
+        d = datetime.fromtimestamp(t)
+        nxt = (d.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)).timestamp()
+        yield d.date().isoformat(), min(e, nxt) - t
+        t = nxt
+
+
+def per_day(rows: Iterable[dict]) -> list[dict]:
+    """Per local day: GPU-hours one job per GPU would take, GPU-hours the GPUs were busy, saved."""
+    excl: dict[str, float] = {}
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        s, e = r.get("started_at"), r.get("ended_at")
+        if s is None or e is None or e <= s:
+            continue
+        for g in r.get("gpus") or []:
+            spans.setdefault(g, []).append((s, e))
+            for day, secs in _days(s, e):
+                excl[day] = excl.get(day, 0.0) + secs / 3600.0
+    busy: dict[str, float] = {}
+    for lst in spans.values():  # merged per GPU, then cut into days
+        lst.sort()
+        merged = [list(lst[0])]
+        for s, e in lst[1:]:
+            if s > merged[-1][1]:
+                merged.append([s, e])
+            else:
+                merged[-1][1] = max(merged[-1][1], e)
+        for s, e in merged:
+            for day, secs in _days(s, e):
+                busy[day] = busy.get(day, 0.0) + secs / 3600.0
+    return [{"day": d, "gpu_hours_one_per_gpu": excl[d], "gpu_hours_busy": busy.get(d, 0.0),
+             "gpu_hours_saved": max(0.0, excl[d] - busy.get(d, 0.0))} for d in sorted(excl)]
 
 
 def bars(items: list[tuple[str, float]], width: int = 40, unit: str = "") -> list[str]:
@@ -105,3 +160,71 @@ def bars(items: list[tuple[str, float]], width: int = 40, unit: str = "") -> lis
     lw = max((len(label) for label, _ in items), default=0)
     return [f"{label:<{lw}}  {'█' * (round(v / top * width) if top > 0 else 0):<{width}}  {v:.2f}{unit}"
             for label, v in items]
+
+
+def times(x: float | None) -> str:
+    """A slowdown as tables show it: 1.23x, or — where unknown."""
+    return "—" if x is None else f"{x:.2f}x"
+
+
+def _esc(text: str) -> str:
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+            .encode("ascii", "xmlcharrefreplace").decode())
+
+
+def svg(r: dict, title: str = "colo report") -> str:
+    """The report as an SVG image, plain text written here (no plotting library): per user,
+    GPU-hours and GiB-hours budgeted; per day, GPU-hours one job per GPU would take against
+    those the GPUs were busy (the gap is what sharing saved)."""
+    W, left, bar, gap = 760, 150, 14, 6
+    out: list[str] = []
+    y = 40
+
+    def text(x: float, yy: float, t: str, size: int = 12, anchor: str = "start", weight: str = "normal") -> None:
+        out.append(f'<text x="{x:.1f}" y="{yy:.1f}" font-size="{size}" text-anchor="{anchor}" '
+                   f'font-weight="{weight}">{_esc(t)}</text>')
+
+    def rect(x: float, yy: float, w: float, h: float, color: str, tip: str) -> None:
+        out.append(f'<rect x="{x:.1f}" y="{yy:.1f}" width="{max(w, 0.0):.1f}" height="{h}" fill="{color}">'
+                   f"<title>{_esc(tip)}</title></rect>")
+
+    def chart(heading: str, items: list[tuple[str, list[tuple[float, str, str]]]], unit: str) -> None:
+        nonlocal y
+        text(10, y, heading, 14, weight="bold")
+        y += 12
+        top = max((v for _, vals in items for v, _, _ in vals), default=0.0) or 1.0
+        span = W - left - 90
+        for label, vals in items:
+            text(left - 8, y + bar * len(vals) / 2 + 4, label, anchor="end")
+            for v, color, what in vals:
+                rect(left, y, v / top * span, bar - 2, color, f"{label}: {what} {v:.2f} {unit}")
+                text(left + v / top * span + 4, y + bar - 4, f"{v:.2f}", 10)
+                y += bar
+            y += gap
+        y += 18
+
+    def legend(entries: list[tuple[str, str]]) -> None:
+        nonlocal y
+        x = left
+        for color, what in entries:
+            rect(x, y - 10, 12, 12, color, what)
+            text(x + 16, y, what, 11)
+            x += 20 + 7 * len(what)
+        y += 22
+
+    text(10, 22, f"{title}: {r['jobs']} jobs; sharing saved {r['gpu_hours_saved']:.2f} of "
+                 f"{r['gpu_hours_one_per_gpu']:.2f} GPU-hours ({r['saved_fraction'] * 100:.1f} %)", 15, weight="bold")
+    y = 50
+    chart("GPU-hours per user (each job counted one per GPU)",
+          [(u["user"], [(u["gpu_hours"], "#4878a8", "GPU-hours")]) for u in r["users"]], "GPU-hours")
+    chart("GiB-hours of GPU memory budgeted per user",
+          [(u["user"], [(u["gib_hours_budgeted"], "#e0a040", "GiB-hours")]) for u in r["users"]], "GiB-hours")
+    legend([("#9aa7b4", "one job per GPU would take"), ("#4878a8", "GPUs busy (shared)"),
+            ("#58a058", "saved")])
+    chart("Per day (GPU-hours)", [(d["day"], [(d["gpu_hours_one_per_gpu"], "#9aa7b4", "one job per GPU"),
+                                               (d["gpu_hours_busy"], "#4878a8", "GPUs busy"),
+                                               (d["gpu_hours_saved"], "#58a058", "saved")])
+                                  for d in r.get("days", [])], "GPU-hours")
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{y:.0f}" viewBox="0 0 {W} {y:.0f}" '
+            'font-family="sans-serif">\n<rect width="100%" height="100%" fill="white"/>\n'
+            + "\n".join(out) + "\n</svg>\n")

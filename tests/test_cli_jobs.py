@@ -336,3 +336,33 @@ def test_after_any_and_after_fail(daemon, tmp_path):
     assert r.returncode == 1 and "dependency not met (--after-fail)" in r.stderr, r.stderr
     r = daemon.cli("submit", "--after-any", "999999", *cpu)
     assert r.returncode == 1 and r.stderr == "colo: --after-any 999999: no such job\n", r.stderr
+
+
+def test_report_says_slowdown_against_alone_where_known_and_draws_an_svg(daemon, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    from colo import report as rp
+
+    known = daemon.submit("--process", "--gpu-mem", "1GiB", "--profile", "alexnet", "--", "sleep", "0.2")
+    unknown = daemon.submit("--process", "--gpu-mem", "1GiB", "--", "true")
+    assert daemon.cli("wait", str(known), str(unknown)).returncode == 0
+    # what the job's end taught is stored just after it ends
+    hist = wait_for(lambda: (h := json.loads(daemon.cli("history", "--json", check=True).stdout))
+                    and h[0]["alone_s"] and h, 30, "the end to be set against the profile")
+    a, b = hist
+    assert a["slowdown"] == pytest.approx(a["ran"] / a["alone_s"]) and b["alone_s"] is None and b["slowdown"] is None
+    table = daemon.cli("history", check=True).stdout.splitlines()
+    assert table[0].split()[-1] == "SLOWDOWN" and table[1].split()[-1] == rp.times(a["slowdown"])
+    assert table[2].split()[-1] == "—"
+    svg = tmp_path / "r.svg"
+    out = daemon.cli("report", "--svg", str(svg), check=True).stdout
+    assert "SLOWDOWN P50" in out.splitlines()[0] and rp.times(a["slowdown"]) in out and f"wrote {svg}" in out
+    root = ET.parse(svg).getroot()  # well-formed SVG with a bar per user and per day
+    assert root.tag.endswith("svg") and len(root.findall("{http://www.w3.org/2000/svg}rect")) >= 4
+    r = json.loads(daemon.cli("report", "--json", check=True).stdout)
+    assert r["users"][0]["slowdown_jobs"] == 1 and r["days"][0]["gpu_hours_one_per_gpu"] > 0
+    r = daemon.cli("report", "--svg", str(tmp_path / "no" / "such" / "r.svg"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "No such file" in r.stderr
+    # no profile anywhere: the per-user figure is "—", not 0
+    row = {"id": 1, "user": "u", "state": "succeeded", "gpus": ["A"], "started_at": 0.0, "ended_at": 9.0, "spec": {}}
+    assert rp.times(rp.report([row])["users"][0]["slowdown_median"]) == "—"

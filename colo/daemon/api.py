@@ -352,13 +352,16 @@ class Api:
         return protocol.Raw(head[:-1] + b',"jobs":' + self.rows(live + recent) + b"}")
 
     async def history(self, caller: Caller, args: dict) -> list[dict]:
-        """Ended jobs for `colo sim --from-history`; others' environments and mounts stay private."""
+        """Ended jobs for `colo history`, `report` and `sim --from-history`, each with its profile's run
+        time alone where known; others' environments and mounts stay private."""
         admin = is_admin(caller, self.d.config.admin_group)
+        alone = self.d.store.alone_times()  # for `colo report`: slowdown against alone
         out = []
         for j in self.d.all_jobs():
             if j.state not in TERMINAL:
                 continue
             row = j.to_dict()
+            row["alone_s"], row["predicted_slowdown"] = alone.get(j.id, (None, None))
             if j.uid != caller.uid and not admin:
                 row["spec"].update(env={}, mounts=[], workdir=None)
             out.append(row)
