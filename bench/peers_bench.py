@@ -17,7 +17,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ sys.path.insert(0, str(HERE))
 
 from benchlib import Report, daemon_log_problems  # noqa: E402
 from daemon_util import DaemonProc, wait_for  # noqa: E402
+from slurm_util import SlurmNode, munge_up  # noqa: E402
 
 from colo import fakegpu  # noqa: E402
 
@@ -50,12 +50,6 @@ def timed(argv: list[str], n: int, env: dict, cwd: str = "/tmp") -> tuple[float,
 def sh_out(argv: list[str], env: dict | None = None) -> str:
     r = subprocess.run(argv, capture_output=True, text=True, env=env)
     return (r.stdout + r.stderr).strip()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- task-spooler -------------------------------------------------------------------------------
@@ -95,81 +89,6 @@ def bench_tsp(rep: Report, root: Path, q: int, n: int) -> None:
 
 # --- Slurm --------------------------------------------------------------------------------------
 
-def munge_up() -> None:
-    ok = lambda: subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0  # noqa: E731
-    if ok():
-        return
-    os.makedirs("/run/munge", exist_ok=True)
-    shutil.chown("/run/munge", "munge", "munge")
-    if not os.path.exists("/etc/munge/munge.key"):
-        subprocess.run(["runuser", "-u", "munge", "--", "mungekey", "--create"], check=True)
-    subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True)
-    wait_for(ok, 20, "munged to answer")
-
-
-class Slurm:
-    """slurmctld + slurmd for one node (this host, 2 CPUs declared) in a private folder."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        root.mkdir()
-        for d in ("state", "spool"):
-            (root / d).mkdir()
-        node = socket.gethostname().split(".")[0]
-        self.conf = root / "slurm.conf"
-        self.conf.write_text(f"""ClusterName=colobench
-SlurmctldHost={node}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
-SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/builtin
-MpiDefault=none
-SwitchType=switch/none
-ReturnToService=2
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-SlurmdParameters=config_overrides
-MaxJobCount=100000
-MinJobAge=600
-NodeName={node} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
-PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-""")
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self) -> "Slurm":
-        for exe in ("slurmctld", "slurmd"):
-            self.procs.append(subprocess.Popen([exe, "-D"], env=self.env, stdout=subprocess.DEVNULL,
-                                               stderr=open(self.root / f"{exe}.err", "wb"), start_new_session=True))
-        wait_for(lambda: subprocess.run(["sinfo", "-h", "-o", "%T"], env=self.env, capture_output=True,
-                                        text=True).stdout.strip() == "idle", 90, "the Slurm node to be idle")
-        return self
-
-    def stop(self) -> None:
-        subprocess.run(["scancel", "--full", "--partition", "main"], env=self.env, capture_output=True)
-        for p in reversed(self.procs):
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
 def bench_slurm(rep: Report, root: Path, q: int, n: int) -> None:
     missing = [e for e in ("slurmctld", "slurmd", "sbatch", "squeue", "munged") if shutil.which(e) is None]
     if missing or os.geteuid() != 0:
@@ -177,7 +96,7 @@ def bench_slurm(rep: Report, root: Path, q: int, n: int) -> None:
                  "apt-get install slurm-wlm munge)")
         return
     munge_up()
-    s = Slurm(root / "slurm").start()
+    s = SlurmNode(root / "slurm", cluster="colobench", cpus=2, extra=("MaxJobCount=100000",)).start()
     try:
         env = s.env
         sb = ["sbatch", "--parsable", "-o", "/dev/null", "-e", "/dev/null"]

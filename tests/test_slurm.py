@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +19,7 @@ import pytest
 from colo import fakegpu, native, profiles
 from colo.slurm import SlurmError, allocation, job_exit, profile_key, slurm_count
 from daemon_util import DaemonProc, wait_for
+from slurm_util import SlurmNode, munge_up
 
 GiB = 1024**3
 REQUIRE = os.environ.get("COLO_REQUIRE_SLURM") == "1"
@@ -56,110 +54,10 @@ out.write("done\n")
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _need(msg: str):
     if REQUIRE:
         pytest.fail(f"COLO_REQUIRE_SLURM=1 but {msg}")
     pytest.skip(msg)
-
-
-def _munge_up() -> None:
-    ok = lambda: subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0  # noqa: E731
-    if ok():
-        return
-    os.makedirs("/run/munge", exist_ok=True)
-    shutil.chown("/run/munge", "munge", "munge")
-    if not os.path.exists("/etc/munge/munge.key"):
-        subprocess.run(["runuser", "-u", "munge", "--", "mungekey", "--create"], check=True)
-    subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True)
-    wait_for(ok, 20, "munged to answer")
-
-
-class SlurmNode:
-    """slurmctld + slurmd for one node named after this host, in a private folder."""
-
-    def __init__(self, root: Path, gpumem: str, plugstack: str):
-        self.root = root
-        self.conf = root / "slurm.conf"
-        self.node = socket.gethostname().split(".")[0]
-        root.mkdir(exist_ok=True)
-        for d in ("state", "spool"):
-            (root / d).mkdir()
-        (root / "gres.conf").write_text(f"Name=gpumem Count={gpumem} Flags=CountOnly\n")
-        (root / "plugstack.conf").write_text(plugstack + "\n")
-        self.conf.write_text(f"""
-ClusterName=colotest
-SlurmctldHost={self.node}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
-SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
-PlugStackConfig={root}/plugstack.conf
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerType=sched/builtin
-MpiDefault=none
-SwitchType=switch/none
-ReturnToService=2
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-SlurmdParameters=config_overrides
-KillWait=30
-MinJobAge=600
-GresTypes=gpumem
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs=8 Gres=gpumem:{gpumem} State=UNKNOWN
-PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-""")
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self) -> "SlurmNode":
-        for exe in ("slurmctld", "slurmd"):
-            self.procs.append(subprocess.Popen([exe, "-D"], env=self.env, stdout=subprocess.DEVNULL,
-                                               stderr=open(self.root / f"{exe}.err", "wb")))
-        wait_for(lambda: self.run("sinfo", "-h", "-o", "%T").stdout.strip() == "idle", 60,
-                 "the Slurm node to be idle")
-        return self
-
-    def run(self, *args: str, user=None) -> subprocess.CompletedProcess:
-        kw = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user else {}
-        return subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=60, cwd="/tmp", **kw)
-
-    def sbatch(self, script: Path, *opts: str, user=None) -> int:
-        r = self.run("sbatch", "--parsable", *opts, str(script), user=user)
-        assert r.returncode == 0, r.stderr
-        return int(r.stdout.strip().split(";")[0])
-
-    def state(self, job: int) -> tuple[str, str]:
-        r = self.run("squeue", "-h", "-j", str(job), "-o", "%T %r")
-        parts = r.stdout.split()
-        return (parts[0], parts[1] if len(parts) > 1 else "") if parts else ("", "")
-
-    def stop(self) -> None:
-        self.run("scancel", "--full", "--partition", "main")
-        for p in reversed(self.procs):
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +71,7 @@ def cluster(other_user, native_dir):
         _need("colo's SPANK plugin is not built (libslurm-dev missing when native/ was built)")
     if os.geteuid() != 0:
         _need("slurmd must run as root")
-    _munge_up()
+    munge_up()
     root = Path(tempfile.mkdtemp(prefix="colo-slurm-"))
     os.chmod(root, 0o755)
     shared = root / "jobs"  # scripts and outputs of the jobs' user
@@ -192,7 +90,7 @@ def cluster(other_user, native_dir):
     profiles.save(p, prof / "light.profile")
     home = root / "colo"
     home.mkdir(mode=0o755)
-    node = SlurmNode(root / "slurm", "12G", "")
+    node = SlurmNode(root / "slurm", gpumem="12G", plugstack="", extra=("KillWait=30",))
     d = DaemonProc(home, fk / "state", {"profile_dirs": [str(prof)], "mps_idle_stop": 600.0, "multi_user_mps": True,
                                          "shared_profiles": str(root / "shared-profiles")},
                    env={"SLURM_CONF": str(node.conf)}).start()
