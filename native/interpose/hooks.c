@@ -97,11 +97,17 @@ static void *library(int nvml)
     return h;
 }
 
-static void *real(int id)
+static void *real_slow(int id);
+/* The driver's function: one load once resolved (every wrapper starts here). */
+static inline __attribute__((always_inline)) void *real(int id)
 {
     void *p = LOAD(&reals[id]);
-    if (p) return p;
-    p = real_dlsym(RTLD_NEXT, names[id]);
+    return __builtin_expect(p != NULL, 1) ? p : real_slow(id);
+}
+
+static __attribute__((noinline)) void *real_slow(int id)
+{
+    void *p = real_dlsym(RTLD_NEXT, names[id]);
     if (!p || is_ours(p)) {
         void *h = library(is_nvml[id]);
         p = h ? real_dlsym(h, names[id]) : NULL;
@@ -115,6 +121,16 @@ static void *real(int id)
     __typeof__(T) f = (__typeof__(T))real(H_##id);                                                 \
     if (!f) return missing
 #define ON (ledger_enabled())
+
+/* A one-argument entry point whose success we only have to follow with `then` (on x). */
+#define AFTER_SUCCESS(name, T, then)                                                               \
+    EXPORT CUresult name(T x)                                                                     \
+    {                                                                                              \
+        REAL(name, CUresult(*)(T), f, CUDA_ERROR_NOT_FOUND);                                       \
+        CUresult rc = f(x);                                                                        \
+        if (ON && rc == CUDA_SUCCESS) { then; }                                                    \
+        return rc;                                                                                 \
+    }
 
 /* ---- accounting helpers ---------------------------------------------------------------------- */
 
@@ -310,35 +326,24 @@ static CUresult mipmap_destroy_raw(CUmipmappedArray a)
 
 static uint64_t pitch_estimate(uint64_t w, uint64_t h) { return mul_sat((w + 511) & ~511ULL, h); }
 
-EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem)
-{
-    REAL(cuMemAllocPitch_v2, CUresult(*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int), f,
-         CUDA_ERROR_NOT_FOUND);
-    if (!ON || !dptr || !pitch || !w || !h) return f(dptr, pitch, w, h, elem);
-    int dev = cur_dev();
-    uint64_t est = pitch_estimate(w, h);
-    int e = admit(dev, est);
-    if (e) return e;
-    CUresult rc = f(dptr, pitch, w, h, elem);
-    if (rc != CUDA_SUCCESS) { ledger_release(dev, est); return rc; }
-    return settle_pitch(dev, est, mul_sat(*pitch, h), *dptr, free_v2_raw);
-}
-
-EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int w, unsigned int h,
-                                unsigned int elem)
-{
-    REAL(cuMemAllocPitch,
-         CUresult(*)(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int, unsigned int), f,
-         CUDA_ERROR_NOT_FOUND);
-    if (!ON || !dptr || !pitch || !w || !h) return f(dptr, pitch, w, h, elem);
-    int dev = cur_dev();
-    uint64_t est = pitch_estimate(w, h);
-    int e = admit(dev, est);
-    if (e) return e;
-    CUresult rc = f(dptr, pitch, w, h, elem);
-    if (rc != CUDA_SUCCESS) { ledger_release(dev, est); return rc; }
-    return settle_pitch(dev, est, mul_sat(*pitch, h), *dptr, free_v1_raw);
-}
+#define ALLOC_PITCH(name, P, S, freefn)                                                            \
+    EXPORT CUresult name(P *dptr, S *pitch, S w, S h, unsigned int elem)                          \
+    {                                                                                              \
+        REAL(name, CUresult(*)(P *, S *, S, S, unsigned int), f, CUDA_ERROR_NOT_FOUND);            \
+        if (!ON || !dptr || !pitch || !w || !h) return f(dptr, pitch, w, h, elem);                 \
+        int dev = cur_dev();                                                                       \
+        uint64_t est = pitch_estimate(w, h);                                                       \
+        int e = admit(dev, est);                                                                   \
+        if (e) return e;                                                                           \
+        CUresult rc = f(dptr, pitch, w, h, elem);                                                  \
+        if (rc != CUDA_SUCCESS) {                                                                  \
+            ledger_release(dev, est);                                                              \
+            return rc;                                                                             \
+        }                                                                                          \
+        return settle_pitch(dev, est, mul_sat(*pitch, h), *dptr, freefn);                          \
+    }
+ALLOC_PITCH(cuMemAllocPitch_v2, CUdeviceptr, size_t, free_v2_raw)
+ALLOC_PITCH(cuMemAllocPitch, CUdeviceptr_v1, unsigned int, free_v1_raw)
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p)
 {
@@ -435,38 +440,20 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, voi
 
 /* ---- arrays: sized from the descriptor (texel size x extent), recorded by handle ---------------- */
 
-EXPORT CUresult cuArrayCreate_v2(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR *d)
-{
-    REAL(cuArrayCreate_v2, CUresult(*)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *), f, CUDA_ERROR_NOT_FOUND);
-    if (!ON || !ph || !d) return f(ph, d);
-    COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), K_ARRAY,
-                  f(ph, d), (uintptr_t)*ph, array_destroy_raw(*ph));
-}
-
-EXPORT CUresult cuArrayCreate(CUarray *ph, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
-{
-    REAL(cuArrayCreate, CUresult(*)(CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *), f, CUDA_ERROR_NOT_FOUND);
-    if (!ON || !ph || !d) return f(ph, d);
-    COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), K_ARRAY,
-                  f(ph, d), (uintptr_t)*ph, array_destroy_raw(*ph));
-}
-
-EXPORT CUresult cuArray3DCreate_v2(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d)
-{
-    REAL(cuArray3DCreate_v2, CUresult(*)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *), f, CUDA_ERROR_NOT_FOUND);
-    /* Sparse / deferred arrays have no backing of their own: it comes from cuMemCreate. */
-    if (!ON || !ph || !d || (d->Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING))) return f(ph, d);
-    COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), K_ARRAY,
-                  f(ph, d), (uintptr_t)*ph, array_destroy_raw(*ph));
-}
-
-EXPORT CUresult cuArray3DCreate(CUarray *ph, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
-{
-    REAL(cuArray3DCreate, CUresult(*)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *), f, CUDA_ERROR_NOT_FOUND);
-    if (!ON || !ph || !d) return f(ph, d);
-    COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), K_ARRAY,
-                  f(ph, d), (uintptr_t)*ph, array_destroy_raw(*ph));
-}
+/* Sparse / deferred arrays have no backing of their own: it comes from cuMemCreate. */
+#define ARRAY_CREATE(name, Desc, depth, flags)                                                    \
+    EXPORT CUresult name(CUarray *ph, const Desc *d)                                              \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUarray *, const Desc *), f, CUDA_ERROR_NOT_FOUND);                 \
+        if (!ON || !ph || !d || ((flags) & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING))) \
+            return f(ph, d);                                                                       \
+        COUNTED_ALLOC(cur_dev(), array_bytes(d->Width, d->Height, depth, d->Format, d->NumChannels), K_ARRAY, \
+                      f(ph, d), (uintptr_t)*ph, array_destroy_raw(*ph));                           \
+    }
+ARRAY_CREATE(cuArrayCreate_v2, CUDA_ARRAY_DESCRIPTOR, 1, 0)
+ARRAY_CREATE(cuArrayCreate, CUDA_ARRAY_DESCRIPTOR_v1, 1, 0)
+ARRAY_CREATE(cuArray3DCreate_v2, CUDA_ARRAY3D_DESCRIPTOR, d->Depth, d->Flags)
+ARRAY_CREATE(cuArray3DCreate, CUDA_ARRAY3D_DESCRIPTOR_v1, d->Depth, 0)
 
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *ph, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
 {
@@ -536,43 +523,25 @@ static int primary_active(CUdevice dev)
     return active;
 }
 
-/* The last release destroys the primary context (and everything allocated in it). */
-#define PRIMARY_RELEASE(name)                                                                      \
+/* A reset destroys the primary context (and everything allocated in it); so does the last
+ * release (only_last: the context may still be active after it). */
+#define PRIMARY_TEARDOWN(name, only_last)                                                          \
     EXPORT CUresult name(CUdevice dev)                                                            \
     {                                                                                              \
         REAL(name, CUresult(*)(CUdevice), f, CUDA_ERROR_NOT_FOUND);                                \
         if (!ON) return f(dev);                                                                    \
         uint64_t pc = primary_ctx(dev);                                                            \
         CUresult rc = f(dev);                                                                      \
-        if (rc == CUDA_SUCCESS && pc && !primary_active(dev)) drop_ctx(pc);                        \
+        if (rc == CUDA_SUCCESS && pc && (!(only_last) || !primary_active(dev))) drop_ctx(pc);      \
         return rc;                                                                                 \
     }
-PRIMARY_RELEASE(cuDevicePrimaryCtxRelease)
-PRIMARY_RELEASE(cuDevicePrimaryCtxRelease_v2)
+PRIMARY_TEARDOWN(cuDevicePrimaryCtxRelease, 1)
+PRIMARY_TEARDOWN(cuDevicePrimaryCtxRelease_v2, 1)
+PRIMARY_TEARDOWN(cuDevicePrimaryCtxReset, 0)
+PRIMARY_TEARDOWN(cuDevicePrimaryCtxReset_v2, 0)
 
-#define PRIMARY_RESET(name)                                                                        \
-    EXPORT CUresult name(CUdevice dev)                                                            \
-    {                                                                                              \
-        REAL(name, CUresult(*)(CUdevice), f, CUDA_ERROR_NOT_FOUND);                                \
-        if (!ON) return f(dev);                                                                    \
-        uint64_t pc = primary_ctx(dev);                                                            \
-        CUresult rc = f(dev);                                                                      \
-        if (rc == CUDA_SUCCESS) drop_ctx(pc);                                                      \
-        return rc;                                                                                 \
-    }
-PRIMARY_RESET(cuDevicePrimaryCtxReset)
-PRIMARY_RESET(cuDevicePrimaryCtxReset_v2)
-
-#define CTX_DESTROY(name)                                                                          \
-    EXPORT CUresult name(CUcontext c)                                                             \
-    {                                                                                              \
-        REAL(name, CUresult(*)(CUcontext), f, CUDA_ERROR_NOT_FOUND);                               \
-        CUresult rc = f(c);                                                                        \
-        if (ON && rc == CUDA_SUCCESS) drop_ctx((uint64_t)(uintptr_t)c);                            \
-        return rc;                                                                                 \
-    }
-CTX_DESTROY(cuCtxDestroy)
-CTX_DESTROY(cuCtxDestroy_v2)
+AFTER_SUCCESS(cuCtxDestroy, CUcontext, drop_ctx((uint64_t)(uintptr_t)x))
+AFTER_SUCCESS(cuCtxDestroy_v2, CUcontext, drop_ctx((uint64_t)(uintptr_t)x))
 
 /* ---- context limits: a larger stack or malloc heap (or printf FIFO) is device memory the driver
  * takes for the context: charged to it, replaced when set again, released with the context. --- */
@@ -955,31 +924,12 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
 
 /* Synchronisation: the streams reached their frees, and pools gave back what is above their
  * release threshold. */
-#define STREAM_SYNC(name)                                                                          \
-    EXPORT CUresult name(CUstream s)                                                              \
-    {                                                                                              \
-        REAL(name, CUresult(*)(CUstream), f, CUDA_ERROR_NOT_FOUND);                                \
-        CUresult rc = f(s);                                                                        \
-        if (ON && rc == CUDA_SUCCESS) {                                                            \
-            stream_reached(s, 0);                                                                  \
-            settle_all();                                                                          \
-        }                                                                                          \
-        return rc;                                                                                 \
-    }
-STREAM_SYNC(cuStreamSynchronize)
-STREAM_SYNC(cuStreamSynchronize_ptsz)
+AFTER_SUCCESS(cuStreamSynchronize, CUstream, stream_reached(x, 0); settle_all())
+AFTER_SUCCESS(cuStreamSynchronize_ptsz, CUstream, stream_reached(x, 0); settle_all())
 
 /* A stream that answers "all done" has reached its frees (pools trim only at synchronisation). */
-#define STREAM_QUERY(name)                                                                         \
-    EXPORT CUresult name(CUstream s)                                                              \
-    {                                                                                              \
-        REAL(name, CUresult(*)(CUstream), f, CUDA_ERROR_NOT_FOUND);                                \
-        CUresult rc = f(s);                                                                        \
-        if (ON && rc == CUDA_SUCCESS) stream_reached(s, 0);                                        \
-        return rc;                                                                                 \
-    }
-STREAM_QUERY(cuStreamQuery)
-STREAM_QUERY(cuStreamQuery_ptsz)
+AFTER_SUCCESS(cuStreamQuery, CUstream, stream_reached(x, 0))
+AFTER_SUCCESS(cuStreamQuery_ptsz, CUstream, stream_reached(x, 0))
 
 EXPORT CUresult cuCtxSynchronize(void)
 {
@@ -1062,17 +1012,13 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsign
     return rc;
 }
 
-#define FORGET_GRAPH(name, T, kind)                                                                \
-    EXPORT CUresult name(T x)                                                                     \
-    {                                                                                              \
-        REAL(name, CUresult(*)(T), f, CUDA_ERROR_NOT_FOUND);                                       \
-        CUresult rc = f(x);                                                                        \
-        struct alloc a;                                                                            \
-        if (ON && rc == CUDA_SUCCESS) table_take(kind, (uint64_t)(uintptr_t)x, &a);                \
-        return rc;                                                                                 \
-    }
-FORGET_GRAPH(cuGraphDestroy, CUgraph, K_GRAPHW)
-FORGET_GRAPH(cuGraphExecDestroy, CUgraphExec, K_EXECW)
+static void forget_w(int kind, uint64_t key)
+{
+    struct alloc a;
+    table_take(kind, key, &a);
+}
+AFTER_SUCCESS(cuGraphDestroy, CUgraph, forget_w(K_GRAPHW, (uint64_t)(uintptr_t)x))
+AFTER_SUCCESS(cuGraphExecDestroy, CUgraphExec, forget_w(K_EXECW, (uint64_t)(uintptr_t)x))
 
 #define GRAPH_LAUNCH(name)                                                                         \
     EXPORT CUresult name(CUgraphExec x, CUstream s)                                               \
@@ -1104,13 +1050,7 @@ static CUresult graph_launch(CUresult (*f)(CUgraphExec, CUstream), CUgraphExec x
 GRAPH_LAUNCH(cuGraphLaunch)
 GRAPH_LAUNCH(cuGraphLaunch_ptsz)
 
-EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
-{
-    REAL(cuDeviceGraphMemTrim, CUresult(*)(CUdevice), f, CUDA_ERROR_NOT_FOUND);
-    CUresult rc = f(dev);
-    if (ON && rc == CUDA_SUCCESS) settle_pool(0, 1, dev);
-    return rc;
-}
+AFTER_SUCCESS(cuDeviceGraphMemTrim, CUdevice, settle_pool(0, 1, x))
 
 
 /* ---- capacity views: total = budget, free = what is left of it (never above the real free) ---- */
@@ -1253,34 +1193,24 @@ static int nvml_ordinal(nvmlDevice_t dev)
     return -1;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m)
-{
-    REAL(nvmlDeviceGetMemoryInfo, nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *), f, 13);
-    nvmlReturn_t rc = f(dev, m);
-    int ord;
-    if (!ON || rc != NVML_SUCCESS || !m || (ord = nvml_ordinal(dev)) < 0) return rc;
-    uint64_t fr = m->free, to = m->total;
-    virtualise(ord, &fr, &to);
-    m->total = to;
-    m->free = fr;
-    m->used = to - fr;
-    return rc;
-}
-
-EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m)
-{
-    REAL(nvmlDeviceGetMemoryInfo_v2, nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_v2_t *), f, 13);
-    nvmlReturn_t rc = f(dev, m);
-    int ord;
-    if (!ON || rc != NVML_SUCCESS || !m || (ord = nvml_ordinal(dev)) < 0) return rc;
-    uint64_t fr = m->free, to = m->total;
-    virtualise(ord, &fr, &to);
-    m->total = to;
-    m->free = fr;
-    m->reserved = 0;
-    m->used = to - fr;
-    return rc;
-}
+/* reserved (v2 only): the driver's own share, which a job's view leaves out. */
+#define NVML_MEMINFO(name, T, more)                                                                \
+    EXPORT nvmlReturn_t name(nvmlDevice_t dev, T *m)                                              \
+    {                                                                                              \
+        REAL(name, nvmlReturn_t(*)(nvmlDevice_t, T *), f, 13);                                     \
+        nvmlReturn_t rc = f(dev, m);                                                               \
+        int ord;                                                                                   \
+        if (!ON || rc != NVML_SUCCESS || !m || (ord = nvml_ordinal(dev)) < 0) return rc;          \
+        uint64_t fr = m->free, to = m->total;                                                      \
+        virtualise(ord, &fr, &to);                                                                 \
+        m->total = to;                                                                             \
+        m->free = fr;                                                                              \
+        m->used = to - fr;                                                                         \
+        more;                                                                                      \
+        return rc;                                                                                 \
+    }
+NVML_MEMINFO(nvmlDeviceGetMemoryInfo, nvmlMemory_t, (void)0)
+NVML_MEMINFO(nvmlDeviceGetMemoryInfo_v2, nvmlMemory_v2_t, m->reserved = 0)
 
 /* ---- cuGetProcAddress ------------------------------------------------------------------------- */
 

@@ -31,7 +31,7 @@ _Static_assert(sizeof(struct ledger_slot) == LEDGER_SLOT_SIZE, "ledger layout");
 
 enum { ST_UNOPENED = 0, ST_READY = 1, ST_FAILED = 2 };
 
-static int g_enabled;
+int colo_ledger_on; /* read inline by ledger_enabled() (ledger.h) */
 static uint64_t g_budget;          /* min(COLO_GPU_BUDGET, the ledger's budget) */
 static const char *g_env_error;    /* why the environment alone already fails closed */
 static const char *g_path;
@@ -76,7 +76,7 @@ void ledger_env_init(void)
 {
     const char *b = getenv("COLO_GPU_BUDGET");
     if (!b || !*b) return;
-    g_enabled = 1;
+    colo_ledger_on = 1;
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(b, &end, 10);
@@ -88,7 +88,6 @@ void ledger_env_init(void)
     if (!g_env_error && (!g_path || !*g_path)) g_env_error = "COLO_LEDGER is not set";
 }
 
-int ledger_enabled(void) { return g_enabled; }
 uint64_t ledger_budget(void) { return g_budget; }
 
 static struct ledger_slot *slot_at(uint32_t i)
@@ -241,7 +240,14 @@ static const char *open_ledger(void)
 }
 
 /* 1 when the ledger is usable; opens it on first use. */
-static int ready(void)
+static int ready_slow(void);
+static inline __attribute__((always_inline)) int ready(void)
+{
+    int st = LOAD(&g_state);
+    return __builtin_expect(st == ST_READY, 1) ? 1 : ready_slow();
+}
+
+static __attribute__((noinline)) int ready_slow(void)
 {
     int st = LOAD(&g_state);
     if (st != ST_UNOPENED) return st == ST_READY;
@@ -278,7 +284,7 @@ static int refuse(int dev, uint64_t size, uint64_t in_use)
 
 /* The admission counter moves first: a process dying before its slot follows leaves the total
  * too high, never too low. */
-static int try_reserve(int dev, uint64_t size, uint64_t *in_use)
+static inline __attribute__((always_inline)) int try_reserve(int dev, uint64_t size, uint64_t *in_use)
 {
     uint64_t *total = &g_hdr->used[dev];
     ADD(&g_me->started, 1);

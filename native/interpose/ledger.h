@@ -58,8 +58,10 @@ struct ledger_slot {
 
 /* Set up from the environment once per process (constructor); nothing touches the ledger yet. */
 void ledger_env_init(void);
-/* 1 when COLO_GPU_BUDGET is set: only then does the interposer change anything. */
-int ledger_enabled(void);
+/* 1 when COLO_GPU_BUDGET is set: only then does the interposer change anything (read on every
+ * call: inline). */
+extern int colo_ledger_on;
+static inline int ledger_enabled(void) { return colo_ledger_on; }
 /* Budget per device in bytes (0 when it could not be read: everything is refused). */
 uint64_t ledger_budget(void);
 
