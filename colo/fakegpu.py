@@ -81,6 +81,13 @@ class FakeNode:
         "unknown", a numeric NVML code, or "off" to answer again."""
         _ctl("fail-nvml", str(self.state), str(index), str(how))
 
+    def set_mps_attribution(self, how: str) -> None:
+        """Whose pid NVML's per-process samples give MPS clients' activity: "client" (their own)
+        or "server" (their server's, as some real drivers report it)."""
+        if how not in ("client", "server"):
+            raise ValueError(f"MPS attribution must be client or server, not {how!r}")
+        _ctl("mps-attribution", str(self.state), how)
+
     def uuids(self) -> list[str]:
         return [d["uuid"] for d in self.read()["devices"]]
 

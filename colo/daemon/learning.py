@@ -26,10 +26,14 @@ contended. Bounds: a job keeps at most NEIGHBOURS_MAX neighbour names (past that
 contended; which names matter little) and they are forgotten at its end, whatever the end; each
 user keeps the LEARNED_MAX co-run pairings and profiles changed most recently.
 
-Per-process SM under MPS: on a real driver NVML may attribute all MPS clients' activity to the
-MPS server's process (per-process samples then show the server, not the jobs). colo then learns
-no series from an MPS run of a profile it already has (the rule above: it shared the GPU), and
-a job's first run, which has no profile, runs alone time-sliced, where the samples are its own.
+Per-process SM under MPS (docs/mps.md): on a real driver NVML may attribute MPS clients' activity
+to the MPS server's process, so the clients' own pids show none. colo apportions: on each GPU,
+the activity NVML gives colo's own MPS server processes is split equally among that GPU's running
+MPS jobs (mps_server_shares(); under per-client attribution the server shows none and nothing
+changes). It is exact when a job is the server's only client, which is the MPS run whose series
+colo learns (uncontended runs, above). With several clients the split is an estimate: `colo top`
+shows it, and it is learned only as a job's first run (which has no profile to keep), merged
+with, and outweighed by, its later uncontended runs.
 """
 from __future__ import annotations
 
@@ -46,6 +50,24 @@ log = logging.getLogger("colo")
 GROW = 1.25  # --grow: a budget that refused an allocation grows at least this much (as in colo sim)
 NEIGHBOURS_MAX = 32  # names kept per running job (any one makes its run contended)
 LEARNED_MAX = 2000  # per user: co-run pairings, and profiles, kept (the most recently changed)
+
+
+def mps_server_shares(per_gpu: dict[str, dict[int, tuple[int, int]]], servers: set[int],
+                      mps_jobs: dict[int, tuple[str, ...]]) -> dict[int, tuple[float, float]]:
+    """Per job id: the (SM %, bandwidth %) NVML attributed to colo's MPS server processes
+    (`servers`) on each of its GPUs, split equally among the MPS jobs there. per_gpu: uuid ->
+    pid -> (SM %, bandwidth %), NVML's per-process samples; mps_jobs: job id -> its GPUs."""
+    out: dict[int, tuple[float, float]] = {}
+    for uuid, util in per_gpu.items():
+        sm = sum(util[p][0] for p in servers if p in util)
+        bw = sum(util[p][1] for p in servers if p in util)
+        clients = [j for j, gpus in mps_jobs.items() if uuid in gpus]
+        if not clients or not (sm or bw):
+            continue
+        for j in clients:
+            a, b = out.get(j, (0.0, 0.0))
+            out[j] = (a + sm / len(clients), b + bw / len(clients))
+    return out
 
 
 class LearningMixin:

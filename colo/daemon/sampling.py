@@ -12,6 +12,7 @@ from .. import interposer, logtimes, mps
 from ..gpu import GpuInfo, NoDriver
 from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
 from ..runtimes.base import Gone, Unavailable
+from .learning import mps_server_shares
 from .lifecycle import Live, blocking
 from .patrol import _cgroup_job_of_pid
 
@@ -121,9 +122,13 @@ class SamplingMixin:
             self.stats = {}
             return []
         util: dict[int, tuple[int, int]] = {}
+        per_gpu: dict[str, dict[int, tuple[int, int]]] = {}
         for dev in self.devices:
             if dev.error is None and any(dev.uuid in j.gpus for j in running):
-                util.update(self.nvml.process_utilization(dev.index))
+                util.update(per_gpu.setdefault(dev.uuid, self.nvml.process_utilization(dev.index)))
+        # MPS work that NVML gives the server's pid, apportioned to its jobs (learning.py says how)
+        on_mps = {j.id: tuple(j.gpus) for j in running if j.mode == Mode.MPS}
+        shares = mps_server_shares(per_gpu, self.mps.own_pids(), on_mps) if on_mps and self.mps else {}
         now, rows, stats = time.time(), [], {}
         kids: dict[int, list[int]] | None = None
         for j in running:
@@ -141,8 +146,9 @@ class SamplingMixin:
                     pids = rt.pids(j.handle)
             except Exception:  # noqa: BLE001 - it may be ending right now
                 pids = []
-            sm = min(sum(util.get(p, (0, 0))[0] for p in pids) / 100.0, 1.0)
-            bw = min(sum(util.get(p, (0, 0))[1] for p in pids) / 100.0, 1.0)
+            extra = shares.get(j.id, (0.0, 0.0))
+            sm = min((sum(util.get(p, (0, 0))[0] for p in pids) + extra[0]) / 100.0, 1.0)
+            bw = min((sum(util.get(p, (0, 0))[1] for p in pids) + extra[1]) / 100.0, 1.0)
             rows.append((j.id, now, sm, u["used"] if u else None, bw))
             stats[j.id] = {"pids": pids, "sm_util": round(sm * 100), **(u or {})}
         self.stats = stats  # replaced whole: readers on the loop thread never see half of it

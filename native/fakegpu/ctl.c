@@ -6,6 +6,10 @@
  *   colo-fakegpu set-sms PATH INDEX N           SM count (CUDA's default order is fastest first)
  *   colo-fakegpu fail-nvml PATH INDEX|all lost|unknown|CODE|off
  *                                               NVML queries of the device fail with that code
+ *   colo-fakegpu mps-attribution PATH client|server
+ *                                               whose pid NVML's per-process samples give MPS
+ *                                               clients' activity ($COLO_FAKEGPU_MPS_ATTRIBUTION
+ *                                               in a reading process overrides it)
  */
 #include "fakegpu.h"
 
@@ -20,7 +24,8 @@ static int usage(void)
             "       colo-fakegpu show PATH\n"
             "       colo-fakegpu set-compute-mode PATH INDEX default|exclusive_process|prohibited\n"
             "       colo-fakegpu set-sms PATH INDEX N\n"
-            "       colo-fakegpu fail-nvml PATH INDEX|all lost|unknown|CODE|off\n");
+            "       colo-fakegpu fail-nvml PATH INDEX|all lost|unknown|CODE|off\n"
+            "       colo-fakegpu mps-attribution PATH client|server\n");
     return 2;
 }
 
@@ -174,6 +179,19 @@ static int cmd_fail_nvml(fg_state *s, const char *idx, const char *how)
     return 0;
 }
 
+static int cmd_attribution(fg_state *s, const char *how)
+{
+    uint32_t v;
+    if (!strcmp(how, "client"))
+        v = FG_ATTR_CLIENT;
+    else if (!strcmp(how, "server"))
+        v = FG_ATTR_SERVER;
+    else
+        return usage();
+    __atomic_store_n(&s->h->mps_attribution, v, __ATOMIC_RELEASE);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3)
@@ -195,6 +213,8 @@ int main(int argc, char **argv)
         r = cmd_sms(&s, argv[3], argv[4]);
     else if (!strcmp(argv[1], "fail-nvml") && argc == 5)
         r = cmd_fail_nvml(&s, argv[3], argv[4]);
+    else if (!strcmp(argv[1], "mps-attribution") && argc == 4)
+        r = cmd_attribution(&s, argv[3]);
     else
         r = usage();
     fg_close(&s);

@@ -22,6 +22,9 @@
 enum { FG_MODE_DEFAULT = 0, FG_MODE_PROHIBITED = 2, FG_MODE_EXCLUSIVE_PROCESS = 3 };
 enum { FG_SLOT_FREE = 0, FG_SLOT_LIVE = 1 };
 enum { FG_KIND_PROC = 0, FG_KIND_MPS_CLIENT = 1, FG_KIND_MPS_SERVER = 2 };
+/* NVML per-process utilisation of MPS clients: each client's own pid (client), or all of a server's
+ * clients' activity under the server's pid, as some real drivers report it (server). */
+enum { FG_ATTR_CLIENT = 0, FG_ATTR_SERVER = 1 };
 /* Slot flags written by the MPS daemon into a client's slot. */
 enum { FG_F_TERMINATED = 1, FG_F_FAULT = 2 };
 
@@ -65,7 +68,9 @@ struct fg_header {
     uint32_t nslots;
     uint32_t hwm;          /* slots [0, hwm) have ever been used: scans stop there */
     uint64_t created_ns;
-    uint64_t spare[4];
+    uint32_t mps_attribution; /* FG_ATTR_*: whose process NVML's per-process samples name for MPS work */
+    uint32_t pad0;
+    uint64_t spare[3];
     struct fg_device dev[FG_MAX_DEV];
     struct fg_slot slot[FG_MAX_SLOTS];
 };
@@ -107,6 +112,9 @@ int fg_device_procs(fg_state *s, int d, struct fg_proc *out, int max, int *sm_ut
 int fg_parse_visible(fg_state *s, const char *env, int *map);  /* CUDA_VISIBLE_DEVICES -> physical */
 int fg_parse_size(const char *text, uint64_t *out);    /* "4G", "512MiB", "1000" -> bytes */
 int fg_pct(int v);
+/* FG_ATTR_*: $COLO_FAKEGPU_MPS_ATTRIBUTION (client|server) in the reading process, else the state
+ * file's setting (colo-fakegpu mps-attribution). */
+int fg_mps_attribution(fg_state *s);
 uint64_t fg_now_ns(void);
 
 #endif

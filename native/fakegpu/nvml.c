@@ -441,7 +441,31 @@ FG_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, uns
     return nvmlDeviceGetGraphicsRunningProcesses_v3(d, c, p);
 }
 
-/* One sample per process with a context, stamped now; NOT_FOUND when there is none (as NVML). */
+/* Under lock. Server attribution: each MPS client's activity is added to its server's sample and the
+ * client has none of its own (a client whose server is not on this device keeps its own). */
+static int fold_into_servers(struct fg_proc *all, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        struct fg_slot *c = &S.h->slot[all[i].slot];
+        int to = -1;
+        for (int j = 0; c->kind == FG_KIND_MPS_CLIENT && j < n; j++)
+            if (all[j].kind == FG_KIND_MPS_SERVER && S.h->slot[all[j].slot].pid == c->server_pid)
+                to = j;
+        if (to < 0)
+            continue;
+        all[to].sm = fg_pct(all[to].sm + all[i].sm);
+        all[to].membw = fg_pct(all[to].membw + all[i].membw);
+        all[i].kind = -1; /* folded */
+    }
+    for (int i = 0; i < n; i++)
+        if (all[i].kind != -1)
+            all[k++] = all[i];
+    return k;
+}
+
+/* One sample per process with a context, stamped now; NOT_FOUND when there is none (as NVML).
+ * Under MPS, whose pid carries a client's activity follows fg_mps_attribution(). */
 FG_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s,
                                                     unsigned *count, unsigned long long last_seen)
 {
@@ -455,6 +479,8 @@ FG_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
     struct fg_proc all[FG_MAX_SLOTS];
     fg_lock(&S);
     int n = fg_device_procs(&S, d->index, all, FG_MAX_SLOTS, NULL, NULL);
+    if (fg_mps_attribution(&S) == FG_ATTR_SERVER)
+        n = fold_into_servers(all, n);
     fg_unlock(&S);
     if (n == 0) {
         *count = 0;

@@ -416,3 +416,14 @@ int fg_create(const char *path, int count, uint64_t mem, const char *name, int s
     free(h);
     return err;
 }
+
+int fg_mps_attribution(fg_state *s)
+{
+    const char *e = getenv("COLO_FAKEGPU_MPS_ATTRIBUTION");
+    if (e && !strcmp(e, "server"))
+        return FG_ATTR_SERVER;
+    if (e && !strcmp(e, "client"))
+        return FG_ATTR_CLIENT;
+    return __atomic_load_n(&s->h->mps_attribution, __ATOMIC_ACQUIRE) == FG_ATTR_SERVER ? FG_ATTR_SERVER
+                                                                                     : FG_ATTR_CLIENT;
+}
