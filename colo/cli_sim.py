@@ -227,11 +227,15 @@ def register(app: typer.Typer) -> None:
                    hz: float = typer.Option(10.0, "--hz", min=0.1, max=100.0, help="samples a second")):
         """Run a command alone and record its profile: colo profile record [--name N] -- CMD ...
 
+        The profile becomes your own copy in the daemon (your jobs with --profile NAME are placed
+        with it; it replaces an own copy of that name) and is saved on this machine for colo sim.
         Example: colo profile record --name train -- python train.py
         """
         argv = list(ctx.args)
         if not argv:
             _fail("give the command after --, e.g. colo profile record --name train -- python train.py")
+        if name is not None and not prof.valid_name(name):
+            _fail(f"bad profile name {name!r}: use letters, digits, '.', '_', '-', '+'")
         try:
             sampler = nvml_sampler()
             p = prof.record(argv, sampler, hz=hz, name=name or prof.key_for(None, argv),
@@ -241,6 +245,13 @@ def register(app: typer.Typer) -> None:
             _fail(str(e))
         typer.echo(f"recorded {p.name}: {format_duration(p.runtime)}, peak SM {p.peak_sm * 100:.0f} %, "
                    f"peak memory {format_size(p.peak_mem)} -> {path}")
+        r = _daemon_call("profile_put", prof.dumps(p), local_ok=True)
+        if r is None:
+            typer.echo(f"colo: no colo daemon answers: the profile is only on this machine's disk; run "
+                       f"`colo profile record` again while the daemon runs for your jobs to be placed with it", err=True)
+        else:
+            typer.echo(f"the daemon places your jobs with --profile {p.name} by it now (your own copy"
+                       f"{', replacing the one before' if r['replaced'] else ''})")
 
     app.add_typer(profile_app, name="profile")
 

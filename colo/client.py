@@ -175,5 +175,9 @@ class Client:
     def profile_share(self, name: str, user: str | None = None) -> dict:
         return self.call("profile_share", name=name, user=user)
 
+    def profile_put(self, text: str) -> dict:
+        """A profile (its text, colo.profiles.dumps) becomes the caller's own copy in the daemon."""
+        return self.call("profile_put", text=text)
+
     def shutdown(self) -> None:
         self.call("shutdown")

@@ -135,6 +135,8 @@ def loads(text: str, origin: str = "<text>") -> Profile:
         raise ProfileError(f"{origin}: incomplete profile (needs the version line, a series line and rows)")
     try:
         arr = np.array(rows, dtype=float)
+        if not np.isfinite(arr).all() or (arr[:, 1] >= 2.0**62).any():  # nan, inf, or past int64 memory
+            raise ProfileError("series numbers must be finite (memory below 2^62 bytes)")
         return Profile(
             name=header.get("name") or Path(origin).stem, step=float(header.get("step", "1")),
             sm=arr[:, 0], mem=arr[:, 1].astype(np.int64), membw=arr[:, 2],
@@ -144,6 +146,39 @@ def loads(text: str, origin: str = "<text>") -> Profile:
             note="\n".join(notes))
     except ValueError as e:
         raise ProfileError(f"{origin}: {e}") from None
+
+
+MAX_UPLOAD = 256 * 1024  # bytes of profile text a user may hand the daemon (1,000 rows of 4 columns fit)
+_MAX_MEM = 1 << 50  # 1 PiB: past any GPU's memory
+
+
+def check_upload(text: object) -> Profile:
+    """A profile a user hands the root daemon (`colo profile record`), read as hostile input: at
+    most MAX_UPLOAD bytes and _MAX_POINTS rows, no control or format characters (its name, GPU
+    and note are shown on terminals), finite numbers in their ranges. What is stored is colo's
+    own rewrite of it, counted as one run whatever the text claims (a recording is one run)."""
+    if not isinstance(text, str):
+        raise ProfileError("a profile must be text")
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_UPLOAD:
+        raise ProfileError(f"profile larger than {MAX_UPLOAD // 1024} KiB")
+    if any(not c.isprintable() and c != "\n" for c in text):
+        raise ProfileError("profile text holds control or format characters")
+    p = loads(text, "<upload>")
+    if not valid_name(p.name):
+        raise ProfileError(f"bad profile name {p.name!r}: use letters, digits, '.', '_', '-', '+'")
+    if len(p.sm) > _MAX_POINTS:
+        raise ProfileError(f"profile has {len(p.sm)} points; at most {_MAX_POINTS}")
+    if len(p.gpu) > 96 or len(p.note) > 1024:
+        raise ProfileError("profile's gpu (96) or note (1,024 characters) too long")
+    nums = [np.asarray(p.sm, float), np.asarray(p.membw, float), np.array([p.step, p.runtime])]
+    if p.pcie is not None:
+        nums.append(p.pcie)
+    if not all(np.isfinite(a).all() for a in nums) or not 0 < p.step <= 86400 or not 0 < p.runtime <= 1e8:
+        raise ProfileError("profile numbers must be finite; step up to a day, runtime up to 1e8 s")
+    if int(p.mem.max()) > _MAX_MEM:
+        raise ProfileError("profile memory must be at most 1 PiB a point")
+    p.runs = 1
+    return p
 
 
 def load(path: str | Path) -> Profile:

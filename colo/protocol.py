@@ -17,6 +17,7 @@ OPS = frozenset({
     "hello", "submit", "ls", "show", "logs", "wait", "cancel", "gpus", "explain", "top",
     "history", "shutdown", "slurm",
     "profiles", "profile", "profile_share",  # what the daemon places jobs with (issue 11 item 5)
+    "profile_put",  # a profile the caller recorded becomes their own (issue 13)
     "hold", "release", "edit", "requeue",  # a queued job held back or changed; an ended one again (issue 16)
 })
 
@@ -134,6 +135,12 @@ def _name(v: Any) -> None:
         raise ProtocolError(f"malformed profile name {short(v)}")
 
 
+def _profile_text(v: Any) -> None:
+    if not isinstance(v, str) or not 0 < len(v) <= 256 * 1024:
+        raise ProtocolError("profile_put takes the profile's text, up to 256 KiB")
+    # its content: colo/profiles.py check_upload, in the daemon
+
+
 def _time(name: str):
     def check(v: Any) -> None:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1e11:
@@ -166,6 +173,7 @@ ARGS: dict[str, dict[str, Any]] = {
     "wait": {"ids": _ids},
     "profiles": {"user": _user}, "profile": {"name": _name, "user": _user},
     "profile_share": {"name": _name, "user": _user},
+    "profile_put": {"text": _profile_text},  # no user: a user writes only their own
 }
 
 
@@ -182,6 +190,6 @@ def check_args(op: str, args: dict[str, Any]) -> None:
             raise ProtocolError(f"{op} takes no argument {short(name)}")
         if value is not None:
             check(value)
-    for name in ("id", "ids", "spec", "name"):  # required where the op has them
+    for name in ("id", "ids", "spec", "name", "text"):  # required where the op has them
         if name in table and args.get(name) is None:
             table[name](None)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -89,3 +91,61 @@ def test_bobs_run_does_not_change_how_alices_jobs_are_placed(node, other_user):
     assert seen["source"] == "shared" and seen["runs"] == 2  # a user with no copy of their own gets bob's now
     kind, err = as_user(other_user, lambda: Client(d.socket).profile_share("rn50"))
     assert kind == "err" and err[2] == "forbidden", err
+
+
+def test_recorded_profile_reaches_the_daemon_as_the_users_own_and_is_checked(node, other_user):
+    """`colo profile record` (issue 13): the profile a user records is handed to the daemon, which
+    reads it as hostile input and stores it only as that user's own copy. (The CLI runs as root:
+    this checkout's Python is not for other users; bob speaks to the socket from a forked child.)"""
+    d, prof = node
+    native = next(d.state_dir.glob("native-*"))
+    env = {**d.env(), "COLO_FAKEGPU_STATE": str(d.fake_state), "LD_LIBRARY_PATH": str(native / "fakegpu"),
+           "COLO_USER_PROFILES": str(d.root / "local")}
+    r = subprocess.run([*d.cli_args("profile", "record", "--name", "mine", "--hz", "20", "--"),
+                        str(native / "colo-burn"), "--mem", "256MiB", "--duty", "50", "--seconds", "1", "--quiet"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and "the daemon places your jobs with --profile mine by it now" in r.stdout, r
+    got = json.loads(d.cli("profile", "show", "mine", "--json", check=True).stdout)
+    assert got["source"] == "own" and got["runs"] == 1, got
+    assert got["peak_mem"] == 256 * 1024**2 and got["peak_sm"] >= 0.4, got  # what the command did, from NVML
+    assert (d.state_dir / "profiles" / "users" / "0" / "mine.profile").is_file()
+    assert (d.root / "local" / "mine.profile").is_file()  # and kept locally, for colo sim
+    kind, err = as_user(other_user, lambda: Client(d.socket).profile("mine"))
+    assert kind == "err" and err[2] == "not_found", err  # bob's jobs do not get root's
+
+    def put(text):
+        return as_user(other_user, lambda: Client(d.socket).profile_put(text))
+
+    good = profiles.dumps(profiles.from_samples("x", {"times": [0, 1], "sm": [0.5, 0.5], "mem": [1, 2],
+                                                      "membw": [0, 0]}, runtime=2.0))
+    kind, ok = put(good.replace("runs 1", "runs 999"))  # a recording is one run, whatever it claims
+    assert kind == "ok" and ok["runs"] == 1 and not ok["replaced"], ok
+    assert put(good)[1]["replaced"] is True
+    for bad, why in [(good.replace("name x", "name ../../etc/x"), "bad profile name"),
+                     (good.replace("gpu -", "gpu \x1b[2J"), "control or format characters"),
+                     (good.replace("0.500 2 0.000", "nan 2 0.000"), "finite"),
+                     (good.replace("0.500 2 0.000", "0.5 1e30 0.0"), "finite"),
+                     (good.replace("0.500 2 0.000", "0.5 1e17 0.0"), "1 PiB"),
+                     ("colo-profile 1\nname y\nseries sm mem membw\n" + "0.1 1 0.1\n" * 1001, "at most 1000"),
+                     ("hello", "not a colo profile"),
+                     (good + "x" * 300_000, "up to 256 KiB")]:
+        kind, err = put(bad)
+        assert kind == "err" and why in err[1] and err[2] in ("invalid", "bad_request"), (bad[:60], err)
+    # only one's own: the request cannot name another user
+    kind, err = as_user(other_user, lambda: Client(d.socket).call("profile_put", text=good, user="root"))
+    assert kind == "err" and err[2] == "bad_request", err
+    assert not (d.state_dir / "profiles" / "users" / "0" / "x.profile").exists()
+    assert (d.state_dir / "profiles" / "users" / str(other_user.pw_uid) / "x.profile").is_file()
+
+
+def test_record_without_a_daemon_keeps_the_profile_locally_and_says_so(tmp_path, native_dir):
+    from colo import fakegpu
+
+    state = tmp_path / "gpus"
+    fakegpu.create(state, count=1, mem=GiB)
+    env = {**os.environ, **fakegpu.FakeNode(state).env, "COLO_SOCKET": str(tmp_path / "none.sock"),
+           "COLO_USER_PROFILES": str(tmp_path / "mine")}
+    r = subprocess.run([sys.executable, "-m", "colo", "profile", "record", "--name", "solo", "--",
+                        "true"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and (tmp_path / "mine" / "solo.profile").is_file(), r
+    assert "only on this machine's disk" in r.stderr, r.stderr

@@ -456,6 +456,19 @@ class Api:
             raise ApiError(str(e), protocol.NOT_FOUND) from None
         return {"name": name, "from_uid": uid, "source": "shared"}
 
+    async def profile_put(self, caller: Caller, args: dict) -> dict:
+        """A profile the caller recorded becomes their own copy (learning.put_profile checks it)."""
+        from .. import profiles
+
+        try:
+            p, replaced = await asyncio.to_thread(self.d.put_profile, caller.uid, args.get("text"))
+        except profiles.ProfileError as e:
+            raise ApiError(str(e), protocol.INVALID) from None
+        except OSError as e:
+            raise ApiError(f"could not store the profile: {e.strerror}", protocol.UNAVAILABLE) from None
+        self.d.forget_profile(p.name, caller.uid)  # its queued jobs plan with it from the next pass
+        return {"name": p.name, "source": "own", "replaced": replaced, "runs": p.runs}
+
     async def shutdown(self, caller: Caller, args: dict) -> dict:
         if not is_admin(caller, self.d.config.admin_group) and caller.uid != os.geteuid():
             raise ApiError("only root or the daemon's owner may stop the daemon", protocol.FORBIDDEN)

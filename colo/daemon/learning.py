@@ -50,6 +50,7 @@ log = logging.getLogger("colo")
 GROW = 1.25  # --grow: a budget that refused an allocation grows at least this much (as in colo sim)
 NEIGHBOURS_MAX = 32  # names kept per running job (any one makes its run contended)
 LEARNED_MAX = 2000  # per user: co-run pairings, and profiles, kept (the most recently changed)
+OWN_PROFILES_MAX = 1000  # profiles a user may hand the daemon (each at most profiles.MAX_UPLOAD)
 
 
 def mps_server_shares(per_gpu: dict[str, dict[int, tuple[int, int]]], servers: set[int],
@@ -139,6 +140,21 @@ class LearningMixin:
         tmp.replace(dst_dir / f"{name}.profile")
         self.forget_profile(name)
         return dst_dir / f"{name}.profile"
+
+    def put_profile(self, uid: int, text: object) -> tuple[profiles.Profile, bool]:
+        """A profile user `uid` recorded (`colo profile record`) becomes their own copy: checked as
+        hostile input (profiles.check_upload), written by colo into `uid`'s own folder only (the
+        caller's uid comes from the socket, never from the request), replacing an own copy of that
+        name. At most OWN_PROFILES_MAX own profiles a user. Returns it, and whether it replaced one."""
+        prof = profiles.check_upload(text)
+        own = self.own_profile_dir(uid)
+        own.mkdir(mode=0o700, parents=True, exist_ok=True)
+        dst = own / f"{prof.name}.profile"
+        replaced = dst.is_file()
+        if not replaced and sum(1 for _ in own.glob("*.profile")) >= OWN_PROFILES_MAX:
+            raise profiles.ProfileError(f"you have {OWN_PROFILES_MAX} profiles of your own already")
+        profiles.save(prof, dst)
+        return prof, replaced  # the caller, on the loop, forgets cached lookups (forget_profile)
 
     def learn(self, job: Job) -> None:
         """A job that ran to its end teaches its owner's own copy of the profile it ran under
