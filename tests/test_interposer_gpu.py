@@ -14,9 +14,11 @@ from colo import interposer
 pytestmark = pytest.mark.gpu
 GiB = 1024**3
 BUDGET = 2 * GiB
+MiB = 1024**2
 # What NVML shows for a process beyond its ledger: its context, modules, granularity rounding
-# (docs/interposer.md, "What a budget includes").
+# (docs/interposer.md, "What a budget includes"); below it only by what NVML has not caught up with.
 MARGIN = 1 * GiB
+BELOW = 64 * MiB
 
 
 def start(tmp_path, code: str, extra_env: dict | None = None) -> tuple[subprocess.Popen, object]:
@@ -87,3 +89,141 @@ def test_pytorch_allocator_backends_are_held_to_the_budget(tmp_path, conf):
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
     assert "oom after" in out and "alive 4.0" in out
+
+
+def _nvml_used(pid: int) -> int | None:
+    import pynvml
+    pynvml.nvmlInit()
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0))
+    return next((x.usedGpuMemory for x in procs if x.pid == pid), None)
+
+
+# A driver-level reading of what a pool holds, beside the ledger's (ctypes; libcuda is already loaded).
+POOL_READ = """
+import ctypes, json
+def pool_reserved():
+    cu = ctypes.CDLL("libcuda.so.1")
+    pool, v = ctypes.c_void_p(), ctypes.c_uint64()
+    assert cu.cuDeviceGetMemPool(ctypes.byref(pool), 0) == 0
+    assert cu.cuMemPoolGetAttribute(pool, 5, ctypes.byref(v)) == 0   # RESERVED_MEM_CURRENT
+    return v.value
+def say(**kw): print(json.dumps(kw), flush=True)
+"""
+
+
+def _steps(p, ledger) -> list[dict]:
+    """Each JSON line the job prints, with the ledger and NVML read while it waits on stdin."""
+    import json
+    seen = []
+    for line in p.stdout:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue  # a framework's own output
+        if ev.get("event") == "end":
+            break
+        ev["ledger"] = interposer.read_ledger(ledger).used[0]
+        ev["nvml"] = _nvml_used(p.pid)
+        seen.append(ev)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    return seen
+
+
+def test_torch_cudamallocasync_pool_reserve_is_counted(tmp_path):
+    """PyTorch's cudaMallocAsync backend sets the pool's release threshold to the maximum: freed
+    tensors stay reserved by the driver, so they stay in the ledger until empty_cache trims."""
+    pytest.importorskip("torch")
+    p, ledger = start(tmp_path, POOL_READ + textwrap.dedent("""
+        import sys, torch
+        def step(name):
+            torch.cuda.synchronize()
+            say(event=name, reserved=pool_reserved()); sys.stdin.readline()
+        x = torch.empty(2**30, dtype=torch.uint8, device="cuda"); step("held")
+        del x; step("freed")          # kept by the pool (threshold), still the driver's
+        torch.cuda.empty_cache(); step("trimmed")
+        say(event="end")
+    """), {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
+    try:
+        steps = {s["event"]: s for s in _steps(p, ledger)}
+    finally:
+        _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    for name in ("held", "freed"):
+        s = steps[name]
+        assert s["reserved"] >= GiB and s["ledger"] >= s["reserved"] - BELOW, s
+        assert s["nvml"] is None or -BELOW <= s["nvml"] - s["ledger"] <= MARGIN, s
+    assert steps["trimmed"]["ledger"] <= steps["trimmed"]["reserved"] + BELOW < GiB, steps["trimmed"]
+
+
+def test_cupy_memory_async_pool_reserve_is_counted(tmp_path):
+    """CuPy's MemoryAsyncPool: what the driver's pool reserves after frees is in the ledger."""
+    pytest.importorskip("cupy")
+    p, ledger = start(tmp_path, POOL_READ + textwrap.dedent("""
+        import sys, cupy
+        cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)
+        def step(name):
+            cupy.cuda.Device().synchronize()
+            say(event=name, reserved=pool_reserved()); sys.stdin.readline()
+        x = cupy.empty(2**30, dtype=cupy.uint8); step("held")
+        del x; step("freed")
+        say(event="end")
+    """))
+    try:
+        steps = _steps(p, ledger)
+    finally:
+        _, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and len(steps) == 2, err
+    for s in steps:
+        assert s["ledger"] >= s["reserved"] - BELOW, s     # never below what the driver holds
+        assert s["nvml"] is None or -BELOW <= s["nvml"] - s["ledger"] <= MARGIN, s
+
+
+def test_torch_cudamallocasync_reuses_its_reserve_at_the_budget(tmp_path):
+    """At the budget, the pool's idle reserve is trimmed before refusing: no empty_cache needed."""
+    pytest.importorskip("torch")
+    p, _ = start(tmp_path, """
+        import torch
+        xs = [torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda") for _ in range(7)]  # 1.75 GiB
+        del xs  # kept by the pool (its threshold is the maximum)
+        ys = [torch.empty(2**30, dtype=torch.uint8, device="cuda") for _ in range(2)]  # only after a trim
+        torch.cuda.synchronize()
+        print("ok", len(ys))
+    """, {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0 and "ok 2" in out and "refused" not in err, err
+
+
+def test_graph_memory_nodes_are_counted_until_trimmed(tmp_path):
+    """A captured cuMemAllocAsync (a graph alloc node) is backed at launch by the graph memory pool,
+    which keeps it after the graph frees it, until cuDeviceGraphMemTrim."""
+    p, ledger = start(tmp_path, """
+        import ctypes, json, sys
+        cu = ctypes.CDLL("libcuda.so.1")
+        def say(**kw): print(json.dumps(kw), flush=True)
+        def graph_reserved():
+            v = ctypes.c_uint64(); assert cu.cuDeviceGetGraphMemAttribute(0, 2, ctypes.byref(v)) == 0
+            return v.value
+        ctx, s, g, x, p = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint64()
+        assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+        assert cu.cuCtxSetCurrent(ctx) == 0 and cu.cuStreamCreate(ctypes.byref(s), 1) == 0
+        assert cu.cuStreamBeginCapture_v2(s, 1) == 0  # thread-local mode
+        assert cu.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(2**30), s) == 0
+        assert cu.cuMemFreeAsync(p, s) == 0
+        assert cu.cuStreamEndCapture(s, ctypes.byref(g)) == 0
+        assert cu.cuGraphInstantiateWithFlags(ctypes.byref(x), g, ctypes.c_ulonglong(0)) == 0
+        say(event="built", reserved=graph_reserved()); sys.stdin.readline()
+        assert cu.cuGraphLaunch(x, s) == 0 and cu.cuStreamSynchronize(s) == 0
+        say(event="launched", reserved=graph_reserved()); sys.stdin.readline()
+        assert cu.cuDeviceGraphMemTrim(0) == 0
+        say(event="trimmed", reserved=graph_reserved()); sys.stdin.readline()
+        say(event="end")
+    """)
+    try:
+        steps = {s["event"]: s for s in _steps(p, ledger)}
+    finally:
+        _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert steps["built"]["ledger"] < BELOW
+    assert steps["launched"]["reserved"] >= GiB and steps["launched"]["ledger"] >= steps["launched"]["reserved"]
+    assert steps["trimmed"]["ledger"] <= steps["trimmed"]["reserved"] + BELOW
