@@ -346,10 +346,12 @@ class Store:
     def save_learned(self, uid: int, corun: dict | None = None, alone: dict | None = None,
                      max_mem: dict | None = None, errors: list[float] | None = None,
                      forget_corun: Iterable[tuple[str, str, str]] = (), forget_alone: Iterable[str] = (),
-                     forget_mem: Iterable[str] = (), now: float | None = None) -> None:
+                     forget_mem: Iterable[str] = (), errors_add: list[float] = (), errors_keep: int = 0,
+                     now: float | None = None) -> None:
         """One user's changed entries in one transaction: `corun` {(p, nb, mode): (runs, factor)},
-        `alone` {p: (runs, ratio)}, `max_mem` {p: bytes}; `errors` replaces that user's error list;
-        the `forget_*` entries are removed (pruned)."""
+        `alone` {p: (runs, ratio)}, `max_mem` {p: bytes}; `errors` replaces that user's error list,
+        or `errors_add` are appended to it and the newest `errors_keep` kept; the `forget_*`
+        entries are removed (pruned)."""
         now = time.time() if now is None else now
         with self.tx():
             self.db.executemany(
@@ -366,8 +368,11 @@ class Store:
                 [(uid, p, int(b), now) for p, b in (max_mem or {}).items()])
             if errors is not None:
                 self.db.execute("DELETE FROM learned_error WHERE uid=?", (uid,))
-                self.db.executemany("INSERT INTO learned_error(uid, error) VALUES (?,?)",
-                                    [(uid, float(e)) for e in errors])
+            self.db.executemany("INSERT INTO learned_error(uid, error) VALUES (?,?)",
+                                [(uid, float(e)) for e in (errors if errors is not None else errors_add)])
+            if errors_add and errors_keep:
+                self.db.execute("DELETE FROM learned_error WHERE uid=? AND id <= (SELECT id FROM learned_error "
+                                "WHERE uid=? ORDER BY id DESC LIMIT 1 OFFSET ?)", (uid, uid, errors_keep))
             self.db.executemany("DELETE FROM learned_corun WHERE uid=? AND profile=? AND neighbour=? AND mode=?",
                                 [(uid, *k) for k in forget_corun])
             self.db.executemany("UPDATE learned_profile SET alone_runs=NULL, alone_ratio=NULL "

@@ -104,6 +104,8 @@ def test_schema_4_keeps_an_older_database_and_bounds_neighbours(tmp_path):
     st.save_learned(0, corun={("a", "c", "mps"): (1, 1.5)}, forget_mem=["b"], now=2.0)
     assert st.learned() == {0: {"corun": {("a", "b", "mps"): (2, 1.3), ("a", "c", "mps"): (1, 1.5)},
                                 "alone": {"a": (1, 1.1)}, "max_mem": {"a": 5}, "errors": [1.2, 1.4]}}
+    st.save_learned(0, errors_add=[1.5], errors_keep=2)  # one more error, the newest 2 kept
+    assert st.learned()[0]["errors"] == [1.4, 1.5]
     # a running job keeps at most `most` neighbour names; an ended one's are pruned
     st.transition(1, State.STARTING)
     st.add_neighbours([(1, f"p{i}") for i in range(10)], most=3)
@@ -112,3 +114,14 @@ def test_schema_4_keeps_an_older_database_and_bounds_neighbours(tmp_path):
     st.transition(1, State.FAILED, "x")
     assert st.prune_neighbours([State.SUCCEEDED, State.FAILED]) == 3 and st.neighbours(1) == set()
     st.close()
+
+
+def test_error_list_changes_are_stored_as_appends():
+    from colo.daemon.learning import _errors_delta
+
+    assert _errors_delta([], [1.0]) == ([1.0], [])  # first: the whole list
+    assert _errors_delta([1.0], [1.0, 2.0]) == (None, [2.0])
+    assert _errors_delta([1.0, 2.0, 3.0], [2.0, 3.0, 4.0]) == (None, [4.0])  # full: the oldest dropped
+    assert _errors_delta([1.0, 2.0], [1.0, 2.0]) == (None, [])
+    assert _errors_delta([1.0, 2.0], [7.0]) == ([7.0], [])  # replaced wholesale: stored whole
+    assert _errors_delta([1.0, 2.0], [2.0]) == ([2.0], [])  # shrunk: stored whole

@@ -71,6 +71,17 @@ def mps_server_shares(per_gpu: dict[str, dict[int, tuple[int, int]]], servers: s
     return out
 
 
+def _errors_delta(before: list[float], after: list[float]) -> tuple[list[float] | None, list[float]]:
+    """(the whole list to store, None when appending does) and what was appended: the error list
+    grows at its end and drops its oldest (policy.Learned keeps the most recent)."""
+    if after == before:
+        return None, []
+    for k in range(len(before)):  # k oldest dropped, the rest still at the front
+        if after[:len(before) - k] == before[k:] and len(after) > len(before) - k:
+            return None, after[len(before) - k:]
+    return after, []
+
+
 class LearningMixin:
     """Part of Daemon (colo/daemon/core.py); uses its state."""
 
@@ -252,10 +263,11 @@ class LearningMixin:
                 now_d.pop(k, None)
             delta.append((changed, gone))
         (corun, gone_c), (alone, gone_a), (mem, gone_m) = delta
-        errors = list(mine.errors) if list(mine.errors) != before[3] else None
-        if corun or alone or mem or errors is not None or gone_c or gone_a or gone_m:
+        errors, added = _errors_delta(before[3], list(mine.errors))
+        if corun or alone or mem or errors is not None or added or gone_c or gone_a or gone_m:
             try:
                 self.store.save_learned(uid, corun=corun, alone=alone, max_mem=mem, errors=errors,
+                                        errors_add=added, errors_keep=len(mine.errors),
                                         forget_corun=gone_c, forget_alone=gone_a, forget_mem=gone_m)
             except Exception as e:  # noqa: BLE001 - kept in memory; a later save carries it again
                 log.warning("could not store what was learned for uid %d: %s", uid, e)
