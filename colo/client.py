@@ -1,14 +1,22 @@
-"""Talks to the daemon. The CLI and the TUI reach colo only through this module."""
+"""Talks to the daemon. The CLI and the TUI reach colo only through this module.
+
+Light to import, as `colo submit` runs it on its short path (colo/submitspec.py): the C socket
+module (`_socket`: `socket` builds enums of every constant at import), protocol's own codec (no
+`json`, no `re`), no pathlib or typing at run time.
+"""
 from __future__ import annotations
 
-import json
-import socket
+import _socket
+import os
 import time
-from pathlib import Path
-from typing import Any, Iterator
 
 from . import protocol
-from .paths import default_socket
+from .paths import socket_path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any, Iterator
 
 
 class ClientError(RuntimeError):
@@ -23,19 +31,38 @@ class DaemonUnavailable(ClientError):
     pass
 
 
+def _lines(s: _socket.socket) -> Iterator[bytes]:
+    """The lines the daemon sends (each with its newline; the last without one if cut short).
+    Parts are joined once a line is whole, so a reply of many MiB costs linear time."""
+    parts: list[bytes] = []
+    while True:
+        chunk = s.recv(1 << 20)
+        if not chunk:
+            if parts:
+                yield b"".join(parts)
+            return
+        start = 0
+        while (i := chunk.find(b"\n", start)) >= 0:
+            parts.append(chunk[start: i + 1])
+            yield b"".join(parts)
+            parts, start = [], i + 1
+        if start < len(chunk):
+            parts.append(chunk[start:])
+
+
 class Client:
-    def __init__(self, socket_path: Path | str | None = None, timeout: float | None = 30.0):
-        self.path = Path(socket_path) if socket_path else default_socket()
+    def __init__(self, sock: Path | str | None = None, timeout: float | None = 30.0):
+        self.path = os.fspath(sock) if sock else socket_path()
         self.timeout = timeout
 
-    def _connect(self, timeout: float | None) -> socket.socket:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def _connect(self, timeout: float | None) -> _socket.socket:
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         s.settimeout(timeout)
         deadline = time.monotonic() + (timeout if timeout is not None else 30.0)
         try:
             while True:
                 try:
-                    s.connect(str(self.path))
+                    s.connect(self.path)
                     break
                 except BlockingIOError:  # the daemon's accept backlog is full: it is busy, try again
                     if time.monotonic() > deadline:
@@ -61,18 +88,18 @@ class Client:
         s = self._connect(timeout)
         try:
             s.sendall(protocol.request(op, **args))
-            f = s.makefile("rb")
+            lines = _lines(s)
             while True:
                 try:
-                    line = f.readline()
-                except socket.timeout:
+                    line = next(lines, b"")
+                except TimeoutError:
                     raise DaemonUnavailable(f"colo daemon did not answer within {timeout:.0f}s", "timeout")
                 except OSError as e:
                     raise DaemonUnavailable(f"connection to colo daemon lost: {e}", "unavailable")
-                if not line:
+                if not line.endswith(b"\n"):
                     raise DaemonUnavailable("colo daemon closed the connection before answering "
                                             "(did it stop or restart?)", "unavailable")
-                msg = json.loads(line)
+                msg = protocol.loads(line)
                 if msg.get("v") != protocol.VERSION:
                     raise ClientError(f"daemon speaks protocol {msg.get('v')}, this colo speaks "
                                       f"{protocol.VERSION}: use matching versions", protocol.VERSION_MISMATCH)

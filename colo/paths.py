@@ -3,20 +3,32 @@ which needs only the socket's path, does not import the config machinery (datacl
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def socket_path() -> str:
+    """The default socket as text (the client needs no pathlib: colo/submitspec.py)."""
+    env = os.environ.get("COLO_SOCKET")
+    if env:
+        return env
+    if os.geteuid() == 0:
+        return "/run/colo/colo.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/colo-{os.geteuid()}"
+    return os.path.join(runtime, "colo", "colo.sock")
 
 
 def default_socket() -> Path:
-    env = os.environ.get("COLO_SOCKET")
-    if env:
-        return Path(env)
-    if os.geteuid() == 0:
-        return Path("/run/colo/colo.sock")
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/colo-{os.geteuid()}"
-    return Path(runtime) / "colo" / "colo.sock"
+    from pathlib import Path
+
+    return Path(socket_path())
 
 
 def default_state_dir() -> Path:
+    from pathlib import Path
+
     env = os.environ.get("COLO_STATE_DIR")
     if env:
         return Path(env)

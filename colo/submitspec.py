@@ -4,16 +4,22 @@ Both the typer command (colo/cli.py) and the short path below build the spec wit
 so they cannot disagree. The short path exists for speed only: `colo submit` is typed (and
 scripted, in loops) far more than any other command, and importing typer/click costs more than
 the whole submit round trip. It imports the standard library's small modules, colo.client and
-this file; anything it does not know (an option another version added, --help, a malformed
-number) goes to the full typer command instead, which says what is wrong the usual way.
+this file: no typer, json, re, pathlib, typing or socket (bench/cli_bench.py checks). Anything
+it does not know (an option another version added, --help, a malformed number) goes to the full
+typer command instead, which says what is wrong the usual way.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-from .textsafe import safe
 from .units import BadSize, parse_size
+
+
+def safe(text: object) -> str:
+    from .textsafe import safe  # only where something is wrong (unicodedata)
+
+    return safe(text)
 
 
 class SubmitError(ValueError):

@@ -1,8 +1,6 @@
 """Sizes and durations as people type them ("4GiB", "512M") and as colo prints them."""
 from __future__ import annotations
 
-import re
-
 _UNITS = {
     "": 1, "b": 1,
     "k": 1024, "kib": 1024, "kb": 1000,
@@ -10,7 +8,21 @@ _UNITS = {
     "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
     "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _split_size(text: str) -> tuple[str, str] | None:
+    """("4.5", "GiB") from " 4.5 GiB ": digits[.digits], then ASCII letters, blanks around; else None.
+    (By hand, not a regex: `colo submit` does not import `re` for it.)"""
+    t = text.strip()
+    i = 0
+    while i < len(t) and (t[i].isdecimal() or t[i] == "."):
+        i += 1
+    num, unit = t[:i], t[i:].lstrip()
+    whole, dot, frac = num.partition(".")
+    if not whole.isdecimal() or (dot and not frac.isdecimal()) or not all(c in _LETTERS for c in unit):
+        return None
+    return num, unit
 
 
 class BadSize(ValueError):
@@ -22,10 +34,10 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int):
         value = text
     else:
-        m = _SIZE.match(str(text))
-        if not m or m.group(2).lower() not in _UNITS:
+        m = _split_size(str(text))
+        if not m or m[1].lower() not in _UNITS:
             raise BadSize(f"malformed size {text!r}: use a positive number with a unit, e.g. 512MiB or 4GiB")
-        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        value = int(float(m[0]) * _UNITS[m[1].lower()])
     if value <= 0:
         raise BadSize(f"size {text!r} must be greater than zero")
     return value

@@ -62,3 +62,37 @@ def test_doctor_reports_each_piece(tmp_path):
     assert [ln.split()[1] for ln in lines] == ["interposer", "driver", "mps", "docker", "daemon"][: len(lines)]
     assert lines[0].startswith("ok") and "preloads cleanly" in lines[0]
     assert "daemon is not running" in r.stdout
+
+
+def test_the_submit_short_path_imports_no_slow_module_and_its_codec_is_json():
+    """`colo submit` skips typer, and json, re, pathlib, typing and socket too (bench/cli_bench.py
+    times it); the client's codec writes and reads what json does."""
+    import json
+    from pathlib import Path
+
+    from hypothesis import given, settings, strategies as st
+
+    from colo import protocol
+
+    root = str(Path(__file__).resolve().parent.parent)
+    code = (f"import sys; sys.path.insert(0, {root!r})\n"
+            "import colo.entry, colo.submitspec, colo.client\n"
+            "print(','.join(m for m in ('typer', 'json', 're', 'pathlib', 'typing', 'socket', 'enum') "
+            "if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "", r.stdout + r.stderr  # -S: no site, no editable finder
+
+    values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                          lambda kids: st.lists(kids) | st.dictionaries(st.text(), kids), max_leaves=20)
+
+    @settings(max_examples=100, deadline=None)
+    @given(values)
+    def same(v):
+        text = protocol.dumps(v)
+        assert text == json.dumps(v, separators=(",", ":"), default=str)
+        assert protocol.loads(text.encode() + b"\n") == json.loads(text)
+
+    same()
+    for bad in (b"", b"{", b"{}x", b"[1,]", b" 1 2"):
+        with pytest.raises(ValueError):
+            protocol.loads(bad)
