@@ -219,7 +219,8 @@ def job_refs(c: Client, ref: str, many: bool = True, open_only: bool = False) ->
         return list(range(i, i + (head["spec"].get("array_size") or 1)))  # one transaction: consecutive ids
     jobs = _all_jobs(c)
     a, sep, idx = ref.partition("_")
-    if sep and a.isdigit() and idx.isdigit():
+    task = bool(sep) and a.isdigit() and idx.isdigit()
+    if task:
         named = [j for j in jobs if j.get("array_job") == int(a) and j.get("array_index") == int(idx)]
         if not named:
             fail(f"no task {ref!r}: array {a} has no index {idx}")
@@ -230,8 +231,11 @@ def job_refs(c: Client, ref: str, many: bool = True, open_only: bool = False) ->
     if not pick:
         fail(f"no job {ref!r}: give a job id, ARRAY_INDEX (12_3) or the name of a job")
     arrays = {j.get("array_job") for j in pick}
-    if many and len(pick) > 1 and len(arrays) == 1 and None not in arrays:  # the tasks of one array
-        return [j["id"] for j in (open_ if open_only else [j for j in named if j.get("array_job") in arrays])]
+    if many and not task and len(arrays) == 1 and None not in arrays:  # a name: the tasks of one array
+        tasks = [j for j in named if j.get("array_job") in arrays]
+        if open_only:
+            tasks = [j for j in tasks if j["state"] in OPEN] or tasks
+        return [j["id"] for j in tasks]
     if len(pick) == 1:
         return [pick[-1]["id"]]
     what = f"array {arrays.pop()}'s tasks" if len(arrays) == 1 and None not in arrays else "jobs"
