@@ -28,6 +28,10 @@ sim = _Lazy(".sim")
 truths = _Lazy(".simtruth")
 prof = _Lazy(".profiles")
 
+TRUTH_TEXT = {"noisy": "jobs really run off their profiles and pay a co-run cost colo's model lacks",
+              "study": "jobs run off their profiles under an interference fitted to the placement study",
+              "exact": "jobs do exactly what colo's model predicts (calibration only, not evidence)"}
+
 # The lead wires this to the daemon: a function returning job rows (colo.jobs.Job.to_dict()).
 load_history_rows: Callable[[], list[dict]] | None = None
 
@@ -99,7 +103,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="results as JSON"),
         plot: bool = typer.Option(False, "--plot", help="text plot of GPU occupancy per policy"),
         from_history: bool = typer.Option(False, "--from-history", help="replay the jobs the daemon ran"),
-        truth: str = typer.Option("exact", "--truth", help="what jobs really do: exact (colo's own model), noisy, study"),
+        truth: str = typer.Option("noisy", "--truth", help="what jobs really do: noisy (drawn around their profiles, with a co-run cost colo's model lacks), study (fitted to the placement study), exact (colo's own model: calibration only, not evidence)"),
         seeds: int = typer.Option(1, "--seeds", min=1, max=1000, help="runs with truth seeds SEED .. SEED+N-1"),
         seed: int = typer.Option(0, "--seed", min=0, help="first truth seed"),
         grow: bool = typer.Option(False, "--grow", help="jobs refused by their budget are requeued once with a larger one"),
@@ -134,7 +138,8 @@ def register(app: typer.Typer) -> None:
                                    "truth": truth, "grow": grow,
                                    "results": [r.summary() for rs in per_seed for r in rs]}, indent=2))
             return
-        typer.echo(f"workload {name}: {len(jobs)} jobs on {gpus} GPU(s) of {format_size(gpu_mem)}, truth {truth}")
+        typer.echo(f"workload {name}: {len(jobs)} jobs on {gpus} GPU(s) of {format_size(gpu_mem)}; "
+                   f"truth {truth}: {TRUTH_TEXT[truth]}")
         for s, results in zip(range(seed, seed + seeds), per_seed):
             if seeds > 1:
                 typer.echo(f"\nseed {s}")

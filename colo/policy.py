@@ -177,8 +177,28 @@ class _Gpu:
     view: GpuView
     free: int
     res: list[_Res]
-    version: int = 0
+    version: int = 0  # bumped at every start in the pass: what is cached below is for one version
     wait_tp: dict = field(default_factory=dict)
+    rows: tuple | None = None  # (version, resident rows...): see _rows
+
+
+def _rows(g: _Gpu, cfg: PolicyConfig) -> tuple:
+    """The residents' profiles aligned on now (each from the grid point it has reached), zero
+    padded: (version, sm, membw, cache_bound, mps, ids, names, MPS group's summed SM, its summed
+    bandwidth, whether every resident is an MPS client). Kept on the GPU until a start changes it."""
+    segs = []
+    for r in g.res:
+        ra = r.arr if r.arr is not None else _unknown(cfg)
+        off = min(r.off, len(ra.sm) - 1)  # still running: it holds its last level
+        segs.append((ra, ra.sm[off:], ra.membw[off:]))
+    width = max(len(s) for _, s, _ in segs)
+    sm, bw = np.zeros((len(segs), width)), np.zeros((len(segs), width))
+    for i, (_, s, b) in enumerate(segs):
+        sm[i, :len(s)], bw[i, :len(b)] = s, b
+    mps = np.array([r.mode == "mps" for r in g.res])
+    g.rows = (g.version, sm, bw, np.array([ra.cache_bound for ra, _, _ in segs]), mps, [r.job_id for r in g.res],
+              [ra.name for ra, _, _ in segs], sm[mps].sum(axis=0), bw[mps].sum(axis=0), bool(mps.all()))
+    return g.rows
 
 
 def _pct(x: float) -> str:
@@ -251,30 +271,23 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
             return "timesliced", f"time-sliced on {name}: alone ({why}, peak SM {_pct(arr.peak_sm)})", d, False
         return None, f"{name}: {block}", d, False
 
-    # Align everyone on the candidate's future: resident r is at grid index r.off now.
-    L = len(arr.sm)
-    rows_sm, rows_bw, cb, is_mps, ids, names = [], [], [], [], [], []
-    for r in g.res:
-        ra = r.arr if r.arr is not None else _unknown(cfg)
-        names.append(ra.name)
-        off = min(r.off, len(ra.sm) - 1)  # still running: it holds its last level
-        s, b = ra.sm[off:off + L], ra.membw[off:off + L]
-        rows_sm.append(s), rows_bw.append(b), cb.append(ra.cache_bound), is_mps.append(r.mode == "mps"), ids.append(r.job_id)
-    overlap = max(len(s) for s in rows_sm)
-    sm = np.zeros((len(rows_sm) + 1, overlap))
-    bw = np.zeros_like(sm)
-    for i, (s, b) in enumerate(zip(rows_sm, rows_bw)):
-        sm[i, :len(s)], bw[i, :len(b)] = s, b
-    sm[-1], bw[-1] = arr.sm[:overlap], arr.membw[:overlap]
-    cb.append(arr.cache_bound)
-    cbv = np.array(cb)
-    mps_rows = np.array(is_mps + [True])
-    group_sm = sm[mps_rows].sum(axis=0)
-    group_bw = bw[mps_rows].sum(axis=0)
-    fits = float(group_sm.max()) < cfg.saturation and float(group_bw.max()) < cfg.bw_saturation
-    peak_sm, peak_bw = float(sm.sum(axis=0).max()), float(bw.sum(axis=0).max())  # everyone, for the reason
-    per_job = {str(j): float(sm[i].max()) for i, j in enumerate(ids)}
-    per_job["this"] = float(arr.sm[:overlap].max())
+    # Everyone aligned on the candidate's future, from the GPU's resident rows (built once per
+    # change of the GPU, not per candidate).
+    rows = g.rows if g.rows is not None and g.rows[0] == g.version else _rows(g, cfg)
+    _, r_sm, r_bw, r_cb, r_mps, ids, names, g_sm, g_bw, all_mps = rows
+    overlap = min(len(arr.sm), r_sm.shape[1])
+    c_sm, c_bw = arr.sm[:overlap], arr.membw[:overlap]
+    group_sm = g_sm[:overlap] + c_sm
+    group_bw = g_bw[:overlap] + c_bw
+    top_sm, top_bw = float(group_sm.max()), float(group_bw.max())
+    fits = top_sm < cfg.saturation and top_bw < cfg.bw_saturation
+    if all_mps:  # every job is in the MPS group: its sums are everyone's
+        peak_sm, peak_bw = top_sm, top_bw
+    else:
+        peak_sm = float((r_sm[:, :overlap].sum(axis=0) + c_sm).max())  # everyone, for the reason
+        peak_bw = float((r_bw[:, :overlap].sum(axis=0) + c_bw).max())
+    per_job = dict(zip(map(str, ids), r_sm[:, :overlap].max(axis=1).tolist()))
+    per_job["this"] = float(c_sm.max())
     d = {"gpu": v.index, "overlap_s": overlap * cfg.step, "peak_sm": peak_sm, "peak_membw": peak_bw,
          "sm_by_job": per_job, "saturation": cfg.saturation}
     who = ", ".join([f"job {j}: {_pct(x)}" for j, x in per_job.items() if j != "this"] + [f"this job: {_pct(per_job['this'])}"])
@@ -284,20 +297,36 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     wkey = (g.version, overlap)
     wait_tp = g.wait_tp.get(wkey)
     if wait_tp is None:  # the status quo is the same for every candidate of this length
-        wait_tp = g.wait_tp[wkey] = float(simmodel.rates(sm[:-1], bw[:-1], cbv[:-1], mps_rows[:-1]).sum(axis=0).mean())
+        wait_tp = g.wait_tp[wkey] = float(simmodel.rates(r_sm[:, :overlap], r_bw[:, :overlap], r_cb, r_mps)
+                                          .sum(axis=0).mean())
     tp, slow, this = {"wait": wait_tp}, {}, {}
     modes = (["mps"] if allow_mps and fits else []) + (["timesliced"] if allow_ts else [])
+    n = len(ids) + 1
     for m in modes:
-        rate = simmodel.rates(sm, bw, cbv, mps_rows if m == "mps" else np.array(is_mps + [False]))
         fac = learned.factors(names, arr.name, m) if learned is not None and learned.corun else None
+        if m == "mps" and all_mps and top_sm <= 1.0 and top_bw <= 1.0:
+            # one MPS context whose summed SM and bandwidth stay within the GPU: the model slows
+            # nobody (simmodel.rates is 1 throughout), so the check needs no model pass
+            per = np.ones(n) if fac is None else 1.0 / fac
+            tpm = float(per.sum())
+        else:
+            sm = np.vstack([r_sm[:, :overlap], c_sm])
+            bw = np.vstack([r_bw[:, :overlap], c_bw])
+            rate = simmodel.rates(sm, bw, np.append(r_cb, arr.cache_bound),
+                                  np.append(r_mps, True) if m == "mps" else np.append(r_mps, False))
+            if fac is not None:
+                rate = rate / fac[:, None]
+            tpm = float(rate.sum(axis=0).mean())
+            per = rate.mean(axis=1)
         if fac is not None:  # co-run slowdowns the model missed, as observed
-            rate = rate / fac[:, None]
             d.setdefault("learned_factor", {})[m] = float(fac[-1])
-        tp[m] = float(rate.sum(axis=0).mean()) / (1.0 + cfg.margin)
-        per_job = rate.mean(axis=1)
-        slow[m] = (1.0 + cfg.margin) / max(1e-9, float(per_job.min()))
-        this[m] = 1.0 / max(1e-9, float(per_job[-1]))  # this job's own, no margin: recorded, compared at its end
+        tp[m] = tpm / (1.0 + cfg.margin)
+        slow[m] = (1.0 + cfg.margin) / max(1e-9, float(per.min()))
+        this[m] = 1.0 / max(1e-9, float(per[-1]))  # this job's own, no margin: recorded, compared at its end
+        if slow[m] <= cfg.slowdown_bound and tp[m] >= wait_tp + cfg.min_gain:
+            break  # it passes; MPS is looked at first and taken when it passes
     d["throughput"], d["slowdown"], d["slowdown_this"], d["margin"] = tp, slow, this, cfg.margin
+    modes = [m for m in modes if m in slow]
     passing = [m for m in modes if slow[m] <= cfg.slowdown_bound and tp[m] >= wait_tp + cfg.min_gain]
     sat_text = (f"sharing would saturate: predicted peak SM {_pct(peak_sm)} ({who})"
                 + (f", bandwidth {_pct(peak_bw)}" if peak_bw >= cfg.bw_saturation else "")

@@ -23,6 +23,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import fairshare
+from .config import Config
 from . import policy as pol
 from . import simtruth
 from .profiles import Profile, ProfileStore, shipped_dir
@@ -36,6 +38,7 @@ WORKLOAD_FORMAT = "colo-workload"
 WORKLOAD_VERSION = 1
 DEFAULT_GPU_MEM = 12 * GiB  # the study's TITAN Xp
 GROW_FACTOR = 1.25
+FAIR_HALF_LIFE = Config.fair_share_half_life  # the daemon's default
 
 
 class SimError(ValueError):
@@ -286,22 +289,22 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
              gpu_mem: int = DEFAULT_GPU_MEM, config: pol.PolicyConfig | None = None,
              replan_every: float | None = REPLAN_EVERY, name: str | None = None,
              truth: simtruth.Truth | None = None, grow: bool = False,
-             learned: pol.Learned | None = None) -> Result:
-    """`learned`: colo plans with it and learns into it from every job's end (the daemon's
-    learning, carried across runs by the caller)."""
+             learned: pol.Learned | None = None, learn: bool = True,
+             half_life: float = FAIR_HALF_LIFE) -> Result:
+    """colo runs as the daemon does: the queue in fair-share order (colo/fairshare.py, use decaying
+    with `half_life`), learning from every job's end into `learned` (what earlier runs taught,
+    carried by the caller; a fresh one when None; `learn=False`: a colo that never learns)."""
     config = config or pol.PolicyConfig()
     truth = truth or simtruth.Truth("exact")
     fn = POLICIES[policy] if isinstance(policy, str) else policy
-    if fn is colo and learned is not None:
-        fn = lambda *a: colo(*a, learned=learned)  # noqa: E731
+    ledger = fairshare.Ledger(half_life)
+    if fn is colo:
+        if learned is None and learn:
+            learned = pol.Learned()
+        fn = lambda *a: colo(*a, learned=learned, ledger=ledger, grow=grow)  # noqa: E731
     label = policy if isinstance(policy, str) else (name or getattr(policy, "__name__", "custom"))
     node = [SimGpu(i, gpu_mem, gpu_mem - config.reserve) for i in range(gpus)]
     runs = [_Run(j, i, truth.realise(j.id, j.profile)) for i, j in enumerate(sorted(jobs, key=lambda j: (j.arrival, j.id)))]
-    if grow and learned is not None:  # --grow lets colo start with what earlier runs needed
-        for r in runs:
-            got = learned.suggest_budget(r.job.profile.name) if r.job.known else None
-            if got and got > r.ask:
-                r.ask = min(got, gpu_mem - config.reserve)
     pending = list(runs)
     queue: list[_Run] = []
     t = 0.0
@@ -315,6 +318,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
         nonlocal oom, replan
         oom += 1
         r.ooms += 1
+        ledger.add(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start, t)
         usable = node[r.gpu].usable
         node[r.gpu].runs.remove(r)
         r.gpu, replan = None, True
@@ -415,6 +419,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                 if r.p >= r.runtime - 1e-6:
                     g.runs.remove(r)
                     r.state, r.end, r.gpu, replan = "done", t, None, True
+                    ledger.add(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start, t)
                     if learned is not None and r.job.known and label == "colo":
                         learned.observe(r.job.profile.name, sorted(r.neighbours), r.mode, r.predicted,
                                         t - r.start, r.job.profile.runtime, r.peak, r.factor)
@@ -445,15 +450,27 @@ def _result(label, runs, t_end, sm_area, mem_area, oom, gpus, timeline) -> Resul
 
 # ---- policies ---------------------------------------------------------------------------------
 
-def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None):
-    """colo's own policy: policy.plan(), unchanged; budgets enforced (the interposer)."""
+def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None,
+         ledger: fairshare.Ledger | None = None, grow: bool = False):
+    """colo's own policy: policy.plan(), unchanged, fed as the daemon's scheduler feeds it: the
+    queue in fair-share order (Candidate.seq, priority within each user's own queue), what was
+    learned; budgets enforced (the interposer)."""
     views = [pol.GpuView(f"sim-gpu{g.index}", g.index, g.usable, mps="active") for g in node]
     placed = [pol.Placed(r.job.id, (f"sim-gpu{r.gpu}",), r.budget or 0, r.job.uid, r.mode,
                          r.job.profile if r.job.known else None, now - r.start) for r in running]
     by_id = {r.job.id: r for r in queue}
-    cands = [pol.Candidate(r.job.id, r.ask, 1, r.job.uid,
-                           r.job.priority, r.seq, r.job.profile if r.job.known else None, r.job.arrival,
-                           r.held) for r in queue]
+    usage = (ledger or fairshare.Ledger(FAIR_HALF_LIFE)).usage(
+        now, [(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start) for r in running])
+    fair = fairshare.fair_order([(r.job.id, r.job.uid, r.job.priority, r.seq) for r in queue], usage)
+    cands = []
+    for seq, job_id in enumerate(fair):
+        r = by_id[job_id]
+        if grow and learned is not None and r.job.known:  # --grow: start with what earlier runs needed
+            got = learned.suggest_budget(r.job.profile.name)
+            if got and got > r.ask:
+                r.ask = min(got, max(g.usable for g in node))
+        cands.append(pol.Candidate(r.job.id, r.ask, 1, r.job.uid, 0, seq,
+                                   r.job.profile if r.job.known else None, r.job.arrival, r.held))
     out = []
     for d in pol.plan(cands, views, placed, cfg, now=now, learned=learned):
         by_id[d.job_id].held = tuple(d.details.get("held", ()))  # as the daemon keeps its last decision

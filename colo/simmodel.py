@@ -51,19 +51,26 @@ def rates(sm: np.ndarray, membw: np.ndarray, cache_bound: np.ndarray, mps: np.nd
     sm, membw: shape (jobs, T) demands; cache_bound, mps: shape (jobs,) booleans (mps: the job is
     an MPS client; else it is a time-sliced context of its own). Returns shape (jobs, T).
     """
+    return contexts(sm, membw, cache_bound, mps, K_CACHE, K_BW, BUSY_SM, SWITCH_COST)
+
+
+def contexts(sm, membw, cache_bound, mps, k_cache: float, k_bw: float, busy_sm: float,
+             switch_cost: float) -> np.ndarray:
+    """The structure above with its parameters given: the policy's model passes its own, and the
+    simulator's truths (colo/simtruth.py) theirs, so that tuning one never moves the other."""
     sm = np.asarray(sm, dtype=float)
     membw = np.asarray(membw, dtype=float)
     if sm.ndim == 1:
         sm, membw = sm[:, None], membw[:, None]
     mps = np.asarray(mps, dtype=bool)
     cache_bound = np.asarray(cache_bound, dtype=bool)
-    busy = np.minimum(1.0, sm / BUSY_SM)
+    busy = np.minimum(1.0, sm / busy_sm)
     inner = np.ones_like(sm)
     if mps.any():
         d = sm[mps].sum(axis=0)
         b = membw[mps].sum(axis=0)
         active_cache = ((sm[mps] > 0) & cache_bound[mps][:, None]).sum(axis=0)
-        k = np.where(active_cache >= 2, K_CACHE, K_BW)
+        k = np.where(active_cache >= 2, k_cache, k_bw)
         slow = (1.0 + k * np.maximum(0.0, b - 1.0)) * np.maximum(1.0, d)
         inner[mps] = 1.0 / slow
         group_busy = np.minimum(1.0, busy[mps].sum(axis=0))
@@ -71,8 +78,8 @@ def rates(sm: np.ndarray, membw: np.ndarray, cache_bound: np.ndarray, mps: np.nd
         group_busy = np.zeros(sm.shape[1])
     ts_busy = busy[~mps]
     total = group_busy + ts_busy.sum(axis=0)
-    contexts = (group_busy > 0).astype(int) + (ts_busy > 0).sum(axis=0)
+    n_ctx = (group_busy > 0).astype(int) + (ts_busy > 0).sum(axis=0)
     share = np.minimum(1.0, 1.0 / np.maximum(total, 1e-12))
-    share = np.where(contexts > 1, share * (1.0 - SWITCH_COST), 1.0)
+    share = np.where(n_ctx > 1, share * (1.0 - switch_cost), 1.0)
     out = inner * share[None, :]
     return np.where(sm > 0, out, 1.0)

@@ -76,45 +76,37 @@ def _heavy_pair_constants(knee: float, k_int: float) -> tuple[float, float]:
     return alone, k_cache
 
 
+# The truths' own copies of the structure's parameters: today the values colo's model was
+# calibrated with (DESIGN.md's pairs), but the truth's, so that tuning the policy's model
+# (colo/simmodel.py) never moves what the jobs really do.
+BUSY_SM = 0.25  # SM activity from which a job's kernels keep the GPU busy
+K_BW = 0.5  # bandwidth oversubscription between MPS clients that are not cache-bound
+K_CACHE = (223.6 / (2 * 61.5 * (1.0 - SWITCH_COST) / 2) - 1.0) / 0.8  # 223.6 s vs 61.5 s, no interference
+
+
 def study_rates(sm, membw, cache_bound, mps, corun=None, knee: float = KNEE, k_int: float = K_INTERFERE):
     """Progress rate of each job at each instant under the study physics (shapes as simmodel.rates)."""
+    _, k_cache = _heavy_pair_constants(knee, k_int)
+    out = simmodel.contexts(sm, membw, cache_bound, mps, k_cache, K_BW, BUSY_SM, SWITCH_COST)
     sm = np.asarray(sm, dtype=float)
     membw = np.asarray(membw, dtype=float)
     if sm.ndim == 1:
         sm, membw = sm[:, None], membw[:, None]
-    mps = np.asarray(mps, dtype=bool)
-    cache_bound = np.asarray(cache_bound, dtype=bool)
-    _, k_cache = _heavy_pair_constants(knee, k_int)
     active = sm > 0
-    busy = np.minimum(1.0, sm / simmodel.BUSY_SM)
-    inner = np.ones_like(sm)
-    if mps.any():
-        d = sm[mps].sum(axis=0)
-        b = membw[mps].sum(axis=0)
-        cache_pairs = ((sm[mps] > 0) & cache_bound[mps][:, None]).sum(axis=0)
-        k = np.where(cache_pairs >= 2, k_cache, simmodel.K_BW)
-        inner[mps] = 1.0 / ((1.0 + k * np.maximum(0.0, b - 1.0)) * np.maximum(1.0, d))
-        group_busy = np.minimum(1.0, busy[mps].sum(axis=0))
-    else:
-        group_busy = np.zeros(sm.shape[1])
-    ts_busy = busy[~mps]
-    total = group_busy + ts_busy.sum(axis=0)
-    contexts = (group_busy > 0).astype(int) + (ts_busy > 0).sum(axis=0)
-    share = np.minimum(1.0, 1.0 / np.maximum(total, 1e-12))
-    share = np.where(contexts > 1, share * (1.0 - SWITCH_COST), 1.0)
     # interference between everyone busy on the GPU, whatever the mode
     n_active = active.sum(axis=0)
     bsum = np.where(active, membw, 0.0).sum(axis=0)
     inter = np.where(n_active >= 2, 1.0 + k_int * np.maximum(0.0, bsum - knee), 1.0)
-    out = inner * (share / inter)[None, :]
+    out = out / inter[None, :]
     if corun is not None:
         out = out / np.where(n_active >= 2, 1.0 + np.asarray(corun, dtype=float)[:, None], 1.0)
     return np.where(active, out, 1.0)
 
 
 def noisy_rates(sm, membw, cache_bound, mps, corun=None):
-    """colo's model's structure plus the co-run penalty it does not know about."""
-    out = simmodel.rates(sm, membw, cache_bound, mps)
+    """The structure of colo's model (with the truth's parameters) plus the co-run penalty the
+    model does not know about."""
+    out = simmodel.contexts(sm, membw, cache_bound, mps, K_CACHE, K_BW, BUSY_SM, SWITCH_COST)
     if corun is None:
         return out
     sm = np.asarray(sm, dtype=float)

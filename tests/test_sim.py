@@ -196,7 +196,7 @@ def test_cli_from_history_hook(cli, monkeypatch):
     rows = [{"id": 1, "uid": 0, "spec": {"profile": "alexnet", "gpu_mem": 3 * GiB, "gpus": 1},
              "submitted_at": 0.0, "started_at": 0.0, "ended_at": 45.0}]
     monkeypatch.setattr(cli_sim, "load_history_rows", lambda: rows)
-    r = cli("sim", "--from-history", "--json", "-p", "colo")
+    r = cli("sim", "--from-history", "--json", "-p", "colo", "--truth", "exact")
     assert r.exit_code == 0 and json.loads(r.stdout)["results"][0]["makespan"] == pytest.approx(45.0)
 
 
@@ -278,6 +278,8 @@ def test_cli_sim_truth_and_seeds(cli):
     assert all({"ratio", "lost", "oom", "p95_slowdown", "max_slowdown", "makespan"} <= set(x) for x in d["results"])
     r = cli("sim", "light", "--truth", "study", "--seeds", "2", "-p", "colo")
     assert r.exit_code == 0 and "over 2 seeds" in r.stdout and "median vs SJF" in r.stdout
+    r = cli("sim", "light", "-p", "colo")  # noisy unless told: exact is colo's own model, circular
+    assert r.exit_code == 0 and "truth noisy: jobs really run off their profiles" in r.stdout
     r = cli("sim", "light", "--truth", "magic")
     assert r.exit_code == 1 and "unknown truth" in r.stderr
 
@@ -303,3 +305,14 @@ def test_colo_in_sim_learns_across_repeated_mixes():
     sim.simulate([sim.SimJob(1, grow, budget=3 * GiB)], "colo", grow=True, learned=learned)
     r = sim.simulate([sim.SimJob(1, grow, budget=3 * GiB)], "colo", grow=True, learned=learned)
     assert (r.oom, r.lost) == (0, 0) and r.jobs[0]["budget"] >= 4 * GiB
+
+
+def test_colo_in_sim_orders_the_queue_by_fair_share_as_the_daemon_does():
+    """Three jobs of uid 1 queued before one of uid 2, one GPU each at a time: users take turns
+    (colo/fairshare.py), so uid 2's job runs second, not last; the baselines keep arrival order."""
+    big = flat("big", 0.5, 0.2, 100, mem=10 * GiB)
+    jobs = [sim.SimJob(i, big, budget=11 * GiB, uid=1) for i in (1, 2, 3)] + [sim.SimJob(4, big, budget=11 * GiB, uid=2)]
+    r = sim.simulate(jobs, "colo", truth=simtruth.Truth("exact"))
+    assert [j["id"] for j in sorted(r.jobs, key=lambda j: j["start"])] == [1, 4, 2, 3]
+    fifo = sim.simulate(jobs, "exclusive-fifo", truth=simtruth.Truth("exact"))
+    assert [j["id"] for j in sorted(fifo.jobs, key=lambda j: j["start"])] == [1, 2, 3, 4]
