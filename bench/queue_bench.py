@@ -8,7 +8,9 @@ user (colotest1..10; created when run as root). Then, with N queued:
 - one more submit's daemon round trip (median of 20);
 - the daemon's CPU while idle (nothing changes for 65 s, which holds one pass over every queued
   job: it runs once a minute), in % of one core;
-- `colo ls --active` wall time (median of 5; prints every queued job) beside `python3 -c pass`;
+- `colo ls` wall time, piped (median of 5; prints every queued job), beside `python3 -c pass`,
+  with the CPU it took in the command and in the daemon; `colo ls -q` (ids only); `colo ls` on a
+  terminal (a pty: what a person waits for, a screenful or the terminal's bound);
 - the scheduler pass after one running job ends (16 GiB freed: some queued jobs start, the rest
   wait), as the daemon logs it, with how many jobs it planned before it stopped; and the
   once-a-minute pass over every queued job;
@@ -17,13 +19,17 @@ Every figure is refused unless the work happened: all N submits stored and queue
 running jobs, a pass over every queued job was logged, and the pass after the end saw the whole
 queue and started jobs out of it.
 
-Run (as root): python bench/queue_bench.py [--big] [--clients 10] [--json-out bench/results/queue_bench.json]
+Run (as root): python bench/queue_bench.py [--big] [--clients 10] [--before PYTHON]
+                                           [--json-out bench/results/queue_bench.json]
+(--before: the python of another checkout's venv, whose `colo ls` is timed beside this one's)
 """
 from __future__ import annotations
 
 import argparse
 import os
+import pty
 import re
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -62,12 +68,49 @@ def rss_mb(pid: int) -> float:
 
 
 def timed(cmd: list[str], n: int, env=None) -> list[float]:
-    out = []
+    return timed_cpu(cmd, n, env)[0]
+
+
+def timed_cpu(cmd: list[str], n: int, env=None, pid: int | None = None) -> tuple[list[float], list[float], float]:
+    """Wall times, the command's CPU seconds (user + system) each run, and the CPU seconds of
+    process `pid` (the daemon) per run."""
+    walls, cpus = [], []
+    d0 = cpu_s(pid) if pid else 0.0
     for _ in range(n):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         subprocess.run(cmd, check=True, capture_output=True, env=env)
-        out.append(time.perf_counter() - t)
-    return out
+        walls.append(time.perf_counter() - t)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    return walls, cpus, ((cpu_s(pid) - d0) / n if pid else 0.0)
+
+
+def timed_tty(cmd: list[str], n: int, env=None) -> tuple[list[float], int]:
+    """Wall times of `cmd` printing to a terminal (a pty, read as fast as it writes), and how many
+    lines it printed."""
+    walls, lines = [], 0
+    for _ in range(n):
+        master, slave = pty.openpty()
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=slave, stderr=subprocess.DEVNULL, env=env)
+        os.close(slave)
+        data = []
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: the command closed the terminal
+                break
+            if not chunk:
+                break
+            data.append(chunk)
+        p.wait()
+        walls.append(time.perf_counter() - t)
+        os.close(master)
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} on a terminal exited {p.returncode}")
+        lines = b"".join(data).count(b"\n")
+    return walls, lines
 
 
 def fill(d: DaemonProc, users: list, n: int) -> tuple[list[float], float]:
@@ -94,7 +137,7 @@ def fill(d: DaemonProc, users: list, n: int) -> tuple[list[float], float]:
     return done, time.time() - t0
 
 
-def run_one(root: Path, n: int, users: list) -> dict:
+def run_one(root: Path, n: int, users: list, before_py: str | None = None) -> dict:
     state = root / f"fake-{n}.state"
     fakegpu.create(state, count=8, mem=16 * GiB)
     (root / f"d{n}").mkdir()
@@ -128,12 +171,22 @@ def run_one(root: Path, n: int, users: list) -> dict:
         ls_cmd = [sys.executable, "-m", "colo", "ls"]
         if "--active" in subprocess.run([*ls_cmd, "--help"], capture_output=True, text=True, env=d.env()).stdout:
             ls_cmd.append("--active")  # else queued and running jobs are what it lists by default
-        ls = timed(ls_cmd, 5, d.env())
+        ls, ls_cpu, ls_dcpu = timed_cpu(ls_cmd, 5, d.env(), pid)
+        ls_q = timed([*ls_cmd, "-q"], 5, d.env())
+        ls_tty, tty_lines = timed_tty(ls_cmd, 5, d.env())
+        # the same commands of an earlier colo (its own interpreter and checkout), on this daemon
+        ls_b = timed([before_py, "-m", "colo", "ls"], 5, d.env()) if before_py else [0.0]
+        ls_qb = timed([before_py, "-m", "colo", "ls", "-q"], 5, d.env()) if before_py else [0.0]
         ls_rt = []
+        # the daemon's reply to what `colo ls` asks for (only the fields it prints, where it can)
+        fields = ["id", "name", "user", "state", "gpus", "mode", "budget", "submitted_at", "reason"]
+        ask = ((lambda: c.ls_fields(fields, all=False, cut=60)) if hasattr(c, "ls_fields")
+               else (lambda: c.ls(all=False)))
         for _ in range(5):
             t = time.perf_counter()
-            got = c.ls(all=False)
+            ask()
             ls_rt.append(time.perf_counter() - t)
+        got = c.ls(all=False)
         if len(got) != n + 28:
             raise SystemExit(f"N={n}: ls returned {len(got)} jobs, not {n + 28}")
         bare = statistics.median(timed([sys.executable, "-c", "pass"], 5))
@@ -156,7 +209,10 @@ def run_one(root: Path, n: int, users: list) -> dict:
         if int(first[0]) < n:
             raise SystemExit(f"N={n}: the pass after the end did not see the whole queue: {passes}")
         return {"n": n, "fill_rate": n / wall, "rates": rates, "submit_ms": 1000 * statistics.median(lat),
-                "idle_pct": idle, "ls_s": statistics.median(ls), "pass_ms": float(first[3]),
+                "idle_pct": idle, "ls_s": statistics.median(ls), "ls_cpu_s": statistics.median(ls_cpu),
+                "ls_daemon_cpu_s": ls_dcpu, "ls_q_s": statistics.median(ls_q), "ls_tty_s": statistics.median(ls_tty),
+                "tty_lines": tty_lines, "ls_before_s": statistics.median(ls_b), "ls_q_before_s": statistics.median(ls_qb),
+                "pass_ms": float(first[3]),
                 "planned": int(first[1]), "started": int(first[2]), "complete_ms": statistics.median(complete),
                 "rss_mb": rss, "ls_rt_s": statistics.median(ls_rt), "bare_s": bare}
     finally:
@@ -173,12 +229,23 @@ def run_one(root: Path, n: int, users: list) -> dict:
         d.proc.wait(120)
 
 
+def before_commit(python: str) -> str:
+    """The commit of the checkout the earlier colo is imported from."""
+    where = subprocess.run([python, "-c", "import colo, os; print(os.path.dirname(colo.__file__))"],
+                           capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or "?"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--big", action="store_true", help="also 50,000 queued")
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--sizes", type=str, default=None, help="comma-separated queue lengths (default 100,10000)")
     ap.add_argument("--json-out", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--before", type=str, default=None, metavar="PYTHON",
+                    help="an interpreter whose `-m colo` is an earlier colo: its `colo ls` and `ls -q` are timed "
+                    "beside this one's, on the same daemon and queue")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the clients are real users")
@@ -189,7 +256,7 @@ def main() -> int:
     res: dict[int, dict] = {}
     for n in sizes:
         try:
-            res[n] = run_one(root, n, users)
+            res[n] = run_one(root, n, users, args.before)
         except SystemExit as e:  # the work did not happen as intended: no figures
             rep.check(False, str(e))
             return rep.finish(args.json_out)
@@ -202,8 +269,20 @@ def main() -> int:
                    b["submit_ms"], bn)
         rep.figure(f"idle_{n}", f"idle daemon CPU at {at}, % of a core (aim < 5)", r["idle_pct"], "%",
                    b["idle_pct"], bn)
-        rep.figure(f"ls_{n}", f"colo ls --active at {at}, wall (aim < 0.3 s)", r["ls_s"], "s", b["ls_s"], bn)
-        rep.figure(f"ls_rt_{n}", "  of which the daemon's reply (client.ls)", r["ls_rt_s"], "s", b["ls_rt_s"], bn)
+        rep.figure(f"ls_{n}", f"colo ls (queued and running), piped: every job, at {at}, wall (aim < 0.3 s)",
+                   r["ls_s"], "s", b["ls_s"], bn, note=f"python3 -c pass: {r['bare_s'] * 1000:.0f} ms")
+        rep.figure(f"ls_cpu_{n}", "  its CPU (user + system) in the command", r["ls_cpu_s"], "s", b["ls_cpu_s"], bn)
+        rep.figure(f"ls_dcpu_{n}", "  its CPU in the daemon", r["ls_daemon_cpu_s"], "s", b["ls_daemon_cpu_s"], bn)
+        rep.figure(f"ls_rt_{n}", "  the daemon's reply alone (a client in this process)", r["ls_rt_s"], "s",
+                   b["ls_rt_s"], bn)
+        rep.figure(f"ls_q_{n}", f"colo ls -q (ids) at {at}, wall", r["ls_q_s"], "s", b["ls_q_s"], bn)
+        if args.before:
+            rep.figure(f"ls_vs_before_{n}", f"colo ls, piped, at {at}: this colo vs the earlier one", r["ls_s"], "s",
+                       r["ls_before_s"], f"the earlier colo ({before_commit(args.before)}), same daemon and queue")
+            rep.figure(f"ls_q_vs_before_{n}", f"colo ls -q at {at}: this colo vs the earlier one", r["ls_q_s"], "s",
+                       r["ls_q_before_s"], f"the earlier colo ({before_commit(args.before)})")
+        rep.figure(f"ls_tty_{n}", f"colo ls on a terminal at {at}, wall", r["ls_tty_s"], "s", b["ls_tty_s"], bn,
+                   note=f"{r['tty_lines']:,} lines printed")
         rep.figure(f"pass_{n}", f"pass after a job ends at {at} (aim < 20 ms)", r["pass_ms"], "ms", b["pass_ms"], bn,
                    note=f"{r['planned']} planned, {r['started']} started")
         rep.figure(f"complete_{n}", f"pass over every queued job at {at} (1/min)", r["complete_ms"], "ms",

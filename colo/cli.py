@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from . import cli_sim
+from . import cli_sim, lsview
 from .client import Client, ClientError
 from .submitspec import SubmitError, build_spec
 from .textsafe import safe, safe_tree
@@ -140,35 +140,7 @@ def submit(
         wait([str(i) for i in job.get("tasks") or [job["id"]]], sock=sock, as_json=False)
 
 
-# Columns `colo ls` can show (--format id,name,...): title and how to draw one job's cell.
-LS_COLUMNS = {
-    "id": ("ID", lambda j, now, w: str(j["id"])),
-    "name": ("NAME", lambda j, now, w: j["name"] or "-"),
-    "user": ("USER", lambda j, now, w: j["user"]),
-    "state": ("STATE", lambda j, now, w: j["state"]),
-    "gpu": ("GPU", lambda j, now, w: ",".join(u[:12] for u in j["gpus"]) or "-"),
-    "mode": ("MODE", lambda j, now, w: j["mode"] or "-"),
-    "budget": ("BUDGET", lambda j, now, w: format_size(j["budget"]) if j["budget"] else "-"),
-    "age": ("AGE", lambda j, now, w: format_duration(now - j["submitted_at"])),
-    "exit": ("EXIT", lambda j, now, w: "-" if j["exit_code"] is None else str(j["exit_code"])),
-    "priority": ("PRIO", lambda j, now, w: str(j.get("priority") or 0)),
-    "command": ("COMMAND", lambda j, now, w: " ".join(j.get("argv") or [])[: None if w else 40]),
-    "reason": ("REASON", lambda j, now, w: (j["reason"] or "") if w else (j["reason"] or "")[:60]),
-    "array": ("ARRAY", lambda j, now, w: array_ref(j) or "-"),
-}
-LS_DEFAULT = "id,name,user,state,gpu,mode,budget,age,reason"
 STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "lost")
-
-
-def _names(j: dict, ref: str) -> bool:
-    """Does `ref` (as `colo ls REF` reads it) name this job?"""
-    if ref.isdigit():
-        return j["id"] == int(ref) or j.get("array_job") == int(ref)
-    return ref == j["name"] or ref == array_ref(j)
-
-
-def job_row(j: dict, now: float, cols: list[str] | None = None, wide: bool = False) -> list[str]:
-    return [LS_COLUMNS[c][1](j, now, wide) for c in (cols or LS_DEFAULT.split(","))]
 
 
 def _filtered(jobs: list[dict], users: list[str], states: list[str], names: list[str]) -> list[dict]:
@@ -187,10 +159,11 @@ def array_ref(j: dict) -> str | None:
     return None if j.get("array_job") is None else f"{j['array_job']}_{j['array_index']}"
 
 
-def _all_jobs(c: Client, _cache: dict = {}) -> list[dict]:
-    if "jobs" not in _cache:
-        _cache["jobs"] = _call(c.ls, True, None)
-    return _cache["jobs"]
+def _jobs_named(c: Client, ref: str, _cache: dict = {}) -> list[dict]:
+    """The jobs `ref` may name (as `colo ls REF` reads it), found by the daemon."""
+    if ref not in _cache:
+        _cache[ref] = _call(c.ls, True, None, refs=[ref])
+    return _cache[ref]
 
 
 def job_ref(c: Client, ref: str) -> int:
@@ -215,9 +188,9 @@ def job_refs(c: Client, ref: str, many: bool = True, open_only: bool = False) ->
         if head.get("array_job") != i:
             return [i]
         if open_only:
-            return [j["id"] for j in _call(c.ls, False, None) if j.get("array_job") == i] or [i]
+            return [j["id"] for j in _call(c.ls, False, None, refs=[ref]) if j.get("array_job") == i] or [i]
         return list(range(i, i + (head["spec"].get("array_size") or 1)))  # one transaction: consecutive ids
-    jobs = _all_jobs(c)
+    jobs = _jobs_named(c, ref)
     a, sep, idx = ref.partition("_")
     task = bool(sep) and a.isdigit() and idx.isdigit()
     if task:
@@ -258,31 +231,21 @@ def ls(refs: List[str] = typer.Argument(None, help="only these jobs (ended ones 
        name: List[str] = typer.Option([], "--name", "-n", help="only jobs of this name (repeatable)"),
        quiet: bool = typer.Option(False, "-q", "--quiet", help="job ids only, one a line"),
        fmt: Optional[str] = typer.Option(None, "--format", "-o",
-                                         help=f"columns, comma-separated, of: {', '.join(LS_COLUMNS)}"),
+                                         help=f"columns, comma-separated, of: {', '.join(lsview.COLUMNS)}"),
        wide: bool = typer.Option(False, "--wide", "-w", help="reasons and commands in full"),
-       limit: Optional[int] = typer.Option(None, "--limit", help="only the newest N"),
+       limit: Optional[int] = typer.Option(None, "--limit", help="only the newest N; 0: every job (a terminal "
+                                           f"shows at most {lsview.TTY_ROWS} otherwise: the running jobs first, "
+                                           "then the front of the queue)"),
        sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
     """List jobs: the queued and running ones, or with --all every job colo remembers.
 
     Example: colo ls --all --state failed --user alice -o id,name,exit,reason   ·   colo ls 12 -o id,array,state
     """
-    ended = [s for s in state if s in ("succeeded", "failed", "cancelled", "lost")]
-    jobs = _call(client(sock).ls, all_ or bool(ended) or bool(refs), None)
-    if refs:
-        jobs = [j for j in jobs if any(_names(j, r) for r in refs)]
-    jobs = _filtered(jobs, user, state, name)
-    if limit and limit > 0:
-        jobs = jobs[-limit:]
-    if as_json:
-        return print_json(jobs)
-    if quiet:
-        return typer.echo("\n".join(str(j["id"]) for j in jobs)) if jobs else None
-    cols = [c.strip() for c in (fmt or LS_DEFAULT).split(",") if c.strip()]
-    bad = [c for c in cols if c not in LS_COLUMNS]
-    if bad or not cols:
-        fail(f"unknown column {bad[0] if bad else fmt!r} in --format: use {', '.join(LS_COLUMNS)}")
-    now = time.time()
-    typer.echo(table([job_row(j, now, cols, wide) for j in safe_tree(jobs)], [LS_COLUMNS[c][0] for c in cols]))
+    try:
+        out = lsview.run(client(sock), all_, user, state, name, quiet, fmt, wide, limit, as_json, refs or [])
+    except (lsview.Failed, ClientError) as e:
+        fail(str(e))
+    raise typer.Exit(lsview.write(out))
 
 
 @app.command()

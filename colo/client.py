@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from typing import Any, Iterator
 
 
+def _filters(users, states, names, refs) -> dict:
+    return {k: list(v) for k, v in (("users", users), ("states", states), ("names", names), ("refs", refs)) if v}
+
+
 class ClientError(RuntimeError):
     """One line for the user; `code` says what kind (not_found, forbidden, invalid, ...)."""
 
@@ -134,8 +138,22 @@ class Client:
     def submit(self, spec: dict) -> dict:
         return self.call("submit", spec=spec)
 
-    def ls(self, all: bool = True, limit: int | None = None) -> list[dict]:
-        return self.call("ls", all=all, limit=limit)
+    def ls(self, all: bool = True, limit: int | None = None, users: list[str] | None = None,
+           states: list[str] | None = None, names: list[str] | None = None,
+           refs: list[str] | None = None) -> list[dict]:
+        """Every listed job's summary, oldest first: the open ones, or with `all` every one; only
+        `states`, `users`, `names` and the jobs `refs` name (ids, names, arrays, ARRAY_INDEX) where
+        given (filtered by the daemon); the newest `limit`."""
+        return self.call("ls", all=all, limit=limit, **_filters(users, states, names, refs))
+
+    def ls_fields(self, fields: list[str], all: bool = True, limit: int | None = None,
+                  users: list[str] | None = None, states: list[str] | None = None,
+                  names: list[str] | None = None, refs: list[str] | None = None, cut: int | None = None,
+                  head: int | None = None) -> dict:
+        """The same jobs, only `fields` (protocol.LS_FIELDS) of each: {"fields", "rows", "left"}; texts
+        cut to `cut` characters; with `head`, at most that many jobs (see Api.ls)."""
+        return self.call("ls", all=all, limit=limit, fields=fields, cut=cut, head=head,
+                         **_filters(users, states, names, refs))
 
     def show(self, job_id: int) -> dict:
         return self.call("show", id=job_id)

@@ -1,6 +1,6 @@
-"""The `colo` console script. `colo submit` takes a short path that does not import typer (see
-colo/submitspec.py); every other command, and any submit the short path does not know, goes to
-the typer app in colo/cli.py."""
+"""The `colo` console script. `colo submit` and `colo ls` take short paths that do not import
+typer (see colo/submitspec.py, colo/lsview.py); every other command, and any submit or ls the
+short path does not know, goes to the typer app in colo/cli.py."""
 from __future__ import annotations
 
 import sys
@@ -13,6 +13,12 @@ def main() -> None:
         code = run_fast(sys.argv[2:])
         if code is not None:
             sys.stdout.flush()
+            sys.exit(code)
+    if sys.argv[1:2] == ["ls"]:  # the same short path for `colo ls` (colo/lsview.py)
+        from .lsview import run_fast
+
+        code = run_fast(sys.argv[2:])
+        if code is not None:
             sys.exit(code)
     from .cli import main as full
 

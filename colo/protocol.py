@@ -202,6 +202,26 @@ def _time(name: str):
     return check
 
 
+# What `ls` may ask for by field (its compact reply, see Api.ls); "argv" is the command as one line,
+# "array" a task's ARRAY_INDEX (12_3).
+LS_FIELDS = frozenset({"id", "name", "user", "state", "gpus", "mode", "budget", "submitted_at", "started_at",
+                       "ended_at", "exit_code", "priority", "reason", "argv", "array"})
+LS_STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "lost")
+MAX_LS_FILTER = 256  # values in one ls filter
+
+
+def _texts(name: str, allowed: frozenset | tuple | None = None):
+    def check(v: Any) -> None:
+        if not isinstance(v, list) or len(v) > MAX_LS_FILTER:
+            raise ProtocolError(f"{name} must be a list of at most {MAX_LS_FILTER} names")
+        for x in v:
+            if not isinstance(x, str) or not 0 < len(x) <= 64:
+                raise ProtocolError(f"{name} must be text of 1-64 characters, not {short(x)}")
+            if allowed is not None and x not in allowed:
+                raise ProtocolError(f"unknown {name} {short(x)}: one of {', '.join(sorted(allowed))}")
+    return check
+
+
 def _changes(v: Any) -> None:
     if not isinstance(v, dict) or not v or len(v) > 3:
         raise ProtocolError("edit takes changes: gpu_mem, priority, name")
@@ -218,7 +238,9 @@ def _spec(v: Any) -> None:
 ARGS: dict[str, dict[str, Any]] = {
     "hello": {}, "gpus": {}, "top": {}, "history": {}, "shutdown": {},
     "submit": {"spec": _spec},
-    "ls": {"all": _flag("all"), "limit": _count("ls --limit")},
+    "ls": {"all": _flag("all"), "limit": _count("ls --limit"), "users": _texts("ls user"),
+           "states": _texts("ls state", LS_STATES), "names": _texts("ls name"), "refs": _texts("ls job"),
+           "fields": _texts("ls field", LS_FIELDS), "cut": _count("ls cut"), "head": _count("ls head")},
     "show": {"id": _job_id}, "explain": {"id": _job_id}, "cancel": {"id": _job_id},
     "logs": {"id": _job_id, "follow": _flag("follow"), "tail": _count("logs --tail"), "since": _time("logs --since"),
              "timestamps": _flag("timestamps")},

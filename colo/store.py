@@ -78,6 +78,25 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
+# Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
+# they hold no data, so a database of any version may have them or not.
+_INDEXES = """
+CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user);
+CREATE INDEX IF NOT EXISTS jobs_name ON jobs(json_extract(spec, '$.name'));
+"""
+
+# What `colo ls` may ask for by field (protocol.LS_FIELDS), as SQL; the name expression is the
+# jobs_name index's, so that a filter on it uses the index.
+_LS_SQL = {
+    "id": "id", "name": "json_extract(spec, '$.name')", "user": "user", "state": "state", "gpus": "gpus",
+    "mode": "mode", "budget": "json_extract(spec, '$.gpu_mem')", "submitted_at": "submitted_at",
+    "started_at": "started_at", "ended_at": "ended_at", "exit_code": "exit_code", "priority": "priority",
+    "reason": "reason", "argv": "json_extract(spec, '$.argv')",
+    "array": "json_extract(spec, '$.array_job') || '_' || json_extract(spec, '$.array_index')",  # NULL: none
+    "array_job": "json_extract(spec, '$.array_job')",
+}
+_LS_JSON = ("gpus", "argv")  # stored as JSON text
+
 _JOB_COLS = ("id, spec, uid, gid, user, state, reason, submitted_at, started_at, ended_at, "
              "exit_code, gpus, mode, handle, attempts, cancel_by, held_by")
 
@@ -126,6 +145,7 @@ class Store:
             if ok != "ok":
                 raise StoreError(f"state database {self.path} is damaged ({ok}); move it aside to start afresh")
             self._migrate()
+            self.db.executescript(_INDEXES)
             self._check_writable()
         except (sqlite3.DatabaseError, OSError) as e:
             raise StoreError(f"state database {self.path} cannot be used: {e}") from e
@@ -236,6 +256,68 @@ class Store:
             q += " LIMIT ?"
             args.append(limit)
         return [_row_to_job(r) for r in self.db.execute(q, args)]
+
+    def _where(self, states: Iterable[State], users: Iterable[str] | None, names: Iterable[str] | None,
+               refs: Iterable[str] | None = None) -> tuple[str, list[Any]]:
+        states = [str(s) for s in states]
+        q, args = f" WHERE state IN ({','.join('?' * len(states))})", states
+        for expr, values in (("user", users), (_LS_SQL["name"], names)):
+            if values is not None:
+                values = list(values)
+                q += f" AND {expr} IN ({','.join('?' * len(values))})"
+                args += values
+        if refs is not None:
+            # as `colo ls REF` reads a job: digits are its id or its array's, other text its name or ARRAY_INDEX
+            ids = [int(r) for r in refs if r.isascii() and r.isdigit()]
+            texts = [r for r in refs if not (r.isascii() and r.isdigit())]
+            ors = []
+            for expr, values in (("id", ids), (_LS_SQL["array_job"], ids), (_LS_SQL["name"], texts),
+                                 (_LS_SQL["array"], texts)):
+                if values:
+                    ors.append(f"{expr} IN ({','.join('?' * len(values))})")
+                    args += values
+            q += f" AND ({' OR '.join(ors) or '0'})"
+        return q, args
+
+    def listing(self, fields: list[str], states: Iterable[State], users: Iterable[str] | None = None,
+                names: Iterable[str] | None = None, limit: int | None = None,
+                refs: Iterable[str] | None = None) -> list[tuple]:
+        """`colo ls` of stored jobs: only `fields` (keys of _LS_SQL) of the jobs in `states` whose
+        owner is one of `users`, whose name is one of `names` and that one of `refs` names (where
+        given), oldest first; only the newest `limit`. gpus and argv come as lists."""
+        where, args = self._where(states, users, names, refs)
+        q = f"SELECT {', '.join(_LS_SQL[f] for f in fields)} FROM jobs{where} ORDER BY id DESC"
+        if limit:
+            q += " LIMIT ?"
+            args.append(limit)
+        rows = self.db.execute(q, args).fetchall()
+        rows.reverse()
+        decode = [i for i, f in enumerate(fields) if f in _LS_JSON]
+        if decode:
+            loads = json.loads
+            for k, r in enumerate(rows):
+                r = list(r)
+                for i in decode:
+                    r[i] = loads(r[i]) if r[i] is not None else []
+                rows[k] = tuple(r)
+        return rows
+
+    def listing_jobs(self, states: Iterable[State], users: Iterable[str] | None = None,
+                     names: Iterable[str] | None = None, limit: int | None = None,
+                     refs: Iterable[str] | None = None) -> list[Job]:
+        """The same choice of jobs as listing(), whole (`colo ls --json`)."""
+        where, args = self._where(states, users, names, refs)
+        q = f"SELECT {_JOB_COLS} FROM jobs{where} ORDER BY id DESC"
+        if limit:
+            q += " LIMIT ?"
+            args.append(limit)
+        return [_row_to_job(r) for r in reversed(self.db.execute(q, args).fetchall())]
+
+    def listing_counts(self, states: Iterable[State], users: Iterable[str] | None = None,
+                       names: Iterable[str] | None = None, refs: Iterable[str] | None = None) -> dict[str, int]:
+        """How many jobs listing() would give, per state."""
+        where, args = self._where(states, users, names, refs)
+        return dict(self.db.execute(f"SELECT state, count(*) FROM jobs{where} GROUP BY state", args).fetchall())
 
     def count(self) -> int:
         return self.db.execute("SELECT count(*) FROM jobs").fetchone()[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from colo.textsafe import safe, safe_tree
+from colo.textsafe import safe, safe_all, safe_tree
 from colo.client import Client
 from daemon_util import DaemonProc, as_user
 
@@ -34,6 +34,9 @@ def test_safe_escapes_controls_and_keeps_plain_text():
     assert safe("a\nb\tc\x1b", keep="\n\t") == "a\nb\tc\\x1b"
     assert safe("bad \udcff byte") == "bad \\udcff byte"  # an undecodable byte, as surrogateescape carries it
     assert safe_tree({"E\x1b": ["\x1b", 3, None]}) == {"E\\x1b": ["\\x1b", 3, None]}
+    plain = ["train-1", "root", "queued"]
+    assert safe_all(plain) is plain  # a column with nothing to escape is checked in one go
+    assert safe_all(["ok", EVIL_NAME, "日本"]) == ["ok", safe(EVIL_NAME), "日本"]
 
 
 @pytest.fixture
@@ -65,6 +68,9 @@ def test_another_users_job_cannot_forge_rows_or_clear_the_screen(shared, other_u
         ls = d.cli("ls", check=True).stdout
         assert not controls(ls), ls
         assert len(ls.splitlines()) == 2  # the header and the one job: no forged row
+        wide = d.cli("ls", "-o", "id,name,user,command,reason", "-w", check=True).stdout
+        assert not controls(wide) and len(wide.splitlines()) == 2, wide
+        assert "evil\\x1b[2J\\x1b[H\\n99" in wide and "x\\x1b]0;pwned\\x07\\ny" in wide, wide
         show = d.cli("show", str(j), check=True).stdout
         assert not controls(show), show
         assert "x\\x1b]0;pwned\\x07\\ny" in show and "evil\\x1b[2J\\x1b[H\\n99" in show

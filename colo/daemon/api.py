@@ -7,6 +7,7 @@ import json
 import os
 import pwd
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from .. import __version__, fairshare, logtimes, protocol
@@ -48,6 +49,8 @@ class Api:
         # job id -> (the Job it was made from, its reason, its summary as JSON): a queued or ended
         # job's row changes only with the job or its reason, so `ls` of 10,000 re-encodes none
         self._rows: dict[int, tuple[Job, str | None, bytes]] = {}
+        # the same for ls's compact rows, per (fields, cut) asked for (Api._live_rows)
+        self._ls_rows: dict[tuple, dict[int, tuple[Job, str | None, bytes]]] = {}
 
     def _job(self, args: dict) -> Job:
         job_id = job_id_arg(args)
@@ -72,10 +75,7 @@ class Api:
             "slurm_job": job.spec.slurm_job,
             "array_job": job.spec.array_job, "array_index": job.spec.array_index,
         }
-        if reasons is not None and job.state == State.QUEUED and job.id in reasons:
-            out["reason"] = reasons[job.id]
-        if out["held_by"]:  # said at once, before a pass has looked at it
-            out["reason"] = f"held by {job.held_by} (colo release {job.id})"
+        out["reason"] = self.reason(job, reasons.get(job.id) if reasons is not None else None)
         if job.state in ACTIVE:
             u = self.d.stats.get(job.id) or self.d.usage(job)  # the sampler's, or read now
             if u:
@@ -83,9 +83,18 @@ class Api:
                 out["refused"] = u.get("refused")
                 out["sm_util"] = u.get("sm_util")
                 out["nvml_used"] = u.get("nvml_used")  # its processes, as NVML sees them (the patrol)
-            if note := self.d.patrol_note(job.id):
-                out["reason"] = f"{job.reason}; {note}"
         return out
+
+    def reason(self, job: Job, decided: str | None = None) -> str:
+        """The reason listings show: a queued job's latest decision (`decided`) unless it is held, a
+        running job's with what the patrol says of it."""
+        if job.state == State.QUEUED:
+            if job.held_by:  # said at once, before a pass has looked at it
+                return f"held by {job.held_by} (colo release {job.id})"
+            return job.reason if decided is None else decided
+        if job.state in ACTIVE and (note := self.d.patrol_note(job.id)):
+            return f"{job.reason}; {note}"
+        return job.reason
 
     def reasons(self, jobs: list[Job]) -> dict[int, str]:
         """Why each queued job waits: the scheduler's latest word."""
@@ -269,16 +278,87 @@ class Api:
         return protocol.Raw(b"[" + b",".join(parts) + b"]")
 
     async def ls(self, caller: Caller, args: dict) -> protocol.Raw:
-        limit = args.get("limit")
-        if args.get("all", True):
-            jobs = self.d.all_jobs()
+        """Jobs oldest first: those in `states` (default: every job with `all`, else the queued and
+        running ones) of `users` named one of `names` that one of `refs` names (ids, names, arrays'
+        ids, ARRAY_INDEX); only the newest `limit`. Open jobs are the daemon's own (with live
+        reasons), ended ones are read with the filters in SQL.
+
+        Without `fields`: each job's summary (`colo ls --json`). With `fields` (protocol.LS_FIELDS):
+        {"fields", "rows": each job's fields in a list, "left": {state: jobs not sent}}, made to be cheap
+        to send and read: times in whole seconds, gpus as one comma-separated text, argv as one line,
+        texts cut to `cut` characters; with `head` (a terminal's bound; not with `limit`), at most that many jobs:
+        every starting and running one, then queued ones from the front, then the newest ended."""
+        d = self.d
+        users = set(args["users"]) if args.get("users") is not None else None
+        names = set(args["names"]) if args.get("names") is not None else None
+        if args.get("states") is not None:
+            want = set(args["states"])
         else:
-            jobs = list(self.d.open_jobs.values())
-            if any(jobs[i].id > jobs[i + 1].id for i in range(len(jobs) - 1)):
-                jobs.sort(key=lambda j: j.id)
-        if isinstance(limit, int) and limit > 0:
-            jobs = jobs[-limit:]
-        return self.rows(jobs)
+            want = set(_ALL_STATES) if args.get("all", True) else {"queued", "starting", "running"}
+        limit = args.get("limit") or None
+        head = None if limit else args.get("head") or None
+        ended = [State(s) for s in want & _ENDED]
+        refs = args.get("refs")
+        # which open jobs refs name: asked of the store, which holds the one rule (Store._where)
+        named = None if refs is None else {r[0] for r in d.store.listing(["id"], _OPEN, refs=refs)}
+        # State is a str enum whose hash is a Python call: its _value_ (the plain str) is compared
+        live = [j for j in d.open_jobs.values() if j.state._value_ in want and (users is None or j.user in users)
+                and (names is None or j.spec.name in names) and (named is None or j.id in named)]
+        if any(live[i].id > live[i + 1].id for i in range(len(live) - 1)):
+            live.sort(key=lambda j: j.id)
+        fields = args.get("fields")
+        if fields is None:
+            jobs = live
+            if ended:
+                jobs = sorted([*live, *d.store.listing_jobs(ended, users, names, limit, refs)], key=lambda j: j.id)
+            return self.rows(jobs[-limit:] if limit else jobs)
+        cut = args.get("cut") or None
+        rows = self._live_rows(live, fields, cut)
+        n_ended: dict[str, int] = {}
+        if ended:
+            past = d.store.listing(["id", "state", *fields], ended, users, names, limit or head, refs)
+            more = [(r[0], r[1], _encode(_as_sent(r[2:], fields, cut))) for r in past]
+            rows = sorted([*rows, *more]) if live and past and past[0][0] < live[-1].id else [*rows, *more]
+            if head and len(past) == head:  # more may be stored: how many, for `left`
+                n_ended = d.store.listing_counts(ended, users, names, refs)
+        if limit:
+            rows = rows[-limit:]
+        left: dict[str, int] = {}
+        if head and (len(rows) > head or n_ended):
+            rows, left = _bounded(rows, head, n_ended)
+        return protocol.Raw(_encode({"fields": fields, "left": left})[:-1] + b',"rows":['
+                            + b",".join([r[2] for r in rows]) + b"]}")
+
+    def _live_rows(self, jobs: list[Job], fields: list[str], cut: int | None) -> list[tuple[int, str, bytes]]:
+        """(id, state, the row ls sends, encoded) of open jobs. A queued job's row changes only with
+        the job (a new Job) or the reason it waits: kept, so that `ls` of 10,000 encodes few."""
+        key = (tuple(fields), cut)
+        cache = self._ls_rows.pop(key, None)
+        if cache is None:
+            cache = {}
+            while len(self._ls_rows) >= 4:  # each kind of listing asked for lately (-q, the default, ...)
+                self._ls_rows.pop(next(iter(self._ls_rows)))
+        self._ls_rows[key] = cache  # the newest last
+        decisions, out = self.d.decisions, []
+        for j in jobs:
+            st = j.state._value_  # State is a str enum whose hash and value are Python calls
+            if st != "queued":
+                out.append((j.id, st, _encode(self._row(j, fields, cut))))
+                continue
+            dec = decisions.get(j.id)
+            why = None if dec is None else dec.reason
+            hit = cache.get(j.id)
+            if hit is None or hit[0] is not j or hit[1] != why:
+                hit = cache[j.id] = (j, why, _encode(self._row(j, fields, cut, why)))
+            out.append((j.id, st, hit[2]))
+        if len(cache) > len(self.d.open_jobs) + 1000:  # rows of jobs no longer queued
+            self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.d.open_jobs}
+        return out
+
+    def _row(self, j: Job, fields: list[str], cut: int | None, why: str | None = None) -> list:
+        """One open job's `fields` as ls sends them (see ls)."""
+        return [self.reason(j, why)[:cut] if f == "reason" else " ".join(j.spec.argv)[:cut] if f == "argv"
+                else _LIVE[f](j) for f in fields]
 
     async def show(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "see the details of")
@@ -544,6 +624,55 @@ class Api:
                 yield {"final": [self.summary(j) for j in jobs]}
                 return
             await self.d.changed.wait(5)
+
+
+def _as_sent(r: tuple, fields: list[str], cut: int | None) -> list:
+    """A stored job's fields (Store.listing) as ls sends them (see ls)."""
+    out = list(r)
+    for k, f in enumerate(fields):
+        v = out[k]
+        if f == "argv":
+            out[k] = " ".join(v)[:cut]
+        elif f == "gpus":
+            out[k] = ",".join(v)
+        elif f == "reason":
+            out[k] = v[:cut]
+        elif f.endswith("_at") and v is not None:
+            out[k] = int(v)
+    return out
+
+
+def _encode(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _bounded(rows: list[tuple[int, str, bytes]], head: int, n_ended: dict[str, int]) -> tuple[list, dict[str, int]]:
+    """At most `head` of ls's (id, state, row) rows: the starting and running ones, then queued
+    ones from the front, then the newest ended ones; and how many of each state were left out
+    (`n_ended`: how many ended jobs matched, where more did than were read)."""
+    keep = [r for r in rows if r[1] == "starting" or r[1] == "running"][:head]
+    keep += [r for r in rows if r[1] == "queued"][:head - len(keep)]
+    room = head - len(keep)
+    keep += [r for r in rows if r[1] in _ENDED][-room:] if room else []
+    left = Counter(r[1] for r in rows)
+    for st, n in n_ended.items():
+        left[st] = n
+    left.subtract(r[1] for r in keep)
+    keep.sort()
+    return keep, {k: v for k, v in left.items() if v > 0}
+
+
+# What ls sends of an open job, by field (reason and argv: Api._row)
+_LIVE = {
+    "id": lambda j: j.id, "name": lambda j: j.spec.name, "user": lambda j: j.user, "state": lambda j: j.state._value_,
+    "gpus": lambda j: ",".join(j.gpus), "mode": lambda j: j.mode and j.mode._value_,
+    "budget": lambda j: j.spec.gpu_mem, "submitted_at": lambda j: int(j.submitted_at),
+    "started_at": lambda j: j.started_at and int(j.started_at), "ended_at": lambda j: j.ended_at and int(j.ended_at),
+    "exit_code": lambda j: j.exit_code, "priority": lambda j: j.spec.priority, "array": lambda j: j.spec.array_ref,
+}
+_ALL_STATES = frozenset(s.value for s in State)
+_OPEN = (State.QUEUED, *ACTIVE)
+_ENDED = frozenset(s.value for s in TERMINAL)
 
 
 def _shown(field: str, v: Any) -> str:
