@@ -143,12 +143,15 @@ def submit(
 STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "lost")
 
 
-def _filtered(jobs: list[dict], users: list[str], states: list[str], names: list[str]) -> list[dict]:
+def _open_jobs(c: Client, users: list[str], states: list[str], names: list[str]) -> list[dict]:
+    """The open jobs of `users`, in `states`, of `names` (each where given), found by the daemon."""
     for st in states:
         if st not in STATES:
             fail(f"unknown state {st!r}: one of {', '.join(STATES)}")
-    return [j for j in jobs if (not users or j["user"] in users) and (not states or j["state"] in states)
-            and (not names or (j["name"] or "") in names)]
+    open_states = [s for s in states if s in OPEN]
+    if states and not open_states:
+        return []
+    return _call(c.ls, False, None, users=users, states=open_states, names=names)
 
 
 OPEN = ("queued", "starting", "running")
@@ -421,7 +424,7 @@ def cancel(jobs: List[str] = typer.Argument(None, help="job ids or names; an arr
     ids = _refs(c, jobs or [], open_only=True)
     if user or state or name or all_:
         me = _call(c.hello)["user"] if all_ else None
-        picked = _filtered(_call(c.ls, False, None), user + ([me] if me else []), state, name)
+        picked = _open_jobs(c, user + ([me] if me else []), state, name)
         ids += [j["id"] for j in picked if j["id"] not in ids]
     elif not ids:
         fail("say which jobs: ids or names, or --user/--state/--name/--all")
