@@ -1,6 +1,6 @@
-"""The `colo` console script. `colo submit` and `colo ls` take short paths that do not import
-typer (see colo/submitspec.py, colo/lsview.py); every other command, and any submit or ls the
-short path does not know, goes to the typer app in colo/cli.py."""
+"""What the `colo` command (bin/colo) runs. `colo submit` and `colo ls` take short paths that do
+not import typer (see colo/submitspec.py, colo/lsview.py); every other command, and any submit or
+ls the short path does not know, goes to the typer app in colo/cli.py."""
 from __future__ import annotations
 
 import sys
