@@ -57,6 +57,7 @@ def main() -> int:
                               text=True, check=True, cwd="/tmp").stdout.strip()  # not the checkout's colo
     rep.check(editable.startswith(str(venv)), f"colo in the bench venv comes from {editable}, not the venv")
     rep.note(f"install: regular (non-editable) in {venv}")
+    rep.conditions["install"] = "regular"  # what was timed: the bench venv's colo, not this interpreter's
 
     root = Path(tempfile.mkdtemp(prefix="colo-cli-bench-d-"))
     d = DaemonProc(root).start()  # no GPU needed: CPU-only jobs
