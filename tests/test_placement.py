@@ -166,8 +166,6 @@ def test_cancel_sends_terminate_client_before_the_kill(node):
         d.stop()
 
 
-@pytest.mark.xfail(strict=False, reason="open regression (found at the end of the session that added the root "
-                   "shim, learning and the new scheduler): the requeued client never runs again after the fault")
 def test_mps_fault_fails_its_clients_and_holds_mps_placement(node):
     d = start(node)
     try:

@@ -167,6 +167,9 @@ class SamplingMixin:
             live = self.live.setdefault(job.id, Live())
             if live.task:
                 live.task.cancel()
+            # A requeued attempt must not start before this one has ended: this one's stop acts on
+            # the cgroup job-<ID>, where the new attempt's processes would be (and be killed).
+            self._ending.add(job.id)
             if job.attempts <= job.spec.retries:
                 self._requeue(job.id, f"{mps.FAULT_REASON}; requeued (attempt {job.attempts} of {job.spec.retries + 1})")
             else:
@@ -175,15 +178,18 @@ class SamplingMixin:
         self.wake()
 
     async def _kill_after_fault(self, job_id: int, rt, handle: str) -> None:
-        await asyncio.to_thread(rt.stop, handle, self.config.stop_grace)
         try:
-            await blocking(rt.wait, handle)  # reaped, so its exit file or container is final
-        except (Gone, Unavailable):
-            pass
-        await asyncio.to_thread(rt.cleanup, handle)
-        if self.store.get(job_id).state in TERMINAL:  # a requeued job gets a fresh ledger when it starts
-            shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
-        self.wake()
+            await asyncio.to_thread(rt.stop, handle, self.config.stop_grace)
+            try:
+                await blocking(rt.wait, handle)  # reaped, so its exit file or container is final
+            except (Gone, Unavailable):
+                pass
+            await asyncio.to_thread(rt.cleanup, handle)
+            if self.store.get(job_id).state in TERMINAL:  # a requeued job gets a fresh ledger when it starts
+                shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
+        finally:
+            self._ending.discard(job_id)  # a requeued job may start again
+            self.wake()
 
     def usage(self, job: Job) -> dict | None:
         """Live memory use from the job's ledger (exact, kept by the interposer)."""

@@ -60,6 +60,9 @@ class SchedulerMixin:
         self._budgets: Counter = Counter()  # budget -> queued GPU jobs with it (the smallest ends a walk)
         self._active: dict[int, None] = {}  # jobs holding GPUs or running, by id (a pass reads these)
         self._always: set[int] = set()  # queued jobs every full pass looks at: CPU-only, with --after
+        # Requeued jobs whose earlier attempt is still being stopped (an MPS fault): not started
+        # again before it has ended, as both would share the job's cgroup and run folder.
+        self._ending: set[int] = set()
         self.fair_ledger = fairshare.Ledger(c.fair_share_half_life)
         self.limits = fairshare.Limits(c.max_queued_per_user, c.max_running_per_user, c.max_gpu_mem_per_user)
         self.last_pass: dict = {}
@@ -283,6 +286,9 @@ class SchedulerMixin:
             seen.add(job_id)
             j = job or self.open_jobs.get(job_id)
             if j is None or j.state != State.QUEUED:
+                continue
+            if job_id in self._ending:
+                waits.append(policy.Decision(j.id, policy.WAIT, reason="waiting for its earlier attempt to end"))
                 continue
             if j.held_by:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=f"held by {j.held_by} (colo release {j.id})"))

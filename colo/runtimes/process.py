@@ -17,6 +17,7 @@ import stat
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -74,7 +75,9 @@ class ProcessRuntime:
         self._run_dirs: dict[str, Path] = {}
         self._notes: dict[str, str] = {}
         self._attempt: dict[int, str] = {}  # job id -> handle of its latest start (which owns job-<ID>)
+        self._busy: dict[int, int] = {}  # job id -> stops/cleanups acting on job-<ID> now
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a job's _busy count falls
 
     def start(self, launch: Launch) -> str:
         shim = str(self.shim or native.path("colo-shim"))
@@ -92,9 +95,13 @@ class ProcessRuntime:
         except KeyError:
             pass
         env.update(launch.env)
-        self._end_earlier_attempt(launch.job_id)
-        with self._lock:  # from here the cgroup is this start's: an earlier attempt's cleanup leaves it
-            self._attempt[launch.job_id] = "starting"
+        with self._lock:
+            # A stop or cleanup of an earlier attempt still acting on job-<ID> (it took ownership
+            # before this start) would kill this one's processes there: let it finish first.
+            self._idle.wait_for(lambda: not self._busy.get(launch.job_id), timeout=120)
+            prior = self._attempt.get(launch.job_id)
+            self._attempt[launch.job_id] = "starting"  # from here an earlier attempt's stop or cleanup leaves it
+        self._end_earlier_attempt(launch.job_id, prior)
         try:
             return self._start(launch, shim, root, env, groups, home)
         except BaseException:
@@ -153,12 +160,10 @@ class ProcessRuntime:
             self._attempt[launch.job_id] = handle
         return handle
 
-    def _end_earlier_attempt(self, job_id: int) -> None:
+    def _end_earlier_attempt(self, job_id: int, prior: str | None) -> None:
         """A requeued job (MPS fault) starts again only once its earlier attempt has ended: both
         would share the cgroup job-<ID>, and the old shim empties it as it ends."""
-        with self._lock:
-            prior = self._attempt.get(job_id)
-        p = self._proc(prior) if prior is not None else None
+        p = self._proc(prior) if prior not in (None, "starting") else None
         if p is None:
             return
         if self.cgroups is not None:
@@ -172,6 +177,24 @@ class ProcessRuntime:
         """Is this handle the job's latest start (so the job's cgroup is its own)?"""
         with self._lock:
             return job is not None and self._attempt.get(job, handle) == handle
+
+    @contextmanager
+    def _owning(self, handle: str, job: int | None):
+        """Whether this handle owns job-<ID>; while True, a new start of the job waits (ownership
+        checked once, then acted on for seconds: a start in between would be killed with it)."""
+        with self._lock:
+            own = job is not None and self._attempt.get(job, handle) == handle
+            if own:
+                self._busy[job] = self._busy.get(job, 0) + 1
+        try:
+            yield own
+        finally:
+            if own:
+                with self._lock:
+                    n = self._busy.pop(job) - 1
+                    if n:
+                        self._busy[job] = n
+                    self._idle.notify_all()
 
     def remember(self, handle: str, run_dir: Path) -> None:
         """After a restart: where this job's exit file is."""
@@ -250,13 +273,15 @@ class ProcessRuntime:
         """SIGTERM to every process of the job, SIGKILL to what is left after `grace`. The shim
         (root, outside the job's cgroup) lives on to record the exit code."""
         job = self._job_id(handle)
-        if self.cgroups is not None and self._owns(handle, job) and self.cgroups.pids(job):
-            self.cgroups.signal(job, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and not self.cgroups.empty(job):
-                time.sleep(0.05)
-            self.cgroups.kill(job)
-            return
+        if self.cgroups is not None:
+            with self._owning(handle, job) as own:
+                if own and self.cgroups.pids(job):
+                    self.cgroups.signal(job, signal.SIGTERM)
+                    deadline = time.monotonic() + grace
+                    while time.monotonic() < deadline and not self.cgroups.empty(job):
+                        time.sleep(0.05)
+                    self.cgroups.kill(job)
+                    return
         # No cgroup (or a job started by an older colo): the shim's descendants (it is their subreaper).
         p = self._proc(handle)
         if p is None:
@@ -303,8 +328,13 @@ class ProcessRuntime:
             self._children.pop(handle, None)
             self._notes.pop(handle, None)
         job = self._job_id(handle)
-        if self.cgroups is not None and self._owns(handle, job):
+        if self.cgroups is None:
+            return
+        with self._owning(handle, job) as own:
+            if not own:
+                return
             self.cgroups.kill(job)
             self.cgroups.remove(job)
             with self._lock:
-                self._attempt.pop(job, None)
+                if self._attempt.get(job) == handle:
+                    del self._attempt[job]
