@@ -131,7 +131,14 @@ class Store:
         self.path = Path(path)
         try:
             # Jobs' env and argv are in here: root only (README). SQLite gives -wal/-shm the db's mode.
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            try:  # made root-only before SQLite makes it
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            except FileExistsError:
+                # Never open and close an existing database file: closing any fd of it drops this
+                # process's POSIX locks, SQLite's too (another Store here, the decision writer's),
+                # and the next reader elsewhere to close then takes the WAL as its own and deletes
+                # it: later commits went to an unlinked WAL, unseen by others and lost in a crash.
+                pass
             os.chmod(self.path, 0o600)
             self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")

@@ -49,3 +49,27 @@ def test_a_newer_schema_is_refused_and_left_as_it_is(tmp_path):
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) + 1  # not "migrated" back
     assert db.execute("SELECT id, user, state FROM jobs").fetchall() == [(1, "ada", "running")]
+
+
+def test_a_second_store_in_the_daemon_keeps_its_commits_seen_by_other_processes(tmp_path):
+    """The daemon opens the database twice (its store and the decision writer's). Opening the
+    second once dropped the first's locks, so the next reader in another process to close took
+    the WAL as its own and deleted it: later commits were unseen outside (and lost in a crash)."""
+    import subprocess
+    import sys
+
+    from colo.jobs import JobSpec
+
+    path = tmp_path / "colo.db"
+    main = Store(path)
+    other = Store(path)  # as DecisionWriter does, in the same process
+    read = [sys.executable, "-c", "import sqlite3, sys; db = sqlite3.connect(sys.argv[1]); "
+            "print(db.execute('SELECT count(*) FROM jobs').fetchone()[0]); db.close()", str(path)]
+    spec = JobSpec(argv=["true"])
+    seen = []
+    for _ in range(2):
+        main.add_job(spec, 0, 0, "root")
+        seen.append(int(subprocess.run(read, capture_output=True, text=True, check=True).stdout))
+    assert seen == [1, 2]
+    other.close()
+    main.close()
