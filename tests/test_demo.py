@@ -4,13 +4,40 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+
+import psutil
+
+
+def _run_from(folder: str) -> list[str]:
+    """Live processes run from, or working in, `folder` (another demo's are not: its folder differs)."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline", "cwd", "status"]):
+        cmd, cwd = p.info["cmdline"] or [], p.info["cwd"] or ""
+        if p.info["status"] != psutil.STATUS_ZOMBIE and (
+                any(folder in a for a in cmd) or cwd == folder or cwd.startswith(folder + os.sep)):
+            out.append(f"{p.info['pid']}: {' '.join(cmd)}")
+    return out
 
 
 def test_demo_tells_the_story_and_stops_cleanly(tmp_path):
+    # The demo makes its folder (state, sockets, MPS pipes, its jobs' workdir) in TMPDIR: one of
+    # this test's own, so that the processes left behind can be told from other demos' (short:
+    # Unix socket paths are limited to 108 bytes).
+    tmp = tempfile.mkdtemp(prefix="cdt-")
+    os.chmod(tmp, 0o755)  # MPS servers and jobs reach the simulated driver's state under it
+    try:
+        _demo(tmp, tmp_path / "top.svg")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _demo(tmp: str, svg) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("COLO_SOCKET", "COLO_FAKEGPU_STATE")}
-    svg = tmp_path / "top.svg"
+    env["TMPDIR"] = tmp
     r = subprocess.run([sys.executable, "-m", "colo", "demo", "--screenshot", str(svg)], capture_output=True, text=True,
                        env=env, timeout=300)
     out = r.stdout
@@ -36,6 +63,6 @@ def test_demo_tells_the_story_and_stops_cleanly(tmp_path):
     for seen in ("light-a", "light-c", "fresh", "greedy", "heavy-1", "heavy-2", "MPS", "TS", "queue: 1 waiting",
                  "sharing would saturate"):
         assert seen in shot, seen
-    leftovers = subprocess.run(["pgrep", "-f", "colo-demo-"], capture_output=True, text=True).stdout.split()
-    assert not leftovers, "the demo left processes behind"
+    leftovers = _run_from(tmp)
+    assert not leftovers, f"the demo left processes behind: {leftovers}"
 

@@ -85,19 +85,31 @@ def test_from_samples_bins_peak_memory_and_mean_sm():
 
 
 def test_record_runs_a_real_command_and_samples_it(tmp_path):
-    """The child writes its 'usage' to a file; the sampler reads it, as NVML would be read."""
+    """The child writes its 'usage' to a file; the sampler reads it, as NVML would be read. The
+    child replaces the file whole (a reader never sees it half written) and goes on only once the
+    sampler has seen each value (under load a fixed sleep may pass between two samples)."""
     usage = tmp_path / "usage"
     usage.write_text("0.1 1000")
-    child = (f"import time, pathlib; p = pathlib.Path({str(usage)!r}); time.sleep(0.4); "
-             f"p.write_text('0.8 5000'); time.sleep(0.6)")
+    child = ("import os, sys, time, pathlib\n"
+             f"d = pathlib.Path({str(tmp_path)!r})\n"
+             "def seen(v):\n"
+             "    end = time.monotonic() + 60\n"
+             "    while not (d / ('seen ' + v)).exists():\n"
+             "        if time.monotonic() > end: sys.exit(9)\n"
+             "        time.sleep(0.01)\n"
+             "seen('0.1 1000'); time.sleep(0.4)\n"
+             "(d / 'usage.new').write_text('0.8 5000'); os.replace(d / 'usage.new', d / 'usage')\n"
+             "seen('0.8 5000'); time.sleep(0.6)\n")
 
     def sampler():
-        sm, mem = usage.read_text().split()
+        text = usage.read_text()
+        (tmp_path / f"seen {text}").touch()
+        sm, mem = text.split()
         return {"sm": float(sm), "mem": int(mem), "membw": 0.2, "pcie": None}
 
     p = P.record([sys.executable, "-c", child], sampler, hz=20, name="rec")
     assert p.name == "rec" and p.runs == 1 and p.pcie is None
-    assert 0.9 < p.runtime < 10
+    assert 0.9 < p.runtime < 60
     assert p.peak_mem == 5000 and p.peak_sm == pytest.approx(0.8) and p.sm[0] == pytest.approx(0.1)
     with pytest.raises(P.ProfileError, match="exited with status 3"):
         P.record([sys.executable, "-c", "raise SystemExit(3)"], sampler)
