@@ -114,9 +114,6 @@ class Api:
 
     async def submit(self, caller: Caller, args: dict) -> dict:
         d = self.d
-        if _not_utf8(args.get("spec")):  # JSON's \udcXX escapes: bytes a client could not decode
-            raise ApiError("the job spec holds text that is not UTF-8 (lone surrogates): colo carries commands "
-                           "as UTF-8 text", protocol.INVALID)
         protected = [d.config.state_dir, d.config.socket.parent]
         try:
             spec = check_spec(args.get("spec"), caller, protected)
@@ -677,18 +674,6 @@ _ENDED = frozenset(s.value for s in TERMINAL)
 
 def _shown(field: str, v: Any) -> str:
     return format_size_exact(v) if field == "gpu_mem" else repr(v) if field == "name" else str(v)
-
-
-def _not_utf8(v: Any, depth: int = 0) -> bool:
-    if isinstance(v, str):
-        return any("\ud800" <= ch <= "\udfff" for ch in v)
-    if depth > 8:
-        return False  # nesting this deep is refused by check_spec anyway
-    if isinstance(v, dict):
-        return any(_not_utf8(k, depth + 1) or _not_utf8(x, depth + 1) for k, x in v.items())
-    if isinstance(v, list):
-        return any(_not_utf8(x, depth + 1) for x in v)
-    return False
 
 
 def _cmd(pid: int) -> str:

@@ -86,13 +86,15 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _utf8(label: str, v: str) -> int:
-    """Bytes of a user's string; NUL (exec and the kernel stop there) and lone surrogates (not text) refused."""
+    """Bytes of a user's string; NUL (exec and the kernel stop there) and lone surrogates refused:
+    JSON's \\udcXX escapes, bytes a client could not decode (submit and edit both come here)."""
     if "\0" in v:
         raise Invalid("NUL characters are not allowed in a job")
     try:
         return len(v.encode())
     except UnicodeEncodeError:
-        raise Invalid(f"{label} is not valid UTF-8 text") from None
+        raise Invalid(f"{label} holds text that is not UTF-8 (lone surrogates): colo carries commands "
+                      "as UTF-8 text") from None
 
 
 def _path(label: str, v: Any) -> str:
