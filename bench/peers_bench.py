@@ -124,11 +124,11 @@ def bench_colo(rep: Report, root: Path, q: int, n: int) -> None:
     fakegpu.create(root / "gpus", count=1, mem=16 * GiB)
     (root / "colo").mkdir()
     d = DaemonProc(root / "colo", root / "gpus", {"sample_interval": 1.0}).start()
-    handle = None
+    hold = None
     try:
         env = d.env()
         hold = d.client.submit({"argv": ["sleep", "3600"], "gpus": 1, "gpu_mem": 16 * GiB, "workdir": "/tmp"})["id"]
-        handle = d.wait_state(hold, "running", timeout=60).get("handle")
+        d.wait_state(hold, "running", timeout=60)
         for _ in range(q):
             d.client.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 1 * GiB, "workdir": "/tmp"})
         sub, outs = timed([sys.executable, "-m", "colo", "submit", "--process", "--gpu-mem", "1GiB", "--", "true"],
@@ -141,13 +141,11 @@ def bench_colo(rep: Report, root: Path, q: int, n: int) -> None:
         rep.check(st == {"running": 1, "queued": q + n}, f"colo should hold 1 running, {q + n} queued: {st}")
         rep.extra["colo"] = {"submit_s": sub, "ls_s": ls}
     finally:
+        if hold is not None:  # the daemon leaves running jobs running when it stops: end the holder first
+            d.client.cancel(hold)
+            d.wait_state(hold, "cancelled", "failed", "succeeded", timeout=60)
         d.proc.send_signal(signal.SIGTERM)  # not DaemonProc.stop: it would cancel Q jobs one by one
         d.proc.wait(60)
-        if handle:
-            try:
-                os.killpg(int(str(handle).split(":")[0]), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
     rep.check(not (p := daemon_log_problems(d.log)), f"colo daemon log: {p[:3]}")
 
 
