@@ -1,5 +1,6 @@
 """Issue 13 items 3-4: what the daemon learns from jobs' ends is stored, so a restart (SIGKILL
-included) does not forget it; the neighbour sets it learns from are bounded and pruned."""
+included) does not forget it, and jobs that shared a GPU across a restart are still known to
+have shared it; the neighbour sets it learns from are bounded and pruned."""
 from __future__ import annotations
 
 import json
@@ -49,18 +50,28 @@ def test_what_was_learned_survives_a_sigkill_of_the_daemon(node):
     alone = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "pair",
                      *burn(d, "--mem", "300MiB", "--duty", "30", "--seconds", "2"))
     d.wait_state(alone, "succeeded", timeout=60)
-    a = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "pair", *burn(d, "--mem", "256MiB", "--duty", "30", "--seconds", "5"))
-    b = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "pair", *burn(d, "--mem", "256MiB", "--duty", "30", "--seconds", "5"))
+    # a shared pair that runs across a SIGKILL of the daemon (4 s at least, then until the gate)
+    gate = d.root / "go"
+    pair = ["--process", "--gpu-mem", "1GiB", "--profile", "pair", "--", "sh", "-c",
+            f"{burn(d)[1]} --mem 256MiB --duty 30 --seconds 600 --quiet & b=$!; sleep 4; "
+            f"while [ ! -e {gate} ]; do sleep 0.05; done; kill $b; wait $b; exit 0"]
+    a, b = d.submit(*pair), d.submit(*pair)
+    for j in (a, b):
+        assert d.wait_state(j, "running", timeout=60)["mode"] == "mps"
+    d.kill9()
+    d.start()
+    gate.touch()
     for j in (a, b):
         d.wait_state(j, "succeeded", timeout=60)
-    assert d.job(a)["mode"] == d.job(b)["mode"] == "mps"
 
     def learned():
         return json.loads(d.cli("profile", "show", "pair", "--json", check=True).stdout)["learned"]
 
     before = wait_for(lambda: (lr := learned()).get("corun") and lr["corun"][0]["runs"] == 2 and lr,
                       60, "both shared runs to be learned")
-    assert before["alone"]["runs"] == 1  # the uncontended run only
+    # the uncontended run only: the restarted daemon knew the pair had shared the GPU
+    assert before["alone"]["runs"] == 1
+    assert json.loads(d.cli("profile", "show", "pair", "--json", check=True).stdout)["runs"] == 2  # stored + alone
     assert before["max_mem"] >= 300 * MiB and before["suggested_budget"] == 512 * MiB  # 300 MiB + 10 %, 256 MiB steps
     assert [(c["with"], c["mode"]) for c in before["corun"]] == [("pair", "mps")]
     assert before["errors"] == 2  # both shared runs' error against the prediction
