@@ -94,3 +94,12 @@ def test_mps_job_is_sampled_and_learned_alike_whoever_nvml_names(node, attributi
     finally:
         d.stop()
 
+
+
+def test_server_activity_is_split_equally_among_that_gpus_mps_jobs():
+    from colo.daemon.learning import mps_server_shares
+
+    per_gpu = {"GPU-a": {10: (60, 30), 77: (20, 10)}, "GPU-b": {11: (0, 0)}}  # 10, 11: colo's servers
+    got = mps_server_shares(per_gpu, {10, 11}, {1: ("GPU-a",), 2: ("GPU-a",), 3: ("GPU-b",)})
+    assert got == {1: (30.0, 15.0), 2: (30.0, 15.0)}  # 77 (a time-sliced job's own pid) is not shared out
+    assert mps_server_shares({"GPU-a": {77: (20, 10)}}, {10}, {1: ("GPU-a",)}) == {}  # per-client attribution
