@@ -88,12 +88,22 @@ class Workload:
         expect = ("failed", 3) if kind == "fails" else ("succeeded", 0)
         return token, spec, expect
 
-    def submit_some(self, client: Client, trial: int, count: int, pause: float) -> None:
+    def submit_some(self, client: Client, trial: int, count: int, pause: float,
+                    first: threading.Event | None = None) -> None:
+        try:
+            self._submit_some(client, trial, count, pause, first)
+        finally:
+            if first:
+                first.set()
+
+    def _submit_some(self, client: Client, trial: int, count: int, pause: float, first) -> None:
         for _ in range(count):
             token, spec, expect = self.spec(trial)
             self.expect[token] = expect
             try:
                 self.acked[token] = client.submit(spec)["id"]
+                if first:
+                    first.set()
             except ClientError:  # the daemon died under us: the submission may or may not be stored
                 self.unacked.add(token)
                 return
@@ -199,9 +209,14 @@ def run_trials(root: Path, trials: int, seed: int, image: str | None = None, log
                 if rng.random() < 0.4:
                     (w.gates / f"gate-{old}").touch()
             client = Client(d.socket, timeout=10)
-            th = threading.Thread(target=w.submit_some, args=(client, t, rng.randint(2, 6), rng.uniform(0, 0.05)))
+            first = threading.Event()
+            th = threading.Thread(target=w.submit_some,
+                                  args=(client, t, rng.randint(2, 6), rng.uniform(0, 0.05), first))
             th.start()
-            time.sleep(rng.uniform(0.0, 0.6))  # the random moment of the crash
+            # the random moment of the crash, counted from the trial's first acknowledged submit so
+            # that every trial has stored work to recover however slow the machine is
+            first.wait(30)
+            time.sleep(rng.uniform(0.0, 0.6))
             d.kill9()
             th.join(30)
             before = snapshot(d.state_dir)
