@@ -126,6 +126,19 @@ def _row_to_job(r: tuple) -> Job:
         handle=r[13], attempts=r[14], cancel_by=r[15], held_by=r[16])
 
 
+def _decoded(rows: list[tuple], fields: list[str]) -> list[tuple]:
+    """listing() rows with the fields stored as JSON text (_LS_JSON) as lists."""
+    decode = [i for i, f in enumerate(fields) if f in _LS_JSON]
+    if decode:
+        loads = json.loads
+        for k, r in enumerate(rows):
+            r = list(r)
+            for i in decode:
+                r[i] = loads(r[i]) if r[i] is not None else []
+            rows[k] = tuple(r)
+    return rows
+
+
 class Store:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -299,26 +312,25 @@ class Store:
             args.append(limit)
         rows = self.db.execute(q, args).fetchall()
         rows.reverse()
-        decode = [i for i, f in enumerate(fields) if f in _LS_JSON]
-        if decode:
-            loads = json.loads
-            for k, r in enumerate(rows):
-                r = list(r)
-                for i in decode:
-                    r[i] = loads(r[i]) if r[i] is not None else []
-                rows[k] = tuple(r)
-        return rows
+        return _decoded(rows, fields)
 
-    def listing_jobs(self, states: Iterable[State], users: Iterable[str] | None = None,
-                     names: Iterable[str] | None = None, limit: int | None = None,
-                     refs: Iterable[str] | None = None) -> list[Job]:
-        """The same choice of jobs as listing(), whole (`colo ls --json`)."""
-        where, args = self._where(states, users, names, refs)
-        q = f"SELECT {_JOB_COLS} FROM jobs{where} ORDER BY id DESC"
-        if limit:
-            q += " LIMIT ?"
-            args.append(limit)
-        return [_row_to_job(r) for r in reversed(self.db.execute(q, args).fetchall())]
+    def listing_by_id(self, fields: list[str], ids: list[int]) -> list[tuple]:
+        """listing()'s `fields` of the jobs `ids`, in no order."""
+        out: list[tuple] = []
+        for k in range(0, len(ids), 500):
+            part = ids[k:k + 500]
+            out += self.db.execute(f"SELECT {', '.join(_LS_SQL[f] for f in fields)} FROM jobs "
+                                   f"WHERE id IN ({','.join('?' * len(part))})", part).fetchall()
+        return _decoded(out, fields)
+
+    def jobs_by_id(self, ids: list[int]) -> list[Job]:
+        """The jobs `ids`, in no order."""
+        out: list[Job] = []
+        for k in range(0, len(ids), 500):
+            part = ids[k:k + 500]
+            out += [_row_to_job(r) for r in self.db.execute(
+                f"SELECT {_JOB_COLS} FROM jobs WHERE id IN ({','.join('?' * len(part))})", part)]
+        return out
 
     def listing_counts(self, states: Iterable[State], users: Iterable[str] | None = None,
                        names: Iterable[str] | None = None, refs: Iterable[str] | None = None) -> dict[str, int]:

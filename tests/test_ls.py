@@ -152,7 +152,8 @@ def test_store_listing_filters_in_sql_with_indexes(tmp_path):
     assert [r[0] for r in s.listing(["id"], ended, users=["ada"])] == [ids[0], ids[2]]
     assert [r[0] for r in s.listing(["id"], ended, names=["a", "b"], limit=1)] == [ids[1]]
     assert [r[0] for r in s.listing(["id"], [State.QUEUED], names=["a"])] == [ids[3]]
-    assert [j.id for j in s.listing_jobs(ended, users=["bob"])] == [ids[1]]
+    assert sorted(s.listing_by_id(["id", "argv"], [ids[2], ids[0]])) == [(ids[0], ["run", "0"]), (ids[2], ["run", "2"])]
+    assert [j.spec.argv for j in s.jobs_by_id([ids[1]])] == [["run", "1"]]
     assert s.listing_counts(ended, users=["ada"]) == {"cancelled": 2}
     s.close()
     db = sqlite3.connect(tmp_path / "colo.db")

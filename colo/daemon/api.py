@@ -49,8 +49,9 @@ class Api:
         # job id -> (the Job it was made from, its reason, its summary as JSON): a queued or ended
         # job's row changes only with the job or its reason, so `ls` of 10,000 re-encodes none
         self._rows: dict[int, tuple[Job, str | None, bytes]] = {}
-        # the same for ls's compact rows, per (fields, cut) asked for (Api._live_rows)
+        # the same for ls's compact rows, per (fields, cut) asked for (Api._live_rows, _ended_rows)
         self._ls_rows: dict[tuple, dict[int, tuple[Job, str | None, bytes]]] = {}
+        self._ls_ended: dict[tuple, dict[int, bytes]] = {}
 
     def _job(self, args: dict) -> Job:
         job_id = job_id_arg(args)
@@ -307,14 +308,14 @@ class Api:
         if fields is None:
             jobs = live
             if ended:
-                jobs = sorted([*live, *d.store.listing_jobs(ended, users, names, limit, refs)], key=lambda j: j.id)
+                jobs = sorted([*live, *self._ended_jobs(ended, users, names, limit, refs)], key=lambda j: j.id)
             return self.rows(jobs[-limit:] if limit else jobs)
         cut = args.get("cut") or None
         rows = self._live_rows(live, fields, cut)
         n_ended: dict[str, int] = {}
         if ended:
-            past = d.store.listing(["id", "state", *fields], ended, users, names, limit or head, refs)
-            more = [(r[0], r[1], _encode(_as_sent(r[2:], fields, cut))) for r in past]
+            past = d.store.listing(["id", "state"], ended, users, names, limit or head, refs)
+            more = self._ended_rows(past, fields, cut)
             rows = sorted([*rows, *more]) if live and past and past[0][0] < live[-1].id else [*rows, *more]
             if head and len(past) == head:  # more may be stored: how many, for `left`
                 n_ended = d.store.listing_counts(ended, users, names, refs)
@@ -351,6 +352,31 @@ class Api:
         if len(cache) > len(self.d.open_jobs) + 1000:  # rows of jobs no longer queued
             self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.d.open_jobs}
         return out
+
+    def _ended_jobs(self, ended: list[State], users, names, limit: int | None, refs) -> list[Job]:
+        """Stored ended jobs for ls's filters. An ended job never changes: those whose summary rows()
+        holds are not read again (a long history is read once, as `all_jobs` does)."""
+        ids = [r[0] for r in self.d.store.listing(["id"], ended, users, names, limit, refs)]
+        cache = self._rows
+        miss = [i for i in ids if (h := cache.get(i)) is None or h[0].state not in TERMINAL]
+        got = {j.id: j for j in self.d.store.jobs_by_id(miss)} if miss else {}
+        return [got[i] if i in got else cache[i][0] for i in ids]
+
+    def _ended_rows(self, past: list[tuple[int, str]], fields: list[str], cut: int | None) -> list[tuple]:
+        """(id, state, the row ls sends, encoded) of the stored ended jobs `past` (id, state); an ended
+        job's row never changes: kept (up to 100,000 a kind of listing), only the others are read."""
+        key = (tuple(fields), cut)
+        cache = self._ls_ended.pop(key, None)
+        if cache is None or len(cache) > 100_000:
+            cache = {}
+            while len(self._ls_ended) >= 4:
+                self._ls_ended.pop(next(iter(self._ls_ended)))
+        self._ls_ended[key] = cache
+        miss = [i for i, _ in past if i not in cache]
+        if miss:
+            for r in self.d.store.listing_by_id(["id", *fields], miss):
+                cache[r[0]] = _encode(_as_sent(r[1:], fields, cut))
+        return [(i, st, cache[i]) for i, st in past]
 
     def _row(self, j: Job, fields: list[str], cut: int | None, why: str | None = None) -> list:
         """One open job's `fields` as ls sends them (see ls)."""
