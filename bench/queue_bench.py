@@ -67,11 +67,12 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def timed(cmd: list[str], n: int, env=None) -> list[float]:
-    return timed_cpu(cmd, n, env)[0]
+def timed(cmd: list[str], n: int, env=None, cwd: str | None = None) -> list[float]:
+    return timed_cpu(cmd, n, env, cwd=cwd)[0]
 
 
-def timed_cpu(cmd: list[str], n: int, env=None, pid: int | None = None) -> tuple[list[float], list[float], float]:
+def timed_cpu(cmd: list[str], n: int, env=None, pid: int | None = None,
+              cwd: str | None = None) -> tuple[list[float], list[float], float]:
     """Wall times, the command's CPU seconds (user + system) each run, and the CPU seconds of
     process `pid` (the daemon) per run."""
     walls, cpus = [], []
@@ -79,7 +80,7 @@ def timed_cpu(cmd: list[str], n: int, env=None, pid: int | None = None) -> tuple
     for _ in range(n):
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True, env=env)
+        subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=cwd)
         walls.append(time.perf_counter() - t)
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
@@ -171,12 +172,23 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None) -> di
         ls_cmd = [sys.executable, "-m", "colo", "ls"]
         if "--active" in subprocess.run([*ls_cmd, "--help"], capture_output=True, text=True, env=d.env()).stdout:
             ls_cmd.append("--active")  # else queued and running jobs are what it lists by default
-        ls, ls_cpu, ls_dcpu = timed_cpu(ls_cmd, 5, d.env(), pid)
-        ls_q = timed([*ls_cmd, "-q"], 5, d.env())
-        ls_tty, tty_lines = timed_tty(ls_cmd, 5, d.env())
-        # the same commands of an earlier colo (its own interpreter and checkout), on this daemon
-        ls_b = timed([before_py, "-m", "colo", "ls"], 5, d.env()) if before_py else [0.0]
-        ls_qb = timed([before_py, "-m", "colo", "ls", "-q"], 5, d.env()) if before_py else [0.0]
+        # round by round, so that load on the machine hits every command alike; an earlier colo (its
+        # own interpreter and checkout) beside, on this daemon, run from / so that `-m colo` does not
+        # find this checkout's colo in the current folder
+        ls, ls_cpu, ls_dcpu, ls_q, ls_tty, ls_b, ls_qb = [], [], [], [], [], [], []
+        for _ in range(5):
+            w, cpu, dcpu = timed_cpu(ls_cmd, 1, d.env(), pid)
+            ls += w
+            ls_cpu += cpu
+            ls_dcpu.append(dcpu)
+            ls_q += timed([*ls_cmd, "-q"], 1, d.env())
+            w, tty_lines = timed_tty(ls_cmd, 1, d.env())
+            ls_tty += w
+            if before_py:
+                ls_b += timed([before_py, "-m", "colo", "ls"], 1, d.env(), "/")
+                ls_qb += timed([before_py, "-m", "colo", "ls", "-q"], 1, d.env(), "/")
+        ls_dcpu = statistics.median(ls_dcpu)
+        ls_b, ls_qb = ls_b or [0.0], ls_qb or [0.0]
         ls_rt = []
         # the daemon's reply to what `colo ls` asks for (only the fields it prints, where it can)
         fields = ["id", "name", "user", "state", "gpus", "mode", "budget", "submitted_at", "reason"]
@@ -232,7 +244,7 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None) -> di
 def before_commit(python: str) -> str:
     """The commit of the checkout the earlier colo is imported from."""
     where = subprocess.run([python, "-c", "import colo, os; print(os.path.dirname(colo.__file__))"],
-                           capture_output=True, text=True).stdout.strip()
+                           capture_output=True, text=True, cwd="/").stdout.strip()
     return subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip() or "?"
 
