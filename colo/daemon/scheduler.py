@@ -241,7 +241,7 @@ class SchedulerMixin:
         decisions = self._within_limits(decisions, loads)
         self._record(waits)
         self._record(decisions)
-        took = time.monotonic() - mono
+        planned_in = time.monotonic() - mono
         for d in decisions:
             if d.action == policy.START:
                 self.note_start(d.job_id, d.gpus)
@@ -250,6 +250,7 @@ class SchedulerMixin:
                 self._holders.add(d.job_id)
             else:
                 self._holders.discard(d.job_id)
+        took = time.monotonic() - mono  # the starts too: the loop does nothing else meanwhile
         ha = self.cfg_policy.hold_after
         if ha > 0:
             due = min((c.queued_at + ha for c in cands if c.gpus and c.queued_at + ha > now), default=math.inf)
@@ -262,9 +263,10 @@ class SchedulerMixin:
         started = sum(d.action == policy.START for d in decisions)
         kind = "full" if full else "new jobs"
         self.last_pass = {"kind": kind, "queued": sum(self._queued_n.values()) + started, "planned": len(cands),
-                          "started": started, "ms": took * 1000}
-        (log.info if full else log.debug)("scheduler pass (%s): %d queued, %d planned, %d started, %.1f ms", kind,
-                                          self.last_pass["queued"], len(cands), started, took * 1000)
+                          "started": started, "ms": took * 1000, "plan_ms": planned_in * 1000}
+        (log.info if full else log.debug)("scheduler pass (%s): %d queued, %d planned, %d started, %.1f ms "
+                                          "(%.1f ms before the starts)", kind, self.last_pass["queued"], len(cands),
+                                          started, took * 1000, planned_in * 1000)
         return decisions
 
     def placed(self, now: float, active: list[Job] | None = None) -> list[policy.Placed]:
