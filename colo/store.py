@@ -152,7 +152,8 @@ class Store:
                 # and the next reader elsewhere to close then takes the WAL as its own and deletes
                 # it: later commits went to an unlinked WAL, unseen by others and lost in a crash.
                 pass
-            os.chmod(self.path, 0o600)
+            if os.stat(self.path).st_uid == os.geteuid():  # else SQLite says what it cannot do
+                os.chmod(self.path, 0o600)
             self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             for side in ("-wal", "-shm"):  # made by an older colo with the default mode
