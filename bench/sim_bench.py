@@ -3,7 +3,7 @@ model (noisy, study; colo/simtruth.py), on fresh 30-job mixes of each class, one
 the issue-13 aims checked and printed as MET or MISSED; and the time of one plan() pass with 10,000 queued jobs over 8 GPUs (target: < 20 ms; measured here, not
 in the tests: a timed test fails on a slow machine).
 
-    python bench/sim_bench.py [--seeds 8] [--truth noisy --truth study] [--gpus N] [--no-plan]
+    python bench/sim_bench.py [--seeds 8] [--truth noisy --truth study] [--gpus N] [--jobs N] [--no-plan | --plan-only]
 """
 from __future__ import annotations
 
@@ -22,9 +22,45 @@ from colo.profiles import ProfileStore, shipped_dir  # noqa: E402
 GiB = 1024**3
 
 
-def plan_time(full: bool, reps: int = 7) -> tuple[float, int]:
-    """Best-of-reps seconds for one pass. full=True: GPUs mostly budgeted (the usual long queue);
-    False: GPUs with room, so many candidates need the profile comparison."""
+BEFORE_BOUND = "54f48c8"  # policy.py before the harm bound (issue 13): plan()'s figure to hold against
+AT_BOUND = "b6ce3cc"  # policy.py with the bound, before its pass was made incremental
+
+
+def policy_at(rev: str):
+    """colo/policy.py as it was at git revision `rev`, as a module beside today's (None: no git)."""
+    import importlib.util
+    import subprocess
+
+    try:
+        src = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "show", f"{rev}:colo/policy.py"],
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    spec = importlib.util.spec_from_loader(f"colo.policy_at_{rev}", loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = "colo"
+    sys.modules[spec.name] = mod
+    exec(compile(src, f"colo/policy.py@{rev}", "exec"), mod.__dict__)
+    return mod
+
+
+def plan_times(full: bool, mods: dict, reps: int = 9) -> dict:
+    """Per module: (best-of-reps CPU seconds for one pass, jobs started), the modules' passes
+    interleaved so that a loaded machine slows each alike. full=True: GPUs mostly budgeted (the
+    usual long queue); False: GPUs with room, so many candidates need the profile comparison."""
+    runs = {name: _plan_inputs(full, m) for name, m in mods.items()}
+    best = {name: math.inf for name in mods}
+    started = {}
+    for _ in range(reps):
+        for name, (m, args) in runs.items():
+            t = time.process_time()
+            d = m.plan(*args)
+            best[name] = min(best[name], time.process_time() - t)
+            started[name] = sum(x.action == m.START for x in d)
+    return {name: (best[name], started[name]) for name in mods}
+
+
+def _plan_inputs(full: bool, pol):
     profs = ProfileStore([shipped_dir()]).ls()
     gpus = [pol.GpuView(f"u{i}", i, 80 * GiB, mps="active") for i in range(8)]
     rng = np.random.default_rng(1)
@@ -37,43 +73,50 @@ def plan_time(full: bool, reps: int = 7) -> tuple[float, int]:
     cands = [pol.Candidate(100 + i, int(rng.integers(1, 40)) * GiB, seq=i, uid=1000 + int(rng.integers(0, 3)),
                            priority=int(rng.integers(0, 2)), profile=profs[i % len(profs)] if i % 5 else None)
              for i in range(10_000)]
-    best, started = 1e9, 0
-    for _ in range(reps):
-        t = time.perf_counter()
-        d = pol.plan(cands, gpus, placed)
-        best = min(best, time.perf_counter() - t)
-        started = sum(x.action == pol.START for x in d)
-    return best, started
+    return pol, (cands, gpus, placed)
 
 
 BASELINES = ["exclusive-sjf", "tetris", "max-pack", "mean-pack"]
 HEAVY = ("heavy", "memory-heavy")
 
 
-def truth_runs(truth: str, seeds: int, gpus: int) -> dict:
+def truth_runs(truth: str, seeds: int, gpus: int, jobs: int = 1) -> dict:
     """Per mix, per seed: a fresh 30-job mix drawn with that seed (not only the shipped ones) run
     under the truth with that seed, by the baselines, colo, colo with --grow, and colo with --grow
-    that has learned from two earlier mixes of the same class in the same world (truth seed)."""
-    out = {}
-    for kind in sim.MIXES:
-        rows = []
-        for seed in range(seeds):
-            w = sim.make_mix(kind, 1000 + seed)
-            t = simtruth.Truth(truth, seed)
-            res = {r.policy: r for r in sim.compare(w.jobs, BASELINES + ["colo"], gpus, w.gpu_mem, truth=t)}
-            g = sim.simulate(w.jobs, "colo", gpus, w.gpu_mem, truth=t, grow=True)
-            g.ratio = None if g.failed else g.makespan / res["exclusive-sjf"].makespan
-            res["colo+grow"] = g
-            learned = pol.Learned()
-            for k in (1, 2):
-                sim.simulate(sim.make_mix(kind, 2000 + 10 * seed + k).jobs, "colo", gpus, w.gpu_mem, truth=t,
-                             grow=True, learned=learned)
-            lr = sim.simulate(w.jobs, "colo", gpus, w.gpu_mem, truth=t, grow=True, learned=learned)
-            lr.ratio = None if lr.failed else lr.makespan / res["exclusive-sjf"].makespan
-            res["colo+learn"] = lr
-            rows.append(res)
-        out[kind] = rows
+    that has learned from two earlier mixes of the same class in the same world (truth seed).
+    `jobs` processes share the (mix, seed) runs; each run is the same whatever the count."""
+    keys = [(truth, kind, seed, gpus) for kind in sim.MIXES for seed in range(seeds)]
+    if jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.Pool(jobs) as p:
+            got = p.map(one_run, keys)
+    else:
+        got = [one_run(k) for k in keys]
+    out: dict = {}
+    for (_, kind, _, _), res in zip(keys, got):
+        out.setdefault(kind, []).append(res)
     return out
+
+
+def one_run(key: tuple) -> dict:
+    truth, kind, seed, gpus = key
+    w = sim.make_mix(kind, 1000 + seed)
+    t = simtruth.Truth(truth, seed)
+    res = {r.policy: r for r in sim.compare(w.jobs, BASELINES + ["colo"], gpus, w.gpu_mem, truth=t)}
+    g = sim.simulate(w.jobs, "colo", gpus, w.gpu_mem, truth=t, grow=True)
+    g.ratio = None if g.failed else g.makespan / res["exclusive-sjf"].makespan
+    res["colo+grow"] = g
+    learned = pol.Learned()
+    for k in (1, 2):
+        sim.simulate(sim.make_mix(kind, 2000 + 10 * seed + k).jobs, "colo", gpus, w.gpu_mem, truth=t,
+                     grow=True, learned=learned)
+    lr = sim.simulate(w.jobs, "colo", gpus, w.gpu_mem, truth=t, grow=True, learned=learned)
+    lr.ratio = None if lr.failed else lr.makespan / res["exclusive-sjf"].makespan
+    res["colo+learn"] = lr
+    for r in res.values():  # what the report reads: the rest is heavy to send between processes
+        r.timeline, r.jobs = [], []
+    return res
 
 
 def fmt_ratio(rs: list) -> str:
@@ -129,18 +172,30 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--truth", action="append", choices=simtruth.TRUTHS, help="default: noisy and study")
     ap.add_argument("--no-plan", action="store_true", help="skip the plan() timing")
+    ap.add_argument("--plan-only", action="store_true", help="only the plan() timing")
+    ap.add_argument("--jobs", type=int, default=1, help="processes for the truth runs")
     a = ap.parse_args()
     aims = []
-    for truth in a.truth or ["noisy", "study"]:
-        aims += report(truth, truth_runs(truth, a.seeds, a.gpus), a.seeds)
-    print("\naims (issue 13), for colo with --grow (colo+grow) and with what it learned (colo+learn):")
-    print("\n".join(aims))
+    for truth in [] if a.plan_only else a.truth or ["noisy", "study"]:
+        aims += report(truth, truth_runs(truth, a.seeds, a.gpus, a.jobs), a.seeds)
+    if aims:
+        print("\naims (issue 13), for colo with --grow (colo+grow) and with what it learned (colo+learn):")
+        print("\n".join(aims))
     if not a.no_plan:
+        mods = {"now": pol}
+        for label, rev in (("before the bound", BEFORE_BOUND), ("bound, not incremental", AT_BOUND)):
+            old = policy_at(rev)
+            if old is not None:
+                mods[f"{label} ({rev})"] = old
+        print("\nplan(): 10,000 queued, 8 GPUs, CPU ms per pass (best of 9, passes interleaved; target < 20 ms);"
+              " x: now / that version" + ("" if len(mods) > 1 else " (earlier versions: no git here)"))
         for full in (True, False):
-            t, n = plan_time(full)
-            label = "GPUs mostly budgeted" if full else "GPUs with room      "
-            print(f"\nplan(): 10,000 queued, 8 GPUs, {label}: {t * 1000:.1f} ms per pass (best of 7; {n} started; target < 20 ms)", end="")
-        print()
+            got = plan_times(full, mods)
+            label = "GPUs mostly budgeted" if full else "GPUs with room"
+            now = got["now"][0]
+            cells = "   ".join(f"{name}: {t * 1000:.1f} ms ({n} started)" + ("" if name == "now" else f" {now / t:.2f}x")
+                               for name, (t, n) in got.items())
+            print(f"{label:21s} {cells}")
 
 
 if __name__ == "__main__":

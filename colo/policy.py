@@ -73,6 +73,7 @@ class Candidate:
     profile: Any = None
     queued_at: float = 0.0  # when it was submitted (the clock `plan(now=...)` reads)
     held: tuple[int, ...] = ()  # GPU indices held for it by the last pass (details["held"]): kept
+    grow: bool = False  # submitted with --grow: its budget may be larger than asked (see `lend`)
     gpu_ids: tuple[int, ...] = ()  # --gpu-id: only these GPU indices (empty: any)
     gpu_type: str | None = None  # --gpu-type: only GPUs whose name holds this
 
@@ -112,6 +113,10 @@ class PolicyConfig:
     # ever, the first job in queue order that has waited this long gets GPUs held for it: nothing
     # new starts there until it does. Seconds; 0 turns it off.
     hold_after: float = 1800.0
+    # A --grow job starts with up to this much times its budget when the memory it takes could
+    # fit no queued job anyway (lent, not reserved from anyone): a profile a little off then
+    # costs no refused allocation and no re-run. 1.0 turns it off.
+    lend: float = 1.25
 
 
 # ---- per-profile arrays, cached --------------------------------------------------------------
@@ -178,14 +183,13 @@ class _Gpu:
     free: int
     res: list[_Res]
     version: int = 0  # bumped at every start in the pass: what is cached below is for one version
-    wait_tp: dict = field(default_factory=dict)
     rows: tuple | None = None  # (version, resident rows...): see _rows
 
 
 def _rows(g: _Gpu, cfg: PolicyConfig) -> tuple:
     """The residents' profiles aligned on now (each from the grid point it has reached), zero
     padded: (version, sm, membw, cache_bound, mps, ids, names, MPS group's summed SM, its summed
-    bandwidth, whether every resident is an MPS client). Kept on the GPU until a start changes it."""
+    bandwidth, whether every resident is an MPS client, waiting's accumulated throughput). Kept on the GPU until a start changes it."""
     segs = []
     for r in g.res:
         ra = r.arr if r.arr is not None else _unknown(cfg)
@@ -196,8 +200,12 @@ def _rows(g: _Gpu, cfg: PolicyConfig) -> tuple:
     for i, (_, s, b) in enumerate(segs):
         sm[i, :len(s)], bw[i, :len(b)] = s, b
     mps = np.array([r.mode == "mps" for r in g.res])
-    g.rows = (g.version, sm, bw, np.array([ra.cache_bound for ra, _, _ in segs]), mps, [r.job_id for r in g.res],
-              [ra.name for ra, _, _ in segs], sm[mps].sum(axis=0), bw[mps].sum(axis=0), bool(mps.all()))
+    cb = np.array([ra.cache_bound for ra, _, _ in segs])
+    # the residents' summed rate if nothing starts, accumulated: waiting's throughput over any
+    # stretch from now is one lookup
+    wait_cum = np.cumsum(simmodel.rates(sm, bw, cb, mps).sum(axis=0))
+    g.rows = (g.version, sm, bw, cb, mps, [r.job_id for r in g.res], [ra.name for ra, _, _ in segs],
+              sm[mps].sum(axis=0), bw[mps].sum(axis=0), bool(mps.all()), wait_cum)
     return g.rows
 
 
@@ -274,7 +282,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     # Everyone aligned on the candidate's future, from the GPU's resident rows (built once per
     # change of the GPU, not per candidate).
     rows = g.rows if g.rows is not None and g.rows[0] == g.version else _rows(g, cfg)
-    _, r_sm, r_bw, r_cb, r_mps, ids, names, g_sm, g_bw, all_mps = rows
+    _, r_sm, r_bw, r_cb, r_mps, ids, names, g_sm, g_bw, all_mps, wait_cum = rows
     overlap = min(len(arr.sm), r_sm.shape[1])
     c_sm, c_bw = arr.sm[:overlap], arr.membw[:overlap]
     group_sm = g_sm[:overlap] + c_sm
@@ -294,21 +302,23 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     # One check for every way of sharing: each job's predicted rate over the overlap (in its
     # alone speed, discounted by the margin) against the slowdown bound, and the GPU's
     # throughput (sum of rates) against waiting.
-    wkey = (g.version, overlap)
-    wait_tp = g.wait_tp.get(wkey)
-    if wait_tp is None:  # the status quo is the same for every candidate of this length
-        wait_tp = g.wait_tp[wkey] = float(simmodel.rates(r_sm[:, :overlap], r_bw[:, :overlap], r_cb, r_mps)
-                                          .sum(axis=0).mean())
+    wait_tp = float(wait_cum[overlap - 1]) / overlap  # the status quo over the same stretch
     tp, slow, this = {"wait": wait_tp}, {}, {}
     modes = (["mps"] if allow_mps and fits else []) + (["timesliced"] if allow_ts else [])
     n = len(ids) + 1
+    raw: dict[str, float] = {}
     for m in modes:
         fac = learned.factors(names, arr.name, m) if learned is not None and learned.corun else None
+        # The margin covers the model's error where nothing corrects it: per row, once for every
+        # pairing (this job and a resident) not seen yet in this mode (so a crowd of strangers
+        # needs a model that promises more); a seen pairing's learned factor replaces it.
+        unk = learned.unseen(names, arr.name, m) if learned is not None else np.append(np.ones(n - 1), n - 1)
+        doubt = (1.0 + cfg.margin) ** unk
         if m == "mps" and all_mps and top_sm <= 1.0 and top_bw <= 1.0:
             # one MPS context whose summed SM and bandwidth stay within the GPU: the model slows
             # nobody (simmodel.rates is 1 throughout), so the check needs no model pass
             per = np.ones(n) if fac is None else 1.0 / fac
-            tpm = float(per.sum())
+            tpm = float((per / doubt).sum())
         else:
             sm = np.vstack([r_sm[:, :overlap], c_sm])
             bw = np.vstack([r_bw[:, :overlap], c_bw])
@@ -316,13 +326,14 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
                                   np.append(r_mps, True) if m == "mps" else np.append(r_mps, False))
             if fac is not None:
                 rate = rate / fac[:, None]
-            tpm = float(rate.sum(axis=0).mean())
             per = rate.mean(axis=1)
+            tpm = float((per / doubt).sum())
         if fac is not None:  # co-run slowdowns the model missed, as observed
             d.setdefault("learned_factor", {})[m] = float(fac[-1])
-        tp[m] = tpm / (1.0 + cfg.margin)
-        slow[m] = (1.0 + cfg.margin) / max(1e-9, float(per.min()))
+        tp[m] = tpm
+        slow[m] = float((doubt / np.maximum(per, 1e-9)).max())
         this[m] = 1.0 / max(1e-9, float(per[-1]))  # this job's own, no margin: recorded, compared at its end
+        raw[m] = 1.0 / max(1e-9, float(per.min()))
         if slow[m] <= cfg.slowdown_bound and tp[m] >= wait_tp + cfg.min_gain:
             break  # it passes; MPS is looked at first and taken when it passes
     d["throughput"], d["slowdown"], d["slowdown_this"], d["margin"] = tp, slow, this, cfg.margin
@@ -333,7 +344,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
                 + f" >= {_pct(cfg.saturation)}") if not fits else (f"MPS: {block}" if block else "")
     if passing:
         best = passing[0]  # MPS first when it passes: the clients' kernels run at once
-        costly = slow[best] > (1.0 + cfg.margin) * 1.02  # someone is predicted slower than alone
+        costly = raw[best] > 1.02  # someone is predicted slower than alone
         if best == "mps":
             return "mps", (f"MPS on {name}: predicted peak SM {_pct(peak_sm)} ({who}) < {_pct(cfg.saturation)}"
                            + (f", bandwidth {_pct(peak_bw)}" if peak_bw > 0.5 else "")
@@ -362,6 +373,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
 # profile is plausibly off (ALONE_DOUBT) is learned from it.
 
 _KEEP = 200  # errors kept for the margin (the most recent)
+MARGIN_CAP = 0.5  # the most the learned margin grows to
 ALONE_DOUBT = 1.25  # how far a profile's alone run time may be off (runs on other data, drivers, clocks)
 
 
@@ -397,24 +409,48 @@ class Learned:
         for nb in set(neighbours):
             n, m = self.corun.get((name, nb, mode), (0, 1.0))
             self.corun[(name, nb, mode)] = (n + 1, (m * n + missed) / (n + 1))
+        self.__dict__.pop("_general", None)
         return residual
 
     def factor(self, name: str, other: str, mode: str) -> float:
+        """The extra slowdown `name` showed beside `other` in this mode; a pairing not seen yet
+        takes what `name` showed beside anyone (a profile that suffers from sharing suffers
+        with strangers too), else 1."""
         got = self.corun.get((name, other, mode))
-        return max(1.0, got[1]) if got else 1.0
+        if got is not None:
+            return max(1.0, got[1])
+        return self.general(name)
+
+    def general(self, name: str) -> float:
+        """What `name` showed beside any neighbour in any mode: the runs-weighted mean factor."""
+        gen = self.__dict__.get("_general")
+        if gen is None or gen[0] != len(self.corun):  # (len, table): rebuilt when a pairing is added
+            tot: dict[str, list] = {}
+            for (a, _, _), (n, m) in self.corun.items():
+                t = tot.setdefault(a, [0, 0.0])
+                t[0] += n
+                t[1] += n * m
+            gen = self.__dict__["_general"] = (len(self.corun), {a: max(1.0, w / n) for a, (n, w) in tot.items() if n})
+        return gen[1].get(name, 1.0)
 
     def factors(self, resident_names: Sequence[str], cand: str, mode: str) -> np.ndarray:
         """Per row (residents, then the candidate): the learned extra slowdown from this pairing."""
         res = [self.factor(r, cand, mode) for r in resident_names]
         return np.array(res + [max([self.factor(cand, r, mode) for r in resident_names] or [1.0])])
 
+    def unseen(self, resident_names: Sequence[str], cand: str, mode: str) -> np.ndarray:
+        """Per row (residents, then the candidate): how many of its pairings with the candidate
+        (the candidate: with the residents) no run has shown yet in this mode."""
+        res = [0.0 if (r, cand, mode) in self.corun else 1.0 for r in resident_names]
+        return np.array(res + [float(sum((cand, r, mode) not in self.corun for r in resident_names))])
+
     def margin(self, default: float) -> float:
         """How far predictions (learned factors included) have been wrong: the 80th percentile of
-        the error, 5 % .. 25 % (past that, the learned co-run factors must carry it: a margin that
-        large would forbid all sharing, the kind that pays included)."""
+        the error, 5 % .. 50 %. It is applied only to pairings no run has shown (plan()), so a
+        large one keeps strangers apart without forbidding the sharing that was seen to pay."""
         if len(self.errors) < 5:
             return default
-        return float(min(0.25, max(0.05, np.quantile(np.array(self.errors) - 1.0, 0.8))))
+        return float(min(MARGIN_CAP, max(0.05, np.quantile(np.array(self.errors) - 1.0, 0.8))))
 
     def suggest_budget(self, name: str, quantum: int = 256 * 1024**2) -> int | None:
         """The most memory a run of this profile used, plus 10 %, rounded up to `quantum`."""
@@ -567,6 +603,10 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
     out: list[Decision] = []
     append = out.append
     may_hold = now is not None and cfg.hold_after > 0
+    strangers_wait = not cfg.unprofiled_share
+    stranger_text = (f"waiting: this job has no profile: it runs alone or beside one well-known job (a profile "
+                     f"of {cfg.well_known_runs}+ runs), so that its profile is clean, and no GPU with its budget "
+                     "free is empty or runs just one such job")
     prev_c: Candidate | None = None
     for c in [*order(candidates), None]:  # None: a last turn, to look at the last one's decision
         if may_hold and prev_c is not None and out[-1].action == WAIT and now - prev_c.queued_at >= cfg.hold_after:
@@ -605,6 +645,14 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         prev = refused_like.get(same)
         if prev is not None and c.budget >= prev[0]:
             append(_decision(c.job_id, WAIT, reason=prev[1], details=dict(prev[2])))
+            continue
+        if c.profile is None and strangers_wait and not any(
+                g.free >= c.budget and (not g.res or (len(g.res) == 1 and g.res[0].arr is not None
+                                                      and g.res[0].arr.runs >= cfg.well_known_runs))
+                for g in state.values()):
+            # no profile (rule 2): only an empty GPU or one running a single well-known job can
+            # take it, and none with its budget free is either; no per-GPU assessment needed
+            append(_decision(c.job_id, WAIT, reason=stranger_text + down, details={"need": c.budget}))
             continue
         fitting = [g for g in state.values() if g.free >= c.budget and (not only or gpu_allowed(g.view, c.gpu_ids,
                                                                                                 c.gpu_type))]
@@ -663,9 +711,36 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         reason = a0[1] if a0[0] == mode else f"time-sliced on {', '.join(f'GPU{g.view.index}' for g, _ in chosen)}"
         details = dict(a0[2], mode=mode, budget=c.budget, left=g0.free, usable=g0.view.usable,
                        predicted_slowdown=max(float(a[2].get("slowdown_this", {}).get(mode, 1.0)) for _, a in chosen))
+        if c.grow:
+            details["grow"] = True
         tp = thread_pct(arr, cfg) if (mode == "mps" and arr is not None) else None
         if tp is not None:
             details["thread_pct"] = tp
         append(Decision(c.job_id, START, tuple(g.view.uuid for g, _ in chosen), mode,
                         f"{reason}; {_mem_text(g0, g0.free)}", details, tp))
+    if cfg.lend > 1.0 and any(c.grow for c in candidates):
+        _lend(out, candidates, state, cfg)
     return out
+
+
+def _lend(out: list[Decision], candidates: Sequence[Candidate], state: dict[str, "_Gpu"], cfg: PolicyConfig) -> None:
+    """Memory left on a GPU after this pass that no job still queued fits in goes to the --grow
+    jobs started there, up to `lend` x their budget (in 256 MiB steps): invariant 1 holds (the
+    budgets it raises are what the GPU had free), and nobody waits for it."""
+    started = {d.job_id for d in out if d.action == START}
+    smallest = min((c.budget for c in candidates if c.gpus and c.job_id not in started), default=None)
+    q = 256 * 1024**2
+    for i, d in enumerate(out):
+        if d.action != START or len(d.gpus) != 1 or not d.details.get("grow"):
+            continue
+        g = state.get(d.gpus[0])
+        if g is None or (smallest is not None and g.free >= smallest):
+            continue
+        budget = d.details["budget"]
+        extra = min(g.free, int(math.ceil(budget * cfg.lend / q) * q) - budget) // q * q
+        if extra <= 0:
+            continue
+        g.free -= extra
+        out[i] = dataclasses.replace(d, reason=f"{d.reason}; {format_size(extra)} more lent (--grow: no queued job fits in it)",
+                                     details={**d.details, "budget": budget + extra, "asked": budget, "left": g.free})
+

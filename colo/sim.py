@@ -325,9 +325,9 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
         if learned is not None and used and r.job.known:  # the refused allocation shows what it needs
             name = r.job.profile.name
             learned.max_mem[name] = max(learned.max_mem.get(name, 0), used)
-        if grow and used and not r.grown and r.budget is not None and r.ask < usable:
+        if grow and used and not r.grown and r.budget is not None and max(r.ask, r.budget) < usable:
             q = 256 * MiB  # requeued once, with a larger budget (submitted with --grow)
-            r.ask = min(usable, int(math.ceil(max(r.ask, used) * GROW_FACTOR / q) * q))
+            r.ask = min(usable, int(math.ceil(max(r.ask, r.budget, used) * GROW_FACTOR / q) * q))
             r.grown, r.tries = True, r.tries - 1  # the grown run is a new attempt, not a retry
             why += f"; requeued with budget {format_size(r.ask)} (--grow)"
         if r.tries >= MAX_TRIES:
@@ -470,7 +470,7 @@ def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None,
             if got and got > r.ask:
                 r.ask = min(got, max(g.usable for g in node))
         cands.append(pol.Candidate(r.job.id, r.ask, 1, r.job.uid, 0, seq,
-                                   r.job.profile if r.job.known else None, r.job.arrival, r.held))
+                                   r.job.profile if r.job.known else None, r.job.arrival, r.held, grow))
     out = []
     for d in pol.plan(cands, views, placed, cfg, now=now, learned=learned):
         by_id[d.job_id].held = tuple(d.details.get("held", ()))  # as the daemon keeps its last decision
@@ -478,7 +478,7 @@ def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None,
             r = by_id[d.job_id]
             r.predicted = float(d.details.get("slowdown_this", {}).get(d.mode, 1.0))
             r.factor = float(d.details.get("learned_factor", {}).get(d.mode, 1.0))
-            out.append((r, int(d.gpus[0].removeprefix("sim-gpu")), d.mode, r.ask))
+            out.append((r, int(d.gpus[0].removeprefix("sim-gpu")), d.mode, int(d.details.get("budget", r.ask))))
     return out
 
 

@@ -270,11 +270,47 @@ def test_learned_corun_slowdown_and_margin_change_the_next_decision():
     fresh = pol.Learned()
     assert fresh.observe("x", ["y"], "timesliced", 1.0, 120.0, 100.0) is None and not fresh.corun
     assert fresh.observe("x", ["y"], "timesliced", 1.0, 250.0, 100.0) == pytest.approx(2.0)
-    # the margin follows the errors seen, 5 .. 25 %
+    # the margin follows the errors seen, 5 .. 50 %
     m = pol.Learned(errors=[1.0] * 10)
     assert m.margin(0.1) == pytest.approx(0.05)
-    assert pol.Learned(errors=[3.0] * 10).margin(0.1) == pytest.approx(0.25)
+    assert pol.Learned(errors=[3.0] * 10).margin(0.1) == pytest.approx(pol.MARGIN_CAP)
     assert pol.Learned(errors=[1.2] * 3).margin(0.1) == 0.1  # too few to say
     # budgets: the most memory any run used, plus 10 %, in 256 MiB steps
     learned.observe("light2", [], "mps", 1.0, 100.0, 100.0, peak_mem=3 * GiB)
     assert learned.suggest_budget("light2") == int(3.5 * GiB) and learned.suggest_budget("nobody") is None
+
+
+def test_the_margin_covers_pairings_not_seen_and_a_seen_one_uses_what_it_showed():
+    light = [Placed(1, ("gpu-0",), GiB, mode="mps", profile=LIGHT, elapsed=0)]
+    cand = [Candidate(2, GiB, profile=LIGHT2)]
+    lr = pol.Learned(errors=[1.5] * 10)  # the model was 50 % off: margin 0.5 for what it has not seen
+    d = plan(cand, [G0], light, PolicyConfig(slowdown_bound=1.4), learned=lr)[0]
+    assert d.action == WAIT and "slower than alone" in d.reason, d.reason
+    lr.alone.update({"light": (1, 1.0), "light2": (1, 1.0)})
+    lr.observe("light2", ["light"], "mps", 1.0, 105.0, 100.0)  # the pair ran: 5 % slower, both ways
+    lr.observe("light", ["light2"], "mps", 1.0, 105.0, 100.0)
+    d = plan(cand, [G0], light, PolicyConfig(slowdown_bound=1.4), learned=lr)[0]
+    assert (d.action, d.mode) == (START, "mps") and d.details["slowdown"]["mps"] == pytest.approx(1.05)
+
+
+def test_a_profile_that_suffered_beside_one_neighbour_is_expected_to_beside_another():
+    lr = pol.Learned(alone={"light2": (1, 1.0)})
+    lr.observe("light2", ["hot"], "timesliced", 1.0, 300.0, 100.0)  # 3x beside HOT
+    assert lr.factor("light2", "light", "mps") == pytest.approx(3.0)  # not seen: what it showed anywhere
+    assert lr.factor("light", "light2", "mps") == 1.0  # LIGHT itself has shown nothing
+    d = plan([Candidate(2, GiB, profile=LIGHT2)], [G0], [Placed(1, ("gpu-0",), GiB, mode="mps", profile=LIGHT)],
+             PolicyConfig(), learned=lr)[0]
+    assert d.action == WAIT and "slower than alone" in d.reason, d.reason
+
+
+def test_a_grow_job_is_lent_memory_no_queued_job_fits_in():
+    g = GpuView("g", 0, 12 * GiB)
+    d = plan([Candidate(1, 8 * GiB, seq=1, profile=LIGHT, grow=True), Candidate(2, 8 * GiB, seq=2, profile=LIGHT)], [g], [])
+    assert d[0].action == START and (d[0].details["asked"], d[0].details["budget"]) == (8 * GiB, 10 * GiB)
+    assert "2.0GiB more lent (--grow" in d[0].reason and d[1].action == WAIT
+    # a queued job that fits in what is left (here: waiting for a clean first run) is lent nothing
+    d = plan([Candidate(1, 8 * GiB, seq=1, profile=LIGHT, grow=True), Candidate(2, 3 * GiB, seq=2)], [g], [])
+    assert d[0].details["budget"] == 8 * GiB and "asked" not in d[0].details and d[1].action == WAIT
+    # nor is a job submitted without --grow
+    d = plan([Candidate(1, 8 * GiB, seq=1, profile=LIGHT), Candidate(2, 8 * GiB, seq=2, profile=LIGHT)], [g], [])
+    assert d[0].details["budget"] == 8 * GiB

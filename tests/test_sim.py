@@ -261,12 +261,16 @@ def test_grow_requeues_a_job_refused_by_its_budget_once_with_a_larger_one():
                    mem=(np.linspace(1, 4, 10) * GiB).astype(np.int64), runtime=100)
     jobs = [sim.SimJob(1, grow, budget=3 * GiB)]
     assert sim.simulate(jobs, "colo").lost == 1
-    r = sim.simulate(jobs, "colo", grow=True)
+    no_lend = policy.PolicyConfig(lend=1.0)
+    r = sim.simulate(jobs, "colo", grow=True, config=no_lend)
     j = r.jobs[0]
     # refused at 3.33 GiB: 1.25 x that, rounded up to 256 MiB
     assert (r.lost, j["state"], j["ooms"]) == (0, "done", 1) and j["budget"] == int(4.25 * GiB)
-    capped = sim.simulate(jobs, "colo", grow=True, gpu_mem=int(3.5 * GiB))
+    capped = sim.simulate(jobs, "colo", grow=True, gpu_mem=int(3.5 * GiB), config=no_lend)
     assert capped.lost == 1 and capped.jobs[0]["budget"] == int(3.5 * GiB)  # no more than the GPU has
+    # lent what no queued job fits in (policy.lend): a profile a little short costs no re-run
+    r = sim.simulate([sim.SimJob(1, grow, budget=int(3.5 * GiB))], "colo", grow=True)
+    assert (r.oom, r.lost) == (0, 0) and r.jobs[0]["budget"] == int(4.5 * GiB)
 
 
 def test_cli_sim_truth_and_seeds(cli):
