@@ -13,12 +13,15 @@ waiting one may start: backfill):
    without a profile takes at most one such neighbour.
 3. Every co-location, MPS included, passes one check. From the profiles of the jobs already on
    the GPU (aligned on their elapsed time) and the candidate's, the co-run model
-   (colo/simmodel.py) predicts each job's rate over the overlap in each mode allowed there; the
-   rates are discounted by `margin` (the model's observed error). A mode passes when no job's
+   (colo/simmodel.py) predicts each job's rate over the overlap in each mode allowed there,
+   times what runs showed for each pairing (Learned); for every pairing no run has shown yet a
+   job's rate is discounted by `margin` (the model's observed error). A mode passes when no job's
    predicted slowdown exceeds `slowdown_bound` and the GPU's throughput beats waiting by
    `min_gain`. MPS (allowed: not in FAULT, the uid rule of invariant 5, summed SM and bandwidth
    below `saturation`) is taken when it passes, else time-slicing when it passes, else wait.
 4. EXCLUSIVE_PROCESS GPUs take MPS clients only (invariant 4); PROHIBITED GPUs take nothing.
+5. A --grow job (Candidate.grow) is lent up to `lend` x its budget out of what its GPU has left
+   after the pass when no queued job fits in that (details["budget"], details["asked"]).
 """
 from __future__ import annotations
 
