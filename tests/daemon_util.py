@@ -13,6 +13,23 @@ from pathlib import Path
 from colo.client import Client, ClientError
 
 
+def gpu_node(prefix: str, count: int = 1, mem: int = 16 * 1024**3) -> tuple[Path, Path, Path]:
+    """A world-traversable temporary root (MPS servers and other users' jobs reach it) with `count`
+    simulated GPUs and an empty profiles folder: (root, fakegpu state, profiles)."""
+    import tempfile
+
+    from colo import fakegpu
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(root, 0o755)
+    state = root / "fakegpu" / "state"
+    state.parent.mkdir(mode=0o777)
+    os.chmod(state.parent, 0o777)
+    fakegpu.create(state, count=count, mem=mem)
+    prof = root / "profiles"
+    prof.mkdir()
+    return root, state, prof
+
+
 def wait_for(cond, timeout: float = 20.0, what: str = "condition", interval: float = 0.05):
     """Poll `cond` until it returns something truthy; fail with `what` after `timeout`."""
     deadline = time.monotonic() + timeout

@@ -4,32 +4,22 @@ have shared it; the neighbour sets it learns from are bounded and pruned."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from colo import fakegpu, profiles
+from colo import profiles
 from colo.jobs import JobSpec, State
 from colo.store import MIGRATIONS, Store
-from daemon_util import DaemonProc, wait_for
+from daemon_util import DaemonProc, gpu_node, wait_for
 
 GiB, MiB = 1024**3, 1024**2
 
 
 @pytest.fixture
 def node(native_dir):
-    root = Path(tempfile.mkdtemp(prefix="colo-learn-"))
-    os.chmod(root, 0o755)
-    state = root / "fakegpu" / "state"
-    state.parent.mkdir(mode=0o777)
-    os.chmod(state.parent, 0o777)
-    fakegpu.create(state, count=1, mem=16 * GiB)
-    prof = root / "profiles"
-    prof.mkdir()
+    root, state, prof = gpu_node("colo-learn-")
     n = 20  # light: two of them share the GPU under MPS; 2 s alone
     p = profiles.from_samples("pair", {"times": list(range(n)), "sm": [0.3] * n, "mem": [256 * MiB] * n,
                                        "membw": [0.2] * n}, runtime=2.0, cache_bound=False)

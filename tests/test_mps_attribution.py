@@ -9,13 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from colo import fakegpu, profiles
-from daemon_util import DaemonProc, wait_for
+from daemon_util import DaemonProc, gpu_node, wait_for
 
 GiB, MiB = 1024**3, 1024**2
 
@@ -38,14 +37,7 @@ def nvml_samples(state: Path, env: dict) -> dict[int, int]:
 
 @pytest.fixture
 def node(native_dir):
-    root = Path(tempfile.mkdtemp(prefix="colo-attr-"))
-    os.chmod(root, 0o755)
-    state = root / "fakegpu" / "state"
-    state.parent.mkdir(mode=0o777)
-    os.chmod(state.parent, 0o777)
-    fakegpu.create(state, count=1, mem=16 * GiB)
-    prof = root / "profiles"
-    prof.mkdir()
+    root, state, prof = gpu_node("colo-attr-")
     n = 20
     p = profiles.from_samples("solo", {"times": list(range(n)), "sm": [0.3] * n, "mem": [256 * MiB] * n,
                                        "membw": [0.2] * n}, runtime=4.0, cache_bound=False)

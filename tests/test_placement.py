@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 
 from colo import fakegpu, profiles
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, wait_for
+from daemon_util import DaemonProc, as_user, gpu_node, wait_for
 
 GiB = 1024**3
 
@@ -29,14 +28,7 @@ def write_profile(d: Path, name: str, sm: float, membw: float, cache_bound: bool
 @pytest.fixture
 def node():
     """One simulated 16 GiB GPU in a world-traversable dir (MPS servers and other uids reach it)."""
-    root = Path(tempfile.mkdtemp(prefix="colo-place-"))
-    os.chmod(root, 0o755)
-    state = root / "fakegpu" / "state"
-    state.parent.mkdir(mode=0o777)
-    os.chmod(state.parent, 0o777)
-    fakegpu.create(state, count=1, mem=16 * GiB)
-    prof = root / "profiles"
-    prof.mkdir()
+    root, state, prof = gpu_node("colo-place-")
     write_profile(prof, "light", 0.30, 0.20, False)
     write_profile(prof, "heavy", 0.95, 0.90, True)
     yield root, state, prof

@@ -13,28 +13,19 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from colo import fakegpu, profiles
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, wait_for
+from daemon_util import DaemonProc, as_user, gpu_node, wait_for
 
 GiB = 1024**3
 
 
 @pytest.fixture
 def node(native_dir):
-    root = Path(tempfile.mkdtemp(prefix="colo-prof-"))
-    os.chmod(root, 0o755)
-    state = root / "fakegpu" / "state"
-    state.parent.mkdir(mode=0o777)
-    os.chmod(state.parent, 0o777)
-    fakegpu.create(state, count=1, mem=16 * GiB)
-    prof = root / "profiles"
-    prof.mkdir()
+    root, state, prof = gpu_node("colo-prof-")
     n = 20
     p = profiles.from_samples("rn50", {"times": list(range(n)), "sm": [0.71] * n, "mem": [512 * 1024**2] * n,
                                        "membw": [0.3] * n}, runtime=float(n), cache_bound=False)
@@ -139,8 +130,6 @@ def test_recorded_profile_reaches_the_daemon_as_the_users_own_and_is_checked(nod
 
 
 def test_record_without_a_daemon_keeps_the_profile_locally_and_says_so(tmp_path, native_dir):
-    from colo import fakegpu
-
     state = tmp_path / "gpus"
     fakegpu.create(state, count=1, mem=GiB)
     env = {**os.environ, **fakegpu.FakeNode(state).env, "COLO_SOCKET": str(tmp_path / "none.sock"),
