@@ -97,6 +97,23 @@ def daemon(tmp_path, fakegpu):
 
 
 @pytest.fixture
+def shared_daemon(fakegpu):
+    """A daemon whose state dir and socket other users can reach (pytest's tmp dirs are private)."""
+    import tempfile
+    from pathlib import Path
+
+    from daemon_util import DaemonProc
+
+    root = Path(tempfile.mkdtemp(prefix="colo-shared-"))
+    os.chmod(root, 0o755)
+    d = DaemonProc(root, fakegpu.state).start()
+    os.chmod(d.socket.parent, 0o755)
+    yield d
+    d.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
 def make_dockerd():
     """make_dockerd(live_restore=False): a started private Docker engine (see PrivateDockerd)."""
     import subprocess

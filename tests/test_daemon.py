@@ -283,20 +283,6 @@ def _handle_pid(daemon, job_id) -> int:
     return int(handle.split(":")[0])
 
 
-
-
-@pytest.fixture
-def shared_daemon(fakegpu):
-    """A daemon whose state dir other users can traverse (pytest's tmp dirs are private)."""
-    root = Path(tempfile.mkdtemp(prefix="colo-perm-"))
-    os.chmod(root, 0o755)
-    d = DaemonProc(root, fakegpu.state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
-
-
 def test_permissions_between_two_users(shared_daemon, other_user):
     d = shared_daemon
     mine = d.submit("--process", "--gpus", "0", *gate_cmd(d.root / "never"))

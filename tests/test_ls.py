@@ -9,33 +9,23 @@ from __future__ import annotations
 import json
 import os
 import pty
-import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from colo import protocol
 from colo.client import Client, ClientError
 from colo.jobs import JobSpec, State
 from colo.lsview import TTY_ROWS
 from colo.store import Store
-from daemon_util import DaemonProc, as_user
+from daemon_util import as_user
 
 import pytest
 
 
 @pytest.fixture
-def shared(fakegpu):
-    """A daemon other users can reach."""
-    root = Path(tempfile.mkdtemp(prefix="colo-ls-"))
-    os.chmod(root, 0o755)
-    d = DaemonProc(root, fakegpu.state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+def shared(shared_daemon):
+    return shared_daemon
 
 
 def on_tty(d, *args: str) -> list[str]:

@@ -8,16 +8,12 @@ writes), no row may be forged, and --json keeps the exact value.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from colo.textsafe import safe, safe_all, safe_tree
 from colo.client import Client
-from daemon_util import DaemonProc, as_user
+from daemon_util import as_user
 
 EVIL_NAME = "evil\x1b[2J\x1b[H\n99  root  running  forged\r\x9b31m\u202e"
 EVIL_ARG = "x\x1b]0;pwned\x07\ny"
@@ -40,14 +36,8 @@ def test_safe_escapes_controls_and_keeps_plain_text():
 
 
 @pytest.fixture
-def shared(fakegpu):
-    root = Path(tempfile.mkdtemp(prefix="colo-safe-"))
-    os.chmod(root, 0o755)
-    d = DaemonProc(root, fakegpu.state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+def shared(shared_daemon):
+    return shared_daemon
 
 
 def test_another_users_job_cannot_forge_rows_or_clear_the_screen(shared, other_user):
