@@ -227,3 +227,40 @@ def test_graph_memory_nodes_are_counted_until_trimmed(tmp_path):
     assert steps["built"]["ledger"] < BELOW
     assert steps["launched"]["reserved"] >= GiB and steps["launched"]["ledger"] >= steps["launched"]["reserved"]
     assert steps["trimmed"]["ledger"] <= steps["trimmed"]["reserved"] + BELOW
+
+
+def test_graphs_instantiated_any_way_are_checked_before_they_grow_the_graph_pool(tmp_path):
+    """A captured 1 GiB allocation with 1.5 GiB held under the 2 GiB budget: a graph instantiated
+    with the CUDA 11 ABI (cuGraphInstantiate_v2) is refused at launch, one instantiated with
+    CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD at instantiation, before the driver backs it."""
+    p, ledger = start(tmp_path, """
+        import ctypes
+        cu = ctypes.CDLL("libcuda.so.1")
+        class Params(ctypes.Structure):  # CUDA_GRAPH_INSTANTIATE_PARAMS
+            _fields_ = [("flags", ctypes.c_uint64), ("stream", ctypes.c_void_p), ("err", ctypes.c_void_p),
+                        ("result", ctypes.c_int)]
+        ctx, s, g, x, y = (ctypes.c_void_p() for _ in range(5))
+        p, held = ctypes.c_uint64(), ctypes.c_uint64()
+        assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+        assert cu.cuCtxSetCurrent(ctx) == 0 and cu.cuStreamCreate(ctypes.byref(s), 1) == 0
+        assert cu.cuStreamBeginCapture_v2(s, 1) == 0
+        assert cu.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(2**30), s) == 0
+        assert cu.cuMemFreeAsync(p, s) == 0
+        assert cu.cuStreamEndCapture(s, ctypes.byref(g)) == 0
+        assert cu.cuMemAlloc_v2(ctypes.byref(held), ctypes.c_size_t(3 << 29)) == 0   # 1.5 GiB
+        assert cu.cuGraphInstantiate_v2(ctypes.byref(x), g, None, None, ctypes.c_size_t(0)) == 0
+        print(cu.cuGraphLaunch(x, s))
+        assert cu.cuGraphExecDestroy(x) == 0
+        prm = Params(flags=2, stream=s)  # upload at instantiation
+        print(cu.cuGraphInstantiateWithParams(ctypes.byref(y), g, ctypes.byref(prm)))
+        assert cu.cuMemFree_v2(held) == 0
+        print(cu.cuGraphInstantiateWithParams(ctypes.byref(y), g, ctypes.byref(prm)))
+        assert cu.cuGraphLaunch(y, s) == 0 and cu.cuStreamSynchronize(s) == 0
+        v = ctypes.c_uint64()
+        assert cu.cuDeviceGetGraphMemAttribute(0, 2, ctypes.byref(v)) == 0
+        print(v.value)
+    """)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    launch, refused_upload, upload, reserved = map(int, out.split())
+    assert (launch, refused_upload, upload) == (2, 2, 0) and reserved >= GiB

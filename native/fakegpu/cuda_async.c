@@ -47,22 +47,23 @@ struct fg_pool {
     struct fg_pool *next;
 };
 
+/* Node types as the driver numbers them (CUgraphNodeType). */
+enum { NODE_GRAPH = 4, NODE_EMPTY = 5, NODE_ALLOC = 10, NODE_FREE = 11 };
+
 struct gnode {
-    int is_alloc, ord;
+    uint32_t magic;
+    int type, ord;
     uint64_t bytes, dptr;
+    struct fg_graph *child; /* NODE_GRAPH: the graph the node owns */
     struct gnode *next;
 };
 
+/* A graph, or an instantiated one (magic EXEC_MAGIC: its nodes are a flattened copy, child graphs
+ * inlined). */
 struct fg_graph {
     uint32_t magic;
     struct gnode *nodes;
     struct fg_graph *next;
-};
-
-struct fg_exec {
-    uint32_t magic;
-    struct gnode *nodes; /* a copy */
-    struct fg_exec *next;
 };
 
 static struct fg_stream g_null_stream = {.magic = STREAM_MAGIC};
@@ -72,7 +73,7 @@ static struct fg_pool g_defpool[FG_MAX_DEV], g_graphpool[FG_MAX_DEV];
 static struct fg_pool *g_curpool[FG_MAX_DEV];
 static struct fg_pool *g_pools;
 static struct fg_graph *g_graphs;
-static struct fg_exec *g_execs;
+static struct fg_graph *g_execs;
 
 /* ---- streams ---------------------------------------------------------------------------- */
 
@@ -105,12 +106,12 @@ static void apply_thresholds(void)
         pool_shrink(p, p->dead ? 0 : p->threshold);
 }
 
-/* The stream (NULL: every stream) reaches the end of its work. */
-static void complete(struct fg_stream *s)
+/* The frees pending on stream s (NULL: any) made in context c (NULL: any) are reached. */
+static void reach(struct fg_stream *s, struct fg_ctx *c)
 {
     for (struct pend **pp = &g_pend; *pp;) {
         struct pend *e = *pp;
-        if (s && e->stream != s) {
+        if ((s && e->stream != s) || (c && e->ctx != c)) {
             pp = &e->next;
             continue;
         }
@@ -121,33 +122,42 @@ static void complete(struct fg_stream *s)
             fg_release_alloc(e->a);
         free(e);
     }
+}
+
+/* The stream (NULL: every stream) reaches the end of its work. */
+static void complete(struct fg_stream *s)
+{
+    reach(s, NULL);
     apply_thresholds();
 }
 
 void fg_async_complete_all(void) { complete(NULL); }
 
-void fg_async_drop_ctx(struct fg_ctx *c)
-{
-    for (struct pend **pp = &g_pend; *pp;) {
-        struct pend *e = *pp;
-        if (e->ctx != c) {
-            pp = &e->next;
-            continue;
-        }
-        *pp = e->next;
-        if (e->pool)
-            e->pool->idle += e->bytes;
-        else
-            fg_release_alloc(e->a);
-        free(e);
-    }
-}
+void fg_async_drop_ctx(struct fg_ctx *c) { reach(NULL, c); }
+
+static void free_graph(struct fg_graph *g);
 
 static void free_nodes(struct gnode *n)
 {
     for (struct gnode *x; n; n = x) {
         x = n->next;
+        if (n->child)
+            free_graph(n->child);
         free(n);
+    }
+}
+
+static void free_graph(struct fg_graph *g)
+{
+    free_nodes(g->nodes);
+    free(g);
+}
+
+static void free_graphs(struct fg_graph *g)
+{
+    for (struct fg_graph *n; g; g = n) {
+        n = g->next;
+        free_graph(g);
     }
 }
 
@@ -169,17 +179,9 @@ void fg_async_reset(void)
         free(p);
     }
     g_pools = NULL;
-    for (struct fg_graph *g = g_graphs, *n; g; g = n) {
-        n = g->next;
-        free_nodes(g->nodes);
-        free(g);
-    }
+    free_graphs(g_graphs);
     g_graphs = NULL;
-    for (struct fg_exec *x = g_execs, *n; x; x = n) {
-        n = x->next;
-        free_nodes(x->nodes);
-        free(x);
-    }
+    free_graphs(g_execs);
     g_execs = NULL;
     memset(g_defpool, 0, sizeof g_defpool);
     memset(g_graphpool, 0, sizeof g_graphpool);
@@ -565,7 +567,8 @@ FG_API CUresult cuMemPoolTrimTo(CUmemoryPool h, size_t keep) { LOCKED(pool_trim(
 /* ---- graphs ------------------------------------------------------------------------------- */
 
 typedef void *CUgraph, *CUgraphExec, *CUgraphNode;
-/* CUDA_MEM_ALLOC_NODE_PARAMS (v1): CUmemPoolProps (88 bytes), access descriptors, size, address. */
+/* CUDA_MEM_ALLOC_NODE_PARAMS (v1 and v2 alike): CUmemPoolProps (88 bytes), access descriptors,
+ * size, address. */
 typedef struct {
     POOL_PROPS props;
     void *win32;
@@ -577,42 +580,107 @@ typedef struct {
 } MEM_ALLOC_NODE_PARAMS;
 _Static_assert(sizeof(MEM_ALLOC_NODE_PARAMS) == 120, "CUDA_MEM_ALLOC_NODE_PARAMS_v1 layout");
 
-static struct fg_graph *graph_of(CUgraph h)
+/* CUgraphNodeParams (cuGraphAddNode, CUDA 12.2): the node type, then a union of 232 bytes. */
+enum { CHILD_GRAPH_CLONE = 0, CHILD_GRAPH_MOVE = 1 };
+typedef struct {
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        MEM_ALLOC_NODE_PARAMS alloc;
+        struct { CUgraph graph; int ownership; } child;
+        struct { CUdeviceptr dptr; } free;
+    } u;
+    long long reserved2;
+} GRAPH_NODE_PARAMS;
+_Static_assert(sizeof(GRAPH_NODE_PARAMS) == 256, "CUgraphNodeParams layout");
+
+/* CUDA_GRAPH_INSTANTIATE_PARAMS; flag CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD uploads on hUploadStream. */
+enum { INSTANTIATE_UPLOAD = 2 };
+typedef struct {
+    cuuint64_t flags;
+    CUstream upload_stream;
+    CUgraphNode err_node;
+    int result;
+} INSTANTIATE_PARAMS;
+
+#define NODE_MAGIC 0x4e4f4445u
+
+static struct fg_graph *find_in(struct fg_graph *list, void *h)
 {
-    for (struct fg_graph *g = g_graphs; g; g = g->next)
-        if ((CUgraph)g == h)
+    for (struct fg_graph *g = list; g; g = g->next)
+        if ((void *)g == h)
             return g;
     return NULL;
 }
 
-static struct fg_exec *exec_of(CUgraphExec h)
+static struct fg_graph *graph_of(CUgraph h) { return find_in(g_graphs, h); }
+static struct fg_graph *exec_of(CUgraphExec h) { return find_in(g_execs, h); }
+
+static struct gnode *node_of(CUgraphNode h)
 {
-    for (struct fg_exec *x = g_execs; x; x = x->next)
-        if ((CUgraphExec)x == h)
-            return x;
+    struct gnode *n = h;
+    return n && n->magic == NODE_MAGIC ? n : NULL;
+}
+
+/* Take graph h out of *list (NULL: not there). */
+static struct fg_graph *unlink_from(struct fg_graph **list, void *h)
+{
+    for (struct fg_graph **pp = list; *pp; pp = &(*pp)->next)
+        if ((void *)*pp == h) {
+            struct fg_graph *g = *pp;
+            *pp = g->next;
+            g->next = NULL;
+            return g;
+        }
     return NULL;
 }
 
-static struct fg_graph *graph_new(void)
+static struct fg_graph *graph_new(uint32_t magic, struct fg_graph **list)
 {
     struct fg_graph *g = calloc(1, sizeof *g);
     if (g) {
-        *g = (struct fg_graph){.magic = GRAPH_MAGIC, .next = g_graphs};
-        g_graphs = g;
+        *g = (struct fg_graph){.magic = magic};
+        if (list) {
+            g->next = *list;
+            *list = g;
+        }
     }
     return g;
 }
 
-static struct gnode *add_node(struct fg_graph *g, int is_alloc, int ord, uint64_t bytes, uint64_t dptr)
+static struct gnode *add_node(struct fg_graph *g, int type, int ord, uint64_t bytes, uint64_t dptr)
 {
     struct gnode *n = calloc(1, sizeof *n), **end = &g->nodes;
     if (!n)
         return NULL;
-    *n = (struct gnode){.is_alloc = is_alloc, .ord = ord, .bytes = bytes, .dptr = dptr};
+    *n = (struct gnode){.magic = NODE_MAGIC, .type = type, .ord = ord, .bytes = bytes, .dptr = dptr};
     while (*end)
         end = &(*end)->next;
     *end = n;
     return n;
+}
+
+/* Append g's memory nodes to x, child graphs inlined (an instantiation, or a clone). -1: ENOMEM. */
+static int flatten_into(struct fg_graph *x, const struct fg_graph *g)
+{
+    for (const struct gnode *n = g->nodes; n; n = n->next) {
+        if (n->type == NODE_GRAPH) {
+            if (flatten_into(x, n->child))
+                return -1;
+        } else if (!add_node(x, n->type, n->ord, n->bytes, n->dptr)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int has_memory_nodes(const struct fg_graph *g)
+{
+    for (const struct gnode *n = g->nodes; n; n = n->next)
+        if (n->type == NODE_ALLOC || n->type == NODE_FREE || (n->type == NODE_GRAPH && has_memory_nodes(n->child)))
+            return 1;
+    return 0;
 }
 
 /* A graph allocation's address is fixed when its node is made (as on the real driver). */
@@ -627,7 +695,7 @@ static uint64_t graph_va(uint64_t bytes)
 static CUresult capture_alloc(struct fg_stream *s, int ord, uint64_t bytes, CUdeviceptr *out)
 {
     uint64_t va = graph_va(bytes);
-    if (!add_node(s->capture, 1, ord, bytes, va))
+    if (!add_node(s->capture, NODE_ALLOC, ord, bytes, va))
         return CUDA_ERROR_OUT_OF_MEMORY;
     *out = va;
     return CUDA_SUCCESS;
@@ -635,7 +703,7 @@ static CUresult capture_alloc(struct fg_stream *s, int ord, uint64_t bytes, CUde
 
 static CUresult capture_free(struct fg_stream *s, CUdeviceptr p)
 {
-    return add_node(s->capture, 0, 0, 0, p) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    return add_node(s->capture, NODE_FREE, 0, 0, p) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 static CUresult graph_create(CUgraph *out, unsigned flags)
@@ -645,7 +713,7 @@ static CUresult graph_create(CUgraph *out, unsigned flags)
         return r;
     if (!out || flags)
         return CUDA_ERROR_INVALID_VALUE;
-    struct fg_graph *g = graph_new();
+    struct fg_graph *g = graph_new(GRAPH_MAGIC, &g_graphs);
     if (!g)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *out = (CUgraph)g;
@@ -653,22 +721,19 @@ static CUresult graph_create(CUgraph *out, unsigned flags)
 }
 FG_API CUresult cuGraphCreate(CUgraph *out, unsigned flags) { LOCKED(graph_create(out, flags)); }
 
-static CUresult graph_destroy(CUgraph h)
+static CUresult graph_destroy(struct fg_graph **list, void *h)
 {
     CUresult r = fg_check_live();
     if (r)
         return r;
-    for (struct fg_graph **pp = &g_graphs; *pp; pp = &(*pp)->next)
-        if ((CUgraph)*pp == h) {
-            struct fg_graph *g = *pp;
-            *pp = g->next;
-            free_nodes(g->nodes);
-            free(g);
-            return CUDA_SUCCESS;
-        }
-    return CUDA_ERROR_INVALID_VALUE;
+    struct fg_graph *g = unlink_from(list, h);
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
+    free_graph(g);
+    return CUDA_SUCCESS;
 }
-FG_API CUresult cuGraphDestroy(CUgraph h) { LOCKED(graph_destroy(h)); }
+FG_API CUresult cuGraphDestroy(CUgraph h) { LOCKED(graph_destroy(&g_graphs, h)); }
+FG_API CUresult cuGraphExecDestroy(CUgraphExec h) { LOCKED(graph_destroy(&g_execs, h)); }
 
 static CUresult add_alloc_node(CUgraphNode *node, CUgraph h, MEM_ALLOC_NODE_PARAMS *p)
 {
@@ -681,19 +746,12 @@ static CUresult add_alloc_node(CUgraphNode *node, CUgraph h, MEM_ALLOC_NODE_PARA
     if (p->props.location.id < 0 || p->props.location.id >= g_nvis)
         return CUDA_ERROR_INVALID_DEVICE;
     uint64_t va = graph_va(p->bytesize);
-    struct gnode *n = add_node(g, 1, p->props.location.id, p->bytesize, va);
+    struct gnode *n = add_node(g, NODE_ALLOC, p->props.location.id, p->bytesize, va);
     if (!n)
         return CUDA_ERROR_OUT_OF_MEMORY;
     p->dptr = va;
     *node = (CUgraphNode)n;
     return CUDA_SUCCESS;
-}
-FG_API CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
-                                       MEM_ALLOC_NODE_PARAMS *p)
-{
-    (void)deps;
-    (void)ndeps;
-    LOCKED(add_alloc_node(node, g, p));
 }
 
 static CUresult add_free_node(CUgraphNode *node, CUgraph h, CUdeviceptr dptr)
@@ -704,11 +762,56 @@ static CUresult add_free_node(CUgraphNode *node, CUgraph h, CUdeviceptr dptr)
     struct fg_graph *g = graph_of(h);
     if (!node || !g || !dptr)
         return CUDA_ERROR_INVALID_VALUE;
-    struct gnode *n = add_node(g, 0, 0, 0, dptr);
+    struct gnode *n = add_node(g, NODE_FREE, 0, 0, dptr);
     if (!n)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *node = (CUgraphNode)n;
     return CUDA_SUCCESS;
+}
+
+/* A child graph node: a clone of the child (refused for graphs with memory nodes, as on the real
+ * driver), or the child itself when its ownership is moved to the parent. */
+static CUresult add_child_node(CUgraphNode *node, CUgraph h, CUgraph child, int ownership)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_graph *g = graph_of(h), *c = graph_of(child);
+    if (!node || !g || !c || c == g || (ownership != CHILD_GRAPH_CLONE && ownership != CHILD_GRAPH_MOVE))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ownership == CHILD_GRAPH_CLONE && has_memory_nodes(c))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct gnode *n = add_node(g, NODE_GRAPH, 0, 0, 0);
+    if (!n)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (ownership == CHILD_GRAPH_MOVE) {
+        n->child = unlink_from(&g_graphs, c);
+    } else if (!(n->child = graph_new(GRAPH_MAGIC, NULL)) || flatten_into(n->child, c)) {
+        n->type = NODE_EMPTY; /* no host memory: the node stays, empty */
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *node = (CUgraphNode)n;
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_any_node(CUgraphNode *node, CUgraph h, GRAPH_NODE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (p->type) {
+    case NODE_ALLOC: return add_alloc_node(node, h, &p->u.alloc);
+    case NODE_FREE: return add_free_node(node, h, p->u.free.dptr);
+    case NODE_GRAPH: return add_child_node(node, h, p->u.child.graph, p->u.child.ownership);
+    default: return CUDA_ERROR_NOT_SUPPORTED; /* node types the simulated driver has no use for */
+    }
+}
+
+FG_API CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                       MEM_ALLOC_NODE_PARAMS *p)
+{
+    (void)deps;
+    (void)ndeps;
+    LOCKED(add_alloc_node(node, g, p));
 }
 FG_API CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
                                       CUdeviceptr dptr)
@@ -717,8 +820,107 @@ FG_API CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgrap
     (void)ndeps;
     LOCKED(add_free_node(node, g, dptr));
 }
+FG_API CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                         CUgraph child)
+{
+    (void)deps;
+    (void)ndeps;
+    LOCKED(add_child_node(node, g, child, CHILD_GRAPH_CLONE));
+}
+FG_API CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                               GRAPH_NODE_PARAMS *p)
+{
+    (void)deps;
+    (void)ndeps;
+    LOCKED(add_any_node(node, g, p));
+}
+FG_API CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, const void *edges,
+                                  size_t ndeps, GRAPH_NODE_PARAMS *p)
+{
+    (void)deps;
+    (void)edges;
+    (void)ndeps;
+    LOCKED(add_any_node(node, g, p));
+}
 
-static CUresult instantiate(CUgraphExec *out, CUgraph h)
+/* ---- what a graph holds, as the driver answers it --------------------------------------------- */
+
+/* A graph, or a child graph a graph's node owns, at any depth. */
+static struct fg_graph *graph_or_child_of(struct fg_graph *list, CUgraph h)
+{
+    for (struct fg_graph *g = list; g; g = g->next) {
+        if ((CUgraph)g == h)
+            return g;
+        for (struct gnode *n = g->nodes; n; n = n->next) {
+            struct fg_graph *c = n->child ? graph_or_child_of(n->child, h) : NULL;
+            if (c)
+                return c;
+        }
+    }
+    return NULL;
+}
+
+static CUresult get_nodes(CUgraph h, CUgraphNode *out, size_t *num)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_graph *g = graph_or_child_of(g_graphs, h);
+    if (!g || !num)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t k = 0;
+    for (struct gnode *n = g->nodes; n; n = n->next, k++)
+        if (out && k < *num)
+            out[k] = (CUgraphNode)n;
+    if (out)
+        for (size_t i = k; i < *num; i++)
+            out[i] = NULL;
+    if (!out || k < *num)
+        *num = k;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *num) { LOCKED(get_nodes(g, nodes, num)); }
+
+static CUresult node_type(CUgraphNode h, int *type)
+{
+    struct gnode *n = node_of(h);
+    if (!n || !type)
+        return CUDA_ERROR_INVALID_VALUE;
+    *type = n->type;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuGraphNodeGetType(CUgraphNode n, int *type) { LOCKED(node_type(n, type)); }
+
+static CUresult alloc_node_params(CUgraphNode h, MEM_ALLOC_NODE_PARAMS *p)
+{
+    struct gnode *n = node_of(h);
+    if (!n || n->type != NODE_ALLOC || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(p, 0, sizeof *p);
+    p->props.allocType = 1;
+    p->props.location.type = 1;
+    p->props.location.id = n->ord;
+    p->bytesize = n->bytes;
+    p->dptr = n->dptr;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuGraphMemAllocNodeGetParams(CUgraphNode n, MEM_ALLOC_NODE_PARAMS *p) { LOCKED(alloc_node_params(n, p)); }
+
+static CUresult child_of(CUgraphNode h, CUgraph *out)
+{
+    struct gnode *n = node_of(h);
+    if (!n || n->type != NODE_GRAPH || !out)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = (CUgraph)n->child;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *out) { LOCKED(child_of(n, out)); }
+
+/* ---- instantiated graphs ---------------------------------------------------------------------- */
+
+static CUresult upload(struct fg_graph *x, CUstream hs);
+
+static CUresult instantiate(CUgraphExec *out, CUgraph h, cuuint64_t flags, CUstream upload_stream)
 {
     CUresult r = fg_check_live();
     if (r)
@@ -726,23 +928,16 @@ static CUresult instantiate(CUgraphExec *out, CUgraph h)
     struct fg_graph *g = graph_of(h);
     if (!out || !g)
         return CUDA_ERROR_INVALID_VALUE;
-    struct fg_exec *x = calloc(1, sizeof *x);
-    if (!x)
+    struct fg_graph *x = graph_new(EXEC_MAGIC, NULL);
+    if (!x || flatten_into(x, g)) {
+        if (x)
+            free_graph(x);
         return CUDA_ERROR_OUT_OF_MEMORY;
-    struct gnode **end = &x->nodes;
-    for (struct gnode *n = g->nodes; n; n = n->next) {
-        struct gnode *c = malloc(sizeof *c);
-        if (!c) {
-            free_nodes(x->nodes);
-            free(x);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        *c = *n;
-        c->next = NULL;
-        *end = c;
-        end = &c->next;
     }
-    x->magic = EXEC_MAGIC;
+    if ((flags & INSTANTIATE_UPLOAD) && (r = upload(x, upload_stream))) {
+        free_graph(x);
+        return r;
+    }
     x->next = g_execs;
     g_execs = x;
     *out = (CUgraphExec)x;
@@ -750,26 +945,137 @@ static CUresult instantiate(CUgraphExec *out, CUgraph h)
 }
 FG_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g, unsigned long long flags)
 {
-    (void)flags;
-    LOCKED(instantiate(out, g));
+    LOCKED(instantiate(out, g, flags & ~(unsigned long long)INSTANTIATE_UPLOAD, NULL));
+}
+/* The CUDA 10 / 11 ABIs (error node, log buffer). */
+FG_API CUresult cuGraphInstantiate(CUgraphExec *out, CUgraph g, CUgraphNode *err, char *log, size_t n)
+{
+    (void)err;
+    if (log && n)
+        log[0] = 0;
+    LOCKED(instantiate(out, g, 0, NULL));
+}
+FG_API CUresult cuGraphInstantiate_v2(CUgraphExec *out, CUgraph g, CUgraphNode *err, char *log, size_t n)
+{
+    return cuGraphInstantiate(out, g, err, log, n);
 }
 
-static CUresult exec_destroy(CUgraphExec h)
+static CUresult instantiate_params(CUgraphExec *out, CUgraph g, INSTANTIATE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = instantiate(out, g, p->flags, p->upload_stream);
+    p->err_node = NULL;
+    p->result = r ? 1 /* CUDA_GRAPH_INSTANTIATE_ERROR */ : 0;
+    return r;
+}
+FG_API CUresult cuGraphInstantiateWithParams(CUgraphExec *out, CUgraph g, INSTANTIATE_PARAMS *p)
+{
+    LOCKED(instantiate_params(out, g, p));
+}
+FG_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *out, CUgraph g, INSTANTIATE_PARAMS *p)
+{
+    LOCKED(instantiate_params(out, g, p));
+}
+
+/* An update takes the new graph's node parameters when its nodes match the old ones one to one. */
+static CUresult exec_update(CUgraphExec hx, CUgraph hg)
 {
     CUresult r = fg_check_live();
     if (r)
         return r;
-    for (struct fg_exec **pp = &g_execs; *pp; pp = &(*pp)->next)
-        if ((CUgraphExec)*pp == h) {
-            struct fg_exec *x = *pp;
-            *pp = x->next;
-            free_nodes(x->nodes);
-            free(x);
-            return CUDA_SUCCESS;
-        }
-    return CUDA_ERROR_INVALID_VALUE;
+    struct fg_graph *x = exec_of(hx), *g = graph_of(hg), *y;
+    if (!x || !g)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!(y = graph_new(EXEC_MAGIC, NULL)) || flatten_into(y, g)) {
+        if (y)
+            free_graph(y);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct gnode *a = x->nodes, *b = y->nodes;
+    for (; a && b && a->type == b->type; a = a->next, b = b->next) {}
+    if (a || b) {
+        free_graph(y);
+        return 910; /* CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE */
+    }
+    for (a = x->nodes, b = y->nodes; a; a = a->next, b = b->next) {
+        a->bytes = b->bytes;
+        a->ord = b->ord;
+    }
+    free_graph(y);
+    return CUDA_SUCCESS;
 }
-FG_API CUresult cuGraphExecDestroy(CUgraphExec h) { LOCKED(exec_destroy(h)); }
+FG_API CUresult cuGraphExecUpdate(CUgraphExec x, CUgraph g, CUgraphNode *err, int *result)
+{
+    if (err)
+        *err = NULL;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = exec_update(x, g);
+    pthread_mutex_unlock(&g_mu);
+    if (result)
+        *result = r ? 2 /* CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED */ : 0;
+    return r;
+}
+FG_API CUresult cuGraphExecUpdate_v2(CUgraphExec x, CUgraph g, void *result_info)
+{
+    (void)result_info;
+    LOCKED(exec_update(x, g));
+}
+
+/* The bytes x's alloc nodes take, per device. */
+static void graph_need(const struct fg_graph *x, uint64_t need[FG_MAX_DEV])
+{
+    memset(need, 0, FG_MAX_DEV * sizeof need[0]);
+    for (const struct gnode *n = x->nodes; n; n = n->next)
+        if (n->type == NODE_ALLOC)
+            need[n->ord] += n->bytes;
+}
+
+/* Back x's allocations: each device's graph pool holds at least that much idle (all devices or
+ * none). */
+static CUresult back(const uint64_t need[FG_MAX_DEV])
+{
+    uint64_t fresh[FG_MAX_DEV] = {0};
+    for (int d = 0; d < g_nvis; d++) {
+        struct fg_pool *gp = graph_pool_of(d);
+        fresh[d] = need[d] > gp->idle ? need[d] - gp->idle : 0;
+        CUresult r = fresh[d] ? fg_dev_take(d, fresh[d]) : CUDA_SUCCESS;
+        if (r) {
+            for (int e = 0; e < d; e++)
+                fg_dev_give(e, fresh[e]);
+            return r;
+        }
+    }
+    for (int d = 0; d < g_nvis; d++) {
+        struct fg_pool *gp = graph_pool_of(d);
+        gp->reserved += fresh[d];
+        gp->idle += fresh[d];
+        if (gp->reserved > gp->res_high)
+            gp->res_high = gp->reserved;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* cuGraphUpload: the graph's memory is backed now, so that its launch need not grow the pool. */
+static CUresult upload(struct fg_graph *x, CUstream hs)
+{
+    if (!stream_of(hs))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t need[FG_MAX_DEV];
+    graph_need(x, need);
+    return back(need);
+}
+
+static CUresult upload_h(CUgraphExec h, CUstream hs)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_graph *x = exec_of(h);
+    return x ? upload(x, hs) : CUDA_ERROR_INVALID_VALUE;
+}
+FG_API CUresult cuGraphUpload(CUgraphExec x, CUstream s) { LOCKED(upload_h(x, s)); }
+FG_API CUresult cuGraphUpload_ptsz(CUgraphExec x, CUstream s) { LOCKED(upload_h(x, s)); }
 
 /* Alloc nodes take their bytes from the device's graph pool (all or nothing), free nodes give
  * them back to it; what the graph does not free stays allocated after it. */
@@ -779,48 +1085,32 @@ static CUresult launch(CUgraphExec h, CUstream hs)
     CUresult r = fg_current(&c);
     if (r)
         return r;
-    struct fg_exec *x = exec_of(h);
+    struct fg_graph *x = exec_of(h);
     struct fg_stream *s = stream_of(hs);
     if (!x || !s)
         return CUDA_ERROR_INVALID_VALUE;
     for (struct gnode *n = x->nodes; n; n = n->next)
-        if (n->is_alloc && fg_find(n->dptr))
+        if (n->type == NODE_ALLOC && fg_find(n->dptr))
             return CUDA_ERROR_INVALID_VALUE; /* still allocated from its last launch */
-    uint64_t need[FG_MAX_DEV] = {0};
-    for (struct gnode *n = x->nodes; n; n = n->next)
-        if (n->is_alloc)
-            need[n->ord] += n->bytes;
+    uint64_t need[FG_MAX_DEV];
+    graph_need(x, need);
+    if ((r = back(need)))
+        return r;
     for (int d = 0; d < g_nvis; d++) {
         struct fg_pool *gp = graph_pool_of(d);
-        uint64_t fresh = need[d] > gp->idle ? need[d] - gp->idle : 0;
-        if (fresh && (r = fg_dev_take(d, fresh))) {
-            for (int e = 0; e < d; e++) { /* undo the devices already taken */
-                struct fg_pool *q = graph_pool_of(e);
-                uint64_t f = need[e] > q->idle ? need[e] - q->idle : 0;
-                fg_dev_give(e, f);
-            }
-            return r;
-        }
-    }
-    for (int d = 0; d < g_nvis; d++) {
-        struct fg_pool *gp = graph_pool_of(d);
-        uint64_t from_idle = need[d] < gp->idle ? need[d] : gp->idle;
-        gp->idle -= from_idle;
-        gp->reserved += need[d] - from_idle;
+        gp->idle -= need[d];
         gp->used += need[d];
-        if (gp->reserved > gp->res_high)
-            gp->res_high = gp->reserved;
         if (gp->used > gp->used_high)
             gp->used_high = gp->used;
     }
     for (struct gnode *n = x->nodes; n; n = n->next) {
-        if (n->is_alloc) {
+        if (n->type == NODE_ALLOC) {
             unsigned long long at;
             if (fg_record(n->ord, n->bytes, K_MEM, c, graph_pool_of(n->ord), n->dptr, &at) == CUDA_SUCCESS)
                 continue;
             graph_pool_of(n->ord)->used -= n->bytes; /* no host memory for the record */
             graph_pool_of(n->ord)->idle += n->bytes;
-        } else {
+        } else if (n->type == NODE_FREE) {
             struct alloc *a = fg_unlink(n->dptr, K_MEM);
             if (a)
                 fg_release_alloc(a);
@@ -880,7 +1170,7 @@ static CUresult begin_capture(CUstream h, int mode)
         return CUDA_ERROR_INVALID_VALUE; /* the legacy stream cannot be captured */
     if (s->capture)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!(s->capture = graph_new()))
+    if (!(s->capture = graph_new(GRAPH_MAGIC, &g_graphs)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     return CUDA_SUCCESS;
 }

@@ -33,7 +33,11 @@
     X(cuStreamGetCaptureInfo_ptsz) X(cuGraphCreate) X(cuGraphDestroy) X(cuGraphAddMemAllocNode)     \
     X(cuGraphAddMemFreeNode) X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy) X(cuGraphLaunch)  \
     X(cuGraphLaunch_ptsz) X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute)                   \
-    X(cuDeviceSetGraphMemAttribute)
+    X(cuDeviceSetGraphMemAttribute) X(cuGraphInstantiate) X(cuGraphInstantiate_v2)                 \
+    X(cuGraphInstantiateWithParams) X(cuGraphInstantiateWithParams_ptsz) X(cuGraphUpload)          \
+    X(cuGraphUpload_ptsz) X(cuGraphExecUpdate) X(cuGraphExecUpdate_v2) X(cuGraphAddNode)             \
+    X(cuGraphAddNode_v2) X(cuGraphAddChildGraphNode) X(cuGraphGetNodes) X(cuGraphNodeGetType)       \
+    X(cuGraphMemAllocNodeGetParams) X(cuGraphChildGraphNodeGetGraph)
 FUNCS(F)
 #undef F
 FG_API CUresult cuGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags);
@@ -125,7 +129,21 @@ static const struct { const char *name; int version; void *fn, *ptds; } TABLE[] 
     {"cuGraphAddMemAllocNode", 11040, (void *)cuGraphAddMemAllocNode, 0},
     {"cuGraphAddMemFreeNode", 11040, (void *)cuGraphAddMemFreeNode, 0},
     {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags, 0},
+    {"cuGraphInstantiate", 10000, (void *)cuGraphInstantiate, 0},
+    {"cuGraphInstantiate", 11000, (void *)cuGraphInstantiate_v2, 0},
     {"cuGraphInstantiate", 12000, (void *)cuGraphInstantiateWithFlags, 0},
+    {"cuGraphInstantiateWithParams", 12000, (void *)cuGraphInstantiateWithParams,
+     (void *)cuGraphInstantiateWithParams_ptsz},
+    {"cuGraphUpload", 11010, (void *)cuGraphUpload, (void *)cuGraphUpload_ptsz},
+    {"cuGraphExecUpdate", 10020, (void *)cuGraphExecUpdate, 0},
+    {"cuGraphExecUpdate", 12000, (void *)cuGraphExecUpdate_v2, 0},
+    {"cuGraphAddNode", 12020, (void *)cuGraphAddNode, 0},
+    {"cuGraphAddNode", 12030, (void *)cuGraphAddNode_v2, 0},
+    {"cuGraphAddChildGraphNode", 10000, (void *)cuGraphAddChildGraphNode, 0},
+    {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes, 0},
+    {"cuGraphNodeGetType", 10000, (void *)cuGraphNodeGetType, 0},
+    {"cuGraphMemAllocNodeGetParams", 11040, (void *)cuGraphMemAllocNodeGetParams, 0},
+    {"cuGraphChildGraphNodeGetGraph", 10000, (void *)cuGraphChildGraphNodeGetGraph, 0},
     {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy, 0},
     {"cuGraphLaunch", 10000, (void *)cuGraphLaunch, (void *)cuGraphLaunch_ptsz},
     {"cuDeviceGraphMemTrim", 11040, (void *)cuDeviceGraphMemTrim, 0},

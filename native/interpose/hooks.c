@@ -34,9 +34,10 @@
     X(cuDeviceGetMemPool, c) X(cuCtxSetLimit, c) X(cuMemPoolTrimTo, c) X(cuMemPoolSetAttribute, c)   \
     X(cuStreamSynchronize, c) X(cuStreamSynchronize_ptsz, c) X(cuStreamQuery, c)                   \
     X(cuStreamQuery_ptsz, c) X(cuCtxSynchronize, c) X(cuCtxSynchronize_v2, c)                      \
-    X(cuStreamEndCapture, c) X(cuStreamEndCapture_ptsz, c) X(cuGraphAddMemAllocNode, c)            \
-    X(cuGraphInstantiateWithFlags, c) X(cuGraphLaunch, c) X(cuGraphLaunch_ptsz, c)                 \
-    X(cuGraphExecDestroy, c) X(cuGraphDestroy, c) X(cuDeviceGraphMemTrim, c)                       \
+    X(cuGraphInstantiateWithFlags, c) X(cuGraphInstantiate, c) X(cuGraphInstantiate_v2, c)         \
+    X(cuGraphInstantiateWithParams, c) X(cuGraphInstantiateWithParams_ptsz, c)                     \
+    X(cuGraphExecUpdate, c) X(cuGraphExecUpdate_v2, c) X(cuGraphUpload, c) X(cuGraphUpload_ptsz, c) \
+    X(cuGraphLaunch, c) X(cuGraphLaunch_ptsz, c) X(cuGraphExecDestroy, c) X(cuDeviceGraphMemTrim, c) \
     X(nvmlDeviceGetMemoryInfo, n) X(nvmlDeviceGetMemoryInfo_v2, n)
 /* Real functions we call ourselves but do not wrap. */
 #define HELPERS(X)                                                                                 \
@@ -44,7 +45,9 @@
     X(cuDevicePrimaryCtxRetain, c) X(cuDeviceGetAttribute, c) X(cuDeviceGetUuid, c) X(cuDeviceGetUuid_v2, c) \
     X(nvmlDeviceGetIndex, n) X(nvmlDeviceGetUUID, n) X(nvmlDeviceGetMaxMigDeviceCount, n)         \
     X(nvmlDeviceGetMigDeviceHandleByIndex, n) X(cuMemPoolGetAttribute, c)                         \
-    X(cuDeviceGetGraphMemAttribute, c) X(cuStreamGetCaptureInfo, c) X(cuStreamGetCaptureInfo_ptsz, c)
+    X(cuDeviceGetGraphMemAttribute, c) X(cuStreamGetCaptureInfo, c) X(cuStreamGetCaptureInfo_ptsz, c) \
+    X(cuGraphGetNodes, c) X(cuGraphNodeGetType, c) X(cuGraphMemAllocNodeGetParams, c)             \
+    X(cuGraphChildGraphNodeGetGraph, c)
 
 #define AS_ENUM(n, f) H_##n,
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
@@ -658,7 +661,7 @@ static void settle_all(void)
 /* An entry the table replaced (the driver handed its address out again: it is gone). */
 static void forgotten(const struct alloc *old)
 {
-    if (old->kind != K_MAP && old->kind < K_CAPW) gone(old, 0, NULL);
+    if (old->kind != K_MAP && old->kind != K_EXECW) gone(old, 0, NULL);
 }
 
 /* The driver took an allocation back (or will, once stream s gets there: async). */
@@ -696,16 +699,14 @@ static void stream_reached(CUstream s, int all)
 }
 
 /* Is stream s being captured into a graph? Then an allocation on it is a graph alloc node: the
- * driver allocates nothing now (its bytes are counted when the graph is launched). */
-static int capturing(CUstream s, int ptsz, uint64_t *id)
+ * driver allocates nothing now (its bytes are counted when the graph is uploaded or launched). */
+static int capturing(CUstream s, int ptsz)
 {
     CUresult (*f)(CUstream, int *, cuuint64_t *) =
         (CUresult(*)(CUstream, int *, cuuint64_t *))real(ptsz ? H_cuStreamGetCaptureInfo_ptsz : H_cuStreamGetCaptureInfo);
     int status = 0;
     cuuint64_t cid = 0;
-    if (!f || f(s, &status, &cid) != CUDA_SUCCESS || status != 1 /* ACTIVE */) return 0;
-    *id = cid;
-    return 1;
+    return f && f(s, &status, &cid) == CUDA_SUCCESS && status == 1 /* ACTIVE */;
 }
 
 static void settle_pool(uint64_t h, int graph, int dev);
@@ -793,12 +794,7 @@ static CUresult alloc_stream_ordered(CUresult (*f)(CUdeviceptr *, size_t, CUmemo
                                      CUmemoryPool pool, CUstream s, int ptsz)
 {
 #define CALL() (f ? f(dptr, bytes, pool, s) : g(dptr, bytes, s))
-    uint64_t cid;
-    if (capturing(s, ptsz, &cid)) { /* a graph alloc node: counted at launch */
-        CUresult rc = CALL();
-        if (rc == CUDA_SUCCESS) table_add(K_CAPW, cid, cur_dev(), bytes);
-        return rc;
-    }
+    if (capturing(s, ptsz)) return CALL(); /* a graph alloc node: counted at upload or launch */
     int dev;
     uint64_t h = (uint64_t)(uintptr_t)pool;
     if (f) {
@@ -954,8 +950,10 @@ EXPORT CUresult cuCtxSynchronize_v2(CUcontext c)
 }
 
 /* ---- graph memory: a graph's alloc nodes take their memory from the device's graph pool when it
- * is launched. Their sizes are summed per capture, graph and instantiated graph; a launch reserves
- * that sum first (the most the graph pool can grow by), then the pool's real size replaces it. */
+ * is uploaded or launched. What each instantiated graph can take is read from the driver when it
+ * is instantiated (its alloc nodes, child graphs included, whichever way they were added); an
+ * upload or launch reserves that first (the most the graph pool can grow by), then the pool's
+ * real size replaces it. */
 
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
@@ -968,87 +966,225 @@ typedef struct {
     size_t bytesize;
     CUdeviceptr dptr;
 } CUDA_MEM_ALLOC_NODE_PARAMS;
+typedef struct {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+enum { CU_GRAPH_NODE_TYPE_GRAPH = 4, CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10, CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD = 2 };
 
-static void move_w(int from_kind, uint64_t from, int to_kind, uint64_t to)
-{
-    struct alloc a;
-    if (table_get(from_kind, from, &a)) table_add(to_kind, to, a.dev, a.size);
-}
+/* Bytes per device an instantiated graph's allocations take; mask: the devices with any. */
+struct gweight {
+    uint32_t mask;
+    uint64_t bytes[LEDGER_MAX_DEV];
+};
 
-EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
-                                       CUDA_MEM_ALLOC_NODE_PARAMS *params)
+/* Add graph g's alloc nodes to *w, as the driver reports them. CUDA_SUCCESS, the driver's error,
+ * or CUDA_ERROR_OUT_OF_MEMORY (no host memory for the node list). */
+static CUresult graph_weight(CUgraph g, struct gweight *w, int depth)
 {
-    REAL(cuGraphAddMemAllocNode,
-         CUresult(*)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *), f,
-         CUDA_ERROR_NOT_FOUND);
-    CUresult rc = f(node, g, deps, n, params);
-    if (ON && rc == CUDA_SUCCESS && params)
-        table_add(K_GRAPHW, (uint64_t)(uintptr_t)g, params->poolProps.location.id, params->bytesize);
+    CUresult (*nodes_of)(CUgraph, CUgraphNode *, size_t *) =
+        (CUresult(*)(CUgraph, CUgraphNode *, size_t *))real(H_cuGraphGetNodes);
+    CUresult (*type_of)(CUgraphNode, int *) = (CUresult(*)(CUgraphNode, int *))real(H_cuGraphNodeGetType);
+    CUresult (*alloc_of)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *) =
+        (CUresult(*)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *))real(H_cuGraphMemAllocNodeGetParams);
+    CUresult (*child_of)(CUgraphNode, CUgraph *) = (CUresult(*)(CUgraphNode, CUgraph *))real(H_cuGraphChildGraphNodeGetGraph);
+    if (!nodes_of || !type_of || !alloc_of || !child_of) return CUDA_ERROR_NOT_FOUND;
+    if (depth > 64) return CUDA_ERROR_INVALID_VALUE;
+    size_t n = 0;
+    CUresult rc = nodes_of(g, NULL, &n);
+    if (rc != CUDA_SUCCESS || !n) return rc;
+    CUgraphNode *nodes = malloc(n * sizeof *nodes);
+    if (!nodes) return CUDA_ERROR_OUT_OF_MEMORY;
+    rc = nodes_of(g, nodes, &n);
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < n; i++) {
+        int type = -1;
+        if ((rc = type_of(nodes[i], &type)) != CUDA_SUCCESS) break;
+        if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+            CUDA_MEM_ALLOC_NODE_PARAMS p;
+            memset(&p, 0, sizeof p);
+            if ((rc = alloc_of(nodes[i], &p)) != CUDA_SUCCESS) break;
+            int d = p.poolProps.location.id;
+            if (p.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE || d < 0 || d >= LEDGER_MAX_DEV)
+                continue; /* host memory (CUDA 13's graph allocations may be) */
+            w->bytes[d] = w->bytes[d] + p.bytesize < w->bytes[d] ? UINT64_MAX : w->bytes[d] + p.bytesize;
+            w->mask |= 1u << d;
+        } else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
+            CUgraph child = NULL;
+            if ((rc = child_of(nodes[i], &child)) == CUDA_SUCCESS) rc = graph_weight(child, w, depth + 1);
+        }
+    }
+    free(nodes);
     return rc;
 }
 
-#define END_CAPTURE(name, ptsz)                                                                    \
-    EXPORT CUresult name(CUstream s, CUgraph *g)                                                  \
-    {                                                                                              \
-        REAL(name, CUresult(*)(CUstream, CUgraph *), f, CUDA_ERROR_NOT_FOUND);                     \
-        uint64_t cid = 0;                                                                          \
-        int was = ON && capturing(s, ptsz, &cid);                                                  \
-        CUresult rc = f(s, g);                                                                     \
-        struct alloc a;                                                                            \
-        if (was && rc == CUDA_SUCCESS && g && *g) move_w(K_CAPW, cid, K_GRAPHW, (uint64_t)(uintptr_t)*g); \
-        if (was) table_take(K_CAPW, cid, &a);                                                      \
-        return rc;                                                                                 \
+/* The weight of an instantiated graph is kept by (exec, device): device 0's entry (key exec) also
+ * holds the mask; device d's has key exec ^ d << 56 (user addresses stay below 2^47). */
+static uint64_t exec_key(CUgraphExec x, int d) { return (uint64_t)(uintptr_t)x ^ ((uint64_t)d << 56); }
+
+static void forget_exec(CUgraphExec x)
+{
+    struct alloc a;
+    if (!table_take(K_EXECW, exec_key(x, 0), &a)) return;
+    for (int d = 1; d < LEDGER_MAX_DEV; d++)
+        if (a.aux & (1u << d)) table_take(K_EXECW, exec_key(x, d), &a);
+}
+
+static int keep_exec(CUgraphExec x, const struct gweight *w)
+{
+    forget_exec(x);
+    if (!w->mask) return 0;
+    for (int d = 0; d < LEDGER_MAX_DEV; d++) {
+        if (d && !(w->mask & (1u << d))) continue;
+        struct alloc a = {.key = exec_key(x, d), .size = w->bytes[d], .aux = d ? 0 : w->mask, .kind = K_EXECW,
+                          .dev = (uint16_t)d, .refs = 1}, o;
+        if (table_put(&a, &o) < 0) {
+            forget_exec(x);
+            return -1;
+        }
     }
-END_CAPTURE(cuStreamEndCapture, 0)
-END_CAPTURE(cuStreamEndCapture_ptsz, 1)
+    return 0;
+}
+
+static void exec_weight(CUgraphExec x, struct gweight *w)
+{
+    struct alloc a;
+    w->mask = 0;
+    if (!table_get(K_EXECW, exec_key(x, 0), &a)) return;
+    w->mask = (uint32_t)a.aux;
+    w->bytes[0] = a.size;
+    for (int d = 1; d < LEDGER_MAX_DEV; d++)
+        if (w->mask & (1u << d)) w->bytes[d] = table_get(K_EXECW, exec_key(x, d), &a) ? a.size : 0;
+}
+
+/* Reserve what the graph pools may grow by, on every device or none. */
+static int graph_reserve(const struct gweight *w)
+{
+    for (int d = 0; d < LEDGER_MAX_DEV; d++) {
+        if (!(w->mask & (1u << d))) continue;
+        int e = admit(d, w->bytes[d]);
+        if (e) {
+            for (int u = 0; u < d; u++)
+                if (w->mask & (1u << u)) ledger_release(u, w->bytes[u]);
+            return e;
+        }
+    }
+    return 0;
+}
+
+/* After the upload or launch: each reservation becomes its graph pool's, then the pool's real size
+ * replaces it (nothing was taken when the call failed). */
+static void graph_settle(const struct gweight *w, int ok)
+{
+    for (int d = 0; d < LEDGER_MAX_DEV; d++) {
+        if (!(w->mask & (1u << d))) continue;
+        pthread_mutex_lock(&g_pool_mu);
+        struct pool *p = ok ? pool_entry(0, 1, d) : NULL;
+        if (p) {
+            p->extra += w->bytes[d];
+            settle(p);
+        }
+        pthread_mutex_unlock(&g_pool_mu);
+        if (!p) ledger_release(d, w->bytes[d]);
+    }
+}
+
+static CUresult exec_destroy_raw(CUgraphExec x)
+{
+    CUresult (*f)(CUgraphExec) = (CUresult(*)(CUgraphExec))real(H_cuGraphExecDestroy);
+    return f ? f(x) : CUDA_ERROR_NOT_FOUND;
+}
+
+/* Every way to instantiate: the graph's weight is read first (an upload at instantiation reserves
+ * it like a launch), then kept for the executable graph; with no host memory to keep it, the
+ * instantiation is undone (its launches could not be checked). */
+#define INSTANTIATE(exec, g, upload, call)                                                         \
+    do {                                                                                           \
+        struct gweight w_ = {0};                                                                   \
+        CUresult rc_ = graph_weight(g, &w_, 0);                                                    \
+        if (rc_ != CUDA_SUCCESS) return rc_;                                                       \
+        int up_ = (upload) && w_.mask;                                                             \
+        if (up_ && (rc_ = graph_reserve(&w_))) return rc_;                                         \
+        rc_ = (call);                                                                              \
+        if (up_) graph_settle(&w_, rc_ == CUDA_SUCCESS);                                           \
+        if (rc_ == CUDA_SUCCESS && keep_exec(*(exec), &w_) != 0) {                                 \
+            exec_destroy_raw(*(exec));                                                             \
+            rc_ = CUDA_ERROR_OUT_OF_MEMORY;                                                        \
+        }                                                                                          \
+        return rc_;                                                                                \
+    } while (0)
 
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsigned long long flags)
 {
     REAL(cuGraphInstantiateWithFlags, CUresult(*)(CUgraphExec *, CUgraph, unsigned long long), f,
          CUDA_ERROR_NOT_FOUND);
-    CUresult rc = f(exec, g, flags);
-    if (ON && rc == CUDA_SUCCESS && exec && *exec)
-        move_w(K_GRAPHW, (uint64_t)(uintptr_t)g, K_EXECW, (uint64_t)(uintptr_t)*exec);
-    return rc;
+    if (!ON || !exec || !g) return f(exec, g, flags);
+    INSTANTIATE(exec, g, 0, f(exec, g, flags));
 }
 
-static void forget_w(int kind, uint64_t key)
-{
-    struct alloc a;
-    table_take(kind, key, &a);
-}
-AFTER_SUCCESS(cuGraphDestroy, CUgraph, forget_w(K_GRAPHW, (uint64_t)(uintptr_t)x))
-AFTER_SUCCESS(cuGraphExecDestroy, CUgraphExec, forget_w(K_EXECW, (uint64_t)(uintptr_t)x))
+/* The CUDA 10 and 11 ABIs (error node and log buffer). */
+#define INSTANTIATE_LOG(name)                                                                      \
+    EXPORT CUresult name(CUgraphExec *exec, CUgraph g, CUgraphNode *err, char *log, size_t n)     \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t), f,          \
+             CUDA_ERROR_NOT_FOUND);                                                                \
+        if (!ON || !exec || !g) return f(exec, g, err, log, n);                                    \
+        INSTANTIATE(exec, g, 0, f(exec, g, err, log, n));                                          \
+    }
+INSTANTIATE_LOG(cuGraphInstantiate)
+INSTANTIATE_LOG(cuGraphInstantiate_v2)
 
-#define GRAPH_LAUNCH(name)                                                                         \
+#define INSTANTIATE_PARAMS(name)                                                                   \
+    EXPORT CUresult name(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)          \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *), f,        \
+             CUDA_ERROR_NOT_FOUND);                                                                \
+        if (!ON || !exec || !g || !p) return f(exec, g, p);                                        \
+        INSTANTIATE(exec, g, p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, f(exec, g, p));        \
+    }
+INSTANTIATE_PARAMS(cuGraphInstantiateWithParams)
+INSTANTIATE_PARAMS(cuGraphInstantiateWithParams_ptsz)
+
+/* An update gives the executable graph the new graph's node parameters: its weight follows. Read
+ * first: with no host memory to read it, the update is refused and the graph stays as it was. */
+#define EXEC_UPDATE(name, Rest, rest)                                                              \
+    EXPORT CUresult name(CUgraphExec x, CUgraph g Rest)                                           \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUgraphExec, CUgraph Rest), f, CUDA_ERROR_NOT_FOUND);               \
+        if (!ON || !x || !g) return f(x, g rest);                                                  \
+        struct gweight w = {0};                                                                    \
+        CUresult rc = graph_weight(g, &w, 0);                                                      \
+        if (rc != CUDA_SUCCESS) return rc;                                                         \
+        rc = f(x, g rest);                                                                         \
+        if (rc == CUDA_SUCCESS && keep_exec(x, &w) != 0) rc = CUDA_ERROR_OUT_OF_MEMORY;            \
+        return rc;                                                                                 \
+    }
+#define COMMA ,
+EXEC_UPDATE(cuGraphExecUpdate, COMMA CUgraphNode *err COMMA int *result, COMMA err COMMA result)
+EXEC_UPDATE(cuGraphExecUpdate_v2, COMMA void *info, COMMA info)
+
+AFTER_SUCCESS(cuGraphExecDestroy, CUgraphExec, forget_exec(x))
+
+/* Launch and upload: reserve the graph's weight first, so that one the budget cannot take fails
+ * with CUDA_ERROR_OUT_OF_MEMORY before the driver runs it. */
+#define GRAPH_RUN(name)                                                                            \
     EXPORT CUresult name(CUgraphExec x, CUstream s)                                               \
     {                                                                                              \
         REAL(name, CUresult(*)(CUgraphExec, CUstream), f, CUDA_ERROR_NOT_FOUND);                   \
         if (!ON) return f(x, s);                                                                   \
-        return graph_launch(f, x, s);                                                              \
+        struct gweight w;                                                                          \
+        exec_weight(x, &w);                                                                        \
+        int e = w.mask ? graph_reserve(&w) : 0;                                                    \
+        if (e) return e;                                                                           \
+        CUresult rc = f(x, s);                                                                     \
+        graph_settle(&w, rc == CUDA_SUCCESS);                                                      \
+        return rc;                                                                                 \
     }
-
-static CUresult graph_launch(CUresult (*f)(CUgraphExec, CUstream), CUgraphExec x, CUstream s)
-{
-    struct alloc w = {0};
-    int dev = table_get(K_EXECW, (uint64_t)(uintptr_t)x, &w) ? w.dev : cur_dev();
-    if (w.size) {
-        int e = admit(dev, w.size);
-        if (e) return e;
-    }
-    CUresult rc = f(x, s);
-    pthread_mutex_lock(&g_pool_mu);
-    struct pool *p = pool_entry(0, 1, dev);
-    if (p && rc == CUDA_SUCCESS) {
-        p->extra += w.size; /* the reservation becomes the pool's, then its real size replaces it */
-        settle(p);
-    }
-    pthread_mutex_unlock(&g_pool_mu);
-    if (!p || rc != CUDA_SUCCESS) ledger_release(dev, w.size);
-    return rc;
-}
-GRAPH_LAUNCH(cuGraphLaunch)
-GRAPH_LAUNCH(cuGraphLaunch_ptsz)
+GRAPH_RUN(cuGraphLaunch)
+GRAPH_RUN(cuGraphLaunch_ptsz)
+GRAPH_RUN(cuGraphUpload)
+GRAPH_RUN(cuGraphUpload_ptsz)
 
 AFTER_SUCCESS(cuDeviceGraphMemTrim, CUdevice, settle_pool(0, 1, x))
 
@@ -1255,13 +1391,20 @@ static const struct rule {
     {"cuStreamSynchronize", 0, H_cuStreamSynchronize, H_cuStreamSynchronize, H_cuStreamSynchronize_ptsz},
     {"cuStreamQuery", 0, H_cuStreamQuery, H_cuStreamQuery, H_cuStreamQuery_ptsz},
     {"cuCtxSynchronize", 13000, H_cuCtxSynchronize, H_cuCtxSynchronize_v2, -1},
-    {"cuStreamEndCapture", 0, H_cuStreamEndCapture, H_cuStreamEndCapture, H_cuStreamEndCapture_ptsz},
-    {"cuGraphAddMemAllocNode", 0, H_cuGraphAddMemAllocNode, H_cuGraphAddMemAllocNode, -1},
     {"cuGraphInstantiateWithFlags", 0, H_cuGraphInstantiateWithFlags, H_cuGraphInstantiateWithFlags, -1},
+    {"cuGraphInstantiate", 11000, H_cuGraphInstantiate, H_cuGraphInstantiate_v2, -1}, /* and third_abi */
+    {"cuGraphInstantiateWithParams", 0, H_cuGraphInstantiateWithParams, H_cuGraphInstantiateWithParams,
+     H_cuGraphInstantiateWithParams_ptsz},
+    {"cuGraphExecUpdate", 12000, H_cuGraphExecUpdate, H_cuGraphExecUpdate_v2, -1},
+    {"cuGraphUpload", 0, H_cuGraphUpload, H_cuGraphUpload, H_cuGraphUpload_ptsz},
     {"cuGraphLaunch", 0, H_cuGraphLaunch, H_cuGraphLaunch, H_cuGraphLaunch_ptsz},
     {"cuGraphExecDestroy", 0, H_cuGraphExecDestroy, H_cuGraphExecDestroy, -1},
-    {"cuGraphDestroy", 0, H_cuGraphDestroy, H_cuGraphDestroy, -1},
     {"cuDeviceGraphMemTrim", 0, H_cuDeviceGraphMemTrim, H_cuDeviceGraphMemTrim, -1},
+};
+
+/* Names with a third ABI: from CUDA 12.0, cuGraphInstantiate is cuGraphInstantiateWithFlags. */
+static const struct { const char *base; int from, id; } third_abi[] = {
+    {"cuGraphInstantiate", 12000, H_cuGraphInstantiateWithFlags},
 };
 
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
@@ -1323,6 +1466,8 @@ static void *substitute(const char *sym, void *p, int ver, cuuint64_t flags)
         int id = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && rules[r].ptsz_id >= 0
                      ? rules[r].ptsz_id
                      : (rules[r].v2_from && ver < rules[r].v2_from ? rules[r].old_id : rules[r].new_id);
+        for (size_t k = 0; k < sizeof third_abi / sizeof third_abi[0]; k++)
+            if (!strcmp(sym, third_abi[k].base) && ver >= third_abi[k].from) id = third_abi[k].id;
         /* A known ABI the driver answers with an unexported pointer: wrap it by (name, version). */
         void *expect = NULL;
         __atomic_compare_exchange_n(&reals[id], &expect, p, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);

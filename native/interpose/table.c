@@ -218,24 +218,6 @@ void table_take_pending(uint64_t stream, int all, uint64_t ctx, void (*fn)(const
     take_where(of_stream, stream, all ? (ctx | 1) : 0, fn);
 }
 
-int table_add(int kind, uint64_t key, int dev, uint64_t delta)
-{
-    int r = 0;
-    pthread_mutex_lock(&mu);
-    long i = find(kind, key);
-    if (i >= 0) {
-        tab[i].size += delta;
-    } else if ((count + 1) * 2 > cap && grow() != 0) {
-        r = -1;
-    } else {
-        struct alloc a = {.key = key, .size = delta, .kind = (uint16_t)kind, .dev = (uint16_t)dev, .refs = 1};
-        insert_raw(tab, cap, &a);
-        count++;
-    }
-    pthread_mutex_unlock(&mu);
-    return r;
-}
-
 void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *)) { take_where(in_range, lo, hi, fn); }
 void table_take_ctx(uint64_t ctx, void (*fn)(const struct alloc *)) { take_where(in_ctx, ctx, 0, fn); }
 

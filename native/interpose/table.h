@@ -7,10 +7,10 @@
 #include <stdint.h>
 
 /* K_PEND: a cuMemFreeAsync of memory not from a pool, still counted until its stream is known to
- * have reached it (aux: the stream). K_CAPW / K_GRAPHW / K_EXECW: bytes of the graph allocations
- * of a stream capture (by capture id), a graph, an instantiated graph. */
+ * have reached it (aux: the stream). K_EXECW: bytes an instantiated graph's allocations take on
+ * one device (hooks.c: exec_key). */
 enum { K_PTR = 1, K_VMM = 2, K_MAP = 3, K_ARRAY = 4, K_MIPMAP = 5, K_POOL = 6, K_LIMIT = 7, K_PEND = 8,
-       K_CAPW = 9, K_GRAPHW = 10, K_EXECW = 11 };
+       K_EXECW = 11 };
 
 struct alloc {
     uint64_t key;
@@ -43,8 +43,6 @@ void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *)
 void table_take_ctx(uint64_t ctx, void (*fn)(const struct alloc *));
 /* Remove the K_PEND entries of stream `stream` (all: of every stream of context ctx). */
 void table_take_pending(uint64_t stream, int all, uint64_t ctx, void (*fn)(const struct alloc *));
-/* Add `delta` to the size of entry (kind, key), made with device dev if there is none. -1: ENOMEM. */
-int table_add(int kind, uint64_t key, int dev, uint64_t delta);
 void table_atfork_prepare(void);
 void table_atfork_parent(void);
 void table_atfork_child(void);

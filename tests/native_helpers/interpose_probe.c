@@ -86,6 +86,24 @@ CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuGraphExecDestroy(CUgraphExec);
 CUresult cuDeviceGraphMemTrim(CUdevice);
 CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
+/* Resolved when a command needs them (need()), since not every --ver has them. */
+CUresult cuGraphInstantiate(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+CUresult cuGraphInstantiate_v2(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+typedef struct { cuuint64_t flags; CUstream upload; CUgraphNode err; int result; } CUDA_GRAPH_INSTANTIATE_PARAMS;
+CUresult cuGraphInstantiateWithParams(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+CUresult cuGraphUpload(CUgraphExec, CUstream);
+CUresult cuGraphExecUpdate_v2(CUgraphExec, CUgraph, void *);
+typedef struct {
+    int type, reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc;
+        struct { CUgraph graph; int ownership; } child;
+    } u;
+    long long reserved2;
+} CUgraphNodeParams;
+CUresult cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
 
 #define FNS(X)                                                                                     \
     X(cuMemAlloc_v2, "cuMemAlloc") X(cuMemAllocPitch_v2, "cuMemAllocPitch")                        \
@@ -134,6 +152,19 @@ static void *lookup(void *h, void *direct, const char *versioned, const char *ba
     }
     return rc == CUDA_SUCCESS ? p : NULL;
 }
+
+/* A function resolved the way --via says when a command needs it, at CUDA version v for
+ * cuGetProcAddress (the ABI the command calls). */
+static void *need(void *direct, const char *versioned, const char *base, int v)
+{
+    int saved = ver;
+    ver = v;
+    void *p = lookup(dlopen("libcuda.so.1", RTLD_NOW), direct, versioned, base);
+    ver = saved;
+    if (!p) { fprintf(stderr, "probe: cannot resolve %s\n", versioned); exit(91); }
+    return p;
+}
+#define NEED(sym, base, v) ((__typeof__(&sym))need((void *)&sym, #sym, base, v))
 
 static void resolve(void)
 {
@@ -533,6 +564,48 @@ static int run(int argc, char **argv, int i)
             out(c, p_cuStreamEndCapture(stream, &graph), NULL);
         } else if (!strcmp(c, "instantiate")) {
             out(c, p_cuGraphInstantiateWithFlags(&gexec, graph, 0), NULL);
+        } else if (!strcmp(c, "instantiate1") || !strcmp(c, "instantiate2")) {
+            /* the CUDA 10 and 11 ABIs: cuGraphInstantiate, cuGraphInstantiate_v2 */
+            char log[64];
+            CUgraphNode err = NULL;
+            rc = c[11] == '1' ? NEED(cuGraphInstantiate, "cuGraphInstantiate", 10000)(&gexec, graph, &err, log, sizeof log)
+                              : NEED(cuGraphInstantiate_v2, "cuGraphInstantiate", 11040)(&gexec, graph, &err, log, sizeof log);
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "instparams")) {
+            /* cuGraphInstantiateWithParams with FLAGS (2: upload on the current stream) */
+            CUDA_GRAPH_INSTANTIATE_PARAMS prm = {.flags = num(argv[++i]), .upload = stream};
+            rc = NEED(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 12000)(&gexec, graph, &prm);
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "upload")) {
+            out(c, NEED(cuGraphUpload, "cuGraphUpload", 12000)(gexec, stream), NULL);
+        } else if (!strcmp(c, "update")) {
+            /* the instantiated graph takes the current graph's parameters */
+            out(c, NEED(cuGraphExecUpdate_v2, "cuGraphExecUpdate", 12000)(gexec, graph, NULL), NULL);
+        } else if (!strcmp(c, "addnode")) {
+            /* an alloc node made through the generic cuGraphAddNode (CUDA 12.2) */
+            CUgraphNodeParams prm = {.type = 10};
+            prm.u.alloc.poolProps = (CUmemAllocationProp){.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = cur_dev}};
+            prm.u.alloc.bytesize = num(argv[++i]);
+            CUgraphNode node;
+            rc = NEED(cuGraphAddNode, "cuGraphAddNode", 12020)(&node, graph, NULL, 0, &prm);
+            if (!rc) glast = prm.u.alloc.dptr;
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "childmove") || !strcmp(c, "childclone")) {
+            /* The current graph becomes a child node of a new graph, which becomes the current one:
+             * moved into it (cuGraphAddNode, ownership MOVE), or cloned (cuGraphAddChildGraphNode) */
+            CUgraph parent;
+            CUgraphNode node;
+            rc = p_cuGraphCreate(&parent, 0);
+            if (!rc && c[5] == 'm') {
+                CUgraphNodeParams prm = {.type = 4};
+                prm.u.child.graph = graph;
+                prm.u.child.ownership = 1;
+                rc = NEED(cuGraphAddNode, "cuGraphAddNode", 12020)(&node, parent, NULL, 0, &prm);
+            } else if (!rc) {
+                rc = NEED(cuGraphAddChildGraphNode, "cuGraphAddChildGraphNode", 12000)(&node, parent, NULL, 0, graph);
+            }
+            if (!rc) graph = parent;
+            out(c, rc, NULL);
         } else if (!strcmp(c, "launch")) {
             out(c, p_cuGraphLaunch(gexec, stream), NULL);
         } else if (!strcmp(c, "gfreeout")) {

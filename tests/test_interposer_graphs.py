@@ -1,0 +1,101 @@
+"""Graph memory through every entry point that builds, instantiates, updates, uploads or launches a
+graph, against the simulated driver, from the C caller (tests/native_helpers/interpose_probe.c)."""
+from __future__ import annotations
+
+import pytest
+
+from colo import interposer
+from test_interposer import BUDGET, MiB, codes, info, job, probe, run  # noqa: F401 (fixtures)
+
+LOOKUPS = [("direct", []), ("dlsym", []), ("gpa", ["--ver", "12080"]), ("gpa", ["--ver", "12080", "--ptds"])]
+
+
+def rawused(lines):
+    return [int(x.split()[2]) for x in lines if x.startswith("rawused")]
+
+
+@pytest.mark.parametrize("via,extra", LOOKUPS)
+@pytest.mark.parametrize("inst", [["instantiate"], ["instantiate1"], ["instantiate2"], ["instparams", "0"]])
+def test_every_instantiation_hands_the_graph_size_to_its_launch(probe, job, inst, via, extra):
+    env, ledger = job
+    # A 40 MiB graph allocation, instantiated through each ABI (cuGraphInstantiateWithFlags, the
+    # CUDA 10 cuGraphInstantiate, the CUDA 11 _v2, cuGraphInstantiateWithParams): with 30 MiB held
+    # its launch would pass the 64 MiB budget, so it fails before the driver runs it.
+    lines, err = run(probe, env, "init", "streamnew", "graph", "gnode", "40M", *inst, "alloc", "30M",
+                     "launch", "rawused", "free", "launch", "info", "rawused",
+                     "gfreeout", "sync", "gtrim", "info", via=via, extra=extra)
+    assert codes(lines, inst[0]) == [0] and codes(lines, "launch") == [2, 0]
+    assert rawused(lines) == [30 * MiB, 40 * MiB]
+    assert info(lines) == [(BUDGET - 40 * MiB, BUDGET), (BUDGET, BUDGET)]
+    assert "refused" in err and interposer.read_ledger(ledger).counted[0] == 0
+
+
+@pytest.mark.parametrize("via,extra", LOOKUPS[:3])
+def test_an_upload_is_held_to_the_budget_like_a_launch(probe, job, via, extra):
+    env, ledger = job
+    # cuGraphUpload, and instantiation with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, back the graph's
+    # allocations before any launch: the graph pool grows then, so the check comes then.
+    lines, _ = run(probe, env, "init", "streamnew", "graph", "gnode", "40M", "gfree",
+                   "alloc", "30M", "instparams", "2", "rawused", "free",
+                   "instparams", "2", "info", "rawused", "launch", "info", "rawused",
+                   "gtrim", "execdestroy", "instantiate", "alloc", "30M", "upload", "rawused", "free",
+                   "upload", "info", "rawused", "gtrim", "info", via=via, extra=extra)
+    assert codes(lines, "instparams") == [2, 0] and codes(lines, "upload") == [2, 0]
+    assert codes(lines, "launch") == [0]
+    assert rawused(lines) == [30 * MiB, 40 * MiB, 40 * MiB, 30 * MiB, 40 * MiB]
+    assert info(lines) == [(BUDGET - 40 * MiB, BUDGET)] * 3 + [(BUDGET, BUDGET)]
+    assert interposer.read_ledger(ledger).counted[0] == 0
+
+
+def test_nodes_added_any_way_and_child_graphs_count(probe, job):
+    env, ledger = job
+    # 24 MiB through the generic cuGraphAddNode, in a graph then moved into a parent as a child
+    # graph node (ownership MOVE), beside 16 MiB of the parent's own: 40 MiB at launch.
+    lines, _ = run(probe, env, "init", "streamnew", "graph", "addnode", "24M", "gfree", "childmove",
+                   "gnode", "16M", "gfree", "instantiate", "alloc", "30M", "launch", "rawused", "free",
+                   "launch", "info", "rawused", "gtrim", "info",
+                   # a child graph with memory nodes cannot be cloned (the driver refuses it)
+                   "graph", "gnode", "8M", "childclone")
+    assert codes(lines, "addnode") == [0] and codes(lines, "childmove") == [0]
+    assert codes(lines, "launch") == [2, 0] and codes(lines, "childclone") == [1]
+    assert rawused(lines) == [30 * MiB, 40 * MiB]
+    assert info(lines) == [(BUDGET - 40 * MiB, BUDGET), (BUDGET, BUDGET)]
+    assert interposer.read_ledger(ledger).counted[0] == 0
+
+
+def test_an_updated_graph_is_launched_at_its_new_size(probe, job):
+    env, ledger = job
+    # Instantiated at 8 MiB, then updated (cuGraphExecUpdate) from a graph that allocates 40 MiB.
+    lines, _ = run(probe, env, "init", "streamnew", "graph", "gnode", "8M", "gfree", "instantiate",
+                   "graph", "gnode", "40M", "gfree", "update", "alloc", "30M", "launch", "rawused",
+                   "free", "launch", "info", "gtrim", "info")
+    assert codes(lines, "update") == [0] and codes(lines, "launch") == [2, 0]
+    assert rawused(lines) == [30 * MiB]
+    assert info(lines) == [(BUDGET - 40 * MiB, BUDGET), (BUDGET, BUDGET)]
+    assert interposer.read_ledger(ledger).counted[0] == 0
+
+
+@pytest.mark.parametrize("via", ["gpa", "gpa2"])
+def test_graph_entry_points_are_wrapped_by_name_and_version(probe, job, via):
+    env, _ = job
+    lines, _ = run(probe, env, "init",
+                   "which", "cuGraphInstantiate", "10000", "0",
+                   "which", "cuGraphInstantiate", "11040", "0",
+                   "which", "cuGraphInstantiate", "12000", "0",  # the ABI of ...WithFlags from 12.0
+                   "which", "cuGraphInstantiateWithParams", "12080", "2",
+                   "which", "cuGraphUpload", "12080", "0",
+                   "which", "cuGraphExecUpdate", "11040", "0",
+                   "which", "cuGraphExecUpdate", "12080", "0",
+                   "dlsym", "cuGraphInstantiate_v3",  # an ABI this library does not know: refused
+                   via=via)
+    got = [line.split()[1:] for line in lines if line.startswith(("which", "dlsym"))]
+    assert got == [
+        ["0", "cuGraphInstantiate", "interpose", "cuGraphInstantiate"],
+        ["0", "cuGraphInstantiate", "interpose", "cuGraphInstantiate_v2"],
+        ["0", "cuGraphInstantiate", "interpose", "cuGraphInstantiateWithFlags"],
+        ["0", "cuGraphInstantiateWithParams", "interpose", "cuGraphInstantiateWithParams_ptsz"],
+        ["0", "cuGraphUpload", "interpose", "cuGraphUpload"],
+        ["0", "cuGraphExecUpdate", "interpose", "cuGraphExecUpdate"],
+        ["0", "cuGraphExecUpdate", "interpose", "cuGraphExecUpdate_v2"],
+        ["500", "cuGraphInstantiate_v3"],
+    ]
