@@ -264,3 +264,24 @@ def test_graphs_instantiated_any_way_are_checked_before_they_grow_the_graph_pool
     assert p.returncode == 0, err
     launch, refused_upload, upload, reserved = map(int, out.split())
     assert (launch, refused_upload, upload) == (2, 2, 0) and reserved >= GiB
+
+
+def test_a_pool_chunk_that_would_pass_the_budget_is_refused(tmp_path):
+    """4 KiB from the default pool makes the driver reserve a whole chunk (at least its 2 MiB
+    granularity): with all but 1 MiB of the budget held, that allocation is undone and refused,
+    and the pool is left holding nothing."""
+    p, ledger = start(tmp_path, POOL_READ + textwrap.dedent("""
+        ctx, s, held, small = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_uint64()
+        cu = ctypes.CDLL("libcuda.so.1")
+        assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+        assert cu.cuCtxSetCurrent(ctx) == 0 and cu.cuStreamCreate(ctypes.byref(s), 1) == 0
+        assert cu.cuMemAlloc_v2(ctypes.byref(held), ctypes.c_size_t((2 << 30) - (1 << 20))) == 0
+        rc = cu.cuMemAllocAsync(ctypes.byref(small), ctypes.c_size_t(4096), s)
+        assert cu.cuStreamSynchronize(s) == 0
+        say(rc=rc, reserved=pool_reserved())
+    """))
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    import json
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got == {"rc": 2, "reserved": 0}, (got, err)

@@ -87,11 +87,29 @@ static struct fg_stream *stream_of(CUstream h)
     return NULL;
 }
 
+/* COLO_FAKEGPU_POOL_CHUNK (bytes; unset: 1): memory pools other than the graph pool get device
+ * memory in whole chunks, as the real driver's do, and give back only whole idle chunks. */
+static uint64_t pool_chunk(const struct fg_pool *p)
+{
+    static uint64_t chunk;
+    if (p->graph)
+        return 1;
+    if (!chunk) {
+        const char *v = getenv("COLO_FAKEGPU_POOL_CHUNK");
+        chunk = v && *v ? strtoull(v, NULL, 10) : 1;
+        if (!chunk)
+            chunk = 1;
+    }
+    return chunk;
+}
+
 /* Pools give idle bytes back to the device down to their threshold (done at synchronisation). */
 static void pool_shrink(struct fg_pool *p, uint64_t keep)
 {
-    uint64_t over = p->reserved > keep ? p->reserved - keep : 0;
+    uint64_t over = p->reserved > keep ? p->reserved - keep : 0, c = pool_chunk(p);
     uint64_t x = over < p->idle ? over : p->idle;
+    uint64_t left = (p->reserved - x + c - 1) / c * c; /* a chunk still partly used stays */
+    x = left < p->reserved ? p->reserved - left : 0;
     p->reserved -= x;
     p->idle -= x;
     fg_dev_give(p->ord, x);
@@ -296,9 +314,10 @@ static CUresult pool_take_bytes(struct fg_pool *p, uint64_t bytes, struct fg_str
     for (struct pend *e = g_pend; e && same < rest; e = e->next)
         if (e->pool == p && e->stream == s)
             same += e->bytes;
-    uint64_t from_pend = same < rest ? same : rest, fresh = rest - from_pend;
-    if (fresh) {
-        CUresult r = fg_dev_take(p->ord, fresh);
+    uint64_t from_pend = same < rest ? same : rest, fresh = rest - from_pend, c = pool_chunk(p);
+    uint64_t grow = (fresh + c - 1) / c * c; /* the rest of the chunk stays idle in the pool */
+    if (grow) {
+        CUresult r = fg_dev_take(p->ord, grow);
         if (r)
             return r;
     }
@@ -316,8 +335,8 @@ static CUresult pool_take_bytes(struct fg_pool *p, uint64_t bytes, struct fg_str
             free(e);
         }
     }
-    p->idle -= from_idle;
-    p->reserved += fresh;
+    p->idle = p->idle - from_idle + (grow - fresh);
+    p->reserved += grow;
     p->used += bytes;
     if (p->reserved > p->res_high)
         p->res_high = p->reserved;

@@ -626,13 +626,14 @@ static struct pool *pool_entry(uint64_t h, int graph, int dev)
 }
 
 /* Under g_pool_mu: bring `extra` to what the driver now holds beyond the live allocations. Less:
- * given back at once. More (the driver rounded an allocation up, or kept frees we counted as
- * allocations): charged if it fits, else left for a later reading (see docs: rounding). */
-static void settle(struct pool *p)
+ * given back at once. More (the driver grew the pool by more than an allocation: its chunk):
+ * charged if it fits; if not, 0 is returned (strict: the refusal is counted and logged) and the
+ * rest is left for a later reading, unless the caller undoes the allocation (pool_grew). */
+static int settle(struct pool *p, int strict)
 {
     uint64_t reserved = 0;
     CUresult rc;
-    if (p->dead) return;
+    if (p->dead) return 1;
     if (p->graph) {
         CUresult (*f)(CUdevice, int, void *) = (CUresult(*)(CUdevice, int, void *))real(H_cuDeviceGetGraphMemAttribute);
         rc = f ? f(p->dev, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved) : CUDA_ERROR_NOT_FOUND;
@@ -640,21 +641,24 @@ static void settle(struct pool *p)
         CUresult (*f)(CUmemoryPool, int, void *) = (CUresult(*)(CUmemoryPool, int, void *))real(H_cuMemPoolGetAttribute);
         rc = f ? f((CUmemoryPool)(uintptr_t)p->h, MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) : CUDA_ERROR_NOT_FOUND;
     }
-    if (rc != CUDA_SUCCESS) return; /* unknown: keep what is counted (never too low) */
+    if (rc != CUDA_SUCCESS) return 1; /* unknown: keep what is counted (never too low) */
     uint64_t target = reserved > p->live ? reserved - p->live : 0;
     if (target < p->extra) {
         ledger_release(p->dev, p->extra - target);
         p->extra = target;
-    } else if (target > p->extra && ledger_try(p->dev, target - p->extra)) {
+    } else if (target > p->extra) {
+        uint64_t more = target - p->extra;
+        if (!(strict ? ledger_reserve(p->dev, more) == 0 : ledger_try(p->dev, more))) return 0;
         p->extra = target;
     }
+    return 1;
 }
 
 static void settle_all(void)
 {
     if (!LOAD(&g_npools)) return;
     pthread_mutex_lock(&g_pool_mu);
-    for (int i = 0; i < g_npools; i++) settle(&g_pools[i]);
+    for (int i = 0; i < g_npools; i++) settle(&g_pools[i], 0);
     pthread_mutex_unlock(&g_pool_mu);
 }
 
@@ -673,7 +677,7 @@ static void gone(const struct alloc *a, int async, CUstream s)
         if (p) {
             p->live -= a->size < p->live ? a->size : p->live;
             p->extra += a->size;
-            settle(p);
+            settle(p, 0);
         }
         pthread_mutex_unlock(&g_pool_mu);
         if (!p) ledger_release(a->dev, a->size);
@@ -760,15 +764,43 @@ static int admit_on_stream(int dev, uint64_t size, CUstream s, int ptsz)
     return admit(dev, size);
 }
 
-static void pool_grew(uint64_t h, int dev, uint64_t live_delta)
+/* After an allocation of `bytes` from pool h (0: a failed call, which may still have grown it), the
+ * pool's real size replaces the reservation. CUDA_ERROR_OUT_OF_MEMORY: the driver grew the pool by
+ * more than was reserved (its chunk) and the rest does not fit the budget, even once the device's
+ * idle pool memory went back: the caller undoes the allocation. */
+static int pool_grew(uint64_t h, int dev, uint64_t bytes)
 {
     pthread_mutex_lock(&g_pool_mu);
     struct pool *p = pool_entry(h, 0, dev);
+    int ok = 1;
     if (p) {
-        p->live += live_delta;
-        settle(p);
+        p->live += bytes;
+        ok = settle(p, 0);
     }
     pthread_mutex_unlock(&g_pool_mu);
+    if (ok || !bytes) return 0;
+    trim_idle(dev);
+    pthread_mutex_lock(&g_pool_mu);
+    p = pool_entry(h, 0, dev);
+    ok = !p || settle(p, 1);
+    pthread_mutex_unlock(&g_pool_mu);
+    return ok ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Undo a stream-ordered allocation whose pool grew past the budget: free it, let its stream get
+ * there, and give the pool's idle memory back, so that the driver holds no more than is counted. */
+static CUresult undo_pool_alloc(CUdeviceptr ptr, CUstream s, int ptsz, uint64_t h, int dev)
+{
+    CUresult (*fr)(CUdeviceptr, CUstream) = (CUresult(*)(CUdeviceptr, CUstream))real(ptsz ? H_cuMemFreeAsync_ptsz : H_cuMemFreeAsync);
+    CUresult (*sync)(CUstream) = (CUresult(*)(CUstream))real(ptsz ? H_cuStreamSynchronize_ptsz : H_cuStreamSynchronize);
+    struct alloc a;
+    int had = table_take(K_PTR, ptr, &a);
+    if (fr) fr(ptr, s);
+    if (had) gone(&a, 1, s); /* its bytes are the pool's until it lets them go */
+    if (sync && sync(s) == CUDA_SUCCESS) stream_reached(s, 0);
+    trim_pool(h);
+    settle_pool(h, 0, dev);
+    return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 /* The device of a pool we saw made or looked up; the caller's current device otherwise. */
@@ -819,7 +851,7 @@ static CUresult alloc_stream_ordered(CUresult (*f)(CUdeviceptr *, size_t, CUmemo
         if (h) pool_grew(h, dev, 0); /* a failed call may still have grown the pool */
         return rc;
     }
-    if (h) pool_grew(h, dev, bytes);
+    if (h && pool_grew(h, dev, bytes)) return undo_pool_alloc(*dptr, s, ptsz, h, dev);
     return rc;
 #undef CALL
 }
@@ -898,7 +930,7 @@ static void settle_pool(uint64_t h, int graph, int dev)
 {
     pthread_mutex_lock(&g_pool_mu);
     struct pool *p = pool_entry(h, graph, dev);
-    if (p) settle(p);
+    if (p) settle(p, 0);
     pthread_mutex_unlock(&g_pool_mu);
 }
 
@@ -1083,7 +1115,7 @@ static void graph_settle(const struct gweight *w, int ok)
         struct pool *p = ok ? pool_entry(0, 1, d) : NULL;
         if (p) {
             p->extra += w->bytes[d];
-            settle(p);
+            settle(p, 0);
         }
         pthread_mutex_unlock(&g_pool_mu);
         if (!p) ledger_release(d, w->bytes[d]);
