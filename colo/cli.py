@@ -561,30 +561,31 @@ def gpus(sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
 
 
 # accounting -----------------------------------------------------------------------------------
-SinceOpt = typer.Option("7d", "--since", "-S", help="jobs that ended within this period: 90m, 12h, 7d, 2w")
+SinceOpt = typer.Option("7d", "--since", "-S", help="jobs that ended within this period (90m, 12h, 7d, 2w) or "
+                        "since this local date or time (2026-11-01, 2026-11-01T08:00)")
 UserOpt = typer.Option([], "--user", "-u", help="only this user's jobs (repeatable)")
-
-def _ended(sock, since: Optional[str], user: List[str]) -> list[dict]:
-    from . import report as rp
-
-    try:
-        secs = rp.parse_period(since) if since else None
-    except ValueError as e:
-        fail(str(e))
-    return rp.select(_call(client(sock).history), secs, user or None)
+HISTORY_TTY_ROWS = 200  # a terminal's bound on `colo history` without --limit; piped, every job
 
 
 @app.command()
 def history(since: Optional[str] = SinceOpt, user: List[str] = UserOpt,
+            limit: Optional[int] = typer.Option(None, "--limit", "-n", help="only the newest N; 0: every job "
+                                                f"(a terminal shows the newest {HISTORY_TTY_ROWS} otherwise)"),
             sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
     """Ended jobs, as sacct shows them: waited, ran, GPUs, GPU-hours, budget, exit, and SLOWDOWN: its
     run time over its profile's run time alone (— where it had no profile or did not succeed).
+    The daemon filters and picks the newest in its database: months of history cost no more.
 
-    Example: colo history --since 1d --user alice
+    Example: colo history --since 1d --user alice   ·   colo history --since 2026-11-01 | grep failed
     """
     from . import report as rp
 
-    figs = [rp.job_figures(r) for r in _ended(sock, since, user)]
+    if limit is not None and limit < 0:
+        fail(f"--limit {limit}: a number of jobs, 0 or more (0: every job)")
+    after = max(0.0, parse_since(since)) if since else None
+    bound = limit or (HISTORY_TTY_ROWS if limit is None and not as_json and sys.stdout.isatty() else None)
+    got = _call(client(sock).history, after, user, bound)
+    figs = [rp.job_figures(r) for r in got["jobs"]]
     if as_json:
         return print_json(figs)
     rows = [[f["id"], f["name"] or "-", f["user"], f["state"], "-" if f["exit_code"] is None else f["exit_code"],
@@ -592,6 +593,9 @@ def history(since: Optional[str] = SinceOpt, user: List[str] = UserOpt,
              format_size(f["budget"]) if f["budget"] else "-", rp.times(f["slowdown"])] for f in safe_tree(figs)]
     typer.echo(table(rows, ["ID", "NAME", "USER", "STATE", "EXIT", "WAITED", "RAN", "GPUS", "GPU-H", "BUDGET",
                             "SLOWDOWN"]))
+    if got["left"]:  # under the table on a terminal; piped, apart from the rows
+        typer.echo(f"({got['left']} older jobs in the period not shown: --limit N for more, --limit 0 for all)",
+                   err=not sys.stdout.isatty())
 
 
 @app.command()
@@ -609,7 +613,7 @@ def report(since: Optional[str] = SinceOpt, user: List[str] = UserOpt,
     """
     from . import report as rp
 
-    r = rp.report(_ended(sock, since, user))
+    r = _call(client(sock).report, max(0.0, parse_since(since)) if since else None, user)
     if svg is not None:
         try:  # the caller's own file, written as the caller
             svg.write_text(rp.svg(r, f"colo report, last {since}" if since else "colo report"), encoding="utf-8")
@@ -728,7 +732,7 @@ def demo(keep: bool = typer.Option(False, "--keep", help="keep the demo's state 
 
 
 def _history_rows() -> list[dict]:
-    return _call(Client(None).history)
+    return _call(Client(None).history, full=True)["jobs"]
 
 
 cli_sim.load_history_rows = _history_rows  # `colo sim --from-history` replays what the daemon ran

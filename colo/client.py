@@ -183,8 +183,14 @@ class Client:
     def top(self) -> dict:
         return self.call("top")
 
-    def history(self) -> list[dict]:
-        return self.call("history")
+    def history(self, since: float | None = None, users: list[str] | None = None, limit: int | None = None,
+                full: bool = False) -> dict:
+        """Ended jobs (that ended at or after `since`, of `users`), oldest first, only the newest
+        `limit`: {"jobs", "left": how many more matched}; specs in full with `full`."""
+        return self.call("history", since=since, users=users or None, limit=limit, full=full or None)
+
+    def report(self, since: float | None = None, users: list[str] | None = None) -> dict:
+        return self.call("report", since=since, users=users or None)
 
     def logs(self, job_id: int, follow: bool = False, tail: int | None = None,
              since: float | None = None) -> Iterator[str]:

@@ -16,7 +16,7 @@ MAX_LINE = 1 << 20  # a request larger than this is refused, not buffered
 
 OPS = frozenset({
     "hello", "submit", "ls", "show", "logs", "wait", "cancel", "gpus", "explain", "top",
-    "history", "shutdown", "slurm",
+    "history", "report", "shutdown", "slurm",
     "profiles", "profile", "profile_share",  # what the daemon places jobs with (issue 11 item 5)
     "profile_put",  # a profile the caller recorded becomes their own (issue 13)
     "hold", "release", "edit", "requeue",  # a queued job held back or changed; an ended one again (issue 16)
@@ -236,7 +236,10 @@ def _spec(v: Any) -> None:
 
 # Every argument of every op, with its check (None is "not given" for each); anything else is refused.
 ARGS: dict[str, dict[str, Any]] = {
-    "hello": {}, "gpus": {}, "top": {}, "history": {}, "shutdown": {},
+    "hello": {}, "gpus": {}, "top": {}, "shutdown": {},
+    "history": {"since": _time("history --since"), "users": _texts("history user"),
+                "limit": _count("history --limit"), "full": _flag("full")},
+    "report": {"since": _time("report --since"), "users": _texts("report user")},
     "submit": {"spec": _spec},
     "ls": {"all": _flag("all"), "limit": _count("ls --limit"), "users": _texts("ls user"),
            "states": _texts("ls state", LS_STATES), "names": _texts("ls name"), "refs": _texts("ls job"),

@@ -47,43 +47,55 @@ def job_figures(row: dict) -> dict:
             "alone_s": alone, "slowdown": slow, "predicted_slowdown": row.get("predicted_slowdown")}
 
 
-def select(rows: Iterable[dict], since: float | None = None, users: list[str] | None = None,
-           now: float | None = None) -> list[dict]:
-    """Ended jobs that ended within `since` seconds of now (all when None), of these users."""
-    now = time.time() if now is None else now
-    out = []
-    for r in rows:
-        if since is not None and (r.get("ended_at") or 0) < now - since:
+def _spans(rows: Iterable[dict]) -> list[tuple[str, float, float]]:
+    """(GPU, start, end) of each job that ran, once per GPU it held, by GPU then start."""
+    return sorted((g, r["started_at"], r["ended_at"]) for r in rows
+                  if r.get("started_at") is not None and r.get("ended_at") is not None
+                  and r["ended_at"] > r["started_at"] for g in r.get("gpus") or [])
+
+
+def spans_figures(spans: Iterable[tuple[str, float, float]]) -> tuple[float, list[dict]]:
+    """From (GPU, start, end) sorted by GPU then start, read once (the store's cursor: a long
+    history is never all in memory): the GPU-hours at least one job ran on each GPU (intervals
+    merged), and per local day the GPU-hours one job per GPU would take, busy, and saved."""
+    excl: dict[str, float] = {}
+    busy: dict[str, float] = {}
+    total = 0.0
+    gpu, cur = None, None  # the merged interval being grown on GPU `gpu`
+
+    def close(span) -> float:
+        for day, secs in _days(*span):
+            busy[day] = busy.get(day, 0.0) + secs / 3600.0
+        return span[1] - span[0]
+
+    for g, s, e in spans:
+        for day, secs in _days(s, e):
+            excl[day] = excl.get(day, 0.0) + secs / 3600.0
+        if cur is not None and g == gpu and s <= cur[1]:
+            cur[1] = max(cur[1], e)
             continue
-        if users and r.get("user") not in users:
-            continue
-        out.append(r)
-    return sorted(out, key=lambda r: r["id"])
+        if cur is not None:
+            total += close(cur)
+        gpu, cur = g, [s, e]
+    if cur is not None:
+        total += close(cur)
+    return total / 3600.0, [{"day": d, "gpu_hours_one_per_gpu": excl[d], "gpu_hours_busy": busy.get(d, 0.0),
+                             "gpu_hours_saved": max(0.0, excl[d] - busy.get(d, 0.0))} for d in sorted(excl)]
 
 
 def busy_gpu_hours(rows: Iterable[dict]) -> float:
     """For each GPU, the time at least one of these jobs ran on it (intervals merged), in hours."""
-    per: dict[str, list[tuple[float, float]]] = {}
-    for r in rows:
-        if r.get("started_at") is not None and r.get("ended_at") is not None:
-            for g in r.get("gpus") or []:
-                per.setdefault(g, []).append((r["started_at"], r["ended_at"]))
-    total = 0.0
-    for spans in per.values():
-        spans.sort()
-        cur_s, cur_e = spans[0]
-        for s, e in spans[1:]:
-            if s > cur_e:
-                total += cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        total += cur_e - cur_s
-    return total / 3600.0
+    return spans_figures(_spans(rows))[0]
+
+
+def per_day(rows: Iterable[dict]) -> list[dict]:
+    """Per local day: GPU-hours one job per GPU would take, GPU-hours the GPUs were busy, saved."""
+    return spans_figures(_spans(rows))[1]
 
 
 def report(rows: list[dict]) -> dict:
-    """Per user and for the node: jobs, GPU-hours one per GPU, waiting, and what sharing saved."""
+    """Per user and for the node: jobs, GPU-hours one per GPU, waiting, and what sharing saved
+    (from rows as `history` gives them; the daemon adds them up in SQL instead: Store.report_users)."""
     figs = [job_figures(r) for r in rows]
     users: dict[str, dict] = {}
     for f in figs:
@@ -105,13 +117,18 @@ def report(rows: list[dict]) -> dict:
         u["slowdown_jobs"] = len(sl)
         u["slowdown_median"] = sl[len(sl) // 2] if sl else None
         u["slowdown_max"] = sl[-1] if sl else None
-    exclusive = sum(f["gpu_hours"] for f in figs)
-    busy = busy_gpu_hours(rows)
-    return {"jobs": len(figs), "users": sorted(users.values(), key=lambda u: -u["gpu_hours"]),
+    return assemble(list(users.values()), _spans(rows))
+
+
+def assemble(users: list[dict], spans: Iterable[tuple[str, float, float]]) -> dict:
+    """The report from its per-user sums and the jobs' (GPU, start, end) spans (see spans_figures)."""
+    busy, days = spans_figures(spans)
+    exclusive = sum(u["gpu_hours"] for u in users)
+    return {"jobs": sum(u["jobs"] for u in users), "users": sorted(users, key=lambda u: -u["gpu_hours"]),
             "gpu_hours_one_per_gpu": exclusive, "gpu_hours_busy": busy,
             "gpu_hours_saved": max(0.0, exclusive - busy),
             "saved_fraction": (exclusive - busy) / exclusive if exclusive > 0 else 0.0,
-            "days": per_day(rows)}
+            "days": days}
 
 
 def _days(s: float, e: float) -> Iterable[tuple[str, float]]:
@@ -124,34 +141,6 @@ def _days(s: float, e: float) -> Iterable[tuple[str, float]]:
         nxt = (d.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)).timestamp()
         yield d.date().isoformat(), min(e, nxt) - t
         t = nxt
-
-
-def per_day(rows: Iterable[dict]) -> list[dict]:
-    """Per local day: GPU-hours one job per GPU would take, GPU-hours the GPUs were busy, saved."""
-    excl: dict[str, float] = {}
-    spans: dict[str, list[tuple[float, float]]] = {}
-    for r in rows:
-        s, e = r.get("started_at"), r.get("ended_at")
-        if s is None or e is None or e <= s:
-            continue
-        for g in r.get("gpus") or []:
-            spans.setdefault(g, []).append((s, e))
-            for day, secs in _days(s, e):
-                excl[day] = excl.get(day, 0.0) + secs / 3600.0
-    busy: dict[str, float] = {}
-    for lst in spans.values():  # merged per GPU, then cut into days
-        lst.sort()
-        merged = [list(lst[0])]
-        for s, e in lst[1:]:
-            if s > merged[-1][1]:
-                merged.append([s, e])
-            else:
-                merged[-1][1] = max(merged[-1][1], e)
-        for s, e in merged:
-            for day, secs in _days(s, e):
-                busy[day] = busy.get(day, 0.0) + secs / 3600.0
-    return [{"day": d, "gpu_hours_one_per_gpu": excl[d], "gpu_hours_busy": busy.get(d, 0.0),
-             "gpu_hours_saved": max(0.0, excl[d] - busy.get(d, 0.0))} for d in sorted(excl)]
 
 
 def bars(items: list[tuple[str, float]], width: int = 40, unit: str = "") -> list[str]:

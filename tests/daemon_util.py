@@ -135,6 +135,27 @@ class DaemonProc:
                         f"job {job_id} to reach {states}")
 
 
+def on_tty(d: "DaemonProc", *args: str) -> list[str]:
+    """`colo ARGS` printing to a terminal (a pty): its lines."""
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "colo", *args], stdout=slave, stderr=subprocess.PIPE, env=d.env())
+    os.close(slave)
+    out = []
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # EIO: it closed the terminal
+            break
+        if not chunk:
+            break
+        out.append(chunk)
+    assert p.wait(60) == 0, p.stderr.read()
+    os.close(master)
+    return b"".join(out).decode().replace("\r\n", "\n").splitlines()
+
+
 def as_user(pw, fn):
     """Run fn in a forked child with another uid: a real second peer on the socket."""
     r, w = os.pipe()

@@ -226,7 +226,57 @@ def test_history_and_report_count_gpu_hours_and_what_sharing_saved(daemon, tmp_p
     out = daemon.cli("report", "--since", "1h", check=True).stdout
     assert out.splitlines()[0].split()[:2] == ["USER", "JOBS"] and "sharing saved" in out and "GPU-h" in out
     r = daemon.cli("history", "--since", "soon")
-    assert r.returncode == 1 and "malformed period" in r.stderr
+    assert r.returncode == 1 and "malformed --since" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_history_filters_and_bounds_in_the_daemon(daemon, tmp_path):
+    """`colo history` (issue 16's leftover): --user, --since (a period or a date) and --limit are
+    answered by the daemon from its database; a terminal gets the newest HISTORY_TTY_ROWS and a line
+    saying how many were left out, a pipe every job; `colo report` adds up the same jobs."""
+    from datetime import datetime
+
+    from colo.cli import HISTORY_TTY_ROWS
+    from daemon_util import on_tty
+
+    c, gate = daemon.client, tmp_path / "go"
+    first = daemon.submit("--process", "--gpus", "0", "--name", "first", "--", "true")
+    daemon.wait_state(first, "succeeded")
+    mid = datetime.fromtimestamp(c.show(first)["ended_at"] + 0.001).isoformat(timespec="milliseconds")
+    run = daemon.submit("--process", "--gpus", "0", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+    spec = {"argv": ["true"], "gpus": 0, "workdir": "/tmp", "after": [run]}
+    waiting = [c.submit({**spec, "name": f"w{i}"})["id"] for i in range(HISTORY_TTY_ROWS + 5)]
+    daemon.cli("cancel", "--state", "queued", check=True)  # ended at once: history without running them
+    gate.touch()
+    daemon.wait_state(run, "succeeded")
+    every = [first, run, *waiting]  # by id, as sacct lists
+
+    def ids(*args: str) -> list[int]:
+        out = daemon.cli("history", *args, check=True).stdout.splitlines()
+        assert out[0].split()[:3] == ["ID", "NAME", "USER"], out[:2]
+        return [int(ln.split()[0]) for ln in out[1:]]
+
+    assert ids() == every  # piped: every job, oldest first, no line about more
+    assert ids("--since", mid) == every[1:] and ids("--since", "1h", "--user", "nobody") == []
+    assert ids("--user", "root", "--limit", "3") == every[-3:]  # the 3 newest ...
+    r = daemon.cli("history", "--limit", "3", check=True)  # ... and how many more, apart from the rows
+    assert r.stderr.startswith(f"({len(every) - 3} older jobs in the period not shown") and r.stderr.count("\n") == 1
+    shown = on_tty(daemon, "history")
+    assert [int(ln.split()[0]) for ln in shown[1:-1]] == every[-HISTORY_TTY_ROWS:]
+    assert shown[-1].startswith(f"({len(every) - HISTORY_TTY_ROWS} older jobs") and "--limit 0" in shown[-1]
+    assert len(on_tty(daemon, "history", "--limit", "0")) == len(every) + 1
+    assert [j["id"] for j in json.loads(daemon.cli("history", "--json", check=True).stdout)] == every
+    r = json.loads(daemon.cli("report", "--since", mid, "--json", check=True).stdout)
+    assert r["jobs"] == len(every) - 1 and [u["user"] for u in r["users"]] == ["root"]
+    assert r["users"][0]["jobs"] == len(every) - 1 and r["users"][0]["failed"] == 0
+    # bad input: one line, a non-zero exit
+    for args, said in [(["--limit", "-1"], "--limit -1: a number of jobs, 0 or more"),
+                       (["--since", "2026-13-45"], "malformed --since '2026-13-45'"),
+                       (["--since", "soon"], "malformed --since 'soon'")]:
+        for cmd in (["history"], ["report"]) if args[0] == "--since" else (["history"],):
+            r = daemon.cli(*cmd, *args)
+            assert r.returncode != 0 and r.stderr.count("\n") == 1 and said in r.stderr, (cmd, args, r.stderr)
+    with pytest.raises(ClientError, match="history --limit must be a whole number"):
+        c.history(limit=-1)
 
 
 def test_logs_tail_since_and_timestamps(daemon, tmp_path):

@@ -7,8 +7,6 @@ path and the typer command), a real second user.
 from __future__ import annotations
 
 import json
-import os
-import pty
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +16,7 @@ from colo.client import Client, ClientError
 from colo.jobs import JobSpec, State
 from colo.lsview import TTY_ROWS
 from colo.store import Store
-from daemon_util import as_user
+from daemon_util import as_user, on_tty
 
 import pytest
 
@@ -26,25 +24,6 @@ import pytest
 @pytest.fixture
 def shared(shared_daemon):
     return shared_daemon
-
-
-def on_tty(d, *args: str) -> list[str]:
-    """`colo ARGS` printing to a terminal (a pty): its lines."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "colo", *args], stdout=slave, stderr=subprocess.PIPE, env=d.env())
-    os.close(slave)
-    out = []
-    while True:
-        try:
-            chunk = os.read(master, 1 << 16)
-        except OSError:  # EIO: it closed the terminal
-            break
-        if not chunk:
-            break
-        out.append(chunk)
-    assert p.wait(60) == 0, p.stderr.read()
-    os.close(master)
-    return b"".join(out).decode().replace("\r\n", "\n").splitlines()
 
 
 def test_ls_filters_in_the_daemon_and_bounds_a_terminal(shared, other_user):

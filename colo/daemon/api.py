@@ -11,6 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from .. import __version__, fairshare, logtimes, protocol
+from .. import report as rp
 from ..jobs import ACTIVE, ARRAY_FIELDS, TERMINAL, Job, JobSpec, State
 from ..policy import can_ever_fit, gpu_allowed, gpu_filter_refusal
 from ..runtimes.base import Unavailable
@@ -454,21 +455,26 @@ class Api:
                            "foreign": foreign, "you": caller.user}, separators=(",", ":"), default=str).encode()
         return protocol.Raw(head[:-1] + b',"jobs":' + self.rows(live + recent) + b"}")
 
-    async def history(self, caller: Caller, args: dict) -> list[dict]:
-        """Ended jobs for `colo history`, `report` and `sim --from-history`, each with its profile's run
-        time alone where known; others' environments and mounts stay private."""
-        admin = is_admin(caller, self.d.config.admin_group)
-        alone = self.d.store.alone_times()  # for `colo report`: slowdown against alone
-        out = []
-        for j in self.d.all_jobs():
-            if j.state not in TERMINAL:
-                continue
-            row = j.to_dict()
-            row["alone_s"], row["predicted_slowdown"] = alone.get(j.id, (None, None))
-            if j.uid != caller.uid and not admin:
-                row["spec"].update(env={}, mounts=[], workdir=None)
-            out.append(row)
-        return out
+    async def history(self, caller: Caller, args: dict) -> dict:
+        """Ended jobs for `colo history` and `sim --from-history`, filtered and bounded in SQL (a
+        server's months of history are never all read): those that ended at or after `since`, of
+        `users`, only the newest `limit`; {"jobs": oldest first, "left": how many more matched}.
+        Each with its profile's run time alone where known. Only what `history` prints of each
+        spec (name, gpus, budget) unless `full` (sim); others' environments and mounts stay private."""
+        # types and sizes: protocol.ARGS
+        full = bool(args.get("full"))
+        rows, left = self.d.store.history(TERMINAL, args.get("since"), args.get("users"), args.get("limit"), full)
+        if full and not is_admin(caller, self.d.config.admin_group):
+            for row in rows:
+                if row["uid"] != caller.uid:
+                    row["spec"].update(env={}, mounts=[], workdir=None)
+        return {"jobs": rows, "left": left}
+
+    async def report(self, caller: Caller, args: dict) -> dict:
+        """`colo report` for the jobs that ended at or after `since`, of `users`: added up in SQL
+        (per user) and from the jobs' GPU spans read one at a time, never a row per job in memory."""
+        since, users, store = args.get("since"), args.get("users"), self.d.store
+        return rp.assemble(store.report_users(TERMINAL, since, users), store.report_spans(TERMINAL, since, users))
 
     async def slurm(self, caller: Caller, args: dict) -> dict:
         """colo's SPANK plugin: a Slurm job's step starts here, its batch script ended, or it ended."""
