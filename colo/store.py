@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from .jobs import Job, JobSpec, Mode, State, check_transition
+from .jobs import TERMINAL, Job, JobSpec, Mode, State, check_transition
 
 # Each entry moves the schema from version i to i+1; never edit one that has shipped.
 MIGRATIONS: list[str] = [
@@ -432,8 +432,9 @@ class Store:
         return self.db.execute("SELECT count(*) FROM jobs").fetchone()[0]
 
     def transition(self, job_id: int, new: State, reason: str = "", now: float | None = None,
-                   **fields: Any) -> Job:
-        """Move a job to `new`, checked against the one table of allowed transitions, with its event."""
+                   neighbours: tuple[Iterable[tuple[int, str]], int] | None = None, **fields: Any) -> Job:
+        """Move a job to `new`, checked against the one table of allowed transitions, with its event;
+        at a start, `neighbours` (pairs, most: see add_neighbours) in the same transaction."""
         now = time.time() if now is None else now
         with self.tx():
             r = self.db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
@@ -457,6 +458,8 @@ class Store:
             self.db.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*sets.values(), job_id))
             self.db.execute("INSERT INTO events(job_id, at, old_state, new_state, reason) VALUES (?,?,?,?,?)",
                             (job_id, now, old.value, new.value, reason))
+            if neighbours is not None:
+                self._put_neighbours(*neighbours, fresh=job_id)
         return self.get(job_id)
 
     def set_fields(self, job_id: int, **fields: Any) -> None:
@@ -575,7 +578,8 @@ class Store:
 
     def add_neighbours(self, pairs: Iterable[tuple[int, str]], most: int, fresh: int | None = None) -> None:
         """(job id, profile that shares its GPU), each job keeping at most `most` names; job `fresh`
-        (starting again) first forgets those of an earlier attempt."""
+        (starting again) first forgets those of an earlier attempt. A start stores them in its own
+        transaction instead (transition's `neighbours`)."""
         with self.tx():
             if fresh is not None:
                 self.db.execute("DELETE FROM job_neighbours WHERE job_id=?", (fresh,))
@@ -583,6 +587,12 @@ class Store:
                 "INSERT OR IGNORE INTO job_neighbours(job_id, profile) SELECT ?, ? "
                 "WHERE (SELECT count(*) FROM job_neighbours WHERE job_id=?) < ?",
                 [(j, p, j, most) for j, p in pairs])
+
+    def _put_neighbours(self, pairs: Iterable[tuple[int, str]], most: int, fresh: int) -> None:
+        """At job `fresh`'s start (in its transaction): the neighbours of ended jobs whose end taught
+        nothing are forgotten (prune_neighbours), then add_neighbours."""
+        self.prune_neighbours(TERMINAL)
+        self.add_neighbours(pairs, most, fresh)
 
     def neighbours(self, job_id: int) -> set[str]:
         return {r[0] for r in self.db.execute("SELECT profile FROM job_neighbours WHERE job_id=?", (job_id,))}

@@ -9,7 +9,7 @@ shipped profiles. Nothing but an admin's `profile share` writes outside a user's
 one user's runs cannot change how another user's jobs are placed.
 
 At a start the scheduler's decision holds the slowdown plan() predicted for the job
-(details["predicted_slowdown"]) and note_start() records which profiles share its GPU. At its
+(details["predicted_slowdown"]) and start_neighbours() records which profiles share its GPU. At its
 end learn() compares: wall time against the stored profile's alone run time, over the predicted
 slowdown. Into the owner's `self.learned[uid]` (policy.Learned, which plan() uses for that
 user's jobs only, invariant 13): the alone-time error from
@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 from .. import policy, profiles
-from ..jobs import ACTIVE, TERMINAL, Job
+from ..jobs import ACTIVE, Job
 
 log = logging.getLogger("colo")
 GROW = 1.25  # --grow: a budget that refused an allocation grows at least this much (as in colo sim)
@@ -215,20 +215,16 @@ class LearningMixin:
     def learned_for(self, uid: int) -> policy.Learned:
         return self.learned.setdefault(uid, policy.Learned())
 
-    def note_start(self, job_id: int, gpus: tuple[str, ...]) -> None:
-        """Who shares a GPU with whom (profile names), both ways, for learning at each end; stored,
-        so a job running across a restart still knows."""
+    def start_neighbours(self, job_id: int, gpus: tuple[str, ...]) -> tuple[list[tuple[int, str]], int]:
+        """Who shares a GPU with whom (profile names), both ways, for learning at each end: stored
+        with the start, in its transaction (start_job), so a job running across a restart still knows."""
         me = self.job(job_id)
         mine = self.profile_name(me)
         pairs = []
         for other in self.jobs_in(*ACTIVE):
             if other.id != job_id and set(other.gpus) & set(gpus):
                 pairs += [(job_id, self.profile_name(other)), (other.id, mine)]
-        try:
-            self.store.prune_neighbours(TERMINAL)  # ends that taught nothing (failed, cancelled, lost)
-            self.store.add_neighbours(pairs, NEIGHBOURS_MAX, fresh=job_id)
-        except Exception as e:  # noqa: BLE001 - the start matters more than what it may teach
-            log.warning("could not store who shares a GPU with job %d: %s", job_id, e)
+        return pairs, NEIGHBOURS_MAX
 
     def _take_neighbours(self, job_id: int) -> set[str]:
         try:

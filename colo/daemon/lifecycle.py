@@ -65,7 +65,8 @@ class LifecycleMixin:
     def start_job(self, d: policy.Decision) -> None:
         mode = Mode(d.mode) if d.mode else Mode.TIMESLICED
         job = self.transition(d.job_id, State.STARTING, d.reason, gpus=list(d.gpus), mode=mode,
-                              attempts=self.job(d.job_id).attempts + 1)
+                              attempts=self.job(d.job_id).attempts + 1,
+                              neighbours=self.start_neighbours(d.job_id, d.gpus))  # one transaction
         live = self.live.setdefault(job.id, Live())
         live.task = asyncio.get_running_loop().create_task(self._launch_and_follow(job, d))
 

@@ -251,7 +251,6 @@ class SchedulerMixin:
         planned_in = time.monotonic() - mono
         for d in decisions:
             if d.action == policy.START:
-                self.note_start(d.job_id, d.gpus)
                 self.start_job(d)
             elif "held" in d.details:
                 self._holders.add(d.job_id)
