@@ -390,7 +390,8 @@ def wait(jobs: List[str] = typer.Argument(..., help="job ids or names"), sock: O
          as_json: bool = JsonOpt):
     """Block until the jobs end; say how each ended; exit with the first non-zero exit code among
     them, in the order given (1 for a job that ended without one: cancelled, lost, never started).
-    An array's id or name waits for all its tasks.
+    An array's id or name waits for all its tasks. A job run again by `colo requeue` is followed to
+    its newest copy: the wait ends with the copy's end.
 
     Example: colo wait 3 2 1 && echo all succeeded   ·   colo wait sweep
     """
@@ -402,7 +403,8 @@ def wait(jobs: List[str] = typer.Argument(..., help="job ids or names"), sock: O
     for j in ended:  # every job is reported, failing or not, before the exit code is chosen
         code = j["exit_code"] if j["exit_code"] is not None else (0 if j["state"] == "succeeded" else 1)
         if not as_json:
-            typer.echo(f"job {j['id']}: {j['state']} ({safe(j['reason'])})", err=True)
+            again = f"{j['waited_for']} (run again as job {j['id']})" if "waited_for" in j else j["id"]
+            typer.echo(f"job {again}: {j['state']} ({safe(j['reason'])})", err=True)
         first = first or code
     raise typer.Exit(first)
 

@@ -98,6 +98,7 @@ class JobSpec:
     array_index: int | None = None
     array_size: int | None = None
     array_limit: int | None = None
+    copy_of: int | None = None  # `colo requeue`: the ended job this one runs again (colo wait follows it)
 
     @property
     def runtime(self) -> str:

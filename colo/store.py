@@ -428,6 +428,11 @@ class Store:
             f"SELECT g.value, started_at, ended_at FROM jobs, json_each(jobs.gpus) AS g{where} "
             "AND started_at IS NOT NULL AND ended_at > started_at ORDER BY g.value, started_at", args)
 
+    def newest_copy(self, job_id: int) -> int | None:
+        """The newest job `colo requeue` made as a copy of `job_id` (the jobs_copy_of index), if any."""
+        return self.db.execute("SELECT max(id) FROM jobs WHERE json_extract(spec, '$.copy_of') = ?",
+                               (job_id,)).fetchone()[0]
+
     def count(self) -> int:
         return self.db.execute("SELECT count(*) FROM jobs").fetchone()[0]
 

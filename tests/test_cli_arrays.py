@@ -88,3 +88,39 @@ def test_plan_never_places_a_job_on_a_gpu_it_may_not_use():
     assert d[4].action == policy.WAIT
     assert policy.gpu_filter_refusal((), "H100", 1, gpus).startswith("--gpu-type 'H100' leaves 0 GPU(s)")
     assert policy.gpu_filter_refusal((0, 1), None, 2, gpus) is None
+
+
+def test_wait_follows_tasks_and_jobs_run_again_to_their_newest_copy(daemon, tmp_path):
+    """`colo wait` ends when the work is done: a task (or job) run again by `colo requeue` is a copy
+    with a new id, and the wait follows it, to the copy's end and exit code."""
+    import subprocess
+
+    ok, gate = tmp_path / "ok", tmp_path / "go"
+    script = (f"case $COLO_ARRAY_INDEX in 1) [ -e {ok} ] || exit 7;; "
+              f"2) while [ ! -e {gate} ]; do sleep 0.05; done;; esac")
+    arr = daemon.submit("--process", "--gpus", "0", "--array", "0-2", "--", "sh", "-c", script)
+    waiter = subprocess.Popen(daemon.cli_args("wait", str(arr)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=daemon.env())
+    daemon.wait_state(arr + 1, "failed")
+    daemon.wait_state(arr + 2, "running")
+    ok.touch()
+    again = int(daemon.cli("requeue", f"{arr}_1", check=True).stdout)  # the failed task, as a copy
+    gate.touch()
+    _, err = waiter.communicate(timeout=120)
+    assert waiter.returncode == 0, err  # the copy's end, not the failed first run's exit 7
+    assert f"job {arr + 1} (run again as job {again}): succeeded" in err, err
+    assert daemon.job(again)["state"] == "succeeded" and daemon.job(arr + 1)["state"] == "failed"
+    # a job that failed and was run again before the wait began: the wait is for its copy's end,
+    # copies of copies followed
+    bad = daemon.submit("--process", "--gpus", "0", "--", "sh", "-c", f"[ -e {tmp_path / 'never'} ] || exit 3")
+    daemon.wait_state(bad, "failed")
+    copy1 = int(daemon.cli("requeue", str(bad), check=True).stdout)
+    daemon.wait_state(copy1, "failed")
+    copy2 = int(daemon.cli("requeue", str(copy1), check=True).stdout)
+    r = daemon.cli("wait", str(bad), timeout=120)
+    assert r.returncode == 3 and r.stderr == f"job {bad} (run again as job {copy2}): failed ({daemon.job(copy2)['reason']})\n"
+    (tmp_path / "never").touch()
+    copy3 = int(daemon.cli("requeue", str(bad), check=True).stdout)  # the first run again, once more
+    r = daemon.cli("wait", str(bad), "--json", timeout=120)
+    assert r.returncode == 0 and [(j["id"], j["state"], j["waited_for"]) for j in json.loads(r.stdout)] == [
+        (copy3, "succeeded", bad)]

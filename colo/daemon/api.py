@@ -46,6 +46,7 @@ class Api:
     def __init__(self, daemon: "Daemon"):
         self.d = daemon
         self.external = External(daemon)
+        self._copies = 0  # copies `requeue` made: a wait looks for new ones when this changes
         self._stops: set[asyncio.Task] = set()  # cancels whose stop is under way (kept referenced)
         # job id -> (the Job it was made from, its reason, its summary as JSON): a queued or ended
         # job's row changes only with the job or its reason, so `ls` of 10,000 re-encodes none
@@ -210,7 +211,7 @@ class Api:
         raw = {**job.spec.to_dict(), **changes}
         raw.pop("mounts")  # checked as the owner at submit; unchanged, and not re-read as whoever edits
         raw.pop("slurm_job", None)
-        kept = {k: raw.pop(k, None) for k in ARRAY_FIELDS}  # the daemon's, not the submitter's
+        kept = {k: raw.pop(k, None) for k in (*ARRAY_FIELDS, "copy_of")}  # the daemon's, not the submitter's
         try:
             spec = check_spec(raw, caller, [self.d.config.state_dir, self.d.config.socket.parent])
         except (Invalid, Forbidden) as e:
@@ -235,10 +236,11 @@ class Api:
             raise ApiError(f"job {job.id} is {job.state}: only an ended job can be requeued", protocol.INVALID)
         if job.spec.slurm_job is not None:
             raise ApiError(f"job {job.id} was a Slurm job: submit it to Slurm again", protocol.INVALID)
-        spec = JobSpec.from_dict(job.spec.to_dict())
+        spec = JobSpec.from_dict({**job.spec.to_dict(), "copy_of": job.id})
         await self._admit(spec, caller, job.user, job.uid)
         new = self.d.add_job(spec, job.uid, job.gid, job.user,
                              reason=f"requeued by {caller.user} as a copy of job {job.id}")
+        self._copies += 1  # waits on the ended job follow the copy
         return self.summary(new)
 
     def _too_big(self, budget: int, ngpus: int, views: list) -> str | None:
@@ -647,12 +649,26 @@ class Api:
             raise ApiError("wait needs job ids", protocol.BAD_REQUEST)
         jobs = [self._own(self._job({"id": i}), caller, "wait for") for i in ids]
         yield {"waiting": [j.id for j in jobs]}  # the request is accepted; the client now just waits
+        # A job runs again under its own id when the daemon requeues it (a fault, --grow, a cut-short
+        # start: never ended meanwhile); `colo requeue` runs an ended one again as a copy with a new
+        # id: followed too, so a wait ends when the work is done, with the newest copy's end.
+        copies = -1
         while True:
+            if copies != self._copies:
+                copies = self._copies
+                jobs = [self._newest_copy(j) for j in jobs]
             jobs = [self.d.job(j.id) for j in jobs]
             if all(j.state in TERMINAL for j in jobs):
-                yield {"final": [self.summary(j) for j in jobs]}
+                yield {"final": [{**self.summary(j), **({"waited_for": i} if i != j.id else {})}
+                                 for i, j in zip(ids, jobs)]}
                 return
             await self.d.changed.wait(5)
+
+    def _newest_copy(self, job: Job) -> Job:
+        """The job that runs `job`'s work now: its newest `colo requeue` copy, copies of copies followed."""
+        while job.state in TERMINAL and (i := self.d.store.newest_copy(job.id)) is not None:
+            job = self.d.job(i)
+        return job
 
 
 def _as_sent(r: tuple, fields: list[str], cut: int | None) -> list:
