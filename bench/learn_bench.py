@@ -1,7 +1,8 @@
 """What storing the daemon's learning costs (issue 13), beside what the same job already pays, in
 one run, on a real SQLite database (WAL, as the daemon opens it):
-- per start: the neighbour rows note_start() writes (prune + insert, 3 running neighbours) beside
-  the start's own state change (queued -> starting);
+- per start: the neighbour rows a start writes (prune + insert, 3 running neighbours) beside
+  the start's own state change (queued -> starting); and the two in one transaction (as the
+  daemon stores them: Store.transition's `neighbours`) beside the same in two, jobs alternating;
 - per end: the learning one end stores (a co-run pairing, the profile's alone error and memory,
   one prediction error appended, the newest 200 kept) and the neighbours read back, beside the
   end's own state change;
@@ -44,18 +45,25 @@ def main() -> int:
         st = Store(Path(tmp) / "colo.db")
         spec = JobSpec(argv=["true"], gpu_mem=1 << 30)
         ids = [st.add_job(spec, 1000, 1000, "u").id for _ in range(a.n)]
-        t_start, t_nb, t_end, t_learn = [], [], [], []
+        t_start, t_nb, t_two, t_one, t_end, t_learn = [], [], [], [], [], []
         errors = [1.0 + i / 1000 for i in range(200)]
         for i, j in enumerate(ids):
+            others = ids[max(0, i - 3):i]
+            pairs = [(j, "p") for _ in others] + [(o, "p") for o in others]
+            if i % 2:  # one transaction
+                t0 = time.perf_counter()
+                st.transition(j, State.STARTING, "start", gpus=["GPU-a"], neighbours=(pairs, 32))
+                t_one.append(time.perf_counter() - t0)
+                continue
             t0 = time.perf_counter()
             st.transition(j, State.STARTING, "start", gpus=["GPU-a"])
             t1 = time.perf_counter()
-            others = ids[max(0, i - 3):i]
             st.prune_neighbours(TERMINAL)
-            st.add_neighbours([(j, "p") for _ in others] + [(o, "p") for o in others], 32, fresh=j)
+            st.add_neighbours(pairs, 32, fresh=j)
             t2 = time.perf_counter()
             t_start.append(t1 - t0)
             t_nb.append(t2 - t1)
+            t_two.append(t2 - t0)
         for j in ids:
             st.transition(j, State.RUNNING, "running")
         for j in ids:
@@ -95,6 +103,8 @@ def main() -> int:
                   "learning read back incomplete")
     rep.figure("start", "neighbour rows written at a start", med(t_nb), "s", med(t_start),
                "the start's state change (queued -> starting)")
+    rep.figure("start_one_tx", "a start with its neighbour rows, one transaction", med(t_one), "s", med(t_two),
+               "the same in two transactions (the state change, then the rows)")
     rep.figure("end", "learning stored at an end", med(t_learn), "s", med(t_end),
                "the end's state change (running -> succeeded)")
     rep.figure("load", "learning read back at daemon start (10 users, 2,000+2,000 each)", med(t_load), "s",

@@ -14,7 +14,6 @@ early, so its run time says nothing about speed).
 from __future__ import annotations
 
 import re
-import time
 from typing import Iterable
 
 _PERIOD = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")

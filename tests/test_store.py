@@ -73,3 +73,54 @@ def test_a_second_store_in_the_daemon_keeps_its_commits_seen_by_other_processes(
     assert seen == [1, 2]
     other.close()
     main.close()
+
+
+def test_history_and_report_in_sql_give_report_py_figures(tmp_path):
+    """`colo report` adds up in SQL (Store.report_users) and from GPU spans read one at a time:
+    the same figures report.report() makes from every row, on a random history; history's filters
+    and bound in SQL pick the rows a filter over all of them would."""
+    import random
+
+    from colo import report as rp
+    from colo.jobs import TERMINAL, JobSpec, Mode, State
+
+    st, rnd, now = Store(tmp_path / "colo.db"), random.Random(3), 1_700_000_000.0
+    with st.tx():
+        for i in range(300):
+            spec = JobSpec(argv=["x"], gpu_mem=rnd.choice([0, 1 << 30, 3 << 30]), gpus=rnd.choice([0, 1, 2]))
+            j = st.add_job(spec, 1000 + i % 3, 1000, f"u{i % 3}", now=now + i * 100)
+            if rnd.random() < 0.2:  # never started
+                st.transition(j.id, State.CANCELLED, "x", now=now + i * 100 + 5)
+                continue
+            t0 = now + i * 100 + rnd.uniform(0, 50)
+            st.transition(j.id, State.STARTING, "s", now=t0, gpus=rnd.sample(["A", "B", "C"], k=spec.gpus),
+                          mode=Mode.MPS)
+            st.transition(j.id, State.RUNNING, "r", now=t0 + 1)
+            st.transition(j.id, rnd.choice([State.SUCCEEDED, State.FAILED, State.LOST]), "e",
+                          now=t0 + rnd.uniform(1, 5000), exit_code=0)
+            if rnd.random() < 0.5:
+                st.record_decisions([(j.id, "start", "mps", [], "r", {"profile_runtime": rnd.uniform(100, 3000)})])
+    every, left = st.history(TERMINAL)
+    assert len(every) == 300 and left == 0 and set(every[0]["spec"]) == {"name", "gpus", "gpu_mem"}
+
+    def close(a, b):
+        if isinstance(a, float) and isinstance(b, float):
+            return a == pytest.approx(b, rel=1e-9, abs=1e-9)
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+        if isinstance(a, list):
+            return len(a) == len(b) and all(map(close, a, b))
+        return a == b
+
+    for since in (None, now + 15000):
+        for users in (None, ["u1"], ["u0", "u2"]):
+            rows, left = st.history(TERMINAL, since, users)
+            assert [r["id"] for r in rows] == [r["id"] for r in every if (since is None or r["ended_at"] >= since)
+                                               and (users is None or r["user"] in users)] and left == 0
+            want = rp.report(rows)
+            got = rp.assemble(st.report_users(TERMINAL, since, users), st.report_spans(TERMINAL, since, users))
+            assert want["jobs"] and close(got, want), (since, users)
+            newest, more = st.history(TERMINAL, since, users, limit=10)
+            assert newest == rows[-10:] and more == len(rows) - 10
+    plan = " ".join(r[-1] for r in st.db.execute("EXPLAIN QUERY PLAN SELECT count(*) FROM jobs WHERE ended_at >= 1"))
+    assert "jobs_ended" in plan, plan

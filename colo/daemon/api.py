@@ -358,7 +358,7 @@ class Api:
 
     def _ended_jobs(self, ended: list[State], users, names, limit: int | None, refs) -> list[Job]:
         """Stored ended jobs for ls's filters. An ended job never changes: those whose summary rows()
-        holds are not read again (a long history is read once, as `all_jobs` does)."""
+        holds are not read again."""
         ids = [r[0] for r in self.d.store.listing(["id"], ended, users, names, limit, refs)]
         cache = self._rows
         miss = [i for i in ids if (h := cache.get(i)) is None or h[0].state not in TERMINAL]

@@ -84,7 +84,6 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         self.decisions: dict[int, policy.Decision] = {}  # the latest decision per open job
         self._cands: dict[int, policy.Candidate] = {}
         self.stats: dict[int, dict] = {}  # running jobs' last sample: pids, sm_util, used, refused
-        self._ended: dict[int, Job] | None = None  # ended jobs never change: read once, then kept
         self._writer: DecisionWriter | None = None
         self.mps: mps.MpsManager | None = None
         self.cgroups: Cgroups | None = None
@@ -278,8 +277,6 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         if job.state in TERMINAL:
             self.open_jobs.pop(job_id, None)
             self.decisions.pop(job_id, None)
-            if self._ended is not None:
-                self._ended[job_id] = job
         else:
             self.open_jobs[job_id] = job
         log.info("job %d -> %s: %s", job_id, new, reason)
@@ -295,11 +292,6 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
 
     def job(self, job_id: int) -> Job:
         return self.open_jobs.get(job_id) or self.store.get(job_id)
-
-    def all_jobs(self) -> list[Job]:
-        if self._ended is None:
-            self._ended = {j.id: j for j in self.store.jobs(TERMINAL)}
-        return sorted([*self._ended.values(), *self.open_jobs.values()], key=lambda j: j.id)
 
     def jobs_in(self, *states: State) -> list[Job]:
         if ACTIVE.issuperset(states) and self._queued_n is not None:
