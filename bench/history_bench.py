@@ -117,7 +117,10 @@ def main() -> int:
     before = args.before.resolve()
     if not (before / "colo" / "__init__.py").is_file():
         raise SystemExit(f"--before {before}: no colo checkout there")
+    commit = subprocess.run(["git", "-C", str(before), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "?"
     rep = Report("history_bench")
+    rep.command = rep.command.replace(str(args.before), f"<a checkout of {commit}>")  # not a local path
     os.chdir("/")  # `python -m colo` puts the folder it runs in first on the path: each daemon gets its own colo
     root = Path(tempfile.mkdtemp(prefix="colo-history-bench-"))
     state = root / "fake.state"
@@ -161,8 +164,6 @@ def main() -> int:
     if rep.failures:
         return rep.finish(args.json_out)
     A, B = sides["after"], sides["before"]
-    commit = subprocess.run(["git", "-C", str(before), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "?"
     bw = f"the earlier colo ({commit}), same database, same rounds"
     n7 = a["piped"].count("\n") - 1
     for case, what in (("piped", f"colo history, piped, default 7 days ({n7:,} of {args.jobs:,} jobs)"),
