@@ -497,13 +497,6 @@ class Store:
             return None
         return dict(at=r[0], action=r[1], mode=r[2], gpus=json.loads(r[3]), reason=r[4], details=json.loads(r[5]))
 
-    def alone_times(self) -> dict[int, tuple[float, float | None]]:
-        """job id -> (its profile's run time alone, in seconds; the slowdown predicted at its start)
-        for the jobs whose end was set against their profile (colo/daemon/learning.py)."""
-        return {r[0]: (r[1], r[2]) for r in self.db.execute(
-            "SELECT job_id, json_extract(details, '$.profile_runtime'), json_extract(details, '$.predicted_slowdown') "
-            "FROM decisions WHERE json_extract(details, '$.profile_runtime') IS NOT NULL")}
-
     def gpu_use(self, since: float) -> list[tuple[int, int, int, float, float]]:
         """(uid, budget, gpus, started_at, ended_at) of GPU jobs that ended after `since` (fair share)."""
         return list(self.db.execute(
