@@ -18,18 +18,23 @@ from pathlib import Path
 from colo import native
 
 MAGIC = b"COLOLDG1"
-VERSION = 2
+VERSION = 3
 HEADER_SIZE = 4096
-SLOT_SIZE = 320
 MAX_DEVICES = 32
+LANES = 16                        # per slot: lane 0 shared, 1.. one thread's each
+LANE_SIZE = 320
+SLOT_SIZE = 64 + LANES * LANE_SIZE
 DEFAULT_SLOTS = 1024
 
-# magic, version, header_size, nslots, slot_size, max_devices, devices, budget, refused
-_HEAD = struct.Struct("<8s6IQQ")
-_USED_AT, _PEAK_AT = 64, 320
-_DEV = struct.Struct(f"<{MAX_DEVICES}Q")
-_SLOT = struct.Struct("<IIiIQQQ")  # state, gen, pid, spare, refused, started, finished
+# magic, version, header_size, nslots, slot_size, max_devices, devices, budget, refused,
+# resync, hwm, reclaims begun, reclaims ended, lanes, lane_size
+_HEAD = struct.Struct("<8s6IQQ6I")
+DEV_AT = 256                      # device d's line: used (the admission counter), peak
+_DEVLINE = struct.Struct(f"<{MAX_DEVICES * 8}Q")  # 8 u64 a device: used, peak, 6 spare
+_SLOT = struct.Struct("<IIiIQ")   # state, gen, pid, spare, refused
+_LANES = struct.Struct(f"<{LANES * LANE_SIZE // 8}Q")  # per lane: started, finished, used[32], spare
 _SLOT_OWNED = 1
+_U64 = (1 << 64) - 1
 _FLOCK = struct.Struct("hh4xqqi4x")  # struct flock on x86_64/aarch64 Linux
 
 ENV_BUDGET = "COLO_GPU_BUDGET"
@@ -71,7 +76,8 @@ def create_ledger(path: Path, budget: int, devices: int = 1, uid: int | None = N
         raise ValueError(f"devices must be 1..{MAX_DEVICES}")
     path = Path(path)
     head = bytearray(HEADER_SIZE)
-    _HEAD.pack_into(head, 0, MAGIC, VERSION, HEADER_SIZE, slots, SLOT_SIZE, MAX_DEVICES, devices, budget, 0)
+    _HEAD.pack_into(head, 0, MAGIC, VERSION, HEADER_SIZE, slots, SLOT_SIZE, MAX_DEVICES, devices, budget, 0,
+                    0, 0, 0, 0, LANES, LANE_SIZE)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -95,21 +101,27 @@ def read_ledger(path: Path) -> Ledger:
     """A snapshot of the ledger; processes that died are left out (their bytes too)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        data = os.pread(fd, 1 << 24, 0)
+        data = os.pread(fd, HEADER_SIZE, 0)
         if len(data) < HEADER_SIZE:
             raise LedgerError(f"{path}: too small to be a colo ledger")
-        magic, version, hsize, nslots, ssize, maxdev, devices, budget, refused = _HEAD.unpack_from(data, 0)
-        if magic != MAGIC or version != VERSION or (hsize, ssize, maxdev) != (HEADER_SIZE, SLOT_SIZE, MAX_DEVICES):
+        (magic, version, hsize, nslots, ssize, maxdev, devices, budget, refused,
+         _resync, hwm, _begun, _ended, lanes, lane_size) = _HEAD.unpack_from(data, 0)
+        if magic != MAGIC or version != VERSION or (hsize, ssize, maxdev, lanes, lane_size) != (
+                HEADER_SIZE, SLOT_SIZE, MAX_DEVICES, LANES, LANE_SIZE):
             raise LedgerError(f"{path}: not a colo ledger of version {VERSION}")
-        peak = _DEV.unpack_from(data, _PEAK_AT)
-        counted = _DEV.unpack_from(data, _USED_AT)
+        lines = _DEVLINE.unpack_from(data, DEV_AT)
+        counted, peak = lines[0::8], lines[1::8]
+        # Slots past the high-water mark were never owned: only [0, hwm) is read, and at most
+        # 16 MiB of them (the file may be the job's to write: its counts are not to be trusted).
+        nread = min(hwm, nslots, (1 << 24) // SLOT_SIZE)
+        data += os.pread(fd, nread * SLOT_SIZE, HEADER_SIZE)
         used = [0] * MAX_DEVICES
         procs = []
-        for i in range(nslots):
+        for i in range(nread):
             off = HEADER_SIZE + i * SLOT_SIZE
             if off + SLOT_SIZE > len(data):
                 break
-            state, _gen, pid, _, slot_refused, _started, _finished = _SLOT.unpack_from(data, off)
+            state, _gen, pid, _, slot_refused = _SLOT.unpack_from(data, off)
             if state != _SLOT_OWNED:
                 continue
             alive, _ = _lock_holder(fd, fcntl.F_OFD_GETLK, off)
@@ -117,7 +129,13 @@ def read_ledger(path: Path) -> Ledger:
                 continue
             # A classic lock beside it tells the pid as this reader's namespace sees it.
             _, host_pid = _lock_holder(fd, fcntl.F_GETLK, off + 1)
-            by_dev = _DEV.unpack_from(data, off + 64)
+            # Its bytes: the sum of its lanes' (each lane's are net changes modulo 2^64). The lanes
+            # are read at slightly different times, so a free by one thread of memory another
+            # allocated can be seen without that allocation: a sum "below 0" is such a tear.
+            words = _LANES.unpack_from(data, off + 64)
+            per_lane = LANE_SIZE // 8
+            by_dev = [sum(words[k * per_lane + 2 + d] for k in range(LANES)) & _U64 for d in range(MAX_DEVICES)]
+            by_dev = [0 if b >> 63 else b for b in by_dev]
             for d, b in enumerate(by_dev):
                 used[d] += b
             procs.append({

@@ -559,17 +559,21 @@ def test_a_process_killed_between_its_two_updates_is_resynced_exactly(probe, job
     # What a process SIGKILLed mid-update leaves (made by hand, so the test does not depend on
     # hitting a window of a few instructions): its slot holds 40 MiB and is mid-operation
     # (started != finished), and the shared counter also holds the 20 MiB it was reserving.
+    # Its bytes are spread over two lanes (one thread freed part of what another allocated).
     import struct
     with open(ledger, "r+b") as f:
         slot = interposer.HEADER_SIZE + 3 * interposer.SLOT_SIZE
+        lane = slot + 64
         f.seek(52)
         f.write(struct.pack("<I", 4))                       # hwm: slots 0..3 were used
-        f.seek(64)
+        f.seek(interposer.DEV_AT)
         f.write(struct.pack("<Q", 60 * MiB))                # the shared counter, device 0
         f.seek(slot)
-        f.write(struct.pack("<IIiIQQQ", 1, 1, 99999, 0, 0, 7, 6))  # owned, mid-operation
-        f.seek(slot + 64)
-        f.write(struct.pack("<Q", 40 * MiB))
+        f.write(struct.pack("<IIiIQ", 1, 1, 99999, 0, 0))   # owned
+        f.seek(lane + 2 * interposer.LANE_SIZE)
+        f.write(struct.pack("<QQQ", 5, 5, 50 * MiB))        # lane 2: idle, 50 MiB allocated
+        f.seek(lane + 5 * interposer.LANE_SIZE)
+        f.write(struct.pack("<QQQ", 7, 6, (-10 * MiB) % (1 << 64)))  # lane 5: mid-operation, freed 10
     assert interposer.read_ledger(ledger).counted[0] == 60 * MiB
     lines, _ = run(probe, env, "init", "alloc", "48M", "info", "freeall", "info")
     # Reclaiming the dead slot gave back its 40 MiB; the resync then found the 20 MiB in flight

@@ -2,11 +2,15 @@
  *
  * No lock: a reservation is one compare-and-swap on the device's total that never takes it past
  * the budget, so a process stopped (SIGSTOP, a frozen cgroup) anywhere in here blocks no one.
- * Each change is bracketed by the slot's started/finished counters, and ordered so that a
- * process killed between its two counter updates can only leave the total too high (the admission
- * counter moves first on the way up and last on the way down): never an overshoot. Reclaiming
- * such a slot asks for a resync, which recomputes the totals from the slots by a double collect
- * that only commits when no live process was mid-operation. */
+ * Each change is bracketed by the started/finished counters of the calling thread's lane, and
+ * ordered so that a process killed between its two counter updates can only leave the total too
+ * high (the admission counter moves first on the way up and last on the way down): never an
+ * overshoot. Reclaiming such a slot asks for a resync, which recomputes the totals from the slots
+ * by a double collect that only commits when no live process was mid-operation.
+ *
+ * Cost: an alloc+free pair makes two locked instructions (the total's compare-and-swap and
+ * subtraction, on the device's own line); everything else a thread writes is its own lane, with
+ * plain stores. Memory orders: see lane_add() and try_reserve(). */
 #include "ledger.h"
 
 #include <errno.h>
@@ -22,12 +26,14 @@
 
 #include "cuda_types.h"
 
-_Static_assert(offsetof(struct ledger_header, used) == 64, "ledger layout");
-_Static_assert(offsetof(struct ledger_header, peak) == 320, "ledger layout");
+_Static_assert(offsetof(struct ledger_header, lanes) == 64, "ledger layout");
+_Static_assert(offsetof(struct ledger_header, dev) == LEDGER_DEV_AT, "ledger layout");
+_Static_assert(sizeof(struct ledger_dev) == 64, "ledger layout");
 _Static_assert(sizeof(struct ledger_header) <= LEDGER_HEADER_SIZE, "ledger layout");
-_Static_assert(offsetof(struct ledger_slot, started) == 24, "ledger layout");
-_Static_assert(offsetof(struct ledger_slot, used) == 64, "ledger layout");
-_Static_assert(sizeof(struct ledger_slot) == LEDGER_SLOT_SIZE, "ledger layout");
+_Static_assert(sizeof(struct ledger_lane) == LEDGER_LANE_SIZE && LEDGER_LANE_SIZE % 64 == 0, "ledger layout");
+_Static_assert(offsetof(struct ledger_slot, lane) == 64, "ledger layout");
+_Static_assert(sizeof(struct ledger_slot) == LEDGER_SLOT_SIZE && LEDGER_SLOT_SIZE % 64 == 0, "ledger layout");
+_Static_assert(LEDGER_LANES <= 32, "lanes are a 32-bit mask");
 
 enum { ST_UNOPENED = 0, ST_READY = 1, ST_FAILED = 2 };
 
@@ -44,6 +50,18 @@ static size_t g_len;
 static int g_slot = -1;
 static struct ledger_slot *g_me;
 static int g_logged;               /* the one refusal line of this process was written */
+
+/* Lanes of our slot: bit k of g_lanes_taken set = lane k is some live thread's (lane 0, shared,
+ * is never taken). A thread keeps its lane in t_lane until it exits (the key's destructor gives
+ * it back; its bytes stay in it, for the next thread to add to). g_epoch tells a destructor
+ * inherited through fork() from one of this process. initial-exec: the library is preloaded,
+ * so its TLS is in the static block and a lookup is one %fs-relative load. */
+static uint32_t g_lanes_taken;
+static unsigned g_epoch;
+static pthread_key_t g_lane_key;
+static int g_lane_key_ok;
+static __thread struct ledger_lane *t_lane __attribute__((tls_model("initial-exec")));
+static __thread int t_shared __attribute__((tls_model("initial-exec")));
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
@@ -115,23 +133,50 @@ static uint64_t sub_clamped(uint64_t *p, uint64_t v)
     return take;
 }
 
+/* Bytes slot s holds on device d: the sum of its lanes, modulo 2^64. */
+static uint64_t slot_used(struct ledger_slot *s, int d)
+{
+    uint64_t u = 0;
+    for (int k = 0; k < LEDGER_LANES; k++) u += LOAD(&s->lane[k].used[d]);
+    return u;
+}
+
+/* Operations slot s has begun, or UINT64_MAX when one is in flight. finished is read before
+ * started: equal then means that lane was idle at the first read (started only grows, and never
+ * below finished), not merely that an operation begun before the first read ended by the second. */
+static uint64_t slot_ops(struct ledger_slot *s)
+{
+    uint64_t ops = 0;
+    for (int k = 0; k < LEDGER_LANES; k++) {
+        uint64_t fin = LOAD(&s->lane[k].finished);
+        if (LOAD(&s->lane[k].started) != fin) return UINT64_MAX;
+        ops += fin;
+    }
+    return ops;
+}
+
 /* We hold the dead owner's slot lock: give its bytes back and free the slot. */
 static uint64_t reclaim_slot(struct ledger_slot *s)
 {
     uint64_t back = 0;
     if (LOAD(&s->state) != SLOT_OWNED) return 0;
     ADD(&g_hdr->reclaims_begun, 1);
-    int mid_op = LOAD(&s->started) != LOAD(&s->finished);
-    for (int d = 0; d < LEDGER_MAX_DEV; d++) {
-        uint64_t u = LOAD(&s->used[d]);
-        if (!u) continue;
-        back += sub_clamped(&g_hdr->used[d], u);
-        STORE(&s->used[d], 0);
-    }
     /* Killed between its two updates: the total may hold up to one operation too many. */
+    int mid_op = slot_ops(s) == UINT64_MAX;
+    for (int d = 0; d < LEDGER_MAX_DEV; d++) {
+        uint64_t u = slot_used(s, d);
+        /* A sum above 2^63 is no real holding (a slot written by hand): subtract nothing, which
+         * can only leave the total too high, and recompute it. */
+        if ((int64_t)u < 0) mid_op = 1;
+        else if (u) back += sub_clamped(&g_hdr->dev[d].used, u);
+        for (int k = 0; k < LEDGER_LANES; k++)
+            if (LOAD(&s->lane[k].used[d])) STORE(&s->lane[k].used[d], 0);
+    }
     if (mid_op) ADD(&g_hdr->resync, 1);
-    STORE(&s->started, 0);
-    STORE(&s->finished, 0);
+    for (int k = 0; k < LEDGER_LANES; k++) {
+        STORE(&s->lane[k].started, 0);
+        STORE(&s->lane[k].finished, 0);
+    }
     STORE(&s->state, SLOT_FREE);
     ADD(&g_hdr->reclaims_ended, 1);
     return back;
@@ -147,23 +192,21 @@ static void resync(void)
     uint32_t b0 = LOAD(&g_hdr->reclaims_begun);
     if (b0 != LOAD(&g_hdr->reclaims_ended)) return;
     uint64_t h0[LEDGER_MAX_DEV], sum[LEDGER_MAX_DEV] = {0};
-    for (int d = 0; d < LEDGER_MAX_DEV; d++) h0[d] = LOAD(&g_hdr->used[d]);
+    for (int d = 0; d < LEDGER_MAX_DEV; d++) h0[d] = LOAD(&g_hdr->dev[d].used);
     uint32_t hwm = LOAD(&g_hdr->hwm);
     uint64_t ops = 0;
     for (uint32_t i = 0; i < hwm; i++) {
-        struct ledger_slot *s = slot_at(i);
-        uint64_t st = LOAD(&s->started);
-        if (st != LOAD(&s->finished)) return; /* mid-operation (or dead, not yet reclaimed) */
-        ops += st;
+        uint64_t o = slot_ops(slot_at(i));
+        if (o == UINT64_MAX) return; /* mid-operation (or dead, not yet reclaimed) */
+        ops += o;
     }
     for (uint32_t i = 0; i < hwm; i++)
-        for (int d = 0; d < LEDGER_MAX_DEV; d++) sum[d] += LOAD(&slot_at(i)->used[d]);
+        for (int d = 0; d < LEDGER_MAX_DEV; d++) sum[d] += slot_used(slot_at(i), d);
     uint64_t ops2 = 0;
     for (uint32_t i = 0; i < hwm; i++) {
-        struct ledger_slot *s = slot_at(i);
-        uint64_t st = LOAD(&s->started);
-        if (st != LOAD(&s->finished)) return;
-        ops2 += st;
+        uint64_t o = slot_ops(slot_at(i));
+        if (o == UINT64_MAX) return;
+        ops2 += o;
     }
     if (ops2 != ops || hwm != LOAD(&g_hdr->hwm) || LOAD(&g_hdr->reclaims_begun) != b0 ||
         LOAD(&g_hdr->reclaims_ended) != b0)
@@ -171,7 +214,7 @@ static void resync(void)
     int ok = 1;
     for (int d = 0; d < LEDGER_MAX_DEV; d++) {
         uint64_t expect = h0[d];
-        if (expect != sum[d] && !CAS(&g_hdr->used[d], &expect, sum[d])) ok = 0;
+        if (expect != sum[d] && !CAS(&g_hdr->dev[d].used, &expect, sum[d])) ok = 0;
     }
     if (ok) CAS(&g_hdr->resync, &f0, 0);
 }
@@ -217,6 +260,8 @@ static int claim_slot(void)
     return -1;
 }
 
+static void lane_exit(void *v);
+
 static const char *open_ledger(void)
 {
     if (g_env_error) return g_env_error;
@@ -228,7 +273,7 @@ static const char *open_ledger(void)
     if (pread(g_fd, &h, sizeof h, 0) != (ssize_t)sizeof h) return "unreadable header";
     if (memcmp(h.magic, LEDGER_MAGIC, 8) != 0 || h.version != LEDGER_VERSION) return "not a colo ledger (magic/version)";
     if (h.header_size != LEDGER_HEADER_SIZE || h.slot_size != LEDGER_SLOT_SIZE || h.max_devices != LEDGER_MAX_DEV ||
-        h.nslots == 0 || h.nslots > 65536 || size < slot_off(h.nslots))
+        h.lanes != LEDGER_LANES || h.lane_size != LEDGER_LANE_SIZE || h.nslots == 0 || h.nslots > 65536 || size < slot_off(h.nslots))
         return "ledger layout does not match this library";
     g_len = (size_t)slot_off(h.nslots);
     void *m = mmap(NULL, g_len, PROT_READ | PROT_WRITE, MAP_SHARED, g_fd, 0);
@@ -236,6 +281,7 @@ static const char *open_ledger(void)
     g_hdr = m;
     if (h.budget < g_budget) g_budget = h.budget;
     if (claim_slot() != 0) return "no free process slot (too many live processes in this job)";
+    if (!g_lane_key_ok) g_lane_key_ok = pthread_key_create(&g_lane_key, lane_exit) == 0;
     return NULL;
 }
 
@@ -282,24 +328,78 @@ static int refuse(int dev, uint64_t size, uint64_t in_use)
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* The admission counter moves first: a process dying before its slot follows leaves the total
- * too high, never too low. */
+/* A thread's first operation: take the lowest free lane, or share lane 0 when all are taken. */
+static __attribute__((noinline)) struct ledger_lane *lane_slow(void)
+{
+    uint32_t m = __atomic_load_n(&g_lanes_taken, __ATOMIC_RELAXED);
+    for (;;) {
+        uint32_t free = ~m & (uint32_t)(((uint64_t)1 << LEDGER_LANES) - 2); /* lanes 1.. */
+        if (!free) {
+            t_shared = 1;
+            return t_lane = &g_me->lane[0];
+        }
+        int k = __builtin_ctz(free);
+        /* acquire: the lane's last owner's plain stores (released in lane_exit) are ours to add to. */
+        if (__atomic_compare_exchange_n(&g_lanes_taken, &m, m | (1u << k), 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+            if (g_lane_key_ok) pthread_setspecific(g_lane_key, (void *)(((uintptr_t)g_epoch << 8) | (uintptr_t)k));
+            t_shared = 0;
+            return t_lane = &g_me->lane[k];
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) struct ledger_lane *my_lane(void)
+{
+    struct ledger_lane *l = t_lane;
+    return __builtin_expect(l != NULL, 1) ? l : lane_slow();
+}
+
+/* *p += v on our lane. A private lane has one writer (this thread), so a plain load and a
+ * release store replace the locked add: the store is a plain mov on x86. release, because a
+ * reader in another process (reclaim, resync) that sees this value with an acquire load must
+ * also see every store this thread made before it, in particular the lane's started count
+ * before its bytes, and its bytes and the total before its finished count. Not reentrant: the
+ * interposer is not async-signal-safe anyway (its table takes a lock). */
+static inline __attribute__((always_inline)) void lane_add(uint64_t *p, uint64_t v)
+{
+    if (__builtin_expect(!t_shared, 1))
+        __atomic_store_n(p, __atomic_load_n(p, __ATOMIC_RELAXED) + v, __ATOMIC_RELEASE);
+    else
+        ADD(p, v);
+}
+
+/* The thread is gone: its lane (bytes and all) is free for the next thread. */
+static void lane_exit(void *v)
+{
+    uintptr_t x = (uintptr_t)v;
+    t_lane = NULL; /* a later destructor that frees memory takes a lane again */
+    if ((x >> 8) != ((uintptr_t)g_epoch & (UINTPTR_MAX >> 8))) return; /* a parent's, before fork() */
+    __atomic_fetch_and(&g_lanes_taken, ~(1u << (x & 0xff)), __ATOMIC_RELEASE);
+}
+
+/* The admission counter moves first: a process dying before its lane follows leaves the total
+ * too high, never too low. The started count (a relaxed-ordered plain store on a private lane)
+ * is ordered before the total's change by the compare-and-swap being a release operation (all
+ * the total's changes are read-modify-writes, so a resync's acquire load of any later value of
+ * the total sees it). */
 static inline __attribute__((always_inline)) int try_reserve(int dev, uint64_t size, uint64_t *in_use)
 {
-    uint64_t *total = &g_hdr->used[dev];
-    ADD(&g_me->started, 1);
-    uint64_t u = LOAD(total);
+    struct ledger_dev *dv = &g_hdr->dev[dev];
+    struct ledger_lane *l = my_lane();
+    lane_add(&l->started, 1);
+    uint64_t u = LOAD(&dv->used);
     do {
         if (size > g_budget || u > g_budget - size) {
-            ADD(&g_me->finished, 1);
+            lane_add(&l->finished, 1);
             *in_use = u;
             return 0;
         }
-    } while (!CAS(total, &u, u + size));
-    ADD(&g_me->used[dev], size);
-    ADD(&g_me->finished, 1);
-    uint64_t pk = LOAD(&g_hdr->peak[dev]);
-    while (u + size > pk && !CAS(&g_hdr->peak[dev], &pk, u + size)) {}
+    } while (!CAS(&dv->used, &u, u + size));
+    lane_add(&l->used[dev], size);
+    lane_add(&l->finished, 1);
+    /* The peak shares the total's line (ours now): a plain load, and a CAS only for a new peak. */
+    uint64_t pk = __atomic_load_n(&dv->peak, __ATOMIC_RELAXED);
+    while (u + size > pk && !CAS(&dv->peak, &pk, u + size)) {}
     return 1;
 }
 
@@ -321,25 +421,26 @@ int ledger_try(int dev, uint64_t size)
     return ready() && dev >= 0 && dev < LEDGER_MAX_DEV && try_reserve(dev, size, &in_use);
 }
 
-/* The slot moves first on the way down, the total last (same reason as above). */
+/* The lane moves first on the way down, the total last (same reason as above). */
 void ledger_release(int dev, uint64_t size)
 {
     if (LOAD(&g_state) != ST_READY || dev < 0 || dev >= LEDGER_MAX_DEV || !size) return;
-    /* Only bytes this process added are ever released (the table is exact), so plain subtractions
-     * cannot go below 0. */
-    ADD(&g_me->started, 1);
-    __atomic_sub_fetch(&g_me->used[dev], size, __ATOMIC_SEQ_CST);
-    __atomic_sub_fetch(&g_hdr->used[dev], size, __ATOMIC_SEQ_CST);
-    ADD(&g_me->finished, 1);
+    /* Only bytes this process added are ever released (the table is exact), so the total cannot
+     * go below 0; a lane may (modulo 2^64: another thread's allocation), the slot's sum cannot. */
+    struct ledger_lane *l = my_lane();
+    lane_add(&l->started, 1);
+    lane_add(&l->used[dev], -size);
+    __atomic_sub_fetch(&g_hdr->dev[dev].used, size, __ATOMIC_SEQ_CST);
+    lane_add(&l->finished, 1);
 }
 
 uint64_t ledger_job_used(int dev)
 {
     if (!ready() || dev < 0 || dev >= LEDGER_MAX_DEV) return UINT64_MAX;
-    uint64_t u = LOAD(&g_hdr->used[dev]);
-    if (u > LOAD(&g_me->used[dev]) || LOAD(&g_hdr->resync)) { /* others hold memory: some may be dead */
+    uint64_t u = LOAD(&g_hdr->dev[dev].used);
+    if (u > slot_used(g_me, dev) || LOAD(&g_hdr->resync)) { /* others hold memory: some may be dead */
         reclaim_dead();
-        u = LOAD(&g_hdr->used[dev]);
+        u = LOAD(&g_hdr->dev[dev].used);
     }
     return u;
 }
@@ -359,6 +460,11 @@ void ledger_atfork_child(void)
     g_me = NULL;
     g_slot = -1;
     g_logged = 0;
+    /* We are the only thread: every lane is free, and ours was the parent's. */
+    g_lanes_taken = 0;
+    g_epoch++;
+    t_lane = NULL;
+    t_shared = 0;
     if (g_state == ST_READY) g_state = ST_UNOPENED;
     else if (g_state == ST_FAILED) g_logged = 1;  /* still failed closed; already said so */
 }

@@ -1,8 +1,15 @@
 /* The job's ledger: a small file shared by every process of one job (and read by the colo daemon
  * from the host). Layout (little-endian, fixed; colo/interposer.py mirrors it):
  *
- *   [0, 4096)            header: magic, budget, per-device totals and peaks, refused count
- *   [4096 + i*320, ...)  slot i: state, generation, pid, op counters, per-device bytes of one process
+ *   [0, 4096)            header: magic, budget, refused count; from 256, one 64-byte line per
+ *                        device with its total and peak (the one line every reservation touches)
+ *   [4096 + i*5184, ...) slot i: state, generation, pid, refusals of one process, then its 16 lanes
+ *
+ * A lane (320 bytes: its own cachelines) holds op counters and per-device bytes. Lanes 1..15 each
+ * belong to one thread of the slot's process at a time, which alone writes them (plain stores, no
+ * locked instruction, no cacheline shared with the process's other threads); lane 0 is shared by
+ * threads that found no free lane (atomic adds). A lane's bytes are its net changes modulo 2^64 (a
+ * thread may free what another allocated): the process holds the sum over its lanes.
  *
  * No lock is ever taken on it. The header total used[d] is the admission counter: a reservation
  * is one compare-and-swap that never takes it past the budget. Each slot says what its process
@@ -20,12 +27,21 @@
 #include <stdint.h>
 
 #define LEDGER_MAGIC "COLOLDG1"
-#define LEDGER_VERSION 2
+#define LEDGER_VERSION 3
 #define LEDGER_HEADER_SIZE 4096
-#define LEDGER_SLOT_SIZE 320
 #define LEDGER_MAX_DEV 32
+#define LEDGER_LANES 16
+#define LEDGER_LANE_SIZE 320
+#define LEDGER_SLOT_SIZE (64 + LEDGER_LANES * LEDGER_LANE_SIZE)
+#define LEDGER_DEV_AT 256
 
 enum { SLOT_FREE = 0, SLOT_OWNED = 1 };
+
+struct ledger_dev {            /* one cacheline per device */
+    uint64_t used;             /* admission counter: live slots' bytes + operations in flight */
+    uint64_t peak;
+    char pad[48];
+};
 
 struct ledger_header {
     char magic[8];
@@ -41,8 +57,16 @@ struct ledger_header {
     uint32_t hwm;              /* slots [0, hwm) have ever been owned: scans stop there */
     uint32_t reclaims_begun;   /* dead-slot reclaims begun / ended: a resync needs them equal */
     uint32_t reclaims_ended;
-    uint64_t used[LEDGER_MAX_DEV];   /* admission counters: live slots' used[] + operations in flight */
-    uint64_t peak[LEDGER_MAX_DEV];
+    uint32_t lanes;            /* LEDGER_LANES */
+    uint32_t lane_size;        /* LEDGER_LANE_SIZE */
+    char pad[LEDGER_DEV_AT - 72];
+    struct ledger_dev dev[LEDGER_MAX_DEV];
+};
+
+struct ledger_lane {
+    uint64_t started, finished;/* counter operations begun / ended: equal when none is in flight */
+    uint64_t used[LEDGER_MAX_DEV];
+    char pad[LEDGER_LANE_SIZE - 16 - 8 * LEDGER_MAX_DEV];
 };
 
 struct ledger_slot {
@@ -51,9 +75,8 @@ struct ledger_slot {
     int32_t pid;               /* in the owner's pid namespace (informational) */
     uint32_t spare0;
     uint64_t refused;          /* this process's refusals */
-    uint64_t started, finished;/* counter operations begun / ended: equal when none is in flight */
-    char pad[64 - 40];
-    uint64_t used[LEDGER_MAX_DEV];
+    char pad[64 - 24];
+    struct ledger_lane lane[LEDGER_LANES];
 };
 
 /* Set up from the environment once per process (constructor); nothing touches the ledger yet. */
