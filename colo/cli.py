@@ -271,7 +271,9 @@ def show(job: str = typer.Argument(..., help="job id or name"), sock: Optional[P
              f"  reason:    {j['reason']}" + (f" (cancel asked by {j['cancel_by']}, under way)"
                                                   if j.get("cancel_by") else ""),
              f"  runs:      {'image ' + spec['image'] if spec['image'] else 'host process'}: {' '.join(spec['argv'])}",
-             f"  budget:    {format_size_exact(j['budget'])} x {spec['gpus']} GPU(s)" if spec["gpus"] else "  budget:    no GPU",
+             (f"  budget:    {format_size_exact(j['budget'])} x {spec['gpus']} GPU(s)"
+              + (f" (asked {format_size_exact(spec['asked_mem'])}, more given under --grow)"
+                 if spec.get("asked_mem") else "")) if spec["gpus"] else "  budget:    no GPU",
              f"  gpus:      {', '.join(j['gpus']) or '-'}   mode: {j['mode'] or '-'}"]
     if spec.get("gpu_ids") or spec.get("gpu_type"):
         lines.append("  may use:   " + ", ".join(x for x in (

@@ -27,6 +27,7 @@ class Config:
     min_gain: float = 0.25  # sharing past saturation must beat waiting by this much throughput
     slowdown_bound: float = 1.5  # no job is knowingly placed where it is predicted to run slower than this x alone
     unprofiled_share: bool = False  # jobs with no profile share time-sliced with anyone (else: alone or beside one well-known job)
+    lend: float = 1.25  # a --grow job may start with up to this x its budget out of memory no queued job fits in (1: never)
     hold_after: float = 1800.0  # seconds a job may be passed by smaller ones before GPUs are held for it (0: never)
     max_user_priority: int = 0  # the highest --priority a user may set; admins and root may set up to 1000
     # Per-user limits (0: none): jobs queued at once (refused at submit past it), jobs running at

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -86,6 +86,11 @@ class JobSpec:
     profile: str | None = None
     retries: int = 0  # times a job may be requeued after a fault that was not its own (MPS server fault)
     grow: bool = False  # refused by its budget: requeued once with a larger one (then False again)
+    # Set by the daemon, never by a submitter: a --grow job started with more than it asked for
+    # (lent, or what its profile's runs used) has that budget in gpu_mem, which everything counts
+    # (interposer, invariant 1, limits, a restarted daemon), and what it asked for here; back in the
+    # queue it asks for that again.
+    asked_mem: int | None = None
     slurm_job: int | None = None  # started by Slurm on this node (colo/daemon/external.py); never from a submitter
     cpus: float | None = None  # CPU limit in cores (cgroup / Docker nano_cpus)
     mem: int | None = None  # host memory limit in bytes (cgroup / Docker mem_limit)
@@ -112,6 +117,12 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def as_asked(self) -> "JobSpec":
+        """The spec as its submitter asked for it (the budget a start under --grow raised put back)."""
+        if self.asked_mem is None:
+            return self
+        return replace(self, gpu_mem=self.asked_mem, asked_mem=None)
 
     @property
     def array_ref(self) -> str | None:

@@ -253,7 +253,7 @@ def test_explain_shows_predicted_vs_observed_and_shared_runs_do_not_teach_the_al
 
 
 def test_grow_requeues_a_job_refused_by_its_budget_once_with_a_larger_one(node):
-    d = start(node)
+    d = start(node, lend=1.0)  # nothing lent at its start (tests/test_grow.py): it is refused first
     try:
         plain = d.submit("--process", "--gpu-mem", "1GiB", *burn(d, "--mem", "1200MiB", "--seconds", "1"))
         grown = d.submit("--process", "--gpu-mem", "1GiB", "--grow", *burn(d, "--mem", "1200MiB", "--seconds", "1"))

@@ -211,6 +211,7 @@ class Api:
         raw = {**job.spec.to_dict(), **changes}
         raw.pop("mounts")  # checked as the owner at submit; unchanged, and not re-read as whoever edits
         raw.pop("slurm_job", None)
+        raw.pop("asked_mem", None)  # the daemon's (None while queued)
         kept = {k: raw.pop(k, None) for k in (*ARRAY_FIELDS, "copy_of")}  # the daemon's, not the submitter's
         try:
             spec = check_spec(raw, caller, [self.d.config.state_dir, self.d.config.socket.parent])
@@ -236,7 +237,7 @@ class Api:
             raise ApiError(f"job {job.id} is {job.state}: only an ended job can be requeued", protocol.INVALID)
         if job.spec.slurm_job is not None:
             raise ApiError(f"job {job.id} was a Slurm job: submit it to Slurm again", protocol.INVALID)
-        spec = JobSpec.from_dict({**job.spec.to_dict(), "copy_of": job.id})
+        spec = JobSpec.from_dict({**job.spec.to_dict(), "copy_of": job.id}).as_asked()  # not what --grow gave the last run
         await self._admit(spec, caller, job.user, job.uid)
         new = self.d.add_job(spec, job.uid, job.gid, job.user,
                              reason=f"requeued by {caller.user} as a copy of job {job.id}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import fcntl
+import json
 import logging
 import os
 from pathlib import Path
@@ -66,7 +67,8 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
                                               bw_saturation=config.bw_saturation, min_gain=config.min_gain,
                                               hold_after=config.hold_after, slowdown_bound=config.slowdown_bound,
                                               unprofiled_share=config.unprofiled_share,
-                                              multi_user_mps=config.multi_user_mps, use_mps=config.use_mps)
+                                              multi_user_mps=config.multi_user_mps, use_mps=config.use_mps,
+                                              lend=config.lend)
         self._lock_fd: int | None = None
         self.store: Store | None = None
         self.nvml = Nvml(config.fakegpu_state)
@@ -271,6 +273,9 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
     def transition(self, job_id: int, new: State, reason: str, **fields) -> Job:
         """The one way a job changes state: checked and stored by the store, mirrored here."""
         prev = self.open_jobs.get(job_id)
+        if new == State.QUEUED and "spec" not in fields and prev is not None and prev.spec.asked_mem is not None:
+            # back in the queue it asks for what its submitter asked: a lend is for one start only
+            fields["spec"] = json.dumps(prev.spec.as_asked().to_dict())
         job = self.store.transition(job_id, new, reason, **fields)
         self._queue_changed(prev, job)
         self._cands.pop(job_id, None)

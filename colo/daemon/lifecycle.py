@@ -64,9 +64,17 @@ class LifecycleMixin:
 
     def start_job(self, d: policy.Decision) -> None:
         mode = Mode(d.mode) if d.mode else Mode.TIMESLICED
+        prev = self.job(d.job_id)
+        fields = {}
+        budget = d.details.get("budget", prev.spec.gpu_mem)
+        if budget != prev.spec.gpu_mem and prev.spec.grow and prev.spec.gpus:
+            # started with more than asked (--grow only): the budget everything counts from now on,
+            # stored in the transition that starts it, so a restarted daemon counts it too
+            fields["spec"] = json.dumps(dataclasses.replace(prev.spec, gpu_mem=int(budget),
+                                                            asked_mem=prev.spec.gpu_mem).to_dict())
         job = self.transition(d.job_id, State.STARTING, d.reason, gpus=list(d.gpus), mode=mode,
-                              attempts=self.job(d.job_id).attempts + 1,
-                              neighbours=self.start_neighbours(d.job_id, d.gpus))  # one transaction
+                              attempts=prev.attempts + 1,
+                              neighbours=self.start_neighbours(d.job_id, d.gpus), **fields)  # one transaction
         live = self.live.setdefault(job.id, Live())
         live.task = asyncio.get_running_loop().create_task(self._launch_and_follow(job, d))
 
@@ -88,7 +96,10 @@ class LifecycleMixin:
             self._finish(job.id)
             return
         await self._durably(lambda: self.set_fields(job.id, handle=handle))
-        await self._durably(lambda: self.transition(job.id, State.RUNNING, f"started ({job.spec.runtime})"))
+        said = f"started ({job.spec.runtime})"
+        if job.spec.asked_mem is not None:  # what ls shows of it while it runs
+            said += f" with {format_size(job.spec.gpu_mem)} (asked {format_size(job.spec.asked_mem)}, --grow)"
+        await self._durably(lambda: self.transition(job.id, State.RUNNING, said))
         if self.job(job.id).cancel_by:  # cancelled while it was starting
             await self._finish_cancel(job.id, handle)
         await self.follow(job.id, handle)
@@ -179,7 +190,7 @@ class LifecycleMixin:
         if code == 0:
             return self.transition(job_id, State.SUCCEEDED, f"exited with code 0{note}", exit_code=0)
         if refused and job.spec.grow and (bigger := self.grown_budget(job)) is not None:
-            spec = dataclasses.replace(job.spec, gpu_mem=bigger, grow=False)  # once
+            spec = dataclasses.replace(job.spec, gpu_mem=bigger, grow=False, asked_mem=None)  # once
             return self.transition(job_id, State.QUEUED, f"exited with code {_code_text(code)}{note}; requeued with "
                                    f"budget {format_size(bigger)} (--grow)", spec=json.dumps(spec.to_dict()))
         return self.transition(job_id, State.FAILED, f"exited with code {_code_text(code)}{note}", exit_code=code)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import math
 import threading
@@ -12,6 +13,7 @@ from pathlib import Path
 from .. import fairshare, policy
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..store import Store
+from ..units import format_size
 
 log = logging.getLogger("colo")
 
@@ -30,14 +32,22 @@ COMPLETE_PASS_EVERY = 60.0  # seconds
 
 
 def _cand(job_id: int, budget: int, gpus: int, uid: int, priority: int, seq: int, profile, queued_at: float,
-          held: tuple, gpu_ids: tuple = (), gpu_type: str | None = None) -> policy.Candidate:
+          held: tuple, gpu_ids: tuple = (), gpu_type: str | None = None, grow: bool = False) -> policy.Candidate:
     """Candidate without the frozen dataclass's per-field __setattr__ (10,000 a full pass)."""
     c = object.__new__(policy.Candidate)
     object.__setattr__(c, "__dict__", {"job_id": job_id, "budget": budget, "gpus": gpus, "uid": uid,
                                        "priority": priority, "seq": seq, "profile": profile,
                                        "queued_at": queued_at, "held": held, "gpu_ids": gpu_ids,
-                                       "gpu_type": gpu_type})
+                                       "gpu_type": gpu_type, "grow": grow})
     return c
+
+
+def grow_note(budget: int, asked: int, learned: int | None) -> str:
+    """What `colo explain` and the job's events say of a budget --grow raised at its start
+    (learned: the part its profile's runs gave, the rest lent)."""
+    how = ("its profile's runs used that much (+10 %)" if learned and learned >= budget else
+           f"{format_size(learned)} from its profile's runs, the rest lent" if learned else "lent")
+    return f"budget {format_size(budget)} (asked {format_size(asked)}; {how}: --grow)"
 
 
 class SchedulerMixin:
@@ -66,6 +76,7 @@ class SchedulerMixin:
         self.fair_ledger = fairshare.Ledger(c.fair_share_half_life)
         self.limits = fairshare.Limits(c.max_queued_per_user, c.max_running_per_user, c.max_gpu_mem_per_user)
         self.last_pass: dict = {}
+        self._views: list[policy.GpuView] = []  # the GPUs as the pass that runs sees them
 
     # what changed -----------------------------------------------------------------------------
     def _queue_changed(self, prev: Job | None, job: Job) -> None:
@@ -212,6 +223,7 @@ class SchedulerMixin:
             ld.running += 1
             ld.gpu_mem += j.spec.gpu_mem * len(j.gpus)
         placed = self.placed(now, active)
+        self._views = views  # what a --grow job's learned budget is capped by (_budget_of)
         seen: set[int] = set()
         self._array_load: Counter | None = None  # array id -> tasks running or taken this pass (when asked)
         waits: list[policy.Decision] = []
@@ -245,7 +257,8 @@ class SchedulerMixin:
         if len(cands) > left:  # but they get a decision with its reason
             decisions = policy.plan(cands, views, placed, self.cfg_policy, now=now,
                                     learned=self.learned)  # per uid: invariant 13
-        decisions = self._within_limits(decisions, loads)
+        decisions = self._grown(decisions)
+        decisions = self._said(self._within_limits(self._lent_fairly(decisions, views, placed), loads))
         self._record(waits)
         self._record(decisions)
         planned_in = time.monotonic() - mono
@@ -334,12 +347,90 @@ class SchedulerMixin:
             last = self.decisions.get(job_id)
             held = tuple(last.details.get("held", ())) if last is not None else ()
             c = self._cands.get(job_id)
-            if c is None or c.seq != seq or c.held != held:
+            budget = self._budget_of(j) if j.spec.grow else j.spec.gpu_mem
+            if c is None or c.seq != seq or c.held != held or c.budget != budget:
                 c = self._cands[job_id] = _cand(
-                    job_id, j.spec.gpu_mem, j.spec.gpus, j.uid, 0, seq,
+                    job_id, budget, j.spec.gpus, j.uid, 0, seq,
                     c.profile if c is not None else (self.profile_of(j) if j.spec.gpus else None),
-                    j.submitted_at, held, tuple(j.spec.gpu_ids), j.spec.gpu_type)
+                    j.submitted_at, held, tuple(j.spec.gpu_ids), j.spec.gpu_type, j.spec.grow and j.spec.gpus == 1)
             cands.append(c)
+
+    def _budget_of(self, j: Job) -> int:
+        """The budget a --grow job of one GPU is planned with: the most its profile's runs used
+        + 10 % when more than it asked for, as learned from its own user's runs only (invariant
+        13: no one else's runs, no profile file a user hands in), at most what a GPU it may use
+        can give and its user's memory limit. plan() then holds it to invariant 1 like any budget."""
+        asked = j.spec.gpu_mem
+        mine = self.learned.get(j.uid)
+        if j.spec.gpus != 1 or mine is None or not mine.max_mem:
+            return asked
+        got = mine.suggest_budget(self.profile_name(j))
+        if not got or got <= asked:
+            return asked
+        cap = max((v.usable for v in self._views if v.error is None
+                   and policy.gpu_allowed(v, j.spec.gpu_ids, j.spec.gpu_type)), default=asked)
+        if self.limits.gpu_mem:
+            cap = min(cap, self.limits.gpu_mem)
+        return max(asked, min(got, cap))
+
+    def _lent_fairly(self, decisions: list[policy.Decision], views: list[policy.GpuView],
+                     placed: list[policy.Placed]) -> list[policy.Decision]:
+        """plan() lends out of memory no job it was given fits in; it is not given every queued
+        job (a pass for new jobs plans those only; jobs waiting for a dependency, a hold or a limit
+        are not planned). A lend stands only where no queued GPU job at all, of anyone, fits in
+        what its GPU has left: --grow never takes memory from a job that waits."""
+        if not any(d.details.get("lent") for d in decisions):
+            return decisions
+        open_jobs = self.open_jobs
+        leaving = Counter(open_jobs[d.job_id].spec.gpu_mem for d in decisions
+                          if d.action == policy.START and open_jobs[d.job_id].spec.gpus)
+        smallest = min((b for b, n in self._budgets.items() if n > leaving[b]), default=None)
+        if smallest is None:
+            return decisions
+        free = policy.free_budget(views, placed)
+        for d in decisions:
+            if d.action == policy.START:
+                for u in d.gpus:
+                    if u in free:
+                        free[u] -= d.details.get("budget", open_jobs[d.job_id].spec.gpu_mem)
+        out = []
+        for d in decisions:
+            lent = d.details.get("lent")
+            if lent and d.gpus and free.get(d.gpus[0], 0) >= smallest - lent:
+                free[d.gpus[0]] += lent
+                d = dataclasses.replace(d, reason=f"{d.reason}; not lent after all: a queued job fits in what its GPU "
+                                        "has left", details={**d.details, "budget": d.details["budget"] - lent, "lent": 0})
+            out.append(d)
+        return out
+
+    def _grown(self, decisions: list[policy.Decision]) -> list[policy.Decision]:
+        """Starts of --grow jobs with more than they asked for (lent by plan(), or planned with
+        their learned budget): what they asked, what was lent and what was learned, beside it."""
+        out = []
+        for d in decisions:
+            j = self.open_jobs.get(d.job_id)
+            if d.action == policy.START and j is not None and j.spec.grow and "budget" in d.details \
+                    and d.details["budget"] != j.spec.gpu_mem:
+                c = self._cands.get(d.job_id)
+                learned = c.budget if c is not None and c.budget > j.spec.gpu_mem else None
+                budget, asked = d.details["budget"], j.spec.gpu_mem
+                details = {**d.details, "asked": asked, "lent": budget - (learned or asked)}
+                if learned:
+                    details["learned_budget"] = learned
+                d = dataclasses.replace(d, details=details)
+            out.append(d)
+        return out
+
+    def _said(self, decisions: list[policy.Decision]) -> list[policy.Decision]:
+        """The budget a start under --grow gives, in its reason (`colo explain`, the job's events)."""
+        out = []
+        for d in decisions:
+            det = d.details
+            if d.action == policy.START and "asked" in det and det["budget"] != det["asked"]:
+                d = dataclasses.replace(d, reason=f"{d.reason}; " + grow_note(
+                    det["budget"], det["asked"], det.get("learned_budget") if det.get("lent") else det["budget"]))
+            out.append(d)
+        return out
 
     def _none_fits(self, views: list[policy.GpuView], placed: list[policy.Placed],
                    decisions: list[policy.Decision]) -> bool:
@@ -352,7 +443,7 @@ class SchedulerMixin:
             if d.action == policy.START:
                 for u in d.gpus:
                     if u in free:
-                        free[u] -= self.open_jobs[d.job_id].spec.gpu_mem
+                        free[u] -= d.details.get("budget", self.open_jobs[d.job_id].spec.gpu_mem)  # lent too
         return max(free.values(), default=0) < min(self._budgets)
 
     def _within_limits(self, decisions: list[policy.Decision],
@@ -367,13 +458,20 @@ class SchedulerMixin:
             if d.action == policy.START:
                 j = self.open_jobs[d.job_id]
                 ld = loads.setdefault(j.uid, fairshare.UserLoad())
-                why = fairshare.start_refusal(limits, j.user, ld, j.spec.gpu_mem, j.spec.gpus)
+                budget = d.details.get("budget", j.spec.gpu_mem)
+                why = fairshare.start_refusal(limits, j.user, ld, budget, j.spec.gpus)
+                if why and d.details.get("lent") and not fairshare.start_refusal(
+                        limits, j.user, ld, budget - d.details["lent"], j.spec.gpus):
+                    budget -= d.details["lent"]  # what was lent would pass the limit: not lent
+                    d = dataclasses.replace(d, reason=f"{d.reason}; not lent after all: {why}",
+                                            details={**d.details, "budget": budget, "lent": 0})
+                    why = None
                 if why:
                     d = policy.Decision(d.job_id, policy.WAIT, reason=why)
                     self._full = True
                 else:
                     ld.running += 1
-                    ld.gpu_mem += j.spec.gpu_mem * j.spec.gpus
+                    ld.gpu_mem += budget * j.spec.gpus
             out.append(d)
         return out
 
