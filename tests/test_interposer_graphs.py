@@ -99,3 +99,34 @@ def test_graph_entry_points_are_wrapped_by_name_and_version(probe, job, via):
         ["0", "cuGraphExecUpdate", "interpose", "cuGraphExecUpdate_v2"],
         ["500", "cuGraphInstantiate_v3"],
     ]
+
+
+def test_a_graph_on_two_devices_is_charged_to_each_all_or_nothing(probe, job):
+    env, ledger = job
+    # 24 MiB on device 0 and 16 MiB on device 1: each device's graph pool is charged its own share
+    # (read at exit: the process leaves them held).
+    lines, _ = run(probe, env, "init", "streamnew", "graph", "gnodeon", "0", "24M", "gnodeon", "1", "16M",
+                   "instantiate", "launch", "rawused", "rawused1", "exit")
+    assert codes(lines, "launch") == [0] and [int(x.split()[2]) for x in lines if x.startswith("rawused")] == [
+        24 * MiB, 16 * MiB]
+    counted = interposer.read_ledger(ledger).counted
+    assert (counted.get(0), counted.get(1)) == (24 * MiB, 16 * MiB)
+    # With 30 MiB held on device 1, 40 MiB there does not fit: device 0's reservation is rolled back.
+    interposer.create_ledger(ledger, BUDGET)
+    lines, _ = run(probe, env, "init", "1", "streamnew", "alloc", "30M", "graph", "gnodeon", "0", "40M",
+                   "gnodeon", "1", "40M", "instantiate", "launch", "exit")
+    assert codes(lines, "launch") == [2]
+    counted = interposer.read_ledger(ledger).counted
+    assert (counted.get(0, 0), counted.get(1)) == (0, 30 * MiB)
+
+
+def test_an_instantiation_whose_size_cannot_be_kept_is_undone(probe, job):
+    env, ledger = job
+    # The table is capped at 1,024 cells (test hook), full at 512 entries: an executable graph whose
+    # size could not be kept would launch unchecked, so its instantiation is undone and fails.
+    lines, _ = run(probe, {**env, "COLO_TEST_TABLE_MAX": "1024"}, "init", "streamnew", "many", "512", "1K",
+                   "graph", "gnode", "40M", "gfree", "instantiate", "free", "instantiate", "free", "alloc", "30M",
+                   "launch", "freeall")
+    assert lines[2] == "many 0 512" and codes(lines, "instantiate") == [2, 0]
+    assert codes(lines, "alloc") == [0] and codes(lines, "launch") == [2]
+    assert interposer.read_ledger(ledger).counted[0] == 0

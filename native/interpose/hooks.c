@@ -1039,7 +1039,7 @@ static CUresult graph_weight(CUgraph g, struct gweight *w, int depth)
             if ((rc = alloc_of(nodes[i], &p)) != CUDA_SUCCESS) break;
             int d = p.poolProps.location.id;
             if (p.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE || d < 0 || d >= LEDGER_MAX_DEV)
-                continue; /* host memory (CUDA 13's graph allocations may be) */
+                continue; /* a graph allocation of host memory */
             w->bytes[d] = w->bytes[d] + p.bytesize < w->bytes[d] ? UINT64_MAX : w->bytes[d] + p.bytesize;
             w->mask |= 1u << d;
         } else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {

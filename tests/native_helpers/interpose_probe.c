@@ -544,8 +544,10 @@ static int run(int argc, char **argv, int i)
             }
         } else if (!strcmp(c, "graph")) {
             out(c, p_cuGraphCreate(&graph, 0), NULL);
-        } else if (!strcmp(c, "gnode")) {
-            CUDA_MEM_ALLOC_NODE_PARAMS prm = {.poolProps = {.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = cur_dev}},
+        } else if (!strcmp(c, "gnode") || !strcmp(c, "gnodeon")) {
+            /* an alloc node on the current device, or (gnodeon DEV SIZE) on device DEV */
+            int dev = !strcmp(c, "gnodeon") ? atoi(argv[++i]) : cur_dev;
+            CUDA_MEM_ALLOC_NODE_PARAMS prm = {.poolProps = {.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev}},
                                               .bytesize = num(argv[++i])};
             CUgraphNode node;
             rc = p_cuGraphAddMemAllocNode(&node, graph, NULL, 0, &prm);
