@@ -1,6 +1,10 @@
 """Interposer overhead on the simulated driver, printed side by side with the bare driver:
 
   1. cuMemAlloc_v2 + cuMemFree_v2 pairs, 1 and 8 threads x 1 and 4 processes;
+  1b. the same pairs on a stub driver that makes no system call, timed by each thread's CPU
+     clock: the interposer's own cost, exactly (the simulated driver's file lock makes most of a
+     pair system time, and the kernel splits CPU time into user and system only by sampling at
+     each tick, so the user times of 1. carry tens of ns of noise);
   2. cuMemUnmap + cuMemRelease per 2 MiB page, with 100, 2,000 and 16,000 pages mapped
      (PyTorch's expandable segments map and unmap page by page);
   3. a race of 4 processes x 8 threads x 20,000 allocations of 24 MiB against a 64 MiB budget:
@@ -56,24 +60,27 @@ CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigne
 CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
 CUresult cuMemUnmap(CUdeviceptr, size_t);
 static int iters; static uint64_t size_b, budget; static pthread_barrier_t bar;
-static double ns[64], cpu[64]; static long ok[64], oom[64]; static uint64_t seen[64];
+static double ns[64], cpu[64], tcpu[64]; static long ok[64], oom[64]; static uint64_t seen[64];
 static struct fg_header *fake;
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
 /* This thread's user-mode CPU time: what an interposer adds is user code; preemption by other
  * programs on a busy machine does not count in it. */
 static double user_ns(void) { struct rusage r; getrusage(RUSAGE_THREAD, &r); return r.ru_utime.tv_sec * 1e9 + r.ru_utime.tv_usec * 1e3; }
+/* This thread's CPU time, exact (user and system: a pair on the stub driver makes no system call). */
+static double thread_ns(void) { struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
 static void ctx(void) { CUcontext c; cuDevicePrimaryCtxRetain(&c, 0); cuCtxSetCurrent(c); }
 static void *pairs(void *arg) {
     long id = (long)arg; CUdeviceptr p; ctx();
     for (int i = 0; i < 1000; i++) { cuMemAlloc_v2(&p, 1 << 20); cuMemFree_v2(p); }  /* warm up */
     pthread_barrier_wait(&bar);
-    double t0 = now(), u0 = user_ns();
+    double t0 = now(), u0 = user_ns(), c0 = thread_ns();
     for (int i = 0; i < iters; i++) {
         if (cuMemAlloc_v2(&p, 1 << 20) || cuMemFree_v2(p)) { fprintf(stderr, "alloc/free failed\n"); exit(3); }
         ok[id]++;
     }
     ns[id] = (now() - t0) / iters;
     cpu[id] = (user_ns() - u0) / iters;
+    tcpu[id] = (thread_ns() - c0) / iters;
     return NULL;
 }
 static void *race(void *arg) {
@@ -95,6 +102,7 @@ int main(int argc, char **argv) {
     const char *mode = argv[1]; int threads = atoi(argv[2]); iters = atoi(argv[3]);
     int fd = open(getenv("COLO_FAKEGPU_STATE"), O_RDONLY);
     fake = mmap(NULL, sizeof *fake, PROT_READ, MAP_SHARED, fd, 0);
+    if (fake == MAP_FAILED) return 7;
     cuInit(0); ctx();
     if (!strcmp(mode, "vmm")) {
         /* `iters` pages of 2 MiB: created, mapped side by side, handles kept; then timed:
@@ -117,23 +125,58 @@ int main(int argc, char **argv) {
     pthread_t th[64];
     pthread_barrier_init(&bar, NULL, threads);
     for (long t = 0; t < threads; t++) pthread_create(&th[t], NULL, !strcmp(mode, "race") ? race : pairs, (void *)t);
-    double sum = 0, usum = 0; long k = 0, o = 0; uint64_t mx = 0;
+    double sum = 0, usum = 0, tsum = 0; long k = 0, o = 0; uint64_t mx = 0;
     for (int t = 0; t < threads; t++) {
-        pthread_join(th[t], NULL); sum += ns[t]; usum += cpu[t]; k += ok[t]; o += oom[t]; if (seen[t] > mx) mx = seen[t];
+        pthread_join(th[t], NULL); sum += ns[t]; usum += cpu[t]; tsum += tcpu[t]; k += ok[t]; o += oom[t];
+        if (seen[t] > mx) mx = seen[t];
     }
-    printf("%.2f %ld %ld %llu %.2f\n", sum / threads, k, o, (unsigned long long)mx, usum / threads);
+    printf("%.2f %ld %ld %llu %.2f %.2f\n", sum / threads, k, o, (unsigned long long)mx, usum / threads, tsum / threads);
     return 0;
 }
 """
 
+# A driver that does nothing but hand out addresses: no lock, no system call, so that a thread's
+# CPU clock times exactly what the interposer adds to a pair. Only what the pairs reach is real.
+STUB_C = r"""
+#include <stddef.h>
+#include <stdint.h>
+typedef int CUresult; typedef void *CUcontext; typedef unsigned long long CUdeviceptr;
+static int primary; static __thread CUcontext cur; static __thread uint64_t base; static uint64_t threads;
+CUresult cuInit(unsigned f) { (void)f; return 0; }
+CUresult cuDeviceGetCount(int *n) { *n = 1; return 0; }
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, int d) { (void)d; *c = &primary; return 0; }
+CUresult cuCtxSetCurrent(CUcontext c) { cur = c; return 0; }
+CUresult cuCtxGetCurrent(CUcontext *c) { *c = cur; return 0; }
+CUresult cuCtxGetDevice(int *d) { *d = 0; return 0; }
+/* One address per thread: each pair frees it before the next allocation. */
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    (void)n;
+    if (!base) base = (__atomic_add_fetch(&threads, 1, __ATOMIC_RELAXED)) << 40;
+    *p = base; return 0;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) { (void)p; return 0; }
+#define NONE(name) CUresult name(void) { return 801; } /* not supported: never reached by pairs */
+NONE(cuMemCreate) NONE(cuMemRelease) NONE(cuMemAddressReserve) NONE(cuMemMap) NONE(cuMemUnmap)
+"""
 
-def build(tmp: Path, lib_dir: Path) -> Path:
-    src, exe = tmp / "bench.c", tmp / "interposer_bench"
+
+def build(tmp: Path, lib_dir: Path, name: str = "interposer_bench") -> Path:
+    src, exe = tmp / "bench.c", tmp / name
     src.write_text(BENCH_C)
     fg_inc = Path(__file__).resolve().parents[1] / "native" / "fakegpu"
     subprocess.run(["cc", "-O2", f"-I{fg_inc}", "-o", str(exe), str(src), str(lib_dir / "libcuda.so.1"),
                     "-lpthread"], check=True)
     return exe
+
+
+def build_stub(tmp: Path) -> Path:
+    """The stub driver as libcuda.so.1 in a folder of its own; returns the folder."""
+    d = tmp / "stub"
+    d.mkdir()
+    (d / "stub.c").write_text(STUB_C)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(d / "libcuda.so.1"),
+                    str(d / "stub.c")], check=True)
+    return d
 
 
 def launch(exe: Path, env: dict, procs: int, *args) -> list[list[float]]:
@@ -186,6 +229,7 @@ def main() -> None:
         print(f"{'procs':>5} {'threads':>7} {'direct ns':>10} {'interposed':>11} {'added':>8}   "
               f"{'user direct':>11} {'user interp.':>12} {'added':>7}")
         env, ledger = budgeted(32 << 30)
+        shapes = []
         for procs in (1, 4):
             for threads in (1, 8):
                 direct, inter, udirect, uinter = [], [], [], []
@@ -206,6 +250,33 @@ def main() -> None:
                 rep.figure(f"pair_user_{procs}p_{threads}t", f"interposer, alloc+free pair, user CPU, {procs} proc x {threads} thr, simulated driver", iu, "ns",
                            baseline=du, baseline_what="bare simulated driver (user CPU)",
                            note=f"added {iu - du:+.0f} ns")
+                shapes.append((procs, threads))
+
+        stub_pairs = args.pairs * 10
+        stub = build_stub(tmp)
+        stub_exe = build(tmp, stub, "interposer_bench_stub")
+        sbase = {**base, "LD_LIBRARY_PATH": f"{stub}:{base.get('LD_LIBRARY_PATH', '')}"}
+        senv, sledger = budgeted(32 << 30)
+        senv["LD_LIBRARY_PATH"] = sbase["LD_LIBRARY_PATH"]
+        print(f"\n1b. {stub_pairs} pairs per thread on a stub driver that makes no system call: each thread's")
+        print("   CPU time a pair (exact: the thread's CPU clock)")
+        print(f"{'procs':>5} {'threads':>7} {'direct ns':>10} {'interposed':>11} {'added':>8} {'best added':>11}")
+        for procs, threads in shapes:
+            direct, inter = [], []
+            for _ in range(args.repeat):
+                for e, led, acc in ((sbase, None, direct), (senv, sledger, inter)):
+                    rows = launch(stub_exe, e, procs, "pairs", threads, stub_pairs, MiB, 0)
+                    rep.check(all(r[1] == threads * stub_pairs for r in rows), f"stub pairs missing: {rows}")
+                    if led is not None:
+                        c = interposer.read_ledger(led)
+                        rep.check(c.counted[0] == 0 and c.refused == 0, f"ledger not back at 0: {c}")
+                    acc.append(sum(r[5] for r in rows) / len(rows))
+            dm, im = statistics.median(direct), statistics.median(inter)
+            best = min(inter) - min(direct)
+            print(f"{procs:>5} {threads:>7} {dm:>10.1f} {im:>11.1f} {im - dm:>8.1f} {best:>11.1f}")
+            rep.figure(f"pair_cpu_stub_{procs}p_{threads}t", f"interposer, alloc+free pair, thread CPU, {procs} proc x {threads} thr, stub driver", im, "ns",
+                       baseline=dm, baseline_what="bare stub driver (no system call)",
+                       note=f"added {im - dm:+.0f} ns; best runs {min(inter):.0f} vs {min(direct):.0f}")
 
         print("\n2. cuMemUnmap + cuMemRelease per 2 MiB page")
         print(f"{'pages':>6} {'direct ns':>10} {'interposed ns':>14} {'added ns':>9} {'ratio':>6}")
