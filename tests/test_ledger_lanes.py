@@ -5,11 +5,13 @@ killed. Real threads and processes on the simulated driver (tests/native_helpers
 from __future__ import annotations
 
 import os
+import random
 import signal
 import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -81,29 +83,71 @@ def test_threads_take_lanes_give_them_back_and_the_process_holds_their_sum(lanes
 
 
 FILL = textwrap.dedent("""
-    import ctypes
+    import ctypes, sys
     cu = ctypes.CDLL("libcuda.so.1")
     ctx = ctypes.c_void_p()
     assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
     assert cu.cuCtxSetCurrent(ctx) == 0
-    a = cu.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(64 << 20))
+    a = cu.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(int(sys.argv[1])))
     b = cu.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(1))
     print(a, b)
 """)
 
 
-def test_a_killed_multithreaded_process_gives_back_exactly_the_sum_of_its_lanes(lanes_bin, job):
-    env, ledger = job
-    p = holder(lanes_bin, env)
-    p.send_signal(signal.SIGKILL)
-    p.wait(timeout=30)
-    led = interposer.read_ledger(ledger)
-    assert led.used[0] == 0 and led.processes == []  # dead: counts for nothing at once
-    assert led.counted[0] == 25 * MiB                # until a job process reclaims it
-    # The whole budget fits again (nothing left too high), and not a byte more (nothing taken
-    # back twice).
-    r = subprocess.run([sys.executable, "-c", FILL], env=env, capture_output=True, text=True, timeout=60)
+def keeper(lanes_bin, env):
+    """A live process of the job holding 16 MiB (so that a total taken too low would show)."""
+    p = subprocess.Popen([str(lanes_bin), "1", "16", "0"], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "ready 16 0\n"
+    return p
+
+
+def fill_exactly(env, ledger, keep):
+    """What the live keeper leaves of the budget fits (nothing left counted too high), and not a
+    byte more (nothing given back twice); the filler then exits holding it."""
+    r = subprocess.run([sys.executable, "-c", FILL, str(BUDGET - keep)], env=env, capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0", "2"]
-    led = interposer.read_ledger(ledger)  # the filler exited holding the budget, just that
-    assert led.counted[0] == BUDGET and led.used[0] == 0 and led.refused == 1
+    led = interposer.read_ledger(ledger)
+    assert led.counted[0] == BUDGET and led.used[0] == keep
+
+
+def test_a_killed_multithreaded_process_gives_back_exactly_the_sum_of_its_lanes(lanes_bin, job):
+    env, ledger = job
+    k = keeper(lanes_bin, env)
+    try:
+        p = holder(lanes_bin, env)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        led = interposer.read_ledger(ledger)
+        assert led.used[0] == 16 * MiB and len(led.processes) == 1  # the dead one counts for nothing at once
+        assert led.counted[0] == 41 * MiB                           # until a job process reclaims it
+        fill_exactly(env, ledger, 16 * MiB)
+        assert k.communicate("free\n", timeout=60)[0] == "done\n"
+    finally:
+        k.kill()
+
+
+def test_processes_killed_while_threads_free_each_others_memory_leave_nothing_behind(lanes_bin, job):
+    env, ledger = job
+    # 20 threads (private lanes and the shared one) allocating and freeing each other's memory,
+    # killed at random points: each time, what the dead process held is reclaimed from the sum of
+    # its lanes, and one killed mid-update is resynced, so that afterwards the whole budget fits
+    # and not a byte more.
+    rnd = random.Random(14)
+    k = keeper(lanes_bin, env)
+    try:
+        for _ in range(6):
+            p = subprocess.Popen([str(lanes_bin), "churn", "20"], env=env, stderr=subprocess.PIPE)
+            deadline = time.monotonic() + 60
+            while interposer.read_ledger(ledger).used[0] <= 16 * MiB:
+                assert time.monotonic() < deadline and p.poll() is None, "the churn never allocated"
+                time.sleep(0.005)
+            time.sleep(rnd.uniform(0, 0.05))
+            p.send_signal(signal.SIGKILL)
+            p.wait(timeout=30)
+        fill_exactly(env, ledger, 16 * MiB)
+        assert k.communicate("free\n", timeout=60)[0] == "done\n"
+    finally:
+        k.kill()
