@@ -257,6 +257,7 @@ def before_commit(python: str) -> str:
 
 
 def main() -> int:
+    global PASSES
     ap = argparse.ArgumentParser()
     ap.add_argument("--big", action="store_true", help="also 50,000 queued")
     ap.add_argument("--clients", type=int, default=10)
@@ -270,7 +271,6 @@ def main() -> int:
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the clients are real users")
-    global PASSES
     PASSES = args.passes
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else [100, 10000] + ([50000] if args.big else [])
     rep = Report("queue_bench")
