@@ -90,7 +90,7 @@ def submit(
     env_file: List[Path] = typer.Option([], "--env-file", help="K=V lines (# comments), repeatable"),
     wait_: bool = typer.Option(False, "--wait", help="block until the job ends; exit with its exit code"),
     follow: bool = typer.Option(False, "--follow", "-f", help="print its output until it ends (implies --wait)"),
-    grow: bool = typer.Option(False, "--grow", help="refused by its budget: requeue once with a larger one"),
+    grow: bool = typer.Option(False, "--grow", help="may run with more than --gpu-mem: lent, learned from your runs, or requeued once when refused"),
     cpus: Optional[float] = typer.Option(None, "--cpus", help="CPU limit in cores, e.g. 2 or 0.5"),
     mem: Optional[str] = typer.Option(None, "--mem", help="host memory limit, e.g. 8GiB"),
     time_limit: Optional[str] = typer.Option(None, "--time", help="wall-time limit as Slurm reads it: "

@@ -89,6 +89,10 @@ def test_a_grow_job_is_lent_what_it_needs_and_the_lent_budget_counts_across_a_re
     j = d.wait_state(grown, "succeeded", timeout=60)
     assert not any("refused" in e["reason"] for e in j["events"]), j["events"]
     assert j["budget"] == 1280 * MiB  # what it ran with, in the history
+    # run again (colo requeue), the copy asks for what was asked, not what was lent
+    again = int(d.cli("requeue", str(grown), check=True).stdout.split()[-1])
+    j = d.wait_state(again, "succeeded", timeout=60)
+    assert any("asked 1.0GiB" in e["reason"] for e in j["events"]), j["events"]
 
 
 def test_a_grow_job_starts_with_what_its_users_earlier_runs_used(node, other_user):
@@ -135,3 +139,11 @@ def test_nothing_is_lent_out_of_memory_a_waiting_job_fits_in(node):
     assert "not lent after all: a queued job fits" in explain(d, grown)["decision"]["reason"]
     gate.touch()
     d.wait_state(after, "succeeded", timeout=60)
+
+
+def test_a_lend_that_would_pass_the_users_memory_limit_is_not_made(node):
+    d = node(max_gpu_mem_per_user="1GiB")
+    grown = d.submit("--process", "--gpu-mem", "1GiB", "--grow", "--", "true")
+    j = d.wait_state(grown, "succeeded", timeout=60)
+    assert j["budget"] == GiB and j["spec"]["asked_mem"] is None, j
+    assert "not lent after all: waiting for a limit" in explain(d, grown)["decision"]["reason"]
