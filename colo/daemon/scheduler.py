@@ -257,8 +257,12 @@ class SchedulerMixin:
         if len(cands) > left:  # but they get a decision with its reason
             decisions = policy.plan(cands, views, placed, self.cfg_policy, now=now,
                                     learned=self.learned)  # per uid: invariant 13
-        decisions = self._grown(decisions)
-        decisions = self._said(self._within_limits(self._lent_fairly(decisions, views, placed), loads))
+        grown = self._grown(decisions)  # (a few starts: a full pass decides for 10,000 queued jobs)
+        if grown:
+            self._lent_fairly(decisions, grown, views, placed)
+        decisions = self._within_limits(decisions, loads)
+        if grown:
+            self._said(decisions, grown)
         self._record(waits)
         self._record(decisions)
         planned_in = time.monotonic() - mono
@@ -373,64 +377,65 @@ class SchedulerMixin:
             cap = min(cap, self.limits.gpu_mem)
         return max(asked, min(got, cap))
 
-    def _lent_fairly(self, decisions: list[policy.Decision], views: list[policy.GpuView],
-                     placed: list[policy.Placed]) -> list[policy.Decision]:
+    def _grown(self, decisions: list[policy.Decision]) -> list[int]:
+        """Starts of --grow jobs with more than they asked for (lent by plan(), or planned with
+        their learned budget): what they asked, what was lent and what was learned go beside the
+        budget in their details. Changed in place; returns their indices."""
+        out = []
+        open_jobs, cands = self.open_jobs, self._cands
+        for i, d in enumerate(decisions):
+            if d.action != policy.START:
+                continue
+            j = open_jobs.get(d.job_id)
+            if j is None or not j.spec.grow or d.details.get("budget", j.spec.gpu_mem) == j.spec.gpu_mem:
+                continue
+            c = cands.get(d.job_id)
+            learned = c.budget if c is not None and c.budget > j.spec.gpu_mem else None
+            budget, asked = d.details["budget"], j.spec.gpu_mem
+            details = {**d.details, "asked": asked, "lent": budget - (learned or asked)}
+            if learned:
+                details["learned_budget"] = learned
+            decisions[i] = dataclasses.replace(d, details=details)
+            out.append(i)
+        return out
+
+    def _lent_fairly(self, decisions: list[policy.Decision], grown: list[int], views: list[policy.GpuView],
+                     placed: list[policy.Placed]) -> None:
         """plan() lends out of memory no job it was given fits in; it is not given every queued
         job (a pass for new jobs plans those only; jobs waiting for a dependency, a hold or a limit
         are not planned). A lend stands only where no queued GPU job at all, of anyone, fits in
-        what its GPU has left: --grow never takes memory from a job that waits."""
-        if not any(d.details.get("lent") for d in decisions):
-            return decisions
+        what its GPU has left: --grow never takes memory from a job that waits. In place."""
+        lent = [i for i in grown if decisions[i].details.get("lent")]
+        if not lent:
+            return
         open_jobs = self.open_jobs
-        leaving = Counter(open_jobs[d.job_id].spec.gpu_mem for d in decisions
-                          if d.action == policy.START and open_jobs[d.job_id].spec.gpus)
+        starts = [d for d in decisions if d.action == policy.START]
+        leaving = Counter(open_jobs[d.job_id].spec.gpu_mem for d in starts if open_jobs[d.job_id].spec.gpus)
         smallest = min((b for b, n in self._budgets.items() if n > leaving[b]), default=None)
         if smallest is None:
-            return decisions
+            return
         free = policy.free_budget(views, placed)
-        for d in decisions:
-            if d.action == policy.START:
-                for u in d.gpus:
-                    if u in free:
-                        free[u] -= d.details.get("budget", open_jobs[d.job_id].spec.gpu_mem)
-        out = []
-        for d in decisions:
-            lent = d.details.get("lent")
-            if lent and d.gpus and free.get(d.gpus[0], 0) >= smallest - lent:
-                free[d.gpus[0]] += lent
-                d = dataclasses.replace(d, reason=f"{d.reason}; not lent after all: a queued job fits in what its GPU "
-                                        "has left", details={**d.details, "budget": d.details["budget"] - lent, "lent": 0})
-            out.append(d)
-        return out
+        for d in starts:
+            for u in d.gpus:
+                if u in free:
+                    free[u] -= d.details.get("budget", open_jobs[d.job_id].spec.gpu_mem)
+        for i in lent:
+            d = decisions[i]
+            extra = d.details["lent"]
+            if d.gpus and free.get(d.gpus[0], 0) >= smallest - extra:
+                free[d.gpus[0]] += extra
+                decisions[i] = dataclasses.replace(
+                    d, reason=f"{d.reason}; not lent after all: a queued job fits in what its GPU has left",
+                    details={**d.details, "budget": d.details["budget"] - extra, "lent": 0})
 
-    def _grown(self, decisions: list[policy.Decision]) -> list[policy.Decision]:
-        """Starts of --grow jobs with more than they asked for (lent by plan(), or planned with
-        their learned budget): what they asked, what was lent and what was learned, beside it."""
-        out = []
-        for d in decisions:
-            j = self.open_jobs.get(d.job_id)
-            if d.action == policy.START and j is not None and j.spec.grow and "budget" in d.details \
-                    and d.details["budget"] != j.spec.gpu_mem:
-                c = self._cands.get(d.job_id)
-                learned = c.budget if c is not None and c.budget > j.spec.gpu_mem else None
-                budget, asked = d.details["budget"], j.spec.gpu_mem
-                details = {**d.details, "asked": asked, "lent": budget - (learned or asked)}
-                if learned:
-                    details["learned_budget"] = learned
-                d = dataclasses.replace(d, details=details)
-            out.append(d)
-        return out
-
-    def _said(self, decisions: list[policy.Decision]) -> list[policy.Decision]:
+    def _said(self, decisions: list[policy.Decision], grown: list[int]) -> None:
         """The budget a start under --grow gives, in its reason (`colo explain`, the job's events)."""
-        out = []
-        for d in decisions:
+        for i in grown:
+            d = decisions[i]
             det = d.details
-            if d.action == policy.START and "asked" in det and det["budget"] != det["asked"]:
-                d = dataclasses.replace(d, reason=f"{d.reason}; " + grow_note(
+            if d.action == policy.START and det["budget"] != det["asked"]:
+                decisions[i] = dataclasses.replace(d, reason=f"{d.reason}; " + grow_note(
                     det["budget"], det["asked"], det.get("learned_budget") if det.get("lent") else det["budget"]))
-            out.append(d)
-        return out
 
     def _none_fits(self, views: list[policy.GpuView], placed: list[policy.Placed],
                    decisions: list[policy.Decision]) -> bool:
