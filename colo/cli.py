@@ -620,7 +620,8 @@ def report(since: Optional[str] = SinceOpt, user: List[str] = UserOpt,
     r = _call(client(sock).report, max(0.0, parse_since(since)) if since else None, user)
     if svg is not None:
         try:  # the caller's own file, written as the caller
-            svg.write_text(rp.svg(r, f"colo report, last {since}" if since else "colo report"), encoding="utf-8")
+            span = "" if not since else f", last {since}" if since[-1:].isalpha() else f", since {since}"  # 7d, a date
+            svg.write_text(rp.svg(r, f"colo report{span}"), encoding="utf-8")
         except OSError as e:
             fail(f"--svg {svg}: {e.strerror}")
     if as_json:
