@@ -77,6 +77,7 @@ class SchedulerMixin:
         self.limits = fairshare.Limits(c.max_queued_per_user, c.max_running_per_user, c.max_gpu_mem_per_user)
         self.last_pass: dict = {}
         self._views: list[policy.GpuView] = []  # the GPUs as the pass that runs sees them
+        self._grow_planned = False
 
     # what changed -----------------------------------------------------------------------------
     def _queue_changed(self, prev: Job | None, job: Job) -> None:
@@ -224,6 +225,7 @@ class SchedulerMixin:
             ld.gpu_mem += j.spec.gpu_mem * len(j.gpus)
         placed = self.placed(now, active)
         self._views = views  # what a --grow job's learned budget is capped by (_budget_of)
+        self._grow_planned = False  # whether a --grow job is among this pass's candidates (_take)
         seen: set[int] = set()
         self._array_load: Counter | None = None  # array id -> tasks running or taken this pass (when asked)
         waits: list[policy.Decision] = []
@@ -257,7 +259,7 @@ class SchedulerMixin:
         if len(cands) > left:  # but they get a decision with its reason
             decisions = policy.plan(cands, views, placed, self.cfg_policy, now=now,
                                     learned=self.learned)  # per uid: invariant 13
-        grown = self._grown(decisions)  # (a few starts: a full pass decides for 10,000 queued jobs)
+        grown = self._grown(decisions) if self._grow_planned else []  # else nothing to look at (10,000 decisions)
         if grown:
             self._lent_fairly(decisions, grown, views, placed)
         decisions = self._within_limits(decisions, loads)
@@ -351,7 +353,10 @@ class SchedulerMixin:
             last = self.decisions.get(job_id)
             held = tuple(last.details.get("held", ())) if last is not None else ()
             c = self._cands.get(job_id)
-            budget = self._budget_of(j) if j.spec.grow else j.spec.gpu_mem
+            budget = j.spec.gpu_mem
+            if j.spec.grow:
+                budget = self._budget_of(j)
+                self._grow_planned = True
             if c is None or c.seq != seq or c.held != held or c.budget != budget:
                 c = self._cands[job_id] = _cand(
                     job_id, budget, j.spec.gpus, j.uid, 0, seq,
