@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
     @app.command("sim")
     def sim_cmd(
         workload: Optional[str] = typer.Argument(None, help="workload file, or a shipped mix: heavy, light, memory-heavy, memory-light, random"),
-        policy: List[str] = typer.Option([], "--policy", "-p", help="policy to run (repeat); default: all baselines and colo"),
+        policy: List[str] = typer.Option([], "--policy", "-p", help="policy to run (repeat); default: all baselines and colo; references (not baselines): mps-all, oracle-bound (reads the truth)"),
         gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs in the simulated node"),
         as_json: bool = typer.Option(False, "--json", help="results as JSON"),
         plot: bool = typer.Option(False, "--plot", help="text plot of GPU occupancy per policy"),

@@ -27,6 +27,7 @@ from . import fairshare
 from .config import Config
 from . import policy as pol
 from . import simtruth
+from . import profiles as profs
 from .profiles import Profile, ProfileStore, shipped_dir
 from .units import format_size, parse_size
 
@@ -226,6 +227,7 @@ class _Run:
         self.factor = 1.0  # the part of it that came from learned co-run slowdowns
         self.neighbours: set[str] = set()  # profiles of the jobs that shared its GPU during this attempt
         self.peak = 0  # the most memory it used (bytes), as the daemon's samples would show
+        self.trace: list[tuple] = []  # (t0, t1, SM, memory, bandwidth) from its start: what sampling shows
         self.p = 0.0  # progress in seconds of alone work
         self.state = "pending"
         self.gpu: int | None = None
@@ -269,6 +271,8 @@ class Result:
     lost: int  # jobs that never completed
     unslowed: int  # jobs that ran with no slowdown (< 1 %)
     max_slowdown: float = 1.0
+    over_bound: int = 0  # completed jobs slowed past the slowdown bound (config.slowdown_bound)
+    completed: int = 0
     ratio: float | None = None  # makespan / exclusive SJF's in the same run; None: a failure (lost jobs)
     seed: int | None = None
     truth: str = "exact"
@@ -278,7 +282,7 @@ class Result:
     def summary(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("policy", "truth", "seed", "makespan", "ratio", "mean_jct", "p95_jct",
                                               "p95_slowdown", "max_slowdown", "sm_util", "mem_util", "oom",
-                                              "lost", "unslowed")}
+                                              "lost", "unslowed", "over_bound", "completed")}
 
     @property
     def failed(self) -> bool:
@@ -290,10 +294,13 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
              replan_every: float | None = REPLAN_EVERY, name: str | None = None,
              truth: simtruth.Truth | None = None, grow: bool = False,
              learned: pol.Learned | None = None, learn: bool = True,
-             half_life: float = FAIR_HALF_LIFE) -> Result:
+             half_life: float = FAIR_HALF_LIFE, profiles: dict[str, Profile] | None = None) -> Result:
     """colo runs as the daemon does: the queue in fair-share order (colo/fairshare.py, use decaying
     with `half_life`), learning from every job's end into `learned` (what earlier runs taught,
-    carried by the caller; a fresh one when None; `learn=False`: a colo that never learns)."""
+    carried by the caller; a fresh one when None; `learn=False`: a colo that never learns), and
+    learning profiles into `profiles` (name -> the profile colo places that application with
+    now, as the daemon's learned copies; carried by the caller with `learned`, a fresh one when
+    None): see learn_profile()."""
     config = config or pol.PolicyConfig()
     truth = truth or simtruth.Truth("exact")
     fn = POLICIES[policy] if isinstance(policy, str) else policy
@@ -301,7 +308,16 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
     if fn is colo:
         if learned is None and learn:
             learned = pol.Learned()
-        fn = lambda *a: colo(*a, learned=learned, ledger=ledger, grow=grow)  # noqa: E731
+        if learned is None:
+            profiles = None  # a colo that never learns keeps its profiles as stored
+        elif profiles is None:
+            profiles = {}
+        fn = lambda *a: colo(*a, learned=learned, ledger=ledger, grow=grow, profiles=profiles)  # noqa: E731
+    else:
+        profiles = None
+        if fn is oracle_bound:
+            memo: dict = {}
+            fn = lambda *a: oracle_bound(*a, truth=truth, memo=memo)  # noqa: E731
     label = policy if isinstance(policy, str) else (name or getattr(policy, "__name__", "custom"))
     node = [SimGpu(i, gpu_mem, gpu_mem - config.reserve) for i in range(gpus)]
     runs = [_Run(j, i, truth.realise(j.id, j.profile)) for i, j in enumerate(sorted(jobs, key=lambda j: (j.arrival, j.id)))]
@@ -370,6 +386,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                 for o in g.runs:
                     o.neighbours.add(r.job.profile.name)
                 r.peak = int(r.mem[0])
+                r.trace = []
                 g.runs.append(r)
                 check_memory(g, [r])
         else:
@@ -402,6 +419,10 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
         for r in running:
             dt = min(dt, (r.next_boundary() - r.p) / rate[id(r)])
         dt = max(dt, 0.0)
+        if profiles is not None and dt > 0:  # what NVML sampling would show of each job (learn_profile)
+            for r in running:
+                s, x = r.segment(), rate[id(r)]
+                r.trace.append((t - r.start, t + dt - r.start, r.sm[s] * x, int(r.mem[s]), r.membw[s] * x))
         for g in node:
             if g.runs:
                 use = min(1.0, sum(r.sm[r.segment()] * rate[id(r)] for r in g.runs))
@@ -420,20 +441,57 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                     g.runs.remove(r)
                     r.state, r.end, r.gpu, replan = "done", t, None, True
                     ledger.add(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start, t)
-                    if learned is not None and r.job.known and label == "colo":
+                    seen = seen_profile(r, profiles)  # as the daemon's learn(): observe, then the profile
+                    if learned is not None and seen is not None and label == "colo":
                         learned.observe(r.job.profile.name, sorted(r.neighbours), r.mode, r.predicted,
-                                        t - r.start, r.job.profile.runtime, r.peak, r.factor)
+                                        t - r.start, seen.runtime, r.peak, r.factor)
+                    if profiles is not None:
+                        learn_profile(profiles, r, seen, t - r.start)
                 elif r.segment() != before and r.mem[r.segment()] > r.mem[before]:
                     grown.append(r)
                     r.peak = max(r.peak, int(r.mem[r.segment()]))
             if grown:
                 check_memory(g, grown)
-    res = _result(label, runs, t, sm_area, mem_area, oom, gpus, timeline)
+    res = _result(label, runs, t, sm_area, mem_area, oom, gpus, timeline, config.slowdown_bound)
     res.seed, res.truth = truth.seed if truth.kind != "exact" else None, truth.kind
     return res
 
 
-def _result(label, runs, t_end, sm_area, mem_area, oom, gpus, timeline) -> Result:
+def seen_profile(r: _Run, profiles: dict[str, Profile] | None) -> Profile | None:
+    """The profile colo places a run with: what it learned of that application (profiles), else
+    the stored one; None for a job without one (known=no) until a run of it was learned."""
+    got = profiles.get(r.job.profile.name) if profiles else None
+    return got if got is not None else (r.job.profile if r.job.known else None)
+
+
+def learn_profile(profiles: dict[str, Profile], r: _Run, seen: Profile | None, wall: float) -> None:
+    """At a job's end, what the daemon's learn() does (colo/daemon/learning.py): the series a
+    sampler saw of this run become one run merged into the profile it ran under (profiles.merge),
+    when the run shared its GPU with nobody; a job that had no profile learns its first from its
+    run even when shared (there is nothing cleaner to keep). Sampling is taken as exact (no NVML
+    noise, one sample per interval between events): SM and bandwidth are the realised levels
+    times the job's progress rate (its share of its alone speed: 1 when uncontended), memory as
+    used; its run time is its wall time (its real alone time when uncontended)."""
+    if r.neighbours and seen is not None:
+        return  # a shared run's wall time is not its alone time
+    n = len(r.sm)
+    step = wall / n
+    sm, bw, mem, cover = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n)
+    for t0, t1, s, m, b in r.trace:  # time-weighted means per point (peak memory), on the run's own grid
+        for i in range(max(0, int(t0 / step + 1e-9)), min(n, int(math.ceil(t1 / step - 1e-9)))):
+            w = min(t1, (i + 1) * step) - max(t0, i * step)
+            if w > 0:
+                sm[i] += s * w
+                bw[i] += b * w
+                cover[i] += w
+                mem[i] = max(mem[i], m)
+    sm, bw = sm / np.maximum(cover, 1e-12), bw / np.maximum(cover, 1e-12)
+    new = Profile(name=r.job.profile.name, step=step, sm=sm, mem=mem, membw=bw, runtime=wall,
+                  cache_bound=bool(bw.mean() >= profs.CACHE_BOUND_MEMBW), runs=1)
+    profiles[new.name] = profs.merge(seen, new) if seen is not None else new
+
+
+def _result(label, runs, t_end, sm_area, mem_area, oom, gpus, timeline, bound: float = 1.5) -> Result:
     done = [r for r in runs if r.state == "done"]
     makespan = max((r.end for r in runs if r.end is not None), default=0.0)  # lost jobs end too
     jct = np.array([r.end - r.job.arrival for r in done]) if done else np.zeros(1)
@@ -445,19 +503,20 @@ def _result(label, runs, t_end, sm_area, mem_area, oom, gpus, timeline) -> Resul
     return Result(label, float(makespan), float(jct.mean()), float(np.percentile(jct, 95)),
                   float(np.percentile(slow, 95)), sm_area / span, mem_area / span, oom,
                   sum(r.state == "lost" for r in runs), int((slow < 1.01).sum()) if done else 0,
-                  max_slowdown=float(slow.max()), jobs=jobs, timeline=timeline)
+                  max_slowdown=float(slow.max()), over_bound=int((slow > bound + 1e-6).sum()) if done else 0,
+                  completed=len(done), jobs=jobs, timeline=timeline)
 
 
 # ---- policies ---------------------------------------------------------------------------------
 
 def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None,
-         ledger: fairshare.Ledger | None = None, grow: bool = False):
+         ledger: fairshare.Ledger | None = None, grow: bool = False, profiles: dict | None = None):
     """colo's own policy: policy.plan(), unchanged, fed as the daemon's scheduler feeds it: the
     queue in fair-share order (Candidate.seq, priority within each user's own queue), what was
-    learned; budgets enforced (the interposer)."""
+    learned (co-run slowdowns, and the profiles learned so far); budgets enforced (the interposer)."""
     views = [pol.GpuView(f"sim-gpu{g.index}", g.index, g.usable, mps="active") for g in node]
     placed = [pol.Placed(r.job.id, (f"sim-gpu{r.gpu}",), r.budget or 0, r.job.uid, r.mode,
-                         r.job.profile if r.job.known else None, now - r.start) for r in running]
+                         seen_profile(r, profiles), now - r.start) for r in running]
     by_id = {r.job.id: r for r in queue}
     usage = (ledger or fairshare.Ledger(FAIR_HALF_LIFE)).usage(
         now, [(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start) for r in running])
@@ -465,12 +524,12 @@ def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None,
     cands = []
     for seq, job_id in enumerate(fair):
         r = by_id[job_id]
-        if grow and learned is not None and r.job.known:  # --grow: start with what earlier runs needed
+        seen = seen_profile(r, profiles)
+        if grow and learned is not None and seen is not None:  # --grow: start with what earlier runs needed
             got = learned.suggest_budget(r.job.profile.name)
             if got and got > r.ask:
                 r.ask = min(got, max(g.usable for g in node))
-        cands.append(pol.Candidate(r.job.id, r.ask, 1, r.job.uid, 0, seq,
-                                   r.job.profile if r.job.known else None, r.job.arrival, r.held, grow))
+        cands.append(pol.Candidate(r.job.id, r.ask, 1, r.job.uid, 0, seq, seen, r.job.arrival, r.held, grow))
     out = []
     for d in pol.plan(cands, views, placed, cfg, now=now, learned=learned):
         by_id[d.job_id].held = tuple(d.details.get("held", ()))  # as the daemon keeps its last decision
@@ -544,9 +603,118 @@ def mps_all(now, queue, running, node, cfg):
     return [(r, i % len(node), "mps", r.job.budget) for i, r in enumerate(sorted(queue, key=lambda r: r.seq))]
 
 
+def forecast(truth: simtruth.Truth, members: Sequence[tuple], now: float, capacity: int,
+             memo: dict | None = None, deadlines: np.ndarray | None = None) -> np.ndarray | None:
+    """When each of `members` ((run, progress, mode) on one GPU, from now, nobody else starting)
+    really ends under the truth's own physics, stepping as simulate() does; None when their real
+    memory passes `capacity` at some instant on the way. The last one left runs alone (rate 1).
+    memo: the truth's rates per (run, point, mode) set, kept by the caller across calls (the same
+    sets come back at every re-plan). deadlines: None as soon as one of them must end after its
+    own (no job runs faster than alone), which spares following a set that cannot pass."""
+    memo = {} if memo is None else memo
+    k = len(members)
+    p = np.array([m[1] for m in members], dtype=float)
+    runs = [m[0] for m in members]
+    rt = np.array([r.runtime for r in runs])
+    step = np.array([r.step for r in runs])
+    npts = np.array([r.n for r in runs])
+    cb = np.array([r.cache_bound for r in runs])
+    mps = np.array([m[2] == "mps" for m in members])
+    corun = np.array([r.corun for r in runs])
+    end = np.full(k, np.nan)
+    alive = np.array([x < y - 1e-6 for x, y in zip(p, rt)])
+    end[~alive] = now
+    t = now
+    while alive.sum() >= 2:
+        idx = np.flatnonzero(alive)
+        if deadlines is not None and (t + rt[idx] - p[idx] > deadlines[idx] + 1e-6).any():
+            return None
+        seg = np.minimum((p[idx] / step[idx] + 1e-9).astype(int), npts[idx] - 1)
+        if sum(int(runs[i].mem[s]) for i, s in zip(idx, seg)) > capacity:
+            return None
+        key = tuple((runs[i].seq, int(s), bool(mps[i])) for i, s in zip(idx, seg))
+        rate = memo.get(key)
+        if rate is None:
+            sm = np.array([runs[i].sm[s] for i, s in zip(idx, seg)])
+            bw = np.array([runs[i].membw[s] for i, s in zip(idx, seg)])
+            rate = memo[key] = truth.rates(sm, bw, cb[idx], mps[idx], corun[idx])[:, 0]
+        bound = np.minimum(rt[idx], (seg + 1) * step[idx])
+        dt = max(0.0, float(np.min((bound - p[idx]) / rate)))
+        p[idx] = np.minimum(rt[idx], p[idx] + rate * dt)
+        t += dt
+        done = idx[p[idx] >= rt[idx] - 1e-6]
+        end[done] = t
+        alive[done] = False
+    for i in np.flatnonzero(alive):  # alone: every truth runs a job alone at its alone speed
+        end[i] = t + rt[i] - p[i]
+    if deadlines is not None and (end > deadlines + 1e-6).any():
+        return None
+    return end
+
+
+def _realisation(r: _Run) -> tuple:
+    key = r.__dict__.get("_realisation")
+    if key is None:
+        key = r.__dict__["_realisation"] = (r.runtime, r.step, r.cache_bound, r.corun, r.sm.tobytes(),
+                                             r.membw.tobytes(), r.mem.tobytes())
+    return key
+
+
+def oracle_bound(now, queue, running, node, cfg, truth: simtruth.Truth, memo: dict | None = None):
+    """A reference, not a policy (it reads the truth; calibration only, never a baseline): the
+    makespan a packer reaches while keeping every job within `slowdown_bound`, to tell whether an
+    aim is reachable at all with the bound kept. Shortest *real* run time first; on each GPU, a
+    job starts beside those there when, by the truth's own physics from where each of them is
+    now (forecast()), their real memory fits the GPU at every instant, every one of them (the
+    newcomer included) ends within the bound of its real alone time counted from its own start
+    (so no later start can push an earlier job past it: a start re-checks everyone's whole run),
+    and the GPU drains no later than if the newcomer waited for the others to end; under MPS or
+    time-sliced, whichever drains sooner. No budgets (it knows what each job uses). Greedy, so
+    its makespan is what keeping the bound certainly allows, not the best that could."""
+    bound = cfg.slowdown_bound
+    out = []
+    q = sorted(queue, key=lambda r: (r.runtime, r.seq))
+    for g in node:
+        here = [(r, r.p, r.mode) for r in g.runs]
+        starts = [r.start for r in g.runs]
+        drain = None
+        tried = set()
+        for r in list(q):
+            if int(r.mem.max()) > g.capacity:
+                continue  # never fits: stays queued (lost at the end, as under any policy)
+            same = _realisation(r)  # a job identical to one refused here in this pass is refused too
+            if same in tried:
+                continue
+            if not here:
+                choice = "mps"
+            else:
+                if drain is None:  # when those already here end, nobody else starting
+                    ends = forecast(truth, here, now, g.capacity, memo)
+                    drain = float(ends.max()) if ends is not None else now
+                drain_after = drain + r.runtime
+                choice, best = None, math.inf
+                # each job within the bound from its own start, and nobody past the drain of waiting
+                deadlines = np.minimum(np.array(starts + [now]) + bound * np.array([m[0].runtime for m in here] + [r.runtime]),
+                                       drain_after)
+                for mode in ("mps", "timesliced"):
+                    e = forecast(truth, here + [(r, 0.0, mode)], now, g.capacity, memo, deadlines)
+                    if e is not None and e.max() < best:
+                        choice, best = mode, float(e.max())
+                if choice is None:
+                    tried.add(same)
+                    continue
+            here.append((r, 0.0, choice))
+            starts.append(now)
+            drain, tried = None, set()
+            q.remove(r)
+            out.append((r, g.index, choice, None))
+    return out
+
+
 POLICIES: dict[str, PolicyFn] = {"exclusive-fifo": exclusive_fifo, "exclusive-sjf": exclusive_sjf,
                                  "tetris": tetris, "max-pack": max_pack, "mean-pack": mean_pack, "naive": naive,
-                                 "colo": colo, "mps-all": mps_all}
+                                 "colo": colo, "mps-all": mps_all, "oracle-bound": oracle_bound}
+REFERENCES = ("mps-all", "oracle-bound")  # calibration only: never a baseline (oracle-bound reads the truth)
 DEFAULT_POLICIES = ["exclusive-fifo", "exclusive-sjf", "tetris", "max-pack", "mean-pack", "naive", "colo"]
 
 
@@ -583,6 +751,9 @@ def table(results: Sequence[Result]) -> str:
                      f"{r.oom:4d} {r.lost:4d}")
     if any(r.failed for r in results):
         lines.append("FAILED: jobs were lost (OOM more than MAX_TRIES times, or never fit); JCT and slowdown cover the rest")
+    if any(r.policy == "oracle-bound" for r in results):
+        lines.append("oracle-bound reads the truth (what jobs really do): a reference for what keeping the slowdown bound "
+                     "allows, not a baseline")
     return "\n".join(lines)
 
 

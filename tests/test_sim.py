@@ -320,3 +320,46 @@ def test_colo_in_sim_orders_the_queue_by_fair_share_as_the_daemon_does():
     assert [j["id"] for j in sorted(r.jobs, key=lambda j: j["start"])] == [1, 4, 2, 3]
     fifo = sim.simulate(jobs, "exclusive-fifo", truth=simtruth.Truth("exact"))
     assert [j["id"] for j in sorted(fifo.jobs, key=lambda j: j["start"])] == [1, 2, 3, 4]
+
+
+def test_oracle_bound_keeps_every_job_within_the_bound_by_the_truth_it_reads():
+    """Two jobs that would pay off together (1.8x each under MPS, sooner than one after the
+    other) break the 1.5x bound: the reference overlaps them only as far as the bound allows; jobs that do not slow each
+    other share. On a slice of a random mix under every truth, nobody passes the bound."""
+    fat, thin = flat("fat", 0.9, 0.2, 100), flat("thin", 0.3, 0.2, 100)
+    exact = simtruth.Truth("exact")
+    r = sim.simulate(pair(fat), "oracle-bound", truth=exact)
+    # the second starts once the first has little enough left: 40 s in, each ends 1.48x its alone time
+    assert sorted(j["start"] for j in r.jobs) == [0.0, pytest.approx(40.0)] and r.max_slowdown <= 1.5 + 1e-6
+    assert sim.simulate(pair(fat), "mps-all", truth=exact).max_slowdown == pytest.approx(1.8)  # what sharing costs
+    r = sim.simulate(pair(thin), "oracle-bound", truth=exact)
+    assert [j["start"] for j in r.jobs] == [0.0, 0.0] and r.makespan == pytest.approx(100.0)
+    w = sim.make_mix("random", 5).jobs[:8]
+    for truth in (simtruth.Truth("noisy", 1), simtruth.Truth("study", 1)):
+        res = {x.policy: x for x in sim.compare(w, ["exclusive-sjf", "oracle-bound"], truth=truth)}
+        o = res["oracle-bound"]
+        assert o.lost == 0 and o.over_bound == 0 and o.max_slowdown <= 1.5 + 1e-6, truth.kind
+        assert o.ratio < 1.0, truth.kind  # it does share
+
+
+def test_colo_in_sim_learns_profiles_from_uncontended_runs_as_the_daemon_does():
+    """A job whose real SM is far below its stored profile: two at once are predicted to saturate
+    the GPU, so colo runs them one after the other; once an uncontended run was merged into its
+    profile (the daemon's learn()), a later mix shares them. A shared run teaches the profile nothing."""
+    fat = flat("fat", 0.6, 0.2, 100)
+    truth = simtruth.Truth("noisy", 0, simtruth.Spreads((0.2, 0.2), (1, 1), (1, 1), 0.0, (1, 1), (0, 0)))
+    before = sim.simulate(pair(fat), "colo", truth=truth, learned=policy.Learned())
+    assert sorted(j["start"] for j in before.jobs) == [0.0, pytest.approx(100.0)]
+    learned, profiles = policy.Learned(), {}
+    sim.simulate([sim.SimJob(1, fat, budget=2 * GiB)], "colo", truth=truth, learned=learned, profiles=profiles)
+    got = profiles["fat"]
+    assert got.runs == 2 and got.mean_sm == pytest.approx((0.6 + 0.12) / 2) and got.runtime == pytest.approx(100.0)
+    after = sim.simulate(pair(fat), "colo", truth=truth, learned=learned, profiles=profiles)
+    assert [j["start"] for j in after.jobs] == [0.0, 0.0] and after.makespan == pytest.approx(100.0)
+    assert profiles["fat"].runs == 2  # both shared their GPU: nothing merged
+    # a job without a profile (known=no) learns its first from its run
+    new = {}
+    sim.simulate([sim.SimJob(1, fat, budget=2 * GiB, known=False)], "colo", truth=truth, learned=policy.Learned(),
+                 profiles=new)
+    assert new["fat"].runs == 1 and new["fat"].mean_sm == pytest.approx(0.12)
+    assert sim.simulate(pair(fat), "colo", truth=truth, learn=False, profiles=new).makespan == pytest.approx(200.0)
