@@ -161,7 +161,8 @@ static uint64_t reclaim_slot(struct ledger_slot *s)
     uint64_t back = 0;
     if (LOAD(&s->state) != SLOT_OWNED) return 0;
     ADD(&g_hdr->reclaims_begun, 1);
-    /* Killed between its two updates: the total may hold up to one operation too many. */
+    /* Killed between its two updates: the total may hold up to one operation too many for each
+     * lane that was mid-operation. */
     int mid_op = slot_ops(s) == UINT64_MAX;
     for (int d = 0; d < LEDGER_MAX_DEV; d++) {
         uint64_t u = slot_used(s, d);
