@@ -192,12 +192,20 @@ class _Gpu:
 def _rows(g: _Gpu, cfg: PolicyConfig) -> tuple:
     """The residents' profiles aligned on now (each from the grid point it has reached), zero
     padded: (version, sm, membw, cache_bound, mps, ids, names, MPS group's summed SM, its summed
-    bandwidth, whether every resident is an MPS client, waiting's accumulated throughput). Kept on the GPU until a start changes it."""
+    bandwidth, whether every resident is an MPS client, each resident's accumulated rate if nothing
+    starts). Kept on the GPU until a start changes it."""
     segs = []
     for r in g.res:
         ra = r.arr if r.arr is not None else _unknown(cfg)
-        off = min(r.off, len(ra.sm) - 1)  # still running: it holds its last level
-        segs.append((ra, ra.sm[off:], ra.membw[off:]))
+        if r.off < len(ra.sm):
+            segs.append((ra, ra.sm[r.off:], ra.membw[r.off:]))
+        else:
+            # Past its profile's end and still running: the profile was wrong about it, so where it
+            # is in it and when it ends are unknown. It is taken at its peak for as long as a
+            # newcomer could overlap it (its last level, for as long as one grid step, once let
+            # a bandwidth-heavy job start beside it and both ran 12-15x slower in `colo sim`).
+            n = max(1, math.ceil(cfg.horizon / cfg.step))
+            segs.append((ra, np.full(n, ra.peak_sm), np.full(n, ra.peak_membw)))
     width = max(len(s) for _, s, _ in segs)
     sm, bw = np.zeros((len(segs), width)), np.zeros((len(segs), width))
     for i, (_, s, b) in enumerate(segs):
@@ -206,7 +214,7 @@ def _rows(g: _Gpu, cfg: PolicyConfig) -> tuple:
     cb = np.array([ra.cache_bound for ra, _, _ in segs])
     # the residents' summed rate if nothing starts, accumulated: waiting's throughput over any
     # stretch from now is one lookup
-    wait_cum = np.cumsum(simmodel.rates(sm, bw, cb, mps).sum(axis=0))
+    wait_cum = np.cumsum(simmodel.rates(sm, bw, cb, mps), axis=1)
     g.rows = (g.version, sm, bw, cb, mps, [r.job_id for r in g.res], [ra.name for ra, _, _ in segs],
               sm[mps].sum(axis=0), bw[mps].sum(axis=0), bool(mps.all()), wait_cum)
     return g.rows
@@ -305,18 +313,29 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     # One check for every way of sharing: each job's predicted rate over the overlap (in its
     # alone speed, discounted by the margin) against the slowdown bound, and the GPU's
     # throughput (sum of rates) against waiting.
-    wait_tp = float(wait_cum[overlap - 1]) / overlap  # the status quo over the same stretch
+    # The status quo over the same stretch: the residents' model rates, slowed by what runs showed
+    # for the pairings they are already in (else sharing would be charged for what waiting pays too).
+    now_fac = learned.among(names, r_mps, float(r_bw[:, :overlap].sum(axis=0).max())) \
+        if learned is not None and (learned.corun or learned.bw) else None
+    wait_rows = wait_cum[:, overlap - 1] / overlap
+    wait_tp = float((wait_rows if now_fac is None else wait_rows / now_fac).sum())
     tp, slow, this = {"wait": wait_tp}, {}, {}
     modes = (["mps"] if allow_mps and fits else []) + (["timesliced"] if allow_ts else [])
     n = len(ids) + 1
     raw: dict[str, float] = {}
     for m in modes:
-        fac = learned.factors(names, arr.name, m) if learned is not None and learned.corun else None
+        fac = learned.factors(names, arr.name, m, peak_bw) if learned is not None and (learned.corun or learned.bw) else None
+        if fac is not None:  # a resident keeps what its present neighbours cost it
+            fac[:-1] = np.maximum(fac[:-1], now_fac)
         # The margin covers the model's error where nothing corrects it: per row, once for every
         # pairing (this job and a resident) not seen yet in this mode (so a crowd of strangers
         # needs a model that promises more); a seen pairing's learned factor replaces it.
         unk = learned.unseen(names, arr.name, m) if learned is not None else np.append(np.ones(n - 1), n - 1)
-        doubt = (1.0 + cfg.margin) ** unk
+        if learned is not None and not learned.explored(m, peak_bw):
+            if learned.beyond(m, peak_bw):
+                continue  # past what runs have shown by more than one step: contention can rise steeply
+            unk = unk + 1  # more bandwidth than any run has shown: the curve is a guess there too
+        doubt = (1.0 + cfg.margin) ** (unk + 1)
         if m == "mps" and all_mps and top_sm <= 1.0 and top_bw <= 1.0:
             # one MPS context whose summed SM and bandwidth stay within the GPU: the model slows
             # nobody (simmodel.rates is 1 throughout), so the check needs no model pass
@@ -376,6 +395,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
 # profile is plausibly off (ALONE_DOUBT) is learned from it.
 
 _KEEP = 200  # errors kept for the margin (the most recent)
+BW_BIN = 0.1  # the bandwidth curve's resolution: summed peak bandwidth of a GPU's jobs, in 10 % steps
 MARGIN_CAP = 0.5  # the most the learned margin grows to
 ALONE_DOUBT = 1.25  # how far a profile's alone run time may be off (runs on other data, drivers, clocks)
 
@@ -386,12 +406,18 @@ class Learned:
     alone: dict = field(default_factory=dict)  # profile -> (runs, mean real / stored alone time)
     errors: list = field(default_factory=list)  # observed / predicted slowdown of shared runs
     max_mem: dict = field(default_factory=dict)  # profile -> the most memory any run used (bytes)
+    # (mode, bin of the summed peak bandwidth it started into) -> (runs, mean extra slowdown the
+    # pairings do not explain): contention that grows with how much bandwidth the GPU's jobs ask
+    # for (L2 and DRAM), whoever they are, so it is learned once for all pairings
+    bw: dict = field(default_factory=dict)
 
     def observe(self, name: str, neighbours: Sequence[str], mode: str, predicted: float, wall: float,
-                stored_runtime: float, peak_mem: int | None = None, factor: float = 1.0) -> float | None:
+                stored_runtime: float, peak_mem: int | None = None, factor: float = 1.0,
+                group_bw: float | None = None) -> float | None:
         """One job's end: `wall` seconds against its stored alone run time, predicted `predicted`x
-        (of which `factor` came from what was learned before). Returns observed / predicted
-        slowdown (None when it cannot say)."""
+        (of which `factor` came from what was learned before), started into a GPU whose jobs'
+        summed peak bandwidth was predicted `group_bw`. Returns observed / predicted slowdown
+        (None when it cannot say)."""
         if peak_mem:
             self.max_mem[name] = max(self.max_mem.get(name, 0), int(peak_mem))
         if not name or stored_runtime <= 0 or wall <= 0:
@@ -409,11 +435,43 @@ class Learned:
             return None
         self.errors = (self.errors + [residual])[-_KEEP:]
         missed = residual * factor  # against the model alone: what the co-run model lacks
+        # Split between the bandwidth curve (what any jobs asking that much bandwidth pay) and
+        # the pairings (what these profiles pay beyond it): the curve takes what the pairings
+        # did not already explain, and the pairings what the curve, so updated, does not.
+        if group_bw is not None:
+            key = (mode, self._bin(group_bw))
+            pairs = [self.corun[(name, nb, mode)][1] for nb in set(neighbours) if (name, nb, mode) in self.corun]
+            n, m = self.bw.get(key, (0, 1.0))
+            self.bw[key] = (n + 1, (m * n + missed / max(1.0, min(pairs, default=1.0))) / (n + 1))
+            missed = missed / self.curve(mode, group_bw)
         for nb in set(neighbours):
             n, m = self.corun.get((name, nb, mode), (0, 1.0))
             self.corun[(name, nb, mode)] = (n + 1, (m * n + missed) / (n + 1))
         self.__dict__.pop("_general", None)
         return residual
+
+    @staticmethod
+    def _bin(group_bw: float) -> int:
+        return max(0, min(30, int(group_bw / BW_BIN + 1e-9)))
+
+    def explored(self, mode: str, group_bw: float) -> bool:
+        """Has a shared run in this mode started into at least this much summed bandwidth?"""
+        b = self._bin(group_bw)
+        return any(md == mode and k >= b for md, k in self.bw)
+
+    def beyond(self, mode: str, group_bw: float) -> bool:
+        """More than one step past the most summed bandwidth a shared run in this mode started
+        into (False while none has: then only the margin stands for what is not known)."""
+        seen = [k for md, k in self.bw if md == mode]
+        return bool(seen) and self._bin(group_bw) > max(seen) + 1
+
+    def curve(self, mode: str, group_bw: float) -> float:
+        """The extra slowdown runs showed at this much summed bandwidth in this mode: the most
+        seen at this level or below (more bandwidth never costs less), 1 where nothing was seen."""
+        if not self.bw:
+            return 1.0
+        b = self._bin(group_bw)
+        return max([m for (md, k), (_, m) in self.bw.items() if md == mode and k <= b] or [1.0])
 
     def factor(self, name: str, other: str, mode: str) -> float:
         """The extra slowdown `name` showed beside `other` in this mode; a pairing not seen yet
@@ -436,10 +494,24 @@ class Learned:
             gen = self.__dict__["_general"] = (len(self.corun), {a: max(1.0, w / n) for a, (n, w) in tot.items() if n})
         return gen[1].get(name, 1.0)
 
-    def factors(self, resident_names: Sequence[str], cand: str, mode: str) -> np.ndarray:
-        """Per row (residents, then the candidate): the learned extra slowdown from this pairing."""
+    def factors(self, resident_names: Sequence[str], cand: str, mode: str, group_bw: float = 0.0) -> np.ndarray:
+        """Per row (residents, then the candidate): the learned extra slowdown from this pairing,
+        times the bandwidth curve's at the group's summed peak bandwidth."""
         res = [self.factor(r, cand, mode) for r in resident_names]
-        return np.array(res + [max([self.factor(cand, r, mode) for r in resident_names] or [1.0])])
+        out = np.array(res + [max([self.factor(cand, r, mode) for r in resident_names] or [1.0])])
+        return out * self.curve(mode, group_bw)
+
+    def among(self, resident_names: Sequence[str], mps: np.ndarray, group_bw: float = 0.0) -> np.ndarray:
+        """Per resident: the learned extra slowdown its present neighbours cost it (the largest of
+        its pairings, in its own mode, times the bandwidth curve's; 1 alone)."""
+        out = np.ones(len(resident_names))
+        if len(resident_names) < 2:
+            return out
+        for i, r in enumerate(resident_names):
+            mode = "mps" if mps[i] else "timesliced"
+            out[i] = max(self.factor(r, o, mode) for j, o in enumerate(resident_names) if j != i) \
+                * self.curve(mode, group_bw)
+        return out
 
     def unseen(self, resident_names: Sequence[str], cand: str, mode: str) -> np.ndarray:
         """Per row (residents, then the candidate): how many of its pairings with the candidate

@@ -225,6 +225,7 @@ class _Run:
         self.grown = False
         self.predicted = 1.0  # the slowdown plan() predicted for it at its start
         self.factor = 1.0  # the part of it that came from learned co-run slowdowns
+        self.group_bw = 0.0  # the summed peak bandwidth plan() predicted for its GPU at its start (as the daemon)
         self.neighbours: set[str] = set()  # profiles of the jobs that shared its GPU during this attempt
         self.peak = 0  # the most memory it used (bytes), as the daemon's samples would show
         self.trace: list[tuple] = []  # (t0, t1, SM, memory, bandwidth) from its start: what sampling shows
@@ -444,7 +445,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                     seen = seen_profile(r, profiles)  # as the daemon's learn(): observe, then the profile
                     if learned is not None and seen is not None and label == "colo":
                         learned.observe(r.job.profile.name, sorted(r.neighbours), r.mode, r.predicted,
-                                        t - r.start, seen.runtime, r.peak, r.factor)
+                                        t - r.start, seen.runtime, r.peak, r.factor, r.group_bw)
                     if profiles is not None:
                         learn_profile(profiles, r, seen, t - r.start)
                 elif r.segment() != before and r.mem[r.segment()] > r.mem[before]:
@@ -537,6 +538,7 @@ def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None,
             r = by_id[d.job_id]
             r.predicted = float(d.details.get("slowdown_this", {}).get(d.mode, 1.0))
             r.factor = float(d.details.get("learned_factor", {}).get(d.mode, 1.0))
+            r.group_bw = float(d.details.get("peak_membw", 0.0))
             out.append((r, int(d.gpus[0].removeprefix("sim-gpu")), d.mode, int(d.details.get("budget", r.ask))))
     return out
 

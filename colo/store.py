@@ -76,6 +76,15 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (job_id, profile)
     );
     """,
+    # 5: the learned bandwidth curve (policy.Learned.bw): extra slowdown per mode and step of summed
+    # peak bandwidth a shared run started into
+    """
+    CREATE TABLE learned_bw (
+        uid INTEGER NOT NULL, mode TEXT NOT NULL, bin INTEGER NOT NULL,
+        runs INTEGER NOT NULL, factor REAL NOT NULL, at REAL NOT NULL,
+        PRIMARY KEY (uid, mode, bin)
+    );
+    """,
 ]
 
 # Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
@@ -515,12 +524,13 @@ class Store:
     # learning -------------------------------------------------------------------------------
     def learned(self) -> dict[int, dict]:
         """Everything learned, per uid: {"corun": {(profile, neighbour, mode): (runs, factor)},
-        "alone": {profile: (runs, ratio)}, "max_mem": {profile: bytes}, "errors": [oldest..newest]};
+        "alone": {profile: (runs, ratio)}, "max_mem": {profile: bytes}, "errors": [oldest..newest],
+        "bw": {(mode, bin): (runs, factor)}};
         each dict in the order the entries were last changed (oldest first)."""
         out: dict[int, dict] = {}
 
         def of(uid: int) -> dict:
-            return out.setdefault(uid, {"corun": {}, "alone": {}, "max_mem": {}, "errors": []})
+            return out.setdefault(uid, {"corun": {}, "alone": {}, "max_mem": {}, "errors": [], "bw": {}})
 
         for uid, p, nb, m, runs, f in self.db.execute(
                 "SELECT uid, profile, neighbour, mode, runs, factor FROM learned_corun ORDER BY at, rowid"):
@@ -533,19 +543,25 @@ class Store:
                 of(uid)["max_mem"][p] = mem
         for uid, e in self.db.execute("SELECT uid, error FROM learned_error ORDER BY id"):
             of(uid)["errors"].append(e)
+        for uid, m, b, runs, f in self.db.execute("SELECT uid, mode, bin, runs, factor FROM learned_bw ORDER BY at, rowid"):
+            of(uid)["bw"][(m, b)] = (runs, f)
         return out
 
     def save_learned(self, uid: int, corun: dict | None = None, alone: dict | None = None,
                      max_mem: dict | None = None, errors: list[float] | None = None,
                      forget_corun: Iterable[tuple[str, str, str]] = (), forget_alone: Iterable[str] = (),
                      forget_mem: Iterable[str] = (), errors_add: list[float] = (), errors_keep: int = 0,
-                     now: float | None = None) -> None:
+                     now: float | None = None, bw: dict | None = None) -> None:
         """One user's changed entries in one transaction: `corun` {(p, nb, mode): (runs, factor)},
         `alone` {p: (runs, ratio)}, `max_mem` {p: bytes}; `errors` replaces that user's error list,
         or `errors_add` are appended to it and the newest `errors_keep` kept; the `forget_*`
-        entries are removed (pruned)."""
+        entries are removed (pruned); `bw` {(mode, bin): (runs, factor)} the bandwidth curve's steps."""
         now = time.time() if now is None else now
         with self.tx():
+            self.db.executemany(
+                "INSERT INTO learned_bw(uid, mode, bin, runs, factor, at) VALUES (?,?,?,?,?,?) "
+                "ON CONFLICT(uid, mode, bin) DO UPDATE SET runs=excluded.runs, factor=excluded.factor, at=excluded.at",
+                [(uid, m, int(b), int(r), float(f), now) for (m, b), (r, f) in (bw or {}).items()])
             self.db.executemany(
                 "INSERT INTO learned_corun(uid, profile, neighbour, mode, runs, factor, at) VALUES (?,?,?,?,?,?,?) "
                 "ON CONFLICT(uid, profile, neighbour, mode) DO UPDATE SET runs=excluded.runs, factor=excluded.factor, at=excluded.at",

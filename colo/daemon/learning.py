@@ -236,7 +236,7 @@ class LearningMixin:
     def load_learned(self) -> None:
         """What earlier runs of the daemon learned (at start, once the store is open)."""
         self.learned = {uid: policy.Learned(corun=got["corun"], alone=got["alone"], errors=got["errors"],
-                                            max_mem=got["max_mem"])
+                                            max_mem=got["max_mem"], bw=got["bw"])
                         for uid, got in self.store.learned().items()}
         if self.learned:
             log.info("learned from earlier runs: %d user(s), %d co-run pairing(s), %d profile(s)", len(self.learned),
@@ -248,7 +248,9 @@ class LearningMixin:
         entries last; past LEARNED_MAX the oldest are forgotten, in memory and in the store)."""
         mine = self.learned_for(uid)
         before = (dict(mine.corun), dict(mine.alone), dict(mine.max_mem), list(mine.errors))
+        bw_before = dict(mine.bw)
         out = change(mine)
+        bw = {k: v for k, v in mine.bw.items() if bw_before.get(k) != v}  # a few dozen steps at most: kept whole
         delta = []
         for now_d, was in zip((mine.corun, mine.alone, mine.max_mem), before[:3]):
             changed = {k: v for k, v in now_d.items() if was.get(k) != v}
@@ -260,11 +262,11 @@ class LearningMixin:
             delta.append((changed, gone))
         (corun, gone_c), (alone, gone_a), (mem, gone_m) = delta
         errors, added = _errors_delta(before[3], list(mine.errors))
-        if corun or alone or mem or errors is not None or added or gone_c or gone_a or gone_m:
+        if corun or alone or mem or bw or errors is not None or added or gone_c or gone_a or gone_m:
             try:
                 self.store.save_learned(uid, corun=corun, alone=alone, max_mem=mem, errors=errors,
                                         errors_add=added, errors_keep=len(mine.errors),
-                                        forget_corun=gone_c, forget_alone=gone_a, forget_mem=gone_m)
+                                        forget_corun=gone_c, forget_alone=gone_a, forget_mem=gone_m, bw=bw)
             except Exception as e:  # noqa: BLE001 - kept in memory; a later save carries it again
                 log.warning("could not store what was learned for uid %d: %s", uid, e)
         return out
@@ -298,8 +300,10 @@ class LearningMixin:
         factor = float((details.get("learned_factor") or {}).get(dec.get("mode") or "", 1.0))
         wall = job.ended_at - job.started_at
         peak = max((r[2] or 0 for r in rows), default=0)
+        group_bw = details.get("peak_membw")  # what it started into, as colo sim records it
         residual = self._learning(job.uid, lambda mine: mine.observe(
-            self.profile_name(job), neighbours, str(job.mode or "timesliced"), predicted, wall, prof.runtime, peak, factor))
+            self.profile_name(job), neighbours, str(job.mode or "timesliced"), predicted, wall, prof.runtime, peak, factor,
+            float(group_bw) if isinstance(group_bw, (int, float)) else None))
         mine = self.learned_for(job.uid)
         details.update(observed_slowdown=wall / prof.runtime, profile_runtime=prof.runtime, shared_with=neighbours,
                        observed_vs_predicted=residual, suggested_budget=mine.suggest_budget(self.profile_name(job)))
