@@ -29,7 +29,8 @@ PICK = {
     "daemon_bench": ["submit_wall", "ls", "pass_steady", "pass_new", "rss"],
     "load_bench": ["submit_p50", "submit_rate"],
     "top_cpu": ["top", "daemon_serving"],
-    "interposer_bench": ["pair_user_1p_1t", "pair_user_1p_8t", "pair_user_4p_1t", "pair_user_4p_8t",
+    "interposer_bench": ["pair_cpu_stub_1p_1t", "pair_cpu_stub_1p_8t", "pair_cpu_stub_4p_1t", "pair_cpu_stub_4p_8t",
+                         "pair_user_1p_1t", "pair_user_1p_8t", "pair_user_4p_1t", "pair_user_4p_8t",
                          "pair_1p_1t", "unmap_100", "unmap_2000", "unmap_16000", "race_over"],
 }
 
