@@ -13,7 +13,7 @@ import typer
 from . import cli_sim, lsview
 from .client import Client, ClientError
 from .submitspec import SubmitError, build_spec
-from .textsafe import safe, safe_tree
+from .textsafe import safe, safe_all, safe_tree
 from .units import BadSize, format_duration, format_size, format_size_exact, parse_size
 
 app = typer.Typer(help="colo: share this node's GPUs: a queue, memory budgets, MPS or time-slicing.",
@@ -592,9 +592,15 @@ def history(since: Optional[str] = SinceOpt, user: List[str] = UserOpt,
     figs = [rp.job_figures(r) for r in got["jobs"]]
     if as_json:
         return print_json(figs)
-    rows = [[f["id"], f["name"] or "-", f["user"], f["state"], "-" if f["exit_code"] is None else f["exit_code"],
+    # Only the texts users chose are escaped, a column at a time (safe_tree over whole replies
+    # was most of a long history's time); the other cells are colo's own numbers and words.
+    names = safe_all([f["name"] or "-" for f in figs])
+    users = safe_all([str(f["user"]) for f in figs])
+    states = safe_all([str(f["state"]) for f in figs])
+    rows = [[f["id"], nm, us, st, "-" if f["exit_code"] is None else f["exit_code"],
              format_duration(f["waited"]), format_duration(f["ran"]), f["gpus"], f"{f['gpu_hours']:.2f}",
-             format_size(f["budget"]) if f["budget"] else "-", rp.times(f["slowdown"])] for f in safe_tree(figs)]
+             format_size(f["budget"]) if f["budget"] else "-", rp.times(f["slowdown"])]
+            for f, nm, us, st in zip(figs, names, users, states)]
     typer.echo(table(rows, ["ID", "NAME", "USER", "STATE", "EXIT", "WAITED", "RAN", "GPUS", "GPU-H", "BUDGET",
                             "SLOWDOWN"]))
     if got["left"]:  # under the table on a terminal; piped, apart from the rows
