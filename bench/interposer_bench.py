@@ -11,6 +11,11 @@
      the most the driver ever held, as seen by the racing threads after each allocation.
 
     python bench/interposer_bench.py [--pairs N] [--repeat R] [--race-ops N] [--json-out FILE]
+                                     [--before LIB] [--only 1,1b,2,3]
+
+--before LIB adds a column to 1b: the same pairs through another build of the library (e.g. the
+previous commit's, built into a folder of its own), interleaved with the others in the same run,
+so that a change is judged against its predecessor on the same machine at the same moment.
 
 Cells are medians over R runs (the notes add the best run of each, less disturbed by a busy
 machine); direct and interposed runs alternate so that drift of the machine
@@ -197,7 +202,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--race-ops", type=int, default=20_000, help="allocations per racing thread")
     ap.add_argument("--json-out", help="also save the figures as JSON (bench/readme_table.py)")
+    ap.add_argument("--before", type=Path, help="another libcolo-interpose.so to time beside this one in 1b")
+    ap.add_argument("--only", default="1,1b,2,3", help="sections to run, comma-separated")
     args = ap.parse_args()
+    only = set(args.only.split(","))
+    if not only <= {"1", "1b", "2", "3"}:
+        ap.error(f"--only: unknown section in {args.only!r} (sections: 1,1b,2,3)")
+    if args.before is not None and not args.before.is_file():
+        ap.error(f"--before: {args.before} is not a file")
     rep = Report("interposer_bench")
     native.ensure_built()
     with tempfile.TemporaryDirectory(prefix="colo-bench-") as d:
@@ -223,15 +235,15 @@ def main() -> None:
                 rep.check(led.counted[0] == 0 and led.refused == 0, f"ledger not back at 0: {led}")
 
         print(f"simulated driver, {os.cpu_count()} CPUs; medians of {args.repeat} runs")
-        print(f"\n1. {args.pairs} alloc+free pairs of 1 MiB per thread: wall time, and user-mode CPU time of")
-        print("   the looping threads (what the interposer adds is user code; time other programs take")
-        print("   from a busy machine does not count in it)")
-        print(f"{'procs':>5} {'threads':>7} {'direct ns':>10} {'interposed':>11} {'added':>8}   "
-              f"{'user direct':>11} {'user interp.':>12} {'added':>7}")
-        env, ledger = budgeted(32 << 30)
-        shapes = []
-        for procs in (1, 4):
-            for threads in (1, 8):
+        shapes = [(p, t) for p in (1, 4) for t in (1, 8)]
+        if "1" in only:
+            env, ledger = budgeted(32 << 30)
+            print(f"\n1. {args.pairs} alloc+free pairs of 1 MiB per thread: wall time, and user-mode CPU time of")
+            print("   the looping threads (what the interposer adds is user code; time other programs take")
+            print("   from a busy machine does not count in it)")
+            print(f"{'procs':>5} {'threads':>7} {'direct ns':>10} {'interposed':>11} {'added':>8}   "
+                  f"{'user direct':>11} {'user interp.':>12} {'added':>7}")
+            for procs, threads in shapes:
                 direct, inter, udirect, uinter = [], [], [], []
                 for _ in range(args.repeat):
                     for e, led, acc, uacc in ((base, None, direct, udirect), (env, ledger, inter, uinter)):
@@ -250,71 +262,88 @@ def main() -> None:
                 rep.figure(f"pair_user_{procs}p_{threads}t", f"interposer, alloc+free pair, user CPU, {procs} proc x {threads} thr, simulated driver", iu, "ns",
                            baseline=du, baseline_what="bare simulated driver (user CPU)",
                            note=f"added {iu - du:+.0f} ns")
-                shapes.append((procs, threads))
 
-        stub_pairs = args.pairs * 10
-        stub = build_stub(tmp)
-        stub_exe = build(tmp, stub, "interposer_bench_stub")
-        sbase = {**base, "LD_LIBRARY_PATH": f"{stub}:{base.get('LD_LIBRARY_PATH', '')}"}
-        senv, sledger = budgeted(32 << 30)
-        senv["LD_LIBRARY_PATH"] = sbase["LD_LIBRARY_PATH"]
-        print(f"\n1b. {stub_pairs} pairs per thread on a stub driver that makes no system call: each thread's")
-        print("   CPU time a pair (exact: the thread's CPU clock)")
-        print(f"{'procs':>5} {'threads':>7} {'direct ns':>10} {'interposed':>11} {'added':>8} {'best added':>11}")
-        for procs, threads in shapes:
-            direct, inter = [], []
-            for _ in range(args.repeat):
-                for e, led, acc in ((sbase, None, direct), (senv, sledger, inter)):
-                    rows = launch(stub_exe, e, procs, "pairs", threads, stub_pairs, MiB, 0)
-                    rep.check(all(r[1] == threads * stub_pairs for r in rows), f"stub pairs missing: {rows}")
-                    if led is not None:
-                        c = interposer.read_ledger(led)
-                        rep.check(c.counted[0] == 0 and c.refused == 0, f"ledger not back at 0: {c}")
-                    acc.append(sum(r[5] for r in rows) / len(rows))
-            dm, im = statistics.median(direct), statistics.median(inter)
-            best = min(inter) - min(direct)
-            print(f"{procs:>5} {threads:>7} {dm:>10.1f} {im:>11.1f} {im - dm:>8.1f} {best:>11.1f}")
-            rep.figure(f"pair_cpu_stub_{procs}p_{threads}t", f"interposer, alloc+free pair, thread CPU, {procs} proc x {threads} thr, stub driver", im, "ns",
-                       baseline=dm, baseline_what="bare stub driver (no system call)",
-                       note=f"added {im - dm:+.0f} ns; best runs {min(inter):.0f} vs {min(direct):.0f}")
+        if "1b" in only:
+            stub_pairs = args.pairs * 10
+            stub = build_stub(tmp)
+            stub_exe = build(tmp, stub, "interposer_bench_stub")
+            sbase = {**base, "LD_LIBRARY_PATH": f"{stub}:{base.get('LD_LIBRARY_PATH', '')}"}
+            senv, sledger = budgeted(32 << 30)
+            senv["LD_LIBRARY_PATH"] = sbase["LD_LIBRARY_PATH"]
+            runs = [(sbase, None), (senv, sledger)]
+            if args.before is not None:
+                benv, bledger = budgeted(32 << 30)
+                benv["LD_LIBRARY_PATH"] = sbase["LD_LIBRARY_PATH"]
+                benv["LD_PRELOAD"] = str(args.before.resolve())
+                runs.append((benv, bledger))
+            print(f"\n1b. {stub_pairs} pairs per thread on a stub driver that makes no system call: each thread's")
+            print("   CPU time a pair (exact: the thread's CPU clock)")
+            if args.before is not None:
+                print(f"   'before': {args.before}, run interleaved with the others")
+            print(f"{'procs':>5} {'threads':>7} {'direct ns':>10} {'interposed':>11} {'added':>8} {'best added':>11}"
+                  + (f" {'before':>8} {'added':>8} {'best added':>11}" if args.before is not None else ""))
+            for procs, threads in shapes:
+                acc: list[list[float]] = [[] for _ in runs]
+                for _ in range(args.repeat):
+                    for (e, led), a in zip(runs, acc):
+                        rows = launch(stub_exe, e, procs, "pairs", threads, stub_pairs, MiB, 0)
+                        rep.check(all(r[1] == threads * stub_pairs for r in rows), f"stub pairs missing: {rows}")
+                        if led is not None:
+                            c = interposer.read_ledger(led)
+                            rep.check(c.counted[0] == 0 and c.refused == 0, f"ledger not back at 0: {c}")
+                        a.append(sum(r[5] for r in rows) / len(rows))
+                direct, inter = acc[0], acc[1]
+                dm, im = statistics.median(direct), statistics.median(inter)
+                best = min(inter) - min(direct)
+                line = f"{procs:>5} {threads:>7} {dm:>10.1f} {im:>11.1f} {im - dm:>8.1f} {best:>11.1f}"
+                note = f"added {im - dm:+.0f} ns; best runs {min(inter):.0f} vs {min(direct):.0f}"
+                if args.before is not None:
+                    bm = statistics.median(acc[2])
+                    line += f" {bm:>8.1f} {bm - dm:>8.1f} {min(acc[2]) - min(direct):>11.1f}"
+                    note += f"; before ({args.before}): added {bm - dm:+.0f} ns"
+                print(line)
+                rep.figure(f"pair_cpu_stub_{procs}p_{threads}t", f"interposer, alloc+free pair, thread CPU, {procs} proc x {threads} thr, stub driver", im, "ns",
+                           baseline=dm, baseline_what="bare stub driver (no system call)", note=note)
 
-        print("\n2. cuMemUnmap + cuMemRelease per 2 MiB page")
-        print(f"{'pages':>6} {'direct ns':>10} {'interposed ns':>14} {'added ns':>9} {'ratio':>6}")
-        env, ledger = budgeted(48 << 30)
-        for pages in (100, 2_000, 16_000):
-            direct, inter = [], []
-            for _ in range(args.repeat):
-                for e, led, acc in ((base, None, direct), (env, ledger, inter)):
-                    (per, n, held, after), = launch(exe, e, 1, "vmm", 1, pages)
-                    rep.check(n == pages and held == pages * 2 * MiB and after == 0, f"vmm: {n} {held} {after}")
-                    settled(led)
-                    acc.append(per)
-            dm, im = statistics.median(direct), statistics.median(inter)
-            print(f"{pages:>6} {dm:>10.1f} {im:>14.1f} {im - dm:>9.1f} {im / dm:>6.2f}")
-            rep.figure(f"unmap_{pages}", f"interposer, unmap+release, {pages} pages mapped, simulated driver", im, "ns", baseline=dm,
-                       baseline_what="bare simulated driver", note=f"added {im - dm:+.0f} ns")
+        if "2" in only:
+            print("\n2. cuMemUnmap + cuMemRelease per 2 MiB page")
+            print(f"{'pages':>6} {'direct ns':>10} {'interposed ns':>14} {'added ns':>9} {'ratio':>6}")
+            env, ledger = budgeted(48 << 30)
+            for pages in (100, 2_000, 16_000):
+                direct, inter = [], []
+                for _ in range(args.repeat):
+                    for e, led, acc in ((base, None, direct), (env, ledger, inter)):
+                        (per, n, held, after), = launch(exe, e, 1, "vmm", 1, pages)
+                        rep.check(n == pages and held == pages * 2 * MiB and after == 0, f"vmm: {n} {held} {after}")
+                        settled(led)
+                        acc.append(per)
+                dm, im = statistics.median(direct), statistics.median(inter)
+                print(f"{pages:>6} {dm:>10.1f} {im:>14.1f} {im - dm:>9.1f} {im / dm:>6.2f}")
+                rep.figure(f"unmap_{pages}", f"interposer, unmap+release, {pages} pages mapped, simulated driver", im, "ns", baseline=dm,
+                           baseline_what="bare simulated driver", note=f"added {im - dm:+.0f} ns")
 
-        budget, size, ops = 64 * MiB, 24 * MiB, args.race_ops
-        print(f"\n3. race: 4 processes x 8 threads x {ops} allocations of 24 MiB, budget 64 MiB")
-        print(f"{'':>12} {'allocated':>10} {'refused':>8} {'most held':>10} {'over budget':>12}")
-        env, ledger = budgeted(budget)
-        for name, e, led in (("direct", base, None), ("interposed", env, ledger)):
-            rows = launch(exe, e, 4, "race", 8, ops, size, budget)
-            got, refused, most = sum(r[1] for r in rows), sum(r[2] for r in rows), max(r[3] for r in rows)
-            rep.check(got + refused == 4 * 8 * ops, f"race: {got} + {refused} operations")  # every one was made
-            if led is not None:
-                peak = interposer.read_ledger(led).peak[0]
-                rep.check(refused > 0 and peak <= budget, f"race: refused {refused}, ledger peak {peak}")
-                led.unlink()
-                interposer.create_ledger(led, budget)  # the refusals were the point; settle the rest
-            settled(led)
-            over = max(0, int(most) - budget)
-            print(f"{name:>12} {got:>10.0f} {refused:>8.0f} {int(most) // MiB:>7} MiB {over // MiB:>8} MiB")
-            if led is None:
-                direct_most = most
-            else:
-                rep.figure("race_over", f"interposer, race 4x8x{ops:,}: bytes over budget, simulated driver", over, "B", baseline=direct_most - budget,
-                           baseline_what="bare driver, no budget", note=f"most held {int(most) // MiB} MiB")
+        if "3" in only:
+            budget, size, ops = 64 * MiB, 24 * MiB, args.race_ops
+            print(f"\n3. race: 4 processes x 8 threads x {ops} allocations of 24 MiB, budget 64 MiB")
+            print(f"{'':>12} {'allocated':>10} {'refused':>8} {'most held':>10} {'over budget':>12}")
+            env, ledger = budgeted(budget)
+            for name, e, led in (("direct", base, None), ("interposed", env, ledger)):
+                rows = launch(exe, e, 4, "race", 8, ops, size, budget)
+                got, refused, most = sum(r[1] for r in rows), sum(r[2] for r in rows), max(r[3] for r in rows)
+                rep.check(got + refused == 4 * 8 * ops, f"race: {got} + {refused} operations")  # every one was made
+                if led is not None:
+                    peak = interposer.read_ledger(led).peak[0]
+                    rep.check(refused > 0 and peak <= budget, f"race: refused {refused}, ledger peak {peak}")
+                    led.unlink()
+                    interposer.create_ledger(led, budget)  # the refusals were the point; settle the rest
+                settled(led)
+                over = max(0, int(most) - budget)
+                print(f"{name:>12} {got:>10.0f} {refused:>8.0f} {int(most) // MiB:>7} MiB {over // MiB:>8} MiB")
+                if led is None:
+                    direct_most = most
+                else:
+                    rep.figure("race_over", f"interposer, race 4x8x{ops:,}: bytes over budget, simulated driver", over, "B", baseline=direct_most - budget,
+                               baseline_what="bare driver, no budget", note=f"most held {int(most) // MiB} MiB")
     print()
     sys.exit(rep.finish(args.json_out))
 
