@@ -1,6 +1,6 @@
 /* What this process allocated, by pointer or handle, so that a free subtracts exactly the bytes
  * its allocation added. Process-private: a forked child starts empty (the parent's allocations
- * stay the parent's). */
+ * stay the parent's). Sharded by hash, a lock per shard: every call may come from any thread. */
 #ifndef COLO_TABLE_H
 #define COLO_TABLE_H
 
@@ -46,7 +46,8 @@ void table_take_pending(uint64_t stream, int all, uint64_t ctx, void (*fn)(const
 void table_atfork_prepare(void);
 void table_atfork_parent(void);
 void table_atfork_child(void);
-/* Test hook: COLO_TEST_TABLE_MAX caps the table's cells, to exercise the out-of-memory path. */
+/* Test hook: COLO_TEST_TABLE_MAX=N lets the table hold N/2 entries in all (as N cells at half
+ * load), to exercise the out-of-memory path. */
 void table_env_init(void);
 
 #endif
