@@ -18,7 +18,7 @@ from pathlib import Path
 from colo import native
 
 MAGIC = b"COLOLDG1"
-VERSION = 3
+VERSION = 4
 HEADER_SIZE = 4096
 MAX_DEVICES = 32
 LANES = 16                        # per slot: lane 0 shared, 1.. one thread's each
@@ -27,13 +27,13 @@ SLOT_SIZE = 64 + LANES * LANE_SIZE
 DEFAULT_SLOTS = 1024
 
 # magic, version, header_size, nslots, slot_size, max_devices, devices, budget, refused,
-# resync, hwm, reclaims begun, reclaims ended, lanes, lane_size
+# resync, hwm, reclaims (begun, ever), spare, lanes, lane_size
 _HEAD = struct.Struct("<8s6IQQ6I")
 DEV_AT = 256                      # device d's line: used (the admission counter), peak
 _DEVLINE = struct.Struct(f"<{MAX_DEVICES * 8}Q")  # 8 u64 a device: used, peak, 6 spare
 _SLOT = struct.Struct("<IIiIQ")   # state, gen, pid, spare, refused
 _LANES = struct.Struct(f"<{LANES * LANE_SIZE // 8}Q")  # per lane: started, finished, used[32], spare
-_SLOT_OWNED = 1
+_SLOT_OWNED = 1                   # 0 free, 2 reclaiming (its owner is dead)
 _U64 = (1 << 64) - 1
 _FLOCK = struct.Struct("hh4xqqi4x")  # struct flock on x86_64/aarch64 Linux
 
@@ -105,7 +105,7 @@ def read_ledger(path: Path) -> Ledger:
         if len(data) < HEADER_SIZE:
             raise LedgerError(f"{path}: too small to be a colo ledger")
         (magic, version, hsize, nslots, ssize, maxdev, devices, budget, refused,
-         _resync, hwm, _begun, _ended, lanes, lane_size) = _HEAD.unpack_from(data, 0)
+         _resync, hwm, _reclaims, _spare, lanes, lane_size) = _HEAD.unpack_from(data, 0)
         if magic != MAGIC or version != VERSION or (hsize, ssize, maxdev, lanes, lane_size) != (
                 HEADER_SIZE, SLOT_SIZE, MAX_DEVICES, LANES, LANE_SIZE):
             raise LedgerError(f"{path}: not a colo ledger of version {VERSION}")

@@ -15,6 +15,7 @@ from colo import native
 sys.path.insert(0, os.path.dirname(__file__))
 
 GiB = 1024**3
+JOB_BUDGET = 64 * 1024**2         # the `job` fixture's budget per device
 REQUIRE_DOCKER = os.environ.get("COLO_REQUIRE_DOCKER") == "1"
 
 
@@ -31,6 +32,19 @@ def fakegpu(tmp_path, native_dir):
     state = tmp_path / "fakegpu.state"
     fg.create(state, count=2, mem=16 * GiB)
     return fg.FakeNode(state)
+
+
+@pytest.fixture
+def job(tmp_path, fakegpu):
+    """A fresh ledger with a JOB_BUDGET budget and the environment of a job that uses it:
+    (env, ledger path)."""
+    from colo import interposer
+
+    ledger = tmp_path / "ledger"
+    interposer.create_ledger(ledger, JOB_BUDGET)
+    env = {**os.environ, **fakegpu.env,
+           **interposer.job_env(JOB_BUDGET, str(ledger), str(interposer.library_path()))}
+    return env, ledger
 
 
 def _docker_or_none():

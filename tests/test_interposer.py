@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from colo import interposer
+from conftest import JOB_BUDGET as BUDGET
 
 MiB = 1 << 20
-BUDGET = 64 * MiB
 HERE = Path(__file__).parent
 NATIVE = HERE.parent / "native"
 
@@ -33,16 +33,6 @@ def probe(native_dir, tmp_path_factory):
         check=True, timeout=120,
     )
     return out
-
-
-@pytest.fixture
-def job(tmp_path, fakegpu):
-    """A fresh ledger with a 64 MiB budget and the environment of a job that uses it."""
-    ledger = tmp_path / "ledger"
-    interposer.create_ledger(ledger, BUDGET)
-    env = {**os.environ, **fakegpu.env,
-           **interposer.job_env(BUDGET, str(ledger), str(interposer.library_path()))}
-    return env, ledger
 
 
 def run(probe, env, *script, via="direct", extra=(), timeout=60):

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from colo import interposer
+from conftest import JOB_BUDGET as BUDGET
 
 MiB = 1 << 20
-BUDGET = 64 * MiB
 HERE = Path(__file__).parent
 
 
@@ -30,15 +30,6 @@ def lanes_bin(native_dir, tmp_path_factory):
                     str(HERE / "native_helpers" / "ledger_lanes.c"), str(native_dir / "fakegpu" / "libcuda.so.1"),
                     "-lpthread"], check=True, timeout=120)
     return out
-
-
-@pytest.fixture
-def job(tmp_path, fakegpu):
-    ledger = tmp_path / "ledger"
-    interposer.create_ledger(ledger, BUDGET)
-    env = {**os.environ, **fakegpu.env,
-           **interposer.job_env(BUDGET, str(ledger), str(interposer.library_path()))}
-    return env, ledger
 
 
 def lanes(ledger: Path, slot: int) -> list[tuple[int, int, int]]:
@@ -151,3 +142,157 @@ def test_processes_killed_while_threads_free_each_others_memory_leave_nothing_be
         assert k.communicate("free\n", timeout=60)[0] == "done\n"
     finally:
         k.kill()
+
+
+# A reclaimer killed half-way. COLO_TEST_LEDGER_STOP makes a job process stop itself (SIGSTOP) at a
+# named point of its reclaim of a dead slot; the test then SIGKILLs it there and lets the next job
+# process finish the reclaim. At every step the shared counter may be too high, never below what
+# the live processes hold; then a resync makes it exact and the budget holds to the byte.
+
+STEP = textwrap.dedent("""
+    import ctypes, sys
+    cu = ctypes.CDLL("libcuda.so.1")
+    ctx = ctypes.c_void_p()
+    assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+    for line in sys.stdin:
+        print(cu.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(int(line))), flush=True)
+""")
+
+
+def killed_holding(lanes_bin, env, mib):
+    """A job process that allocated `mib` MiB and was SIGKILLed: its slot is left to reclaim."""
+    p = subprocess.Popen([str(lanes_bin), "1", str(mib), "0"], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == f"ready {mib} 0\n"
+    p.kill()
+    p.wait(timeout=30)
+
+
+def stopped(p):
+    """Wait (generously) until p stops itself at its next test point."""
+    deadline = time.monotonic() + 120
+    while True:
+        pid, status = os.waitpid(p.pid, os.WUNTRACED | os.WNOHANG)
+        if pid:
+            assert os.WIFSTOPPED(status), f"exited before its stop point (status {status:#x})"
+            return
+        assert time.monotonic() < deadline, "never reached its stop point"
+        time.sleep(0.01)
+
+
+def kill_when_stopped(p):
+    stopped(p)
+    p.kill()
+    p.wait(timeout=30)
+
+
+def ask(p, size):
+    """Have a STEP process allocate `size` bytes (its answer is read by the caller)."""
+    p.stdin.write(f"{size}\n")
+    p.stdin.flush()
+
+
+def killed_mid_update(ledger, slot, extra):
+    """Write by hand what a process SIGKILLed between its two counter updates leaves (as in
+    test_interposer.py): a dead slot mid-operation, and `extra` bytes in the counter that no slot
+    holds. Only a resync takes them off."""
+    with open(ledger, "r+b") as f:
+        f.seek(52)
+        hwm = struct.unpack("<I", f.read(4))[0]
+        assert hwm <= slot
+        f.seek(52)
+        f.write(struct.pack("<I", slot + 1))                   # hwm: the slot was used
+        f.seek(interposer.DEV_AT)
+        counted = struct.unpack("<Q", f.read(8))[0]
+        f.seek(interposer.DEV_AT)
+        f.write(struct.pack("<Q", counted + extra))
+        at = interposer.HEADER_SIZE + slot * interposer.SLOT_SIZE
+        f.seek(at)
+        f.write(struct.pack("<IIiIQ", 1, 1, 99999, 0, 0))      # owned (by no one alive)
+        f.seek(at + 64 + interposer.LANE_SIZE)
+        f.write(struct.pack("<QQQ", 3, 2, 0))                  # lane 1: mid-operation
+
+
+def never_too_low(ledger):
+    led = interposer.read_ledger(ledger)
+    assert led.counted[0] >= led.used[0], f"counter {led.counted[0]} below the live processes' {led.used[0]}"
+
+
+def test_a_reclaimer_killed_after_subtracting_leaves_nothing_to_subtract_twice(lanes_bin, job):
+    env, ledger = job
+    k = keeper(lanes_bin, env)                      # slot 0, 16 MiB
+    try:
+        killed_holding(lanes_bin, env, 8)           # slot 1, dead with 8 MiB
+        # The next process claims the dead slot, reclaiming it on the way, and is killed right after
+        # it took the 8 MiB off the counter, before it cleared the slot's lanes.
+        r = subprocess.Popen([str(lanes_bin), "1", "1", "0"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env={**env, "COLO_TEST_LEDGER_STOP": "reclaim-subtracted"})
+        kill_when_stopped(r)
+        assert interposer.read_ledger(ledger).counted[0] == 16 * MiB
+        # Another process takes the slot: the 8 MiB must not come off a second time.
+        assert subprocess.run([str(lanes_bin), "1", "1", "0"], env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60).stdout == "ready 1 0\n"
+        never_too_low(ledger)
+        fill_exactly(env, ledger, 16 * MiB)
+        never_too_low(ledger)
+        assert k.communicate("free\n", timeout=60)[0] == "done\n"
+    finally:
+        k.kill()
+
+
+def test_a_reclaimer_killed_before_subtracting_leaves_the_counter_high_until_a_resync(lanes_bin, job):
+    env, ledger = job
+    k = keeper(lanes_bin, env)                      # slot 0, 16 MiB
+    r = subprocess.Popen([sys.executable, "-c", STEP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**env, "COLO_TEST_LEDGER_STOP": "reclaim-marked"})
+    try:
+        ask(r, MiB)
+        assert r.stdout.readline() == "0\n"         # slot 1, 1 MiB
+        killed_holding(lanes_bin, env, 8)           # slot 2, dead with 8 MiB
+        # Refused at first (16 + 1 + 8 + 48 > 64), r reclaims slot 2 and is killed as it begins.
+        ask(r, 48 * MiB)
+        kill_when_stopped(r)
+        never_too_low(ledger)
+        # A process killed mid-update: only a resync can take its 20 MiB off the counter, and an
+        # interrupted reclaim must not have turned resyncs off.
+        killed_mid_update(ledger, 5, 20 * MiB)
+        never_too_low(ledger)
+        fill_exactly(env, ledger, 16 * MiB)
+        never_too_low(ledger)
+        assert k.communicate("free\n", timeout=60)[0] == "done\n"
+    finally:
+        k.kill()
+        r.kill()
+
+
+def test_a_resync_overtaken_by_a_free_and_an_allocation_never_sets_the_counter_too_low(lanes_bin, job):
+    env, ledger = job
+    # The resync reads the counters and the slots at different times. Here a free lands before
+    # its collects and an allocation of the same size after them, before it commits: the counter
+    # is then back at its old value, but what the slots hold is not what the resync summed.
+    k = keeper(lanes_bin, env)                      # slot 0, 16 MiB
+    q = subprocess.Popen([sys.executable, "-c", STEP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    r = subprocess.Popen([sys.executable, "-c", STEP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         env={**env, "COLO_TEST_LEDGER_STOP": "resync-start,resync-commit"})
+    try:
+        ask(q, MiB)
+        assert q.stdout.readline() == "0\n"         # slot 1, 1 MiB
+        killed_mid_update(ledger, 5, 20 * MiB)      # a resync is due
+        ask(r, 48 * MiB)                            # refused at first (16 + 1 + 20 + 48 > 64): r
+        stopped(r)                                  # reclaims slot 5 and begins a resync
+        assert k.communicate("free\n", timeout=60)[0] == "done\n"
+        r.send_signal(signal.SIGCONT)
+        stopped(r)                                  # collected, about to commit
+        ask(q, 16 * MiB)
+        assert q.stdout.readline() == "0\n"
+        never_too_low(ledger)
+        r.send_signal(signal.SIGCONT)
+        assert r.stdout.readline() in ("0\n", "2\n")
+        never_too_low(ledger)
+        fill_exactly(env, ledger, interposer.read_ledger(ledger).used[0])
+    finally:
+        for p in (k, q, r):
+            p.kill()

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -50,6 +51,16 @@ static size_t g_len;
 static int g_slot = -1;
 static struct ledger_slot *g_me;
 static int g_logged;               /* the one refusal line of this process was written */
+
+/* Test hook: COLO_TEST_LEDGER_STOP names points of a reclaim or resync (comma-separated) where
+ * this process stops itself (SIGSTOP), for a test to SIGKILL or continue it there. Tests only;
+ * a job can stop itself anyway. */
+enum { STOP_RECLAIM_MARKED = 1, STOP_RECLAIM_SUBTRACTED = 2, STOP_RESYNC_START = 4, STOP_RESYNC_COMMIT = 8 };
+static unsigned g_test_stop;
+static void test_stop(unsigned point)
+{
+    if (__builtin_expect(g_test_stop & point, 0)) raise(SIGSTOP);
+}
 
 /* Lanes of our slot: bit k of g_lanes_taken set = lane k is some live thread's (lane 0, shared,
  * is never taken). A thread keeps its lane in t_lane until it exits (the key's destructor gives
@@ -104,6 +115,12 @@ void ledger_env_init(void)
         g_budget = v;
     g_path = getenv("COLO_LEDGER");
     if (!g_env_error && (!g_path || !*g_path)) g_env_error = "COLO_LEDGER is not set";
+    const char *t = getenv("COLO_TEST_LEDGER_STOP");
+    if (t) {
+        static const char *const names[] = {"reclaim-marked", "reclaim-subtracted", "resync-start", "resync-commit"};
+        for (unsigned i = 0; i < sizeof names / sizeof *names; i++)
+            if (strstr(t, names[i])) g_test_stop |= 1u << i;
+    }
 }
 
 uint64_t ledger_budget(void) { return g_budget; }
@@ -155,21 +172,37 @@ static uint64_t slot_ops(struct ledger_slot *s)
     return ops;
 }
 
-/* We hold the dead owner's slot lock: give its bytes back and free the slot. */
+/* We hold the dead owner's slot lock: give its bytes back and free the slot.
+ *
+ * A reclaimer can be killed too, anywhere in here. Subtracting a device's bytes and clearing its
+ * lanes are two steps, so the slot is marked RECLAIMING before the first subtraction: whoever
+ * finds it still so (its reclaimer died: the lock was free) cannot know what was subtracted and
+ * subtracts nothing more. It only clears the lanes, which can leave the totals too high (by what
+ * the dead reclaimer had not yet subtracted), never too low, and asks for a resync, which makes
+ * them exact. The mark is also what keeps a resync off a reclaim half done (see resync()): a
+ * per-slot state, so a death cannot leave it standing once the slot is reclaimed again. */
 static uint64_t reclaim_slot(struct ledger_slot *s)
 {
     uint64_t back = 0;
-    if (LOAD(&s->state) != SLOT_OWNED) return 0;
-    ADD(&g_hdr->reclaims_begun, 1);
+    uint32_t st = LOAD(&s->state);
+    if (st != SLOT_OWNED && st != SLOT_RECLAIMING) return 0;
+    int again = st == SLOT_RECLAIMING;
+    /* Mark, then count: a resync that read the count before it was raised sees the mark. */
+    STORE(&s->state, SLOT_RECLAIMING);
+    ADD(&g_hdr->reclaims, 1);
+    test_stop(STOP_RECLAIM_MARKED);
     /* Killed between its two updates: the total may hold up to one operation too many for each
      * lane that was mid-operation. */
-    int mid_op = slot_ops(s) == UINT64_MAX;
+    int mid_op = again || slot_ops(s) == UINT64_MAX;
     for (int d = 0; d < LEDGER_MAX_DEV; d++) {
-        uint64_t u = slot_used(s, d);
+        uint64_t u = again ? 0 : slot_used(s, d);
         /* A sum above 2^63 is no real holding (a slot written by hand): subtract nothing, which
          * can only leave the total too high, and recompute it. */
         if ((int64_t)u < 0) mid_op = 1;
-        else if (u) back += sub_clamped(&g_hdr->dev[d].used, u);
+        else if (u) {
+            back += sub_clamped(&g_hdr->dev[d].used, u);
+            test_stop(STOP_RECLAIM_SUBTRACTED);
+        }
         for (int k = 0; k < LEDGER_LANES; k++)
             if (LOAD(&s->lane[k].used[d])) STORE(&s->lane[k].used[d], 0);
     }
@@ -178,29 +211,39 @@ static uint64_t reclaim_slot(struct ledger_slot *s)
         STORE(&s->lane[k].started, 0);
         STORE(&s->lane[k].finished, 0);
     }
-    STORE(&s->state, SLOT_FREE);
-    ADD(&g_hdr->reclaims_ended, 1);
+    STORE(&s->state, SLOT_FREE); /* after every store above: a resync that sees FREE sees them */
     return back;
 }
 
-/* Recompute the totals from the slots. Commits only if no live process was mid-operation and
- * nothing was reclaimed during the two collects, and each total is still what was read: then
- * the slots' sums are exactly what the totals must be. Otherwise it is left for later. */
+/* Recompute the totals from the slots. Commits only if no live process was mid-operation and no
+ * reclaim was under way or begun during the two collects, and each total is still what was read:
+ * then the slots' sums are exactly what the totals must be. Otherwise it is left for later.
+ *
+ * The totals are read between the collects, when every slot is known idle and unchanged (the
+ * first collect saw its operations finished, the second that none began since): h0 and the sums
+ * are then of one instant, and a total still h0 at the compare-and-swap can only have moved by
+ * whole operations since, which moved the slots as much. Read before the first collect, a free
+ * counted in the sums (after h0) and an allocation after the second collect (total back to h0)
+ * would set the total one allocation too low. */
 static void resync(void)
 {
     uint32_t f0 = LOAD(&g_hdr->resync);
     if (!f0) return;
-    uint32_t b0 = LOAD(&g_hdr->reclaims_begun);
-    if (b0 != LOAD(&g_hdr->reclaims_ended)) return;
+    uint32_t r0 = LOAD(&g_hdr->reclaims);
+    test_stop(STOP_RESYNC_START);
     uint64_t h0[LEDGER_MAX_DEV], sum[LEDGER_MAX_DEV] = {0};
-    for (int d = 0; d < LEDGER_MAX_DEV; d++) h0[d] = LOAD(&g_hdr->dev[d].used);
     uint32_t hwm = LOAD(&g_hdr->hwm);
     uint64_t ops = 0;
     for (uint32_t i = 0; i < hwm; i++) {
-        uint64_t o = slot_ops(slot_at(i));
+        struct ledger_slot *s = slot_at(i);
+        /* A reclaim counted before r0 is still under way (or its reclaimer died): wait for it. One
+         * counted after r0 fails the check below. */
+        if (LOAD(&s->state) == SLOT_RECLAIMING) return;
+        uint64_t o = slot_ops(s);
         if (o == UINT64_MAX) return; /* mid-operation (or dead, not yet reclaimed) */
         ops += o;
     }
+    for (int d = 0; d < LEDGER_MAX_DEV; d++) h0[d] = LOAD(&g_hdr->dev[d].used);
     for (uint32_t i = 0; i < hwm; i++)
         for (int d = 0; d < LEDGER_MAX_DEV; d++) sum[d] += slot_used(slot_at(i), d);
     uint64_t ops2 = 0;
@@ -209,9 +252,8 @@ static void resync(void)
         if (o == UINT64_MAX) return;
         ops2 += o;
     }
-    if (ops2 != ops || hwm != LOAD(&g_hdr->hwm) || LOAD(&g_hdr->reclaims_begun) != b0 ||
-        LOAD(&g_hdr->reclaims_ended) != b0)
-        return;
+    test_stop(STOP_RESYNC_COMMIT);
+    if (ops2 != ops || hwm != LOAD(&g_hdr->hwm) || LOAD(&g_hdr->reclaims) != r0) return;
     int ok = 1;
     for (int d = 0; d < LEDGER_MAX_DEV; d++) {
         uint64_t expect = h0[d];
@@ -228,7 +270,7 @@ static uint64_t reclaim_dead(void)
     for (uint32_t i = 0; i < hwm; i++) {
         if ((int)i == g_slot) continue;
         struct ledger_slot *s = slot_at(i);
-        if (LOAD(&s->state) != SLOT_OWNED) continue;
+        if (LOAD(&s->state) == SLOT_FREE) continue; /* OWNED, or RECLAIMING by one that died */
         if (ofd_lock(F_OFD_SETLK, F_WRLCK, slot_off(i)) != 0) continue; /* alive */
         back += reclaim_slot(s);
         ofd_lock(F_OFD_SETLK, F_UNLCK, slot_off(i));

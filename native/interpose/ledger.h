@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #define LEDGER_MAGIC "COLOLDG1"
-#define LEDGER_VERSION 3
+#define LEDGER_VERSION 4
 #define LEDGER_HEADER_SIZE 4096
 #define LEDGER_MAX_DEV 32
 #define LEDGER_LANES 16
@@ -35,7 +35,8 @@
 #define LEDGER_SLOT_SIZE (64 + LEDGER_LANES * LEDGER_LANE_SIZE)
 #define LEDGER_DEV_AT 256
 
-enum { SLOT_FREE = 0, SLOT_OWNED = 1 };
+/* RECLAIMING: a reclaim of the dead owner's bytes is under way, or its reclaimer died too. */
+enum { SLOT_FREE = 0, SLOT_OWNED = 1, SLOT_RECLAIMING = 2 };
 
 struct ledger_dev {            /* one cacheline per device */
     uint64_t used;             /* admission counter: live slots' bytes + operations in flight */
@@ -55,8 +56,8 @@ struct ledger_header {
     uint64_t refused;          /* allocations refused, all processes (atomic) */
     uint32_t resync;           /* >0: a process died mid-operation; totals to be recomputed */
     uint32_t hwm;              /* slots [0, hwm) have ever been owned: scans stop there */
-    uint32_t reclaims_begun;   /* dead-slot reclaims begun / ended: a resync needs them equal */
-    uint32_t reclaims_ended;
+    uint32_t reclaims;         /* dead-slot reclaims begun: a resync needs it unchanged */
+    uint32_t spare0;
     uint32_t lanes;            /* LEDGER_LANES */
     uint32_t lane_size;        /* LEDGER_LANE_SIZE */
     char pad[LEDGER_DEV_AT - 72];
