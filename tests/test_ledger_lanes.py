@@ -296,3 +296,31 @@ def test_a_resync_overtaken_by_a_free_and_an_allocation_never_sets_the_counter_t
     finally:
         for p in (k, q, r):
             p.kill()
+
+
+def test_two_resyncs_at_once_never_set_the_counter_too_low(lanes_bin, job):
+    env, ledger = job
+    # One resync (b) has read the counter and summed the slots and is about to commit when another
+    # (a) commits first; an allocation then takes the counter back to what b read.
+    k = keeper(lanes_bin, env)                      # slot 0, 16 MiB
+    q, a, b = (subprocess.Popen([sys.executable, "-c", STEP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**env, **extra})
+               for extra in ({}, {}, {"COLO_TEST_LEDGER_STOP": "resync-commit"}))
+    try:
+        ask(q, MiB)
+        assert q.stdout.readline() == "0\n"         # slot 1, 1 MiB
+        killed_mid_update(ledger, 5, 20 * MiB)      # a resync is due
+        ask(b, 48 * MiB)                            # refused at first (16 + 1 + 20 + 48 > 64): b
+        stopped(b)                                  # reclaims slot 5 and resyncs up to its commit
+        ask(a, 48 * MiB)                            # the same, without stopping
+        assert a.stdout.readline() == "2\n"         # 16 + 1 + 48 > 64 even once resynced
+        ask(q, 20 * MiB)
+        assert q.stdout.readline() == "0\n"
+        never_too_low(ledger)
+        b.send_signal(signal.SIGCONT)
+        assert b.stdout.readline() == "2\n"
+        never_too_low(ledger)
+        fill_exactly(env, ledger, 37 * MiB)
+    finally:
+        for p in (k, q, a, b):
+            p.kill()

@@ -225,7 +225,7 @@ static uint64_t reclaim_slot(struct ledger_slot *s)
  * whole operations since, which moved the slots as much. Read before the first collect, a free
  * counted in the sums (after h0) and an allocation after the second collect (total back to h0)
  * would set the total one allocation too low. */
-static void resync(void)
+static void resync_locked(void)
 {
     uint32_t f0 = LOAD(&g_hdr->resync);
     if (!f0) return;
@@ -260,6 +260,23 @@ static void resync(void)
         if (expect != sum[d] && !CAS(&g_hdr->dev[d].used, &expect, sum[d])) ok = 0;
     }
     if (ok) CAS(&g_hdr->resync, &f0, 0);
+}
+
+/* One resync at a time in the job. The compare-and-swap proves a total is h0 again, not that it
+ * never moved: another resync's commit (the total down to its sums) and then allocations (back
+ * up to h0) would let ours set it too low by those allocations. Both locks are only tried: a
+ * resync already running (or stopped) leaves the totals high for a while, never waits. The OFD
+ * lock goes with a dead resyncer; g_resyncing covers our own threads, which share its owner. */
+static int g_resyncing;
+
+static void resync(void)
+{
+    if (!LOAD(&g_hdr->resync) || __atomic_exchange_n(&g_resyncing, 1, __ATOMIC_ACQUIRE)) return;
+    if (ofd_lock(F_OFD_SETLK, F_WRLCK, LEDGER_RESYNC_LOCK) == 0) {
+        resync_locked();
+        ofd_lock(F_OFD_SETLK, F_UNLCK, LEDGER_RESYNC_LOCK);
+    }
+    __atomic_store_n(&g_resyncing, 0, __ATOMIC_RELEASE);
 }
 
 /* Reclaim the slots of dead processes; returns non-zero when something came back. */
@@ -503,6 +520,7 @@ void ledger_atfork_child(void)
     g_me = NULL;
     g_slot = -1;
     g_logged = 0;
+    g_resyncing = 0; /* another thread of the parent's may have been resyncing */
     /* We are the only thread: every lane is free, and ours was the parent's. */
     g_lanes_taken = 0;
     g_epoch++;

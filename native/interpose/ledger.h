@@ -11,7 +11,7 @@
  * threads that found no free lane (atomic adds). A lane's bytes are its net changes modulo 2^64 (a
  * thread may free what another allocated): the process holds the sum over its lanes.
  *
- * No lock is ever taken on it. The header total used[d] is the admission counter: a reservation
+ * No one ever waits on it (the one lock, a resync's, is only tried). The header total used[d] is the admission counter: a reservation
  * is one compare-and-swap that never takes it past the budget. Each slot says what its process
  * holds; a process's bytes go from the total when it dies. A process killed between its two
  * counter updates leaves at most its one operation's bytes counted too many (never too few); the
@@ -34,6 +34,7 @@
 #define LEDGER_LANE_SIZE 320
 #define LEDGER_SLOT_SIZE (64 + LEDGER_LANES * LEDGER_LANE_SIZE)
 #define LEDGER_DEV_AT 256
+#define LEDGER_RESYNC_LOCK (LEDGER_HEADER_SIZE - 1) /* header byte a resync holds an OFD lock on */
 
 /* RECLAIMING: a reclaim of the dead owner's bytes is under way, or its reclaimer died too. */
 enum { SLOT_FREE = 0, SLOT_OWNED = 1, SLOT_RECLAIMING = 2 };
