@@ -17,7 +17,7 @@ from ..policy import can_ever_fit, gpu_allowed, gpu_filter_refusal
 from ..runtimes.base import Unavailable
 from ..store import NotFound
 from ..units import format_size_exact
-from . import pin
+from . import logread, pin
 from .external import External, Refused
 from .validate import Caller, Forbidden, Invalid, check_spec, is_admin, parse_array
 
@@ -602,47 +602,48 @@ class Api:
             raise ApiError(f"malformed tail {tail!r}: a number of lines, 0 or more", protocol.BAD_REQUEST)
         if since is not None and (not isinstance(since, (int, float)) or isinstance(since, bool)):
             raise ApiError(f"malformed since {since!r}: seconds since the epoch", protocol.BAD_REQUEST)
-        pos, line_start = 0, True
-        if (tail is not None or since is not None or stamps) and path.exists():
-            data = await asyncio.to_thread(path.read_bytes)
-            lines = data.splitlines(keepends=True)
-            pos = len(data)
-            line_start = not data or data.endswith((b"\n", b"\r"))
-            now = self.d.job(job.id)
-            fallback = now.ended_at if now.state in TERMINAL and now.ended_at else time.time()
-            ats = logtimes.stamp(lines, await asyncio.to_thread(logtimes.load, path), fallback)
-            # a line seen before `since` was written before it; one seen after may be up to a
-            # sample older (logtimes): kept, as `since` asks for at least everything after it
-            keep = [(a, ln) for a, ln in zip(ats, lines) if since is None or a >= since]
-            if tail is not None:
-                keep = keep[len(keep) - tail:] if tail else []
-            for i in range(0, len(keep), 4096):
-                part = keep[i:i + 4096]
-                if stamps:
-                    yield {"lines": [[a, ln.decode(errors="replace")] for a, ln in part]}
-                else:
-                    yield {"data": b"".join(ln for _, ln in part).decode(errors="replace")}
-        while True:
-            chunk = b""
+        # Never the whole log in memory: it is the job's to fill (colo/daemon/logread.py).
+        pos, line_start, fd = 0, True, None
+        dec = logread.decoder()  # one for the whole stream: a character may span two reads
+        try:
             if path.exists():
-                with open(path, "rb") as f:
-                    f.seek(pos)
-                    chunk = f.read(1 << 20)
-            if chunk:
-                pos += len(chunk)
-                if stamps:  # read now: written at or before now
-                    at, out = time.time(), []
-                    for ln in chunk.splitlines(keepends=True):
-                        out.append([at if line_start else None, ln.decode(errors="replace")])
-                        line_start = ln.endswith((b"\n", b"\r"))
-                    yield {"lines": out}
-                else:
-                    yield {"data": chunk.decode(errors="replace")}
-                continue
-            state = self.d.job(job.id).state
-            if not follow or state in TERMINAL:
-                return
-            await self.d.changed.wait(0.25)  # or new output
+                fd = await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
+            if fd is not None and (tail is not None or since is not None or stamps):
+                now = self.d.job(job.id)
+                fallback = now.ended_at if now.state in TERMINAL and now.ended_at else time.time()
+                index = await asyncio.to_thread(logtimes.load, path) if (since is not None or stamps) else ([], [])
+                pos = os.fstat(fd).st_size
+
+                def bounds() -> tuple[int, int]:
+                    start, stop = (logread.since_range(fd, pos, index, since, fallback) if since is not None
+                                   else (0, pos))
+                    if tail is not None:
+                        start = logread.tail_start(fd, start, stop, tail)
+                    return start, stop
+
+                start, stop = await asyncio.to_thread(bounds)  # a scan back over up to the whole log
+                line_start = logread.ends_line(fd, pos)
+                for ev in logread.pieces(fd, start, stop, index, fallback, stamps, dec):
+                    yield ev
+            while True:
+                if fd is None and path.exists():
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                size = os.fstat(fd).st_size if fd is not None else 0
+                if size > pos:  # read now: written at or before now
+                    stop = min(size, pos + (1 << 20))
+                    for ev in logread.pieces(fd, pos, stop, ([], []), time.time(), stamps, dec, line_start):
+                        yield ev
+                    line_start, pos = logread.ends_line(fd, stop), stop
+                    continue
+                state = self.d.job(job.id).state
+                if not follow or state in TERMINAL:
+                    if rest := dec.decode(b"", final=True):  # a character the log ends in the middle of
+                        yield {"lines": [[None, rest]]} if stamps else {"data": rest}
+                    return
+                await self.d.changed.wait(0.25)  # or new output
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     async def wait(self, caller: Caller, args: dict) -> AsyncIterator[Any]:
         ids = args.get("ids")

@@ -22,6 +22,12 @@ from .validate import Caller
 
 log = logging.getLogger("colo")
 IDLE_TIMEOUT = 60.0  # a connection that sends no request in this long is closed
+REPLY_TIMEOUT = 60.0  # a reply not taken in this long: the connection is dropped
+# Bytes of replies one user's connections may leave unread before their next requests are refused.
+# A client that asks and never reads would otherwise have the daemon hold each reply (an `ls` of a
+# queue of long commands is megabytes) for as long as it keeps the connection: a few hundred such
+# connections took gigabytes of the root daemon's memory. A stream (logs -f) holds one event at most.
+MAX_UNREAD = 64 << 20
 # Short blocking calls (Docker, NVML, starts and stops); waits for a job's exit have threads of
 # their own (core.blocking). Threads are made only when needed.
 WORKER_THREADS = 64
@@ -37,11 +43,17 @@ class Server:
     def __init__(self, daemon: Daemon):
         self.d = daemon
         self.api = Api(daemon)
+        self.conns: dict[int, set[asyncio.StreamWriter]] = {}  # uid -> its open connections
+
+    def unread(self, uid: int) -> int:
+        """Bytes of replies that `uid`'s connections have not read yet (held by the daemon)."""
+        return sum(w.transport.get_write_buffer_size() for w in self.conns.get(uid, ()))
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         caller = None
         try:
             caller = peer(writer)
+            self.conns.setdefault(caller.uid, set()).add(writer)
             try:
                 line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT)
             except (asyncio.LimitOverrunError, ValueError):
@@ -55,6 +67,11 @@ class Server:
                 op, args = protocol.parse_request(line)
             except protocol.ProtocolError as e:
                 writer.write(protocol.error(str(e), e.code))
+                return
+            if (held := self.unread(caller.uid)) > MAX_UNREAD:
+                writer.write(protocol.error(
+                    f"{held >> 20} MiB of replies to your earlier requests are still unread; read or close "
+                    "those connections first", protocol.UNAVAILABLE))
                 return
             try:
                 fn = getattr(self.api, op)
@@ -85,10 +102,18 @@ class Server:
             log.debug("client pid %s hung up (%s)", caller.pid if caller else "?", e.__class__.__name__)
         finally:
             try:
-                await writer.drain()
+                await asyncio.wait_for(writer.drain(), REPLY_TIMEOUT)
                 writer.close()
+            except asyncio.TimeoutError:  # it does not read: what it was sent is dropped with it
+                writer.transport.abort()
             except (ConnectionError, BrokenPipeError, RuntimeError):
                 pass
+            if caller is not None:
+                mine = self.conns.get(caller.uid)
+                if mine is not None:
+                    mine.discard(writer)
+                    if not mine:
+                        del self.conns[caller.uid]
 
 
 def _prepare_socket(config: Config) -> None:

@@ -1,0 +1,188 @@
+"""More hostile input, found by a red-team pass (issue: the daemon runs as root for many users).
+
+Each attack is made by a real second Unix user through the daemon's socket; the pure parts are
+checked against the simple form they replace.
+"""
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from colo import logtimes, protocol
+from colo.client import Client, ClientError
+from colo.daemon import logread
+from daemon_util import DaemonProc, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import load_bench  # noqa: E402
+from load_bench import run_as  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def users():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create other users")
+    return load_bench.ensure_users(2)
+
+
+def _status(pid: int, key: str) -> int:
+    """A /proc/PID/status figure in KiB (VmHWM: the peak resident size, VmRSS: now)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+# colo logs --tail/--since/--timestamps: never the whole log in memory -----------------------------
+def _old(data: bytes, index, fallback: float, tail, since, stamps: bool):
+    """What `logs` sent before logread: the whole log split at once (tail past the line count fixed)."""
+    lines = data.splitlines(keepends=True)
+    ats = logtimes.stamp(lines, index, fallback)
+    keep = [(a, ln) for a, ln in zip(ats, lines) if since is None or a >= since]
+    if tail is not None:
+        keep = keep[max(0, len(keep) - tail):] if tail else []
+    if stamps:
+        return [(a, ln.decode(errors="replace")) for a, ln in keep]
+    return b"".join(ln for _, ln in keep).decode(errors="replace")
+
+
+def _new(path: Path, index, fallback: float, tail, since, stamps: bool):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        start, stop = logread.since_range(fd, size, index, since, fallback) if since is not None else (0, size)
+        if tail is not None:
+            start = logread.tail_start(fd, start, stop, tail)
+        dec = logread.decoder()
+        evs = list(logread.pieces(fd, start, stop, index, fallback, stamps, dec))
+        rest = dec.decode(b"", final=True)
+    finally:
+        os.close(fd)
+    if not stamps:
+        return "".join(e["data"] for e in evs) + rest
+    out = []
+    for e in evs:
+        for at, text in e["lines"]:
+            if at is None:  # a piece of a line longer than a read: joined again here
+                out[-1] = (out[-1][0], out[-1][1] + text)
+            else:
+                out.append((at, text))
+    if rest:
+        out[-1] = (out[-1][0], out[-1][1] + rest)
+    return out
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(data=st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b"\xe2\x82\xac", b"\xff", b"x" * 40]),
+                     max_size=60).map(b"".join),
+       cuts=st.lists(st.integers(0, 400), max_size=6), tail=st.none() | st.integers(0, 12),
+       since=st.none() | st.integers(0, 8), fallback=st.integers(0, 8), stamps=st.booleans())
+def test_logread_sends_what_the_whole_log_split_at_once_gave(tmp_path_factory, data, cuts, tail, since, fallback,
+                                                            stamps):
+    path = tmp_path_factory.mktemp("log") / "x.log"
+    path.write_bytes(data)
+    sizes = sorted({c for c in cuts if c > 0})
+    index = (sizes, [float(i + 1) for i in range(len(sizes))])  # noted times grow with the sizes
+    old = logread.BLOCK, logread.CHUNK
+    logread.BLOCK, logread.CHUNK = 7, 16  # blocks and reads end inside lines, \r\n pairs and characters
+    try:
+        got = _new(path, index, float(fallback), tail, since, stamps)
+    finally:
+        logread.BLOCK, logread.CHUNK = old
+    assert got == _old(data, index, float(fallback), tail, since, stamps)
+
+
+def test_tail_of_a_huge_log_does_not_take_the_daemons_memory(shared_daemon, users):
+    """A user's job writes 3 MB of empty lines (its cap is 256 MiB by default); the user then asks
+    for the last line, in each of the forms that read back. Read whole and split, 3 MB held about
+    260 MB of Python objects in the root daemon (8 MB: 700 MB; 256 MiB: more than the node has)."""
+    d = shared_daemon
+    u = users[0]
+    n = 3_000_000
+    j = run_as(u, lambda: Client(d.socket).submit(
+        {"argv": ["sh", "-c", f"head -c {n} /dev/zero | tr '\\0' '\\n'; printf 'last line\\n'"], "gpus": 0})["id"])
+    d.wait_state(j, "succeeded", timeout=120)
+    assert os.path.getsize(d.state_dir / "logs" / f"{j}.log") == n + 10
+    base = _status(d.proc.pid, "VmRSS")
+
+    def ask():
+        c = Client(d.socket, timeout=300)
+        return ("".join(c.logs(j, tail=1)), list(c.log_lines(j, tail=2, since=0)),
+                "".join(c.logs(j, tail=3, since=0)))
+
+    plain, stamped, since = run_as(u, ask)
+    assert plain == "last line\n" and since == "\n\nlast line\n"
+    assert [t for _, t in stamped] == ["\n", "last line\n"] and all(a is not None for a, _ in stamped)
+    grew = _status(d.proc.pid, "VmHWM") - base
+    assert grew < 64 * 1024, f"the daemon's peak grew by {grew} KiB for a {n >> 20} MiB log"
+    assert "".join(Client(d.socket).logs(j)).endswith("\n\nlast line\n")  # the whole log still streams
+
+
+# clients that ask and never read ------------------------------------------------------------------
+def _ask_and_never_read(sock: str, gate: str, ready: str, done: str, conns: int) -> tuple:
+    """As the attacker: 100 queued jobs with 60 KB commands (an `ls` of them is ~6 MB), then `conns`
+    connections that each ask for `ls` and read nothing, held open until `done` exists."""
+    import time
+
+    c = Client(Path(sock))
+    first = c.submit({"argv": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done"], "gpus": 0})["id"]
+    c.submit({"argv": ["true", "x" * 60000], "gpus": 0, "after": [first], "array": "0-98"})
+    held = []
+    for _ in range(conns):
+        s = socket.socket(socket.AF_UNIX)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(sock)
+        s.sendall(protocol.request("ls"))
+        select.select([s], [], [], 120)  # answered (in part): the next one is asked after it
+        held.append(s)
+    Path(ready).touch()
+    while not os.path.exists(done):
+        time.sleep(0.05)
+    last = b""  # the last one asked: its whole answer
+    held[-1].settimeout(60)
+    while chunk := held[-1].recv(1 << 20):
+        last += chunk
+    for s in held:
+        s.close()
+    after = len(Client(Path(sock)).ls())  # with the connections gone, the user is answered again
+    return protocol.loads(last.splitlines()[0]), after
+
+
+def test_clients_that_never_read_cannot_take_the_daemons_memory(shared_daemon, users):
+    """Each unread reply was held by the daemon for as long as its connection stayed open: 60
+    connections asking for a 6 MB `ls` took 360 MB of the root daemon's memory, and a few hundred
+    would take the node's. Now a user's unread replies are bounded (server.MAX_UNREAD, 64 MiB): past
+    it their next requests are refused with one line, and every other user is answered as before."""
+    d = shared_daemon
+    talk = d.root / "talk"  # the attacker's: it says when its connections are open
+    talk.mkdir()
+    os.chown(talk, users[0].pw_uid, users[0].pw_gid)
+    gate, ready, done = (talk / n for n in ("gate", "ready", "done"))
+    base = _status(d.proc.pid, "VmRSS")
+    attacker = load_bench.Peer(users[0], lambda: _ask_and_never_read(str(d.socket), str(gate), str(ready),
+                                                                      str(done), 60))
+    attacker.go()
+    try:
+        wait_for(lambda: ready.exists() or select.select([attacker._res_r], [], [], 0)[0], 240,
+                 "the attacker's connections")  # (or its early end, said below)
+        assert ready.exists(), attacker.result()
+        grew = _status(d.proc.pid, "VmRSS") - base
+        others = run_as(users[1], lambda: len(Client(d.socket).ls()))  # answered while they are held
+        assert others == 100 and len(d.client.ls()) == 100
+    finally:
+        done.touch()
+        gate.touch()
+    last, after = attacker.result()
+    print(f"daemon grew by {grew} KiB while 60 connections left their `ls` unread")
+    assert grew < 160 * 1024, f"the daemon grew by {grew} KiB holding unread replies"
+    assert last["ok"] is False and last["code"] == protocol.UNAVAILABLE, str(last)[:200]
+    assert "still unread" in last["error"], last
+    assert after == 100
