@@ -4,9 +4,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 
-from ..jobs import ACTIVE, Job, State
+from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..runtimes.base import Gone, StartError
 from .lifecycle import Live
 
@@ -23,6 +24,7 @@ class RecoveryMixin:
             for d in self.devices:
                 await asyncio.to_thread(self.mps.adopt, d.uuid, d.index)
         await self._recover(self.jobs_in(*ACTIVE))
+        await self._end_strays()
         if self.cgroups is not None:  # leaves of jobs that ended while colo was away
             await asyncio.to_thread(self.cgroups.sweep, {j.id for j in self.jobs_in(*ACTIVE)})
 
@@ -73,6 +75,50 @@ class RecoveryMixin:
         if "docker" in self.runtimes:
             await self._sweep_containers(found)
 
+    async def _end_strays(self) -> None:
+        """Processes of an attempt that is over, left by a daemon that died while stopping it (an
+        MPS fault requeues the job, then stops the old attempt for up to stop_grace): the store
+        knows nothing of them any more. They are ended, and the job waits ("waiting for its
+        earlier attempt to end") until they are gone: a new attempt would share job-<ID> with
+        them, and the old shim, as it ends, kills whatever is in job-<ID> and writes the job's
+        exit file."""
+        rt = self.runtimes.get("process")
+        if rt is None:
+            return
+        keep = {j.id for j in self.jobs_in(*ACTIVE)}
+        for job_id in sorted(await asyncio.to_thread(rt.strays, keep, self.config.jobs_dir)):
+            self._ending.add(job_id)  # before the first scheduling pass
+            asyncio.get_running_loop().create_task(self._end_stray(job_id, rt))
+
+    async def _end_stray(self, job_id: int, rt) -> None:
+        try:
+            delay = 1.0
+            while True:
+                pids = await asyncio.to_thread(rt.leftover_pids, job_id)
+                log.warning("job %d: an earlier attempt left processes running (%s) when colo stopped; "
+                            "ending them before the job may start again", job_id,
+                            ", ".join(map(str, pids)) or "its shim")
+                if await asyncio.to_thread(self._end_leftovers, job_id, rt, pids):
+                    break
+                log.warning("job %d: its earlier attempt is not gone yet; trying again in %.0fs", job_id, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            if self.store.get(job_id).state in TERMINAL:
+                shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
+        finally:
+            self._ending.discard(job_id)
+            self.wake()
+
+    def _end_leftovers(self, job_id: int, rt, pids: list[int]) -> bool:
+        # invariant 6: any MPS client among them is sent terminate_client before it is killed
+        # (the store no longer says which GPU the attempt had: every GPU's MPS daemon is asked)
+        if pids and self.mps is not None:
+            for d in self.devices:
+                m = self.mps.get(d.uuid)
+                if m is not None and m.running():
+                    self.mps.terminate_then(d.uuid, pids, lambda: None)
+        return rt.end_leftovers(job_id, self.run_dir(job_id))
+
     async def _sweep_containers(self, found: dict[int, str] | None = None) -> None:
         """Remove this daemon's containers that no open job owns: ended while colo or the engine
         was away, or created by a start the engine cut short."""
@@ -94,9 +140,10 @@ class RecoveryMixin:
         import psutil
 
         exit_file = str(self.run_dir(job.id) / "exit")
-        for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+        for p in psutil.process_iter(["pid", "cmdline", "create_time", "uids"]):
             cmd = p.info["cmdline"] or []
-            if len(cmd) > 1 and cmd[0].endswith("colo-shim") and cmd[1] == exit_file:
+            if (len(cmd) > 1 and cmd[0].endswith("colo-shim") and cmd[1] == exit_file
+                    and p.info["uids"] is not None and p.info["uids"].real == os.geteuid()):  # a user's is not one
                 return f"{p.pid}:{p.info['create_time']:.3f}"
         if os.path.exists(exit_file):
             return "0:0"  # it ran and ended while colo was away; poll() reads its exit code

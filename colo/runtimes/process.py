@@ -102,6 +102,14 @@ class ProcessRuntime:
             prior = self._attempt.get(launch.job_id)
             self._attempt[launch.job_id] = "starting"  # from here an earlier attempt's stop or cleanup leaves it
         self._end_earlier_attempt(launch.job_id, prior)
+        if prior is None and self._leaf_left(launch.job_id):
+            # What an attempt left that this daemon does not know (it died while stopping it):
+            # the daemon ends it at its restart before starting the job again; should that ever
+            # be missed, the new attempt must still not join it in job-<ID>.
+            if not self.end_leftovers(launch.job_id, launch.run_dir):
+                with self._lock:
+                    del self._attempt[launch.job_id]
+                raise StartError("processes of an earlier attempt of the job cannot be ended (in its cgroup)")
         try:
             return self._start(launch, shim, root, env, groups, home)
         except BaseException:
@@ -172,6 +180,84 @@ class ProcessRuntime:
         deadline = time.monotonic() + 60
         while self._proc(prior) is not None and time.monotonic() < deadline:  # (not reaped here: its
             time.sleep(0.02)                                                  # follower waits on it)
+
+    def _shims(self, exit_file: str) -> list[psutil.Process]:
+        """Live shims started for this exit file (so of this job), by this daemon's user: the
+        same test as recovery's, with the owner checked (a user's process named colo-shim is
+        not one)."""
+        out = []
+        me = os.geteuid()
+        for p in psutil.process_iter(["cmdline", "uids", "status"]):
+            cmd = p.info["cmdline"] or []
+            if (len(cmd) > 1 and cmd[0].endswith("colo-shim") and cmd[1] == exit_file
+                    and p.info["uids"] is not None and p.info["uids"].real == me
+                    and p.info["status"] != psutil.STATUS_ZOMBIE):
+                out.append(p)
+        return out
+
+    def _leaf_left(self, job_id: int) -> bool:
+        """Is job-<ID> still there? A shim removes it as the last thing it does, so a leaf there
+        (and no attempt known) may be an earlier attempt's, still acting on it."""
+        c = self.cgroups
+        return c is not None and c.contain is not None and (c.contain / f"job-{job_id}").exists()
+
+    def leftover_pids(self, job_id: int) -> list[int]:
+        """Processes in job-<ID> (for a job with no attempt running: what an earlier one left)."""
+        return self.cgroups.pids(job_id) if self.cgroups is not None else []
+
+    def strays(self, keep: set[int], jobs_dir: Path) -> set[int]:
+        """Jobs (not in `keep`) whose earlier attempt left processes behind: in their cgroup, or a
+        shim still running. After a daemon that died while stopping an attempt (MPS fault)."""
+        found = set()
+        if self.cgroups is not None and self.cgroups.contain is not None:
+            try:
+                names = os.listdir(self.cgroups.contain)
+            except OSError:
+                names = []
+            for n in names:
+                if n.startswith("job-") and n[4:].isdigit() and int(n[4:]) not in keep and self.cgroups.pids(int(n[4:])):
+                    found.add(int(n[4:]))
+        prefix = str(jobs_dir) + "/"
+        for p in psutil.process_iter(["cmdline", "uids", "status"]):
+            cmd = p.info["cmdline"] or []
+            if len(cmd) > 1 and cmd[0].endswith("colo-shim") and cmd[1].startswith(prefix):
+                rest = cmd[1][len(prefix):]
+                job, _, name = rest.partition("/")
+                if (name == EXIT_FILE and job.isdigit() and int(job) not in keep and p.info["uids"] is not None
+                        and p.info["uids"].real == os.geteuid() and p.info["status"] != psutil.STATUS_ZOMBIE):
+                    found.add(int(job))
+        return found
+
+    def end_leftovers(self, job_id: int, run_dir: Path, timeout: float = 60.0) -> bool:
+        """End what an earlier attempt of a job left (processes in job-<ID>, its shim) and wait
+        until it is gone; True once nothing is left. Only for a job with no attempt of this
+        daemon's running: everything of the job then is an earlier attempt's. The shim goes too,
+        for it acts on job-<ID> (cgroup.kill, rmdir) and the job's exit file as it ends."""
+        exit_file = str(run_dir / EXIT_FILE)
+        deadline = time.monotonic() + timeout
+        if self.cgroups is not None and self.cgroups.contain is not None:
+            if not self.cgroups.kill(job_id, timeout):
+                return False
+        else:
+            for p in self._shims(exit_file):  # no cgroup: the shim's descendants (its subreaper)
+                self._signal_tree(p, signal.SIGKILL)
+        # A shim whose job's processes are gone records the exit and ends by itself (then its
+        # last lines are in the log); one that does not is killed.
+        soft = min(deadline, time.monotonic() + 10)
+        while (shims := self._shims(exit_file)) and time.monotonic() < soft:
+            time.sleep(0.05)
+        for p in shims:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        while (shims := self._shims(exit_file)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if shims or self.leftover_pids(job_id):
+            return False
+        if self.cgroups is not None:
+            self.cgroups.remove(job_id)
+        return True
 
     def _owns(self, handle: str, job: int | None) -> bool:
         """Is this handle the job's latest start (so the job's cgroup is its own)?"""
