@@ -80,17 +80,23 @@ def test_running_container_is_found_again_after_kill9(ddaemon, tmp_path):
     assert d.cli("logs", str(j), check=True).stdout == "before\nafter\n"  # nothing lost or doubled
 
 
-def test_container_that_ends_while_daemon_is_down_keeps_its_exit_code(ddaemon, tmp_path):
+def test_container_that_ends_while_daemon_is_down_keeps_its_exit_code_and_output(ddaemon, tmp_path):
     d = ddaemon
-    j = d.submit("--image", d.image, "--gpus", "0", "--", "sh", "-c", "echo start; sleep 1; exit 3")
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    os.chmod(gate, 0o777)
+    j = d.submit("--image", d.image, "--gpus", "0", "--mount", f"{gate}:/gate", "--", "sh", "-c",
+                 "echo start; while [ ! -e /gate/go ]; do sleep 0.05; done; echo end; exit 3")
     wait_for(lambda: "start" in d.cli("logs", str(j)).stdout, what="container output")
     d.kill9()
+    (gate / "go").touch()  # it writes its last line and ends while no daemon follows it
     cid = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=colo.job={j}"], capture_output=True,
                          text=True, check=True).stdout.split()
     subprocess.run(["docker", "wait", *cid], check=True, capture_output=True)
     d.start()
     job = d.wait_state(j, "failed")
     assert job["exit_code"] == 3
+    assert d.cli("logs", str(j), check=True).stdout == "start\nend\n"  # copied before the container went
     wait_for(lambda: not subprocess.run(["docker", "ps", "-aq", "--filter", f"label=colo.job={j}"],
                                         capture_output=True, text=True).stdout.strip(),
              what="the ended container to be removed")

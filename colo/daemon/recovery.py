@@ -52,6 +52,11 @@ class RecoveryMixin:
                 continue
             if hasattr(rt, "remember"):
                 rt.remember(handle, self.run_dir(job.id))
+            if hasattr(rt, "follow_logs"):
+                # Before its state is read: a container that ended while colo was away (or ends
+                # now) is removed just below, and what it wrote since its last follower's cursor
+                # must be in the log first (cleanup lets the follower drain before removing it).
+                rt.follow_logs(handle, self.log_path(job.id))
             try:
                 code = await asyncio.to_thread(rt.poll, handle)
             except Gone as e:
@@ -65,8 +70,6 @@ class RecoveryMixin:
                 self.record_exit(job.id, code)
                 self._finish(job.id, rt, handle)
                 continue
-            if hasattr(rt, "follow_logs"):
-                rt.follow_logs(handle, self.log_path(job.id))
             live = self.live.setdefault(job.id, Live())
             live.task = asyncio.get_running_loop().create_task(self.follow(job.id, handle))
             log.info("job %d found again after restart (%s)", job.id, handle)
