@@ -127,6 +127,13 @@ static nvmlReturn_t dev_of(nvmlDevice_t d, struct fg_device **out)
     return NVML_SUCCESS;
 }
 
+/* dev_of, then INVALID_ARGUMENT where the arguments are not ok: the order every getter checks in. */
+static nvmlReturn_t dev_arg(nvmlDevice_t d, struct fg_device **out, int ok)
+{
+    nvmlReturn_t r = dev_of(d, out);
+    return r ? r : ok ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
 static nvmlReturn_t copy_str(char *buf, unsigned len, const char *s)
 {
     if (!buf)
@@ -196,11 +203,9 @@ FG_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
 FG_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned *i)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, i != NULL);
     if (r)
         return r;
-    if (!i)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *i = (unsigned)d->index;
     return NVML_SUCCESS;
 }
@@ -223,11 +228,9 @@ FG_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned len)
 FG_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, p != NULL);
     if (r)
         return r;
-    if (!p)
-        return NVML_ERROR_INVALID_ARGUMENT;
     memset(p, 0, sizeof *p);
     p->bus = dv->pci_bus;
     p->pciDeviceId = 0x20b010de;
@@ -249,11 +252,9 @@ static void mem_read(int idx, uint64_t *total, uint64_t *used)
 FG_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, m != NULL);
     if (r)
         return r;
-    if (!m)
-        return NVML_ERROR_INVALID_ARGUMENT;
     uint64_t total, used;
     mem_read(d->index, &total, &used);
     *m = (nvmlMemory_t){.total = total, .used = used, .free = total - used};
@@ -263,11 +264,9 @@ FG_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 FG_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, m != NULL);
     if (r)
         return r;
-    if (!m)
-        return NVML_ERROR_INVALID_ARGUMENT;
     if (m->version != (unsigned)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     uint64_t total, used;
@@ -282,11 +281,9 @@ FG_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
 FG_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, u != NULL);
     if (r)
         return r;
-    if (!u)
-        return NVML_ERROR_INVALID_ARGUMENT;
     int sm = 0, bw = 0;
     fg_lock(&S);
     fg_device_procs(&S, d->index, NULL, 0, &sm, &bw);
@@ -299,11 +296,9 @@ FG_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizatio
 FG_API nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, int *mode)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, mode != NULL);
     if (r)
         return r;
-    if (!mode)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *mode = (int)dv->compute_mode;
     return NVML_SUCCESS;
 }
@@ -311,11 +306,10 @@ FG_API nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, int *mode)
 FG_API nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t d, int mode)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r =
+        dev_arg(d, &dv, mode == FG_MODE_DEFAULT || mode == FG_MODE_PROHIBITED || mode == FG_MODE_EXCLUSIVE_PROCESS);
     if (r)
         return r;
-    if (mode != FG_MODE_DEFAULT && mode != FG_MODE_PROHIBITED && mode != FG_MODE_EXCLUSIVE_PROCESS)
-        return NVML_ERROR_INVALID_ARGUMENT;
     if (geteuid() != 0) /* as on the real driver, root only */
         return NVML_ERROR_NO_PERMISSION;
     fg_lock(&S);
@@ -327,11 +321,9 @@ FG_API nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t d, int mode)
 FG_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, major && minor);
     if (r)
         return r;
-    if (!major || !minor)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *major = (int)dv->cc_major;
     *minor = (int)dv->cc_minor;
     return NVML_SUCCESS;
@@ -340,11 +332,9 @@ FG_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *majo
 FG_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned *cur, unsigned *pending)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, cur && pending);
     if (r)
         return r;
-    if (!cur || !pending)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *cur = *pending = 0; /* NVML_DEVICE_MIG_DISABLE */
     return NVML_SUCCESS;
 }
@@ -376,11 +366,9 @@ FG_API nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned *mw)
 FG_API nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t d, unsigned *mw)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, mw != NULL);
     if (r)
         return r;
-    if (!mw)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *mw = 350000;
     return NVML_SUCCESS;
 }
@@ -389,11 +377,9 @@ FG_API nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t d, unsigned *mw
 static nvmlReturn_t procs(nvmlDevice_t d, unsigned *count, void *infos, int v1, int want_mps)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, count && (!*count || infos));
     if (r)
         return r;
-    if (!count || (*count && !infos))
-        return NVML_ERROR_INVALID_ARGUMENT;
     struct fg_proc all[FG_MAX_SLOTS];
     fg_lock(&S);
     int n = fg_device_procs(&S, d->index, all, FG_MAX_SLOTS, NULL, NULL);
@@ -427,12 +413,10 @@ FG_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t d, unsi
 FG_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned *c, nvmlProcessInfo_t *p)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, c != NULL);
     (void)p;
     if (r)
         return r;
-    if (!c)
-        return NVML_ERROR_INVALID_ARGUMENT;
     *c = 0;
     return NVML_SUCCESS;
 }
@@ -470,12 +454,10 @@ FG_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
                                                     unsigned *count, unsigned long long last_seen)
 {
     struct fg_device *dv;
-    nvmlReturn_t r = dev_of(d, &dv);
+    nvmlReturn_t r = dev_arg(d, &dv, count != NULL);
     (void)last_seen;
     if (r)
         return r;
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
     struct fg_proc all[FG_MAX_SLOTS];
     fg_lock(&S);
     int n = fg_device_procs(&S, d->index, all, FG_MAX_SLOTS, NULL, NULL);
