@@ -243,15 +243,23 @@ static CUresult stream_destroy(CUstream h)
 FG_API CUresult cuStreamDestroy_v2(CUstream h) { LOCKED(stream_destroy(h)); }
 FG_API CUresult cuStreamDestroy(CUstream h) { LOCKED(stream_destroy(h)); }
 
-static CUresult stream_sync(CUstream h)
+/* A call on stream h in the current context: no context first, then an unknown stream. */
+static CUresult current_stream(CUstream h, struct fg_stream **out)
 {
     struct fg_ctx *c;
     CUresult r = fg_current(&c);
     if (r)
         return r;
-    struct fg_stream *s = stream_of(h);
-    if (!s)
-        return CUDA_ERROR_INVALID_HANDLE;
+    *out = stream_of(h);
+    return *out ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult stream_sync(CUstream h)
+{
+    struct fg_stream *s;
+    CUresult r = current_stream(h, &s);
+    if (r)
+        return r;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     complete(s);
@@ -262,13 +270,10 @@ FG_API CUresult cuStreamSynchronize_ptsz(CUstream h) { LOCKED(stream_sync(h)); }
 
 static CUresult stream_query(CUstream h)
 {
-    struct fg_ctx *c;
-    CUresult r = fg_current(&c);
+    struct fg_stream *s;
+    CUresult r = current_stream(h, &s);
     if (r)
         return r;
-    struct fg_stream *s = stream_of(h);
-    if (!s)
-        return CUDA_ERROR_INVALID_HANDLE;
     for (struct pend *e = g_pend; e; e = e->next)
         if (e->stream == s)
             return CUDA_ERROR_NOT_READY;
