@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -22,6 +23,16 @@ REQUIRE_DOCKER = os.environ.get("COLO_REQUIRE_DOCKER") == "1"
 @pytest.fixture(scope="session")
 def native_dir():
     return native.ensure_built()
+
+
+def build_native_helper(native_dir, out_dir, name):
+    """tests/native_helpers/NAME.c, threaded and linked directly against the simulated libcuda."""
+    out = out_dir / name
+    here = os.path.dirname(__file__)
+    subprocess.run(["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(out),
+                    os.path.join(here, "native_helpers", name + ".c"), str(native_dir / "fakegpu" / "libcuda.so.1"),
+                    "-lpthread"], check=True, timeout=120)
+    return out
 
 
 @pytest.fixture

@@ -18,18 +18,14 @@ import pytest
 
 from colo import interposer
 from conftest import JOB_BUDGET as BUDGET
+from conftest import build_native_helper
 
 MiB = 1 << 20
-HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
 def lanes_bin(native_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("lanes") / "ledger_lanes"
-    subprocess.run(["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(out),
-                    str(HERE / "native_helpers" / "ledger_lanes.c"), str(native_dir / "fakegpu" / "libcuda.so.1"),
-                    "-lpthread"], check=True, timeout=120)
-    return out
+    return build_native_helper(native_dir, tmp_path_factory.mktemp("lanes"), "ledger_lanes")
 
 
 def lanes(ledger: Path, slot: int) -> list[tuple[int, int, int]]:

@@ -7,24 +7,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from colo import interposer
+from conftest import build_native_helper
 
 MiB = 1 << 20
 BUDGET = 2048 * MiB  # the scans' contexts hold up to 16 x 62 MiB
-HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
 def shards_bin(native_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("shards") / "table_shards"
-    subprocess.run(["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(out),
-                    str(HERE / "native_helpers" / "table_shards.c"), str(native_dir / "fakegpu" / "libcuda.so.1"),
-                    "-lpthread"], check=True, timeout=120)
-    return out
+    return build_native_helper(native_dir, tmp_path_factory.mktemp("shards"), "table_shards")
 
 
 def test_concurrent_inserts_removals_and_full_scans_lose_no_entry(shards_bin, fakegpu, tmp_path):

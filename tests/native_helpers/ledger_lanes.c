@@ -12,21 +12,7 @@
  *
  * churn: THREADS threads allocate 1 MiB each in a loop and swap it into one of 32 shared boxes,
  * freeing what another thread left there, until killed. */
-#define _GNU_SOURCE
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-typedef int CUresult;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-CUresult cuInit(unsigned int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, int);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
+#include "threaded_cuda.h"
 
 static CUcontext ctx;
 static pthread_barrier_t bar;

@@ -11,23 +11,10 @@
  * addresses out again: an entry a scan missed would stay (not be replaced) and stay counted. Prints
  * "held <bytes>" (what the threads kept), waits for a line on stdin: "free" frees them all and
  * prints "done". Any call that fails exits non-zero, naming it. */
-#define _GNU_SOURCE
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "threaded_cuda.h"
 
-typedef int CUresult;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-CUresult cuInit(unsigned int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, int);
-CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, int);
 CUresult cuCtxDestroy_v2(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
 
 #define SIZE (64u << 10)
 static CUcontext primary;
