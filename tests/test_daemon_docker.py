@@ -21,6 +21,17 @@ def burn(*args: str) -> list[str]:
     return ["--", "/opt/colo/native/colo-burn", *args]
 
 
+def gated_container(d, tmp_path, before: str, after: str):
+    """A container job that runs the shell text BEFORE, waits until the test creates the path it
+    returns (/gate/go inside), then runs AFTER. Returns (job id, that path)."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    os.chmod(gate, 0o777)
+    j = d.submit("--image", d.image, "--gpus", "0", "--mount", f"{gate}:/gate", "--", "sh", "-c",
+                 f"{before}while [ ! -e /gate/go ]; do sleep 0.05; done; {after}")
+    return j, gate / "go"
+
+
 def test_container_job_lifecycle_logs_exit_and_user(ddaemon):
     d = ddaemon
     j = d.submit("--image", d.image, "--gpus", "0", "--env", "GREETING=hi", "--", "sh", "-c",
@@ -65,16 +76,12 @@ def test_unknown_image_and_image_without_shell(ddaemon, docker_client):
 
 def test_running_container_is_found_again_after_kill9(ddaemon, tmp_path):
     d = ddaemon
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    os.chmod(gate, 0o777)
-    j = d.submit("--image", d.image, "--gpus", "0", "--mount", f"{gate}:/gate", "--", "sh", "-c",
-                 "echo before; while [ ! -e /gate/go ]; do sleep 0.05; done; echo after; exit 9")
+    j, go = gated_container(d, tmp_path, "echo before; ", "echo after; exit 9")
     wait_for(lambda: "before" in d.cli("logs", str(j)).stdout, what="container output")
     d.kill9()
     d.start()
     assert d.job(j)["state"] == "running"
-    (gate / "go").touch()
+    go.touch()
     job = d.wait_state(j, "failed")
     assert job["exit_code"] == 9
     assert d.cli("logs", str(j), check=True).stdout == "before\nafter\n"  # nothing lost or doubled
@@ -82,14 +89,10 @@ def test_running_container_is_found_again_after_kill9(ddaemon, tmp_path):
 
 def test_container_that_ends_while_daemon_is_down_keeps_its_exit_code_and_output(ddaemon, tmp_path):
     d = ddaemon
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    os.chmod(gate, 0o777)
-    j = d.submit("--image", d.image, "--gpus", "0", "--mount", f"{gate}:/gate", "--", "sh", "-c",
-                 "echo start; while [ ! -e /gate/go ]; do sleep 0.05; done; echo end; exit 3")
+    j, go = gated_container(d, tmp_path, "echo start; ", "echo end; exit 3")
     wait_for(lambda: "start" in d.cli("logs", str(j)).stdout, what="container output")
     d.kill9()
-    (gate / "go").touch()  # it writes its last line and ends while no daemon follows it
+    go.touch()  # it writes its last line and ends while no daemon follows it
     cid = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=colo.job={j}"], capture_output=True,
                          text=True, check=True).stdout.split()
     subprocess.run(["docker", "wait", *cid], check=True, capture_output=True)
@@ -152,12 +155,8 @@ def test_mount_swapped_for_a_symlink_after_submit_is_refused_at_start(ddaemon, t
 def test_daemon_stops_at_once_with_jobs_running_and_finds_them_again(ddaemon, tmp_path):
     """SIGTERM (systemctl stop) must not wait for running jobs: they run on and are followed again."""
     d = ddaemon
-    gate = tmp_path / "gate"
-    gate.mkdir()
-    os.chmod(gate, 0o777)
-    c = d.submit("--image", d.image, "--gpus", "0", "--mount", f"{gate}:/gate", "--", "sh", "-c",
-                 "while [ ! -e /gate/go ]; do sleep 0.05; done; exit 5")
-    p = d.submit("--process", "--gpus", "0", "--", "sh", "-c", f"while [ ! -e {gate}/go ]; do sleep 0.05; done")
+    c, go = gated_container(d, tmp_path, "", "exit 5")
+    p = d.submit("--process", "--gpus", "0", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done")
     for j in (c, p):
         d.wait_state(j, "running")
     d.proc.terminate()
@@ -165,6 +164,6 @@ def test_daemon_stops_at_once_with_jobs_running_and_finds_them_again(ddaemon, tm
     assert "Traceback" not in d.log.read_text()
     d.start()
     assert [d.job(j)["state"] for j in (c, p)] == ["running", "running"]
-    (gate / "go").touch()
+    go.touch()
     assert d.wait_state(c, "failed")["exit_code"] == 5
     assert d.wait_state(p, "succeeded")["exit_code"] == 0
