@@ -100,6 +100,14 @@ def fill_exactly(env, ledger, keep):
     assert led.counted[0] == BUDGET and led.used[0] == keep
 
 
+def keeper_alone(env, ledger, k):
+    """Nothing but the keeper's 16 MiB is held (the rest of the budget fits exactly), and the
+    keeper then frees it all."""
+    fill_exactly(env, ledger, 16 * MiB)
+    never_too_low(ledger)
+    assert k.communicate("free\n", timeout=60)[0] == "done\n"
+
+
 def test_a_killed_multithreaded_process_gives_back_exactly_the_sum_of_its_lanes(lanes_bin, job):
     env, ledger = job
     k = keeper(lanes_bin, env)
@@ -110,8 +118,7 @@ def test_a_killed_multithreaded_process_gives_back_exactly_the_sum_of_its_lanes(
         led = interposer.read_ledger(ledger)
         assert led.used[0] == 16 * MiB and len(led.processes) == 1  # the dead one counts for nothing at once
         assert led.counted[0] == 41 * MiB                           # until a job process reclaims it
-        fill_exactly(env, ledger, 16 * MiB)
-        assert k.communicate("free\n", timeout=60)[0] == "done\n"
+        keeper_alone(env, ledger, k)
     finally:
         k.kill()
 
@@ -134,8 +141,7 @@ def test_processes_killed_while_threads_free_each_others_memory_leave_nothing_be
             time.sleep(rnd.uniform(0, 0.05))
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=30)
-        fill_exactly(env, ledger, 16 * MiB)
-        assert k.communicate("free\n", timeout=60)[0] == "done\n"
+        keeper_alone(env, ledger, k)
     finally:
         k.kill()
 
@@ -154,6 +160,13 @@ STEP = textwrap.dedent("""
     for line in sys.stdin:
         print(cu.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(int(line))), flush=True)
 """)
+
+
+def stepper(env, stop=None):
+    """A job process running STEP; `stop`: its COLO_TEST_LEDGER_STOP points."""
+    return subprocess.Popen([sys.executable, "-c", STEP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**env, "COLO_TEST_LEDGER_STOP": stop} if stop else env)
 
 
 def killed_holding(lanes_bin, env, mib):
@@ -230,9 +243,7 @@ def test_a_reclaimer_killed_after_subtracting_leaves_nothing_to_subtract_twice(l
         assert subprocess.run([str(lanes_bin), "1", "1", "0"], env=env, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=60).stdout == "ready 1 0\n"
         never_too_low(ledger)
-        fill_exactly(env, ledger, 16 * MiB)
-        never_too_low(ledger)
-        assert k.communicate("free\n", timeout=60)[0] == "done\n"
+        keeper_alone(env, ledger, k)
     finally:
         k.kill()
 
@@ -240,8 +251,7 @@ def test_a_reclaimer_killed_after_subtracting_leaves_nothing_to_subtract_twice(l
 def test_a_reclaimer_killed_before_subtracting_leaves_the_counter_high_until_a_resync(lanes_bin, job):
     env, ledger = job
     k = keeper(lanes_bin, env)                      # slot 0, 16 MiB
-    r = subprocess.Popen([sys.executable, "-c", STEP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**env, "COLO_TEST_LEDGER_STOP": "reclaim-marked"})
+    r = stepper(env, "reclaim-marked")
     try:
         ask(r, MiB)
         assert r.stdout.readline() == "0\n"         # slot 1, 1 MiB
@@ -254,9 +264,7 @@ def test_a_reclaimer_killed_before_subtracting_leaves_the_counter_high_until_a_r
         # interrupted reclaim must not have turned resyncs off.
         killed_mid_update(ledger, 5, 20 * MiB)
         never_too_low(ledger)
-        fill_exactly(env, ledger, 16 * MiB)
-        never_too_low(ledger)
-        assert k.communicate("free\n", timeout=60)[0] == "done\n"
+        keeper_alone(env, ledger, k)
     finally:
         k.kill()
         r.kill()
@@ -268,11 +276,8 @@ def test_a_resync_overtaken_by_a_free_and_an_allocation_never_sets_the_counter_t
     # its collects and an allocation of the same size after them, before it commits: the counter
     # is then back at its old value, but what the slots hold is not what the resync summed.
     k = keeper(lanes_bin, env)                      # slot 0, 16 MiB
-    q = subprocess.Popen([sys.executable, "-c", STEP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
-    r = subprocess.Popen([sys.executable, "-c", STEP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                         env={**env, "COLO_TEST_LEDGER_STOP": "resync-start,resync-commit"})
+    q = stepper(env)
+    r = stepper(env, "resync-start,resync-commit")
     try:
         ask(q, MiB)
         assert q.stdout.readline() == "0\n"         # slot 1, 1 MiB
@@ -299,9 +304,7 @@ def test_two_resyncs_at_once_never_set_the_counter_too_low(lanes_bin, job):
     # One resync (b) has read the counter and summed the slots and is about to commit when another
     # (a) commits first; an allocation then takes the counter back to what b read.
     k = keeper(lanes_bin, env)                      # slot 0, 16 MiB
-    q, a, b = (subprocess.Popen([sys.executable, "-c", STEP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env={**env, **extra})
-               for extra in ({}, {}, {"COLO_TEST_LEDGER_STOP": "resync-commit"}))
+    q, a, b = stepper(env), stepper(env), stepper(env, "resync-commit")
     try:
         ask(q, MiB)
         assert q.stdout.readline() == "0\n"         # slot 1, 1 MiB
