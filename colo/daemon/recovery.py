@@ -8,7 +8,7 @@ import shutil
 import time
 
 from ..jobs import ACTIVE, TERMINAL, Job, State
-from ..runtimes.base import Gone, StartError
+from ..runtimes.base import Gone, StartError, Unavailable
 from .lifecycle import Live
 
 log = logging.getLogger("colo")
@@ -30,13 +30,17 @@ class RecoveryMixin:
 
     async def _recover(self, jobs: list[Job]) -> None:
         found: dict[int, str] = {}
-        if "docker" in self.runtimes:
-            found = await asyncio.to_thread(self.runtimes["docker"].adopt)
+        docker = self.runtimes.get("docker")
+        if docker is not None:
+            try:
+                found = await asyncio.to_thread(docker.adopt)
+            except Unavailable:  # it answered the ping at start-up, not now (dockerd restarting)
+                pass
         for job in jobs:
-            if job.spec.runtime == "docker" and "docker" not in self.runtimes:
-                # The engine is not there (yet): the job may well run on. It keeps its budget and
-                # is found again when the engine answers (see sample).
-                log.warning("job %d: %s; followed again when it answers", job.id, self.docker_error)
+            if job.spec.runtime == "docker" and self.docker_away():
+                # The engine is not there (yet), or stopped answering: the job may well run on. It
+                # keeps its budget and is found again when the engine answers (_watch_docker).
+                log.warning("job %d: %s; followed again when it answers", job.id, self.docker_away())
                 continue
             try:
                 rt = self.runtime_for(job)
@@ -59,6 +63,9 @@ class RecoveryMixin:
                 rt.follow_logs(handle, self.log_path(job.id))
             try:
                 code = await asyncio.to_thread(rt.poll, handle)
+            except Unavailable as e:  # the engine went away just now: as above (its follower waits too)
+                log.warning("job %d: %s; followed again when it answers", job.id, e)
+                continue
             except Gone as e:
                 self.transition(job.id, State.LOST, f"lost while colo was down: {e}")
                 self._finish(job.id, rt, handle)
@@ -75,7 +82,7 @@ class RecoveryMixin:
             log.info("job %d found again after restart (%s)", job.id, handle)
             if job.cancel_by:  # the daemon stopped in the middle of cancelling it: finish that
                 asyncio.get_running_loop().create_task(self._finish_cancel(job.id, handle))
-        if "docker" in self.runtimes:
+        if docker is not None and docker.down is None:
             await self._sweep_containers(found)
 
     async def _end_strays(self) -> None:
@@ -122,17 +129,20 @@ class RecoveryMixin:
                     self.mps.terminate_then(d.uuid, pids, lambda: None)
         return rt.end_leftovers(job_id, self.run_dir(job_id))
 
-    async def _sweep_containers(self, found: dict[int, str] | None = None) -> None:
+    async def _sweep_containers(self, found: dict[int, str]) -> None:
         """Remove this daemon's containers that no open job owns: ended while colo or the engine
         was away, or created by a start the engine cut short."""
         rt = self.runtimes["docker"]
-        if found is None:
-            found = await asyncio.to_thread(rt.adopt)
         for job_id, handle in found.items():
             job = self.open_jobs.get(job_id)
             if job is not None and (job.handle == handle or job.state == State.STARTING):
                 continue
-            await asyncio.to_thread(rt.cleanup, handle)
+            try:
+                await asyncio.to_thread(rt.cleanup, handle)
+            except Exception as e:  # noqa: BLE001 - e.g. 409 removal already in progress: the next sweep
+                log.warning("container %s of job %d not removed yet: %s", handle[:12], job_id, e)
+                if rt.down is not None:
+                    return
 
     def _unrecorded_process(self, job: Job) -> str | None:
         """A process job whose start was cut short before its handle was stored: its shim may be
@@ -163,12 +173,17 @@ class RecoveryMixin:
             if "docker" in self.runtimes:
                 log.warning("Docker engine found: container jobs can run")
                 self.docker_error = None
-                await self._recover([j for j in self.jobs_in(*ACTIVE)
-                                     if j.spec.runtime == "docker" and j.id not in self.live])
+                await self._recover(self._unfollowed_docker_jobs())
                 self.wake()
         elif rt.down is not None and await asyncio.to_thread(rt.check):
-            await self._sweep_containers()
+            # Jobs recovery had to leave while it was away are found again now (then the sweep).
+            await self._recover(self._unfollowed_docker_jobs())
             for j in self.jobs_in(State.RUNNING):  # cancels asked for while it was away
                 if j.cancel_by and j.handle and j.spec.runtime == "docker":
                     asyncio.get_running_loop().create_task(self._finish_cancel(j.id, j.handle))
             self.wake()
+
+    def _unfollowed_docker_jobs(self) -> list[Job]:
+        """Active container jobs no task follows or starts: left by recovery for want of an engine."""
+        return [j for j in self.jobs_in(*ACTIVE)
+                if j.spec.runtime == "docker" and getattr(self.live.get(j.id), "task", None) is None]

@@ -455,7 +455,10 @@ class DockerRuntime:
             return self._notes.get(handle, "")
 
     def poll(self, handle: str) -> int | None:
-        state = self._state(handle)
+        try:
+            state = self._state(handle)
+        except ENGINE_DOWN as e:
+            raise self._engine_down(e) from None
         if state.get("Status") == "created":
             raise Gone(f"container {handle[:12]} was created but never started")
         if state.get("Running") or state.get("Restarting"):
@@ -472,7 +475,11 @@ class DockerRuntime:
     def adopt(self) -> dict[int, str]:
         found: dict[int, str] = {}
         mine = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTANCE}={self.instance}"]
-        for c in self.api.containers(all=True, filters={"label": mine}):
+        try:
+            containers = self.api.containers(all=True, filters={"label": mine})
+        except ENGINE_DOWN as e:
+            raise self._engine_down(e) from None
+        for c in containers:
             try:
                 found[int(c["Labels"][LABEL_JOB])] = c["Id"]
             except (KeyError, ValueError):
@@ -495,7 +502,12 @@ class DockerRuntime:
                 self._drain(handle)  # normally done by wait() already; do not cut the tail if not
         except Gone:
             pass
-        self._remove(handle)
+        except ENGINE_DOWN as e:
+            raise self._engine_down(e) from None
+        try:
+            self._remove(handle)
+        except ENGINE_DOWN as e:
+            raise self._engine_down(e) from None
         with self._lock:
             self._notes.pop(handle, None)
             f = self._followers.pop(handle, None)
