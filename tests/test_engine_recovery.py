@@ -16,19 +16,22 @@ from daemon_util import DaemonProc, wait_for
 from colo.runtimes.image import build_local_image
 
 LISTING = re.compile(rb"GET /v[0-9.]+/containers/json")  # what DockerRuntime.adopt sends
+REMOVAL = re.compile(rb"DELETE /v[0-9.]+/containers/")
+CONFLICT = b'{"message":"removal of container is already in progress"}'
 
 
 class CuttingProxy:
     """Forwards bytes between clients and the engine's socket; while `armed` is set, a connection
-    that sends a container listing is closed instead (as by an engine that went away)."""
+    that sends a container listing is closed instead (as by an engine that went away); while
+    `conflict` is set, a container removal is answered 409 as the engine does for one under way."""
 
     def __init__(self, engine_sock: Path):
         self.dir = Path(tempfile.mkdtemp(prefix="px-"))  # short: a socket path has ~100 bytes
         self.path = self.dir / "proxy.sock"
         self.url = f"unix://{self.path}"
         self.engine_sock = str(engine_sock)
-        self.armed = threading.Event()
-        self.cuts = 0
+        self.armed, self.conflict = threading.Event(), threading.Event()
+        self.cuts = self.conflicts = 0
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(self.path))
         self.server.listen(64)
@@ -55,6 +58,11 @@ class CuttingProxy:
             while data := src.recv(65536):
                 if requests and self.armed.is_set() and LISTING.search(tail + data):
                     self.cuts += 1
+                    break
+                if requests and self.conflict.is_set() and REMOVAL.search(tail + data):
+                    self.conflicts += 1
+                    src.sendall(b"HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                                b"Content-Length: %d\r\n\r\n%s" % (len(CONFLICT), CONFLICT))
                     break
                 tail = data[-64:]  # a request line split across two reads is still seen
                 dst.sendall(data)
@@ -95,7 +103,9 @@ def test_engine_failing_during_recovery_leaves_container_jobs_to_be_found_again(
         (gates / "a").touch()  # written while no daemon follows it
         proxy.armed.set()
         d.start()  # pings the engine, then recovery's listing is cut: it must start all the same
-        wait_for(lambda: proxy.cuts >= 2, 60, "recovery, then a look again, to meet the cut engine")
+        wait_for(lambda: proxy.cuts >= 2 or d.proc.poll() is not None, 60,
+                 "recovery, then a look again, to meet the cut engine")
+        assert d.proc.poll() is None, d.log.read_text()[-2000:]
         assert d.cli("ls", check=True).stdout  # it answers
         (gates / "p").touch()
         assert d.wait_state(p, "succeeded", "failed", "lost", timeout=60)["state"] == "succeeded"  # followed
@@ -112,6 +122,37 @@ def test_engine_failing_during_recovery_leaves_container_jobs_to_be_found_again(
         assert d.cli("logs", str(c), check=True).stdout == "before\nmiddle\nafter\n"
         wait_for(lambda: not engine.client().containers.list(all=True, filters={"label": "colo.managed=1"}),
                  30, "colo's containers to be removed")
+    finally:
+        d.stop()
+        proxy.close()
+
+
+def test_a_removal_refused_in_the_sweep_is_left_for_the_next_one(tmp_path, fakegpu, make_dockerd):
+    engine = make_dockerd()
+    build_local_image(engine.client(), "colo-test/base:1")
+    proxy = CuttingProxy(engine.sock)
+    d = DaemonProc(tmp_path, fakegpu.state, env={"DOCKER_HOST": proxy.url}).start()
+    try:
+        # A container of colo's whose job no longer exists (as one left when a daemon died between a
+        # job's end and its removal): recovery's sweep removes it.
+        instance = (d.state_dir / "instance").read_text().strip()
+        left = engine.client().containers.create("colo-test/base:1", ["true"], labels={
+            "colo.managed": "1", "colo.instance": instance, "colo.job": "999999"})
+        d.kill9()
+        proxy.conflict.set()
+        d.start()  # the sweep's removal is refused: it must start all the same
+        wait_for(lambda: proxy.conflicts >= 1 or d.proc.poll() is not None, 60, "the sweep to try the removal")
+        assert d.proc.poll() is None, d.log.read_text()[-2000:]
+        assert d.cli("ls", check=True).returncode == 0
+        p = d.submit("--process", "--gpus", "0", "--", "echo", "still scheduling")
+        assert d.wait_state(p, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+        assert engine.client().containers.get(left.id)  # left for the next sweep
+
+        proxy.conflict.clear()
+        d.stop()
+        d.start()  # the next sweep
+        wait_for(lambda: not engine.client().containers.list(all=True, filters={"id": left.id}), 60,
+                 "the leftover container to be removed")
     finally:
         d.stop()
         proxy.close()
