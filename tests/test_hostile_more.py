@@ -80,7 +80,7 @@ def _new(path: Path, index, fallback: float, tail, since, stamps: bool):
     return out
 
 
-@settings(max_examples=400, deadline=None, database=None)
+@settings(max_examples=int(os.environ.get("LOGREAD_EXAMPLES", 400)), deadline=None, database=None)
 @given(data=st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b"\xe2\x82\xac", b"\xff", b"x" * 40]),
                      max_size=60).map(b"".join),
        cuts=st.lists(st.integers(0, 400), max_size=6), tail=st.none() | st.integers(0, 12),

@@ -144,9 +144,9 @@ def pieces(fd: int, start: int, stop: int, index: tuple[list[int], list[float]],
                 carry = data
                 continue
         if cut == 0:  # one line longer than CHUNK: send what there is, stamped by the line's end
-            out.append([when(_line_end(fd, base + len(data), stop)) if begun else None,
-                        dec.decode(data)])
-            begun, base, carry = False, base + len(data), b""
+            n = len(data) - 1 if data.endswith(b"\r") else len(data)  # a last \r may end it: read on
+            out.append([when(_line_end(fd, base + n, stop)) if begun else None, dec.decode(data[:n])])
+            begun, base, carry = False, base + n, data[n:]
         else:
             end = base
             for ln in data[:cut].splitlines(keepends=True):
