@@ -186,3 +186,45 @@ def test_clients_that_never_read_cannot_take_the_daemons_memory(shared_daemon, u
     assert last["ok"] is False and last["code"] == protocol.UNAVAILABLE, str(last)[:200]
     assert "still unread" in last["error"], last
     assert after == 100
+
+
+# what NVIDIA's container runtime reads: colo's to say -------------------------------------------
+@pytest.fixture
+def cuda_like_image(docker_client, test_image):
+    """The test image with what CUDA images say in their ENV (nvidia/cuda: NVIDIA_VISIBLE_DEVICES=all)."""
+    c = docker_client.containers.create(test_image, ["true"])
+    tag = "colo-test/cuda-like:1"
+    try:
+        c.commit("colo-test/cuda-like", "1", changes=["ENV NVIDIA_VISIBLE_DEVICES=all",
+                                                      "ENV NVIDIA_MIG_MONITOR_DEVICES=all"])
+    finally:
+        c.remove(force=True)
+    yield tag
+    docker_client.images.remove(tag, force=True)
+
+
+def test_a_cpu_only_container_job_is_given_no_gpu_by_the_images_env(shared_daemon, users, cuda_like_image):
+    """On an engine whose default runtime is NVIDIA's (nvidia-ctk --set-as-default), its hook gives a
+    container the GPUs that NVIDIA_VISIBLE_DEVICES names, from the image's ENV when the job does not
+    say: a `--gpus 0` job of a CUDA image got every GPU, outside any budget or ledger. colo now says
+    it for every container job ("void": nothing; a GPU job: its own GPUs), and a job may not set the
+    hook's other device variables (this engine has no NVIDIA runtime: the container's environment,
+    which the hook reads, is what is checked)."""
+    d = shared_daemon
+    show = ["sh", "-c", "echo NV=$NVIDIA_VISIBLE_DEVICES"]
+    cpu = run_as(users[0], lambda: Client(d.socket).submit({"argv": show, "gpus": 0, "image": cuda_like_image})["id"])
+    gpu = run_as(users[0], lambda: Client(d.socket).submit(
+        {"argv": show, "gpus": 1, "gpu_mem": "64MiB", "image": cuda_like_image})["id"])
+    assert d.wait_state(cpu, "succeeded", timeout=120) and d.wait_state(gpu, "succeeded", timeout=120)
+    assert "".join(d.client.logs(cpu)) == "NV=void\n"
+    assert "".join(d.client.logs(gpu)) == f"NV={','.join(d.job(gpu)['gpus'])}\n"
+    for k in ("NVIDIA_MIG_MONITOR_DEVICES", "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_IMEX_CHANNELS", "NVIDIA_GDS"):
+        try:
+            run_as(users[0], lambda k=k: Client(d.socket).submit({"argv": ["true"], "gpus": 0, "env": {k: "all"}}))
+        except RuntimeError as e:  # the peer's ClientError, as Peer.result says it
+            assert "ClientError" in str(e) and f"{k} is set by colo itself" in str(e), e
+        else:
+            raise AssertionError(f"{k} accepted")
+    ok = run_as(users[0], lambda: Client(d.socket).submit(  # the job's own NVIDIA_ settings stay its own
+        {"argv": ["sh", "-c", "echo $NVIDIA_TF32_OVERRIDE"], "gpus": 0, "env": {"NVIDIA_TF32_OVERRIDE": "0"}})["id"])
+    assert d.wait_state(ok, "succeeded") and "".join(d.client.logs(ok)) == "0\n"

@@ -37,6 +37,12 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
         env["COLO_ARRAY_TASK_COUNT"] = str(job.spec.array_size)
     mounts: list[Mount] = []  # colo's own; the user's are added last (below)
     share_shm = False
+    if in_container:
+        # Said by colo, never left to the image: CUDA images set NVIDIA_VISIBLE_DEVICES=all, and an
+        # engine whose default runtime is NVIDIA's would hand a --gpus 0 job every GPU (no budget,
+        # no ledger). "void": the runtime's hook adds nothing. (Docker's device request says the same
+        # GPUs for a GPU job.)
+        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(dec.gpus) if job.spec.gpus else "void"
 
     if job.spec.gpus:
         ledger = run_dir / "ledger"

@@ -57,8 +57,12 @@ SPEC_FIELDS = {"argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "wor
                "after_fail", "priority", "profile", "retries", "grow", "cpus", "mem", "time", "gpu_ids", "gpu_type",
                "array"}
 # colo's own plumbing: a job that could set these could escape its budget or reach MPS.
+# NVIDIA_*: what the NVIDIA container runtime's hook reads to hand a container devices (GPUs, MIG
+# capabilities, IMEX channels, GDS/MOFED/NVSwitch/GDRCopy devices); others (NVIDIA_TF32_OVERRIDE) are the job's.
 RESERVED_ENV = re.compile(r"^(LD_PRELOAD|LD_AUDIT|LD_LIBRARY_PATH|COLO_.*|CUDA_MPS_.*|CUDA_VISIBLE_DEVICES|"
-                          r"NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|GPU_DEVICE_ORDINAL)$")
+                          r"NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|NVIDIA_MIG_CONFIG_DEVICES|"
+                          r"NVIDIA_MIG_MONITOR_DEVICES|NVIDIA_IMEX_CHANNELS|NVIDIA_GDS|NVIDIA_MOFED|NVIDIA_NVSWITCH|"
+                          r"NVIDIA_GDRCOPY|GPU_DEVICE_ORDINAL)$")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 FORBIDDEN_SOURCES = ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd", "/proc", "/sys", "/dev")
 
