@@ -228,3 +228,29 @@ def test_a_cpu_only_container_job_is_given_no_gpu_by_the_images_env(shared_daemo
     ok = run_as(users[0], lambda: Client(d.socket).submit(  # the job's own NVIDIA_ settings stay its own
         {"argv": ["sh", "-c", "echo $NVIDIA_TF32_OVERRIDE"], "gpus": 0, "env": {"NVIDIA_TF32_OVERRIDE": "0"}})["id"])
     assert d.wait_state(ok, "succeeded") and "".join(d.client.logs(ok)) == "0\n"
+
+
+# mount targets are read as Docker reads them ----------------------------------------------------
+def test_mount_target_over_colos_own_files_is_refused_however_spelt(shared_daemon, users):
+    """colo's own files sit under /opt/colo in a container (the interposer, the job's ledger, the MPS
+    pipe): a job may not mount over them. Docker cleans the target, so `/opt//colo/run` (which the
+    check took as it was written) is /opt/colo/run."""
+    d = shared_daemon
+    src = d.root / "src"  # the user's own folder: readable, so only the target can be refused
+    src.mkdir()
+    os.chown(src, users[0].pw_uid, users[0].pw_gid)
+    for target in ("/opt//colo/run", "/opt/./colo/native/libcolo_interpose.so", "/opt/colo/.", "//opt/colo",
+                   "/./opt/colo/mps", "/.", "//"):
+        spec = {"argv": ["true"], "gpus": 1, "gpu_mem": "64MiB", "image": "colo-none:never",
+                "mounts": [f"{src}:{target}"]}
+        err = run_as(users[0], lambda spec=spec: _err(lambda: Client(d.socket).submit(spec)))
+        assert err is not None and err[1] == "forbidden" and "is not allowed" in err[0], (target, err)
+    assert d.client.ls() == []
+
+
+def _err(fn):
+    try:
+        fn()
+    except ClientError as e:
+        return (str(e), e.code)
+    return None

@@ -349,12 +349,16 @@ def check_mount(m: Mount, caller: Caller, protected: list[Path]) -> Mount:
     The source is not looked at here: the daemon opens it as the caller, following no symlink,
     and mounts what it opened (pin.py)."""
     source, target = _path("mount source", m.source), _path("mount target", m.target)
-    if ".." in Path(target).parts or target.rstrip("/") in ("", "/opt/colo") or target.startswith("/opt/colo/"):
+    if ".." in Path(target).parts:
         raise Forbidden(f"mount target {short(target, 200)} is not allowed")
+    # as Docker will read it (it cleans the path): /opt//colo and /opt/./colo are /opt/colo
+    target = "/" + "/".join(p for p in target.split("/") if p and p != ".")
+    if target == "/" or target == "/opt/colo" or target.startswith("/opt/colo/"):
+        raise Forbidden(f"mount target {short(m.target, 200)} is not allowed")
     if ".." in source.split("/"):
         raise Invalid(f"mount source {short(source, 200)}: '..' is not allowed; name the folder itself")
     source = "/" + "/".join(p for p in source.split("/") if p and p != ".")
     bad = forbidden_source(source, caller, protected)
     if bad is not None:
         raise Forbidden(f"mounting {short(m.source, 200)} is not allowed (it holds {bad})")
-    return Mount(source, target, m.read_only)
+    return Mount(source, target, m.read_only)  # the cleaned names
