@@ -111,23 +111,27 @@ def say(**kw): print(json.dumps(kw), flush=True)
 """
 
 
-def _steps(p, ledger) -> list[dict]:
-    """Each JSON line the job prints, with the ledger and NVML read while it waits on stdin."""
+def _steps(p, ledger) -> tuple[list[dict], str]:
+    """Each JSON line the job prints, with the ledger and NVML read while it waits on stdin; then
+    the job's end, also when reading failed. Returns (those lines, the job's stderr)."""
     import json
     seen = []
-    for line in p.stdout:
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue  # a framework's own output
-        if ev.get("event") == "end":
-            break
-        ev["ledger"] = interposer.read_ledger(ledger).used[0]
-        ev["nvml"] = _nvml_used(p.pid)
-        seen.append(ev)
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    return seen
+    try:
+        for line in p.stdout:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue  # a framework's own output
+            if ev.get("event") == "end":
+                break
+            ev["ledger"] = interposer.read_ledger(ledger).used[0]
+            ev["nvml"] = _nvml_used(p.pid)
+            seen.append(ev)
+            p.stdin.write("go\n")
+            p.stdin.flush()
+    finally:
+        _, err = p.communicate(timeout=120)
+    return seen, err
 
 
 def test_torch_cudamallocasync_pool_reserve_is_counted(tmp_path):
@@ -144,11 +148,9 @@ def test_torch_cudamallocasync_pool_reserve_is_counted(tmp_path):
         torch.cuda.empty_cache(); step("trimmed")
         say(event="end")
     """), {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
-    try:
-        steps = {s["event"]: s for s in _steps(p, ledger)}
-    finally:
-        _, err = p.communicate(timeout=120)
+    seen, err = _steps(p, ledger)
     assert p.returncode == 0, err
+    steps = {s["event"]: s for s in seen}
     for name in ("held", "freed"):
         s = steps[name]
         assert s["reserved"] >= GiB and s["ledger"] >= s["reserved"] - BELOW, s
@@ -169,10 +171,7 @@ def test_cupy_memory_async_pool_reserve_is_counted(tmp_path):
         del x; step("freed")
         say(event="end")
     """))
-    try:
-        steps = _steps(p, ledger)
-    finally:
-        _, err = p.communicate(timeout=120)
+    steps, err = _steps(p, ledger)
     assert p.returncode == 0 and len(steps) == 2, err
     for s in steps:
         assert s["ledger"] >= s["reserved"] - BELOW, s     # never below what the driver holds
@@ -219,11 +218,9 @@ def test_graph_memory_nodes_are_counted_until_trimmed(tmp_path):
         say(event="trimmed", reserved=graph_reserved()); sys.stdin.readline()
         say(event="end")
     """)
-    try:
-        steps = {s["event"]: s for s in _steps(p, ledger)}
-    finally:
-        _, err = p.communicate(timeout=120)
+    seen, err = _steps(p, ledger)
     assert p.returncode == 0, err
+    steps = {s["event"]: s for s in seen}
     assert steps["built"]["ledger"] < BELOW
     assert steps["launched"]["reserved"] >= GiB and steps["launched"]["ledger"] >= steps["launched"]["reserved"]
     assert steps["trimmed"]["ledger"] <= steps["trimmed"]["reserved"] + BELOW
