@@ -115,6 +115,13 @@ def run_as(pw, fn):
     return p.result()
 
 
+def spread(users: list, total: int, client_fn) -> list[Peer]:
+    """`total` shared as evenly as can be among len(users) clients: a Peer a user, not yet released,
+    running client_fn(k, its share) for the k-th."""
+    per = [total // len(users) + (1 if i < total % len(users) else 0) for i in range(len(users))]
+    return [Peer(pw, client_fn(k, n)) for k, (pw, n) in enumerate(zip(users, per))]
+
+
 # measurements -------------------------------------------------------------------------------------
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
@@ -163,7 +170,6 @@ def submit_load(d: DaemonProc, users: list, total: int) -> dict:
     # Every submission waits for `holder`, which is cancelled at the end: no job runs, so the
     # figures are the daemon's own (and the dependents then fail in one scheduler pass).
     holder = d.client.submit({"argv": ["sleep", "3600"], "gpus": 0, "name": "holder"})["id"]
-    per = [total // len(users) + (1 if i < total % len(users) else 0) for i in range(len(users))]
 
     def client_fn(k: int, n: int):
         def fn():
@@ -177,7 +183,7 @@ def submit_load(d: DaemonProc, users: list, total: int) -> dict:
             return out
         return fn
 
-    peers = [Peer(pw, client_fn(k, n)) for k, (pw, n) in enumerate(zip(users, per))]
+    peers = spread(users, total, client_fn)
     probe = LsProbe(d.socket)
     probe.start()
     t0 = time.perf_counter()

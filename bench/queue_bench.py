@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from benchlib import Report, daemon_log_problems  # noqa: E402
-from load_bench import Peer, ensure_users, shared_root  # noqa: E402
+from load_bench import ensure_users, shared_root, spread  # noqa: E402
 
 from daemon_util import DaemonProc, wait_for  # noqa: E402
 
@@ -122,7 +122,6 @@ def timed_tty(cmd: list[str], n: int, env=None) -> tuple[list[float], int]:
 def fill(d: DaemonProc, users: list, n: int) -> tuple[list[float], float]:
     """n queued GPU jobs from len(users) clients; returns each submit's completion time (sorted,
     from the start) and the wall time."""
-    per = [n // len(users) + (1 if i < n % len(users) else 0) for i in range(len(users))]
 
     def client_fn(k: int, m: int):
         def fn():
@@ -135,7 +134,7 @@ def fill(d: DaemonProc, users: list, n: int) -> tuple[list[float], float]:
             return done
         return fn
 
-    peers = [Peer(pw, client_fn(k, m)) for k, (pw, m) in enumerate(zip(users, per))]
+    peers = spread(users, n, client_fn)
     t0 = time.time()
     for p in peers:
         p.go()
