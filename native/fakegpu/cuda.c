@@ -168,6 +168,13 @@ static CUresult dev_phys(CUdevice d, struct fg_device **out)
     return CUDA_SUCCESS;
 }
 
+/* dev_phys, then INVALID_VALUE where the arguments are not ok: the order every device call checks in. */
+static CUresult dev_arg(CUdevice d, struct fg_device **out, int ok)
+{
+    CUresult r = dev_phys(d, out);
+    return r ? r : ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 static CUresult device_get(CUdevice *out, int ordinal)
 {
     CUresult r = fg_check_live();
@@ -197,11 +204,9 @@ FG_API CUresult cuDeviceGetCount(int *n) { LOCKED(device_count(n)); }
 static CUresult device_name(char *name, int len, CUdevice d)
 {
     struct fg_device *dv;
-    CUresult r = dev_phys(d, &dv);
+    CUresult r = dev_arg(d, &dv, name && len > 0);
     if (r)
         return r;
-    if (!name || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
     snprintf(name, (size_t)len, "%s", dv->name);
     return CUDA_SUCCESS;
 }
@@ -210,11 +215,9 @@ FG_API CUresult cuDeviceGetName(char *name, int len, CUdevice d) { LOCKED(device
 static CUresult device_uuid(CUuuid *u, CUdevice d)
 {
     struct fg_device *dv;
-    CUresult r = dev_phys(d, &dv);
+    CUresult r = dev_arg(d, &dv, u != NULL);
     if (r)
         return r;
-    if (!u)
-        return CUDA_ERROR_INVALID_VALUE;
     const char *p = dv->uuid + 4; /* skip "GPU-" */
     memset(u, 0, sizeof *u);
     for (int i = 0; i < 16 && *p;) {
@@ -236,11 +239,9 @@ FG_API CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { LOCKED(device_uuid(u
 static CUresult total_mem(size_t *bytes, CUdevice d)
 {
     struct fg_device *dv;
-    CUresult r = dev_phys(d, &dv);
+    CUresult r = dev_arg(d, &dv, bytes != NULL);
     if (r)
         return r;
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
     *bytes = (size_t)dv->total;
     return CUDA_SUCCESS;
 }
@@ -261,11 +262,9 @@ FG_API CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d)
 static CUresult device_attr(int *pi, int attr, CUdevice d)
 {
     struct fg_device *dv;
-    CUresult r = dev_phys(d, &dv);
+    CUresult r = dev_arg(d, &dv, pi && attr >= 1 && attr <= 150);
     if (r)
         return r;
-    if (!pi || attr < 1 || attr > 150)
-        return CUDA_ERROR_INVALID_VALUE;
     int v = 0;
     switch (attr) {
     case 1: v = 1024; break;                    /* max threads per block */
@@ -380,11 +379,9 @@ static void stack_remove(struct fg_ctx *c)
 static CUresult primary_retain(CUcontext *pctx, CUdevice d)
 {
     struct fg_device *dv;
-    CUresult r = dev_phys(d, &dv);
+    CUresult r = dev_arg(d, &dv, pctx != NULL);
     if (r)
         return r;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
     struct fg_ctx *c = &g_primary[d];
     if (c->refs == 0) {
         if ((r = dev_ctx_up(d)))
@@ -432,11 +429,9 @@ FG_API CUresult cuDevicePrimaryCtxReset(CUdevice d) { LOCKED(primary_reset(d)); 
 static CUresult primary_state(CUdevice d, unsigned *flags, int *active)
 {
     struct fg_device *dv;
-    CUresult r = dev_phys(d, &dv);
+    CUresult r = dev_arg(d, &dv, flags && active);
     if (r)
         return r;
-    if (!flags || !active)
-        return CUDA_ERROR_INVALID_VALUE;
     *flags = g_primary[d].flags;
     *active = g_primary[d].refs > 0;
     return CUDA_SUCCESS;
@@ -460,11 +455,9 @@ FG_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice d, unsigned flags) { LOCK
 static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice d)
 {
     struct fg_device *dv;
-    CUresult r = dev_phys(d, &dv);
+    CUresult r = dev_arg(d, &dv, pctx != NULL);
     if (r)
         return r;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
     if (t_depth >= (int)(sizeof t_stack / sizeof t_stack[0]))
         return CUDA_ERROR_INVALID_VALUE;
     struct fg_ctx *c = calloc(1, sizeof *c);
