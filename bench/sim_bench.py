@@ -129,31 +129,34 @@ def fmt_ratio(rs: list) -> str:
     return f"{med}{'' if not failed else f' ({failed} failed)'}"
 
 
+def table(pols: list, runs: dict, cell) -> None:
+    """A line per mix, a column per policy: cell(the mix's rows, policy) is what it shows."""
+    print(f"{'mix':13s} " + " ".join(f"{p:>17s}" for p in pols))
+    for kind, rows in runs.items():
+        print(f"{kind:13s} " + " ".join(f"{cell(rows, p):>17s}" for p in pols))
+
+
+def slowdown_cell(rows: list, p: str) -> str:
+    rs = [r[p] for r in rows]
+    return f"{max(r.p95_slowdown for r in rs):.2f}/{max(r.max_slowdown for r in rs):.1f}x {sum(r.lost for r in rs):3d}"
+
+
+def over_bound_cell(rows: list, p: str) -> str:
+    over, done = sum(r[p].over_bound for r in rows), sum(r[p].completed for r in rows)
+    return f"{over / done * 100:.1f} %" if done else "-"
+
+
 def report(truth: str, runs: dict, seeds: int) -> list[str]:
     """Side by side per mix, then the issue's aims checked for colo with --grow, without and with
     what it learned from earlier mixes."""
     pols = BASELINES + [ORACLE, "colo", "colo+grow", "colo+learn"]
     print(f"\ntruth {truth}: median makespan / exclusive SJF over {seeds} seeds (failed: seeds with lost jobs); "
           f"{ORACLE}: a reference that reads the truth, not a baseline")
-    print(f"{'mix':13s} " + " ".join(f"{p:>17s}" for p in pols))
-    for kind, rows in runs.items():
-        print(f"{kind:13s} " + " ".join(f"{fmt_ratio([r[p] for r in rows]):>17s}" for p in pols))
+    table(pols, runs, lambda rows, p: fmt_ratio([r[p] for r in rows]))
     print(f"\ntruth {truth}: worst p95 / max slowdown over seeds, lost jobs in all seeds")
-    print(f"{'mix':13s} " + " ".join(f"{p:>17s}" for p in pols))
-    for kind, rows in runs.items():
-        cells = []
-        for p in pols:
-            rs = [r[p] for r in rows]
-            cells.append(f"{max(r.p95_slowdown for r in rs):.2f}/{max(r.max_slowdown for r in rs):.1f}x {sum(r.lost for r in rs):3d}")
-        print(f"{kind:13s} " + " ".join(f"{c:>17s}" for c in cells))
+    table(pols, runs, slowdown_cell)
     print(f"\ntruth {truth}: share of completed jobs slowed past {BOUND:g}x, all seeds pooled")
-    print(f"{'mix':13s} " + " ".join(f"{p:>17s}" for p in pols))
-    for kind, rows in runs.items():
-        cells = []
-        for p in pols:
-            over, done = sum(r[p].over_bound for r in rows), sum(r[p].completed for r in rows)
-            cells.append(f"{over / done * 100:.1f} %" if done else "-")
-        print(f"{kind:13s} " + " ".join(f"{c:>17s}" for c in cells))
+    table(pols, runs, over_bound_cell)
     print(f"\ntruth {truth}: is 'within 0.03 of the best baseline' reachable while keeping the bound? "
           f"{ORACLE} (greedy, reads the truth) against the best baseline, per seed")
     for kind, rows in runs.items():
