@@ -14,8 +14,11 @@ waiting one may start: backfill):
 3. Every co-location, MPS included, passes one check. From the profiles of the jobs already on
    the GPU (aligned on their elapsed time) and the candidate's, the co-run model
    (colo/simmodel.py) predicts each job's rate over the overlap in each mode allowed there,
-   times what runs showed for each pairing (Learned); for every pairing no run has shown yet a
-   job's rate is discounted by `margin` (the model's observed error). A mode passes when no job's
+   times what runs showed for each pairing (Learned); every shared rate is discounted once by
+   the error of predictions whose pairings runs had shown (`seen_margin`), and once more for
+   every pairing no run has shown yet by `margin` (the error of all predictions; the configured
+   one for a single such share on the node at a time, so that strangers are ever tried again,
+   see `explore` in _plan). A mode passes when no job's
    predicted slowdown exceeds `slowdown_bound` and the GPU's throughput beats waiting by
    `min_gain`. MPS (allowed: not in FAULT, the uid rule of invariant 5, summed SM and bandwidth
    below `saturation`) is taken when it passes, else time-slicing when it passes, else wait.
@@ -110,6 +113,9 @@ class PolicyConfig:
     # the margin is the model's observed prediction error (learned; this default until then).
     slowdown_bound: float = 1.5  # no job is knowingly placed where it is predicted to run slower than this
     margin: float = 0.10
+    # the margin for a share whose pairings runs have all shown (learned from the errors of such
+    # predictions only; None: `margin`)
+    seen_margin: float | None = None
     well_known_runs: int = 3  # a profile learned from this many runs may take an unprofiled neighbour
     unprofiled_share: bool = False  # True: jobs with no profile share time-sliced like the rest (memory decides)
     # Backfill lets small jobs pass one that waits; to keep a stream of them from starving it for
@@ -234,9 +240,10 @@ def _mem_text(g: _Gpu, budget_after: int) -> str:
 
 
 def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
-            learned: "Learned | None" = None) -> tuple[str | None, str, dict, bool]:
+            learned: "Learned | None" = None, explore: float | None = None) -> tuple[str | None, str, dict, bool]:
     """(mode or None to wait, reason core, details, costly) for the candidate on this GPU;
-    costly: the start is predicted to slow someone (so an empty GPU is better)."""
+    costly: the start is predicted to slow someone (so an empty GPU is better). `explore`: the
+    margin a pairing not seen yet pays when it is the node's only one (see _plan), else None."""
     v = g.view
     name = f"GPU{v.index}"
     allow_ts = v.compute_mode == "default"
@@ -319,7 +326,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
         if learned is not None and (learned.corun or learned.bw) else None
     wait_rows = wait_cum[:, overlap - 1] / overlap
     wait_tp = float((wait_rows if now_fac is None else wait_rows / now_fac).sum())
-    tp, slow, this = {"wait": wait_tp}, {}, {}
+    tp, slow, this, unseen, res = {"wait": wait_tp}, {}, {}, {}, {}
     modes = (["mps"] if allow_mps and fits else []) + (["timesliced"] if allow_ts else [])
     n = len(ids) + 1
     raw: dict[str, float] = {}
@@ -335,7 +342,10 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
             if learned.beyond(m, peak_bw):
                 continue  # past what runs have shown by more than one step: contention can rise steeply
             unk = unk + 1  # more bandwidth than any run has shown: the curve is a guess there too
-        doubt = (1.0 + cfg.margin) ** (unk + 1)
+        # the share's own margin is sized by how wrong predictions of seen pairings were; each
+        # unseen pairing adds the margin of all predictions
+        doubt = (1.0 + (cfg.margin if cfg.seen_margin is None else cfg.seen_margin)) * \
+            (1.0 + (cfg.margin if explore is None else min(cfg.margin, explore))) ** unk
         if m == "mps" and all_mps and top_sm <= 1.0 and top_bw <= 1.0:
             # one MPS context whose summed SM and bandwidth stay within the GPU: the model slows
             # nobody (simmodel.rates is 1 throughout), so the check needs no model pass
@@ -355,10 +365,15 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
         tp[m] = tpm
         slow[m] = float((doubt / np.maximum(per, 1e-9)).max())
         this[m] = 1.0 / max(1e-9, float(per[-1]))  # this job's own, no margin: recorded, compared at its end
+        unseen[m] = float(unk[-1])  # its pairings no run had shown: which margin its error sizes
+        # the same for each resident (from now on, beside this job): what its end is compared with
+        res[m] = {str(j): (1.0 / max(1e-9, float(p)), 1.0 if fac is None else float(f), float(u))
+                  for j, p, f, u in zip(ids, per[:-1], fac if fac is not None else per, unk)}
         raw[m] = 1.0 / max(1e-9, float(per.min()))
         if slow[m] <= cfg.slowdown_bound and tp[m] >= wait_tp + cfg.min_gain:
             break  # it passes; MPS is looked at first and taken when it passes
     d["throughput"], d["slowdown"], d["slowdown_this"], d["margin"] = tp, slow, this, cfg.margin
+    d["unseen"], d["residents"] = unseen, res
     modes = [m for m in modes if m in slow]
     passing = [m for m in modes if slow[m] <= cfg.slowdown_bound and tp[m] >= wait_tp + cfg.min_gain]
     sat_text = (f"sharing would saturate: predicted peak SM {_pct(peak_sm)} ({who})"
@@ -405,6 +420,9 @@ class Learned:
     corun: dict = field(default_factory=dict)  # (profile, neighbour, mode) -> (runs, mean extra slowdown factor)
     alone: dict = field(default_factory=dict)  # profile -> (runs, mean real / stored alone time)
     errors: list = field(default_factory=list)  # observed / predicted slowdown of shared runs
+    # the same, of shared runs started with every pairing of theirs seen before (not stored by the
+    # daemon: after a restart `margin` stands in until there are enough again)
+    errors_seen: list = field(default_factory=list)
     max_mem: dict = field(default_factory=dict)  # profile -> the most memory any run used (bytes)
     # (mode, bin of the summed peak bandwidth it started into) -> (runs, mean extra slowdown the
     # pairings do not explain): contention that grows with how much bandwidth the GPU's jobs ask
@@ -413,11 +431,12 @@ class Learned:
 
     def observe(self, name: str, neighbours: Sequence[str], mode: str, predicted: float, wall: float,
                 stored_runtime: float, peak_mem: int | None = None, factor: float = 1.0,
-                group_bw: float | None = None) -> float | None:
+                group_bw: float | None = None, unseen: float | None = None) -> float | None:
         """One job's end: `wall` seconds against its stored alone run time, predicted `predicted`x
         (of which `factor` came from what was learned before), started into a GPU whose jobs'
-        summed peak bandwidth was predicted `group_bw`. Returns observed / predicted slowdown
-        (None when it cannot say)."""
+        summed peak bandwidth was predicted `group_bw`, with `unseen` of its pairings not shown by
+        any run then (the decision's details["unseen"]; None: not known). Returns observed /
+        predicted slowdown (None when it cannot say)."""
         if peak_mem:
             self.max_mem[name] = max(self.max_mem.get(name, 0), int(peak_mem))
         if not name or stored_runtime <= 0 or wall <= 0:
@@ -432,8 +451,12 @@ class Learned:
         base = self.alone[name][1] if name in self.alone else ALONE_DOUBT
         residual = ratio / base / max(predicted, 1e-9)
         if name not in self.alone and residual <= 1.0:
+            if group_bw is not None:  # nothing to learn but that this much bandwidth was fine:
+                self.bw.setdefault((mode, self._bin(group_bw)), (0, 1.0))  # explored, at no weight
             return None
         self.errors = (self.errors + [residual])[-_KEEP:]
+        if unseen == 0:
+            self.errors_seen = (self.errors_seen + [residual])[-_KEEP:]
         missed = residual * factor  # against the model alone: what the co-run model lacks
         # Split between the bandwidth curve (what any jobs asking that much bandwidth pay) and
         # the pairings (what these profiles pay beyond it): the curve takes what the pairings
@@ -460,18 +483,31 @@ class Learned:
         return any(md == mode and k >= b for md, k in self.bw)
 
     def beyond(self, mode: str, group_bw: float) -> bool:
-        """More than one step past the most summed bandwidth a shared run in this mode started
-        into (False while none has: then only the margin stands for what is not known)."""
-        seen = [k for md, k in self.bw if md == mode]
+        """More than one step past the most summed bandwidth a shared run in this mode (in either,
+        while none in this one) started into (False while none has: then only the margin stands
+        for what is not known)."""
+        # a mode no shared run has shown yet: what the other mode showed (the summed bandwidth
+        # of the GPU's jobs contends whatever the mode), else nothing to go by yet
+        seen = [k for md, k in self.bw if md == mode] or [k for _, k in self.bw]
         return bool(seen) and self._bin(group_bw) > max(seen) + 1
 
     def curve(self, mode: str, group_bw: float) -> float:
         """The extra slowdown runs showed at this much summed bandwidth in this mode: the most
-        seen at this level or below (more bandwidth never costs less), 1 where nothing was seen."""
+        seen at this level or below (more bandwidth never costs less), 1 where nothing was seen,
+        and at a level not seen itself at least the line to the next level seen above it."""
         if not self.bw:
             return 1.0
         b = self._bin(group_bw)
-        return max([m for (md, k), (_, m) in self.bw.items() if md == mode and k <= b] or [1.0])
+        seen = sorted((k, m) for (md, k), (_, m) in self.bw.items() if md == mode)
+        below = [(k, m) for k, m in seen if k <= b]
+        out = max([m for _, m in below] or [1.0])
+        above = [(k, m) for k, m in seen if k > b]
+        if above and (not below or below[-1][0] < b):
+            # between two steps runs showed (nothing below: 1 at no bandwidth), on the line between
+            # them: a knee between them would otherwise be met at full strength unannounced
+            (k0, m0), (k1, m1) = below[-1] if below else (0, 1.0), above[0]
+            out = max(out, m0 + (m1 - m0) * (b - k0) / (k1 - k0))
+        return out
 
     def factor(self, name: str, other: str, mode: str) -> float:
         """The extra slowdown `name` showed beside `other` in this mode; a pairing not seen yet
@@ -523,14 +559,70 @@ class Learned:
         """How far predictions (learned factors included) have been wrong: the 80th percentile of
         the error, 5 % .. 50 %. It is applied only to pairings no run has shown (plan()), so a
         large one keeps strangers apart without forbidding the sharing that was seen to pay."""
-        if len(self.errors) < 5:
+        return self._margin(self.errors, default)
+
+    def seen_margin(self, default: float) -> float:
+        """The same from the predictions of pairings runs had all shown: a pairing's share need
+        not pay for the errors about strangers, which its learned factors have since taken in.
+        Until five such runs ended, `default` stands for the ones missing (the errors that taught
+        the factors say nothing of how far the factors are off, and counting them twice would
+        forbid every share; a first seen run far off still counts)."""
+        seen = self.errors_seen[-_KEEP:]
+        return self._margin(seen + [1.0 + self.margin(default)] * (5 - len(seen)), default)
+
+    @staticmethod
+    def _margin(errors: list, default: float) -> float:
+        if len(errors) < 5:
             return default
-        return float(min(MARGIN_CAP, max(0.05, np.quantile(np.array(self.errors) - 1.0, 0.8))))
+        return float(min(MARGIN_CAP, max(0.05, np.quantile(np.array(errors) - 1.0, 0.8))))
 
     def suggest_budget(self, name: str, quantum: int = 256 * 1024**2) -> int | None:
         """The most memory a run of this profile used, plus 10 %, rounded up to `quantum`."""
         peak = self.max_mem.get(name)
         return int(math.ceil(peak * 1.10 / quantum) * quantum) if peak else None
+
+
+# What a running job is compared with at its end. Its start predicted its slowdown beside the
+# jobs there then; each job started beside it later predicted it again, from then on, beside one
+# more (details["residents"]). Its end is compared with these predictions, each for as long as
+# it held (the alone time it said the job would get done meanwhile); otherwise a job joined late would teach its neighbours' slowdown as the model's error,
+# and the bandwidth bin it started into as the one that cost it.
+
+def expectation(details: dict, mode: str, t: float) -> dict:
+    """What a start decision (its details) predicted for its job, started at `t`."""
+    def of(key: str, default: float) -> float:
+        v = (details.get(key) or {}).get(mode, default)
+        return float(v) if isinstance(v, (int, float)) else default
+    pred = details.get("predicted_slowdown")
+    return {"slowdown": float(pred) if isinstance(pred, (int, float)) else of("slowdown_this", 1.0),
+            "factor": of("learned_factor", 1.0), "unseen": of("unseen", 0.0),
+            "group_bw": float(details.get("peak_membw") or 0.0), "since": t, "acc": [0.0, 0.0]}
+
+
+def joined(e: dict, t: float, details: dict, mode: str, job_id: int) -> dict:
+    """`e` once a job started at `t` beside this one, from that start's details (and mode): from
+    then on, what it predicted for this job; the GPU's summed peak bandwidth is the most it started
+    into. A start that predicted nothing for it leaves its prediction stale (unseen: None)."""
+    pred = ((details.get("residents") or {}).get(mode) or {}).get(str(job_id))
+    out = dict(e, group_bw=max(float(e.get("group_bw") or 0.0), float(details.get("peak_membw") or 0.0)))
+    if pred is None:
+        out["unseen"] = None
+        return out
+    held = max(0.0, t - float(e["since"]))  # at the slowdown predicted: this much of its alone time
+    out["acc"] = [e["acc"][0] + held / e["slowdown"], e["acc"][1] + held * e["factor"] / e["slowdown"]]
+    out.update(since=t, slowdown=float(pred[0]), factor=float(pred[1]),
+               unseen=None if e.get("unseen") is None else max(float(e["unseen"]), float(pred[2])))
+    return out
+
+
+def expected(e: dict, start: float, end: float) -> tuple[float, float]:
+    """(slowdown, learned factor) predicted for the run from `start` to `end`: its wall time over
+    the alone time each prediction said it would get done while it held."""
+    rest = max(0.0, end - float(e["since"]))
+    work = e["acc"][0] + rest / e["slowdown"]
+    if work <= 0:
+        return e["slowdown"], e["factor"]
+    return max(end - start, 1e-9) / work, (e["acc"][1] + rest * e["factor"] / e["slowdown"]) / work
 
 
 # ---- the pass ---------------------------------------------------------------------------------
@@ -655,10 +747,30 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         got = cfgs.get(uid)
         if got is None:
             lrn = learned.get(uid) if per_uid else learned
-            c = dataclasses.replace(config, margin=lrn.margin(config.margin)) if lrn is not None and lrn.errors else config
+            c = dataclasses.replace(config, margin=lrn.margin(config.margin), seen_margin=lrn.seen_margin(
+                config.margin)) if lrn is not None and lrn.errors else config
             got = cfgs[uid] = (lrn, c)
         return got
 
+    tried: dict = {}
+
+    def explore(lrn: "Learned | None") -> float | None:
+        """The margin an unseen pairing pays when no GPU runs one now (None while one does): the
+        errors of pairings not seen yet set `margin`, and a few bad ones would keep every
+        stranger apart for good (nothing new is ever seen, so it never comes down); one such
+        share at a time is tried at the configured margin, and what it shows is learned."""
+        if lrn is None or not lrn.errors:
+            return None
+        key = (id(lrn), starts)
+        got = tried.get(key, 0)
+        if got == 0:
+            busy = any(len(g.res) > 1 and any(
+                r.arr is not None and o.arr is not None and (r.arr.name, o.arr.name, r.mode) not in lrn.corun
+                for r in g.res for o in g.res if o is not r) for g in state.values())
+            got = tried[key] = None if busy else config.margin
+        return got
+
+    starts = 0
     cfg = config
     free = free_budget(gpus, placed)
     state: dict[str, _Gpu] = {g.uuid: _Gpu(g, free[g.uuid], []) for g in gpus
@@ -749,11 +861,12 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
             rk = (id(c.profile), uid_ok, g.view.uuid, c.uid if per_uid else None)
             got = refused.get(rk)  # within a pass a GPU only gets busier: a refusal stands
             if got is None:
-                k = rk + (g.version,)
+                lrn, ccfg = for_uid(c.uid) if learned is not None else (None, cfg)
+                ex = explore(lrn) if g.res else None
+                k = rk + (g.version, ex)
                 got = memo.get(k)
                 if got is None:
-                    lrn, ccfg = for_uid(c.uid) if learned is not None else (None, cfg)
-                    got = memo[k] = _assess(arr, c.uid, g, ccfg, lrn)
+                    got = memo[k] = _assess(arr, c.uid, g, ccfg, lrn, ex)
                     if got[0] is None:
                         refused[rk] = got
             options.append((g, got))
@@ -781,6 +894,7 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
             g.free -= c.budget
             g.res.append(_Res(c.job_id, arr, 0, mode, c.uid))
             g.version += 1
+        starts += 1
         most_free = max((g.free for g in state.values()), default=0)
         g0, a0 = chosen[0]
         reason = a0[1] if a0[0] == mode else f"time-sliced on {', '.join(f'GPU{g.view.index}' for g, _ in chosen)}"

@@ -223,9 +223,8 @@ class _Run:
         self.cache_bound, self.corun = real.cache_bound, real.corun
         self.ask = job.budget or budget_for(job.profile)  # the budget colo places it with
         self.grown = False
-        self.predicted = 1.0  # the slowdown plan() predicted for it at its start
-        self.factor = 1.0  # the part of it that came from learned co-run slowdowns
-        self.group_bw = 0.0  # the summed peak bandwidth plan() predicted for its GPU at its start (as the daemon)
+        self.decision: tuple = ({}, "")  # colo's start decision (details, mode), as the daemon stores it
+        self.expect: dict | None = None  # what colo predicted for it (policy.expectation), folded at joins
         self.neighbours: set[str] = set()  # profiles of the jobs that shared its GPU during this attempt
         self.peak = 0  # the most memory it used (bytes), as the daemon's samples would show
         self.trace: list[tuple] = []  # (t0, t1, SM, memory, bandwidth) from its start: what sampling shows
@@ -384,8 +383,11 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                 r.tries += 1
                 r.seg = 0
                 r.neighbours = {o.job.profile.name for o in g.runs}
+                r.expect = pol.expectation(r.decision[0], r.decision[1], t) if label == "colo" else None
                 for o in g.runs:
                     o.neighbours.add(r.job.profile.name)
+                    if o.expect is not None:
+                        o.expect = pol.joined(o.expect, t, r.decision[0], r.decision[1], o.job.id)
                 r.peak = int(r.mem[0])
                 r.trace = []
                 g.runs.append(r)
@@ -444,8 +446,10 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                     ledger.add(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start, t)
                     seen = seen_profile(r, profiles)  # as the daemon's learn(): observe, then the profile
                     if learned is not None and seen is not None and label == "colo":
-                        learned.observe(r.job.profile.name, sorted(r.neighbours), r.mode, r.predicted,
-                                        t - r.start, seen.runtime, r.peak, r.factor, r.group_bw)
+                        predicted, factor = pol.expected(r.expect, r.start, t)
+                        learned.observe(r.job.profile.name, sorted(r.neighbours), r.mode, predicted,
+                                        t - r.start, seen.runtime, r.peak, factor, r.expect["group_bw"],
+                                        r.expect["unseen"])
                     if profiles is not None:
                         learn_profile(profiles, r, seen, t - r.start)
                 elif r.segment() != before and r.mem[r.segment()] > r.mem[before]:
@@ -536,9 +540,7 @@ def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None,
         by_id[d.job_id].held = tuple(d.details.get("held", ()))  # as the daemon keeps its last decision
         if d.action == pol.START:
             r = by_id[d.job_id]
-            r.predicted = float(d.details.get("slowdown_this", {}).get(d.mode, 1.0))
-            r.factor = float(d.details.get("learned_factor", {}).get(d.mode, 1.0))
-            r.group_bw = float(d.details.get("peak_membw", 0.0))
+            r.decision = (d.details, d.mode)
             out.append((r, int(d.gpus[0].removeprefix("sim-gpu")), d.mode, int(d.details.get("budget", r.ask))))
     return out
 

@@ -48,6 +48,11 @@ def test_what_was_learned_survives_a_sigkill_of_the_daemon(node):
     a, b = d.submit(*pair), d.submit(*pair)
     for j in (a, b):
         assert d.wait_state(j, "running", timeout=60)["mode"] == "mps"
+    # the second to start predicted the first's rest beside it: the first's end is compared with that too
+    db = sqlite3.connect(d.state_dir / "colo.db")
+    stored = [json.loads(db.execute("SELECT details FROM decisions WHERE job_id=?", (j,)).fetchone()[0]) for j in (a, b)]
+    db.close()
+    assert sum("expect" in x for x in stored) == 1, stored
     d.kill9()
     d.start()
     gate.touch()

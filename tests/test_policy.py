@@ -283,11 +283,21 @@ def test_learned_corun_slowdown_and_margin_change_the_next_decision():
 def test_the_margin_covers_every_share_once_and_pairings_not_seen_once_more():
     light = [Placed(1, ("gpu-0",), GiB, mode="mps", profile=LIGHT, elapsed=0)]
     cand = [Candidate(2, GiB, profile=LIGHT2)]
-    lr = pol.Learned(errors=[1.2] * 10)  # the model was 20 % off: margin 0.2
-    d = plan(cand, [G0], light, PolicyConfig(slowdown_bound=1.4), learned=lr)[0]
-    # not seen: the margin for the share, for the pairing, and for a bandwidth no run has shown
+    lr = pol.Learned(errors=[1.2] * 10, bw={("mps", 3): (0, 1.0)})  # predictions 20 % off: margin 0.2
+    # another GPU runs a pairing no run has shown yet (an unseen share is being tried there), at a
+    # summed bandwidth runs have shown (0.22)
+    g1 = GpuView("gpu-1", 1, 2 * GiB, mps="active")  # full
+    trying = [Placed(i, ("gpu-1",), GiB, mode="mps", profile=p, elapsed=0) for i, p in ((7, TINY), (8, LIGHT))]
+    d = plan(cand, [G0, g1], light + trying, PolicyConfig(slowdown_bound=1.5), learned=lr)[0]
+    # not seen: the margin for the share (no seen pairing has shown its own error yet: that of all
+    # predictions), for the pairing and for a bandwidth no run has shown
     assert d.action == WAIT and "slower than alone" in d.reason, d.reason
     assert d.details["slowdown"]["mps"] == pytest.approx(1.2 ** 3)
+    # nowhere else is one tried: this one is, its pairing and bandwidth at the configured margin
+    # (else the learned one would keep every stranger apart for good: nothing new is ever seen)
+    d = plan(cand, [G0], light, PolicyConfig(slowdown_bound=1.5), learned=lr)[0]
+    assert (d.action, d.mode) == (START, "mps") and d.details["slowdown"]["mps"] == pytest.approx(1.2 * 1.1 ** 2)
+    assert d.details["unseen"]["mps"] == 2  # what its end will be an error of
     lr.alone.update({"light": (1, 1.0), "light2": (1, 1.0)})
     lr.observe("light2", ["light"], "mps", 1.0, 105.0, 100.0, group_bw=0.4)  # the pair ran: 5 % slower, both ways
     lr.observe("light", ["light2"], "mps", 1.0, 105.0, 100.0, group_bw=0.4)
@@ -295,6 +305,73 @@ def test_the_margin_covers_every_share_once_and_pairings_not_seen_once_more():
     d = plan(cand, [G0], light, PolicyConfig(slowdown_bound=1.4), learned=lr)[0]
     # seen: what it showed, and the margin once (the model's error stays a possibility)
     assert (d.action, d.mode) == (START, "mps") and d.details["slowdown"]["mps"] == pytest.approx(1.05 * 1.2)
+    assert d.details["unseen"]["mps"] == 0
+
+
+def test_a_seen_pairing_pays_the_errors_of_seen_pairings_not_those_about_strangers():
+    """Errors of predictions for pairings not seen yet (the factors learned since took them in)
+    do not size the margin of a pairing runs have shown: its own kind of error does."""
+    lr = pol.Learned(alone={"light": (1, 1.0), "light2": (1, 1.0)}, errors=[1.45] * 10,
+                     corun={("light", "light2", "mps"): (3, 1.25), ("light2", "light", "mps"): (3, 1.25)},
+                     bw={("mps", 6): (3, 1.0)})
+    light = [Placed(1, ("gpu-0",), GiB, mode="mps", profile=LIGHT, elapsed=0)]
+    cand = [Candidate(2, GiB, profile=LIGHT2)]
+    d = plan(cand, [G0], light, learned=lr)[0]
+    # no seen pairing's prediction has ended yet: the error of all predictions stands in for theirs
+    assert d.action == WAIT and d.details["slowdown"]["mps"] == pytest.approx(1.25 * 1.45)
+    for _ in range(5):  # seen pairings' predictions came out 2 % off
+        assert lr.observe("light2", ["light"], "mps", 1.25, 127.5, 100.0, factor=1.25, unseen=0) == pytest.approx(1.02)
+    assert lr.errors_seen == [pytest.approx(1.02)] * 5 and lr.seen_margin(0.1) == pytest.approx(0.05)
+    assert lr.margin(0.1) == pytest.approx(0.45)  # all errors': with it this pairing would be past the bound
+    d = plan(cand, [G0], light, learned=lr)[0]
+    fac = lr.factor("light2", "light", "mps")  # what the five runs taught (1.02 x 1.25)
+    assert d.action == START and d.details["slowdown"]["mps"] == pytest.approx(fac * 1.05)
+    other = dataclasses.replace(lr, errors_seen=[], errors=list(lr.errors), corun=dict(lr.corun))
+    other.observe("light2", ["light"], "mps", 1.25, 200.0, 100.0, factor=1.25)  # joined by someone unforeseen
+    other.observe("light2", ["light"], "mps", 1.25, 200.0, 100.0, factor=1.25, unseen=1)  # a stranger beside it
+    assert other.errors_seen == [] and len(other.errors) == len(lr.errors) + 2
+    # fewer than five seen: the margin of all predictions for the ones missing, and one far off counts
+    assert pol.Learned(errors=[1.2] * 5, errors_seen=[1.0] * 3).seen_margin(0.1) == pytest.approx(0.2)
+    assert pol.Learned(errors_seen=[1.9]).seen_margin(0.1) > 0.25
+
+
+def test_a_shared_run_that_taught_nothing_still_shows_its_bandwidth_was_fine():
+    """A profile never seen alone learns nothing from a run within ALONE_DOUBT, but the summed
+    bandwidth it started into was shown to be no worse than that: explored (at no weight), so
+    the frontier moves on from it."""
+    lr = pol.Learned(alone={"a": (1, 1.0)}, bw={("mps", 2): (1, 1.0)})
+    assert not lr.explored("mps", 0.55) and lr.beyond("mps", 0.55)
+    assert lr.observe("x", ["a"], "mps", 1.0, 110.0, 100.0, group_bw=0.55) is None and not lr.corun
+    assert lr.explored("mps", 0.55) and not lr.beyond("mps", 0.65)
+    assert lr.curve("mps", 0.55) == 1.0 and lr.bw[("mps", 5)] == (0, 1.0)
+    lr.observe("a", ["x"], "mps", 1.0, 130.0, 100.0, group_bw=0.55)  # a run that does teach: its weight alone
+    assert lr.bw[("mps", 5)] == (1, pytest.approx(1.3))
+
+
+def test_the_curve_between_two_levels_runs_showed_is_at_least_the_line_between_them():
+    lr = pol.Learned(bw={("timesliced", 2): (2, 1.0), ("timesliced", 8): (2, 1.6)})
+    assert lr.curve("timesliced", 0.5) == pytest.approx(1.3)  # halfway between 0.2 and 0.8
+    assert lr.curve("timesliced", 0.85) == pytest.approx(1.6) and lr.curve("timesliced", 0.25) == pytest.approx(1.0)
+    # nothing below: from 1 at no bandwidth
+    assert pol.Learned(bw={("mps", 8): (1, 2.6)}).curve("mps", 0.4) == pytest.approx(1.8)
+
+
+def test_a_job_joined_later_is_compared_with_what_each_start_predicted_while_it_held():
+    """A job started alone (predicted 1x) that another joined later, predicted then to run 1.5x
+    slower from then on: its end is compared with both, each for as long as it held, in alone
+    time done (100 s alone, then 150 s at 1.5x: 200 s of work in 250 s, 1.25x expected)."""
+    start = {"predicted_slowdown": 1.0, "peak_membw": 0.2}
+    e = pol.expectation(start, "mps", 0.0)
+    joiner = {"peak_membw": 0.5, "residents": {"mps": {"7": (1.5, 1.2, 1.0)}}}
+    e = pol.joined(e, 100.0, joiner, "mps", 7)
+    slow, factor = pol.expected(e, 0.0, 250.0)
+    assert slow == pytest.approx(1.25) and factor == pytest.approx((100 + 100 * 1.2) / 200)
+    assert e["group_bw"] == 0.5 and e["unseen"] == 1.0  # the most bandwidth it started into; a pairing unseen then
+    # a start that predicted nothing for it (another GPU's job, or none recorded): its prediction is stale
+    assert pol.joined(e, 120.0, {"peak_membw": 0.1}, "mps", 7)["unseen"] is None
+    # plan() records, at a start beside residents, what it predicts for each of them
+    d = plan([Candidate(2, GiB, profile=LIGHT2)], [G0], [Placed(1, ("gpu-0",), GiB, mode="mps", profile=LIGHT)])[0]
+    assert d.action == START and d.details["residents"]["mps"]["1"][0] >= 1.0
 
 
 def test_a_profile_that_suffered_beside_one_neighbour_is_expected_to_beside_another():
@@ -360,7 +437,8 @@ def test_a_job_past_its_profiles_end_is_taken_at_its_peak_not_its_last_level():
 def test_the_status_quo_keeps_what_its_residents_already_pay_beside_each_other():
     # two residents slowed 1.3x beside each other; a third like them costs no one more than that
     placed = [Placed(i, ("gpu-0",), GiB, mode="mps", profile=LIGHT) for i in (1, 2)]
-    lr = pol.Learned(alone={"light": (1, 1.0)}, corun={("light", "light", "mps"): (5, 1.3)}, errors=[1.05] * 10)
+    lr = pol.Learned(alone={"light": (1, 1.0)}, corun={("light", "light", "mps"): (5, 1.3)}, errors=[1.05] * 10,
+                     errors_seen=[1.05] * 10, bw={("mps", 6): (5, 1.0)})
     g = GpuView("gpu-0", 0, 12 * GiB, mps="active")
     d = plan([Candidate(3, GiB, profile=flat("light", 0.2))], [g], placed, learned=lr)[0]
     assert (d.action, d.mode) == (START, "mps"), d.reason

@@ -364,3 +364,19 @@ def test_colo_in_sim_learns_profiles_from_uncontended_runs_as_the_daemon_does():
                  profiles=new)
     assert new["fat"].runs == 1 and new["fat"].mean_sm == pytest.approx(0.12)
     assert sim.simulate(pair(fat), "colo", truth=truth, learn=False, profiles=new).makespan == pytest.approx(200.0)
+
+
+def test_colo_in_sim_compares_a_joined_job_with_what_the_start_beside_it_predicted():
+    """A job started alone that another joins halfway, both then 1.3x slower as runs showed
+    before: its end matches what was predicted (alone, then 1.3x), so no error is learned;
+    compared with its own start's 1x only, it would teach a 15 % error."""
+    a, b = flat("ja", 0.3, 0.2, 200), flat("jb", 0.3, 0.2, 100)
+    truth = simtruth.Truth("noisy", 0, simtruth.Spreads((1, 1), (1, 1), (1, 1), 0.0, (1, 1), (0.3, 0.3)))
+    learned = policy.Learned(alone={"ja": (1, 1.0), "jb": (1, 1.0)}, bw={("mps", 4): (3, 1.0)},
+                             corun={("ja", "jb", "mps"): (3, 1.3), ("jb", "ja", "mps"): (3, 1.3)})
+    r = sim.simulate([sim.SimJob(1, a, budget=GiB), sim.SimJob(2, b, arrival=100.0, budget=GiB)], "colo",
+                     truth=truth, learned=learned)
+    assert [(j["start"], j["end"]) for j in r.jobs] == [(0.0, pytest.approx(230.0)), (100.0, pytest.approx(230.0))]
+    assert learned.errors == [pytest.approx(1.0, abs=0.01)] * 2
+    assert learned.factor("ja", "jb", "mps") <= 1.3 + 1e-6  # not raised by it
+    assert learned.errors_seen == learned.errors  # both pairings were seen when each prediction was made

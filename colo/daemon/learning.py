@@ -9,9 +9,10 @@ shipped profiles. Nothing but an admin's `profile share` writes outside a user's
 one user's runs cannot change how another user's jobs are placed.
 
 At a start the scheduler's decision holds the slowdown plan() predicted for the job
-(details["predicted_slowdown"]) and start_neighbours() records which profiles share its GPU. At its
-end learn() compares: wall time against the stored profile's alone run time, over the predicted
-slowdown. Into the owner's `self.learned[uid]` (policy.Learned, which plan() uses for that
+(details["predicted_slowdown"]) and start_neighbours() records which profiles share its GPU; a
+later start beside it adds what that start predicted for it from then on (details["expect"],
+policy.joined). At its end learn() compares: wall time against the stored profile's alone run
+time, over the predicted slowdown (weighted by how long each prediction held). Into the owner's `self.learned[uid]` (policy.Learned, which plan() uses for that
 user's jobs only, invariant 13): the alone-time error from
 uncontended runs, the co-run slowdown the model missed per (profile, neighbour, mode) from shared
 ones, the model's error (the margin), the largest memory per profile (the budget it suggests).
@@ -220,11 +221,35 @@ class LearningMixin:
         with the start, in its transaction (start_job), so a job running across a restart still knows."""
         me = self.job(job_id)
         mine = self.profile_name(me)
-        pairs = []
+        pairs, residents = [], []
         for other in self.jobs_in(*ACTIVE):
             if other.id != job_id and set(other.gpus) & set(gpus):
                 pairs += [(job_id, self.profile_name(other)), (other.id, mine)]
+                residents.append(other)
+        if residents:
+            self._joined(job_id, residents)
         return pairs, NEIGHBOURS_MAX
+
+    def _joined(self, job_id: int, residents: list[Job]) -> None:
+        """What this start predicted for each job already on its GPUs goes into that job's stored
+        decision (details["expect"], policy.joined): its end is compared with it from now on."""
+        try:
+            dec = self.store.decision(job_id)
+            if dec is None or dec.get("action") != "start":
+                return
+            now, rows = time.time(), []
+            for other in residents:
+                od = self.store.decision(other.id)
+                if od is None or od.get("action") != "start":
+                    continue
+                det = dict(od.get("details") or {})  # (started in this pass: not running yet, so from now)
+                e = det.get("expect") or policy.expectation(det, od.get("mode") or "", other.started_at or now)
+                det["expect"] = policy.joined(e, now, dec.get("details") or {}, dec.get("mode") or "", other.id)
+                rows.append((other.id, od["action"], od.get("mode"), od.get("gpus") or [], od.get("reason") or "", det))
+            if rows:
+                self.store.record_decisions(rows)
+        except Exception as e:  # noqa: BLE001 - a prediction is worth less than the start
+            log.warning("could not record what job %d's start predicted for its neighbours: %s", job_id, e)
 
     def _take_neighbours(self, job_id: int) -> set[str]:
         try:
@@ -296,14 +321,15 @@ class LearningMixin:
         if prof is None or dec is None or dec.get("action") != "start" or not job.started_at or not job.ended_at:
             return
         details = dict(dec.get("details") or {})
-        predicted = float(details.get("predicted_slowdown", 1.0))
-        factor = float((details.get("learned_factor") or {}).get(dec.get("mode") or "", 1.0))
+        # what its start predicted, and the starts beside it later (policy.joined), as colo sim
+        e = details.get("expect") or policy.expectation(details, dec.get("mode") or "", job.started_at)
+        predicted, factor = policy.expected(e, job.started_at, job.ended_at)
         wall = job.ended_at - job.started_at
         peak = max((r[2] or 0 for r in rows), default=0)
-        group_bw = details.get("peak_membw")  # what it started into, as colo sim records it
+        group_bw = details.get("peak_membw")
         residual = self._learning(job.uid, lambda mine: mine.observe(
             self.profile_name(job), neighbours, str(job.mode or "timesliced"), predicted, wall, prof.runtime, peak, factor,
-            float(group_bw) if isinstance(group_bw, (int, float)) else None))
+            float(e["group_bw"]) if isinstance(group_bw, (int, float)) else None, e.get("unseen")))
         mine = self.learned_for(job.uid)
         details.update(observed_slowdown=wall / prof.runtime, profile_runtime=prof.runtime, shared_with=neighbours,
                        observed_vs_predicted=residual, suggested_budget=mine.suggest_budget(self.profile_name(job)))
