@@ -16,11 +16,9 @@ waiting one may start: backfill):
    (colo/simmodel.py) predicts each job's rate over the overlap in each mode allowed there,
    times what runs showed for each pairing (Learned); every shared rate is discounted once by
    the error of predictions whose pairings runs had shown (`seen_margin`), and once more for
-   every pairing no run has shown yet by `margin` (the error of all predictions; the configured
-   one for a single such share on the node at a time, so that strangers are ever tried again,
-   see `explore` in _plan). A mode passes when no job's
-   predicted slowdown exceeds `slowdown_bound` and the GPU's throughput beats waiting by
-   `min_gain`. MPS (allowed: not in FAULT, the uid rule of invariant 5, summed SM and bandwidth
+   every pairing no run has shown yet by `margin` (the error of all predictions). A mode passes
+   when no job's predicted slowdown exceeds `slowdown_bound` and the GPU's throughput beats
+   waiting by `min_gain`. MPS (allowed: not in FAULT, the uid rule of invariant 5, summed SM and bandwidth
    below `saturation`) is taken when it passes, else time-slicing when it passes, else wait.
 4. EXCLUSIVE_PROCESS GPUs take MPS clients only (invariant 4); PROHIBITED GPUs take nothing.
 5. A --grow job (Candidate.grow) is lent up to `lend` x its budget out of what its GPU has left
@@ -240,10 +238,9 @@ def _mem_text(g: _Gpu, budget_after: int) -> str:
 
 
 def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
-            learned: "Learned | None" = None, explore: float | None = None) -> tuple[str | None, str, dict, bool]:
+            learned: "Learned | None" = None) -> tuple[str | None, str, dict, bool]:
     """(mode or None to wait, reason core, details, costly) for the candidate on this GPU;
-    costly: the start is predicted to slow someone (so an empty GPU is better). `explore`: the
-    margin a pairing not seen yet pays when it is the node's only one (see _plan), else None."""
+    costly: the start is predicted to slow someone (so an empty GPU is better)."""
     v = g.view
     name = f"GPU{v.index}"
     allow_ts = v.compute_mode == "default"
@@ -344,8 +341,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
             unk = unk + 1  # more bandwidth than any run has shown: the curve is a guess there too
         # the share's own margin is sized by how wrong predictions of seen pairings were; each
         # unseen pairing adds the margin of all predictions
-        doubt = (1.0 + (cfg.margin if cfg.seen_margin is None else cfg.seen_margin)) * \
-            (1.0 + (cfg.margin if explore is None else min(cfg.margin, explore))) ** unk
+        doubt = (1.0 + (cfg.margin if cfg.seen_margin is None else cfg.seen_margin)) * (1.0 + cfg.margin) ** unk
         if m == "mps" and all_mps and top_sm <= 1.0 and top_bw <= 1.0:
             # one MPS context whose summed SM and bandwidth stay within the GPU: the model slows
             # nobody (simmodel.rates is 1 throughout), so the check needs no model pass
@@ -752,25 +748,6 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
             got = cfgs[uid] = (lrn, c)
         return got
 
-    tried: dict = {}
-
-    def explore(lrn: "Learned | None") -> float | None:
-        """The margin an unseen pairing pays when no GPU runs one now (None while one does): the
-        errors of pairings not seen yet set `margin`, and a few bad ones would keep every
-        stranger apart for good (nothing new is ever seen, so it never comes down); one such
-        share at a time is tried at the configured margin, and what it shows is learned."""
-        if lrn is None or not lrn.errors:
-            return None
-        key = (id(lrn), starts)
-        got = tried.get(key, 0)
-        if got == 0:
-            busy = any(len(g.res) > 1 and any(
-                r.arr is not None and o.arr is not None and (r.arr.name, o.arr.name, r.mode) not in lrn.corun
-                for r in g.res for o in g.res if o is not r) for g in state.values())
-            got = tried[key] = None if busy else config.margin
-        return got
-
-    starts = 0
     cfg = config
     free = free_budget(gpus, placed)
     state: dict[str, _Gpu] = {g.uuid: _Gpu(g, free[g.uuid], []) for g in gpus
@@ -861,12 +838,11 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
             rk = (id(c.profile), uid_ok, g.view.uuid, c.uid if per_uid else None)
             got = refused.get(rk)  # within a pass a GPU only gets busier: a refusal stands
             if got is None:
-                lrn, ccfg = for_uid(c.uid) if learned is not None else (None, cfg)
-                ex = explore(lrn) if g.res else None
-                k = rk + (g.version, ex)
+                k = rk + (g.version,)
                 got = memo.get(k)
                 if got is None:
-                    got = memo[k] = _assess(arr, c.uid, g, ccfg, lrn, ex)
+                    lrn, ccfg = for_uid(c.uid) if learned is not None else (None, cfg)
+                    got = memo[k] = _assess(arr, c.uid, g, ccfg, lrn)
                     if got[0] is None:
                         refused[rk] = got
             options.append((g, got))
@@ -894,7 +870,6 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
             g.free -= c.budget
             g.res.append(_Res(c.job_id, arr, 0, mode, c.uid))
             g.version += 1
-        starts += 1
         most_free = max((g.free for g in state.values()), default=0)
         g0, a0 = chosen[0]
         reason = a0[1] if a0[0] == mode else f"time-sliced on {', '.join(f'GPU{g.view.index}' for g, _ in chosen)}"
