@@ -47,6 +47,7 @@ class Api:
         self.d = daemon
         self.external = External(daemon)
         self._copies = 0  # copies `requeue` made: a wait looks for new ones when this changes
+        self._copied: set[int] = set()  # jobs `requeue` made a copy of (since the daemon started)
         self._stops: set[asyncio.Task] = set()  # cancels whose stop is under way (kept referenced)
         # job id -> (the Job it was made from, its reason, its summary as JSON): a queued or ended
         # job's row changes only with the job or its reason, so `ls` of 10,000 re-encodes none
@@ -242,6 +243,7 @@ class Api:
         new = self.d.add_job(spec, job.uid, job.gid, job.user,
                              reason=f"requeued by {caller.user} as a copy of job {job.id}")
         self._copies += 1  # waits on the ended job follow the copy
+        self._copied.add(job.id)
         return self.summary(new)
 
     def _too_big(self, budget: int, ngpus: int, views: list) -> str | None:
@@ -654,12 +656,17 @@ class Api:
         # A job runs again under its own id when the daemon requeues it (a fault, --grow, a cut-short
         # start: never ended meanwhile); `colo requeue` runs an ended one again as a copy with a new
         # id: followed too, so a wait ends when the work is done, with the newest copy's end.
-        copies = -1
+        # An ended job never changes (a copy of it is looked for only when `requeue` made one of it):
+        # only open jobs are looked at again. Reading every named job from the store at each change
+        # let 100 waits on 300 ended jobs and a running one take 81 s of the daemon's CPU over 10
+        # one-second jobs of others (108 s for them, 0.7 s without the waits).
+        jobs = [self._newest_copy(j) for j in jobs]
+        copies = self._copies
         while True:
             if copies != self._copies:
                 copies = self._copies
-                jobs = [self._newest_copy(j) for j in jobs]
-            jobs = [self.d.job(j.id) for j in jobs]
+                jobs = [self._newest_copy(j) if j.id in self._copied else j for j in jobs]
+            jobs = [j if j.state in TERMINAL else self.d.job(j.id) for j in jobs]
             if all(j.state in TERMINAL for j in jobs):
                 yield {"final": [{**self.summary(j), **({"waited_for": i} if i != j.id else {})}
                                  for i, j in zip(ids, jobs)]}
