@@ -661,13 +661,17 @@ class Api:
         # let 100 waits on 300 ended jobs and a running one take 81 s of the daemon's CPU over 10
         # one-second jobs of others (108 s for them, 0.7 s without the waits).
         jobs = [self._newest_copy(j) for j in jobs]
-        copies = self._copies
+        copies, live = self._copies, None  # live: where in `jobs` the open ones are
         while True:
             if copies != self._copies:
-                copies = self._copies
+                copies, live = self._copies, None
                 jobs = [self._newest_copy(j) if j.id in self._copied else j for j in jobs]
-            jobs = [j if j.state in TERMINAL else self.d.job(j.id) for j in jobs]
-            if all(j.state in TERMINAL for j in jobs):
+            if live is None:
+                live = [k for k, j in enumerate(jobs) if j.state not in TERMINAL]
+            for k in live:
+                jobs[k] = self.d.job(jobs[k].id)
+            live = [k for k in live if jobs[k].state not in TERMINAL]
+            if not live:
                 yield {"final": [{**self.summary(j), **({"waited_for": i} if i != j.id else {})}
                                  for i, j in zip(ids, jobs)]}
                 return
