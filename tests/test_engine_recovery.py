@@ -123,6 +123,9 @@ def test_engine_failing_during_recovery_leaves_container_jobs_to_be_found_again(
         wait_for(lambda: not engine.client().containers.list(all=True, filters={"label": "colo.managed=1"}),
                  30, "colo's containers to be removed")
     finally:
+        if (tmp_path / "gates").is_dir():  # a failed run (a daemon that never came back) leaves no job at a gate
+            for g in "abp":
+                (tmp_path / "gates" / g).touch()
         d.stop()
         proxy.close()
 
