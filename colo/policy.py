@@ -335,9 +335,11 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
         # pairing (this job and a resident) not seen yet in this mode (so a crowd of strangers
         # needs a model that promises more); a seen pairing's learned factor replaces it.
         unk = learned.unseen(names, arr.name, m) if learned is not None else np.append(np.ones(n - 1), n - 1)
+        far = False
         if learned is not None and not learned.explored(m, peak_bw):
-            if learned.beyond(m, peak_bw):
-                continue  # past what runs have shown by more than one step: contention can rise steeply
+            # past what runs have shown by more than one step, contention can rise steeply: such a
+            # share is never made (below, once its reason would be anything else)
+            far = learned.beyond(m, peak_bw)
             unk = unk + 1  # more bandwidth than any run has shown: the curve is a guess there too
         # the share's own margin is sized by how wrong predictions of seen pairings were; each
         # unseen pairing adds the margin of all predictions
@@ -367,6 +369,10 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
                   for j, p, f, u in zip(ids, per[:-1], fac if fac is not None else per, unk)}
         raw[m] = 1.0 / max(1e-9, float(per.min()))
         if slow[m] <= cfg.slowdown_bound and tp[m] >= wait_tp + cfg.min_gain:
+            if far:
+                for x in (tp, slow, this, unseen, res, raw):
+                    del x[m]
+                continue
             break  # it passes; MPS is looked at first and taken when it passes
     d["throughput"], d["slowdown"], d["slowdown_this"], d["margin"] = tp, slow, this, cfg.margin
     d["unseen"], d["residents"] = unseen, res
