@@ -245,3 +245,12 @@ class PrivateDockerd:
         finally:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def client_error(fn):
+    """(message, code) of the ClientError that fn() raised, or None: what a refused call said."""
+    try:
+        fn()
+    except ClientError as e:
+        return (str(e), e.code)
+    return None

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from colo import protocol
 from colo.client import Client, ClientError
-from daemon_util import DaemonProc, wait_for
+from daemon_util import client_error, DaemonProc, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import load_bench  # noqa: E402
@@ -266,14 +266,6 @@ def test_2000_idle_connections_do_not_stop_others(fakegpu, tmp_path):
 
 
 # other users' jobs and privileges ------------------------------------------------------------------
-def _err(fn):
-    try:
-        fn()
-    except ClientError as e:
-        return (str(e), e.code)
-    return None
-
-
 def test_other_user_cannot_touch_my_job(shared, users):
     d = shared
     gate = d.root / "never"
@@ -285,7 +277,7 @@ def test_other_user_cannot_touch_my_job(shared, users):
                      ("follow", lambda: "".join(c().logs(mine, follow=True))), ("show", lambda: c().show(mine)),
                      ("explain", lambda: c().explain(mine)), ("wait", lambda: c().wait([mine])),
                      ("shutdown", lambda: c().shutdown())]:
-        err = run_as(users[0], lambda fn=fn: _err(fn))
+        err = run_as(users[0], lambda fn=fn: client_error(fn))
         assert err is not None and err[1] == "forbidden", (name, err)
         assert "\n" not in err[0] and ("belongs to root" in err[0] or "only root" in err[0]), (name, err)
     rows = run_as(users[0], lambda: Client(d.socket).ls())
@@ -351,7 +343,7 @@ def test_privileges_and_forbidden_mounts_are_refused(shared, users, user_dir, te
         "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")]
     before = {c.id for c in docker_client.containers.list(all=True, filters={"label": "colo.managed=1"})}
     for extra, code, needle in hostile:
-        err = run_as(users[0], lambda extra=extra: _err(lambda: Client(d.socket).submit({**base, **extra})))
+        err = run_as(users[0], lambda extra=extra: client_error(lambda: Client(d.socket).submit({**base, **extra})))
         assert err is not None and err[1] == code and needle in err[0] and "\n" not in err[0], (extra, err)
     # the same user's own folder is fine: the refusals above are about the paths, not the user
     ok = run_as(users[0], lambda: Client(d.socket).submit({**base, "mounts": [f"{user_dir}/data:/d:ro"]})["id"])
@@ -405,7 +397,7 @@ def _err_os(fn):
 def test_user_without_socket_access_gets_one_clear_line(shared, users):
     os.chmod(shared.socket, 0o600)
     try:
-        err = run_as(users[0], lambda: _err(lambda: Client(shared.socket).ls()))
+        err = run_as(users[0], lambda: client_error(lambda: Client(shared.socket).ls()))
     finally:
         os.chmod(shared.socket, 0o666)
     assert err is not None and err[1] == "forbidden", err
@@ -416,7 +408,7 @@ def test_user_without_socket_access_gets_one_clear_line(shared, users):
 def test_a_user_cannot_jump_the_queue_with_priority(shared, users):
     d = shared
     spec = lambda p: {"argv": ["true"], "gpus": 0, "priority": p}  # noqa: E731
-    err = run_as(users[0], lambda: _err(lambda: Client(d.socket).submit(spec(5))))
+    err = run_as(users[0], lambda: client_error(lambda: Client(d.socket).submit(spec(5))))
     assert err is not None and err[1] == "forbidden" and "\n" not in err[0], err
     assert "--priority 5 is above 0" in err[0] and "max_user_priority" in err[0]
     assert d.client.ls() == []  # nothing stored
@@ -550,7 +542,7 @@ def test_pinned_mount_is_what_was_checked_and_stays_read_only(shared, users, rac
     out = "".join(d.client.logs(j))
     assert job["state"] == "succeeded" and "BOB-OWN" in out and SECRET not in out, (job, out)
     assert "WROTE-RW" in out and "WROTE\n" not in out, out
-    err = run_as(bob, lambda: _err(lambda: Client(d.socket).submit({**spec, "mounts": [f"{m}/d/x:/x"]})))
+    err = run_as(bob, lambda: client_error(lambda: Client(d.socket).submit({**spec, "mounts": [f"{m}/d/x:/x"]})))
     assert err is not None and err[1] == "forbidden" and f"{m}/d is a symbolic link" in err[0], err
     healthy(d)
 

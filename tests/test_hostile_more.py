@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import socket
 import sys
 from pathlib import Path
@@ -17,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from colo import logtimes, protocol
-from colo.client import Client, ClientError
+from colo.client import Client
 from colo.daemon import logread
-from daemon_util import DaemonProc, wait_for
+from daemon_util import client_error, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import load_bench  # noqa: E402
@@ -243,14 +242,8 @@ def test_mount_target_over_colos_own_files_is_refused_however_spelt(shared_daemo
                    "/./opt/colo/mps", "/.", "//"):
         spec = {"argv": ["true"], "gpus": 1, "gpu_mem": "64MiB", "image": "colo-none:never",
                 "mounts": [f"{src}:{target}"]}
-        err = run_as(users[0], lambda spec=spec: _err(lambda: Client(d.socket).submit(spec)))
+        err = run_as(users[0], lambda spec=spec: client_error(lambda: Client(d.socket).submit(spec)))
         assert err is not None and err[1] == "forbidden" and "is not allowed" in err[0], (target, err)
     assert d.client.ls() == []
 
 
-def _err(fn):
-    try:
-        fn()
-    except ClientError as e:
-        return (str(e), e.code)
-    return None
