@@ -83,11 +83,16 @@ class CuttingProxy:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def test_engine_failing_during_recovery_leaves_container_jobs_to_be_found_again(tmp_path, fakegpu, make_dockerd):
+def _behind_proxy(tmp_path, fakegpu, make_dockerd):
+    """A private engine with the test image, a daemon that reaches it only through a CuttingProxy."""
     engine = make_dockerd()
     build_local_image(engine.client(), "colo-test/base:1")
     proxy = CuttingProxy(engine.sock)
-    d = DaemonProc(tmp_path, fakegpu.state, env={"DOCKER_HOST": proxy.url}).start()
+    return engine, proxy, DaemonProc(tmp_path, fakegpu.state, env={"DOCKER_HOST": proxy.url}).start()
+
+
+def test_engine_failing_during_recovery_leaves_container_jobs_to_be_found_again(tmp_path, fakegpu, make_dockerd):
+    engine, proxy, d = _behind_proxy(tmp_path, fakegpu, make_dockerd)
     try:
         gates = tmp_path / "gates"
         gates.mkdir()
@@ -131,10 +136,7 @@ def test_engine_failing_during_recovery_leaves_container_jobs_to_be_found_again(
 
 
 def test_a_removal_refused_in_the_sweep_is_left_for_the_next_one(tmp_path, fakegpu, make_dockerd):
-    engine = make_dockerd()
-    build_local_image(engine.client(), "colo-test/base:1")
-    proxy = CuttingProxy(engine.sock)
-    d = DaemonProc(tmp_path, fakegpu.state, env={"DOCKER_HOST": proxy.url}).start()
+    engine, proxy, d = _behind_proxy(tmp_path, fakegpu, make_dockerd)
     try:
         # A container of colo's whose job no longer exists (as one left when a daemon died between a
         # job's end and its removal): recovery's sweep removes it.
