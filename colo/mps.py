@@ -15,7 +15,9 @@ import math
 import os
 import shutil
 import signal
+import struct
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +32,10 @@ NULL_PIPE_DIR = "mps-none"
 FAKE_MULTIUSER_ENV = "COLO_FAKEGPU_MPS_MULTIUSER"
 _MiB = 1024**2
 _GiB = 1024**3
+# What a job's uid gets on its GPU's pipe directory: search only. Clients and the servers the
+# control daemon starts as their uid open fixed names there (the `control` socket, FIFOs the daemon
+# made); none lists or creates anything in it, so no uid can delete or plant a socket there.
+CLIENT_PERM = 0o1
 
 
 _ERROR_WORDS = ("error", "invalid", "unknown", "not found", "failed", "cannot", "usage")
@@ -82,6 +88,76 @@ def _environ_has(pid: int, key: str, value: str) -> bool:
     return f"{key}={value}".encode() in raw.split(b"\0")
 
 
+# --- who may reach a pipe directory (POSIX ACL) ------------------------------------------------
+#
+# The pipe directory is root's, mode 0700, plus one ACL entry `user:UID:--x` per uid that colo
+# runs MPS jobs for on that GPU (docs/mps.md "Files"). Written as the kernel's own xattr format
+# (linux/posix_acl_xattr.h, version 2): no library, no `setfacl` binary to install, one syscall
+# that replaces the whole list (so a change is atomic and nothing is left of an earlier one).
+
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_VERSION = 2
+_USER_OBJ, _USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+_NO_ID = 0xFFFFFFFF
+
+
+def _acl_bytes(uids: Iterable[int], perm: int = CLIENT_PERM) -> bytes:
+    """owner rwx, each uid `perm`, group and others nothing. The kernel wants entries sorted by
+    tag, then id; without named users it is a plain mode (0700) and the kernel stores just that."""
+    ids = sorted({int(u) for u in uids})
+    ents = [(_USER_OBJ, 0o7, _NO_ID)] + [(_USER, perm, u) for u in ids] + [(_GROUP_OBJ, 0, _NO_ID)]
+    if ids:
+        ents.append((_MASK, perm, _NO_ID))
+    ents.append((_OTHER, 0, _NO_ID))
+    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in ents)
+
+
+def acl_users(path: Path) -> set[int]:
+    """The uids named in a directory's access ACL (empty when it has none)."""
+    try:
+        raw = os.getxattr(path, _ACL_XATTR, follow_symlinks=False)
+    except OSError:
+        return set()
+    if len(raw) < 4 or struct.unpack_from("<I", raw)[0] != _ACL_VERSION:
+        return set()
+    return {i for t, _, i in struct.iter_unpack("<HHI", raw[4:4 + (len(raw) - 4) // 8 * 8]) if t == _USER}
+
+
+def set_pipe_access(path: Path, uids: Iterable[int]) -> None:
+    """Root's 0700 directory that exactly these uids may search (and nobody else). On any failure
+    it is left 0700 with every named entry masked off: closed, never open to all."""
+    try:
+        os.setxattr(path, _ACL_XATTR, _acl_bytes(uids), follow_symlinks=False)
+    except OSError:
+        try:
+            os.chmod(path, 0o700, follow_symlinks=False)  # the ACL mask becomes ---: all named entries off
+        except OSError:
+            pass
+        raise
+
+
+def acl_problem(root: Path) -> str | None:
+    """Why directories under `root` cannot carry a POSIX ACL (None when they can): tried on a
+    scratch directory there, so the answer is the filesystem's own."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = Path(tempfile.mkdtemp(prefix=".acl-", dir=root))
+    except OSError as e:
+        return f"cannot create {root}: {e.strerror}"
+    try:
+        set_pipe_access(probe, [_NO_ID - 1])
+        if acl_users(probe) != {_NO_ID - 1}:
+            return f"{root}: an ACL written there does not read back"
+        return None
+    except OSError as e:
+        return f"{root} takes no POSIX ACL ({e.strerror})"
+    finally:
+        try:
+            probe.rmdir()
+        except OSError:
+            pass
+
+
 # --- one GPU ----------------------------------------------------------------------------------
 
 def gpu_dir_name(uuid: str) -> str:
@@ -92,8 +168,10 @@ def gpu_dir_name(uuid: str) -> str:
 class MpsDaemon:
     """The MPS control daemon of one GPU.
 
-    Layout: root/<uuid>/pipe (control pipe, pid file; mode 0755 because clients of every job
-    uid must reach it, and in Docker it is bind-mounted into the job) and root/<uuid>/log
+    Layout: root/<uuid>/pipe (control socket, pid file; root's, 0700, searchable only by the
+    uids in `users` through an ACL: whoever reaches the control socket can `quit` the daemon or
+    terminate any client, so only the uids colo runs MPS jobs for there may; in Docker it is
+    bind-mounted into the job, same inode, same ACL) and root/<uuid>/log
     (control.log, server.log; 0755 so servers started for job uids can write through the daemon
     and users can read why their client was refused). Unix socket paths are limited to 107 bytes,
     so `root` should be short (e.g. /run/colo/mps)."""
@@ -119,6 +197,10 @@ class MpsDaemon:
         self._started = False  # colo asked for it; cleared by stop()
         self._reaper: subprocess.Popen | None = None  # the `-d` process, reaped when it exits
         self._lock = threading.RLock()
+        # uids that may reach the pipe directory (as found on disk: a colo restart keeps them)
+        self.users: frozenset[int] = frozenset(acl_users(self.pipe_dir))
+        # uids that may hold a connection to the running daemon (None: unknown, it was adopted)
+        self.served: set[int] | None = set()
 
     @property
     def pipe_dir(self) -> Path:
@@ -152,9 +234,13 @@ class MpsDaemon:
             if self.running():
                 return
             for d in (self._base, self.pipe_dir, self.log_dir):
-                d.mkdir(parents=True, exist_ok=True)
-                d.chmod(0o755)
+                d.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chown(d, os.geteuid(), os.getegid(), follow_symlinks=False)
+                if d != self.pipe_dir:  # the pipe directory never passes through an open mode
+                    d.chmod(0o755)
+            self._write_access()  # closed before any daemon listens there
             if self._adopt():
+                self.served = None
                 self._started = True
                 log.info("MPS daemon on %s found running (pid %d)", self.name, self._pid)
                 return
@@ -188,8 +274,25 @@ class MpsDaemon:
                 time.sleep(0.02)
             self._reaper = proc  # reaped by running(), also if a daemon stays in the foreground
             self._started = True
+            self._write_access()  # again, in case the daemon set its own mode on the directory
+            self.served = set(self.users)
             log.info("MPS daemon on %s started (pid %d, pipe %s)", self.name, self._pid,
                      self.pipe_dir)
+
+    def set_users(self, uids: Iterable[int]) -> None:
+        """Exactly these uids (and root) may reach the pipe directory from now on. A connection
+        made before stays open: see MpsManager.allow for how colo drops those."""
+        with self._lock:
+            self.users = frozenset(int(u) for u in uids)
+            if self.pipe_dir.is_dir():
+                self._write_access()
+
+    def _write_access(self) -> None:
+        try:
+            set_pipe_access(self.pipe_dir, self.users)
+        except OSError as e:
+            raise MpsError(f"MPS on {self.name}: cannot set who may reach {self.pipe_dir} "
+                           f"({e.strerror}); it is left closed to every job") from None
 
     def _start_log(self) -> str:
         try:
@@ -228,6 +331,7 @@ class MpsDaemon:
             self._started = False
             if not self.running():
                 self._pid = None
+                self.served = set()
                 return
             pid = self._pid
             try:
@@ -247,6 +351,7 @@ class MpsDaemon:
             if self._reaper is not None and self._reaper.poll() is None:
                 self._reaper.wait(timeout=1)
             self._pid = None
+            self.served = set()
 
     def _wait_gone(self, timeout: float) -> bool:
         reaper = self._reaper
@@ -462,14 +567,20 @@ class MpsManager:
         self._lock = threading.RLock()
         path = (env or os.environ).get("PATH")
         self._binary = shutil.which(self.control, path=path)
-        if not self._binary:
+        # Fail closed: without ACLs the pipe directory could only be open to every user (anyone
+        # could `quit` the daemon under other users' jobs) or to none; so no MPS at all.
+        self._acl_problem = acl_problem(self.root) if self._binary else None
+        if not self.available():
             log.warning("%s", self.unavailable_reason)
 
     def available(self) -> bool:
-        return self._binary is not None
+        return self._binary is not None and self._acl_problem is None
 
     @property
     def unavailable_reason(self) -> str:
+        if self._binary and self._acl_problem:
+            return (f"MPS unavailable: its pipe directories could not be kept to the jobs' own users: "
+                    f"{self._acl_problem}; all jobs run time-sliced")
         return (f"MPS unavailable: {self.control} not found (no NVIDIA driver or MPS tools?); "
                 "all jobs run time-sliced")
 
@@ -491,6 +602,48 @@ class MpsManager:
                 self._states[uuid] = "active"
             return d
 
+    def allow(self, uuid: str, index: int, uids: Iterable[int], restart: bool = True) -> None:
+        """Exactly these uids (those of the GPU's starting and running MPS jobs) may reach its
+        control daemon from now on (docs/mps.md "Who may reach the daemon").
+
+        An ACL gates only new connections: a process of a uid that has since lost access may still
+        hold one (its job handed a descriptor out, or a process outside the job connected while the
+        job ran), and could `quit` the daemon under the next user's jobs, or stay attached as a
+        client colo does not account for. So when uids come in and none of the current ones stays
+        (the daemon serves one uid at a time without multi-user MPS), a daemon that served other
+        uids is restarted first: it serves no colo job then, and every old connection is dropped.
+        `restart=False` (after a colo restart, for jobs that already run there) never restarts."""
+        new = frozenset(int(u) for u in uids)
+        with self._lock:
+            d = self._daemons.get(uuid)
+            if d is None:
+                if not new:
+                    return
+                d = self._daemons[uuid] = MpsDaemon(self.root, uuid, index, self._binary, self.env,
+                                                    self.multi_user)
+            if new == d.users:
+                return
+            stale = d.served is None or bool(d.served - new)
+            if restart and new - d.users and not new & d.users and stale and d.running():
+                d.stop()  # closed to all while it is down: users are set after the stop
+                d.set_users(new)
+                d.start()
+                self._states[uuid] = "active"
+                log.info("MPS daemon on %s restarted for uid(s) %s, so that no connection of an "
+                         "earlier user outlives its jobs", d.name, ", ".join(map(str, sorted(new))))
+            else:
+                d.set_users(new)
+            if d.served is not None:
+                d.served |= new
+
+    def keep_only(self, uuid: str, uids: Iterable[int]) -> None:
+        """Revoke: of the uids that may reach this GPU's daemon, keep these. Never grants, never
+        restarts (so it is quick enough for the event loop)."""
+        with self._lock:
+            d = self._daemons.get(uuid)
+            if d is not None and not d.users <= set(uids):
+                d.set_users(d.users & set(uids))
+
     def adopt(self, uuid: str, index: int) -> bool:
         """After a colo restart: take over this GPU's daemon if one still runs (its clients keep
         their server); never starts one. Returns whether one was found."""
@@ -499,7 +652,12 @@ class MpsManager:
         with self._lock:
             d = self._daemons.setdefault(uuid, MpsDaemon(self.root, uuid, index, self._binary,
                                                          self.env, self.multi_user))
+            try:
+                d.set_users(d.users)  # the mode an older colo left (0755) closed at once
+            except MpsError as e:
+                log.error("%s", e)
             if d.running() or ((d.pipe_dir / PID_FILE).exists() and d._adopt()):
+                d.served = None  # who connected while colo was away is unknown
                 d._started = True
                 self._states[uuid] = "active"
                 return True

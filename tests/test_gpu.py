@@ -117,6 +117,50 @@ def test_mps_control_exists_and_starts(tmp_path):
         m.stop_all()
 
 
+def test_real_mps_serves_an_allowed_uid_through_search_only_and_no_other(other_user):
+    """docs/mps.md "Who may reach the daemon": the real daemon's client and the server it starts
+    as the client's uid need no more than `--x` on the pipe directory; another uid is refused."""
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    from colo import mps, native
+    from daemon_util import as_user
+    ctl = shutil.which("nvidia-cuda-mps-control")
+    if ctl is None or os.geteuid() != 0:
+        pytest.skip("needs nvidia-cuda-mps-control and root")
+    import pynvml
+
+    pynvml.nvmlInit()
+    uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+    uuid = uuid if isinstance(uuid, str) else uuid.decode()
+    root = Path(tempfile.mkdtemp(prefix="cg", dir="/tmp"))  # short: the socket path must fit
+    root.chmod(0o755)
+    m = mps.MpsManager(root / "mps", ctl)
+    try:
+        m.allow(uuid, 0, {other_user.pw_uid})
+        d = m.ensure(uuid, 0)
+        burn = [str(native.native_dir() / native.BURN), "--mem", "64MiB", "--seconds", "2", "--quiet"]
+        env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": uuid, **d.client_env(GiB, None)}
+        r = subprocess.run(burn, env=env, user=other_user.pw_uid, group=other_user.pw_gid,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        log = (d.log_dir / "control.log").read_text()
+        assert f"from user {other_user.pw_uid}" in log, log[-2000:]  # it ran as an MPS client
+        m.keep_only(uuid, set())
+
+        def connect() -> str:
+            try:
+                socket.socket(socket.AF_UNIX).connect(str(d.pipe_dir / "control"))
+                return "ok"
+            except OSError as e:
+                return type(e).__name__
+        assert as_user(other_user, connect) == ("ok", "PermissionError")
+    finally:
+        m.stop_all()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_gpu_check_passes_on_the_real_driver(tmp_path):
     """The whole check (bench/gpu_check.py, docs/gpu.md); its report says what failed and why."""
     import json

@@ -151,7 +151,9 @@ def test_start_health_stop_and_adopt(fakegpu, root, env):
         pid = d.pid
         assert pid and d.running() and d.health() == "active"
         assert int((d.pipe_dir / mps.PID_FILE).read_text()) == pid
-        assert stat.S_IMODE(d.pipe_dir.stat().st_mode) == 0o755
+        # root's and closed: only uids colo gives an ACL entry may reach it (test_mps_pipe_access)
+        st = d.pipe_dir.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700) and mps.acl_users(d.pipe_dir) == set()
         assert (d.log_dir / "control.log").exists()
         # the daemon is pinned to its GPU
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -207,11 +209,13 @@ def test_commands_limits_and_servers(open_node, root, clients):
         p = procs_on(fakegpu, 0)[c.pid]
         assert p["mps"] is True and p["sm"] == 20
         # a server of another uid cannot start while this one has a client
+        other = os.getuid() + 4242
+        d.set_users({other})  # its server, running as that uid, must reach the control socket
         with pytest.raises(MpsError, match="Cannot start"):
-            d.start_server(os.getuid() + 4242)
+            d.start_server(other)
         c.kill()
         wait_for(lambda: d.client_list(server) == [], what="the client to leave")
-        d.start_server(os.getuid() + 4242)
+        d.start_server(other)
         assert d.server_list() not in ([], [server])
     finally:
         d.stop()
@@ -238,6 +242,7 @@ def test_two_uids_share_a_server_only_in_multi_user_mode(open_node, root, client
     [u0] = node.uuids()
     d = MpsDaemon(root / "mps", u0, 0, node.mps_control, env, multi_user=multi_user)
     d.start()
+    d.set_users({65534})  # as colo does for the uids of the GPU's MPS jobs
     try:
         a = Client(client_env(env, u0, d.client_env(2 * GiB, None)))
         clients.append(a)

@@ -20,7 +20,7 @@ from .. import mps, native, policy
 from ..cgroup import Cgroups
 from ..config import Config
 from ..gpu import GpuInfo, NoDriver, Nvml
-from ..jobs import ACTIVE, TERMINAL, Job, State
+from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
 from ..runtimes.base import StartError
 from ..runtimes.process import ProcessRuntime
 from ..store import Store
@@ -185,6 +185,29 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         env = self.fake_env() if self.config.fakegpu_state else {}
         self.mps = mps.MpsManager(self.config.state_dir / "mps", control, env,
                                   multi_user=self.config.multi_user_mps, idle_stop_s=self.config.mps_idle_stop)
+
+    def mps_users(self) -> dict[str, set[int]]:
+        """GPU uuid -> the uids of its starting and running MPS jobs: with root, the only ones that
+        may reach its MPS control daemon (docs/mps.md "Who may reach the daemon")."""
+        users: dict[str, set[int]] = {}
+        open_jobs = self.open_jobs
+        # ids copied in one step: build_launch asks from a worker thread while the loop changes them
+        for i in list(self._active if self._queued_n is not None else open_jobs):
+            j = open_jobs.get(i)
+            if j is not None and j.state in ACTIVE and j.mode == Mode.MPS and j.gpus:
+                users.setdefault(j.gpus[0], set()).add(j.uid)
+        return users
+
+    def revoke_mps_access(self) -> None:
+        """After a job ended and was reaped: uids left without MPS jobs on a GPU lose access."""
+        if self.mps is None or not self.mps.available():
+            return
+        users = self.mps_users()
+        for dev in self.devices:
+            try:
+                self.mps.keep_only(dev.uuid, users.get(dev.uuid, set()))
+            except mps.MpsError as e:
+                log.error("%s", e)
 
     def fake_env(self) -> dict[str, str]:
         lib = self.native / native.FAKEGPU_DIR

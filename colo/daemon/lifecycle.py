@@ -209,6 +209,7 @@ class LifecycleMixin:
             except Exception as e:  # noqa: BLE001
                 log.warning("cleanup of job %d: %s", job_id, e)
         shutil.rmtree(self.run_dir(job_id), ignore_errors=True)  # the ledger goes with the job
+        self.revoke_mps_access()  # ended and reaped: its uid keeps access only for its other MPS jobs
         self.wake()
 
     async def cancel(self, job_id: int, by: str) -> Job:

@@ -7,6 +7,7 @@ import os
 import shutil
 import time
 
+from .. import mps
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..runtimes.base import Gone, StartError, Unavailable
 from .lifecycle import Live
@@ -21,8 +22,13 @@ class RecoveryMixin:
     async def recover(self) -> None:
         """Find every active job again: running on, finished while we were away, or lost."""
         if self.mps is not None and self.mps.available():
+            users = self.mps_users()  # a superset of those still running: each found ended revokes
             for d in self.devices:
                 await asyncio.to_thread(self.mps.adopt, d.uuid, d.index)
+                try:  # the ACL again from the store, without a restart: these jobs run on it
+                    await asyncio.to_thread(self.mps.allow, d.uuid, d.index, users.get(d.uuid, ()), False)
+                except mps.MpsError as e:
+                    log.error("%s", e)
         await self._recover(self.jobs_in(*ACTIVE))
         await self._end_strays()
         if self.cgroups is not None:  # leaves of jobs that ended while colo was away

@@ -10,7 +10,10 @@
  * COLO_FAKEGPU_STATE, so NVML lists it as the real one is listed. CUDA clients (the fake
  * libcuda at cuInit) keep a connection to the daemon while they live; their uid and pid come from
  * SO_PEERCRED. One server at a time: a client of another uid waits until the current server has
- * no clients left, unless COLO_FAKEGPU_MPS_MULTIUSER=1 was set for the daemon. Test-only command:
+ * no clients left, unless COLO_FAKEGPU_MPS_MULTIUSER=1 was set for the daemon. Like the real one,
+ * a server runs as its client's uid and first connects back to the control socket, so a uid that
+ * cannot reach the pipe directory gets no server. No command checks its sender's uid (NVIDIA
+ * documents no such check either): who can reach the socket decides. Test-only command:
  * `fake_fault SERVER_PID`. See native/README.md. */
 #include "fakegpu.h"
 
@@ -151,6 +154,16 @@ static void server_main(int fd, uid_t uid)
             _exit(3);
     }
     prctl(PR_SET_NAME, "nvidia-cuda-mps", 0, 0, 0);
+    /* As the real server does, now running as the client's uid: connect back to the control
+     * socket. A uid that cannot reach the pipe directory gets no server (its client: 805). */
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s/control", pipe_dir());
+    int back = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (back < 0 || connect(back, (struct sockaddr *)&a, sizeof a) != 0) {
+        send_all(fd, "E", 1);
+        _exit(6);
+    }
+    close(back);
     if (fg_open(&S, NULL) != 0)
         _exit(4);
     int ok = 1;
