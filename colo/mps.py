@@ -602,9 +602,12 @@ class MpsManager:
                 self._states[uuid] = "active"
             return d
 
-    def allow(self, uuid: str, index: int, uids: Iterable[int], restart: bool = True) -> None:
+    def allow(self, uuid: str, index: int, uids: Iterable[int] | Callable[[], Iterable[int]],
+              restart: bool = True) -> None:
         """Exactly these uids (those of the GPU's starting and running MPS jobs) may reach its
-        control daemon from now on (docs/mps.md "Who may reach the daemon").
+        control daemon from now on (docs/mps.md "Who may reach the daemon"). `uids` may be a
+        callable: it is read under the daemon's lock, so a revoke (keep_only) that comes meanwhile
+        is never undone by a list read before it.
 
         An ACL gates only new connections: a process of a uid that has since lost access may still
         hold one (its job handed a descriptor out, or a process outside the job connected while the
@@ -613,36 +616,37 @@ class MpsManager:
         (the daemon serves one uid at a time without multi-user MPS), a daemon that served other
         uids is restarted first: it serves no colo job then, and every old connection is dropped.
         `restart=False` (after a colo restart, for jobs that already run there) never restarts."""
-        new = frozenset(int(u) for u in uids)
         with self._lock:
             d = self._daemons.get(uuid)
             if d is None:
-                if not new:
-                    return
                 d = self._daemons[uuid] = MpsDaemon(self.root, uuid, index, self._binary, self.env,
                                                     self.multi_user)
-            if new == d.users:
-                return
-            stale = d.served is None or bool(d.served - new)
-            if restart and new - d.users and not new & d.users and stale and d.running():
-                d.stop()  # closed to all while it is down: users are set after the stop
-                d.set_users(new)
-                d.start()
-                self._states[uuid] = "active"
-                log.info("MPS daemon on %s restarted for uid(s) %s, so that no connection of an "
-                         "earlier user outlives its jobs", d.name, ", ".join(map(str, sorted(new))))
-            else:
-                d.set_users(new)
-            if d.served is not None:
-                d.served |= new
+            with d._lock:
+                new = frozenset(int(u) for u in (uids() if callable(uids) else uids))
+                if new == d.users:
+                    return
+                stale = d.served is None or bool(d.served - new)
+                if restart and new - d.users and not new & d.users and stale and d.running():
+                    d.stop()  # closed to all while it is down: users are set after the stop
+                    d.set_users(new)
+                    d.start()
+                    self._states[uuid] = "active"
+                    log.info("MPS daemon on %s restarted for uid(s) %s, so that no connection of an "
+                             "earlier user outlives its jobs", d.name, ", ".join(map(str, sorted(new))))
+                else:
+                    d.set_users(new)
+                if d.served is not None:
+                    d.served |= new
 
     def keep_only(self, uuid: str, uids: Iterable[int]) -> None:
         """Revoke: of the uids that may reach this GPU's daemon, keep these. Never grants, never
-        restarts (so it is quick enough for the event loop)."""
-        with self._lock:
-            d = self._daemons.get(uuid)
-            if d is not None and not d.users <= set(uids):
-                d.set_users(d.users & set(uids))
+        restarts, and takes no lock when nothing changes (it runs on colo's event loop)."""
+        keep = set(uids)
+        d = self._daemons.get(uuid)
+        if d is None or d.users <= keep:
+            return
+        with d._lock:
+            d.set_users(d.users & keep)
 
     def adopt(self, uuid: str, index: int) -> bool:
         """After a colo restart: take over this GPU's daemon if one still runs (its clients keep

@@ -269,3 +269,21 @@ def test_without_acls_there_is_no_mps_rather_than_an_open_daemon(fakegpu, short_
             m.ensure(fakegpu.uuids()[0], 0)
     finally:
         subprocess.run(["umount", str(where)], check=True)
+
+
+@pytest.mark.docker
+def test_a_container_job_reaches_its_daemon_through_the_bind_mount(node, users, test_image):
+    """Docker bind-mounts the pipe directory: the same inode, so the same ACL, and the job runs as
+    its submitter's uid inside. Her container's client attaches; the other user still cannot."""
+    from colo.client import Client
+    d, state, gates = node
+    alice, mallory = users
+    spec = {"argv": ["/opt/colo/native/colo-burn", "--mem", "256MiB", "--seconds", "2", "--quiet"],
+            "image": test_image, "gpu_mem": 1 << 30, "profile": "light"}
+    job = run_as(alice, lambda: Client(d.socket).submit(spec)["id"])
+    end = d.wait_state(job, "succeeded", "failed", timeout=120)
+    assert (end["state"], end["mode"]) == ("succeeded", "mps"), end
+    log = next((d.state_dir / "mps").glob("*/log/control.log")).read_text()
+    assert f"(uid {alice.pw_uid}) attached" in log, log[-2000:]  # an MPS client, not an ordinary context
+    wait_for(lambda: reach(alice, pipe_dir(d)) == "PermissionError", 30, "alice's access to end")
+    assert reach(mallory, pipe_dir(d)) == "PermissionError"

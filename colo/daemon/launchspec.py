@@ -67,7 +67,7 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
         if dec.mode == "mps" and d.mps is not None:
             gpu = next(g for g in d.devices if g.uuid == dec.gpus[0])
             # the job (STARTING) and the GPU's other MPS jobs: their uids may reach the daemon
-            d.mps.allow(gpu.uuid, gpu.index, d.mps_users().get(gpu.uuid, ()))
+            d.mps.allow(gpu.uuid, gpu.index, lambda: d.mps_users().get(gpu.uuid, ()))
             daemon = d.mps.ensure(gpu.uuid, gpu.index)
             client = daemon.client_env(job.spec.gpu_mem, dec.thread_pct)
             if in_container:
