@@ -328,7 +328,7 @@ def explain(job: str = typer.Argument(..., help="job id or name"), sock: Optiona
                        f"(the most any run used, + 10 %)")
 
 
-def parse_since(text: str) -> float:
+def parse_since(text: str, opt: str = "--since") -> float:
     """Epoch seconds from a duration back from now (90s, 10m, 2h, 1d) or a local ISO 8601 time."""
     from datetime import datetime
 
@@ -341,7 +341,7 @@ def parse_since(text: str) -> float:
     try:
         return datetime.fromisoformat(text.strip()).timestamp()  # no zone given: local time
     except ValueError:
-        fail(f"malformed --since {text!r}: a duration back from now (10m, 2h, 1d) or a time "
+        fail(f"malformed {opt} {text!r}: a duration back from now (10m, 2h, 1d) or a time "
              "(2026-11-22T14:00, 2026-11-22 14:00:05+00:00)")
 
 
@@ -529,6 +529,39 @@ def requeue(jobs: List[str] = typer.Argument(..., help="ids or names of ended jo
     Example: colo requeue 7   ·   colo ls -q --all --state failed | xargs colo requeue
     """
     _each(jobs, sock, as_json, lambda c, i: c.requeue(i), lambda j: str(j["id"]), open_only=None)
+
+
+@app.command()
+def clean(jobs: List[str] = typer.Argument(None, help="only these ended jobs: ids, names, an array's id or "
+                                           "name (all its tasks), ARRAY_INDEX (12_3)"),
+          before: Optional[str] = typer.Option(None, "--before", help="only jobs that ended before this: a "
+                                               "duration back from now (30d, 12h) or a local date or time "
+                                               "(2026-11-01, 2026-11-01T08:00)"),
+          failed_only: bool = typer.Option(False, "--failed-only", help="only jobs that did not succeed "
+                                           "(failed, cancelled, lost)"),
+          succeeded_only: bool = typer.Option(False, "--succeeded-only", help="only jobs that succeeded"),
+          user: List[str] = typer.Option([], "--user", "-u", help="this user's jobs instead of your own "
+                                         "(repeatable; others': root and the admin group)"),
+          sock: Optional[Path] = SocketOpt, as_json: bool = JsonOpt):
+    """Remove ended jobs for good, as pueue's clean: their rows in ls --all, history and report,
+    their decisions, samples and logs. Your own jobs (anyone's for root and the admin group);
+    never a queued, held or running one. What was learned (profiles, co-run factors) and fair-share
+    use stay. Named jobs must all have ended, else nothing is removed. Kept: jobs a queued job
+    depends on (--after), and tasks of an array not all ended. The daemon can do it by itself:
+    history_keep_days in its config.
+
+    Example: colo clean   ·   colo clean --before 30d --succeeded-only   ·   colo clean 12 sweep   ·   colo clean -u bob
+    """
+    if failed_only and succeeded_only:
+        fail("--failed-only and --succeeded-only exclude each other: give one, or neither for every ended job")
+    states = ["succeeded"] if succeeded_only else ["failed", "cancelled", "lost"] if failed_only else None
+    cut = max(0.0, parse_since(before, "--before")) if before is not None else None
+    r = _call(client(sock).clean, jobs or None, cut, user or None, states)
+    if as_json:
+        return print_json(r)
+    kept = (f" ({r['kept']} kept: queued jobs depend on them, or their arrays have tasks not ended)"
+            if r["kept"] else "")
+    typer.echo(f"removed {r['removed']} ended job{'' if r['removed'] == 1 else 's'}{kept}")
 
 
 app.command("restart", help="The same as `colo requeue` (pueue's name for it).\n\nExample: colo restart 7")(requeue)

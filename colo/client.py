@@ -114,7 +114,10 @@ class Client:
             s.close()
 
     def call(self, op: str, **args: Any) -> Any:
-        for msg in self._stream(op, self.timeout, **args):
+        return self._result(op, self.timeout, **args)
+
+    def _result(self, op: str, timeout: float | None, **args: Any) -> Any:
+        for msg in self._stream(op, timeout, **args):
             if "ok" in msg:
                 if not msg["ok"]:
                     raise ClientError(msg.get("error", "unknown error"), msg.get("code", "error"))
@@ -176,6 +179,15 @@ class Client:
 
     def requeue(self, job_id: int) -> dict:
         return self.call("requeue", id=job_id)
+
+    def clean(self, refs: list[str] | None = None, before: float | None = None, users: list[str] | None = None,
+              states: list[str] | None = None) -> dict:
+        """Remove ended jobs: those `refs` name (ids, names, an array's id, ARRAY_INDEX; every one
+        must have ended), or else the caller's own (or `users`'s: root and admins) in `states`
+        that ended before `before`. {"removed": how many, "kept": how many matched but must stay}.
+        No time limit: months of history take a while to remove (the daemon serves others meanwhile)."""
+        return self._result("clean", None, refs=refs or None, before=before, users=users or None,
+                            states=states or None)
 
     def gpus(self) -> dict:
         return self.call("gpus")

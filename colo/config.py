@@ -52,6 +52,10 @@ class Config:
     allowed_mount_roots: list[str] = field(default_factory=list)  # empty: any path the submitter can read
     log_cap: int = 256 * 1024**2  # bytes of output kept per job; then one marked line, the rest dropped (0: no cap)
     log_reserve: int = 512 * 1024**2  # free bytes on the state disk below which job output is dropped
+    # Ended jobs (their rows, decisions, samples and logs) are removed this many days after they
+    # ended, as Slurm's PurgeJobAfter; fractions allowed. 0 (the default): kept until `colo clean`.
+    # Off by default: removing users' history unasked would surprise them (docs: README).
+    history_keep_days: float = 0.0
 
     @property
     def db_path(self) -> Path:
@@ -92,6 +96,12 @@ class Config:
                     values[k] = 0 if r in (0, "0") else parse_size(r)
                 except ValueError as e:
                     raise ConfigError(f"{k}: {e}") from None
+        if "history_keep_days" in values:
+            v = values["history_keep_days"]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6:  # NaN fails too
+                raise ConfigError(f"history_keep_days: {v!r} is not a number of days from 0 (0: keep every "
+                                  "ended job until `colo clean`)")
+            values["history_keep_days"] = float(v)
         for k in ("state_dir", "socket", "fakegpu_state", "shared_profiles"):
             if values.get(k) is not None:
                 values[k] = Path(values[k])

@@ -20,6 +20,7 @@ OPS = frozenset({
     "profiles", "profile", "profile_share",  # what the daemon places jobs with (issue 11 item 5)
     "profile_put",  # a profile the caller recorded becomes their own (issue 13)
     "hold", "release", "edit", "requeue",  # a queued job held back or changed; an ended one again (issue 16)
+    "clean",  # ended jobs removed (pueue's clean)
 })
 
 # error codes (stable, for scripts)
@@ -207,13 +208,15 @@ def _time(name: str):
 LS_FIELDS = frozenset({"id", "name", "user", "state", "gpus", "mode", "budget", "submitted_at", "started_at",
                        "ended_at", "exit_code", "priority", "reason", "argv", "array"})
 LS_STATES = ("queued", "starting", "running", "succeeded", "failed", "cancelled", "lost")
+ENDED_STATES = ("succeeded", "failed", "cancelled", "lost")
 MAX_LS_FILTER = 256  # values in one ls filter
+MAX_CLEAN_REFS = 1000  # jobs one `clean` may name (an array's id names all its tasks)
 
 
-def _texts(name: str, allowed: frozenset | tuple | None = None):
+def _texts(name: str, allowed: frozenset | tuple | None = None, most: int = MAX_LS_FILTER):
     def check(v: Any) -> None:
-        if not isinstance(v, list) or len(v) > MAX_LS_FILTER:
-            raise ProtocolError(f"{name} must be a list of at most {MAX_LS_FILTER} names")
+        if not isinstance(v, list) or len(v) > most:
+            raise ProtocolError(f"{name} must be a list of at most {most} names")
         for x in v:
             if not isinstance(x, str) or not 0 < len(x) <= 64:
                 raise ProtocolError(f"{name} must be text of 1-64 characters, not {short(x)}")
@@ -253,6 +256,9 @@ ARGS: dict[str, dict[str, Any]] = {
     "profiles": {"user": _user}, "profile": {"name": _name, "user": _user},
     "profile_share": {"name": _name, "user": _user},
     "profile_put": {"text": _profile_text},  # no user: a user writes only their own
+    # refs as ls reads them (ids, an array's id, names, ARRAY_INDEX); without refs, the filters pick
+    "clean": {"refs": _texts("clean job", most=MAX_CLEAN_REFS), "before": _time("clean --before"), "users": _texts("clean user"),
+              "states": _texts("clean state", ENDED_STATES)},
 }
 
 

@@ -85,6 +85,15 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (uid, mode, bin)
     );
     """,
+    # 6: the GPU use of jobs `colo clean` or history_keep_days removed, kept while it still counts
+    # for fair share (gpu_use), so that removing a job never gives its user a head start
+    """
+    CREATE TABLE cleaned_use (
+        uid INTEGER NOT NULL, budget INTEGER NOT NULL, gpus INTEGER NOT NULL,
+        started_at REAL NOT NULL, ended_at REAL NOT NULL
+    );
+    CREATE INDEX cleaned_use_ended ON cleaned_use(ended_at);
+    """,
 ]
 
 # Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
@@ -105,6 +114,7 @@ _LS_SQL = {
     "reason": "reason", "argv": "json_extract(spec, '$.argv')",
     "array": "json_extract(spec, '$.array_job') || '_' || json_extract(spec, '$.array_index')",  # NULL: none
     "array_job": "json_extract(spec, '$.array_job')",
+    "uid": "uid",  # not an ls field (protocol.LS_FIELDS): for the daemon's own checks (clean)
 }
 _LS_JSON = ("gpus", "argv")  # stored as JSON text
 
@@ -493,11 +503,14 @@ class Store:
                          now: float | None = None) -> None:
         now = time.time() if now is None else now
         with self.tx():
+            # a job removed meanwhile (colo clean: the writer thread's rows may be late) is skipped,
+            # not a foreign-key error that would lose the whole batch
             self.db.executemany(
-                "INSERT INTO decisions(job_id, at, action, mode, gpus, reason, details) VALUES (?,?,?,?,?,?,?) "
+                "INSERT INTO decisions(job_id, at, action, mode, gpus, reason, details) SELECT ?,?,?,?,?,?,? "
+                "WHERE EXISTS (SELECT 1 FROM jobs WHERE id=?) "
                 "ON CONFLICT(job_id) DO UPDATE SET at=excluded.at, action=excluded.action, mode=excluded.mode, "
                 "gpus=excluded.gpus, reason=excluded.reason, details=excluded.details",
-                [(j, now, a, m, json.dumps(list(g)), r, json.dumps(d)) for j, a, m, g, r, d in decisions])
+                [(j, now, a, m, json.dumps(list(g)), r, json.dumps(d), j) for j, a, m, g, r, d in decisions])
 
     def decision(self, job_id: int) -> dict | None:
         r = self.db.execute("SELECT at, action, mode, gpus, reason, details FROM decisions WHERE job_id=?",
@@ -507,19 +520,95 @@ class Store:
         return dict(at=r[0], action=r[1], mode=r[2], gpus=json.loads(r[3]), reason=r[4], details=json.loads(r[5]))
 
     def gpu_use(self, since: float) -> list[tuple[int, int, int, float, float]]:
-        """(uid, budget, gpus, started_at, ended_at) of GPU jobs that ended after `since` (fair share)."""
+        """(uid, budget, gpus, started_at, ended_at) of GPU jobs that ended after `since` (fair share),
+        those removed since (cleaned_use) included."""
         return list(self.db.execute(
             "SELECT uid, json_extract(spec, '$.gpu_mem'), json_array_length(gpus), started_at, ended_at FROM jobs "
-            "WHERE ended_at > ? AND started_at IS NOT NULL AND gpus != '[]'", (since,)))
+            "WHERE ended_at > ? AND started_at IS NOT NULL AND gpus != '[]' "
+            "UNION ALL SELECT uid, budget, gpus, started_at, ended_at FROM cleaned_use WHERE ended_at > ?",
+            (since, since)))
 
     # samples ----------------------------------------------------------------------------------
     def add_samples(self, rows: Iterable[tuple[int, float, float | None, int | None, float | None]]) -> None:
-        with self.tx():
-            self.db.executemany("INSERT INTO samples(job_id, at, sm, mem, membw) VALUES (?,?,?,?,?)", rows)
+        with self.tx():  # a job removed since it was sampled is skipped (as in record_decisions)
+            self.db.executemany("INSERT INTO samples(job_id, at, sm, mem, membw) SELECT ?,?,?,?,? "
+                                "WHERE EXISTS (SELECT 1 FROM jobs WHERE id=?)", [(*r, r[0]) for r in rows])
 
     def samples(self, job_id: int) -> list[tuple[float, float | None, int | None, float | None]]:
         return list(self.db.execute("SELECT at, sm, mem, membw FROM samples WHERE job_id=? ORDER BY at", (job_id,)))
 
+
+    # removing ended jobs: `colo clean`, history_keep_days --------------------------------------
+    def cleanable(self, states: Iterable[State], before: float | None = None, user: str | None = None,
+                  uid: int | None = None, after: tuple[float, int] = (float("-inf"), 0),
+                  limit: int = 200) -> list[tuple[int, int | None, float]]:
+        """(id, its array's id or None, ended_at) of ended jobs in `states` (TERMINAL ones only)
+        that ended before `before`, of `user` (a name) and `uid` where given: the first `limit`
+        after the key `after`, which is (ended_at, id) of the last row without `user` (the
+        jobs_ended index, for history_keep_days), else (anything, id) (the jobs_user index). A
+        caller pages on with the last row's key: each page reads about `limit` rows, never the
+        whole table. (`+state`: not the jobs_state index, which would read every ended job.)"""
+        states = [str(s) for s in states if s in TERMINAL]
+        if not states or (user is None and before is None):
+            return []
+        marks = ",".join("?" * len(states))
+        if user is None:
+            q = "SELECT id, json_extract(spec, '$.array_job'), ended_at FROM jobs WHERE ended_at < ? " \
+                f"AND (ended_at, id) > (?, ?) AND +state IN ({marks})"
+            args: list[Any] = [before, *after, *states]
+            order = "ended_at, id"
+        else:
+            q = "SELECT id, json_extract(spec, '$.array_job'), ended_at FROM jobs WHERE user = ? AND id > ? " \
+                f"AND +state IN ({marks})"
+            args = [user, after[1], *states]
+            if before is not None:
+                q += " AND ended_at < ?"
+                args.append(before)
+            order = "id"
+        if uid is not None:
+            q += " AND uid = ?"
+            args.append(uid)
+        return self.db.execute(f"{q} ORDER BY {order} LIMIT ?", [*args, limit]).fetchall()
+
+    def _ended_in(self, ids: list[int]) -> tuple[str, list[Any]]:
+        """SQL for the ids among `ids` whose jobs have ended (never an open job's)."""
+        terminal = [str(s) for s in TERMINAL]
+        return (f"SELECT id FROM jobs WHERE id IN ({','.join('?' * len(ids))}) "
+                f"AND state IN ({','.join('?' * len(terminal))})", [*ids, *terminal])
+
+    def remove_samples(self, ids: list[int], most: int) -> int:
+        """Drop up to `most` usage samples of the ended jobs among `ids` (a long job has tens of
+        thousands: removed a piece at a time, so that no one transaction is long)."""
+        if not ids:
+            return 0
+        ended, args = self._ended_in(ids)
+        with self.tx():
+            return self.db.execute(f"DELETE FROM samples WHERE rowid IN (SELECT rowid FROM samples "
+                                   f"WHERE job_id IN ({ended}) LIMIT ?)", [*args, most]).rowcount
+
+    def remove_jobs(self, ids: list[int], keep_use_since: float) -> list[int]:
+        """Remove the ended jobs among `ids` with everything stored of them (events, decision,
+        samples, neighbours) in one transaction; the ids removed. Their GPU use that ended after
+        `keep_use_since` is kept in cleaned_use for fair share (gpu_use), where older use is
+        dropped. What was learned (learned_*) is per user and profile, never per job: untouched."""
+        if not ids:
+            return []
+        ended, args = self._ended_in(ids)
+        with self.tx():
+            gone = [r[0] for r in self.db.execute(ended, args)]
+            if not gone:
+                return []
+            marks = ",".join("?" * len(gone))
+            self.db.execute(
+                "INSERT INTO cleaned_use(uid, budget, gpus, started_at, ended_at) "
+                "SELECT uid, coalesce(json_extract(spec, '$.gpu_mem'), 0), json_array_length(gpus), started_at, ended_at "
+                f"FROM jobs WHERE id IN ({marks}) AND started_at IS NOT NULL AND gpus != '[]' AND ended_at > ?",
+                [*gone, keep_use_since])
+            self.db.execute("DELETE FROM cleaned_use WHERE ended_at <= ?", (keep_use_since,))
+            for table in ("samples", "events", "decisions", "job_neighbours"):
+                self.db.execute(f"DELETE FROM {table} WHERE job_id IN ({marks})", gone)
+            self.db.execute(f"DELETE FROM jobs WHERE id IN ({marks})", gone)
+        return gone
 
     # learning -------------------------------------------------------------------------------
     def learned(self) -> dict[int, dict]:

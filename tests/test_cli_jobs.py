@@ -385,7 +385,8 @@ def test_after_any_and_after_fail(daemon, tmp_path):
     r = daemon.cli("submit", "--wait", "--after-fail", str(waits), *cpu)
     assert r.returncode == 1 and "dependency not met (--after-fail)" in r.stderr, r.stderr
     r = daemon.cli("submit", "--after-any", "999999", *cpu)
-    assert r.returncode == 1 and r.stderr == "colo: --after-any 999999: no such job\n", r.stderr
+    assert r.returncode == 1 and r.stderr == ("colo: --after-any 999999: no such job (never submitted, or removed by "
+                                              "colo clean or history_keep_days)\n"), r.stderr
 
 
 def test_report_says_slowdown_against_alone_where_known_and_draws_an_svg(daemon, tmp_path):

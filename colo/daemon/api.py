@@ -163,12 +163,6 @@ class Api:
                 raise ApiError(f"job can never run here: {why}", protocol.INVALID)
         if queued:
             return
-        for key in ("after", "after_any", "after_fail"):
-            for a in getattr(spec, key):
-                try:
-                    d.store.get(a)
-                except NotFound:
-                    raise ApiError(f"--{key.replace('_', '-')} {a}: no such job", protocol.NOT_FOUND) from None
         if spec.image is not None:
             rt = d.runtimes.get("docker")
             if rt is None:
@@ -181,6 +175,15 @@ class Api:
             if not here:
                 raise ApiError(f"image {spec.image!r} not found locally (colo does not pull; "
                                "build or load it first)", protocol.NOT_FOUND)
+        # Last, with no await after it: the caller stores the job before `colo clean` can run, and
+        # clean keeps the jobs an open job depends on (retention.py).
+        for key in ("after", "after_any", "after_fail"):
+            for a in getattr(spec, key):
+                try:
+                    d.store.get(a)
+                except NotFound:
+                    raise ApiError(f"--{key.replace('_', '-')} {a}: no such job (never submitted, or removed by "
+                                   "colo clean or history_keep_days)", protocol.NOT_FOUND) from None
 
     def _queued(self, args: dict, caller: Caller, verb: str, done: str) -> Job:
         job = self._own(self._job(args), caller, verb)
@@ -245,6 +248,48 @@ class Api:
         self._copies += 1  # waits on the ended job follow the copy
         self._copied.add(job.id)
         return self.summary(new)
+
+    async def clean(self, caller: Caller, args: dict) -> dict:
+        """Remove ended jobs with what is stored of them and their logs (retention.py): those
+        `refs` name, each of which must be the caller's (root and admins: anyone's) and removable,
+        else nothing is removed; or without refs, every removable ended job of the caller (of
+        `users`: root and admins) in `states` that ended before `before`. Types: protocol.ARGS."""
+        d = self.d
+        admin = is_admin(caller, d.config.admin_group)
+        users, refs, before = args.get("users"), args.get("refs"), args.get("before")
+        states = [State(s) for s in args["states"]] if args.get("states") else list(TERMINAL)
+        if users and not admin and set(users) != {caller.user}:
+            raise ApiError("only root and the admin group may clean other users' jobs", protocol.FORBIDDEN)
+        if not refs:
+            mine = not (admin and users)  # the caller's own: their name (the jobs_user index) and uid
+            removed, kept = await d.remove_where(states, before, [caller.user] if mine else users,
+                                                 caller.uid if mine else None)
+            return {"removed": removed, "kept": kept}
+        # every named job checked before any is removed: a wrong name removes nothing
+        rows = d.store.listing(["id", "uid", "user", "state", "array_job", "ended_at", "name", "array"], State,
+                               refs=refs)  # one query, the store's rule for refs (as ls)
+        if not admin:  # a name (or 12_3) means the caller's own jobs; an id of another's is refused below
+            ids = {int(r) for r in refs if r.isascii() and r.isdigit()}
+            rows = [r for r in rows if r[1] == caller.uid or r[0] in ids or r[4] in ids]
+        named = {str(v) for r in rows for v in (r[0], r[4], r[6], r[7]) if v is not None}
+        for ref in refs:
+            if ref not in named:
+                raise ApiError(f"no job {ref!r}" + ("" if admin else " of yours") + ": give a job id, ARRAY_INDEX "
+                               "(12_3), an array's id or a job's name", protocol.NOT_FOUND)
+        kept_now, picked = d._kept_now(), {}
+        for job_id, uid, user, state, array_job, ended_at, _, _ in rows:
+            if uid != caller.uid and not admin:
+                raise ApiError(f"job {job_id} belongs to {user}; you may not clean it", protocol.FORBIDDEN)
+            if state not in _ENDED:
+                raise ApiError(f"job {job_id} is {state}: only ended jobs are cleaned (colo cancel it first); "
+                               "nothing was removed", protocol.INVALID)
+            if why := d.why_kept(job_id, array_job, kept_now):
+                raise ApiError(f"{why}; nothing was removed", protocol.INVALID)
+            if (state in states and (before is None or (ended_at is not None and ended_at < before))
+                    and (not users or user in users)):
+                picked[job_id] = array_job
+        removed, kept = await d.remove_ended(sorted(picked.items()))
+        return {"removed": removed, "kept": kept}
 
     def _too_big(self, budget: int, ngpus: int, views: list) -> str | None:
         """A budget above what any GPU (the job may use) can give, said with exact sizes: usable vs

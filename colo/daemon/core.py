@@ -4,7 +4,8 @@ Everything that changes a job's state happens on the event loop thread, through 
 blocking work (Docker, NVML, waiting for exits) runs in worker threads and reports back here.
 The daemon's work is split by what it does, one module each, combined here:
 scheduler.py (the pass), lifecycle.py (launch, follow, cancel), recovery.py (finding jobs
-again), sampling.py (NVML, usage, MPS health), learning.py (profiles).
+again), sampling.py (NVML, usage, MPS health), learning.py (profiles), retention.py (removing
+ended jobs).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from .learning import LearningMixin
 from .patrol import PatrolMixin
 from .lifecycle import LifecycleMixin, Live, blocking  # noqa: F401 - blocking: re-exported
 from .recovery import RecoveryMixin
+from .retention import RetentionMixin
 from .sampling import SamplingMixin
 from .scheduler import DecisionWriter, SchedulerMixin
 
@@ -60,7 +62,8 @@ class Changes:
             pass
 
 
-class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, PatrolMixin, LearningMixin):
+class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, PatrolMixin, LearningMixin,
+             RetentionMixin):
     def __init__(self, config: Config):
         self.config = config
         self.cfg_policy = policy.PolicyConfig(reserve=config.reserve, saturation=config.saturation,
@@ -341,6 +344,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         self.changed = Changes()
         await self.recover()
         ticker = asyncio.create_task(self._tick())
+        purge = asyncio.create_task(self._purge())  # history_keep_days (retention.py)
         try:
             while not self.stopping:
                 self.schedule_pass()
@@ -352,3 +356,4 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
                 await asyncio.sleep(0.005)  # a burst of submits lands in one pass
         finally:
             ticker.cancel()
+            purge.cancel()
