@@ -206,6 +206,22 @@ def test_a_connection_kept_past_my_jobs_is_dropped_before_the_next_user(node, us
     assert d.wait_state(theirs, "succeeded", "failed", timeout=60)["state"] == "succeeded"
 
 
+
+def test_a_restarted_colo_sets_access_again_from_the_jobs_it_finds(node, users):
+    d, state, gates = node
+    alice, mallory = users
+    job = mps_job(d, alice, gates / "a")
+    pipe = pipe_dir(d)
+    wait_for(lambda: clients_of(state, alice.pw_uid), 30, "alice's job to attach")
+    d.kill9()
+    pipe.chmod(0o755)  # as an older colo left it: open to all
+    d.start()
+    wait_for(lambda: reach(mallory, pipe) == "PermissionError", 30, "the restarted colo to close the folder")
+    assert reach(alice, pipe) == "ok" and clients_of(state, alice.pw_uid)  # her running job keeps its daemon
+    (gates / "a").touch()
+    assert d.wait_state(job, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+    wait_for(lambda: reach(alice, pipe) == "PermissionError", 30, "alice's access to end with her job")
+
 # --- the manager alone: restarts, an older colo's open folder, a filesystem without ACLs -----------
 
 @pytest.fixture
