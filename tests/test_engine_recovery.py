@@ -4,6 +4,8 @@ the engine answers, not lost. The fault is real: the daemon reaches its engine t
 socket proxy that cuts the connection of each container listing while armed."""
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import socket
@@ -11,31 +13,72 @@ import tempfile
 import threading
 from pathlib import Path
 
-from daemon_util import DaemonProc, wait_for
+from daemon_util import DaemonProc, as_user, wait_for
+
+from colo.client import Client
 
 from colo.runtimes.image import build_local_image
 
 LISTING = re.compile(rb"GET /v[0-9.]+/containers/json")  # what DockerRuntime.adopt sends
 REMOVAL = re.compile(rb"DELETE /v[0-9.]+/containers/")
-CONFLICT = b'{"message":"removal of container is already in progress"}'
+REASONS = {404: "Not Found", 409: "Conflict", 500: "Internal Server Error"}
+
+
+def inspect_of(container_id: str) -> re.Pattern:
+    """What DockerRuntime sends to look at one container (poll, wait, cleanup)."""
+    return re.compile(rb"GET /v[0-9.]+/containers/" + container_id.encode() + rb"/json")
+
+
+class Answer:
+    """A request the proxy answers itself, with an HTTP status and a message in the engine's JSON."""
+
+    def __init__(self, pattern: re.Pattern, status: int, message: str, times: int | None):
+        self.pattern, self.status, self.left = pattern, status, times
+        body = json.dumps({"message": message}).encode()
+        self.response = (f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+                         f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+        self.count = 0  # requests answered so far
 
 
 class CuttingProxy:
-    """Forwards bytes between clients and the engine's socket; while `armed` is set, a connection
-    that sends a container listing is closed instead (as by an engine that went away); while
-    `conflict` is set, a container removal is answered 409 as the engine does for one under way."""
+    """Forwards bytes between clients and the engine's socket (real HTTP over real Unix sockets);
+    while `armed` is set, a connection that sends a container listing is closed instead (as by an
+    engine that went away); a request an `answer()` matches gets that answer instead of the engine's
+    (as from an engine that is there but refuses or fails)."""
 
     def __init__(self, engine_sock: Path):
         self.dir = Path(tempfile.mkdtemp(prefix="px-"))  # short: a socket path has ~100 bytes
         self.path = self.dir / "proxy.sock"
         self.url = f"unix://{self.path}"
         self.engine_sock = str(engine_sock)
-        self.armed, self.conflict = threading.Event(), threading.Event()
-        self.cuts = self.conflicts = 0
+        self.armed = threading.Event()
+        self.cuts = 0
+        self.answers: list[Answer] = []
+        self.lock = threading.Lock()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(self.path))
         self.server.listen(64)
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def answer(self, pattern: re.Pattern, status: int, message: str, times: int | None = None) -> Answer:
+        """Answer requests matching `pattern` with `status` (the next `times` of them; None: all)."""
+        a = Answer(pattern, status, message, times)
+        with self.lock:
+            self.answers.append(a)
+        return a
+
+    def stop_answering(self) -> None:
+        with self.lock:
+            self.answers.clear()
+
+    def _answer_for(self, data: bytes) -> Answer | None:
+        with self.lock:
+            for a in self.answers:
+                if a.left != 0 and a.pattern.search(data):
+                    a.count += 1
+                    a.left = None if a.left is None else a.left - 1
+                    return a
+        return None
 
     def _accept(self) -> None:
         while True:
@@ -59,12 +102,11 @@ class CuttingProxy:
                 if requests and self.armed.is_set() and LISTING.search(tail + data):
                     self.cuts += 1
                     break
-                if requests and self.conflict.is_set() and REMOVAL.search(tail + data):
-                    self.conflicts += 1
-                    src.sendall(b"HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                                b"Content-Length: %d\r\n\r\n%s" % (len(CONFLICT), CONFLICT))
+                if requests and (a := self._answer_for(tail + data)) is not None:
+                    src.sendall(a.response)  # the engine never sees it
                     break
-                tail = data[-64:]  # a request line split across two reads is still seen
+                # a request line split across two reads is still seen; one whose headers ended is done
+                tail = b"" if data.endswith(b"\r\n\r\n") else data[-160:]
                 dst.sendall(data)
             else:
                 dst.shutdown(socket.SHUT_WR)  # half-close, as the peer did
@@ -83,12 +125,47 @@ class CuttingProxy:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _behind_proxy(tmp_path, fakegpu, make_dockerd):
-    """A private engine with the test image, a daemon that reaches it only through a CuttingProxy."""
+def _behind_proxy(root, fakegpu, make_dockerd):
+    """A private engine with the test image, a daemon that reaches it only through a CuttingProxy.
+    `root`: the daemon's folder (one other users can traverse for tests that act as them)."""
     engine = make_dockerd()
     build_local_image(engine.client(), "colo-test/base:1")
     proxy = CuttingProxy(engine.sock)
-    return engine, proxy, DaemonProc(tmp_path, fakegpu.state, env={"DOCKER_HOST": proxy.url}).start()
+    d = DaemonProc(root, fakegpu.state, env={"DOCKER_HOST": proxy.url}).start()
+    os.chmod(d.socket.parent, 0o755)
+    return engine, proxy, d
+
+
+def _shared_root() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="colo-engrec-"))
+    os.chmod(root, 0o755)
+    return root
+
+
+def _gated_container(d, gates: Path, *lines: str, code: int) -> int:
+    """A container job that prints `lines`, the second one and later each after its gate file
+    (gates/1, gates/2...) appears, then exits with `code`; once its first line is written."""
+    gates.mkdir(exist_ok=True)
+    gates.chmod(0o777)
+    script = "; ".join([f"echo {lines[0]}"] + [f"while [ ! -e /gate/{i} ]; do sleep 0.05; done; echo {x}"
+                                                for i, x in enumerate(lines[1:], 1)] + [f"exit {code}"])
+    c = d.submit("--image", "colo-test/base:1", "--gpus", "0", "--mount", f"{gates}:/gate", "--", "sh", "-c", script)
+    wait_for(lambda: lines[0] in d.cli("logs", str(c)).stdout, 60, "the container's first line")
+    return c
+
+
+def _container_of(engine, job_id: int) -> str:
+    (c,) = engine.client().containers.list(all=True, filters={"label": f"colo.job={job_id}"})
+    return c.id
+
+
+def _serves_another_user(d, other_user) -> None:
+    kind, rows = as_user(other_user, lambda: Client(d.socket).ls())
+    assert kind == "ok", rows
+    spec = {"argv": ["echo", "theirs"], "gpus": 0, "workdir": "/tmp"}
+    kind, theirs = as_user(other_user, lambda: Client(d.socket).submit(spec)["id"])
+    assert kind == "ok", theirs
+    assert d.wait_state(theirs, "succeeded", "failed", timeout=60)["state"] == "succeeded"
 
 
 def test_engine_failing_during_recovery_leaves_container_jobs_to_be_found_again(tmp_path, fakegpu, make_dockerd):
@@ -135,7 +212,68 @@ def test_engine_failing_during_recovery_leaves_container_jobs_to_be_found_again(
         proxy.close()
 
 
-def test_a_removal_refused_in_the_sweep_is_left_for_the_next_one(tmp_path, fakegpu, make_dockerd):
+def test_engine_answering_500_about_a_recovered_job_leaves_it_running_and_serves_everyone(
+        fakegpu, make_dockerd, other_user):
+    root = _shared_root()
+    engine, proxy, d = _behind_proxy(root, fakegpu, make_dockerd)
+    gates = root / "gates"
+    try:
+        c = _gated_container(d, gates, "before", "after", code=7)
+        d.kill9()
+        refused = proxy.answer(inspect_of(_container_of(engine, c)), 500, "driver failed (colo test)")
+        d.start()  # recovery's look at the container is answered 500: it must start all the same
+        wait_for(lambda: refused.count >= 2 or d.proc.poll() is not None, 60, "recovery, then a look again")
+        assert d.proc.poll() is None, d.log.read_text()[-2000:]
+        _serves_another_user(d, other_user)
+        assert d.job(c)["state"] == "running"  # not lost, not failed: the engine only refused to say
+        said = [ln for ln in d.log.read_text().splitlines() if f"job {c}: Docker engine answered 500" in ln]
+        assert len(said) == 1 and "driver failed (colo test)" in said[0], said  # one line, the engine's words
+
+        (gates / "1").touch()  # it ends while the engine still refuses to say so
+        wait_for(lambda: engine.client().containers.get(_container_of(engine, c)).status == "exited", 60,
+                 "the container to end")
+        assert d.job(c)["state"] == "running"
+        proxy.stop_answering()
+        job = d.wait_state(c, "failed", "succeeded", "lost", "cancelled", timeout=90)
+        assert job["state"] == "failed" and job["exit_code"] == 7, job
+        assert d.cli("logs", str(c), check=True).stdout == "before\nafter\n"
+        wait_for(lambda: not engine.client().containers.list(all=True, filters={"label": "colo.managed=1"}),
+                 30, "colo's containers to be removed")
+    finally:
+        (gates / "1").touch()
+        d.stop()
+        proxy.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_container_gone_while_the_engine_answered_errors_is_lost_with_its_exit_unknown(
+        tmp_path, fakegpu, make_dockerd):
+    engine, proxy, d = _behind_proxy(tmp_path, fakegpu, make_dockerd)
+    gates = tmp_path / "gates"
+    try:
+        c = _gated_container(d, gates, "before", "after", code=0)
+        d.kill9()
+        proxy.answer(LISTING, 500, "listing failed (colo test)")
+        refused = proxy.answer(inspect_of(_container_of(engine, c)), 500, "driver failed (colo test)")
+        d.start()  # recovery's listing of colo's containers, and its look at the job's, are answered 500
+        wait_for(lambda: refused.count >= 2 or d.proc.poll() is not None, 60, "recovery, then a look again")
+        assert d.proc.poll() is None, d.log.read_text()[-2000:]
+        assert d.cli("ls", check=True).returncode == 0
+        engine.client().containers.get(_container_of(engine, c)).remove(force=True)  # behind colo's back
+        proxy.stop_answering()
+        job = d.wait_state(c, "failed", "succeeded", "lost", "cancelled", timeout=90)
+        # 404 for a container colo knows: it is over, its exit unknown (not an engine outage, not a retry)
+        assert job["state"] == "lost" and job["exit_code"] is None, job
+        assert "no longer exists" in job["reason"] and "exit code is unknown" in job["reason"], job
+        p = d.submit("--process", "--gpus", "0", "--", "echo", "still scheduling")
+        assert d.wait_state(p, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+    finally:
+        (gates / "1").touch()
+        d.stop()
+        proxy.close()
+
+
+def test_a_removal_refused_in_the_sweep_is_retried_with_a_backoff_until_it_is_removed(tmp_path, fakegpu, make_dockerd):
     engine, proxy, d = _behind_proxy(tmp_path, fakegpu, make_dockerd)
     try:
         # A container of colo's whose job no longer exists (as one left when a daemon died between a
@@ -144,20 +282,24 @@ def test_a_removal_refused_in_the_sweep_is_left_for_the_next_one(tmp_path, fakeg
         left = engine.client().containers.create("colo-test/base:1", ["true"], labels={
             "colo.managed": "1", "colo.instance": instance, "colo.job": "999999"})
         d.kill9()
-        proxy.conflict.set()
-        d.start()  # the sweep's removal is refused: it must start all the same
-        wait_for(lambda: proxy.conflicts >= 1 or d.proc.poll() is not None, 60, "the sweep to try the removal")
+        refused = proxy.answer(REMOVAL, 409, "removal of container is already in progress (colo test)", times=3)
+        d.start()  # the sweep's removal is refused three times: it must start all the same
+        wait_for(lambda: refused.count >= 1 or d.proc.poll() is not None, 60, "the sweep to try the removal")
         assert d.proc.poll() is None, d.log.read_text()[-2000:]
         assert d.cli("ls", check=True).returncode == 0
         p = d.submit("--process", "--gpus", "0", "--", "echo", "still scheduling")
         assert d.wait_state(p, "succeeded", "failed", timeout=60)["state"] == "succeeded"
-        assert engine.client().containers.get(left.id)  # left for the next sweep
 
-        proxy.conflict.clear()
-        d.stop()
-        d.start()  # the next sweep
+        # tried again by the running daemon (no restart), each time after twice as long, then removed
         wait_for(lambda: not engine.client().containers.list(all=True, filters={"id": left.id}), 60,
                  "the leftover container to be removed")
+        assert refused.count == 3
+        log = d.log.read_text()
+        delays = [int(m) for m in re.findall(rf"container {left.id[:12]} of job 999999 not removed "
+                                             r"\(refused \d times?\): .*?; trying again in (\d+) s", log)]
+        assert delays == [1, 2, 4], delays
+        assert "already in progress (colo test)" in log
+        assert f"container {left.id[:12]} of job 999999 removed after 3 refusals" in log
     finally:
         d.stop()
         proxy.close()

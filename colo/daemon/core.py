@@ -95,6 +95,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         self._init_profiles()  # per-user learned, shared, configured, shipped (learning.py)
         self._init_scheduler()
         self._init_patrol()
+        self._init_recovery()
         # what ends of jobs taught, per user: one user's runs never change how another's are placed
         self.learned: dict[int, policy.Learned] = {}  # stored too: load_learned() at open
 

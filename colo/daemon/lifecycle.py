@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .. import interposer, mps, policy
 from ..jobs import TERMINAL, Job, Mode, State
-from ..runtimes.base import Gone, StartError, Unavailable
+from ..runtimes.base import EngineError, Gone, StartError, Unavailable
 from ..store import StoreError
 from ..units import format_duration, format_size
 from .launchspec import build_launch
@@ -121,12 +121,21 @@ class LifecycleMixin:
         timer = (asyncio.get_running_loop().create_task(self._time_limit(job_id, handle))
                  if job.spec.time else None)
         try:
-            code = await blocking(rt.wait, handle)
+            delay = 1.0
+            while True:
+                try:
+                    code = await blocking(rt.wait, handle)
+                    break
+                except EngineError as e:  # it answers, but an error: the job is as it was; wait again
+                    self._engine_trouble(job_id, str(e))
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 60.0)
+            self._engine_said.pop(job_id, None)
         except Unavailable:
             return  # colo is stopping while the engine is away: found again at the next start
         except Gone as e:
             by = self.job(job_id).cancel_by
-            reason = f"cancelled by {by} ({e})" if by else f"lost: {e}"
+            reason = f"cancelled by {by} ({e})" if by else f"lost: {e} (its exit code is unknown)"
             await self._durably(lambda: self.transition(job_id, State.CANCELLED if by else State.LOST, reason))
             self._finish(job_id, rt, handle)
             return
@@ -154,11 +163,19 @@ class LifecycleMixin:
             return
         live.timed_out = True
         log.info("job %d reached its time limit of %s: stopping it", job_id, format_duration(job.spec.time))
-        try:
-            await self._stop(job_id, handle)
-        except Exception as e:  # noqa: BLE001 - the job's end is still followed; say why it ran on
-            live.stopping = False
-            log.warning("job %d: stopping it at its time limit failed: %s", job_id, e)
+        delay = 1.0
+        while True:
+            try:
+                await self._stop(job_id, handle)
+                return
+            except Exception as e:  # noqa: BLE001 - the job's end is still followed; say why it runs on
+                live.stopping = False
+                log.warning("job %d: stopping it at its time limit failed: %s; trying again in %.0f s", job_id, e, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 60.0)
+            job = self.job(job_id)
+            if job.state != State.RUNNING or job.cancel_by or live.stopping:
+                return
 
     def _timed_out(self, job: Job, code: int) -> bool:
         live = self.live.get(job.id)
@@ -208,6 +225,8 @@ class LifecycleMixin:
                 rt.cleanup(handle)
             except Exception as e:  # noqa: BLE001
                 log.warning("cleanup of job %d: %s", job_id, e)
+                if isinstance(e, EngineError):  # e.g. 409: removed on a backoff, not at the next restart
+                    self._remove_later(job_id, handle)
         shutil.rmtree(self.run_dir(job_id), ignore_errors=True)  # the ledger goes with the job
         self.revoke_mps_access()  # ended and reaped: its uid keeps access only for its other MPS jobs
         self.wake()
@@ -240,6 +259,10 @@ class LifecycleMixin:
             await self._stop(job_id, handle)
         except Unavailable:
             live.stopping = False
+        except EngineError as e:  # the cancel is stored: _watch_docker tries it again
+            live.stopping = False
+            log.warning("job %d: stopping it was refused: %s; trying again later", job_id, e)
+            self._cancel_retry.failed(time.monotonic())
         except Exception:
             live.stopping = False  # a later cancel may try again
             raise
@@ -254,7 +277,10 @@ class LifecycleMixin:
             rt.stop(handle, self.config.stop_grace)
 
         if job.mode == Mode.MPS and self.mps is not None and job.gpus:
-            pids = await asyncio.to_thread(rt.pids, handle)
+            try:
+                pids = await asyncio.to_thread(rt.pids, handle)
+            except Gone:
+                pids = []  # no container, no client to terminate; the stop finds it gone too
             # invariant 6: terminate_client for every client pid before any signal
             await asyncio.to_thread(self.mps.terminate_then, job.gpus[0], pids, stop)
         else:

@@ -11,7 +11,7 @@ import psutil
 from .. import interposer, logtimes, mps
 from ..gpu import GpuInfo, NoDriver
 from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
-from ..runtimes.base import Gone, Unavailable
+from ..runtimes.base import EngineError, Gone, Unavailable
 from .learning import mps_server_shares
 from .lifecycle import Live, blocking
 from .patrol import _cgroup_job_of_pid
@@ -161,7 +161,11 @@ class SamplingMixin:
             if job.mode != Mode.MPS or uuid not in job.gpus or not job.handle:
                 continue
             rt = self.runtime_for(job)
-            pids = set(await asyncio.to_thread(rt.pids, job.handle))
+            try:
+                pids = set(await asyncio.to_thread(rt.pids, job.handle))
+            except (Gone, Unavailable, EngineError) as e:  # gone: its follower records the end
+                log.warning("job %d: its processes are unknown (%s)", job.id, e)
+                pids = set()
             if clients and not pids & clients:
                 continue
             live = self.live.setdefault(job.id, Live())
@@ -179,12 +183,19 @@ class SamplingMixin:
 
     async def _kill_after_fault(self, job_id: int, rt, handle: str) -> None:
         try:
-            await asyncio.to_thread(rt.stop, handle, self.config.stop_grace)
             try:
+                await asyncio.to_thread(rt.stop, handle, self.config.stop_grace)
                 await blocking(rt.wait, handle)  # reaped, so its exit file or container is final
             except (Gone, Unavailable):
                 pass
-            await asyncio.to_thread(rt.cleanup, handle)
+            except EngineError as e:  # the removal below stops it all the same
+                log.warning("job %d: stopping its faulted attempt: %s", job_id, e)
+            try:
+                await asyncio.to_thread(rt.cleanup, handle)
+            except (Unavailable, EngineError) as e:  # removed by the sweep, or tried again soon
+                log.warning("cleanup of job %d: %s", job_id, e)
+                if isinstance(e, EngineError):
+                    self._remove_later(job_id, handle)
             if self.store.get(job_id).state in TERMINAL:  # a requeued job gets a fresh ledger when it starts
                 shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
         finally:

@@ -16,6 +16,11 @@ class Unavailable(RuntimeError):
     """The runtime's engine does not answer now (dockerd stopped or restarting): try again later."""
 
 
+class EngineError(RuntimeError):
+    """The engine answers, but refused or failed one call about this job (HTTP 500, 409...): not
+    the job's end, and not the engine gone; the daemon looks again later. The text is the engine's."""
+
+
 class StartError(RuntimeError):
     """The job could not be started (unknown image, no shell, bad workdir...): a one-line reason."""
 

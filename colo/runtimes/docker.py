@@ -25,7 +25,7 @@ import docker.types
 import requests
 import urllib3
 
-from .base import Gone, Launch, StartError, Unavailable
+from .base import EngineError, Gone, Launch, StartError, Unavailable
 
 LABEL_JOB = "colo.job"
 LABEL_MANAGED = "colo.managed"
@@ -368,7 +368,11 @@ class DockerRuntime:
         try:
             self.api.start(handle)
         except docker.errors.APIError as e:
-            self._remove(handle)
+            try:
+                self._remove(handle)
+            except EngineError as r:  # the job fails all the same; the daemon's sweep removes it
+                log.warning("container %s of job %d not removed after its failed start: %s",
+                            handle[:12], launch.job_id, r)
             raise StartError(_start_reason(e, launch)) from None
         except ENGINE_DOWN as e:
             # It may or may not have started: the daemon's sweep removes it once the engine is back.
@@ -413,9 +417,13 @@ class DockerRuntime:
             return self.api.inspect_container(handle)["State"]
         except docker.errors.NotFound:
             raise Gone(f"container {handle[:12]} no longer exists") from None
+        except docker.errors.APIError as e:
+            raise _refused(e, handle) from None
 
     def wait(self, handle: str) -> int:
-        interrupted = False
+        """Raises EngineError when the engine answers a call with an error (e.g. the engine
+        cancelling the wait as it stops): the daemon calls wait() again after a while, and a
+        container that has ended meanwhile gives its exit code at once."""
         while True:
             try:
                 if self._state(handle).get("Status") == "created":
@@ -427,28 +435,26 @@ class DockerRuntime:
             except ENGINE_DOWN as e:
                 # dockerd restarting: with live-restore the container runs on, else it was stopped;
                 # either way its exit code is there to read once the engine answers again.
-                self._engine_down(e)
-                interrupted = True
+                self._interrupted(e, handle)
                 self._await_engine()
-            except docker.errors.APIError as e:  # e.g. the engine cancelling the wait as it stops
-                log.warning("waiting for container %s: %s; waiting again", handle[:12], _reason(e))
-                interrupted = True
-                if self._closed.wait(ENGINE_POLL):
-                    raise Unavailable("colo is stopping") from None
+            except docker.errors.APIError as e:
+                raise _refused(e, handle) from None
         try:  # `docker rm -f` ends the wait with 137: that is a removal, not an exit
             removed = self._state(handle).get("Status") in ("removing", "dead")
         except Gone:
             removed = True
         except ENGINE_DOWN as e:  # the engine went away as the container ended: it stopped it
-            self._engine_down(e)
-            interrupted, removed = True, False
+            self._interrupted(e, handle)
+            removed = False
         if removed:
             raise Gone(f"container {handle[:12]} was removed while it ran (it no longer exists)")
-        if interrupted:
-            with self._lock:
-                self._notes[handle] = "the Docker engine stopped or restarted while it ran"
         self._drain(handle)
         return code
+
+    def _interrupted(self, e: BaseException, handle: str) -> None:
+        self._engine_down(e)
+        with self._lock:  # noted at once: wait() may be called again before the exit is read
+            self._notes[handle] = "the Docker engine stopped or restarted while it ran"
 
     def exit_note(self, handle: str) -> str:
         with self._lock:
@@ -471,6 +477,10 @@ class DockerRuntime:
             self.api.stop(handle, timeout=max(0, math.ceil(grace)))
         except docker.errors.NotFound:
             pass
+        except docker.errors.APIError as e:
+            raise _refused(e, handle) from None
+        except ENGINE_DOWN as e:
+            raise self._engine_down(e) from None
 
     def adopt(self) -> dict[int, str]:
         found: dict[int, str] = {}
@@ -479,6 +489,8 @@ class DockerRuntime:
             containers = self.api.containers(all=True, filters={"label": mine})
         except ENGINE_DOWN as e:
             raise self._engine_down(e) from None
+        except docker.errors.APIError as e:
+            raise _refused(e, None) from None
         for c in containers:
             try:
                 found[int(c["Labels"][LABEL_JOB])] = c["Id"]
@@ -493,10 +505,14 @@ class DockerRuntime:
             raise Gone(f"container {handle[:12]} no longer exists") from None
         except docker.errors.APIError:
             return []  # not running: no processes
+        except ENGINE_DOWN as e:
+            raise self._engine_down(e) from None
         col = top["Titles"].index("PID")
         return [int(p[col]) for p in top.get("Processes") or []]
 
     def cleanup(self, handle: str) -> None:
+        """EngineError when the engine refuses (e.g. 409, a removal under way): nothing is removed
+        that could not be looked at first, and the daemon tries again later."""
         try:
             if not self._state(handle).get("Running"):
                 self._drain(handle)  # normally done by wait() already; do not cut the tail if not
@@ -520,6 +536,15 @@ class DockerRuntime:
             self.api.remove_container(handle, force=True)
         except docker.errors.NotFound:
             pass
+        except docker.errors.APIError as e:
+            raise _refused(e, handle) from None
+
+
+def _refused(e: docker.errors.APIError, handle: str | None) -> EngineError:
+    """The engine's own words for an error answer, e.g. 'Docker engine answered 409 for container
+    0123456789ab: removal of container 0123456789ab is already in progress'."""
+    what = f" for container {handle[:12]}" if handle else ""
+    return EngineError(f"Docker engine answered {e.status_code}{what}: {_reason(e)}")
 
 
 def _reason(e: docker.errors.APIError) -> str:
