@@ -170,7 +170,8 @@ class LifecycleMixin:
                 return
             except Exception as e:  # noqa: BLE001 - the job's end is still followed; say why it runs on
                 live.stopping = False
-                log.warning("job %d: stopping it at its time limit failed: %s; trying again in %.0f s", job_id, e, delay)
+                log.warning("job %d: stopping it at its time limit failed: %s; trying again in %.0f s",
+                            job_id, e, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 60.0)
             job = self.job(job_id)
