@@ -656,7 +656,7 @@ class Api:
             if path.exists():
                 fd = await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
             if fd is not None and (tail is not None or since is not None or stamps):
-                now = self.d.job(job.id)
+                now = job if job.state in TERMINAL else self.d.job(job.id)
                 fallback = now.ended_at if now.state in TERMINAL and now.ended_at else time.time()
                 index = await asyncio.to_thread(logtimes.load, path) if (since is not None or stamps) else ([], [])
                 pos = os.fstat(fd).st_size
@@ -682,8 +682,11 @@ class Api:
                         yield ev
                     line_start, pos = logread.ends_line(fd, stop), stop
                     continue
-                state = self.d.job(job.id).state
-                if not follow or state in TERMINAL:
+                try:
+                    state = self.d.job(job.id).state
+                except NotFound:  # removed meanwhile (colo clean): what was read is all there is
+                    state = None
+                if not follow or state is None or state in TERMINAL:
                     if rest := dec.decode(b"", final=True):  # a character the log ends in the middle of
                         yield {"lines": [[None, rest]]} if stamps else {"data": rest}
                     return

@@ -76,17 +76,17 @@ class RetentionMixin:
         removed = kept = 0
         keep_use_since = time.time() - 20 * self.config.fair_share_half_life  # older use counts < 1e-6
         for k in range(0, len(jobs), BATCH):
-            part = jobs[k:k + BATCH]
-            ids = [i for i, _ in part]
-            while self.store.remove_samples(ids, SAMPLES_AT_ONCE) >= SAMPLES_AT_ONCE:
-                await asyncio.sleep(0)  # the loop serves others between pieces
             now = self._kept_now()
+            part = [(i, a) for i, a in jobs[k:k + BATCH] if self.why_kept(i, a, now) is None]
+            while self.store.remove_samples([i for i, _ in part], SAMPLES_AT_ONCE) >= SAMPLES_AT_ONCE:
+                await asyncio.sleep(0)  # the loop serves others between pieces
+            # Files first: a daemon killed in between leaves rows that the next clean removes, never
+            # files that no row names any more (ids are not handed out again: they would stay for good).
+            await asyncio.to_thread(remove_job_files, self.config.state_dir, [i for i, _ in part])
+            now = self._kept_now()  # the loop ran meanwhile; no await from this check to the removal
             ids = [i for i, a in part if self.why_kept(i, a, now) is None]
-            kept += len(part) - len(ids)
-            gone = self.store.remove_jobs(ids, keep_use_since)  # no await since the check: none can start to depend
-            removed += len(gone)
-            if gone:
-                await asyncio.to_thread(remove_job_files, self.config.state_dir, gone)
+            kept += len(jobs[k:k + BATCH]) - len(ids)
+            removed += len(self.store.remove_jobs(ids, keep_use_since))
             await asyncio.sleep(0)
         return removed, kept
 
