@@ -118,6 +118,7 @@ def main() -> int:
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
     rep = Report("clean_bench")
+    json_out = args.json_out.resolve() if args.json_out else None
     os.chdir("/")
     root = Path(tempfile.mkdtemp(prefix="colo-clean-bench-"))
     fake = root / "fake.state"
@@ -153,7 +154,7 @@ def main() -> int:
             probe = Probe(d.socket)
             probe.start()
             wait_for(lambda: ids_in(d.state_dir / "colo.db") == new and logs_in(d.state_dir) == new, 600,
-                     "the purge", interval=0.05)
+                     "the purge", interval=0.2)
             wall = time.perf_counter() - t
             times = probe.stop()
         left = ids_in(d.state_dir / "colo.db")
@@ -165,7 +166,7 @@ def main() -> int:
         rep.check(not problems, f"the {side} daemon logged problems: {problems[:3]}")
         runs[side] = {"wall": wall, "times": times}
     if rep.failures:
-        return rep.finish(args.json_out)
+        return rep.finish(json_out)
     c, p = runs["clean"], runs["purge"]
     what = f"{len(old):,} of {args.jobs:,} ended jobs ({args.samples} samples and a log each)"
     hist = f"the op `history` of all {args.jobs:,} jobs, same daemon, just before"
@@ -180,7 +181,7 @@ def main() -> int:
     rep.figure("purge_max", f"`hello` round trip every 20 ms during that purge, max (of {len(p['times'])})",
                max(p["times"]), "s", max(history_times), f"the probe during {hist}")
     shutil.rmtree(root, ignore_errors=True)
-    return rep.finish(args.json_out)
+    return rep.finish(json_out)
 
 
 if __name__ == "__main__":

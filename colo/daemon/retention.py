@@ -30,8 +30,8 @@ from ..jobs import TERMINAL, State
 log = logging.getLogger("colo")
 
 PURGE_EVERY = 300.0  # seconds between the daemon's purges (history_keep_days)
-BATCH = 200  # jobs removed in one transaction
-SAMPLES_AT_ONCE = 5000  # usage samples removed in one transaction (a long job has many)
+BATCH = 100  # jobs removed in one transaction
+SAMPLES_AT_ONCE = 1000  # usage samples removed in one transaction (a long job has many)
 # What a job leaves in logs/: its output, when colo saw it grow (logtimes), the Docker follower's
 # cursor (and its temporary file). Names made here from the job's id, never read from the folder.
 LOG_SUFFIXES = (".log", ".times", ".cursor", ".cursor.tmp")
