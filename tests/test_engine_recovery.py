@@ -303,3 +303,30 @@ def test_a_removal_refused_in_the_sweep_is_retried_with_a_backoff_until_it_is_re
     finally:
         d.stop()
         proxy.close()
+
+
+def test_a_stop_and_a_removal_the_engine_refuses_are_tried_again_until_carried_out(tmp_path, fakegpu, make_dockerd):
+    engine, proxy, d = _behind_proxy(tmp_path, fakegpu, make_dockerd)
+    gates = tmp_path / "gates"
+    try:
+        c = _gated_container(d, gates, "before", "after", code=0)
+        cid = _container_of(engine, c)
+        refused = proxy.answer(re.compile(rb"POST /v[0-9.]+/containers/" + cid.encode() + rb"/stop"), 500,
+                               "cannot stop container (colo test)", times=2)
+        kept = proxy.answer(re.compile(rb"DELETE /v[0-9.]+/containers/" + cid.encode()), 409,
+                            "removal of container is already in progress (colo test)", times=2)
+        d.cli("cancel", str(c))  # the stop is refused: the cancel is stored, and carried out later
+        job = d.wait_state(c, "cancelled", "failed", "succeeded", "lost", timeout=60)
+        assert job["state"] == "cancelled", job
+        assert refused.count == 2
+        assert d.proc.poll() is None
+        said = [ln for ln in d.log.read_text().splitlines() if f"job {c}: stopping it was refused" in ln]
+        assert said and "cannot stop container (colo test)" in said[0], said
+        # its removal as it ended is refused twice: tried again by the running daemon, not at a restart
+        wait_for(lambda: not engine.client().containers.list(all=True, filters={"id": cid}), 60,
+                 "the ended job's container to be removed")
+        assert kept.count == 2
+    finally:
+        (gates / "1").touch()
+        d.stop()
+        proxy.close()

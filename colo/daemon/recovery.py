@@ -76,17 +76,20 @@ class RecoveryMixin:
             try:
                 found = await asyncio.to_thread(docker.adopt)
                 listed = True
+                self._engine_said.pop(0, None)
             except Unavailable:  # it answered the ping at start-up, not now (dockerd restarting)
                 pass
             except EngineError as e:
-                log.warning("cannot list colo's containers: %s; looked for again later", e)
+                if self._engine_said.get(0) != str(e):  # 0: the listing (no job has id 0); said once
+                    self._engine_said[0] = str(e)
+                    log.warning("cannot list colo's containers: %s; looked for again later", e)
         for job in jobs:
             try:
                 unsure += await self._recover_one(job, found, listed)
             except Exception as e:  # noqa: BLE001 - one job's trouble must not stop the daemon for all
                 log.exception("job %d: could not be looked at (%s); looked at again later", job.id, e)
                 unsure += job.spec.runtime == "docker"
-        for job_id in [j for j in self._engine_said if self._engine_said_done(j)]:
+        for job_id in [j for j in self._engine_said if j and self._engine_said_done(j)]:
             del self._engine_said[job_id]
         if docker is not None and docker.down is None:
             if listed:

@@ -396,6 +396,11 @@ class DockerRuntime:
     def _drain(self, handle: str, timeout: float = JOIN_TIMEOUT) -> None:
         with self._lock:
             f = self._followers.get(handle)
+            if f is not None and f.error is not None and not f.is_alive() and not self._closed.is_set():
+                # it gave up while the engine refused (RETRIES): the engine answers now (the
+                # caller just read the container's end), so one more goes on from its cursor
+                f = self._followers[handle] = _Follower(self.api, handle, f.log_path, self.log_cap, self.log_reserve)
+                f.start()
         if f is not None:
             f.join(timeout)
 
