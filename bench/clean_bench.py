@@ -11,6 +11,10 @@ real-sized spec, 4 events, a decision, S usage samples (default 60) and a log fi
   its purge has removed the same jobs (polled on the database, read-only), beside its start to
   its first answer, and the probe meanwhile.
 
+The walls include serving the probe (between batches the loop answers whoever asked): the more
+round trips the probe got in, the longer the removal took; what the probe waits at most is the
+figure for everyone else.
+
 Every figure is refused unless the work happened: each removes exactly the jobs that ended more
 than 30 days ago, their log files are gone, the other jobs and their logs are all there.
 

@@ -22,13 +22,14 @@ sys.path.insert(0, str(HERE))
 from benchlib import fmt  # noqa: E402
 
 # which figures of each bench go into the README, in this order (None: all of them)
-ORDER = ["container_start", "daemon_bench", "fill_bench", "queue_bench", "history_bench", "load_bench", "crash_trials", "peers_bench", "interposer_bench",
+ORDER = ["container_start", "daemon_bench", "fill_bench", "queue_bench", "history_bench", "clean_bench", "load_bench", "crash_trials", "peers_bench", "interposer_bench",
          "top_cpu"]
 PICK = {
     "container_start": ["submit_running"],
     "daemon_bench": ["submit_wall", "ls", "pass_steady", "pass_new", "rss"],
     "load_bench": ["submit_p50", "submit_rate"],
     "top_cpu": ["top", "daemon_serving"],
+    "clean_bench": ["clean_wall", "clean_max", "purge_wall", "purge_max"],
     "interposer_bench": ["pair_cpu_stub_1p_1t", "pair_cpu_stub_1p_8t", "pair_cpu_stub_4p_1t", "pair_cpu_stub_4p_8t",
                          "pair_user_1p_1t", "pair_user_1p_8t", "pair_user_4p_1t", "pair_user_4p_8t",
                          "pair_1p_1t", "unmap_100", "unmap_2000", "unmap_16000", "race_over"],
