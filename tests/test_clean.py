@@ -107,7 +107,8 @@ def test_clean_removes_only_ended_jobs_of_their_owner_with_their_logs(shared, ot
     outside.write_text("keep me")
     os.symlink(outside, d.state_dir / "logs" / f"{bad}.times")
     (d.state_dir / "logs" / f"{bad}.cursor").mkdir()
-    assert d.cli("clean", "--failed-only", "--before", "2099-01-01", check=True).stdout == "removed 1 ended job\n"
+    assert d.cli("clean", "--failed-only", "--before", "2099-01-01", f"00{bad}", check=True).stdout == \
+        "removed 1 ended job\n"
     assert bad not in ids(d) and logs_of(d, bad) == [f"{bad}.cursor"] and outside.read_text() == "keep me"
     # ok is kept while a queued job depends on it; the running job, its array's open task and the queued one stay
     assert d.cli("clean", check=True).stdout == "removed 0 ended jobs (2 kept: queued jobs depend on them, or their " \

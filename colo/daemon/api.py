@@ -273,7 +273,7 @@ class Api:
             rows = [r for r in rows if r[1] == caller.uid or r[0] in ids or r[4] in ids]
         named = {str(v) for r in rows for v in (r[0], r[4], r[6], r[7]) if v is not None}
         for ref in refs:
-            if ref not in named:
+            if (str(int(ref)) if ref.isascii() and ref.isdigit() else ref) not in named:  # 007 is job 7
                 raise ApiError(f"no job {ref!r}" + ("" if admin else " of yours") + ": give a job id, ARRAY_INDEX "
                                "(12_3), an array's id or a job's name", protocol.NOT_FOUND)
         kept_now, picked = d._kept_now(), {}
