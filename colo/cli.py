@@ -546,9 +546,9 @@ def clean(jobs: List[str] = typer.Argument(None, help="only these ended jobs: id
     """Remove ended jobs for good, as pueue's clean: their rows in ls --all, history and report,
     their decisions, samples and logs. Your own jobs (anyone's for root and the admin group);
     never a queued, held or running one. What was learned (profiles, co-run factors) and fair-share
-    use stay. Named jobs must all have ended, else nothing is removed. Kept: jobs a queued job
-    depends on (--after), and tasks of an array not all ended. The daemon can do it by itself:
-    history_keep_days in its config.
+    use stay. Named jobs must all have ended, else nothing is removed. Kept for now: jobs a queued
+    job depends on (--after), tasks of an array not all ended, and jobs whose container the engine
+    has not let colo remove yet. The daemon can do it by itself: history_keep_days in its config.
 
     Example: colo clean   ·   colo clean --before 30d --succeeded-only   ·   colo clean 12 sweep   ·   colo clean -u bob
     """
@@ -559,8 +559,8 @@ def clean(jobs: List[str] = typer.Argument(None, help="only these ended jobs: id
     r = _call(client(sock).clean, jobs or None, cut, user or None, states)
     if as_json:
         return print_json(r)
-    kept = (f" ({r['kept']} kept: queued jobs depend on them, or their arrays have tasks not ended)"
-            if r["kept"] else "")
+    kept = (f" ({r['kept']} kept for now: queued jobs depend on them, their arrays have tasks not ended, "
+            "or their containers are still to be removed)" if r["kept"] else "")
     typer.echo(f"removed {r['removed']} ended job{'' if r['removed'] == 1 else 's'}{kept}")
 
 

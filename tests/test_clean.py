@@ -111,8 +111,9 @@ def test_clean_removes_only_ended_jobs_of_their_owner_with_their_logs(shared, ot
         "removed 1 ended job\n"
     assert bad not in ids(d) and logs_of(d, bad) == [f"{bad}.cursor"] and outside.read_text() == "keep me"
     # ok is kept while a queued job depends on it; the running job, its array's open task and the queued one stay
-    assert d.cli("clean", check=True).stdout == "removed 0 ended jobs (2 kept: queued jobs depend on them, or their " \
-                                                "arrays have tasks not ended)\n"
+    assert d.cli("clean", check=True).stdout == ("removed 0 ended jobs (2 kept for now: queued jobs depend on them, "
+                                                 "their arrays have tasks not ended, or their containers are still "
+                                                 "to be removed)\n")
     assert ids(d) == before - {bad}
     gate.touch()
     for j in (run, after, arr[1]):

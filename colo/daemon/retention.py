@@ -44,10 +44,14 @@ class Kept(Exception):
 class RetentionMixin:
     """Part of Daemon (colo/daemon/core.py); uses its state."""
 
-    def _kept_now(self) -> tuple[dict[int, int], set[int]]:
-        """(ended job -> an open job that depends on it, arrays with a task not ended)."""
+    def _kept_now(self) -> tuple[dict[int, int], set[int], set[int]]:
+        """(ended job -> an open job that depends on it, arrays with a task not ended, ended jobs
+        whose container is still to be removed)."""
         deps: dict[int, int] = {}
         arrays: set[int] = set()
+        # an ended job whose container the engine has not let colo remove yet: its removal drains
+        # the rest of its output into its log (recovery._retry_removals), which would come back
+        containers = {job_id for job_id, _ in getattr(self, "_removals", {}).values()}
         for j in self.open_jobs.values():
             s = j.spec
             if s.after or s.after_any or s.after_fail:
@@ -55,15 +59,19 @@ class RetentionMixin:
                     deps.setdefault(a, j.id)
             if s.array_job:
                 arrays.add(s.array_job)
-        return deps, arrays
+        return deps, arrays, containers
 
-    def why_kept(self, job_id: int, array_job: int | None, kept: tuple[dict[int, int], set[int]]) -> str | None:
-        deps, arrays = kept
+    def why_kept(self, job_id: int, array_job: int | None,
+                 kept: tuple[dict[int, int], set[int], set[int]]) -> str | None:
+        deps, arrays, containers = kept
         if job_id in self.open_jobs or job_id in self.live:
             return f"job {job_id} has not ended"
         if array_job and array_job in arrays:
             return (f"job {job_id} is a task of array {array_job}, which has tasks not ended yet: "
                     "clean them once all have ended")
+        if job_id in containers:
+            return (f"job {job_id}'s container is not removed yet (the engine refused it; tried again on a backoff): "
+                    "clean it once it is")
         if job_id in deps:
             return (f"queued job {deps[job_id]} depends on job {job_id}: clean it once job {deps[job_id]} "
                     "has started or ended")
