@@ -90,7 +90,9 @@ def learned_lines(lr: dict) -> list[str]:
         out.append(f"learned: beside {c['with']} ({c['mode']}) it ran {c['factor']:.2f}x what the model "
                    f"predicted ({c['runs']} run(s))")
     if "margin" in lr:
-        out.append(f"learned: admission margin {lr['margin'] * 100:.0f} % (from {lr['errors']} prediction error(s))")
+        out.append(f"learned: admission margin {lr['margin'] * 100:.0f} % (from {lr['errors']} prediction error(s))"
+                   + (f", {lr['seen_margin'] * 100:.0f} % beside pairings runs have shown (from {lr['seen_errors']})"
+                      if lr.get("seen_errors") else ""))
     return out
 
 

@@ -415,6 +415,7 @@ _KEEP = 200  # errors kept for the margin (the most recent)
 BW_BIN = 0.1  # the bandwidth curve's resolution: summed peak bandwidth of a GPU's jobs, in 10 % steps
 MARGIN_CAP = 0.5  # the most the learned margin grows to
 ALONE_DOUBT = 1.25  # how far a profile's alone run time may be off (runs on other data, drivers, clocks)
+MIN_SHARED = 0.25  # a run beside others for less of its wall time than this teaches nothing of sharing
 
 
 @dataclass
@@ -422,8 +423,8 @@ class Learned:
     corun: dict = field(default_factory=dict)  # (profile, neighbour, mode) -> (runs, mean extra slowdown factor)
     alone: dict = field(default_factory=dict)  # profile -> (runs, mean real / stored alone time)
     errors: list = field(default_factory=list)  # observed / predicted slowdown of shared runs
-    # the same, of shared runs started with every pairing of theirs seen before (not stored by the
-    # daemon: after a restart `margin` stands in until there are enough again)
+    # the same, of shared runs started with every pairing of theirs seen before (sizes the margin
+    # of seen pairings: seen_margin)
     errors_seen: list = field(default_factory=list)
     max_mem: dict = field(default_factory=dict)  # profile -> the most memory any run used (bytes)
     # (mode, bin of the summed peak bandwidth it started into) -> (runs, mean extra slowdown the
@@ -433,12 +434,13 @@ class Learned:
 
     def observe(self, name: str, neighbours: Sequence[str], mode: str, predicted: float, wall: float,
                 stored_runtime: float, peak_mem: int | None = None, factor: float = 1.0,
-                group_bw: float | None = None, unseen: float | None = None) -> float | None:
+                group_bw: float | None = None, unseen: float | None = None, shared: float = 1.0) -> float | None:
         """One job's end: `wall` seconds against its stored alone run time, predicted `predicted`x
         (of which `factor` came from what was learned before), started into a GPU whose jobs'
         summed peak bandwidth was predicted `group_bw`, with `unseen` of its pairings not shown by
-        any run then (the decision's details["unseen"]; None: not known). Returns observed /
-        predicted slowdown (None when it cannot say)."""
+        any run then (the decision's details["unseen"]; None: not known), beside others for
+        `shared` of its wall time (policy.shared). Returns observed / predicted slowdown (None
+        when it cannot say, or it shared less than MIN_SHARED of its run)."""
         if peak_mem:
             self.max_mem[name] = max(self.max_mem.get(name, 0), int(peak_mem))
         if not name or stored_runtime <= 0 or wall <= 0:
@@ -452,6 +454,8 @@ class Learned:
         # the most a profile is plausibly off (ALONE_DOUBT) and learn only a slowdown beyond it.
         base = self.alone[name][1] if name in self.alone else ALONE_DOUBT
         residual = ratio / base / max(predicted, 1e-9)
+        if shared < MIN_SHARED:  # beside others for too little of its run to tell what sharing cost
+            return None
         if name not in self.alone and residual <= 1.0:
             if group_bw is not None:  # nothing to learn but that this much bandwidth was fine:
                 self.bw.setdefault((mode, self._bin(group_bw)), (0, 1.0))  # explored, at no weight
@@ -598,7 +602,16 @@ def expectation(details: dict, mode: str, t: float) -> dict:
     pred = details.get("predicted_slowdown")
     return {"slowdown": float(pred) if isinstance(pred, (int, float)) else of("slowdown_this", 1.0),
             "factor": of("learned_factor", 1.0), "unseen": of("unseen", 0.0),
-            "group_bw": float(details.get("peak_membw") or 0.0), "since": t, "acc": [0.0, 0.0]}
+            "group_bw": float(details.get("peak_membw") or 0.0), "since": t, "acc": [0.0, 0.0],
+            "sharing": bool((details.get("residents") or {}).get(mode)), "shared": 0.0}
+
+
+def _fold(e: dict, t: float) -> dict:
+    """`e` with the stretch since its last change folded in: the alone time its prediction said
+    the job would get done meanwhile, and the seconds it shared its GPU."""
+    held = max(0.0, t - float(e["since"]))  # at the slowdown predicted: this much of its alone time
+    return dict(e, since=t, acc=[e["acc"][0] + held / e["slowdown"], e["acc"][1] + held * e["factor"] / e["slowdown"]],
+                shared=float(e.get("shared", 0.0)) + (held if e.get("sharing", True) else 0.0))
 
 
 def joined(e: dict, t: float, details: dict, mode: str, job_id: int) -> dict:
@@ -610,11 +623,26 @@ def joined(e: dict, t: float, details: dict, mode: str, job_id: int) -> dict:
     if pred is None:
         out["unseen"] = None
         return out
-    held = max(0.0, t - float(e["since"]))  # at the slowdown predicted: this much of its alone time
-    out["acc"] = [e["acc"][0] + held / e["slowdown"], e["acc"][1] + held * e["factor"] / e["slowdown"]]
-    out.update(since=t, slowdown=float(pred[0]), factor=float(pred[1]),
+    out = _fold(out, t)
+    out.update(slowdown=float(pred[0]), factor=float(pred[1]), sharing=True,
                unseen=None if e.get("unseen") is None else max(float(e["unseen"]), float(pred[2])))
     return out
+
+
+def left(e: dict, t: float) -> dict:
+    """`e` once the job's last neighbour ended at `t`: from then on it runs alone, as predicted
+    by nobody but its profile (1x), and its end is compared with that for the rest of its run."""
+    if not e.get("sharing", True):
+        return e
+    return dict(_fold(e, t), slowdown=1.0, factor=1.0, sharing=False)
+
+
+def shared(e: dict, start: float, end: float) -> float:
+    """The share of its wall time (0..1) a run spent beside other jobs (1: not known)."""
+    if "shared" not in e:
+        return 1.0
+    s = float(e["shared"]) + (max(0.0, end - float(e["since"])) if e.get("sharing") else 0.0)
+    return min(1.0, s / max(end - start, 1e-9))
 
 
 def expected(e: dict, start: float, end: float) -> tuple[float, float]:

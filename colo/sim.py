@@ -330,6 +330,10 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
     next_tick = 0.0
     replan = True
 
+    def left_alone(g: SimGpu) -> None:
+        if len(g.runs) == 1 and g.runs[0].expect is not None:  # a job's last neighbour has gone
+            g.runs[0].expect = pol.left(g.runs[0].expect, t)
+
     def fail(r: _Run, why: str, used: int = 0) -> None:
         nonlocal oom, replan
         oom += 1
@@ -337,6 +341,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
         ledger.add(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start, t)
         usable = node[r.gpu].usable
         node[r.gpu].runs.remove(r)
+        left_alone(node[r.gpu])
         r.gpu, replan = None, True
         if learned is not None and used and r.job.known:  # the refused allocation shows what it needs
             name = r.job.profile.name
@@ -443,13 +448,14 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                 if r.p >= r.runtime - 1e-6:
                     g.runs.remove(r)
                     r.state, r.end, r.gpu, replan = "done", t, None, True
+                    left_alone(g)
                     ledger.add(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start, t)
                     seen = seen_profile(r, profiles)  # as the daemon's learn(): observe, then the profile
                     if learned is not None and seen is not None and label == "colo":
                         predicted, factor = pol.expected(r.expect, r.start, t)
                         learned.observe(r.job.profile.name, sorted(r.neighbours), r.mode, predicted,
                                         t - r.start, seen.runtime, r.peak, factor, r.expect["group_bw"],
-                                        r.expect["unseen"])
+                                        r.expect["unseen"], pol.shared(r.expect, r.start, t))
                     if profiles is not None:
                         learn_profile(profiles, r, seen, t - r.start)
                 elif r.segment() != before and r.mem[r.segment()] > r.mem[before]:

@@ -94,6 +94,12 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX cleaned_use_ended ON cleaned_use(ended_at);
     """,
+    # 7: the errors of predictions whose pairings runs had all shown (policy.Learned.errors_seen),
+    # a list of their own beside all errors: the margin of seen pairings survives a restart
+    """
+    ALTER TABLE learned_error ADD COLUMN seen INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX learned_error_seen ON learned_error(uid, seen, id);
+    """,
 ]
 
 # Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
@@ -614,12 +620,12 @@ class Store:
     def learned(self) -> dict[int, dict]:
         """Everything learned, per uid: {"corun": {(profile, neighbour, mode): (runs, factor)},
         "alone": {profile: (runs, ratio)}, "max_mem": {profile: bytes}, "errors": [oldest..newest],
-        "bw": {(mode, bin): (runs, factor)}};
+        "errors_seen": [oldest..newest], "bw": {(mode, bin): (runs, factor)}};
         each dict in the order the entries were last changed (oldest first)."""
         out: dict[int, dict] = {}
 
         def of(uid: int) -> dict:
-            return out.setdefault(uid, {"corun": {}, "alone": {}, "max_mem": {}, "errors": [], "bw": {}})
+            return out.setdefault(uid, {"corun": {}, "alone": {}, "max_mem": {}, "errors": [], "errors_seen": [], "bw": {}})
 
         for uid, p, nb, m, runs, f in self.db.execute(
                 "SELECT uid, profile, neighbour, mode, runs, factor FROM learned_corun ORDER BY at, rowid"):
@@ -630,8 +636,8 @@ class Store:
                 of(uid)["alone"][p] = (runs, ratio)
             if mem is not None:
                 of(uid)["max_mem"][p] = mem
-        for uid, e in self.db.execute("SELECT uid, error FROM learned_error ORDER BY id"):
-            of(uid)["errors"].append(e)
+        for uid, e, seen in self.db.execute("SELECT uid, error, seen FROM learned_error ORDER BY id"):
+            of(uid)["errors_seen" if seen else "errors"].append(e)
         for uid, m, b, runs, f in self.db.execute("SELECT uid, mode, bin, runs, factor FROM learned_bw ORDER BY at, rowid"):
             of(uid)["bw"][(m, b)] = (runs, f)
         return out
@@ -640,11 +646,13 @@ class Store:
                      max_mem: dict | None = None, errors: list[float] | None = None,
                      forget_corun: Iterable[tuple[str, str, str]] = (), forget_alone: Iterable[str] = (),
                      forget_mem: Iterable[str] = (), errors_add: list[float] = (), errors_keep: int = 0,
-                     now: float | None = None, bw: dict | None = None) -> None:
+                     now: float | None = None, bw: dict | None = None, errors_seen: list[float] | None = None,
+                     errors_seen_add: list[float] = (), errors_seen_keep: int = 0) -> None:
         """One user's changed entries in one transaction: `corun` {(p, nb, mode): (runs, factor)},
         `alone` {p: (runs, ratio)}, `max_mem` {p: bytes}; `errors` replaces that user's error list,
         or `errors_add` are appended to it and the newest `errors_keep` kept; the `forget_*`
-        entries are removed (pruned); `bw` {(mode, bin): (runs, factor)} the bandwidth curve's steps."""
+        entries are removed (pruned); `bw` {(mode, bin): (runs, factor)} the bandwidth curve's steps;
+        `errors_seen*` as `errors*`, for the list of seen pairings' errors."""
         now = time.time() if now is None else now
         with self.tx():
             self.db.executemany(
@@ -663,13 +671,16 @@ class Store:
                 "INSERT INTO learned_profile(uid, profile, max_mem, at) VALUES (?,?,?,?) "
                 "ON CONFLICT(uid, profile) DO UPDATE SET max_mem=excluded.max_mem, at=excluded.at",
                 [(uid, p, int(b), now) for p, b in (max_mem or {}).items()])
-            if errors is not None:
-                self.db.execute("DELETE FROM learned_error WHERE uid=?", (uid,))
-            self.db.executemany("INSERT INTO learned_error(uid, error) VALUES (?,?)",
-                                [(uid, float(e)) for e in (errors if errors is not None else errors_add)])
-            if errors_add and errors_keep:
-                self.db.execute("DELETE FROM learned_error WHERE uid=? AND id <= (SELECT id FROM learned_error "
-                                "WHERE uid=? ORDER BY id DESC LIMIT 1 OFFSET ?)", (uid, uid, errors_keep))
+            for seen, whole, add, keep in ((0, errors, errors_add, errors_keep),
+                                           (1, errors_seen, errors_seen_add, errors_seen_keep)):
+                if whole is not None:
+                    self.db.execute("DELETE FROM learned_error WHERE uid=? AND seen=?", (uid, seen))
+                self.db.executemany("INSERT INTO learned_error(uid, error, seen) VALUES (?,?,?)",
+                                    [(uid, float(e), seen) for e in (whole if whole is not None else add)])
+                if add and keep:
+                    self.db.execute("DELETE FROM learned_error WHERE uid=? AND seen=? AND id <= (SELECT id FROM "
+                                    "learned_error WHERE uid=? AND seen=? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                                    (uid, seen, uid, seen, keep))
             self.db.executemany("DELETE FROM learned_corun WHERE uid=? AND profile=? AND neighbour=? AND mode=?",
                                 [(uid, *k) for k in forget_corun])
             self.db.executemany("UPDATE learned_profile SET alone_runs=NULL, alone_ratio=NULL "

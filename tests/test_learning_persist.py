@@ -93,6 +93,43 @@ def test_what_was_learned_survives_a_sigkill_of_the_daemon(node):
     got = wait_for(lambda: (d.client.explain(e)["decision"] or {}).get("details", {}).get("learned_factor"),
                    60, "a decision for the second job")
     assert got["mps"] == pytest.approx(max(1.0, factor) * max(1.0, curve)), got
+    # e's pairing had been seen: its error sizes the seen pairings' margin, and a restart keeps it
+    d.wait_state(e, "succeeded", timeout=60)
+    # the seen pairings' own errors (they size the margin of pairings runs have shown) are read
+    # back at a start, not replaced by the margin of all errors until five more arrive
+    d.kill9()
+    uid = next(iter(Store(d.state_dir / "colo.db").learned()))
+    st = Store(d.state_dir / "colo.db")
+    st.save_learned(uid, errors_seen=[1.3] * 6)
+    st.close()
+    d.start()
+    got = learned()
+    assert got["seen_errors"] == 6 and got["seen_margin"] == pytest.approx(0.3), got
+
+
+
+def test_a_job_whose_neighbour_ended_is_compared_with_running_alone_from_then_on(node):
+    """As colo sim (policy.left): when a job's last neighbour ends, its stored prediction says it
+    runs alone from then on, and its end counts only the shared stretch as shared."""
+    d = node.start()
+    gate = d.root / "go-left"
+    long = ["--process", "--gpu-mem", "1GiB", "--profile", "pair", "--", "sh", "-c",
+            f"while [ ! -e {gate} ]; do sleep 0.05; done"]
+    a = d.submit(*long)
+    d.wait_state(a, "running", timeout=60)
+    b = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "pair", "--", "sleep", "1")
+    assert d.wait_state(b, "succeeded", timeout=60)["mode"] == "mps"
+
+    def expect():
+        db = sqlite3.connect(d.state_dir / "colo.db")
+        got = json.loads(db.execute("SELECT details FROM decisions WHERE job_id=?", (a,)).fetchone()[0])
+        db.close()
+        return got.get("expect")
+
+    e = wait_for(lambda: (x := expect()) and x.get("sharing") is False and x, 60, "b's end to leave a alone")
+    assert e["slowdown"] == 1.0 and 0.5 < e["shared"] < 30, e  # beside b for about its second
+    gate.touch()
+    d.wait_state(a, "succeeded", timeout=60)
 
 
 def test_schema_4_keeps_an_older_database_and_bounds_neighbours(tmp_path):
@@ -115,9 +152,13 @@ def test_schema_4_keeps_an_older_database_and_bounds_neighbours(tmp_path):
     st.save_learned(0, bw={("mps", 7): (3, 1.6)}, now=4.0)
     assert st.learned() == {0: {"corun": {("a", "b", "mps"): (2, 1.3), ("a", "c", "mps"): (1, 1.5)},
                                 "alone": {"a": (1, 1.1)}, "max_mem": {"a": 5}, "errors": [1.2, 1.4],
-                                "bw": {("timesliced", 3): (1, 1.1), ("mps", 7): (3, 1.6)}}}
+                                "errors_seen": [], "bw": {("timesliced", 3): (1, 1.1), ("mps", 7): (3, 1.6)}}}
     st.save_learned(0, errors_add=[1.5], errors_keep=2)  # one more error, the newest 2 kept
     assert st.learned()[0]["errors"] == [1.4, 1.5]
+    # the seen pairings' errors are a list of their own (schema 6): kept and trimmed apart
+    st.save_learned(0, errors_seen=[1.1, 1.05, 1.3])
+    st.save_learned(0, errors_add=[1.6], errors_keep=2, errors_seen_add=[1.02], errors_seen_keep=3)
+    assert st.learned()[0]["errors"] == [1.5, 1.6] and st.learned()[0]["errors_seen"] == [1.05, 1.3, 1.02]
     # a running job keeps at most `most` neighbour names; an ended one's are pruned
     st.transition(1, State.STARTING)
     st.add_neighbours([(1, f"p{i}") for i in range(10)], most=3)

@@ -380,3 +380,31 @@ def test_colo_in_sim_compares_a_joined_job_with_what_the_start_beside_it_predict
     assert learned.errors == [pytest.approx(1.0, abs=0.01)] * 2
     assert learned.factor("ja", "jb", "mps") <= 1.3 + 1e-6  # not raised by it
     assert learned.errors_seen == learned.errors  # both pairings were seen when each prediction was made
+
+
+def test_colo_in_sim_compares_a_job_its_neighbour_left_with_its_profile_from_then_on():
+    """Two jobs start together, both 1.3x slower beside each other as runs showed before; the
+    short one ends at 130 s and the long one runs alone from then on (300 s of work left): its
+    end (430 s) is what was predicted (1.3x while shared, then 1x), so no error is learned.
+    Compared with 1.3x for the whole run it would teach 0.83 (the model was too pessimistic)."""
+    a, b = flat("ja", 0.3, 0.2, 400), flat("jb", 0.3, 0.2, 100)
+    truth = simtruth.Truth("noisy", 0, simtruth.Spreads((1, 1), (1, 1), (1, 1), 0.0, (1, 1), (0.3, 0.3)))
+    learned = policy.Learned(alone={"ja": (1, 1.0), "jb": (1, 1.0)}, bw={("mps", 4): (3, 1.0)},
+                             corun={("ja", "jb", "mps"): (3, 1.3), ("jb", "ja", "mps"): (3, 1.3)})
+    r = sim.simulate([sim.SimJob(1, a, budget=GiB), sim.SimJob(2, b, budget=GiB)], "colo", truth=truth, learned=learned)
+    assert [(j["start"], j["end"]) for j in r.jobs] == [(0.0, pytest.approx(430.0)), (0.0, pytest.approx(130.0))]
+    assert learned.errors == [pytest.approx(1.0, abs=0.01)] * 2
+
+
+def test_the_share_of_a_run_spent_beside_others_is_counted_and_too_little_teaches_nothing():
+    e = policy.expectation({"predicted_slowdown": 1.3, "peak_membw": 0.5, "residents": {"mps": {"1": (1.3, 1.0, 0.0)}}},
+                           "mps", 0.0)
+    e = policy.left(e, 130.0)  # its neighbour ended: alone from then on
+    assert policy.shared(e, 0.0, 430.0) == pytest.approx(130 / 430)
+    assert policy.expected(e, 0.0, 430.0)[0] == pytest.approx(430 / 400)
+    assert policy.left(e, 200.0) == e  # alone already
+    lr = policy.Learned(alone={"ja": (1, 1.0)})
+    # beside others for a tenth of its run, 2x slower than predicted: too little of it to tell sharing's cost
+    assert lr.observe("ja", ["jb"], "mps", 1.0, 200.0, 100.0, group_bw=0.9, shared=0.1) is None
+    assert lr.errors == [] and not lr.explored("mps", 0.9)
+    assert lr.observe("ja", ["jb"], "mps", 1.0, 200.0, 100.0, group_bw=0.9, shared=0.5) == pytest.approx(2.0)

@@ -251,6 +251,31 @@ class LearningMixin:
         except Exception as e:  # noqa: BLE001 - a prediction is worth less than the start
             log.warning("could not record what job %d's start predicted for its neighbours: %s", job_id, e)
 
+    def left_alone(self, job_id: int) -> None:
+        """A job has ended: each job it leaves with no neighbour on its GPUs runs alone from now
+        on, and its end is compared with that (policy.left) for the rest of its run, as colo sim."""
+        try:
+            me = self.job(job_id)
+            if not me.gpus:
+                return
+            active = [j for j in self.jobs_in(*ACTIVE) if j.id != job_id and j.gpus]
+            now, rows = time.time(), []
+            for other in active:
+                if not set(other.gpus) & set(me.gpus) or any(
+                        o.id != other.id and set(o.gpus) & set(other.gpus) for o in active):
+                    continue
+                od = self.store.decision(other.id)
+                if od is None or od.get("action") != "start":
+                    continue
+                det = dict(od.get("details") or {})
+                e = det.get("expect") or policy.expectation(det, od.get("mode") or "", other.started_at or now)
+                det["expect"] = policy.left(e, now)
+                rows.append((other.id, od["action"], od.get("mode"), od.get("gpus") or [], od.get("reason") or "", det))
+            if rows:
+                self.store.record_decisions(rows)
+        except Exception as e:  # noqa: BLE001 - a prediction is worth less than the job's end
+            log.warning("could not record that job %d's end left its neighbours alone: %s", job_id, e)
+
     def _take_neighbours(self, job_id: int) -> set[str]:
         try:
             return self.store.take_neighbours(job_id)
@@ -261,7 +286,7 @@ class LearningMixin:
     def load_learned(self) -> None:
         """What earlier runs of the daemon learned (at start, once the store is open)."""
         self.learned = {uid: policy.Learned(corun=got["corun"], alone=got["alone"], errors=got["errors"],
-                                            max_mem=got["max_mem"], bw=got["bw"])
+                                            errors_seen=got["errors_seen"], max_mem=got["max_mem"], bw=got["bw"])
                         for uid, got in self.store.learned().items()}
         if self.learned:
             log.info("learned from earlier runs: %d user(s), %d co-run pairing(s), %d profile(s)", len(self.learned),
@@ -272,7 +297,7 @@ class LearningMixin:
         """Run change(Learned) on `uid`'s learning and store what it changed (most recently changed
         entries last; past LEARNED_MAX the oldest are forgotten, in memory and in the store)."""
         mine = self.learned_for(uid)
-        before = (dict(mine.corun), dict(mine.alone), dict(mine.max_mem), list(mine.errors))
+        before = (dict(mine.corun), dict(mine.alone), dict(mine.max_mem), list(mine.errors), list(mine.errors_seen))
         bw_before = dict(mine.bw)
         out = change(mine)
         bw = {k: v for k, v in mine.bw.items() if bw_before.get(k) != v}  # a few dozen steps at most: kept whole
@@ -287,10 +312,13 @@ class LearningMixin:
             delta.append((changed, gone))
         (corun, gone_c), (alone, gone_a), (mem, gone_m) = delta
         errors, added = _errors_delta(before[3], list(mine.errors))
-        if corun or alone or mem or bw or errors is not None or added or gone_c or gone_a or gone_m:
+        seen, seen_added = _errors_delta(before[4], list(mine.errors_seen))
+        if corun or alone or mem or bw or errors is not None or added or seen is not None or seen_added \
+                or gone_c or gone_a or gone_m:
             try:
                 self.store.save_learned(uid, corun=corun, alone=alone, max_mem=mem, errors=errors,
-                                        errors_add=added, errors_keep=len(mine.errors),
+                                        errors_add=added, errors_keep=len(mine.errors), errors_seen=seen,
+                                        errors_seen_add=seen_added, errors_seen_keep=len(mine.errors_seen),
                                         forget_corun=gone_c, forget_alone=gone_a, forget_mem=gone_m, bw=bw)
             except Exception as e:  # noqa: BLE001 - kept in memory; a later save carries it again
                 log.warning("could not store what was learned for uid %d: %s", uid, e)
@@ -311,7 +339,8 @@ class LearningMixin:
         if corun:
             out["corun"] = sorted(corun, key=lambda c: (c["with"], c["mode"]))
         if out or mine.errors:
-            out.update(errors=len(mine.errors), margin=mine.margin(self.cfg_policy.margin))
+            out.update(errors=len(mine.errors), margin=mine.margin(self.cfg_policy.margin),
+                       seen_errors=len(mine.errors_seen), seen_margin=mine.seen_margin(self.cfg_policy.margin))
         return out
 
     def _observe(self, job: Job, rows: list, neighbours: list[str]) -> None:
@@ -324,12 +353,14 @@ class LearningMixin:
         # what its start predicted, and the starts beside it later (policy.joined), as colo sim
         e = details.get("expect") or policy.expectation(details, dec.get("mode") or "", job.started_at)
         predicted, factor = policy.expected(e, job.started_at, job.ended_at)
+        shared = policy.shared(e, job.started_at, job.ended_at)
         wall = job.ended_at - job.started_at
         peak = max((r[2] or 0 for r in rows), default=0)
         group_bw = details.get("peak_membw")
         residual = self._learning(job.uid, lambda mine: mine.observe(
             self.profile_name(job), neighbours, str(job.mode or "timesliced"), predicted, wall, prof.runtime, peak, factor,
-            float(e["group_bw"]) if isinstance(group_bw, (int, float)) else None, e.get("unseen")))
+            float(e["group_bw"]) if isinstance(group_bw, (int, float)) else None, e.get("unseen"),
+            shared if neighbours else 1.0))
         mine = self.learned_for(job.uid)
         details.update(observed_slowdown=wall / prof.runtime, profile_runtime=prof.runtime, shared_with=neighbours,
                        observed_vs_predicted=residual, suggested_budget=mine.suggest_budget(self.profile_name(job)))

@@ -221,6 +221,7 @@ class LifecycleMixin:
 
     def _finish(self, job_id: int, rt=None, handle: str | None = None) -> None:
         self.live.pop(job_id, None)
+        self.left_alone(job_id)
         if rt is not None and handle:
             try:
                 rt.cleanup(handle)
