@@ -254,8 +254,8 @@ def register(app: typer.Typer) -> None:
                    f"peak memory {format_size(p.peak_mem)} -> {path}")
         r = _daemon_call("profile_put", prof.dumps(p), local_ok=True)
         if r is None:
-            typer.echo(f"colo: no colo daemon answers: the profile is only on this machine's disk; run "
-                       f"`colo profile record` again while the daemon runs for your jobs to be placed with it", err=True)
+            typer.echo("colo: no colo daemon answers: the profile is only on this machine's disk; run "
+                       "`colo profile record` again while the daemon runs for your jobs to be placed with it", err=True)
         else:
             typer.echo(f"the daemon places your jobs with --profile {p.name} by it now (your own copy"
                        f"{', replacing the one before' if r['replaced'] else ''})")

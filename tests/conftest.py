@@ -35,6 +35,22 @@ def build_native_helper(native_dir, out_dir, name):
     return out
 
 
+@pytest.fixture(scope="session")
+def probe(native_dir, tmp_path_factory):
+    """The interposer's C test caller (tests/native_helpers/interpose_probe.c), linked directly
+    against the simulated libcuda (test_interposer*.py)."""
+    here = os.path.dirname(__file__)
+    native_src = os.path.join(here, "..", "native")
+    out = tmp_path_factory.mktemp("probe") / "interpose_probe"
+    subprocess.run(
+        ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", f"-I{native_src}/interpose",
+         f"-I{native_src}/fakegpu", "-o", str(out), os.path.join(here, "native_helpers", "interpose_probe.c"),
+         str(native_dir / "fakegpu" / "libcuda.so.1"), "-ldl", "-lpthread"],
+        check=True, timeout=120,
+    )
+    return out
+
+
 @pytest.fixture
 def fakegpu(tmp_path, native_dir):
     """Two simulated 16 GiB GPUs in a private state file; .env is what a process needs to use them."""

@@ -21,20 +21,6 @@ HERE = Path(__file__).parent
 NATIVE = HERE.parent / "native"
 
 
-@pytest.fixture(scope="module")
-def probe(native_dir, tmp_path_factory):
-    """The C test caller, linked directly against the simulated libcuda."""
-    out = tmp_path_factory.mktemp("probe") / "interpose_probe"
-    lib = native_dir / "fakegpu" / "libcuda.so.1"
-    subprocess.run(
-        ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", f"-I{NATIVE / 'interpose'}",
-         f"-I{NATIVE / 'fakegpu'}", "-o", str(out), str(HERE / "native_helpers" / "interpose_probe.c"),
-         str(lib), "-ldl", "-lpthread"],
-        check=True, timeout=120,
-    )
-    return out
-
-
 def run(probe, env, *script, via="direct", extra=(), timeout=60):
     r = subprocess.run([str(probe), "--via", via, *extra, *script], env=env, capture_output=True,
                        text=True, timeout=timeout)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from colo import interposer
-from test_interposer import BUDGET, MiB, codes, info, probe, run  # noqa: F401 (fixtures)
+from test_interposer import BUDGET, MiB, codes, info, run
 
 
 @pytest.mark.parametrize("via,extra", [("direct", []), ("gpa", ["--ver", "12080", "--ptds"])])
