@@ -151,6 +151,11 @@ def test_learned_data_and_fair_share_outlive_cleaned_jobs_and_history_keep_days_
     d = DaemonProc(root / "d", state, cfg).start()
     try:
         burn = str(next(d.state_dir.glob("native-*")) / "colo-burn")
+        # the user's own copy of the profile (as `colo profile record` hands it over), so that one
+        # exists whatever this run's samples teach under load
+        d.client.profile_put((prof / "pair.profile").read_text())
+        own = d.state_dir / "profiles" / "users" / "0" / "pair.profile"
+        assert own.is_file()
         gpu = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "pair", "--", burn, "--mem", "300MiB",
                        "--duty", "30", "--seconds", "2")
         d.wait_state(gpu, "succeeded", timeout=60)
@@ -158,10 +163,9 @@ def test_learned_data_and_fair_share_outlive_cleaned_jobs_and_history_keep_days_
         def shown():
             return json.loads(d.cli("profile", "show", "pair", "--json", check=True).stdout)
 
-        learned = wait_for(lambda: (s := shown())["learned"].get("max_mem") and s["learned"], 30, "its end learned")
+        # its run alone against the profile's (stored in the same step as all it taught; no samples needed)
+        learned = wait_for(lambda: (s := shown())["learned"].get("alone") and s["learned"], 30, "its end learned")
         runs = shown()["runs"]
-        own = d.state_dir / "profiles" / "users" / "0" / "pair.profile"
-        assert own.is_file()
         job = d.job(gpu)
         assert d.cli("clean", str(gpu), check=True).stdout == "removed 1 ended job\n"
         assert gpu not in ids(d) and (shown()["learned"], shown()["runs"]) == (learned, runs) and own.is_file()
