@@ -415,7 +415,7 @@ _KEEP = 200  # errors kept for the margin (the most recent)
 BW_BIN = 0.1  # the bandwidth curve's resolution: summed peak bandwidth of a GPU's jobs, in 10 % steps
 MARGIN_CAP = 0.5  # the most the learned margin grows to
 ALONE_DOUBT = 1.25  # how far a profile's alone run time may be off (runs on other data, drivers, clocks)
-MIN_SHARED = 0.25  # a run beside others for less of its wall time than this teaches nothing of sharing
+MIN_SHARED = 0.1  # a run beside others for less of its wall time than this teaches nothing of sharing
 
 
 @dataclass

@@ -404,7 +404,7 @@ def test_the_share_of_a_run_spent_beside_others_is_counted_and_too_little_teache
     assert policy.expected(e, 0.0, 430.0)[0] == pytest.approx(430 / 400)
     assert policy.left(e, 200.0) == e  # alone already
     lr = policy.Learned(alone={"ja": (1, 1.0)})
-    # beside others for a tenth of its run, 2x slower than predicted: too little of it to tell sharing's cost
-    assert lr.observe("ja", ["jb"], "mps", 1.0, 200.0, 100.0, group_bw=0.9, shared=0.1) is None
+    # beside others for a twentieth of its run, 2x slower than predicted: too little of it to tell sharing's cost
+    assert lr.observe("ja", ["jb"], "mps", 1.0, 200.0, 100.0, group_bw=0.9, shared=0.05) is None
     assert lr.errors == [] and not lr.explored("mps", 0.9)
     assert lr.observe("ja", ["jb"], "mps", 1.0, 200.0, 100.0, group_bw=0.9, shared=0.5) == pytest.approx(2.0)
