@@ -294,12 +294,13 @@ def test_a_removal_refused_in_the_sweep_is_retried_with_a_backoff_until_it_is_re
         wait_for(lambda: not engine.client().containers.list(all=True, filters={"id": left.id}), 60,
                  "the leftover container to be removed")
         assert refused.count == 3
-        log = d.log.read_text()
+        done = f"container {left.id[:12]} of job 999999 removed after 3 refusals"
+        # the daemon logs the removal just after the engine carried it out
+        log = wait_for(lambda: done in (x := d.log.read_text()) and x, 60, "the removal to be logged")
         delays = [int(m) for m in re.findall(rf"container {left.id[:12]} of job 999999 not removed "
                                              r"\(refused \d times?\): .*?; trying again in (\d+) s", log)]
         assert delays == [1, 2, 4], delays
         assert "already in progress (colo test)" in log
-        assert f"container {left.id[:12]} of job 999999 removed after 3 refusals" in log
     finally:
         d.stop()
         proxy.close()
