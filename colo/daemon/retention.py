@@ -37,10 +37,6 @@ SAMPLES_AT_ONCE = 1000  # usage samples removed in one transaction (a long job h
 LOG_SUFFIXES = (".log", ".times", ".cursor", ".cursor.tmp")
 
 
-class Kept(Exception):
-    """A job that may not be removed now, and why (one line)."""
-
-
 class RetentionMixin:
     """Part of Daemon (colo/daemon/core.py); uses its state."""
 
