@@ -21,6 +21,8 @@ from colo.runtimes.image import build_local_image
 
 LISTING = re.compile(rb"GET /v[0-9.]+/containers/json")  # what DockerRuntime.adopt sends
 REMOVAL = re.compile(rb"DELETE /v[0-9.]+/containers/")
+IMAGE_CHECK = re.compile(rb"GET /v[0-9.]+/images/\S+/json")  # DockerRuntime.has_image, at submit
+CREATE = re.compile(rb"POST /v[0-9.]+/containers/create")
 REASONS = {404: "Not Found", 409: "Conflict", 500: "Internal Server Error"}
 
 
@@ -329,5 +331,68 @@ def test_a_stop_and_a_removal_the_engine_refuses_are_tried_again_until_carried_o
         assert kept.count == 2
     finally:
         (gates / "1").touch()
+        d.stop()
+        proxy.close()
+
+
+def test_an_image_check_the_engine_fails_is_refused_in_one_line_and_nothing_is_stored(tmp_path, fakegpu, make_dockerd):
+    engine, proxy, d = _behind_proxy(tmp_path, fakegpu, make_dockerd)
+    try:
+        refused = proxy.answer(IMAGE_CHECK, 500, "image store failed (colo test)")
+        r = d.cli("submit", "--image", "colo-test/base:1", "--gpus", "0", "--", "true")
+        assert r.returncode != 0 and refused.count == 1, r
+        assert r.stderr.strip().splitlines() == [
+            "colo: Docker engine answered 500 to the image check: image store failed (colo test); try again"], r.stderr
+        assert d.cli("ls", "--all", "-q", check=True).stdout == ""  # not queued
+        proxy.stop_answering()
+        c = d.submit("--image", "colo-test/base:1", "--gpus", "0", "--", "true")  # the same, once it answers
+        assert d.wait_state(c, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+    finally:
+        d.stop()
+        proxy.close()
+
+
+def test_starts_the_engine_fails_are_tried_again_a_few_times_and_a_job_s_own_fault_is_not(
+        tmp_path, fakegpu, make_dockerd):
+    engine, proxy, d = _behind_proxy(tmp_path, fakegpu, make_dockerd)
+    try:
+        # twice, then it creates: the job runs (requeued, with a log line and the engine's words)
+        twice = proxy.answer(CREATE, 500, "driver failed (colo test)", times=2)
+        c = d.submit("--image", "colo-test/base:1", "--gpus", "0", "--", "echo", "made it")
+        job = d.wait_state(c, "succeeded", "failed", "cancelled", "lost", timeout=120)
+        assert job["state"] == "succeeded" and twice.count == 2, job
+        assert d.cli("logs", str(c), check=True).stdout == "made it\n"
+        requeued = [e["reason"] for e in job["events"] if e["new"] == "queued" and e["old"] == "starting"]
+        said = "requeued: Docker engine answered 500 to the container's creation: driver failed (colo test) as it started"
+        assert [x.startswith(said) for x in requeued] == [True, True], requeued
+        assert "(1 of 3)" in requeued[0] and "(2 of 3)" in requeued[1], requeued
+        log = d.log.read_text()
+        assert f"job {c}: Docker engine answered 500 to the container's creation" in log
+
+        # every time: it fails after 3 tries again, with the engine's words; the GPUs it was given go
+        proxy.answer(CREATE, 500, "driver failed for good (colo test)")
+        f = d.submit("--image", "colo-test/base:1", "--gpus", "2", "--gpu-mem", "16GiB", "--", "true")
+        # between tries (1, 2, then 4 s) it waits in the queue, and explain says why
+        waits = wait_for(lambda: ((x := d.client.explain(f)["decision"]) and x["action"] == "wait" and x["reason"])
+                         or d.job(f)["state"] == "failed", 120, "the job to wait to start again")
+        assert str(waits).startswith("waiting to start again: Docker engine answered 500 to the container's "
+                                     "creation: driver failed for good (colo test) as it started"), waits
+        job = d.wait_state(f, "succeeded", "failed", "cancelled", "lost", timeout=120)
+        assert job["state"] == "failed" and job["attempts"] == 4, job
+        assert job["reason"] == ("failed to start: Docker engine answered 500 to the container's creation: "
+                                 "driver failed for good (colo test) (tried 4 times)"), job
+        assert job["reason"] in d.cli("ls", "--all", "-w", "-o", "id,reason", check=True).stdout
+        assert sum(e["new"] == "queued" and e["old"] == "starting" for e in job["events"]) == 3, job["events"]
+        p = d.submit("--process", "--gpus", "2", "--gpu-mem", "16GiB", "--", "true")  # all of both GPUs: free again
+        assert d.wait_state(p, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+        proxy.stop_answering()
+
+        # the job's own fault (this engine answers 400 for a missing command) fails at once, not tried again
+        m = d.submit("--image", "colo-test/base:1", "--gpus", "0", "--", "no-such-program")
+        job = d.wait_state(m, "succeeded", "failed", "cancelled", "lost", timeout=60)
+        assert job["state"] == "failed" and job["attempts"] == 1, job
+        assert job["reason"] == "failed to start: command 'no-such-program' not found in image 'colo-test/base:1'", job
+        assert not any(e["new"] == "queued" and e["old"] == "starting" for e in job["events"]), job["events"]
+    finally:
         d.stop()
         proxy.close()

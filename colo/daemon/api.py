@@ -14,7 +14,7 @@ from .. import __version__, fairshare, logtimes, protocol
 from .. import report as rp
 from ..jobs import ACTIVE, ARRAY_FIELDS, TERMINAL, Job, JobSpec, State
 from ..policy import can_ever_fit, gpu_allowed, gpu_filter_refusal
-from ..runtimes.base import Unavailable
+from ..runtimes.base import EngineError, Unavailable
 from ..store import NotFound
 from ..units import format_size_exact
 from . import logread, pin
@@ -172,6 +172,8 @@ class Api:
             except Unavailable as e:
                 raise ApiError(f"{e}: container jobs cannot be submitted until it answers again",
                                protocol.UNAVAILABLE) from None
+            except EngineError as e:  # it answers, but failed the look (500): nothing is stored
+                raise ApiError(f"{e}; try again", protocol.UNAVAILABLE) from None
             if not here:
                 raise ApiError(f"image {spec.image!r} not found locally (colo does not pull; "
                                "build or load it first)", protocol.NOT_FOUND)

@@ -309,6 +309,7 @@ class Daemon(SchedulerMixin, LifecycleMixin, RecoveryMixin, SamplingMixin, Patro
         if job.state in TERMINAL:
             self.open_jobs.pop(job_id, None)
             self.decisions.pop(job_id, None)
+            self._start_retry.pop(job_id, None)  # e.g. cancelled while it waited to start again
         else:
             self.open_jobs[job_id] = job
         log.info("job %d -> %s: %s", job_id, new, reason)

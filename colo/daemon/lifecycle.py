@@ -90,11 +90,17 @@ class LifecycleMixin:
             await self._durably(lambda: self._requeue(job.id, why))
             self._finish(job.id)
             return
+        except EngineError as e:  # it answers, but failed the start (500): requeued as above, a few times
+            said = str(e)
+            await self._durably(lambda: self._start_refused(job.id, said))
+            self._finish(job.id)
+            return
         except Exception as e:  # noqa: BLE001 - whatever it was, the job must not stay "starting"
             reason = str(e) if isinstance(e, (StartError, mps.MpsError, OSError)) else f"{e.__class__.__name__}: {e}"
             await self._durably(lambda: self.transition(job.id, State.FAILED, f"failed to start: {reason}"))
             self._finish(job.id)
             return
+        self._start_retry.pop(job.id, None)
         await self._durably(lambda: self.set_fields(job.id, handle=handle))
         said = f"started ({job.spec.runtime})"
         if job.spec.asked_mem is not None:  # what ls shows of it while it runs

@@ -14,6 +14,7 @@ from .lifecycle import Live
 
 log = logging.getLogger("colo")
 DOCKER_RETRY = 5.0  # seconds between looks for an engine that was not there at start-up
+START_RETRIES = 3  # starts of a job the engine failed (500...) tried again, after 1, 2, 4 s; then it fails
 
 
 class Backoff:
@@ -48,6 +49,23 @@ class RecoveryMixin:
         self._engine_said: dict[int, str] = {}  # job -> what the engine last said of it (logged once)
         self._removals: dict[str, tuple[int, Backoff]] = {}  # container -> its job, when to try again
         self._cancel_retry = Backoff()  # when to try again stops of cancelled jobs the engine refused
+        # queued jobs whose start the engine failed -> when to try again, what it said (_take waits for it)
+        self._start_retry: dict[int, tuple[Backoff, str]] = {}
+
+    def _start_refused(self, job_id: int, why: str) -> Job:
+        """The engine failed a job's start (not the job's fault: a 500 to its container's creation):
+        back to the queue as for an engine that went away, started again after a backoff, at most
+        START_RETRIES times; then it fails with the engine's words."""
+        b, _ = self._start_retry.get(job_id) or (Backoff(), "")
+        if b.tries >= START_RETRIES:
+            self._start_retry.pop(job_id, None)
+            return self.transition(job_id, State.FAILED, f"failed to start: {why} (tried {b.tries + 1} times)")
+        delay = b.failed(time.monotonic())
+        said = f"{why} as it started; tried again in {delay:.0f} s ({b.tries} of {START_RETRIES})"
+        self._start_retry[job_id] = (b, said)
+        log.warning("job %d: %s", job_id, said)
+        asyncio.get_running_loop().call_later(delay, self.wake)  # a full pass then starts it
+        return self._requeue(job_id, f"requeued: {said}")
 
     async def recover(self) -> None:
         """Find every active job again: running on, finished while we were away, or lost."""

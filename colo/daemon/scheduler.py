@@ -334,6 +334,9 @@ class SchedulerMixin:
             if j.spec.runtime == "docker" and (why := self.docker_away()):
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting for the Docker engine: {why}"))
                 continue
+            if (retry := self._start_retry.get(job_id)) and retry[0].at is not None and retry[0].at > time.monotonic():
+                waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting to start again: {retry[1]}"))
+                continue
             if (limits.running or limits.gpu_mem) and (why := fairshare.start_refusal(
                     limits, j.user, loads.get(j.uid) or fairshare.UserLoad(), j.spec.gpu_mem, j.spec.gpus)):
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=why))

@@ -51,7 +51,8 @@ class Runtime(Protocol):
     name: str
 
     def start(self, launch: Launch) -> str:
-        """Start the job; return a handle that survives a daemon restart. Raises StartError."""
+        """Start the job; return a handle that survives a daemon restart. Raises StartError (the
+        job's fault), EngineError (the engine failed the start: tried again later) or Unavailable."""
 
     def wait(self, handle: str) -> int:
         """Block until the job ends; its exit code (128+signal when killed). Raises Gone."""

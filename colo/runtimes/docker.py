@@ -275,7 +275,8 @@ class DockerRuntime:
                 raise Unavailable(self.down or "Docker engine not reachable")
 
     def has_image(self, image: str) -> bool:
-        """Is this image here already? colo never pulls. Unavailable when the engine is away."""
+        """Is this image here already? colo never pulls. Unavailable when the engine is away,
+        EngineError when it fails the look (500...)."""
         try:
             self.api.inspect_image(image)
             return True
@@ -286,7 +287,7 @@ class DockerRuntime:
         except docker.errors.APIError as e:  # a malformed reference is "not found" to the submitter
             if e.status_code in (400, 404):
                 return False
-            raise
+            raise _refused(e, None, "the image check") from None  # the engine's trouble (500...)
 
     # -- start -------------------------------------------------------------------------------
 
@@ -357,6 +358,8 @@ class DockerRuntime:
                 "(colo does not pull; build or load it first)"
             ) from None
         except docker.errors.APIError as e:
+            if _engine_fault(e):  # the engine failed, not the job: the daemon tries again later
+                raise _refused(e, None, "the container's creation") from None
             raise StartError(f"cannot create the container: {_reason(e)}") from None
         except ENGINE_DOWN as e:
             raise self._engine_down(e) from None
@@ -370,9 +373,11 @@ class DockerRuntime:
         except docker.errors.APIError as e:
             try:
                 self._remove(handle)
-            except EngineError as r:  # the job fails all the same; the daemon's sweep removes it
+            except EngineError as r:  # the job fails (or is requeued) all the same; the sweep removes it
                 log.warning("container %s of job %d not removed after its failed start: %s",
                             handle[:12], launch.job_id, r)
+            if _engine_fault(e):
+                raise _refused(e, handle, "the container's start") from None
             raise StartError(_start_reason(e, launch)) from None
         except ENGINE_DOWN as e:
             # It may or may not have started: the daemon's sweep removes it once the engine is back.
@@ -545,11 +550,20 @@ class DockerRuntime:
             raise _refused(e, handle) from None
 
 
-def _refused(e: docker.errors.APIError, handle: str | None) -> EngineError:
+def _refused(e: docker.errors.APIError, handle: str | None, to: str = "") -> EngineError:
     """The engine's own words for an error answer, e.g. 'Docker engine answered 409 for container
-    0123456789ab: removal of container 0123456789ab is already in progress'."""
-    what = f" for container {handle[:12]}" if handle else ""
+    0123456789ab: removal of container 0123456789ab is already in progress'; `to`: the call it
+    answered ('the image check')."""
+    what = (f" to {to}" if to else "") + (f" for container {handle[:12]}" if handle else "")
     return EngineError(f"Docker engine answered {e.status_code}{what}: {_reason(e)}")
+
+
+def _engine_fault(e: docker.errors.APIError) -> bool:
+    """A create or start the engine failed (5xx), not one the job's own config made fail (4xx). The
+    runtime's refusal of the job's command, mounts or user is the job's whatever the status: some
+    engine versions answer 500 for 'exec: "x": executable file not found' (docker.io 20.10: 400)."""
+    text = str(e.explanation or e)
+    return (e.status_code or 0) >= 500 and "OCI runtime" not in text and 'exec: "' not in text
 
 
 def _reason(e: docker.errors.APIError) -> str:
