@@ -12,6 +12,7 @@ import typer
 
 from . import cli_sim, lsview
 from .client import Client, ClientError
+from .jobs import TERMINAL
 from .submitspec import SubmitError, build_spec
 from .textsafe import safe, safe_all, safe_tree
 from .units import BadSize, format_duration, format_size, format_size_exact, parse_size
@@ -310,10 +311,14 @@ def explain(job: str = typer.Argument(..., help="job id or name"), sock: Optiona
         return print_json(r)
     r = safe_tree(r)
     d = r["decision"]
+    ended = r["state"] in TERMINAL
+    if ended:  # how it ended first: the placement below is history by now
+        typer.echo(f"job {job_id} ({r['state']}): {r['reason'] or 'no reason recorded'}")
     if d is None:
-        typer.echo(f"job {job_id} ({r['state']}): no placement decision yet. {r['reason']}")
+        if not ended:
+            typer.echo(f"job {job_id} ({r['state']}): no placement decision yet. {r['reason']}")
     else:
-        typer.echo(f"job {job_id} ({r['state']}): {d['reason']}")
+        typer.echo(f"{'placed: ' if ended else f'job {job_id} (' + r['state'] + '): '}{d['reason']}")
         det = d.get("details") or {}
         if "observed_slowdown" in det:  # what it really did, against what was predicted at its start
             shared = ", ".join(det.get("shared_with") or []) or "nobody"

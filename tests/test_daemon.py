@@ -30,6 +30,10 @@ def test_process_job_lifecycle_logs_and_exit_code(daemon, tmp_path):
     assert r.returncode == 3
     job = daemon.job(j)
     assert job["state"] == "failed" and job["exit_code"] == 3 and "exited with code 3" in job["reason"]
+    why = daemon.cli("explain", str(j), check=True).stdout.splitlines()
+    # how it ended comes first, then where it had been placed
+    assert why[0].startswith(f"job {j} (failed): ") and "exited with code 3" in why[0], why
+    assert why[1] == "placed: needs no GPU", why
     out = daemon.cli("logs", str(j), check=True).stdout
     assert "out\n" in out and "err\n" in out
     states = [e["new"] for e in job["events"]]
