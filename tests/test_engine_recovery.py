@@ -42,6 +42,17 @@ class Answer:
         self.count = 0  # requests answered so far
 
 
+class Hold:
+    """Requests matching `pattern` wait in the proxy until `release` is set (at most `most` s, so
+    that a daemon stuck on one is not stuck for ever): an engine that is there but slow."""
+
+    def __init__(self, pattern: re.Pattern, most: float):
+        self.pattern, self.most = pattern, most
+        self.release = threading.Event()
+        self.waiting = 0  # requests held now
+        self.held = 0  # requests held so far
+
+
 class CuttingProxy:
     """Forwards bytes between clients and the engine's socket (real HTTP over real Unix sockets);
     while `armed` is set, a connection that sends a container listing is closed instead (as by an
@@ -56,6 +67,7 @@ class CuttingProxy:
         self.armed = threading.Event()
         self.cuts = 0
         self.answers: list[Answer] = []
+        self.holds: list[Hold] = []
         self.lock = threading.Lock()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(self.path))
@@ -68,6 +80,24 @@ class CuttingProxy:
         with self.lock:
             self.answers.append(a)
         return a
+
+    def hold(self, pattern: re.Pattern, most: float = 120.0) -> Hold:
+        """Hold requests matching `pattern` until the Hold's `release` is set."""
+        h = Hold(pattern, most)
+        with self.lock:
+            self.holds.append(h)
+        return h
+
+    def _held(self, data: bytes) -> None:
+        with self.lock:
+            h = next((h for h in self.holds if not h.release.is_set() and h.pattern.search(data)), None)
+            if h is None:
+                return
+            h.waiting += 1
+            h.held += 1
+        h.release.wait(h.most)
+        with self.lock:
+            h.waiting -= 1
 
     def stop_answering(self) -> None:
         with self.lock:
@@ -104,6 +134,8 @@ class CuttingProxy:
                 if requests and self.armed.is_set() and LISTING.search(tail + data):
                     self.cuts += 1
                     break
+                if requests:
+                    self._held(tail + data)
                 if requests and (a := self._answer_for(tail + data)) is not None:
                     src.sendall(a.response)  # the engine never sees it
                     break
@@ -396,3 +428,29 @@ def test_starts_the_engine_fails_are_tried_again_a_few_times_and_a_job_s_own_fau
     finally:
         d.stop()
         proxy.close()
+
+
+def test_a_slow_removal_of_an_ended_container_holds_up_nobody(fakegpu, make_dockerd, other_user):
+    root = _shared_root()
+    engine, proxy, d = _behind_proxy(root, fakegpu, make_dockerd)
+    gates = root / "gates"
+    try:
+        c = _gated_container(d, gates, "before", "after", code=0)
+        cid = _container_of(engine, c)
+        slow = proxy.hold(re.compile(rb"DELETE /v[0-9.]+/containers/" + cid.encode()))
+        (gates / "1").touch()
+        assert d.wait_state(c, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+        wait_for(lambda: slow.waiting, 60, "the removal of its container to reach the engine")
+        # while the engine sits on that removal, the daemon serves everyone: another user lists,
+        # submits, and their job is placed, run and reaped
+        _serves_another_user(d, other_user)
+        assert slow.waiting == 1, "the daemon answered only once the held removal was let go"
+        slow.release.set()
+        wait_for(lambda: not engine.client().containers.list(all=True, filters={"id": cid}), 60,
+                 "the ended job's container to be removed")
+        assert slow.held == 1 and d.proc.poll() is None
+    finally:
+        (gates / "1").touch()
+        d.stop()
+        proxy.close()
+        shutil.rmtree(root, ignore_errors=True)

@@ -84,6 +84,8 @@ class SlurmRuntime:
     longer knows it); `colo cancel` asks Slurm to cancel it; its processes are those that hold a
     slot in its ledger (their pids come from the kernel's lock table, not from the job)."""
 
+    cleanup_in_background = False  # a dict entry and a file: nothing to wait for
+
     def __init__(self, daemon):
         self.d = daemon
         self._lock = threading.Lock()

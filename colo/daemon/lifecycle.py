@@ -229,15 +229,32 @@ class LifecycleMixin:
         self.live.pop(job_id, None)
         self.left_alone(job_id)
         if rt is not None and handle:
-            try:
-                rt.cleanup(handle)
-            except Exception as e:  # noqa: BLE001
-                log.warning("cleanup of job %d: %s", job_id, e)
-                if isinstance(e, EngineError):  # e.g. 409: removed on a backoff, not at the next restart
-                    self._remove_later(job_id, handle)
+            if getattr(rt, "cleanup_in_background", False):
+                task = asyncio.get_running_loop().create_task(self._cleanup(job_id, rt, handle))
+                self._cleanups.add(task)  # held until done (the loop keeps only a weak reference)
+                task.add_done_callback(self._cleanups.discard)
+            else:
+                self._cleanup_now(job_id, rt, handle)
         shutil.rmtree(self.run_dir(job_id), ignore_errors=True)  # the ledger goes with the job
         self.revoke_mps_access()  # ended and reaped: its uid keeps access only for its other MPS jobs
         self.wake()
+
+    def _cleanup_now(self, job_id: int, rt, handle: str) -> None:
+        try:
+            rt.cleanup(handle)
+        except Exception as e:  # noqa: BLE001
+            self._cleanup_failed(job_id, handle, e)
+
+    async def _cleanup(self, job_id: int, rt, handle: str) -> None:
+        try:
+            await asyncio.to_thread(rt.cleanup, handle)
+        except Exception as e:  # noqa: BLE001
+            self._cleanup_failed(job_id, handle, e)  # back on the loop: _removals is the loop's
+
+    def _cleanup_failed(self, job_id: int, handle: str, e: Exception) -> None:
+        log.warning("cleanup of job %d: %s", job_id, e)
+        if isinstance(e, EngineError):  # e.g. 409: removed on a backoff, not at the next restart
+            self._remove_later(job_id, handle)
 
     async def cancel(self, job_id: int, by: str) -> Job:
         job = self.job(job_id)

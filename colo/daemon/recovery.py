@@ -48,6 +48,7 @@ class RecoveryMixin:
         self._engine_retry = Backoff()  # when to look again at jobs the engine answered errors about
         self._engine_said: dict[int, str] = {}  # job -> what the engine last said of it (logged once)
         self._removals: dict[str, tuple[int, Backoff]] = {}  # container -> its job, when to try again
+        self._cleanups: set[asyncio.Task] = set()  # removals of ended jobs' containers under way
         self._cancel_retry = Backoff()  # when to try again stops of cancelled jobs the engine refused
         # queued jobs whose start the engine failed -> when to try again, what it said (_take waits for it)
         self._start_retry: dict[int, tuple[Backoff, str]] = {}

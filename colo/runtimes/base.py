@@ -49,6 +49,11 @@ class Launch:
 
 class Runtime(Protocol):
     name: str
+    # True: an ended job's cleanup() only removes its remains (nothing of it runs on, so nothing
+    # of it holds a GPU), and the daemon calls it off its event loop: a slow engine then delays
+    # that removal, not every request. False: it may end leftovers that still hold GPU memory,
+    # done before the job's GPUs are given to anyone else.
+    cleanup_in_background: bool
 
     def start(self, launch: Launch) -> str:
         """Start the job; return a handle that survives a daemon restart. Raises StartError (the

@@ -218,6 +218,7 @@ class DockerRuntime:
     """Jobs as containers of the local engine. Thread-safe; every method may block on the engine."""
 
     name = "docker"
+    cleanup_in_background = True  # an ended job's container has exited: only its remains are removed
 
     def __init__(self, client=None, gpu_runtime: str | None = None, init: bool = False,
                  instance: str = "default"):
