@@ -300,9 +300,10 @@ class Story:
         alone = sum(spans)
         used = sum(_union(iv) for iv in busy.values())
         if alone > 0:
+            a, b = list(self.ids)[:2]  # step 1's pair, the first two submitted
             _say(f"\nWhat sharing saved: the jobs ran {alone:.0f} s in all; one job per GPU needs that much GPU time, "
                  f"sharing needed {used:.0f} s ({(alone - used) / alone * 100:.0f} % less). (Simulated GPUs do not "
-                 f"slow co-running jobs; on a real one the MPS pair of 1. was predicted to lose nothing, and "
+                 f"slow co-running jobs; on a real one the MPS pair of step 1 (jobs {a} and {b}) was predicted to lose nothing, and "
                  f"what it really lost would be learned.)")
         _say("Every budget held: no GPU ever had more memory promised than it has.")
         _say("Next: `colo daemon &` then `colo submit --process --gpu-mem 1GiB -- CMD`; `colo top` to watch; "
