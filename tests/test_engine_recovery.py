@@ -188,6 +188,12 @@ def _gated_container(d, gates: Path, *lines: str, code: int) -> int:
     return c
 
 
+def _listed(engine, container_id: str) -> bool:
+    """Does the engine still list this container? (The raw listing: the SDK's list() looks at
+    each container it lists, and a 404 when one is removed in between would fail the wait.)"""
+    return bool(engine.client().api.containers(all=True, filters={"id": container_id}))
+
+
 def _container_of(engine, job_id: int) -> str:
     (c,) = engine.client().containers.list(all=True, filters={"label": f"colo.job={job_id}"})
     return c.id
@@ -236,7 +242,7 @@ def test_engine_failing_during_recovery_leaves_container_jobs_to_be_found_again(
         job = d.wait_state(c, "failed", "succeeded", "lost", "cancelled", timeout=60)
         assert job["state"] == "failed" and job["exit_code"] == 7, job
         assert d.cli("logs", str(c), check=True).stdout == "before\nmiddle\nafter\n"
-        wait_for(lambda: not engine.client().containers.list(all=True, filters={"label": "colo.managed=1"}),
+        wait_for(lambda: not engine.client().api.containers(all=True, filters={"label": "colo.managed=1"}),
                  30, "colo's containers to be removed")
     finally:
         if (tmp_path / "gates").is_dir():  # a failed run (a daemon that never came back) leaves no job at a gate
@@ -271,7 +277,7 @@ def test_engine_answering_500_about_a_recovered_job_leaves_it_running_and_serves
         job = d.wait_state(c, "failed", "succeeded", "lost", "cancelled", timeout=90)
         assert job["state"] == "failed" and job["exit_code"] == 7, job
         assert d.cli("logs", str(c), check=True).stdout == "before\nafter\n"
-        wait_for(lambda: not engine.client().containers.list(all=True, filters={"label": "colo.managed=1"}),
+        wait_for(lambda: not engine.client().api.containers(all=True, filters={"label": "colo.managed=1"}),
                  30, "colo's containers to be removed")
     finally:
         (gates / "1").touch()
@@ -325,7 +331,7 @@ def test_a_removal_refused_in_the_sweep_is_retried_with_a_backoff_until_it_is_re
         assert d.wait_state(p, "succeeded", "failed", timeout=60)["state"] == "succeeded"
 
         # tried again by the running daemon (no restart), each time after twice as long, then removed
-        wait_for(lambda: not engine.client().containers.list(all=True, filters={"id": left.id}), 60,
+        wait_for(lambda: not _listed(engine, left.id), 60,
                  "the leftover container to be removed")
         assert refused.count == 3
         done = f"container {left.id[:12]} of job 999999 removed after 3 refusals"
@@ -358,7 +364,7 @@ def test_a_stop_and_a_removal_the_engine_refuses_are_tried_again_until_carried_o
         said = [ln for ln in d.log.read_text().splitlines() if f"job {c}: stopping it was refused" in ln]
         assert said and "cannot stop container (colo test)" in said[0], said
         # its removal as it ended is refused twice: tried again by the running daemon, not at a restart
-        wait_for(lambda: not engine.client().containers.list(all=True, filters={"id": cid}), 60,
+        wait_for(lambda: not _listed(engine, cid), 60,
                  "the ended job's container to be removed")
         assert kept.count == 2
     finally:
@@ -446,7 +452,7 @@ def test_a_slow_removal_of_an_ended_container_holds_up_nobody(fakegpu, make_dock
         _serves_another_user(d, other_user)
         assert slow.waiting == 1, "the daemon answered only once the held removal was let go"
         slow.release.set()
-        wait_for(lambda: not engine.client().containers.list(all=True, filters={"id": cid}), 60,
+        wait_for(lambda: not _listed(engine, cid), 60,
                  "the ended job's container to be removed")
         assert slow.held == 1 and d.proc.poll() is None
     finally:

@@ -341,7 +341,10 @@ def test_privileges_and_forbidden_mounts_are_refused(shared, users, user_dir, te
         "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "COLO_LEDGER", "COLO_GPU_BUDGET", "COLO_FAKEGPU_STATE",
         "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
         "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")]
-    before = {c.id for c in docker_client.containers.list(all=True, filters={"label": "colo.managed=1"})}
+
+    def ours() -> set[str]:  # the raw listing: list() would look at each, and 404 on one just removed
+        return {c["Id"] for c in docker_client.api.containers(all=True, filters={"label": "colo.managed=1"})}
+    before = ours()
     for extra, code, needle in hostile:
         err = run_as(users[0], lambda extra=extra: client_error(lambda: Client(d.socket).submit({**base, **extra})))
         assert err is not None and err[1] == code and needle in err[0] and "\n" not in err[0], (extra, err)
@@ -350,8 +353,7 @@ def test_privileges_and_forbidden_mounts_are_refused(shared, users, user_dir, te
     assert d.wait_state(ok, "succeeded", timeout=60)
     assert [j["id"] for j in d.client.ls()] == [ok]  # nothing else stored
     # ok's container is removed just after its end (off the daemon's loop); a refused job left none
-    wait_for(lambda: not {c.id for c in docker_client.containers.list(all=True, filters={"label": "colo.managed=1"})}
-             - before, 30, "no container but those there before")
+    wait_for(lambda: not ours() - before, 30, "no container but those there before")
     healthy(d)
 
 
