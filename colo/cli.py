@@ -311,14 +311,14 @@ def explain(job: str = typer.Argument(..., help="job id or name"), sock: Optiona
         return print_json(r)
     r = safe_tree(r)
     d = r["decision"]
-    ended = r["state"] in TERMINAL
-    if ended:  # how it ended first: the placement below is history by now
-        typer.echo(f"job {job_id} ({r['state']}): {r['reason'] or 'no reason recorded'}")
-    if d is None:
-        if not ended:
-            typer.echo(f"job {job_id} ({r['state']}): no placement decision yet. {r['reason']}")
-    else:
-        typer.echo(f"{'placed: ' if ended else f'job {job_id} (' + r['state'] + '): '}{d['reason']}")
+    head = f"job {job_id} ({r['state']}): "
+    if r["state"] in TERMINAL:  # how it ended first: the placement below is history by now
+        typer.echo(head + (r["reason"] or "no reason recorded"))
+        head = "placed: "
+    elif d is None:
+        typer.echo(f"{head}no placement decision yet. {r['reason']}")
+    if d is not None:
+        typer.echo(head + d["reason"])
         det = d.get("details") or {}
         if "observed_slowdown" in det:  # what it really did, against what was predicted at its start
             shared = ", ".join(det.get("shared_with") or []) or "nobody"

@@ -229,7 +229,7 @@ class LifecycleMixin:
         self.live.pop(job_id, None)
         self.left_alone(job_id)
         if rt is not None and handle:
-            if getattr(rt, "cleanup_in_background", False):
+            if rt.cleanup_in_background:
                 task = asyncio.get_running_loop().create_task(self._cleanup(job_id, rt, handle))
                 self._cleanups.add(task)  # held until done (the loop keeps only a weak reference)
                 task.add_done_callback(self._cleanups.discard)
