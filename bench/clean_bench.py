@@ -42,7 +42,7 @@ from benchlib import Report, daemon_log_problems  # noqa: E402
 
 from daemon_util import DaemonProc, wait_for  # noqa: E402
 
-from colo import fakegpu  # noqa: E402
+from colo.node import fakegpu  # noqa: E402
 from colo.client import Client  # noqa: E402
 from colo.jobs import JobSpec, Mode, State  # noqa: E402
 from colo.store import Store  # noqa: E402

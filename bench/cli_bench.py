@@ -3,7 +3,7 @@
 Times, interleaved round by round so that load on the machine hits all alike:
 - `python -c pass` of the install's own interpreter (the floor: the interpreter's start-up);
 - `colo submit --process --gpus 0 -- true`, the console script as users run it (its short path);
-- the same submit through the full typer command (`python -m colo.cli submit ...`), for scale;
+- the same submit through the full typer command (`python -m colo.cli.app submit ...`), for scale;
 - the short path's start-up and imports alone (no round trip to the daemon).
 
 An editable install (`pip install -e`) adds a .pth finder to every interpreter start, so the
@@ -65,8 +65,8 @@ def main() -> int:
     cmds = {
         "bare": [str(py), "-c", "pass"],
         "fast": [colo, "submit", "--process", "--gpus", "0", "--", "true"],
-        "typer": [str(py), "-m", "colo.cli", "submit", "--process", "--gpus", "0", "--", "true"],
-        "imports": [str(py), "-c", "import colo.entry, colo.submitspec, colo.client"],  # no daemon in it
+        "typer": [str(py), "-m", "colo.cli.app", "submit", "--process", "--gpus", "0", "--", "true"],
+        "imports": [str(py), "-c", "import colo.cli.entry, colo.cli.submitspec, colo.client"],  # no daemon in it
     }
     times: dict[str, list[float]] = {k: [] for k in cmds}
     try:

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from daemon_util import DaemonProc, wait_for
 
-    from colo import fakegpu
+    from colo.node import fakegpu
 
     fakegpu.create(tmp / "fakegpu.state", count=1, mem=16 * 2**30)
     (tmp / "daemon").mkdir()

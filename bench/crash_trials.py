@@ -36,7 +36,7 @@ from load_bench import TERMINAL, db_ro, shared_root  # noqa: E402
 
 from daemon_util import DaemonProc, wait_for  # noqa: E402
 
-from colo import fakegpu, native  # noqa: E402
+from colo.node import fakegpu, native  # noqa: E402
 from colo.client import Client, ClientError  # noqa: E402
 from colo.jobs import ALLOWED, State  # noqa: E402
 

@@ -32,7 +32,7 @@ from benchlib import Report, cpu_seconds, daemon_log_problems  # noqa: E402
 from daemon_util import DaemonProc  # noqa: E402
 from load_bench import Peer, ensure_users, shared_root  # noqa: E402
 
-from colo import fakegpu, native  # noqa: E402
+from colo.node import fakegpu, native  # noqa: E402
 from colo.client import Client  # noqa: E402
 
 GiB = 1024**3

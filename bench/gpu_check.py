@@ -164,21 +164,21 @@ class Proc:
 
 def nvml_processes(ctx: dict) -> dict:
     """pid -> {used, mps} for device 0, through colo's own NVML view."""
-    from colo.gpu import Nvml
+    from colo.node.gpu import Nvml
 
     dev = Nvml(Path(ctx["fake_state"]) if ctx.get("fake_state") else None).devices()[0]
     return {p.pid: {"used": p.used, "mps": p.mps} for p in dev.processes}
 
 
 def gpu0(ctx: dict) -> dict:
-    from colo.gpu import Nvml
+    from colo.node.gpu import Nvml
 
     d = Nvml(Path(ctx["fake_state"]) if ctx.get("fake_state") else None).devices()[0]
     return {"uuid": d.uuid, "name": d.name, "total": d.total, "compute_mode": d.compute_mode}
 
 
 def budget_env(part: Part, budget: int, name: str) -> tuple[dict, Path]:
-    from colo import interposer
+    from colo.node import interposer
 
     ledger = part.tmp / f"ledger-{name}"
     interposer.create_ledger(ledger, budget)
@@ -283,7 +283,7 @@ FRAMEWORKS = [
 
 
 def part_frameworks(part: Part) -> None:
-    from colo import interposer
+    from colo.node import interposer
 
     budget = part.ctx["budget"]
     card = gpu0(part.ctx)
@@ -452,7 +452,7 @@ say(event="churn", seconds=time.perf_counter() - t0, tensors=10000)
 
 
 def part_cost(part: Part) -> None:
-    from colo import interposer
+    from colo.node import interposer
 
     cc = shutil.which("cc") or shutil.which("gcc")
     if not part.check("a C compiler", cc is not None, "cc/gcc not on PATH"):
@@ -516,7 +516,7 @@ def part_cost(part: Part) -> None:
 # --- part 3: MPS --------------------------------------------------------------------------------
 
 def part_mps(part: Part) -> None:
-    from colo import mps
+    from colo.node import mps
 
     ctl = shutil.which("nvidia-cuda-mps-control", path=part.env.get("PATH"))
     part.results["control"] = ctl
@@ -570,7 +570,7 @@ def part_mps(part: Part) -> None:
         part.check("get_server_list names a server whose clients are our two",
                    any(pids <= set(v) for v in listed.values()), {"servers": listed, "clients": sorted(pids)})
         try:
-            from colo.gpu import Nvml
+            from colo.node.gpu import Nvml
 
             nv = Nvml(Path(part.ctx["fake_state"]) if part.simulated else None)
             dev = nv.devices()[0]
@@ -705,7 +705,7 @@ def part_daemon(part: Part) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from daemon_util import DaemonProc, wait_for
 
-    from colo import mps, native
+    from colo.node import mps, native
 
     burn = str(native.path("colo-burn"))
     light = job_argv(part, "light")
@@ -1005,7 +1005,7 @@ def main() -> int:
            "pairs": 20000, "repeat": 3, "light_steps": 6000, "heavy_iters": 2000}
     fake_dir = None
     if a.simulated:
-        from colo import fakegpu
+        from colo.node import fakegpu
 
         fake_dir = Path(tempfile.mkdtemp(prefix="cgc-fake-"))
         os.chmod(fake_dir, 0o755)

@@ -44,7 +44,7 @@ from queue_bench import rss_mb, timed_tty  # noqa: E402
 
 from daemon_util import DaemonProc  # noqa: E402
 
-from colo import fakegpu  # noqa: E402
+from colo.node import fakegpu  # noqa: E402
 from colo.jobs import JobSpec, Mode, State  # noqa: E402
 from colo.store import Store  # noqa: E402
 

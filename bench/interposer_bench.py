@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import Report  # noqa: E402
 
-from colo import fakegpu, interposer, native  # noqa: E402
+from colo.node import fakegpu, interposer, native  # noqa: E402
 
 MiB = 1 << 20
 BENCH_C = r"""

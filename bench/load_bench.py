@@ -36,7 +36,7 @@ from daemon_util import DaemonProc, wait_for  # noqa: E402
 sys.path.insert(0, str(HERE))
 from benchlib import Report  # noqa: E402
 
-from colo import fakegpu, native  # noqa: E402
+from colo.node import fakegpu, native  # noqa: E402
 from colo.client import Client  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30

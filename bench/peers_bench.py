@@ -32,7 +32,7 @@ from benchlib import Report, daemon_log_problems  # noqa: E402
 from daemon_util import DaemonProc, wait_for  # noqa: E402
 from slurm_util import SlurmNode, munge_up  # noqa: E402
 
-from colo import fakegpu  # noqa: E402
+from colo.node import fakegpu  # noqa: E402
 
 GiB = 1 << 30
 

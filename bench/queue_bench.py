@@ -48,7 +48,7 @@ from load_bench import ensure_users, shared_root, spread  # noqa: E402
 
 from daemon_util import DaemonProc, wait_for  # noqa: E402
 
-from colo import fakegpu  # noqa: E402
+from colo.node import fakegpu  # noqa: E402
 from colo.client import Client, ClientError  # noqa: E402
 
 GiB = 1 << 30

@@ -1,5 +1,5 @@
 """Scheduling benchmark: colo's policy vs the baselines (colo sim) under truths that are not colo's
-model (noisy, study; colo/simtruth.py), on fresh 30-job mixes of each class, one per seed, with
+model (noisy, study; colo/sched/truth.py), on fresh 30-job mixes of each class, one per seed, with
 the issue-13 aims checked and printed as MET or MISSED, beside oracle-bound (a reference that
 reads the truth and keeps every job within 1.5x: whether the aims are reachable together); and the time of one plan() pass with 10,000 queued jobs over 8 GPUs (target: < 20 ms; measured here, not
 in the tests: a timed test fails on a slow machine).
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from colo import policy as pol, sim, simtruth  # noqa: E402
+from colo.sched import policy as pol, sim, truth as simtruth  # noqa: E402
 from colo.profiles import ProfileStore, shipped_dir  # noqa: E402
 
 GiB = 1024**3
@@ -28,12 +28,12 @@ AT_BOUND = "b6ce3cc"  # policy.py with the bound, before its pass was made incre
 
 
 def policy_at(rev: str):
-    """colo/policy.py as it was at git revision `rev`, as a module beside today's (None: no git)."""
+    """colo/sched/policy.py as it was at git revision `rev`, as a module beside today's (None: no git)."""
     import importlib.util
     import subprocess
 
     try:
-        src = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "show", f"{rev}:colo/policy.py"],
+        src = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "show", f"{rev}:colo/sched/policy.py"],
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -41,7 +41,7 @@ def policy_at(rev: str):
     mod = importlib.util.module_from_spec(spec)
     mod.__package__ = "colo"
     sys.modules[spec.name] = mod
-    exec(compile(src, f"colo/policy.py@{rev}", "exec"), mod.__dict__)
+    exec(compile(src, f"colo/sched/policy.py@{rev}", "exec"), mod.__dict__)
     return mod
 
 
@@ -78,7 +78,7 @@ def _plan_inputs(full: bool, pol):
 
 
 BASELINES = ["exclusive-sjf", "tetris", "max-pack", "mean-pack"]
-ORACLE = "oracle-bound"  # a reference that reads the truth (colo/sim.py): never a baseline for the aims
+ORACLE = "oracle-bound"  # a reference that reads the truth (colo/sched/sim.py): never a baseline for the aims
 HEAVY = ("heavy", "memory-heavy")
 BOUND = 1.5  # the aims' p95 slowdown bound (policy.PolicyConfig.slowdown_bound's default)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from colo import fakegpu, native  # noqa: E402
+from colo.node import fakegpu, native  # noqa: E402
 from daemon_util import DaemonProc, wait_for  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))

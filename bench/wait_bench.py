@@ -22,7 +22,8 @@ sys.path.insert(0, str(HERE))
 from daemon_util import DaemonProc, wait_for  # noqa: E402
 
 import load_bench  # noqa: E402
-from colo import fakegpu, native, protocol  # noqa: E402
+from colo.node import fakegpu, native  # noqa: E402
+from colo import protocol
 
 
 def cpu_s(pid: int) -> float:

@@ -1,6 +1,6 @@
 """Talks to the daemon. The CLI and the TUI reach colo only through this module.
 
-Light to import, as `colo submit` runs it on its short path (colo/submitspec.py): the C socket
+Light to import, as `colo submit` runs it on its short path (colo/cli/submitspec.py): the C socket
 module (`_socket`: `socket` builds enums of every constant at import), protocol's own codec (no
 `json`, no `re`), no pathlib or typing at run time.
 """

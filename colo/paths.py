@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 
 def socket_path() -> str:
-    """The default socket as text (the client needs no pathlib: colo/submitspec.py)."""
+    """The default socket as text (the client needs no pathlib: colo/cli/submitspec.py)."""
     env = os.environ.get("COLO_SOCKET")
     if env:
         return env

@@ -8,7 +8,7 @@ The caller's identity is never in the message: the daemon reads it from SO_PEERC
 from __future__ import annotations
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing is not imported at run time: `colo submit` loads this module (colo/submitspec.py)
+if TYPE_CHECKING:  # typing is not imported at run time: `colo submit` loads this module (colo/cli/submitspec.py)
     from typing import Any
 
 VERSION = 1

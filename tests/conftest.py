@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from colo import native
+from colo.node import native
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -54,7 +54,7 @@ def probe(native_dir, tmp_path_factory):
 @pytest.fixture
 def fakegpu(tmp_path, native_dir):
     """Two simulated 16 GiB GPUs in a private state file; .env is what a process needs to use them."""
-    from colo import fakegpu as fg
+    from colo.node import fakegpu as fg
 
     state = tmp_path / "fakegpu.state"
     fg.create(state, count=2, mem=16 * GiB)
@@ -65,7 +65,7 @@ def fakegpu(tmp_path, native_dir):
 def job(tmp_path, fakegpu):
     """A fresh ledger with a JOB_BUDGET budget and the environment of a job that uses it:
     (env, ledger path)."""
-    from colo import interposer
+    from colo.node import interposer
 
     ledger = tmp_path / "ledger"
     interposer.create_ledger(ledger, JOB_BUDGET)

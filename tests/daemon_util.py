@@ -18,7 +18,7 @@ def gpu_node(prefix: str, count: int = 1, mem: int = 16 * 1024**3) -> tuple[Path
     simulated GPUs and an empty profiles folder: (root, fakegpu state, profiles)."""
     import tempfile
 
-    from colo import fakegpu
+    from colo.node import fakegpu
     root = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(root, 0o755)
     state = root / "fakegpu" / "state"

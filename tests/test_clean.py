@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from colo import profiles
-from colo.cli import app
+from colo.cli.app import app
 from colo.client import Client
 from colo.config import Config, ConfigError
 from colo.jobs import TERMINAL, JobSpec, State

@@ -76,7 +76,7 @@ def test_the_submit_short_path_imports_no_slow_module_and_its_codec_is_json():
 
     root = str(Path(__file__).resolve().parent.parent)
     code = (f"import sys; sys.path.insert(0, {root!r})\n"
-            "import colo.entry, colo.submitspec, colo.client\n"
+            "import colo.cli.entry, colo.cli.submitspec, colo.client\n"
             "print(','.join(m for m in ('typer', 'json', 're', 'pathlib', 'typing', 'socket', 'enum') "
             "if m in sys.modules))")
     r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from colo import policy
+from colo.sched import policy
 from daemon_util import wait_for
 
 GiB = 1024**3

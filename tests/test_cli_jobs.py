@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import colo.doctor  # noqa: F401 - loaded before a child drops to another uid
-from colo.cli import app
+import colo.cli.doctor  # noqa: F401 - loaded before a child drops to another uid
+from colo.cli.app import app
 from colo.client import Client, ClientError
 from daemon_util import DaemonProc, as_user, wait_for
 
@@ -88,7 +88,7 @@ def test_doctor_as_a_user_asks_the_daemon_about_docker(shared, other_user, docke
     def doctor():
         out = io.StringIO()
         with redirect_stdout(out):
-            colo.doctor.run_checks(shared.socket)
+            colo.cli.doctor.run_checks(shared.socket)
         return out.getvalue()
 
     kind, out = as_user(other_user, doctor)
@@ -178,8 +178,8 @@ def test_version_and_every_option_has_help_and_each_command_an_example():
 
 def test_submit_short_path_loads_no_heavy_module_and_agrees_with_the_typer_command(daemon, tmp_path):
     probe = ("import sys\nsys.argv = ['colo', 'submit', '--process', '--gpus', '0', '--name', 'quick', '--', 'true']\n"
-             "from colo.entry import main\ntry:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-             "heavy = ('typer', 'click', 'rich', 'textual', 'numpy', 'docker', 'pynvml', 'colo.cli')\n"
+             "from colo.cli.entry import main\ntry:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+             "heavy = ('typer', 'click', 'rich', 'textual', 'numpy', 'docker', 'pynvml', 'colo.cli.app')\n"
              "print('loaded:' + ','.join(m for m in heavy if m in sys.modules), code)")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=daemon.env(), timeout=60)
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == "loaded: 0", r.stdout + r.stderr
@@ -188,7 +188,7 @@ def test_submit_short_path_loads_no_heavy_module_and_agrees_with_the_typer_comma
     # the same refusal, word for word, from the short path and from the typer command
     bad = ["submit", "--image", "x", "--process", "--", "true"]
     short = daemon.cli(*bad)
-    full = subprocess.run([sys.executable, "-m", "colo.cli", *bad], capture_output=True, text=True,
+    full = subprocess.run([sys.executable, "-m", "colo.cli.app", *bad], capture_output=True, text=True,
                           env=daemon.env(), timeout=60)
     assert short.returncode == full.returncode == 1 and short.stderr == full.stderr != "", (short.stderr, full.stderr)
     # what the short path does not know goes to the typer command: --wait, --follow, --env-file
@@ -235,7 +235,7 @@ def test_history_filters_and_bounds_in_the_daemon(daemon, tmp_path):
     saying how many were left out, a pipe every job; `colo report` adds up the same jobs."""
     from datetime import datetime
 
-    from colo.cli import HISTORY_TTY_ROWS
+    from colo.cli.app import HISTORY_TTY_ROWS
     from daemon_util import on_tty
 
     c, gate = daemon.client, tmp_path / "go"

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from colo.cgroup import job_of_pid
+from colo.node.cgroup import job_of_pid
 from colo.client import Client
 from daemon_util import DaemonProc, wait_for
 

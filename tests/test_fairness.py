@@ -14,7 +14,7 @@ import pytest
 
 from daemon_util import DaemonProc, as_user, wait_for
 
-from colo import fairshare
+from colo.sched import fairshare
 from colo.client import Client
 
 GiB = 1024**3

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from colo import fakegpu as fg
-from colo import native
+from colo.node import fakegpu as fg
+from colo.node import native
 from daemon_util import wait_for
 
 GiB = 1024**3
@@ -365,7 +365,7 @@ def test_exclusive_process_mode_refuses_a_second_context(fakegpu, callers):
 
 def test_pynvml_set_compute_mode_in_process(fakegpu):
     script = textwrap.dedent(f"""
-        from colo import fakegpu
+        from colo.node import fakegpu
         fakegpu.use_fake_nvml({str(fakegpu.state)!r})
         import pynvml as n
         n.nvmlInit()

@@ -10,7 +10,8 @@ import subprocess
 import psutil
 import pytest
 
-from colo import fakegpu, profiles
+from colo.node import fakegpu
+from colo import profiles
 from daemon_util import DaemonProc, gpu_node, wait_for
 
 

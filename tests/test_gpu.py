@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from colo import interposer
+from colo.node import interposer
 
 pytestmark = pytest.mark.gpu
 GiB = 1024**3
@@ -102,7 +102,7 @@ def test_mps_control_exists_and_starts(tmp_path):
     ctl = shutil.which("nvidia-cuda-mps-control")
     if ctl is None:
         pytest.skip("nvidia-cuda-mps-control is not installed on this GPU machine")
-    from colo import mps
+    from colo.node import mps
 
     m = mps.MpsManager(tmp_path / "mps", ctl)
     try:
@@ -124,7 +124,7 @@ def test_real_mps_serves_an_allowed_uid_through_search_only_and_no_other(other_u
     import tempfile
     from pathlib import Path
 
-    from colo import mps, native
+    from colo.node import mps, native
     from daemon_util import as_user
     ctl = shutil.which("nvidia-cuda-mps-control")
     if ctl is None or os.geteuid() != 0:

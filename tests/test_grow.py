@@ -67,7 +67,7 @@ def test_a_grow_job_is_lent_what_it_needs_and_the_lent_budget_counts_across_a_re
     why = d.cli("explain", str(grown), check=True).stdout
     assert "256MiB more lent (--grow" in why and "budget 1.2GiB (asked 1.0GiB; lent: --grow)" in why, why
     # the interposer enforces the lent budget: its ledger's header says so
-    from colo import interposer
+    from colo.node import interposer
     assert wait_for(lambda: (u := d.job(grown).get("used")) and u >= 1100 * MiB, 30, "the allocation")
     assert interposer.read_ledger(d.state_dir / "jobs" / str(grown) / "ledger").budget == 1280 * MiB
 

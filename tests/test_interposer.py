@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from colo import interposer
+from colo.node import interposer
 from conftest import JOB_BUDGET as BUDGET
 
 MiB = 1 << 20
@@ -363,7 +363,7 @@ def test_a_stopped_process_blocks_no_other(probe, job, tmp_path):
     # The stopped process gets a simulated driver of its own, so that the ledger is the only thing
     # the two share (the simulated driver itself serialises its processes under a file lock). Its
     # 40 MiB allocations fit one at a time: its other threads are refused, in the ledger alone.
-    from colo import fakegpu as fg
+    from colo.node import fakegpu as fg
     own = tmp_path / "own.state"
     fg.create(own, count=1, mem=16 << 30)
     stopper = subprocess.Popen([str(probe), "init", "race", "8", "100000000", "40M", str(BUDGET)],

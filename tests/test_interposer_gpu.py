@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from colo import interposer
+from colo.node import interposer
 
 pytestmark = pytest.mark.gpu
 GiB = 1024**3

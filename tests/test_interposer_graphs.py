@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from colo import interposer
+from colo.node import interposer
 from test_interposer import BUDGET, MiB, codes, info, run
 
 LOOKUPS = [("direct", []), ("dlsym", []), ("gpa", ["--ver", "12080"]), ("gpa", ["--ver", "12080", "--ptds"])]

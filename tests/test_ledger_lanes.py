@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from colo import interposer
+from colo.node import interposer
 from conftest import JOB_BUDGET as BUDGET
 from conftest import build_native_helper
 

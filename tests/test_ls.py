@@ -14,7 +14,7 @@ import sys
 from colo import protocol
 from colo.client import Client, ClientError
 from colo.jobs import JobSpec, State
-from colo.lsview import TTY_ROWS
+from colo.cli.lsview import TTY_ROWS
 from colo.store import Store
 from daemon_util import as_user, on_tty
 
@@ -74,7 +74,7 @@ def test_ls_filters_in_the_daemon_and_bounds_a_terminal(shared, other_user):
     assert len(on_tty(d, "ls", "-q")) == len(open_ids)
     # the short path and the typer command print the same
     args = ["ls", "--all", "-o", "id,name,user,state,exit,priority,command,budget", "--limit", "4"]
-    typer_out = subprocess.run([sys.executable, "-m", "colo.cli", *args], capture_output=True, text=True,
+    typer_out = subprocess.run([sys.executable, "-m", "colo.cli.app", *args], capture_output=True, text=True,
                                env=d.env(), check=True).stdout
     assert typer_out == d.cli(*args, check=True).stdout
     assert [ln.split()[:4] for ln in typer_out.splitlines()[1:]] == [

@@ -1,4 +1,4 @@
-"""colo.mps against the fake MPS control daemon and fake libcuda (native/fakegpu).
+"""colo.node.mps against the fake MPS control daemon and fake libcuda (native/fakegpu).
 
 Clients are real processes that load the fake libcuda.so.1 through ctypes (or colo-burn), so they
 attach to MPS exactly when their environment leads them to a control daemon.
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from colo import fakegpu as fg
-from colo import mps
-from colo import native
-from colo.mps import MpsDaemon, MpsError, MpsManager
+from colo.node import fakegpu as fg
+from colo.node import mps
+from colo.node import native
+from colo.node.mps import MpsDaemon, MpsError, MpsManager
 from daemon_util import wait_for
 
 GiB = 1024**3

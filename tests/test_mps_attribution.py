@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from colo import fakegpu, profiles
+from colo.node import fakegpu
+from colo import profiles
 from daemon_util import DaemonProc, gpu_node, wait_for
 
 GiB, MiB = 1024**3, 1024**2
 
 NVML_SAMPLES = """
 import json, sys
-from colo import fakegpu
+from colo.node import fakegpu
 fakegpu.use_fake_nvml(sys.argv[1])
 import pynvml as n
 n.nvmlInit()

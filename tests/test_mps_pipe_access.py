@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from colo import fakegpu, mps, profiles
+from colo.node import fakegpu, mps
+from colo import profiles
 from daemon_util import DaemonProc, gpu_node, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -275,10 +276,10 @@ def test_without_acls_there_is_no_mps_rather_than_an_open_daemon(fakegpu, short_
     if subprocess.run(["mount", "-t", "ramfs", "ramfs", str(where)], capture_output=True).returncode != 0:
         pytest.skip("cannot mount a ramfs here")
     try:
-        with caplog.at_level("WARNING", logger="colo.mps"):
+        with caplog.at_level("WARNING", logger="colo.node.mps"):
             m = mps.MpsManager(where / "mps", fakegpu.mps_control, {**os.environ, **fakegpu.env})
         assert not m.available()
-        lines = [r.getMessage() for r in caplog.records if r.name == "colo.mps"]
+        lines = [r.getMessage() for r in caplog.records if r.name == "colo.node.mps"]
         assert len(lines) == 1 and "MPS unavailable" in lines[0] and "takes no POSIX ACL" in lines[0]
         assert "all jobs run time-sliced" in lines[0]
         with pytest.raises(mps.MpsError, match="takes no POSIX ACL"):

@@ -11,7 +11,7 @@ import subprocess
 
 from daemon_util import DaemonProc, wait_for
 
-from colo import native
+from colo.node import native
 
 GiB = 1024**3
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from colo import fakegpu, profiles
+from colo.node import fakegpu
+from colo import profiles
 from colo.client import Client
 from daemon_util import DaemonProc, as_user, gpu_node, wait_for
 

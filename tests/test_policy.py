@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from colo import policy as pol
-from colo.policy import START, WAIT, Candidate, GpuView, Placed, PolicyConfig, plan
+from colo.sched import policy as pol
+from colo.sched.policy import START, WAIT, Candidate, GpuView, Placed, PolicyConfig, plan
 from colo.profiles import Profile, ProfileStore, shipped_dir
 
 GiB = 1024**3

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from colo import fakegpu, interposer, native
+from colo.node import fakegpu, interposer, native
 from colo.client import ClientError
 from colo.jobs import JobSpec, State
 from colo.store import Store

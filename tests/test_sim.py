@@ -10,7 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from colo import cli_sim, policy, sim, simmodel, simtruth
+from colo.cli import sim as cli_sim
+from colo.sched import interference as simmodel, policy, sim, truth as simtruth
 from colo.profiles import Profile, ProfileStore, shipped_dir
 
 GiB = 1024**3
@@ -159,7 +160,7 @@ def test_jobs_from_history():
 @pytest.fixture
 def cli(tmp_path, monkeypatch):
     monkeypatch.setenv("COLO_USER_PROFILES", str(tmp_path / "mine"))
-    monkeypatch.setattr(cli_sim, "load_history_rows", None)  # colo.cli wires it when another test imported it
+    monkeypatch.setattr(cli_sim, "load_history_rows", None)  # colo.cli.app wires it when another test imported it
     app = typer.Typer()
     cli_sim.register(app)
     return lambda *args: CliRunner().invoke(app, list(args))
@@ -314,7 +315,7 @@ def test_colo_in_sim_learns_across_repeated_mixes():
 
 def test_colo_in_sim_orders_the_queue_by_fair_share_as_the_daemon_does():
     """Three jobs of uid 1 queued before one of uid 2, one GPU each at a time: users take turns
-    (colo/fairshare.py), so uid 2's job runs second, not last; the baselines keep arrival order."""
+    (colo/sched/fairshare.py), so uid 2's job runs second, not last; the baselines keep arrival order."""
     big = flat("big", 0.5, 0.2, 100, mem=10 * GiB)
     jobs = [sim.SimJob(i, big, budget=11 * GiB, uid=1) for i in (1, 2, 3)] + [sim.SimJob(4, big, budget=11 * GiB, uid=2)]
     r = sim.simulate(jobs, "colo", truth=simtruth.Truth("exact"))

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from colo import fakegpu, native, profiles
-from colo.slurm import SlurmError, allocation, job_exit, profile_key, slurm_count
+from colo.node import fakegpu, native
+from colo import profiles
+from colo.cli.slurm import SlurmError, allocation, job_exit, profile_key, slurm_count
 from daemon_util import DaemonProc, wait_for
 from slurm_util import SlurmNode, munge_up
 
@@ -258,7 +259,7 @@ def test_place_now_never_waits_when_memory_fits_and_never_overcommits():
     """A job Slurm already started cannot wait in colo's queue: where plan() would wait for a
     saturated GPU, place_now starts it time-sliced; where no GPU has the memory, it waits (the
     plugin then fails the step) rather than break invariant 1."""
-    from colo import policy
+    from colo.sched import policy
 
     n = 30
     heavy = profiles.from_samples("heavy", {"times": list(range(n)), "sm": [0.95] * n, "mem": [GiB] * n,

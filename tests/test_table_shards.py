@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from colo import interposer
+from colo.node import interposer
 from conftest import build_native_helper
 
 MiB = 1 << 20

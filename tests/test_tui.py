@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from colo import native
+from colo.node import native
 from colo.client import Client, ClientError
 from colo.tui import model
 from colo.tui.app import ColoTop, make_app
@@ -165,7 +165,7 @@ def keys_in_order(t: KeyedTable) -> list[str]:
 
 @pytest.fixture(scope="module")
 def busy(tmp_path_factory, native_dir):
-    from colo import fakegpu as fg
+    from colo.node import fakegpu as fg
 
     root = tmp_path_factory.mktemp("busy")
     state = root / "fakegpu.state"
@@ -446,7 +446,7 @@ def test_once_without_daemon_is_one_line_and_exit_1(tmp_path):
 
 def test_many_gpus_and_jobs_fit_small_and_large_terminals(tmp_path, native_dir):
     """8 GPUs, 200 jobs: 8 run, 192 wait; 80x24 and 200x60 both draw without error."""
-    from colo import fakegpu as fg
+    from colo.node import fakegpu as fg
 
     state = tmp_path / "fakegpu.state"
     fg.create(state, count=8, mem=16 * GiB)
@@ -504,7 +504,7 @@ def test_zero_gpus_are_shown_not_fatal(tmp_path):
 def test_tui_reaches_colo_only_through_the_client():
     """Like nvitop's TUI, the view never imports NVML, the store or the daemon."""
     code = ("import sys, colo.tui.app; "
-            "print([m for m in ('pynvml', 'colo.gpu', 'colo.store', 'colo.daemon') if m in sys.modules])")
+            "print([m for m in ('pynvml', 'colo.node.gpu', 'colo.store', 'colo.daemon') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -10,10 +10,11 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from .. import __version__, fairshare, logtimes, protocol
+from .. import __version__, logtimes, protocol
+from ..sched import fairshare
 from .. import report as rp
 from ..jobs import ACTIVE, ARRAY_FIELDS, TERMINAL, Job, JobSpec, State
-from ..policy import can_ever_fit, gpu_allowed, gpu_filter_refusal
+from ..sched.policy import can_ever_fit, gpu_allowed, gpu_filter_refusal
 from ..runtimes.base import EngineError, Unavailable
 from ..store import NotFound
 from ..units import format_size_exact

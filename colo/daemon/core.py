@@ -17,10 +17,11 @@ import logging
 import os
 from pathlib import Path
 
-from .. import mps, native, policy
-from ..cgroup import Cgroups
+from ..node import mps, native
+from ..sched import policy
+from ..node.cgroup import Cgroups
 from ..config import Config
-from ..gpu import GpuInfo, NoDriver, Nvml
+from ..node.gpu import GpuInfo, NoDriver, Nvml
 from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
 from ..runtimes.base import StartError
 from ..runtimes.process import ProcessRuntime

@@ -24,7 +24,8 @@ import subprocess
 import threading
 import time
 
-from .. import interposer, policy
+from ..node import interposer
+from ..sched import policy
 from ..jobs import ACTIVE, Job, JobSpec, Mode, State
 from ..runtimes.base import Gone, StartError
 from ..units import format_size

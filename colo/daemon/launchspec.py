@@ -6,7 +6,8 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
-from .. import interposer, mps, native, policy
+from ..node import interposer, mps, native
+from ..sched import policy
 from ..jobs import Job, Mount
 from ..runtimes.base import Launch, StartError
 from . import pin

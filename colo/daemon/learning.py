@@ -44,7 +44,8 @@ import shutil
 import time
 from pathlib import Path
 
-from .. import policy, profiles
+from ..sched import policy
+from .. import profiles
 from ..jobs import ACTIVE, Job
 
 log = logging.getLogger("colo")

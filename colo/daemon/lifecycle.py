@@ -11,7 +11,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .. import interposer, mps, policy
+from ..node import interposer, mps
+from ..sched import policy
 from ..jobs import TERMINAL, Job, Mode, State
 from ..runtimes.base import EngineError, Gone, StartError, Unavailable
 from ..store import StoreError

@@ -3,7 +3,7 @@
 The interposer is the fence; this is the patrol. A process that bypasses the interposer (a
 static binary, `env -u LD_PRELOAD`, a process that escaped its job) still shows in NVML's
 per-process list. On every sample each such process is mapped to a job: by the job's own cgroup
-(colo/cgroup.py: every process job has one), by the container id in
+(colo/node/cgroup.py: every process job has one), by the container id in
 /proc/PID/cgroup, by the process tree of a process job, or by the job id colo put in its
 environment (believed only for a process of the job's own user: it can only blame its own job).
 - a job whose processes hold more than its budget (plus `context` per process for what the
@@ -23,8 +23,8 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from ..cgroup import job_of_pid as _cgroup_job_of_pid
-from ..gpu import GpuInfo
+from ..node.cgroup import job_of_pid as _cgroup_job_of_pid
+from ..node.gpu import GpuInfo
 from ..jobs import ACTIVE, Job, Mode, State
 from ..units import format_size
 

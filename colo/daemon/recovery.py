@@ -7,7 +7,7 @@ import os
 import shutil
 import time
 
-from .. import mps
+from ..node import mps
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..runtimes.base import EngineError, Gone, StartError, Unavailable
 from .lifecycle import Live

@@ -8,8 +8,9 @@ import time
 
 import psutil
 
-from .. import interposer, logtimes, mps
-from ..gpu import GpuInfo, NoDriver
+from ..node import interposer, mps
+from .. import logtimes
+from ..node.gpu import GpuInfo, NoDriver
 from ..jobs import ACTIVE, TERMINAL, Job, Mode, State
 from ..runtimes.base import EngineError, Gone, Unavailable
 from .learning import mps_server_shares

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .. import fairshare, policy
+from ..sched import fairshare, policy
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..store import Store
 from ..units import format_size

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import psutil
 
-from .. import native
-from ..cgroup import CgroupError, Cgroups
+from ..node import native
+from ..node.cgroup import CgroupError, Cgroups
 from .base import Gone, Launch, StartError
 
 EXIT_FILE = "exit"

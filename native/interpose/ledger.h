@@ -1,5 +1,5 @@
 /* The job's ledger: a small file shared by every process of one job (and read by the colo daemon
- * from the host). Layout (little-endian, fixed; colo/interposer.py mirrors it):
+ * from the host). Layout (little-endian, fixed; colo/node/interposer.py mirrors it):
  *
  *   [0, 4096)            header: magic, budget, refused count; from 256, one 64-byte line per
  *                        device with its total and peak (the one line every reservation touches)

@@ -15,7 +15,7 @@
  * A step colo cannot place fails in task_init, before exec, with colo's reason on the job's stderr
  * (failing init_post_opt instead would make Slurm drain the node).
  *
- * The plugin itself decides nothing: each hook runs colo's helper (`python -I -m colo.slurm`) with
+ * The plugin itself decides nothing: each hook runs colo's helper (`python -I -m colo.cli.slurm`) with
  * an empty environment and explicit arguments taken from Slurm (never from the job's environment,
  * which the user controls), reads `env NAME=VALUE` / `error TEXT` lines from it, and gives up after
  * `timeout` seconds. The helper talks to the node's colo daemon as root. */
@@ -100,7 +100,7 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
  * Returns its exit status (0 ok), or -1 when it could not run or ran past the timeout. */
 static int run_helper(const char *action, char **args, char *out, size_t outsz)
 {
-    char *argv[MAX_ARGS] = {g_python, "-I", "-m", "colo.slurm", (char *)action};
+    char *argv[MAX_ARGS] = {g_python, "-I", "-m", "colo.cli.slurm", (char *)action};
     int n = 5;
     char sockarg[600];
     if (g_socket[0]) {

@@ -3,7 +3,7 @@
 The daemon filters (states, users, names), picks the newest `--limit` and sends only the fields
 the columns need, each job's as one short list (Api.ls); the table is then drawn a column at a
 time, each column escaped in one go (textsafe.safe_all). `colo ls` is also a short path of the console
-script (colo/entry.py): it runs without importing typer, as `colo submit` does; an option the
+script (colo/cli/entry.py): it runs without importing typer, as `colo submit` does; an option the
 short path does not know sends the command to the typer app, which prints through run() too.
 
 On a terminal, with no --limit, at most TTY_ROWS jobs are printed (every running one, then the
@@ -18,9 +18,9 @@ import sys
 import time
 from typing import Callable
 
-from .protocol import LS_STATES
-from .textsafe import safe, safe_all
-from .units import format_duration, format_size
+from ..protocol import LS_STATES
+from ..textsafe import safe, safe_all
+from ..units import format_duration, format_size
 
 TTY_ROWS = 500
 CUT = {"argv": 40, "reason": 60}  # characters of these texts shown, unless --wide
@@ -167,7 +167,7 @@ def run_fast(args: list[str]) -> int | None:
     o = parse(args)
     if o is None:
         return None
-    from .client import Client, ClientError
+    from ..client import Client, ClientError
 
     sock = o.pop("socket") or os.environ.get("COLO_SOCKET") or None
     try:

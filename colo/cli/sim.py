@@ -9,8 +9,8 @@ from typing import Callable, List, Optional
 
 import typer
 
-from .config import default_state_dir
-from .units import format_duration, format_size
+from ..config import default_state_dir
+from ..units import format_duration, format_size
 
 class _Lazy:
     """numpy-heavy modules load when a sim/profile command runs, not on every `colo` start."""
@@ -24,9 +24,9 @@ class _Lazy:
         return getattr(importlib.import_module(self._name, __package__), attr)
 
 
-sim = _Lazy(".sim")
-truths = _Lazy(".simtruth")
-prof = _Lazy(".profiles")
+sim = _Lazy("colo.sched.sim")
+truths = _Lazy("colo.sched.truth")
+prof = _Lazy("colo.profiles")
 
 TRUTH_TEXT = {"noisy": "jobs really run off their profiles and pay a co-run cost colo's model lacks",
               "study": "jobs run off their profiles under an interference fitted to the placement study",
@@ -160,7 +160,7 @@ def register(app: typer.Typer) -> None:
 
     def _daemon_call(fn_name: str, *a, local_ok: bool = False, **kw):
         """The daemon's answer; None when no daemon runs and a look at the local files will do."""
-        from .client import Client, ClientError, DaemonUnavailable
+        from ..client import Client, ClientError, DaemonUnavailable
 
         try:
             return getattr(Client(os.environ.get("COLO_SOCKET") or None), fn_name)(*a, **kw)
@@ -169,7 +169,7 @@ def register(app: typer.Typer) -> None:
                 return None
             _fail(str(e))
         except ClientError as e:
-            from .textsafe import safe
+            from ..textsafe import safe
 
             _fail(safe(str(e)))
 
@@ -263,7 +263,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(profile_app, name="profile")
 
 
-def main() -> None:  # for trying it without the main CLI: python -m colo.cli_sim
+def main() -> None:  # for trying it without the main CLI: python -m colo.cli.sim
     app = typer.Typer(no_args_is_help=True)
     register(app)
     app(prog_name="colo")

@@ -16,9 +16,10 @@ import threading
 import time
 from pathlib import Path
 
-from . import fakegpu, native, profiles
-from .client import Client, ClientError
-from .units import format_duration, format_size
+from ..node import fakegpu, native
+from .. import profiles
+from ..client import Client, ClientError
+from ..units import format_duration, format_size
 
 GiB = 1024**3
 ENDED = ("succeeded", "failed", "cancelled", "lost")
@@ -151,7 +152,7 @@ class Recorder:
     def save(self, kept_off: int | None, greedy: int | None, path: Path) -> bool:
         """Draws, after the frames before it, a frame in which `kept_off` waits with its reason: best
         one where `greedy` runs with its refusal counted, then the one with the most jobs running."""
-        from .tui.app import screenshot
+        from ..tui.app import screenshot
 
         def job(snap: dict, i: int | None) -> dict:
             return next((j for j in snap["jobs"] if j["id"] == i), {})
@@ -337,7 +338,7 @@ def _demo_image() -> str | None:
     try:
         import docker
 
-        from .runtimes.image import build_local_image
+        from ..runtimes.image import build_local_image
 
         return build_local_image(docker.from_env(), "colo/demo:1", with_shell=True)
     except Exception as e:  # noqa: BLE001 - fall back to host processes

@@ -12,7 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from colo import native
+from colo.node import native
 from colo.units import parse_size
 
 GiB = 1024**3

@@ -1,8 +1,8 @@
 """colo's side of its Slurm plugin (native/slurm/colo_spank.c), run by it as root:
 
-    python3 -I -m colo.slurm attach     --job J --step S --uid U --gid G [--profile NAME]
-    python3 -I -m colo.slurm batch-exit --job J --status WAITSTATUS
-    python3 -I -m colo.slurm end        --job J
+    python3 -I -m colo.cli.slurm attach     --job J --step S --uid U --gid G [--profile NAME]
+    python3 -I -m colo.cli.slurm batch-exit --job J --status WAITSTATUS
+    python3 -I -m colo.cli.slurm end        --job J
 
 It prints `env NAME=VALUE` lines (attach) for the plugin to put into the job's environment, or
 `error TEXT` and exits 1. What it tells the daemon comes from Slurm itself: the plugin's ids and,
@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 
-from .client import Client, ClientError
+from ..client import Client, ClientError
 
 GRES = "gpumem"
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
@@ -106,7 +106,7 @@ def _env_line(k: str, v: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m colo.slurm")
+    ap = argparse.ArgumentParser(prog="python3 -m colo.cli.slurm")
     ap.add_argument("action", choices=["attach", "batch-exit", "end"])
     ap.add_argument("--socket")
     ap.add_argument("--job", type=int, required=True)

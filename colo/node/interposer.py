@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from colo import native
+from colo.node import native
 
 MAGIC = b"COLOLDG1"
 VERSION = 4

@@ -13,7 +13,7 @@ waiting one may start: backfill):
    without a profile takes at most one such neighbour.
 3. Every co-location, MPS included, passes one check. From the profiles of the jobs already on
    the GPU (aligned on their elapsed time) and the candidate's, the co-run model
-   (colo/simmodel.py) predicts each job's rate over the overlap in each mode allowed there,
+   (colo/interference.py) predicts each job's rate over the overlap in each mode allowed there,
    times what runs showed for each pairing (Learned); every shared rate is discounted once by
    the error of predictions whose pairings runs had shown (`seen_margin`), and once more for
    every pairing no run has shown yet by `margin` (the error of all predictions). A mode passes
@@ -35,8 +35,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import simmodel
-from .units import format_size
+from . import interference
+from ..units import format_size
 
 START = "start"
 WAIT = "wait"
@@ -218,7 +218,7 @@ def _rows(g: _Gpu, cfg: PolicyConfig) -> tuple:
     cb = np.array([ra.cache_bound for ra, _, _ in segs])
     # the residents' summed rate if nothing starts, accumulated: waiting's throughput over any
     # stretch from now is one lookup
-    wait_cum = np.cumsum(simmodel.rates(sm, bw, cb, mps), axis=1)
+    wait_cum = np.cumsum(interference.rates(sm, bw, cb, mps), axis=1)
     g.rows = (g.version, sm, bw, cb, mps, [r.job_id for r in g.res], [ra.name for ra, _, _ in segs],
               sm[mps].sum(axis=0), bw[mps].sum(axis=0), bool(mps.all()), wait_cum)
     return g.rows
@@ -346,13 +346,13 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
         doubt = (1.0 + (cfg.margin if cfg.seen_margin is None else cfg.seen_margin)) * (1.0 + cfg.margin) ** unk
         if m == "mps" and all_mps and top_sm <= 1.0 and top_bw <= 1.0:
             # one MPS context whose summed SM and bandwidth stay within the GPU: the model slows
-            # nobody (simmodel.rates is 1 throughout), so the check needs no model pass
+            # nobody (interference.rates is 1 throughout), so the check needs no model pass
             per = np.ones(n) if fac is None else 1.0 / fac
             tpm = float((per / doubt).sum())
         else:
             sm = np.vstack([r_sm[:, :overlap], c_sm])
             bw = np.vstack([r_bw[:, :overlap], c_bw])
-            rate = simmodel.rates(sm, bw, np.append(r_cb, arr.cache_bound),
+            rate = interference.rates(sm, bw, np.append(r_cb, arr.cache_bound),
                                   np.append(r_mps, True) if m == "mps" else np.append(r_mps, False))
             if fac is not None:
                 rate = rate / fac[:, None]

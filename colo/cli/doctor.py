@@ -4,10 +4,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from . import interposer, native
-from .client import Client, ClientError
-from .gpu import NoDriver, Nvml
-from .textsafe import safe
+from ..node import interposer, native
+from ..client import Client, ClientError
+from ..node.gpu import NoDriver, Nvml
+from ..textsafe import safe
 
 
 def run_checks(sock: Path | None) -> bool:

@@ -57,7 +57,7 @@ def rates(sm: np.ndarray, membw: np.ndarray, cache_bound: np.ndarray, mps: np.nd
 def contexts(sm, membw, cache_bound, mps, k_cache: float, k_bw: float, busy_sm: float,
              switch_cost: float) -> np.ndarray:
     """The structure above with its parameters given: the policy's model passes its own, and the
-    simulator's truths (colo/simtruth.py) theirs, so that tuning one never moves the other."""
+    simulator's truths (colo/truth.py) theirs, so that tuning one never moves the other."""
     sm = np.asarray(sm, dtype=float)
     membw = np.asarray(membw, dtype=float)
     if sm.ndim == 1:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-log = logging.getLogger("colo.mps")
+log = logging.getLogger("colo.node.mps")
 
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the control daemon into its pipe directory
 NULL_PIPE_DIR = "mps-none"

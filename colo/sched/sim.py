@@ -2,7 +2,7 @@
 baseline policies, on a discrete-event model of the GPUs, and compare.
 
 What the jobs really do (their run time, SM, bandwidth, memory, and how co-running slows them) is
-the Truth's (colo/simtruth.py); every policy, baselines included, sees only the stored profiles.
+the Truth's (colo/sched/truth.py); every policy, baselines included, sees only the stored profiles.
 
 Events: arrivals, job ends and failures, profile step boundaries (a job's demand changes), and a
 re-plan tick. Between events every demand is constant, so progress is exact.
@@ -23,13 +23,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import profiles as profs
+from ..config import Config
+from ..profiles import Profile, ProfileStore, shipped_dir
+from ..units import format_size, parse_size
 from . import fairshare
-from .config import Config
 from . import policy as pol
-from . import simtruth
-from . import profiles as profs
-from .profiles import Profile, ProfileStore, shipped_dir
-from .units import format_size, parse_size
+from . import truth as simtruth
 
 GiB = 1024**3
 MiB = 1024**2
@@ -132,8 +132,9 @@ def loads_workload(text: str, store: ProfileStore, origin: str = "<workload>") -
 
 
 def workloads_dir() -> Path:
-    packaged = Path(__file__).resolve().parent / "data" / "workloads"  # a wheel's copy (setup.py)
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "workloads"
+    pkg = Path(__file__).resolve().parent.parent  # the colo package (this is colo/sched/)
+    packaged = pkg / "data" / "workloads"  # a wheel's copy (setup.py)
+    return packaged if packaged.is_dir() else pkg.parent / "workloads"
 
 
 MIXES = ("heavy", "light", "memory-heavy", "memory-light", "random")
@@ -295,7 +296,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
              truth: simtruth.Truth | None = None, grow: bool = False,
              learned: pol.Learned | None = None, learn: bool = True,
              half_life: float = FAIR_HALF_LIFE, profiles: dict[str, Profile] | None = None) -> Result:
-    """colo runs as the daemon does: the queue in fair-share order (colo/fairshare.py, use decaying
+    """colo runs as the daemon does: the queue in fair-share order (colo/sched/fairshare.py, use decaying
     with `half_life`), learning from every job's end into `learned` (what earlier runs taught,
     carried by the caller; a fresh one when None; `learn=False`: a colo that never learns), and
     learning profiles into `profiles` (name -> the profile colo places that application with

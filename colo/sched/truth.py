@@ -4,7 +4,7 @@ Every policy (colo's and the baselines) decides from the stored profiles only. T
 each job from a *realisation* of its profile and moves it with a *physics*; both come from a Truth:
 
 - `exact`: the realisation is the stored profile and the physics is colo's own co-run model
-  (colo/simmodel.py). Measures decisions under the assumption that the model is right; kept for
+  (colo/interference.py). Measures decisions under the assumption that the model is right; kept for
   calibration checks and as a regression reference, not as evidence.
 - `noisy`: each application's real behaviour is drawn around its stored profile (SM and
   bandwidth x 0.7..1.4, duration x 0.8..1.25, peak memory x 1.0..1.15, spreads configurable):
@@ -19,7 +19,7 @@ each job from a *realisation* of its profile and moves it with a *physics*; both
   DRAM contention; time-sliced neighbours evict each other's working sets between slices).
   The fit and its residuals are in docs/sim.md (workloads/calibrate_study.py).
 
-Nothing here is imported by colo/policy.py: the policy cannot see the truth.
+Nothing here is imported by colo/sched/policy.py: the policy cannot see the truth.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from . import simmodel
+from . import interference
 
 TRUTHS = ("exact", "noisy", "study")
 
@@ -78,16 +78,16 @@ def _heavy_pair_constants(knee: float, k_int: float) -> tuple[float, float]:
 
 # The truths' own copies of the structure's parameters: today the values colo's model was
 # calibrated with (DESIGN.md's pairs), but the truth's, so that tuning the policy's model
-# (colo/simmodel.py) never moves what the jobs really do.
+# (colo/interference.py) never moves what the jobs really do.
 BUSY_SM = 0.25  # SM activity from which a job's kernels keep the GPU busy
 K_BW = 0.5  # bandwidth oversubscription between MPS clients that are not cache-bound
 K_CACHE = (223.6 / (2 * 61.5 * (1.0 - SWITCH_COST) / 2) - 1.0) / 0.8  # 223.6 s vs 61.5 s, no interference
 
 
 def study_rates(sm, membw, cache_bound, mps, corun=None, knee: float = KNEE, k_int: float = K_INTERFERE):
-    """Progress rate of each job at each instant under the study physics (shapes as simmodel.rates)."""
+    """Progress rate of each job at each instant under the study physics (shapes as interference.rates)."""
     _, k_cache = _heavy_pair_constants(knee, k_int)
-    out = simmodel.contexts(sm, membw, cache_bound, mps, k_cache, K_BW, BUSY_SM, SWITCH_COST)
+    out = interference.contexts(sm, membw, cache_bound, mps, k_cache, K_BW, BUSY_SM, SWITCH_COST)
     sm = np.asarray(sm, dtype=float)
     membw = np.asarray(membw, dtype=float)
     if sm.ndim == 1:
@@ -106,7 +106,7 @@ def study_rates(sm, membw, cache_bound, mps, corun=None, knee: float = KNEE, k_i
 def noisy_rates(sm, membw, cache_bound, mps, corun=None):
     """The structure of colo's model (with the truth's parameters) plus the co-run penalty the
     model does not know about."""
-    out = simmodel.contexts(sm, membw, cache_bound, mps, K_CACHE, K_BW, BUSY_SM, SWITCH_COST)
+    out = interference.contexts(sm, membw, cache_bound, mps, K_CACHE, K_BW, BUSY_SM, SWITCH_COST)
     if corun is None:
         return out
     sm = np.asarray(sm, dtype=float)
@@ -151,7 +151,7 @@ class Truth:
 
     def rates(self, sm, membw, cache_bound, mps, corun) -> np.ndarray:
         if self.kind == "exact":
-            return simmodel.rates(sm, membw, cache_bound, mps)
+            return interference.rates(sm, membw, cache_bound, mps)
         if self.kind == "noisy":
             return noisy_rates(sm, membw, cache_bound, mps, corun)
         return study_rates(sm, membw, cache_bound, mps, None, self.knee, self.k_int)
@@ -169,7 +169,7 @@ def calibration_pair(kind: str, knee: float = KNEE, k_int: float = K_INTERFERE) 
     """The MPS study's pair jobs as this truth's physics needs them (the heavy job's alone time
     depends on how much interference the measured 61.5 s already held)."""
     if kind == "light":
-        return dict(simmodel.CAL_LIGHT)
+        return dict(interference.CAL_LIGHT)
     alone, _ = _heavy_pair_constants(knee, k_int)
-    return dict(simmodel.CAL_HEAVY, runtime=alone)
+    return dict(interference.CAL_HEAVY, runtime=alone)
 

@@ -1,6 +1,6 @@
 """What `colo submit` sends: the spec built from its options, and the short path that runs it.
 
-Both the typer command (colo/cli.py) and the short path below build the spec with `build_spec`,
+Both the typer command (colo/cli/app.py) and the short path below build the spec with `build_spec`,
 so they cannot disagree. The short path exists for speed only: `colo submit` is typed (and
 scripted, in loops) far more than any other command, and importing typer/click costs more than
 the whole submit round trip. It imports the standard library's small modules, colo.client and
@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import sys
 
-from .units import BadSize, parse_size
+from ..units import BadSize, parse_size
 
 
 def safe(text: object) -> str:
-    from .textsafe import safe  # only where something is wrong (unicodedata)
+    from ..textsafe import safe  # only where something is wrong (unicodedata)
 
     return safe(text)
 
@@ -140,7 +140,7 @@ def run_fast(args: list[str]) -> int | None:
     sock = opts.pop("socket", None) or os.environ.get("COLO_SOCKET") or None
     as_json = opts.pop("json", False)
     command = opts.pop("command")
-    from .client import Client, ClientError
+    from ..client import Client, ClientError
 
     try:
         spec = build_spec(command, **opts)

@@ -6,7 +6,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-_PKG = Path(__file__).resolve().parent
+_PKG = Path(__file__).resolve().parent.parent  # the colo package (this is colo/node/)
 _REPO_NATIVE = _PKG.parent / "native"
 _lock = threading.Lock()
 _built = False

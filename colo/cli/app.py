@@ -10,12 +10,13 @@ from typing import List, Optional
 
 import typer
 
-from . import cli_sim, lsview
-from .client import Client, ClientError
-from .jobs import TERMINAL
+from . import lsview
+from . import sim as cli_sim
+from ..client import Client, ClientError
+from ..jobs import TERMINAL
 from .submitspec import SubmitError, build_spec
-from .textsafe import safe, safe_all, safe_tree
-from .units import BadSize, format_duration, format_size, format_size_exact, parse_size
+from ..textsafe import safe, safe_all, safe_tree
+from ..units import BadSize, format_duration, format_size, format_size_exact, parse_size
 
 app = typer.Typer(help="colo: share this node's GPUs: a queue, memory budgets, MPS or time-slicing.",
                   no_args_is_help=True, pretty_exceptions_enable=False)  # --install-completion: bash, zsh, fish
@@ -25,7 +26,7 @@ JsonOpt = typer.Option(False, "--json", help="print JSON for scripts")
 
 def _version(value: bool) -> None:
     if value:
-        from . import __version__
+        from .. import __version__
 
         typer.echo(f"colo {__version__}")
         raise typer.Exit()
@@ -337,7 +338,7 @@ def parse_since(text: str, opt: str = "--since") -> float:
     """Epoch seconds from a duration back from now (90s, 10m, 2h, 1d) or a local ISO 8601 time."""
     from datetime import datetime
 
-    from .report import parse_period
+    from ..report import parse_period
 
     try:
         return time.time() - parse_period(text)
@@ -620,7 +621,7 @@ def history(since: Optional[str] = SinceOpt, user: List[str] = UserOpt,
 
     Example: colo history --since 1d --user alice   ·   colo history --since 2026-11-01 | grep failed
     """
-    from . import report as rp
+    from .. import report as rp
 
     if limit is not None and limit < 0:
         fail(f"--limit {limit}: a number of jobs, 0 or more (0: every job)")
@@ -659,7 +660,7 @@ def report(since: Optional[str] = SinceOpt, user: List[str] = UserOpt,
 
     Example: colo report --since 30d   ·   colo report --since 30d --svg report.svg
     """
-    from . import report as rp
+    from .. import report as rp
 
     r = _call(client(sock).report, max(0.0, parse_since(since)) if since else None, user)
     if svg is not None:
@@ -709,10 +710,10 @@ def daemon(
     import asyncio
     import logging
 
-    from .config import Config, ConfigError
-    from .daemon.core import AlreadyRunning
-    from .daemon.server import serve
-    from .store import StoreError
+    from ..config import Config, ConfigError
+    from ..daemon.core import AlreadyRunning
+    from ..daemon.server import serve
+    from ..store import StoreError
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s colo %(levelname)s %(message)s")
@@ -730,7 +731,7 @@ def run_budgeted(command: List[str] = typer.Argument(..., help="the command, aft
 
     Example: colo run-budgeted --gpu-mem 2GiB -- python infer.py
     """
-    from . import interposer
+    from ..node import interposer
 
     try:
         budget = parse_size(gpu_mem)
@@ -760,7 +761,7 @@ def top(once: bool = typer.Option(False, "--once", help="print one plain-text fr
 
     Example: colo top   ·   colo top --once --lines 40 > snapshot.txt
     """
-    from .tui.app import run_top
+    from ..tui.app import run_top
 
     raise typer.Exit(run_top(Client(sock, timeout=10), once=once, lines=lines))
 
