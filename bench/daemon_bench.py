@@ -167,17 +167,16 @@ def scheduler_pass(rep: Report, root: Path, state: Path, n: int, uuids: list[str
     bad: list[str] = []
 
     async def go():
-        d.wake_event, d.changed = asyncio.Event(), asyncio.Condition()
         for _ in range(20):
-            d.decisions.clear()  # every wait reason is new: all n are handed to the writer
+            d.scheduler.decisions.clear()  # every wait reason is new: all n are handed to the writer
             t = time.perf_counter()
-            decisions = d.schedule_pass(complete=True)  # every queued job, as after a restart
+            decisions = d.scheduler.schedule_pass(complete=True)  # every queued job, as after a restart
             changed.append(time.perf_counter() - t)
             if len(decisions) != n or any(x.action == "start" for x in decisions):
                 bad.append(f"{len(decisions)} decisions, {sum(x.action == 'start' for x in decisions)} starts")
         for _ in range(20):  # nothing changed since the last pass
             t = time.perf_counter()
-            d.schedule_pass()
+            d.scheduler.schedule_pass()
             steady.append(time.perf_counter() - t)
 
     asyncio.run(go())

@@ -69,6 +69,14 @@ class Config:
     def lock_path(self) -> Path:
         return self.state_dir / "colo.lock"
 
+    def run_dir(self, job_id: int) -> Path:
+        """A job's root-owned folder (ledger, exit file): jobs/ID."""
+        return self.jobs_dir / str(job_id)
+
+    def log_path(self, job_id: int) -> Path:
+        """A job's output, in the root-only logs/ folder."""
+        return self.state_dir / "logs" / f"{job_id}.log"
+
     @classmethod
     def load(cls, path: Path | None = None, **overrides) -> "Config":
         values: dict = {}

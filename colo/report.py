@@ -7,7 +7,7 @@ actually spent = for each GPU, the time at least one job ran on it. Their differ
 co-location saved (jobs that overlapped on a GPU were paid for once).
 
 Slowdown against alone = a succeeded job's run time / its profile's run time alone (the profile
-colo placed it with, learned from earlier runs; colo/daemon/learning.py records it at the job's
+colo placed it with, learned from earlier runs; colo/daemon/learner.py records it at the job's
 end). None ("—" in tables) for a job with no profile, or one that did not succeed (it stopped
 early, so its run time says nothing about speed).
 """

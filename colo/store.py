@@ -54,7 +54,7 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN held_by TEXT;
     """,
-    # 4: what the daemon learned from jobs' ends (colo/daemon/learning.py), per user (invariant 13),
+    # 4: what the daemon learned from jobs' ends (colo/daemon/learner.py), per user (invariant 13),
     # so a restart does not forget it; and which profiles shared a running job's GPU
     """
     CREATE TABLE learned_corun (

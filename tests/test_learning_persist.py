@@ -170,7 +170,7 @@ def test_schema_4_keeps_an_older_database_and_bounds_neighbours(tmp_path):
 
 
 def test_error_list_changes_are_stored_as_appends():
-    from colo.daemon.learning import _errors_delta
+    from colo.daemon.learner import _errors_delta
 
     assert _errors_delta([], [1.0]) == ([1.0], [])  # first: the whole list
     assert _errors_delta([1.0], [1.0, 2.0]) == (None, [2.0])

@@ -90,7 +90,7 @@ def test_mps_job_is_sampled_and_learned_alike_whoever_nvml_names(node, attributi
 
 
 def test_server_activity_is_split_equally_among_that_gpus_mps_jobs():
-    from colo.daemon.learning import mps_server_shares
+    from colo.daemon.learner import mps_server_shares
 
     per_gpu = {"GPU-a": {10: (60, 30), 77: (20, 10)}, "GPU-b": {11: (0, 0)}}  # 10, 11: colo's servers
     got = mps_server_shares(per_gpu, {10, 11}, {1: ("GPU-a",), 2: ("GPU-a",), 3: ("GPU-b",)})

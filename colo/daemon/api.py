@@ -82,7 +82,7 @@ class Api:
         }
         out["reason"] = self.reason(job, reasons.get(job.id) if reasons is not None else None)
         if job.state in ACTIVE:
-            u = self.d.stats.get(job.id) or self.d.usage(job)  # the sampler's, or read now
+            u = self.d.sampler.stats.get(job.id) or self.d.sampler.usage(job)  # the sampler's, or read now
             if u:
                 out["used"] = u.get("used")
                 out["refused"] = u.get("refused")
@@ -97,7 +97,7 @@ class Api:
             if job.held_by:  # said at once, before a pass has looked at it
                 return f"held by {job.held_by} (colo release {job.id})"
             return job.reason if decided is None else decided
-        if job.state in ACTIVE and (note := self.d.patrol_note(job.id)):
+        if job.state in ACTIVE and (note := self.d.patrol.note(job.id)):
             return f"{job.reason}; {note}"
         return job.reason
 
@@ -106,7 +106,7 @@ class Api:
         out = {}
         for j in jobs:
             if j.state == State.QUEUED:
-                d = self.d.decisions.get(j.id)
+                d = self.d.scheduler.decisions.get(j.id)
                 if d is not None:
                     out[j.id] = d.reason
         return out
@@ -114,8 +114,8 @@ class Api:
     # ops ----------------------------------------------------------------------------------------
     async def hello(self, caller: Caller, args: dict) -> dict:
         return {"version": __version__, "protocol": protocol.VERSION, "uid": caller.uid, "user": caller.user,
-                "admin": is_admin(caller, self.d.config.admin_group), "gpu_error": self.d.gpu_error,
-                "docker_error": self.d.docker_away(), "fake_gpu": self.d.config.fakegpu_state is not None}
+                "admin": is_admin(caller, self.d.config.admin_group), "gpu_error": self.d.gpus.error,
+                "docker_error": self.d.engines.docker_away(), "fake_gpu": self.d.config.fakegpu_state is not None}
 
     async def submit(self, caller: Caller, args: dict) -> dict:
         d = self.d
@@ -137,8 +137,8 @@ class Api:
                 raise ApiError(str(e), protocol.FORBIDDEN) from None
         await self._admit(spec, caller, caller.user, caller.uid, tasks=len(indices) if indices else 1)
         if indices is None:
-            return self.summary(d.add_job(spec, caller.uid, caller.gid, caller.user))
-        jobs = d.add_array(spec, indices, limit, caller.uid, caller.gid, caller.user)
+            return self.summary(d.table.add(spec, caller.uid, caller.gid, caller.user))
+        jobs = d.table.add_array(spec, indices, limit, caller.uid, caller.gid, caller.user)
         return {**self.summary(jobs[0]), "tasks": [j.id for j in jobs]}  # the array's id is its first task's
 
     async def _admit(self, spec: JobSpec, caller: Caller, user: str, uid: int, queued: bool = False,
@@ -152,22 +152,23 @@ class Api:
             raise ApiError(f"--priority {spec.priority} is above {top}, the most a user may set here "
                            f"(max_user_priority); members of {d.config.admin_group or 'no admin group'} and root "
                            "may set more", protocol.FORBIDDEN)
-        if not queued and (why := fairshare.submit_refusal(d.limits, user, d.queued_count(uid) + tasks - 1)):
+        if not queued and (why := fairshare.submit_refusal(d.scheduler.limits, user,
+                                                             d.scheduler.queued_count(uid) + tasks - 1)):
             raise ApiError(why, protocol.FORBIDDEN)
         if spec.gpus:
-            if d.gpu_error:
-                raise ApiError(d.gpu_error, protocol.INVALID)
-            views = [v for v in d.gpu_views() if gpu_allowed(v, spec.gpu_ids, spec.gpu_type)]
-            why = (gpu_filter_refusal(spec.gpu_ids, spec.gpu_type, spec.gpus, d.gpu_views())
+            if d.gpus.error:
+                raise ApiError(d.gpus.error, protocol.INVALID)
+            views = [v for v in d.gpus.views() if gpu_allowed(v, spec.gpu_ids, spec.gpu_type)]
+            why = (gpu_filter_refusal(spec.gpu_ids, spec.gpu_type, spec.gpus, d.gpus.views())
                    or self._too_big(spec.gpu_mem, spec.gpus, views) or can_ever_fit(spec.gpu_mem, spec.gpus, views))
             if why:
                 raise ApiError(f"job can never run here: {why}", protocol.INVALID)
         if queued:
             return
         if spec.image is not None:
-            rt = d.runtimes.get("docker")
+            rt = d.engines.get("docker")
             if rt is None:
-                raise ApiError(d.docker_error or "no Docker engine", protocol.UNAVAILABLE)
+                raise ApiError(d.engines.docker_error or "no Docker engine", protocol.UNAVAILABLE)
             try:
                 here = await asyncio.to_thread(rt.has_image, spec.image)
             except Unavailable as e:
@@ -199,13 +200,13 @@ class Api:
         job = self._queued(args, caller, "hold", "held")
         if job.held_by:
             return self.summary(job)
-        return self.summary(self.d.change_queued(job.id, f"held by {caller.user}", held_by=caller.user))
+        return self.summary(self.d.table.change_queued(job.id, f"held by {caller.user}", held_by=caller.user))
 
     async def release(self, caller: Caller, args: dict) -> dict:
         job = self._queued(args, caller, "release", "released")
         if not job.held_by:
             raise ApiError(f"job {job.id} is not held", protocol.INVALID)
-        return self.summary(self.d.change_queued(job.id, f"released by {caller.user}", held_by=None))
+        return self.summary(self.d.table.change_queued(job.id, f"released by {caller.user}", held_by=None))
 
     async def edit(self, caller: Caller, args: dict) -> dict:
         """Change a queued job's budget, priority or name; checked as a submit is."""
@@ -228,14 +229,15 @@ class Api:
         for k, v in kept.items():
             setattr(spec, k, v)
         await self._admit(spec, caller, job.user, job.uid, queued=True)
-        job = self.d.job(job.id)  # the checks may have waited: is it still queued?
+        job = self.d.table.job(job.id)  # the checks may have waited: is it still queued?
         if job.state != State.QUEUED:
             raise ApiError(f"job {job.id} is {job.state}: only a queued job may be changed", protocol.INVALID)
         said = [f"{k} {_shown(k, getattr(job.spec, k))} -> {_shown(k, getattr(spec, k))}" for k in sorted(changes)
                 if getattr(job.spec, k) != getattr(spec, k)]
         if not said:
             return self.summary(job)
-        return self.summary(self.d.change_queued(job.id, f"edited by {caller.user}: {', '.join(said)}", spec=spec))
+        return self.summary(self.d.table.change_queued(job.id, f"edited by {caller.user}: {', '.join(said)}",
+                                                       spec=spec))
 
     async def requeue(self, caller: Caller, args: dict) -> dict:
         """An ended job submitted again as a new job (a new id; the ended one stays in the history)."""
@@ -246,7 +248,7 @@ class Api:
             raise ApiError(f"job {job.id} was a Slurm job: submit it to Slurm again", protocol.INVALID)
         spec = JobSpec.from_dict({**job.spec.to_dict(), "copy_of": job.id}).as_asked()  # not what --grow gave the last run
         await self._admit(spec, caller, job.user, job.uid)
-        new = self.d.add_job(spec, job.uid, job.gid, job.user,
+        new = self.d.table.add(spec, job.uid, job.gid, job.user,
                              reason=f"requeued by {caller.user} as a copy of job {job.id}")
         self._copies += 1  # waits on the ended job follow the copy
         self._copied.add(job.id)
@@ -265,7 +267,7 @@ class Api:
             raise ApiError("only root and the admin group may clean other users' jobs", protocol.FORBIDDEN)
         if not refs:
             mine = not (admin and users)  # the caller's own: their name (the jobs_user index) and uid
-            removed, kept = await d.remove_where(states, before, [caller.user] if mine else users,
+            removed, kept = await d.retention.remove_where(states, before, [caller.user] if mine else users,
                                                  caller.uid if mine else None)
             return {"removed": removed, "kept": kept}
         # every named job checked before any is removed: a wrong name removes nothing
@@ -279,26 +281,27 @@ class Api:
             if (str(int(ref)) if ref.isascii() and ref.isdigit() else ref) not in named:  # 007 is job 7
                 raise ApiError(f"no job {ref!r}" + ("" if admin else " of yours") + ": give a job id, ARRAY_INDEX "
                                "(12_3), an array's id or a job's name", protocol.NOT_FOUND)
-        kept_now, picked = d._kept_now(), {}
+        kept_now, picked = d.retention.kept_now(), {}
         for job_id, uid, user, state, array_job, ended_at, _, _ in rows:
             if uid != caller.uid and not admin:
                 raise ApiError(f"job {job_id} belongs to {user}; you may not clean it", protocol.FORBIDDEN)
             if state not in _ENDED:
                 raise ApiError(f"job {job_id} is {state}: only ended jobs are cleaned (colo cancel it first); "
                                "nothing was removed", protocol.INVALID)
-            if why := d.why_kept(job_id, array_job, kept_now):
+            if why := d.retention.why_kept(job_id, array_job, kept_now):
                 raise ApiError(f"{why}; nothing was removed", protocol.INVALID)
             if (state in states and (before is None or (ended_at is not None and ended_at < before))
                     and (not users or user in users)):
                 picked[job_id] = array_job
-        removed, kept = await d.remove_ended(sorted(picked.items()))
+        removed, kept = await d.retention.remove_ended(sorted(picked.items()))
         return {"removed": removed, "kept": kept}
 
     def _too_big(self, budget: int, ngpus: int, views: list) -> str | None:
         """A budget above what any GPU (the job may use) can give, said with exact sizes: usable vs
         asked (issue 16)."""
         views = {v.uuid: v for v in views}
-        gpus = sorted(((views[g.uuid].usable, g.total) for g in self.d.devices if g.uuid in views), reverse=True)
+        gpus = sorted(((views[g.uuid].usable, g.total) for g in self.d.gpus.devices if g.uuid in views),
+                      reverse=True)
         if not ngpus or len(gpus) < ngpus or gpus[ngpus - 1][0] >= budget:
             return None
         usable, total = gpus[ngpus - 1]
@@ -310,7 +313,7 @@ class Api:
 
     def rows(self, jobs: list[Job]) -> protocol.Raw:
         """The summaries of `jobs` as one JSON array; rows of jobs that are not running are cached."""
-        cache, decisions, parts = self._rows, self.d.decisions, []
+        cache, decisions, parts = self._rows, self.d.scheduler.decisions, []
         dumps = json.dumps
         for j in jobs:
             if j.state in ACTIVE:  # live figures: made afresh
@@ -324,7 +327,7 @@ class Api:
                             separators=(",", ":"), default=str).encode()
                 hit = cache[j.id] = (j, reason, row)
             parts.append(hit[2])
-        if len(cache) > 2 * len(self.d.open_jobs) + 20000:  # rows of jobs gone from every listing
+        if len(cache) > 2 * len(self.d.table.open) + 20000:  # rows of jobs gone from every listing
             keep = {j.id for j in jobs}
             self._rows = {k: v for k, v in cache.items() if k in keep}
         return protocol.Raw(b"[" + b",".join(parts) + b"]")
@@ -354,7 +357,7 @@ class Api:
         # which open jobs refs name: asked of the store, which holds the one rule (Store._where)
         named = None if refs is None else {r[0] for r in d.store.listing(["id"], _OPEN, refs=refs)}
         # State is a str enum whose hash is a Python call: its _value_ (the plain str) is compared
-        live = [j for j in d.open_jobs.values() if j.state._value_ in want and (users is None or j.user in users)
+        live = [j for j in d.table.open.values() if j.state._value_ in want and (users is None or j.user in users)
                 and (names is None or j.spec.name in names) and (named is None or j.id in named)]
         if any(live[i].id > live[i + 1].id for i in range(len(live) - 1)):
             live.sort(key=lambda j: j.id)
@@ -391,7 +394,7 @@ class Api:
             while len(self._ls_rows) >= 4:  # each kind of listing asked for lately (-q, the default, ...)
                 self._ls_rows.pop(next(iter(self._ls_rows)))
         self._ls_rows[key] = cache  # the newest last
-        decisions, out = self.d.decisions, []
+        decisions, out = self.d.scheduler.decisions, []
         for j in jobs:
             st = j.state._value_  # State is a str enum whose hash and value are Python calls
             if st != "queued":
@@ -403,8 +406,8 @@ class Api:
             if hit is None or hit[0] is not j or hit[1] != why:
                 hit = cache[j.id] = (j, why, _encode(self._row(j, fields, cut, why)))
             out.append((j.id, st, hit[2]))
-        if len(cache) > len(self.d.open_jobs) + 1000:  # rows of jobs no longer queued
-            self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.d.open_jobs}
+        if len(cache) > len(self.d.table.open) + 1000:  # rows of jobs no longer queued
+            self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.d.table.open}
         return out
 
     def _ended_jobs(self, ended: list[State], users, names, limit: int | None, refs) -> list[Job]:
@@ -442,20 +445,20 @@ class Api:
         out = self.summary(job, self.reasons([job]))
         out["spec"] = job.spec.to_dict()
         out["events"] = self.d.store.events(job.id)
-        out["decision"] = self.d.explain(job.id)
-        out["log"] = str(self.d.log_path(job.id))
+        out["decision"] = self.d.scheduler.explain(job.id)
+        out["log"] = str(self.d.config.log_path(job.id))
         out["attempts"] = job.attempts
         return out
 
     async def explain(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "see the details of")
-        dec = self.d.explain(job.id)
+        dec = self.d.scheduler.explain(job.id)
         reason = job.reason
         if job.state == State.QUEUED and job.held_by:
             held = f"held by {job.held_by} (colo release {job.id})"
             return {"id": job.id, "state": str(job.state), "reason": held,
                     "decision": {**(dec or {}), "action": "wait", "reason": held}}
-        if note := self.d.patrol_note(job.id):
+        if note := self.d.patrol.note(job.id):
             reason = f"{reason}; {note}"
             if dec is not None:
                 dec = {**dec, "reason": f"{dec['reason']}; {note}"}
@@ -467,14 +470,14 @@ class Api:
             raise ApiError(f"job {job.id} already ended ({job.state})", protocol.INVALID)
         # The stop (SIGTERM, the grace period, SIGKILL) goes on in the background: a cancel returns
         # at once, so cancelling several jobs that ignore SIGTERM takes one grace period, not one
-        # each (issue 16). The cancel itself is stored before this returns (lifecycle.cancel).
-        task = asyncio.create_task(self.d.cancel(job.id, caller.user))
+        # each (issue 16). The cancel itself is stored before this returns (Launcher.cancel).
+        task = asyncio.create_task(self.d.launcher.cancel(job.id, caller.user))
         self._stops.add(task)
         task.add_done_callback(self._stop_done)
         await asyncio.sleep(0)  # the task runs to its first wait: cancel_by is stored, the stop begun
         if not task.done():
             await asyncio.wait({task}, timeout=0.05)
-        return self.summary(self.d.job(job.id))
+        return self.summary(self.d.table.job(job.id))
 
     def _stop_done(self, task: asyncio.Task) -> None:
         self._stops.discard(task)
@@ -483,27 +486,27 @@ class Api:
 
     async def gpus(self, caller: Caller, args: dict) -> dict:
         d = self.d
-        active = d.jobs_in(*ACTIVE)
-        views = {v.uuid: v for v in d.gpu_views()}
+        active = d.table.jobs_in(*ACTIVE)
+        views = {v.uuid: v for v in d.gpus.views()}
         out = []
-        for g in d.devices:
+        for g in d.gpus.devices:
             placed = [j for j in active if g.uuid in j.gpus]
             out.append({**g.to_dict(), "usable": views[g.uuid].usable, "mps": views[g.uuid].mps,
                         "budgeted": sum(j.spec.gpu_mem for j in placed), "jobs": [j.id for j in placed],
                         # held outside any budget (processes of no job, jobs past their budgets): not given out
-                        "unbudgeted": d.unbudgeted.get(g.uuid, 0),
-                        "over": [j.id for j in placed if j.id in d.over]})
-        return {"gpus": out, "error": d.gpu_error, "fake": d.config.fakegpu_state is not None}
+                        "unbudgeted": d.gpus.unbudgeted.get(g.uuid, 0),
+                        "over": [j.id for j in placed if j.id in d.patrol.over]})
+        return {"gpus": out, "error": d.gpus.error, "fake": d.config.fakegpu_state is not None}
 
     async def top(self, caller: Caller, args: dict) -> dict:
         """Everything `colo top` shows, in one snapshot."""
         d = self.d
         gpus = await self.gpus(caller, args)
-        live = sorted(d.open_jobs.values(), key=lambda j: j.id)
+        live = sorted(d.table.open.values(), key=lambda j: j.id)
         recent = [j for j in d.store.jobs(TERMINAL, limit=20, newest_first=True)]
         # processes of no job, as the patrol mapped them at the last sample (colo's MPS servers excluded)
         foreign = [{"gpu": f["gpu"], "pid": f["pid"], "used": f["used"], "command": _cmd(f["pid"]),
-                    "user": _user(f["pid"])} for f in d.foreign]
+                    "user": _user(f["pid"])} for f in d.patrol.foreign]
         head = json.dumps({"at": time.time(), "gpus": gpus["gpus"], "gpu_error": gpus["error"], "fake": gpus["fake"],
                            "foreign": foreign, "you": caller.user}, separators=(",", ":"), default=str).encode()
         return protocol.Raw(head[:-1] + b',"jobs":' + self.rows(live + recent) + b"}")
@@ -571,8 +574,8 @@ class Api:
 
         def collect() -> list[dict]:
             out = []
-            for p in self.d.profile_store(uid).ls():
-                src = self.d.profile_source(uid, p.name)
+            for p in self.d.learner.profile_store(uid).ls():
+                src = self.d.learner.profile_source(uid, p.name)
                 out.append({**p.summary(), "source": src[0] if src else "?"})
             return out
 
@@ -588,10 +591,10 @@ class Api:
         uid, name = self._profile_uid(caller, args), self._profile_name(args)
 
         def one() -> dict | None:
-            p = self.d.profile_store(uid).get(name)
+            p = self.d.learner.profile_store(uid).get(name)
             if p is None:
                 return None
-            src = self.d.profile_source(uid, name)
+            src = self.d.learner.profile_source(uid, name)
             return {**p.summary(), "source": src[0] if src else "?", "note": p.note, "text": profiles.dumps(p),
                     "sm": p.sm.tolist(), "mem": p.mem.tolist(), "membw": p.membw.tolist(),
                     "pcie": None if p.pcie is None else p.pcie.tolist()}
@@ -602,7 +605,7 @@ class Api:
             raise ApiError(str(e), protocol.INVALID) from None
         if r is None:
             raise ApiError(f"no profile named {name!r}", protocol.NOT_FOUND)
-        r["learned"] = self.d.learned_summary(uid, name)  # on the loop: learning changes it there
+        r["learned"] = self.d.learner.learned_summary(uid, name)  # on the loop: learning changes it there
         return r
 
     async def profile_share(self, caller: Caller, args: dict) -> dict:
@@ -613,7 +616,7 @@ class Api:
             raise ApiError("only root and the admin group may share a profile with everyone", protocol.FORBIDDEN)
         uid, name = self._profile_uid(caller, args), self._profile_name(args)
         try:
-            await asyncio.to_thread(self.d.share_profile, name, uid)
+            await asyncio.to_thread(self.d.learner.share_profile, name, uid)
         except (profiles.ProfileError, OSError) as e:
             raise ApiError(str(e), protocol.NOT_FOUND) from None
         return {"name": name, "from_uid": uid, "source": "shared"}
@@ -623,12 +626,12 @@ class Api:
         from .. import profiles
 
         try:
-            p, replaced = await asyncio.to_thread(self.d.put_profile, caller.uid, args.get("text"))
+            p, replaced = await asyncio.to_thread(self.d.learner.put_profile, caller.uid, args.get("text"))
         except profiles.ProfileError as e:
             raise ApiError(str(e), protocol.INVALID) from None
         except OSError as e:
             raise ApiError(f"could not store the profile: {e.strerror}", protocol.UNAVAILABLE) from None
-        self.d.forget_profile(p.name, caller.uid)  # its queued jobs plan with it from the next pass
+        self.d.learner.forget_profile(p.name, caller.uid)  # its queued jobs plan with it from the next pass
         return {"name": p.name, "source": "own", "replaced": replaced, "runs": p.runs}
 
     async def shutdown(self, caller: Caller, args: dict) -> dict:
@@ -645,7 +648,7 @@ class Api:
         the time colo first saw the line (colo/logtimes.py), null for the rest of a line begun in
         an earlier event."""
         job = self._own(self._job(args), caller, "read the logs of")
-        path = self.d.log_path(job.id)
+        path = self.d.config.log_path(job.id)
         follow = bool(args.get("follow"))
         tail, since, stamps = args.get("tail"), args.get("since"), bool(args.get("timestamps"))
         if tail is not None and (not isinstance(tail, int) or isinstance(tail, bool) or tail < 0):
@@ -659,7 +662,7 @@ class Api:
             if path.exists():
                 fd = await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
             if fd is not None and (tail is not None or since is not None or stamps):
-                now = job if job.state in TERMINAL else self.d.job(job.id)
+                now = job if job.state in TERMINAL else self.d.table.job(job.id)
                 fallback = now.ended_at if now.state in TERMINAL and now.ended_at else time.time()
                 index = await asyncio.to_thread(logtimes.load, path) if (since is not None or stamps) else ([], [])
                 pos = os.fstat(fd).st_size
@@ -686,14 +689,14 @@ class Api:
                     line_start, pos = logread.ends_line(fd, stop), stop
                     continue
                 try:
-                    state = self.d.job(job.id).state
+                    state = self.d.table.job(job.id).state
                 except NotFound:  # removed meanwhile (colo clean): what was read is all there is
                     state = None
                 if not follow or state is None or state in TERMINAL:
                     if rest := dec.decode(b"", final=True):  # a character the log ends in the middle of
                         yield {"lines": [[None, rest]]} if stamps else {"data": rest}
                     return
-                await self.d.changed.wait(0.25)  # or new output
+                await self.d.table.changed.wait(0.25)  # or new output
         finally:
             if fd is not None:
                 os.close(fd)
@@ -720,18 +723,18 @@ class Api:
             if live is None:
                 live = [k for k, j in enumerate(jobs) if j.state not in TERMINAL]
             for k in live:
-                jobs[k] = self.d.job(jobs[k].id)
+                jobs[k] = self.d.table.job(jobs[k].id)
             live = [k for k in live if jobs[k].state not in TERMINAL]
             if not live:
                 yield {"final": [{**self.summary(j), **({"waited_for": i} if i != j.id else {})}
                                  for i, j in zip(ids, jobs)]}
                 return
-            await self.d.changed.wait(5)
+            await self.d.table.changed.wait(5)
 
     def _newest_copy(self, job: Job) -> Job:
         """The job that runs `job`'s work now: its newest `colo requeue` copy, copies of copies followed."""
         while job.state in TERMINAL and (i := self.d.store.newest_copy(job.id)) is not None:
-            job = self.d.job(i)
+            job = self.d.table.job(i)
         return job
 
 

@@ -24,13 +24,13 @@ import subprocess
 import threading
 import time
 
-from ..node import interposer
-from ..sched import policy
+from ..config import Config
 from ..jobs import ACTIVE, Job, JobSpec, Mode, State
+from ..node import interposer
 from ..runtimes.base import Gone, StartError
+from ..sched import policy
 from ..units import format_size
-from .launchspec import build_launch
-from .lifecycle import Live
+from .jobtable import JobTable
 from .validate import NAME
 
 log = logging.getLogger("colo")
@@ -87,8 +87,9 @@ class SlurmRuntime:
 
     cleanup_in_background = False  # a dict entry and a file: nothing to wait for
 
-    def __init__(self, daemon):
-        self.d = daemon
+    def __init__(self, config: Config, table: JobTable):
+        self.config = config
+        self.table = table
         self._lock = threading.Lock()
         self._ends: dict[int, tuple[threading.Event, list]] = {}  # slurm job -> (ended, [exit code])
 
@@ -137,10 +138,10 @@ class SlurmRuntime:
     def pids(self, handle: str) -> list[int]:
         _, jid = _parse(handle)
         try:
-            uid = self.d.job(jid).uid
+            uid = self.table.job(jid).uid
         except KeyError:
             return []
-        led = _safe_ledger(self.d.run_dir(jid) / "ledger")
+        led = _safe_ledger(self.config.run_dir(jid) / "ledger")
         out = []
         for p in (led.processes if led else []):
             pid = p.get("host_pid")
@@ -156,7 +157,7 @@ class SlurmRuntime:
         with self._lock:
             self._ends.pop(sj, None)
         try:
-            _env_path(self.d, jid).unlink()
+            _env_path(self.config, jid).unlink()
         except OSError:
             pass
 
@@ -170,19 +171,21 @@ def _int(args: dict, key: str, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
     return v
 
 
-def find(d, slurm_job: int) -> Job | None:
-    for j in d.open_jobs.values():
+def find(table: JobTable, slurm_job: int) -> Job | None:
+    for j in table.open.values():
         if j.spec.slurm_job == slurm_job:
             return j
     return None
 
 
-def _env_path(d, job_id: int):
-    return d.config.state_dir / "slurm" / f"{job_id}.json"
+def _env_path(config: Config, job_id: int):
+    return config.state_dir / "slurm" / f"{job_id}.json"
 
 
 class External:
-    """The `slurm` op's actions. One per daemon (api.Api keeps it)."""
+    """The `slurm` op's actions. One per daemon (api.Api keeps it). Calls the daemon's parts as
+    a request handler does: the job table, the GPUs, the scheduler (placement now, its
+    decisions), the learner (profiles) and the launcher (what to start it with, following it)."""
 
     def __init__(self, daemon):
         self.d = daemon
@@ -190,7 +193,7 @@ class External:
 
     @property
     def rt(self) -> SlurmRuntime:
-        return self.d.runtimes["slurm"]
+        return self.d.engines.get("slurm")
 
     async def handle(self, args: dict) -> dict:
         action = args.get("action")
@@ -213,23 +216,23 @@ class External:
             raise Refused(f"malformed profile name {profile!r}: letters, digits, . _ - (at most 64)")
         if sj in self._starting:
             return {"job": None, "env": await asyncio.shield(self._starting[sj])}
-        job = find(d, sj)
+        job = find(d.table, sj)
         if job is not None:
             if job.uid != uid:
                 raise Refused(f"Slurm job {sj} is known to colo as {job.user}'s")
             return {"job": job.id, "env": self._load_env(job.id)}
         if gpu_mem == 0:  # asked for no GPU memory: it gets no GPU (its memory is nobody's budget)
             return {"job": None, "env": {"CUDA_VISIBLE_DEVICES": ""}}
-        if d.gpu_error:
-            raise Refused(d.gpu_error)
-        views = d.gpu_views(in_use=True)  # less memory held outside any budget (the patrol)
+        if d.gpus.error:
+            raise Refused(d.gpus.error)
+        views = d.gpus.views(in_use=True)  # less memory held outside any budget (the patrol)
         bound = args.get("gpu_index") or []
         if not isinstance(bound, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in bound):
             raise Refused(f"malformed gpu_index: {bound!r}")
         if bound:  # Slurm bound GPUs to it (gres/gpu): colo places it on exactly those
             views = [v for v in views if v.index in bound]
             if len(views) != len(set(bound)):
-                raise Refused(f"Slurm gave it GPUs {bound}, colo sees GPUs {[v.index for v in d.gpu_views()]}")
+                raise Refused(f"Slurm gave it GPUs {bound}, colo sees GPUs {[v.index for v in d.gpus.views()]}")
         ngpus = max(1, len(views) if bound else 1)
         per_gpu = gpu_mem // ngpus  # gpumem is the job's on this node, spread over its GPUs
         try:
@@ -239,8 +242,8 @@ class External:
         spec = JobSpec(argv=["slurm", str(sj)], name=f"slurm-{sj}", gpu_mem=per_gpu, gpus=ngpus,
                        profile=profile, slurm_job=sj)
         now = time.time()
-        cand = policy.Candidate(0, per_gpu, ngpus, uid, 0, 0, d.profile_of(Job(0, spec, uid, gid, user)))
-        dec = policy.place_now(cand, views, d.placed(now), d.cfg_policy)
+        cand = policy.Candidate(0, per_gpu, ngpus, uid, 0, 0, d.learner.profile_of(Job(0, spec, uid, gid, user)))
+        dec = policy.place_now(cand, views, d.scheduler.placed(now), d.cfg_policy)
         if dec.action != policy.START:
             raise Refused(f"no GPU on this node can hold its gpumem budget of {format_size(per_gpu)} now: {dec.reason}")
         fut = self._starting[sj] = asyncio.get_running_loop().create_future()
@@ -258,29 +261,28 @@ class External:
 
     async def _start(self, spec: JobSpec, uid: int, gid: int, user: str, dec: policy.Decision) -> dict:
         d = self.d
-        job = d.add_job(spec, uid, gid, user)  # then at once STARTING: the scheduler never sees it queued
+        job = d.table.add(spec, uid, gid, user)  # then at once STARTING: the scheduler never sees it queued
         dec = policy.Decision(job.id, dec.action, dec.gpus, dec.mode, dec.reason, dec.details, dec.thread_pct)
-        d._record([dec])
+        d.scheduler.record([dec])
         handle = _handle(spec.slurm_job, job.id)
-        job = d.transition(job.id, State.STARTING, f"started by Slurm (job {spec.slurm_job}): {dec.reason}",
+        job = d.table.transition(job.id, State.STARTING, f"started by Slurm (job {spec.slurm_job}): {dec.reason}",
                            gpus=list(dec.gpus), mode=Mode(dec.mode or "timesliced"), attempts=1, handle=handle)
         try:
-            launch = await asyncio.to_thread(build_launch, d, job, dec)
+            launch = await asyncio.to_thread(d.launcher.build_launch, job, dec)
             env = dict(launch.env)
             await asyncio.to_thread(self._save_env, job.id, env)
         except Exception as e:  # noqa: BLE001 - the step fails with this line; the job is not left starting
             reason = f"failed to start: {e}"
-            d.transition(job.id, State.FAILED, reason)
-            d._finish(job.id)
+            d.table.transition(job.id, State.FAILED, reason)
+            d.launcher.finish(job.id)
             raise Refused(reason) from None
-        d.transition(job.id, State.RUNNING, f"running under Slurm (job {spec.slurm_job})")
-        live = d.live.setdefault(job.id, Live())
-        live.task = asyncio.get_running_loop().create_task(d.follow(job.id, handle))
+        d.table.transition(job.id, State.RUNNING, f"running under Slurm (job {spec.slurm_job})")
+        d.launcher.adopt(job.id, handle)
         return env
 
     def _save_env(self, job_id: int, env: dict) -> None:
         """Kept where only root can write: later steps of the job get the very same environment."""
-        p = _env_path(self.d, job_id)
+        p = _env_path(self.d.config, job_id)
         p.parent.mkdir(mode=0o700, exist_ok=True)
         tmp = p.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -290,24 +292,24 @@ class External:
 
     def _load_env(self, job_id: int) -> dict:
         try:
-            return json.loads(_env_path(self.d, job_id).read_text())
+            return json.loads(_env_path(self.d.config, job_id).read_text())
         except (OSError, ValueError) as e:
             raise Refused(f"colo job {job_id}: its environment is gone ({e})") from None
 
     async def _terminate_clients(self, job: Job) -> bool:
         """terminate_client for every MPS client of the job still attached; Slurm kills them next."""
-        if job.mode != Mode.MPS or self.d.mps is None or not job.gpus or not job.handle:
+        if job.mode != Mode.MPS or not job.gpus or not job.handle:
             return True
         pids = await asyncio.to_thread(self.rt.pids, job.handle)
         if not pids:
             return True
-        return await asyncio.to_thread(self.d.mps.terminate_then, job.gpus[0], pids, lambda: None)
+        return await asyncio.to_thread(self.d.gpus.mps.terminate_then, job.gpus[0], pids, lambda: None)
 
     async def batch_exit(self, args: dict) -> dict:
         """The batch script ended (by itself, scancel or a time limit): whatever the job still runs
         is killed by Slurm next, so its MPS clients are terminated first (invariant 6)."""
         sj = _int(args, "job", 1, 1 << 32)
-        job = find(self.d, sj)
+        job = find(self.d.table, sj)
         if job is None:
             return {"job": None}
         ok = await self._terminate_clients(job)
@@ -318,11 +320,11 @@ class External:
         sj = _int(args, "job", 1, 1 << 32)
         code = _int(args, "exit_code", 0, 255)
         sig = _int(args, "signal", 0, 64)
-        job = find(self.d, sj)
+        job = find(self.d.table, sj)
         if job is None or job.state not in ACTIVE:
             return {"job": None}
         await self._terminate_clients(job)  # normally none is left; if one is, it goes cleanly
         if sig in (signal.SIGTERM, signal.SIGKILL) and not job.cancel_by:
-            self.d.set_fields(job.id, cancel_by=f"Slurm (signal {sig}: scancel, time limit or preemption)")
+            self.d.table.set_fields(job.id, cancel_by=f"Slurm (signal {sig}: scancel, time limit or preemption)")
         self.rt.ended(sj, 128 + sig if sig else code)  # follow() records it; cleanup() drops the env
         return {"job": job.id}

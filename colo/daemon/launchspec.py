@@ -4,27 +4,30 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Callable
 
-from ..node import interposer, mps, native
-from ..sched import policy
+from ..config import Config
 from ..jobs import Job, Mount
+from ..node import interposer, mps, native
 from ..runtimes.base import Launch, StartError
+from ..sched import policy
 from . import pin
+from .gpus import Gpus
 from .validate import Caller, Forbidden, Invalid
-
-if TYPE_CHECKING:
-    from .core import Daemon
 
 IN_JOB = "/opt/colo"  # where colo's own files appear inside a container
 
 
-def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
+def build_launch(config: Config, gpus: Gpus, native_dir: Path, mps_users: Callable[[], dict[str, set[int]]],
+                 job: Job, dec: policy.Decision) -> Launch:
+    """mps_users: GPU uuid -> uids of its MPS jobs, asked when an MPS job's start opens the
+    GPU's control daemon to its user (JobTable.mps_users)."""
     # Root's, 0711: the job reaches its ledger by name but can neither list, replace nor add
     # anything here, so what the daemon reads back (exit code, ledger) is what colo put there.
     # Made afresh: an earlier attempt (or an older colo, which gave this folder to the user) may
     # have left things in it.
-    run_dir = d.run_dir(job.id)
+    run_dir = config.run_dir(job.id)
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     os.chown(run_dir, os.geteuid(), os.getegid())
@@ -48,7 +51,7 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
     if job.spec.gpus:
         ledger = run_dir / "ledger"
         interposer.create_ledger(ledger, job.spec.gpu_mem, devices=len(dec.gpus), uid=job.uid, gid=job.gid)
-        ndir = d.native
+        ndir = native_dir
         if in_container:
             mounts.append(Mount(str(ndir), f"{IN_JOB}/native", True))
             mounts.append(Mount(str(run_dir), f"{IN_JOB}/run", False))
@@ -57,19 +60,19 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
             lib, led = str(ndir / native.INTERPOSER), str(ledger)
         env.update(interposer.job_env(job.spec.gpu_mem, led, lib))
         env["CUDA_VISIBLE_DEVICES"] = ",".join(dec.gpus)
-        if d.config.fakegpu_state is not None:
-            state = d.config.fakegpu_state
+        if config.fakegpu_state is not None:
+            state = config.fakegpu_state
             if in_container:
                 mounts.append(Mount(str(state.parent), f"{IN_JOB}/fakegpu", False))
                 env["COLO_FAKEGPU_STATE"] = f"{IN_JOB}/fakegpu/{state.name}"
                 env["LD_LIBRARY_PATH"] = f"{IN_JOB}/native/{native.FAKEGPU_DIR}"
             else:
-                env.update(d.fake_env())
-        if dec.mode == "mps" and d.mps is not None:
-            gpu = next(g for g in d.devices if g.uuid == dec.gpus[0])
+                env.update(gpus.fake_env())
+        if dec.mode == "mps":
+            gpu = next(g for g in gpus.devices if g.uuid == dec.gpus[0])
             # the job (STARTING) and the GPU's other MPS jobs: their uids may reach the daemon
-            d.mps.allow(gpu.uuid, gpu.index, lambda: d.mps_users().get(gpu.uuid, ()))
-            daemon = d.mps.ensure(gpu.uuid, gpu.index)
+            gpus.mps.allow(gpu.uuid, gpu.index, lambda: mps_users().get(gpu.uuid, ()))
+            daemon = gpus.mps.ensure(gpu.uuid, gpu.index)
             client = daemon.client_env(job.spec.gpu_mem, dec.thread_pct)
             if in_container:
                 mounts.append(Mount(str(daemon.pipe_dir), f"{IN_JOB}/mps", False))
@@ -77,20 +80,20 @@ def build_launch(d: "Daemon", job: Job, dec: policy.Decision) -> Launch:
                 share_shm = True
             env.update(client)
         else:
-            null = mps.null_pipe_dir(d.config.state_dir / "mps")
+            null = mps.null_pipe_dir(config.state_dir / "mps")
             env["CUDA_MPS_PIPE_DIRECTORY"] = f"{IN_JOB}/nomps" if in_container else str(null)
             if in_container:
                 mounts.append(Mount(str(null), f"{IN_JOB}/nomps", True))
 
-    log_path = d.log_path(job.id)  # in the root-only logs/ folder; the runtime writes it as root
+    log_path = config.log_path(job.id)  # in the root-only logs/ folder; the runtime writes it as root
     log_path.touch(mode=0o600, exist_ok=True)
     # Last, so that nothing after it can fail and leave them mounted: the user's sources opened
     # again as the user and pinned, Docker mounts what was checked (pin.py). Launch.release
     # unmounts the staging once the container has started.
     try:
-        user_mounts, release = pin.stage(job.spec.mounts, Caller(0, job.uid, job.gid), d.native / pin.HELPER,
-                                         [d.config.state_dir, d.config.socket.parent],
-                                         d.config.state_dir / "mounts", job.id)
+        user_mounts, release = pin.stage(job.spec.mounts, Caller(0, job.uid, job.gid), native_dir / pin.HELPER,
+                                         [config.state_dir, config.socket.parent],
+                                         config.state_dir / "mounts", job.id)
     except (Invalid, Forbidden, OSError) as e:
         raise StartError(str(e)) from None
     mounts = user_mounts + mounts

@@ -12,6 +12,10 @@ environment (believed only for a process of the job's own user: it can only blam
 - memory held by processes of no job, and what jobs hold past their budgets, is unbudgeted: it
   is taken from what plan() may give out on that GPU (GpuView.usable), so nobody is placed into
   memory that is in use, and `colo gpus` / `colo top` show it.
+
+Owns: `over` (running jobs over their budget, since when) and `foreign` (processes of no job).
+What is unbudgeted it reports to the GPUs (Gpus.unbudgeted). Its kills go through the launcher
+(`stop`), which alone acts on jobs' processes.
 """
 from __future__ import annotations
 
@@ -19,14 +23,17 @@ import asyncio
 import logging
 import os
 import re
-import signal
 import time
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
+from ..config import Config
+from ..jobs import ACTIVE, Job
 from ..node.cgroup import job_of_pid as _cgroup_job_of_pid
 from ..node.gpu import GpuInfo
-from ..jobs import ACTIVE, Job, Mode, State
 from ..units import format_size
+from .gpus import Gpus
+from .jobtable import JobTable
 
 log = logging.getLogger("colo")
 
@@ -66,19 +73,22 @@ def _read(path: str, limit: int = 1 << 16) -> bytes:
         os.close(fd)
 
 
-def _uid_of(pid: int) -> int | None:
+def uid_of(pid: int) -> int | None:
     try:
         return os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return None
 
 
-class PatrolMixin:
-    """Part of Daemon (colo/daemon/core.py); uses its state."""
-
-    def _init_patrol(self) -> None:
+class Patrol:
+    def __init__(self, config: Config, table: JobTable, gpus: Gpus, instance: str,
+                 stop: Callable[[int, str, set[int]], Awaitable[bool]]):
+        self.config = config
+        self.table = table
+        self.gpus = gpus
+        self.instance = instance
+        self.stop = stop  # (job id, by whom, its pids) -> False when it is still starting
         self.over: dict[int, Over] = {}  # running jobs over their budget
-        self.unbudgeted: dict[str, int] = {}  # GPU uuid -> bytes held outside any budget (last sample)
         self.foreign: list[dict] = []  # processes on GPUs that belong to no job (last sample)
 
     def map_processes(self, devices: list[GpuInfo], running: list[Job], tree: dict[int, list[int]],
@@ -89,7 +99,7 @@ class PatrolMixin:
         by_pid: dict[int, int] = {p: j for j, pids in tree.items() for p in pids}
         jobs = {j.id: j for j in running}
         containers = {j.handle: j.id for j in running if j.spec.image and j.handle}
-        instance = self.instance_id()
+        instance = self.instance
         by_job: dict[int, dict[str, int]] = {}
         pids: dict[int, set[int]] = {}
         foreign, unbudgeted = [], {}
@@ -114,11 +124,11 @@ class PatrolMixin:
                 if job_id is None:
                     m = _ENV_JOB.search(_read(f"/proc/{p.pid}/environ", 1 << 20))
                     cand = jobs.get(int(m.group(1))) if m else None
-                    if cand is not None and not cand.spec.image and _uid_of(p.pid) == cand.uid:
+                    if cand is not None and not cand.spec.image and uid_of(p.pid) == cand.uid:
                         job_id = cand.id
                 used = p.used or 0
                 if job_id is None or job_id not in jobs:
-                    foreign.append({"gpu": dev.uuid, "pid": p.pid, "used": p.used, "uid": _uid_of(p.pid)})
+                    foreign.append({"gpu": dev.uuid, "pid": p.pid, "used": p.used, "uid": uid_of(p.pid)})
                     unbudgeted[dev.uuid] = unbudgeted.get(dev.uuid, 0) + used
                     continue
                 per = by_job.setdefault(job_id, {})
@@ -126,12 +136,13 @@ class PatrolMixin:
                 pids.setdefault(job_id, set()).add(p.pid)
         return PatrolReport(by_job, pids, foreign, unbudgeted)
 
-    def patrol(self, report: PatrolReport, now: float) -> None:
-        """Compare with the budgets; report, and kill after the grace period."""
+    def check(self, report: PatrolReport, now: float) -> bool:
+        """Compare with the budgets; report, and kill after the grace period. True when what is
+        held outside any budget changed (what plan() may give out)."""
         unbudgeted = dict(report.unbudgeted)
         over_now: dict[int, str] = {}
         for job_id, per_gpu in report.by_job.items():
-            job = self.open_jobs.get(job_id)
+            job = self.table.open.get(job_id)
             if job is None or job.state not in ACTIVE:
                 continue
             nproc = len(report.pids.get(job_id, ()))
@@ -141,16 +152,17 @@ class PatrolMixin:
                 limit = allowed if uuid in job.gpus else CONTEXT_ALLOWANCE * max(1, nproc)
                 if used > limit:
                     unbudgeted[uuid] = unbudgeted.get(uuid, 0) + used - budget
-                    name = self._gpu_name(uuid)
+                    name = self.gpus.name_of(uuid)
                     over_now[job_id] = (f"its processes hold {format_size(used)} of GPU memory on {name} (NVML), "
                                         f"over its budget of {format_size(budget)}"
                                         + ("" if uuid in job.gpus else f" ({name} is not one of its GPUs)"))
-        self.unbudgeted = unbudgeted
+        changed = unbudgeted != self.gpus.unbudgeted
+        self.gpus.unbudgeted = unbudgeted
         self.foreign = report.foreign
         for job_id in list(self.over):
             if job_id not in over_now:
                 o = self.over.pop(job_id)
-                if not o.killing and job_id in self.open_jobs:
+                if not o.killing and job_id in self.table.open:
                     log.warning("job %d is back within its budget", job_id)
         cfg = self.config
         for job_id, text in over_now.items():
@@ -163,9 +175,10 @@ class PatrolMixin:
             o.text, o.pids = text, set(report.pids.get(job_id, ()))
             if cfg.patrol_kill and not o.killing and now - o.since >= cfg.patrol_grace:
                 o.killing = True
-                asyncio.get_running_loop().create_task(self._patrol_kill(job_id, o))
+                asyncio.get_running_loop().create_task(self._kill(job_id, o))
+        return changed
 
-    def patrol_note(self, job_id: int) -> str | None:
+    def note(self, job_id: int) -> str | None:
         """Words for `colo show`/`ls`/`explain` about a job over its budget, or None."""
         o = self.over.get(job_id)
         if o is None:
@@ -176,25 +189,11 @@ class PatrolMixin:
         return (f"over its budget: {o.text}; " + (f"killed in {max(0, left):.0f} s unless it drops"
                                                    if self.config.patrol_kill else "patrol_kill is off"))
 
-    async def _patrol_kill(self, job_id: int, o: Over) -> None:
-        job = self.open_jobs.get(job_id)
+    async def _kill(self, job_id: int, o: Over) -> None:
+        job = self.table.open.get(job_id)
         if job is None or job.state not in ACTIVE:
             return
         by = f"the GPU memory patrol ({o.text} for {time.time() - o.since:.0f} s)"
         log.error("job %d: %s: killing it", job_id, o.text)
-        if job.state == State.RUNNING and job.handle:
-            self.set_fields(job_id, cancel_by=by)  # stored first: a crash from here on still ends it
-            # processes that left the job's process group (setsid) are not reached by its stop;
-            # MPS clients are left to the stop, which sends terminate_client first (invariant 6)
-            for pid in (o.pids if job.mode != Mode.MPS and not job.spec.image else ()):
-                if _uid_of(pid) == job.uid:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-            await self._finish_cancel(job_id, job.handle)
-        else:
+        if not await self.stop(job_id, by, o.pids):
             o.killing = False  # still starting: the next sample tries again
-
-    def _gpu_name(self, uuid: str) -> str:
-        return next((f"GPU{d.index}" for d in self.devices if d.uuid == uuid), uuid)

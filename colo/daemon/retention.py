@@ -13,6 +13,9 @@ known. A submit naming a removed job with `--after` is refused as for an unknown
 
 Work goes in batches with the loop free in between: a purge of months of history never holds
 up a submit for long.
+
+Owns nothing that lasts: it asks the job table (open jobs, their dependencies and arrays) and the
+launcher (jobs it still follows, containers still to be removed) what must stay.
 """
 from __future__ import annotations
 
@@ -25,7 +28,10 @@ import time
 from pathlib import Path
 from typing import Iterable
 
+from ..config import Config
 from ..jobs import TERMINAL, State
+from .jobtable import JobTable
+from .launcher import Launcher
 
 log = logging.getLogger("colo")
 
@@ -37,18 +43,22 @@ SAMPLES_AT_ONCE = 1000  # usage samples removed in one transaction (a long job h
 LOG_SUFFIXES = (".log", ".times", ".cursor", ".cursor.tmp")
 
 
-class RetentionMixin:
-    """Part of Daemon (colo/daemon/core.py); uses its state."""
+class Retention:
+    def __init__(self, config: Config, table: JobTable, launcher: Launcher):
+        self.config = config
+        self.table = table
+        self.store = table.store
+        self.launcher = launcher
 
-    def _kept_now(self) -> tuple[dict[int, int], set[int], set[int]]:
+    def kept_now(self) -> tuple[dict[int, int], set[int], set[int]]:
         """(ended job -> an open job that depends on it, arrays with a task not ended, ended jobs
         whose container is still to be removed)."""
         deps: dict[int, int] = {}
         arrays: set[int] = set()
         # an ended job whose container the engine has not let colo remove yet: its removal drains
-        # the rest of its output into its log (recovery._retry_removals), which would come back
-        containers = {job_id for job_id, _ in getattr(self, "_removals", {}).values()}
-        for j in self.open_jobs.values():
+        # the rest of its output into its log (Launcher.retry_removals), which would come back
+        containers = self.launcher.removing()
+        for j in self.table.open.values():
             s = j.spec
             if s.after or s.after_any or s.after_fail:
                 for a in (*s.after, *s.after_any, *s.after_fail):
@@ -60,7 +70,7 @@ class RetentionMixin:
     def why_kept(self, job_id: int, array_job: int | None,
                  kept: tuple[dict[int, int], set[int], set[int]]) -> str | None:
         deps, arrays, containers = kept
-        if job_id in self.open_jobs or job_id in self.live:
+        if job_id in self.table.open or job_id in self.launcher.live:
             return f"job {job_id} has not ended"
         if array_job and array_job in arrays:
             return (f"job {job_id} is a task of array {array_job}, which has tasks not ended yet: "
@@ -80,14 +90,14 @@ class RetentionMixin:
         removed = kept = 0
         keep_use_since = time.time() - 20 * self.config.fair_share_half_life  # older use counts < 1e-6
         for k in range(0, len(jobs), BATCH):
-            now = self._kept_now()
+            now = self.kept_now()
             part = [(i, a) for i, a in jobs[k:k + BATCH] if self.why_kept(i, a, now) is None]
             while self.store.remove_samples([i for i, _ in part], SAMPLES_AT_ONCE) >= SAMPLES_AT_ONCE:
                 await asyncio.sleep(0)  # the loop serves others between pieces
             # Files first: a daemon killed in between leaves rows that the next clean removes, never
             # files that no row names any more (ids are not handed out again: they would stay for good).
             await asyncio.to_thread(remove_job_files, self.config.state_dir, [i for i, _ in part])
-            now = self._kept_now()  # the loop ran meanwhile; no await from this check to the removal
+            now = self.kept_now()  # the loop ran meanwhile; no await from this check to the removal
             ids = [i for i, a in part if self.why_kept(i, a, now) is None]
             kept += len(jobs[k:k + BATCH]) - len(ids)
             removed += len(self.store.remove_jobs(ids, keep_use_since))
@@ -111,9 +121,9 @@ class RetentionMixin:
                 removed, kept = removed + r, kept + k
         return removed, kept
 
-    async def _purge(self) -> None:
-        """history_keep_days: every PURGE_EVERY seconds, the jobs that ended longer ago go."""
-        while not self.stopping:
+    async def purge(self) -> None:
+        """history_keep_days: every PURGE_EVERY seconds, the jobs that ended longer ago go (until cancelled)."""
+        while True:
             days = self.config.history_keep_days
             if days > 0:
                 try:
@@ -154,7 +164,7 @@ def remove_job_files(state_dir: Path, ids: Iterable[int]) -> int:
                     log.warning("log of job %d not removed: %s%s: %s", i, i, suffix, e.strerror)
     finally:
         os.close(fd)
-    # Run folders normally go at each job's end (lifecycle._finish); one left by a crash goes
+    # Run folders normally go at each job's end (Launcher.finish); one left by a crash goes
     # here, only where rmtree works through descriptors without following links.
     if shutil.rmtree.avoids_symlink_attacks:
         try:

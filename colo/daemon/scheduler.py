@@ -1,6 +1,17 @@
-"""The scheduler pass: dependencies, plan(), starts; and where its decisions are stored."""
+"""The scheduler: the queue, its passes (dependencies, limits, fair share, plan(), starts), and
+the decisions with their reasons.
+
+Owns: the queue's index (per user, in order; budgets waiting; jobs every pass looks at), the
+latest decision per open job (`decisions`, what `colo explain` says) and their writer, the jobs
+GPUs are held for, the fair-share ledger and per-user limits, and the wake-up of the loop.
+Calls: policy.plan() (pure), the job table (a dependency that can never be met fails its job),
+`start` (the launcher takes a START decision from there), `start_wait` (the launcher's own
+reasons a job may not start yet: an earlier attempt still ending, a start the engine refused),
+the learner (profiles, what was learned) and the GPUs' and engines' state.
+"""
 from __future__ import annotations
 
+import asyncio
 import bisect
 import dataclasses
 import logging
@@ -9,11 +20,17 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
-from ..sched import fairshare, policy
+from ..config import Config
 from ..jobs import ACTIVE, TERMINAL, Job, State
+from ..sched import fairshare, policy
 from ..store import Store
 from ..units import format_size
+from .engines import Engines
+from .gpus import Gpus
+from .jobtable import JobTable
+from .learner import Learner
 
 log = logging.getLogger("colo")
 
@@ -50,11 +67,21 @@ def grow_note(budget: int, asked: int, learned: int | None) -> str:
     return f"budget {format_size(budget)} (asked {format_size(asked)}; {how}: --grow)"
 
 
-class SchedulerMixin:
-    """Part of Daemon (colo/daemon/core.py); uses its state."""
-
-    def _init_scheduler(self) -> None:
-        c = self.config
+class Scheduler:
+    def __init__(self, config: Config, cfg: policy.PolicyConfig, table: JobTable, gpus: Gpus, engines: Engines,
+                 learner: Learner, start: Callable[[policy.Decision], None],
+                 start_wait: Callable[[int], str | None]):
+        self.config = config
+        self.cfg = cfg
+        self.table = table
+        self.gpus = gpus
+        self.engines = engines
+        self.learner = learner
+        self.start = start
+        self.start_wait = start_wait
+        self.wake_event = asyncio.Event()
+        self.decisions: dict[int, policy.Decision] = {}  # the latest decision per open job
+        self._cands: dict[int, policy.Candidate] = {}
         self._full = True  # a full pass is owed
         self._fresh: dict[int, None] = {}  # queued jobs no pass has seen yet, in order
         self._holders: set[int] = set()  # jobs GPUs are held for (policy's hold_after)
@@ -62,36 +89,63 @@ class SchedulerMixin:
         self._hold_due = math.inf  # when the next waiting job passes hold_after
         self._last_complete = -math.inf  # time.monotonic() of the last pass over every queued job
         self._next_full = -math.inf  # no full pass before this (spacing)
-        self._queued_n: Counter | None = None  # uid -> jobs queued
+        self._queued_n: Counter = Counter()  # uid -> jobs queued
         # Queued jobs by user, each list in the user's own order (priority, then id); entries of
         # jobs that left the queue are skipped when walked and dropped when a list is rebuilt.
         self._uq: dict[int, list[tuple[int, int]]] = {}
         self._uq_stale: Counter = Counter()
         self._budgets: Counter = Counter()  # budget -> queued GPU jobs with it (the smallest ends a walk)
-        self._active: dict[int, None] = {}  # jobs holding GPUs or running, by id (a pass reads these)
         self._always: set[int] = set()  # queued jobs every full pass looks at: CPU-only, with --after
-        # Requeued jobs whose earlier attempt is still being stopped (an MPS fault): not started
-        # again before it has ended, as both would share the job's cgroup and run folder.
-        self._ending: set[int] = set()
-        self.fair_ledger = fairshare.Ledger(c.fair_share_half_life)
-        self.limits = fairshare.Limits(c.max_queued_per_user, c.max_running_per_user, c.max_gpu_mem_per_user)
+        self.fair_ledger = fairshare.Ledger(config.fair_share_half_life)
+        self.limits = fairshare.Limits(config.max_queued_per_user, config.max_running_per_user,
+                                       config.max_gpu_mem_per_user)
         self.last_pass: dict = {}
         self._views: list[policy.GpuView] = []  # the GPUs as the pass that runs sees them
         self._grow_planned = False
+        self._array_load: Counter | None = None
+        self._writer = DecisionWriter(config.db_path)
+        for j in sorted(table.open.values(), key=lambda j: j.id):
+            if j.state == State.QUEUED:
+                self._enter_queue(j)
+        since = time.time() - 20 * config.fair_share_half_life  # older use counts < 1e-6
+        for uid, budget, gpus_n, start_at, end in table.store.gpu_use(since):
+            self.fair_ledger.add(uid, fairshare.weight(budget, gpus_n), start_at, end)
+        table.on_change.append(self._queue_changed)
+        table.on_edit.append(self._queue_edited)
+        learner.on_forget.append(self._cands.clear)
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def wake(self, full: bool = True) -> None:
+        """Run the scheduler soon; full=False: only new jobs need planning."""
+        if full:
+            self._full = True
+        self.wake_event.set()
+
+    async def serve(self, stopping: Callable[[], bool]) -> None:
+        """The loop: a pass, then wait until woken or a pass is due."""
+        while not stopping():
+            self.schedule_pass()
+            try:
+                await asyncio.wait_for(self.wake_event.wait(), timeout=self.pass_due_in())
+            except asyncio.TimeoutError:
+                pass
+            self.wake_event.clear()
+            await asyncio.sleep(0.005)  # a burst of submits lands in one pass
 
     # what changed -----------------------------------------------------------------------------
     def _queue_changed(self, prev: Job | None, job: Job) -> None:
-        """Called for every new job and state change (core.add_job, core.transition)."""
+        """Called for every new job and state change (JobTable.add, JobTable.transition)."""
         was_q = prev is not None and prev.state == State.QUEUED
         is_q = job.state == State.QUEUED
         if was_q and not is_q:
             self._leave_queue(prev)
         elif is_q and not was_q:
             self._enter_queue(job)
-        if job.state in ACTIVE:
-            self._active[job.id] = None
-        else:
-            self._active.pop(job.id, None)
+        self._cands.pop(job.id, None)
+        if job.state in TERMINAL:
+            self.decisions.pop(job.id, None)
         if is_q:
             self._fresh[job.id] = None
         else:
@@ -104,10 +158,10 @@ class SchedulerMixin:
             self._full = True  # its GPUs (and its user's limits) are free again
         elif job.state in TERMINAL:
             self._full = True  # jobs after it may now fail their dependency
+        if prev is None:
+            self.wake(full=False)  # a new job: only new jobs need planning
 
     def _enter_queue(self, job: Job) -> None:
-        if self._queued_n is None:
-            return  # counted when loaded
         self._queued_n[job.uid] += 1
         if not job.spec.gpus or job.spec.deps:
             self._always.add(job.id)
@@ -121,8 +175,6 @@ class SchedulerMixin:
             bisect.insort(lst, key)
 
     def _leave_queue(self, job: Job) -> None:
-        if self._queued_n is None:
-            return
         self._queued_n[job.uid] -= 1
         self._always.discard(job.id)
         if job.spec.gpus:
@@ -132,7 +184,7 @@ class SchedulerMixin:
         self._uq_stale[job.uid] += 1
         lst = self._uq.get(job.uid, [])
         if self._uq_stale[job.uid] > 64 + len(lst) // 2:
-            open_jobs = self.open_jobs
+            open_jobs = self.table.open
             self._uq[job.uid] = [k for k in dict.fromkeys(lst) if (j := open_jobs.get(k[1])) is not None
                                  and j.state == State.QUEUED and j.id != job.id]
             self._uq_stale[job.uid] = 0
@@ -145,37 +197,18 @@ class SchedulerMixin:
         self._enter_queue(job)
         self._cands.pop(job.id, None)
         self._holders.discard(job.id)
-
-    def active_jobs(self, *states: State) -> list[Job]:
-        """Open jobs in these (active) states, by id, without walking the queue: every start (who
-        shares its GPU) and every sample ask, and 10,000 queued jobs made that most of a pass."""
-        open_jobs = self.open_jobs
-        return sorted((j for i in self._active if (j := open_jobs.get(i)) is not None and j.state in states),
-                      key=lambda j: j.id)
+        self.wake()
 
     def _user_queue(self, uid: int):
         """A user's queued jobs in their own order (skipping entries of jobs that left)."""
-        open_jobs = self.open_jobs
+        open_jobs = self.table.open
         for _, job_id in self._uq.get(uid, ()):
             j = open_jobs.get(job_id)
             if j is not None and j.state == State.QUEUED:
                 yield j
 
     def queued_count(self, uid: int) -> int:
-        self._load_counts()
         return self._queued_n[uid]
-
-    def _load_counts(self) -> None:
-        if self._queued_n is None:
-            self._queued_n = Counter()
-            for j in sorted(self.open_jobs.values(), key=lambda j: j.id):
-                if j.state == State.QUEUED:
-                    self._enter_queue(j)
-                elif j.state in ACTIVE:
-                    self._active[j.id] = None
-            since = time.time() - 20 * self.config.fair_share_half_life  # older use counts < 1e-6
-            for uid, budget, gpus, start, end in self.store.gpu_use(since):
-                self.fair_ledger.add(uid, fairshare.weight(budget, gpus), start, end)
 
     def pass_due_in(self) -> float:
         """Seconds until the loop must look again without being woken."""
@@ -192,10 +225,9 @@ class SchedulerMixin:
         """Check dependencies and limits, order by fair share, plan, start. Exits are reaped by
         the monitors, not here. complete: look at every queued job (else a full pass stops once
         no GPU could take the smallest job left)."""
-        self._load_counts()
         now, mono = time.time(), time.monotonic()
-        views = self.gpu_views(in_use=True)
-        sig = (tuple(views), self.gpu_error, self.docker_away() is None)
+        views = self.gpus.views(in_use=True)
+        sig = (tuple(views), self.gpus.error, self.engines.docker_away() is None)
         if now >= self._hold_due or mono - self._last_complete >= COMPLETE_PASS_EVERY:
             complete = True
         if sig != self._sig or complete:
@@ -215,7 +247,7 @@ class SchedulerMixin:
             full = False
         else:
             return []
-        active = [j for i in self._active if (j := self.open_jobs.get(i)) is not None and j.state in ACTIVE]
+        active = self.table.active(*ACTIVE)
         usage = self.fair_ledger.usage(now, [(j.uid, fairshare.weight(j.spec.gpu_mem, len(j.gpus)), j.started_at)
                                              for j in active if j.gpus and j.started_at])
         loads: dict[int, fairshare.UserLoad] = {}
@@ -249,34 +281,34 @@ class SchedulerMixin:
                     break
             else:
                 walk = None  # every queued job was looked at
-            decisions = policy.plan(cands, views, placed, self.cfg_policy, now=now,
-                                    learned=self.learned)  # per uid: invariant 13
+            decisions = policy.plan(cands, views, placed, self.cfg, now=now,
+                                    learned=self.learner.learned)  # per uid: invariant 13
             if walk is None or self._none_fits(views, placed, decisions):
                 break
             want *= 4  # more could start: look further (plan is pure; the longer prefix is planned afresh)
         left = len(cands)
         self._take(fresh, seen, cands, waits, loads)  # new jobs the walk did not reach: nothing fits them,
         if len(cands) > left:  # but they get a decision with its reason
-            decisions = policy.plan(cands, views, placed, self.cfg_policy, now=now,
-                                    learned=self.learned)  # per uid: invariant 13
+            decisions = policy.plan(cands, views, placed, self.cfg, now=now,
+                                    learned=self.learner.learned)  # per uid: invariant 13
         grown = self._grown(decisions) if self._grow_planned else []  # else nothing to look at (10,000 decisions)
         if grown:
             self._lent_fairly(decisions, grown, views, placed)
         decisions = self._within_limits(decisions, loads)
         if grown:
             self._said(decisions, grown)
-        self._record(waits)
-        self._record(decisions)
+        self.record(waits)
+        self.record(decisions)
         planned_in = time.monotonic() - mono
         for d in decisions:
             if d.action == policy.START:
-                self.start_job(d)
+                self.start(d)
             elif "held" in d.details:
                 self._holders.add(d.job_id)
             else:
                 self._holders.discard(d.job_id)
         took = time.monotonic() - mono  # the starts too: the loop does nothing else meanwhile
-        ha = self.cfg_policy.hold_after
+        ha = self.cfg.hold_after
         if ha > 0:
             due = min((c.queued_at + ha for c in cands if c.gpus and c.queued_at + ha > now), default=math.inf)
             keep = self._hold_due if self._hold_due > now and not (full and walk is None) else math.inf
@@ -297,9 +329,9 @@ class SchedulerMixin:
     def placed(self, now: float, active: list[Job] | None = None) -> list[policy.Placed]:
         """The active jobs on GPUs as plan() sees them (colo's own and Slurm's alike)."""
         if active is None:
-            active = [j for i in self._active if (j := self.open_jobs.get(i)) is not None and j.state in ACTIVE]
+            active = self.table.active(*ACTIVE)
         return [policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),
-                              self.profile_of(j), now - (j.started_at or now))
+                              self.learner.profile_of(j), now - (j.started_at or now))
                 for j in active if j.gpus]
 
     def _take(self, ids, seen: set[int], cands: list, waits: list, loads: dict, job: Job | None = None) -> None:
@@ -311,11 +343,11 @@ class SchedulerMixin:
             if job_id in seen:
                 continue
             seen.add(job_id)
-            j = job or self.open_jobs.get(job_id)
+            j = job or self.table.open.get(job_id)
             if j is None or j.state != State.QUEUED:
                 continue
-            if job_id in self._ending:
-                waits.append(policy.Decision(j.id, policy.WAIT, reason="waiting for its earlier attempt to end"))
+            if why := self.start_wait(job_id):  # an earlier attempt still ending, a start the engine refused
+                waits.append(policy.Decision(j.id, policy.WAIT, reason=why))
                 continue
             if j.held_by:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=f"held by {j.held_by} (colo release {j.id})"))
@@ -323,19 +355,16 @@ class SchedulerMixin:
             if j.spec.deps:
                 why, never = self._deps_wait(j)
                 if never:
-                    self.transition(j.id, State.FAILED, why)
+                    self.table.transition(j.id, State.FAILED, why)
                     continue
                 if why:
                     waits.append(policy.Decision(j.id, policy.WAIT, reason=why))
                     continue
-            if j.spec.gpus and self.gpu_error:
-                waits.append(policy.Decision(j.id, policy.WAIT, reason=self.gpu_error))
+            if j.spec.gpus and self.gpus.error:
+                waits.append(policy.Decision(j.id, policy.WAIT, reason=self.gpus.error))
                 continue
-            if j.spec.runtime == "docker" and (why := self.docker_away()):
+            if j.spec.runtime == "docker" and (why := self.engines.docker_away()):
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting for the Docker engine: {why}"))
-                continue
-            if (retry := self._start_retry.get(job_id)) and retry[0].at is not None and retry[0].at > time.monotonic():
-                waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting to start again: {retry[1]}"))
                 continue
             if (limits.running or limits.gpu_mem) and (why := fairshare.start_refusal(
                     limits, j.user, loads.get(j.uid) or fairshare.UserLoad(), j.spec.gpu_mem, j.spec.gpus)):
@@ -344,8 +373,7 @@ class SchedulerMixin:
             if j.spec.array_limit:  # --array ...%N: at most N of its tasks running (or planned this pass)
                 arrays = self._array_load
                 if arrays is None:
-                    arrays = self._array_load = Counter(a.spec.array_job for i in self._active
-                                                        if (a := self.open_jobs.get(i)) is not None)
+                    arrays = self._array_load = Counter(a.spec.array_job for a in self.table.active(*ACTIVE))
                 if arrays[j.spec.array_job] >= j.spec.array_limit:
                     waits.append(policy.Decision(j.id, policy.WAIT, reason=(
                         f"waiting for its array: {arrays[j.spec.array_job]} task(s) of array {j.spec.array_job} "
@@ -363,7 +391,7 @@ class SchedulerMixin:
             if c is None or c.seq != seq or c.held != held or c.budget != budget:
                 c = self._cands[job_id] = _cand(
                     job_id, budget, j.spec.gpus, j.uid, 0, seq,
-                    c.profile if c is not None else (self.profile_of(j) if j.spec.gpus else None),
+                    c.profile if c is not None else (self.learner.profile_of(j) if j.spec.gpus else None),
                     j.submitted_at, held, tuple(j.spec.gpu_ids), j.spec.gpu_type, j.spec.grow and j.spec.gpus == 1)
             cands.append(c)
 
@@ -373,10 +401,10 @@ class SchedulerMixin:
         13: no one else's runs, no profile file a user hands in), at most what a GPU it may use
         can give and its user's memory limit. plan() then holds it to invariant 1 like any budget."""
         asked = j.spec.gpu_mem
-        mine = self.learned.get(j.uid)
+        mine = self.learner.learned.get(j.uid)
         if j.spec.gpus != 1 or mine is None or not mine.max_mem:
             return asked
-        got = mine.suggest_budget(self.profile_name(j))
+        got = mine.suggest_budget(self.learner.profile_name(j))
         if not got or got <= asked:
             return asked
         cap = max((v.usable for v in self._views if v.error is None
@@ -390,7 +418,7 @@ class SchedulerMixin:
         their learned budget): what they asked, what was lent and what was learned go beside the
         budget in their details. Changed in place; returns their indices."""
         out = []
-        open_jobs, cands = self.open_jobs, self._cands
+        open_jobs, cands = self.table.open, self._cands
         for i, d in enumerate(decisions):
             if d.action != policy.START:
                 continue
@@ -416,7 +444,7 @@ class SchedulerMixin:
         lent = [i for i in grown if decisions[i].details.get("lent")]
         if not lent:
             return
-        open_jobs = self.open_jobs
+        open_jobs = self.table.open
         starts = [d for d in decisions if d.action == policy.START]
         leaving = Counter(open_jobs[d.job_id].spec.gpu_mem for d in starts if open_jobs[d.job_id].spec.gpus)
         smallest = min((b for b, n in self._budgets.items() if n > leaving[b]), default=None)
@@ -456,7 +484,7 @@ class SchedulerMixin:
             if d.action == policy.START:
                 for u in d.gpus:
                     if u in free:
-                        free[u] -= d.details.get("budget", self.open_jobs[d.job_id].spec.gpu_mem)  # lent too
+                        free[u] -= d.details.get("budget", self.table.open[d.job_id].spec.gpu_mem)  # lent too
         return max(free.values(), default=0) < min(self._budgets)
 
     def _within_limits(self, decisions: list[policy.Decision],
@@ -469,7 +497,7 @@ class SchedulerMixin:
         out = []
         for d in decisions:
             if d.action == policy.START:
-                j = self.open_jobs[d.job_id]
+                j = self.table.open[d.job_id]
                 ld = loads.setdefault(j.uid, fairshare.UserLoad())
                 budget = d.details.get("budget", j.spec.gpu_mem)
                 why = fairshare.start_refusal(limits, j.user, ld, budget, j.spec.gpus)
@@ -494,7 +522,7 @@ class SchedulerMixin:
         if job.state != State.QUEUED or not job.spec.gpus:
             return None
         now = time.time()
-        active = [j for i in self._active if (j := self.open_jobs.get(i)) is not None and j.gpus and j.started_at]
+        active = [j for j in self.table.active(*ACTIVE) if j.gpus and j.started_at]
         usage = self.fair_ledger.usage(now, [(j.uid, fairshare.weight(j.spec.gpu_mem, len(j.gpus)), j.started_at)
                                              for j in active])
         ahead = 0
@@ -516,7 +544,7 @@ class SchedulerMixin:
         for key, want, ok in (("after", "succeed", (State.SUCCEEDED,)), ("after_any", "end", TERMINAL),
                               ("after_fail", "fail", TERMINAL - {State.SUCCEEDED})):
             for a in getattr(j.spec, key):
-                st = self._state_of(a)
+                st = self.table.state_of(a)
                 if st is None or (st in TERMINAL and st not in ok):  # one that never can: said at once
                     what = "failed" if key == "after" else f"not met (--{key.replace('_', '-')})"
                     return f"dependency {what}: job {a} {st or 'does not exist'}", True
@@ -524,13 +552,18 @@ class SchedulerMixin:
                     pending = f"waiting for job {a} to {want}"
         return pending, False
 
-    def _state_of(self, job_id: int) -> State | None:
-        try:
-            return self.job(job_id).state
-        except KeyError:
-            return None
+    def explain(self, job_id: int) -> dict | None:
+        """The latest decision about a job, with its reason (`colo explain`)."""
+        d = self.decisions.get(job_id)
+        if d is None:
+            return self.table.store.decision(job_id)
+        reason = d.reason
+        job = self.table.open.get(job_id)
+        if d.action == policy.WAIT and job is not None and (note := self.fair_note(job)):
+            reason = f"{reason}; {note}"
+        return {"action": d.action, "mode": d.mode, "gpus": list(d.gpus), "reason": reason, "details": d.details}
 
-    def _record(self, decisions: list[policy.Decision]) -> None:
+    def record(self, decisions: list[policy.Decision]) -> None:
         """Keep the latest decision per job; START decisions are stored at once, the (many, often
         re-worded) WAIT ones by a writer thread, so a pass over 10,000 queued jobs stays short."""
         now = time.time()
@@ -543,7 +576,7 @@ class SchedulerMixin:
             row = (d.job_id, d.action, d.mode, list(d.gpus), d.reason, d.details)
             (starts if d.action == policy.START else waits).append(row)
         if starts:
-            self.store.record_decisions(starts, now)
+            self.table.store.record_decisions(starts, now)
         if waits:
             self._writer.put(waits, now)
 

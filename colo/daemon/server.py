@@ -161,9 +161,6 @@ async def serve(config: Config) -> None:
             await daemon.run()
         finally:
             srv.close()
-            for live in list(daemon.live.values()):
-                if live.task:
-                    live.task.cancel()
             try:
                 config.socket.unlink()
             except FileNotFoundError:

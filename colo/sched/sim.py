@@ -477,7 +477,7 @@ def seen_profile(r: _Run, profiles: dict[str, Profile] | None) -> Profile | None
 
 
 def learn_profile(profiles: dict[str, Profile], r: _Run, seen: Profile | None, wall: float) -> None:
-    """At a job's end, what the daemon's learn() does (colo/daemon/learning.py): the series a
+    """At a job's end, what the daemon's learn() does (colo/daemon/learner.py): the series a
     sampler saw of this run become one run merged into the profile it ran under (profiles.merge),
     when the run shared its GPU with nobody; a job that had no profile learns its first from its
     run even when shared (there is nothing cleaner to keep). Sampling is taken as exact (no NVML

@@ -27,6 +27,11 @@ contended. Bounds: a job keeps at most NEIGHBOURS_MAX neighbour names (past that
 contended; which names matter little) and they are forgotten at its end, whatever the end; each
 user keeps the LEARNED_MAX co-run pairings and profiles changed most recently.
 
+Owns: `learned` (uid -> policy.Learned, what ends taught; plan() reads it), the profile folders
+and a cache of lookups. Calls: the store (samples, decisions, learned rows), the job table (who
+runs beside whom), the GPUs (names, sizes) and `on_forget` (the scheduler plans again with a
+profile that changed).
+
 Per-process SM under MPS (docs/mps.md): on a real driver NVML may attribute MPS clients' activity
 to the MPS server's process, so the clients' own pids show none. colo apportions: on each GPU,
 the activity NVML gives colo's own MPS server processes is split equally among that GPU's running
@@ -44,9 +49,14 @@ import shutil
 import time
 from pathlib import Path
 
-from ..sched import policy
+from typing import Callable
+
 from .. import profiles
+from ..config import Config
 from ..jobs import ACTIVE, Job
+from ..sched import policy
+from .gpus import Gpus
+from .jobtable import JobTable
 
 log = logging.getLogger("colo")
 GROW = 1.25  # --grow: a budget that refused an allocation grows at least this much (as in colo sim)
@@ -84,12 +94,17 @@ def _errors_delta(before: list[float], after: list[float]) -> tuple[list[float] 
     return after, []
 
 
-class LearningMixin:
-    """Part of Daemon (colo/daemon/core.py); uses its state."""
-
-    def _init_profiles(self) -> None:
+class Learner:
+    def __init__(self, config: Config, table: JobTable, gpus: Gpus, cfg: policy.PolicyConfig):
+        self.config = config
+        self.table = table
+        self.store = table.store
+        self.gpus = gpus
+        self.cfg = cfg
+        self.learned: dict[int, policy.Learned] = {}  # per user: one user's runs never place another's jobs
+        self.on_forget: list[Callable[[], None]] = []  # a profile changed: what was planned with it is stale
         # learned profiles live in the state dir, or in a folder every node of a cluster shares
-        root = self.config.shared_profiles or self.config.state_dir / "profiles"
+        root = config.shared_profiles or config.state_dir / "profiles"
         self._profiles_root = root
         self._profile_layers: list[tuple[str, Path]] = [
             ("shared", root / "shared"), ("shared", root),  # the flat folder: learned before per-user profiles
@@ -138,7 +153,8 @@ class LearningMixin:
         """Drop cached lookups of `name` (one user's, or everyone's after a change to a shared one)."""
         for key in [k for k in self._profile_cache if k[1] == name and (uid is None or k[0] == uid)]:
             del self._profile_cache[key]
-        self._cands.clear()  # queued jobs of that profile plan with what is stored now
+        for fn in self.on_forget:  # queued jobs of that profile plan with what is stored now
+            fn()
 
     def share_profile(self, name: str, uid: int) -> Path:
         """An admin's choice: user `uid`'s own copy of `name` becomes the shared one."""
@@ -186,7 +202,7 @@ class LearningMixin:
         t0 = rows[0][0]
         samples = {"times": [r[0] - t0 for r in rows], "sm": [r[1] or 0.0 for r in rows],
                    "mem": [r[2] or 0 for r in rows], "membw": [r[3] or 0.0 for r in rows]}
-        gpu = next((d.name for d in self.devices if d.uuid == job.gpus[0]), "")
+        gpu = next((d.name for d in self.gpus.devices if d.uuid == job.gpus[0]), "")
         runtime = (job.ended_at or time.time()) - (job.started_at or t0)
         name = self.profile_name(job)
         try:
@@ -211,7 +227,7 @@ class LearningMixin:
             self._learning(job.uid, note)
         q = 256 * 1024**2
         want = max(job.spec.gpu_mem * GROW, self.learned_for(job.uid).suggest_budget(name) or 0)
-        want = min(int(math.ceil(want / q) * q), max((v.usable for v in self.gpu_views()), default=0))
+        want = min(int(math.ceil(want / q) * q), max((v.usable for v in self.gpus.views()), default=0))
         return want if want > job.spec.gpu_mem else None
 
     def learned_for(self, uid: int) -> policy.Learned:
@@ -219,11 +235,11 @@ class LearningMixin:
 
     def start_neighbours(self, job_id: int, gpus: tuple[str, ...]) -> tuple[list[tuple[int, str]], int]:
         """Who shares a GPU with whom (profile names), both ways, for learning at each end: stored
-        with the start, in its transaction (start_job), so a job running across a restart still knows."""
-        me = self.job(job_id)
+        with the start, in its transaction (Launcher.start), so a job running across a restart still knows."""
+        me = self.table.job(job_id)
         mine = self.profile_name(me)
         pairs, residents = [], []
-        for other in self.jobs_in(*ACTIVE):
+        for other in self.table.jobs_in(*ACTIVE):
             if other.id != job_id and set(other.gpus) & set(gpus):
                 pairs += [(job_id, self.profile_name(other)), (other.id, mine)]
                 residents.append(other)
@@ -256,10 +272,10 @@ class LearningMixin:
         """A job has ended: each job it leaves with no neighbour on its GPUs runs alone from now
         on, and its end is compared with that (policy.left) for the rest of its run, as colo sim."""
         try:
-            me = self.job(job_id)
+            me = self.table.job(job_id)
             if not me.gpus:
                 return
-            active = [j for j in self.jobs_in(*ACTIVE) if j.id != job_id and j.gpus]
+            active = [j for j in self.table.jobs_in(*ACTIVE) if j.id != job_id and j.gpus]
             now, rows = time.time(), []
             for other in active:
                 if not set(other.gpus) & set(me.gpus) or any(
@@ -284,7 +300,7 @@ class LearningMixin:
             log.warning("could not read who shared a GPU with job %d: %s", job_id, e)
             return {"?"}  # unknown: never read as an uncontended run
 
-    def load_learned(self) -> None:
+    def load(self) -> None:
         """What earlier runs of the daemon learned (at start, once the store is open)."""
         self.learned = {uid: policy.Learned(corun=got["corun"], alone=got["alone"], errors=got["errors"],
                                             errors_seen=got["errors_seen"], max_mem=got["max_mem"], bw=got["bw"])
@@ -340,8 +356,8 @@ class LearningMixin:
         if corun:
             out["corun"] = sorted(corun, key=lambda c: (c["with"], c["mode"]))
         if out or mine.errors:
-            out.update(errors=len(mine.errors), margin=mine.margin(self.cfg_policy.margin),
-                       seen_errors=len(mine.errors_seen), seen_margin=mine.seen_margin(self.cfg_policy.margin))
+            out.update(errors=len(mine.errors), margin=mine.margin(self.cfg.margin),
+                       seen_errors=len(mine.errors_seen), seen_margin=mine.seen_margin(self.cfg.margin))
         return out
 
     def _observe(self, job: Job, rows: list, neighbours: list[str]) -> None:

@@ -1,0 +1,176 @@
+"""Periodic readings: NVML, per-job usage samples, MPS health, and the patrol's look.
+
+Owns: `stats` (running jobs' last sample: pids, SM, memory from the ledger, what NVML saw) and
+how far each job's log had grown. Each tick it refreshes the GPUs, hands MPS faults to the
+launcher, stores usage samples (learning reads them at a job's end) and gives the patrol its
+report; it wakes the scheduler when what plan() may give out changed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import psutil
+
+from typing import Callable
+
+from .. import logtimes
+from ..config import Config
+from ..jobs import ACTIVE, Job, Mode, State
+from ..node import interposer
+from ..node.cgroup import job_of_pid as _cgroup_job_of_pid
+from ..node.gpu import GpuInfo
+from .engines import Engines
+from .gpus import Gpus
+from .jobtable import JobTable
+from .launcher import Launcher
+from .learner import mps_server_shares
+from .patrol import Patrol
+
+log = logging.getLogger("colo")
+
+
+CGROUPS = _cgroup_job_of_pid is not None  # process jobs then have cgroups: their runtime lists those
+
+
+def _children_map() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for pid, ppid in psutil._ppid_map().items():
+        out.setdefault(ppid, []).append(pid)
+    return out
+
+
+def _tree(handle: str, kids: dict[int, list[int]]) -> list[int]:
+    """The pids of a process job's tree, as ProcessRuntime.pids gives them (its handle is
+    "pid:create_time"; a reused pid is not the job)."""
+    pid, _, created = handle.partition(":")
+    try:
+        root = psutil.Process(int(pid))
+        if int(pid) <= 0 or abs(root.create_time() - float(created)) > 0.01:
+            return []
+    except (psutil.Error, ValueError):
+        return []
+    out, todo = [root.pid], [root.pid]
+    while todo:
+        for c in kids.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+class Sampler:
+    def __init__(self, config: Config, table: JobTable, gpus: Gpus, engines: Engines, launcher: Launcher,
+                 patrol: Patrol, wake: Callable[..., None]):
+        self.config = config
+        self.table = table
+        self.gpus = gpus
+        self.engines = engines
+        self.launcher = launcher
+        self.patrol = patrol
+        self.wake = wake
+        self.stats: dict[int, dict] = {}  # running jobs' last sample: pids, sm_util, used, refused
+        self._log_sizes: dict[int, int] = {}
+        self._mps_seen: dict | None = None
+
+    async def sample(self) -> None:
+        table, gpus = self.table, self.gpus
+        await asyncio.to_thread(self._note_logs, table.jobs_in(*ACTIVE))
+        if gpus.error is None:
+            devices = await asyncio.to_thread(gpus.refresh)
+            if gpus.error is None:
+                self._note_gpu_errors(gpus.devices, devices)
+                gpus.devices = devices
+        m = gpus.mps
+        if m.available():
+            report = await asyncio.to_thread(m.check)
+            for uuid, message in report.events:
+                log.warning("MPS on %s: %s", uuid, message)
+            for uuid, clients in report.faults.items():
+                await self.launcher.mps_fault(uuid, set(clients))
+            busy = {u for j in table.jobs_in(*ACTIVE) if j.mode == Mode.MPS for u in j.gpus}
+            await asyncio.to_thread(m.release_idle, time.time(), busy)
+            states = m.states()
+            if states != self._mps_seen:  # e.g. a server left FAULT: MPS jobs may start
+                self._mps_seen = states
+                self.wake()
+        running = table.jobs_in(State.RUNNING)
+        rows = await asyncio.to_thread(self._usage_samples, running)
+        if rows:
+            table.store.add_samples(rows)
+        if gpus.error is None:
+            tree = {j: st.get("pids", ()) for j, st in self.stats.items()}
+            report = await asyncio.to_thread(self.patrol.map_processes, gpus.devices, running, tree, m.own_pids)
+            changed = self.patrol.check(report, time.time())
+            for job_id, per_gpu in report.by_job.items():
+                if job_id in self.stats:
+                    self.stats[job_id]["nvml_used"] = max(per_gpu.values())
+            if changed:
+                self.wake()  # what plan() may give out changed
+
+    def _note_logs(self, active: list[Job]) -> None:
+        """How far each live job's log has grown, with the time (colo logs --timestamps/--since)."""
+        last = self._log_sizes
+        self._log_sizes = {j.id: logtimes.note(self.config.log_path(j.id), last.get(j.id, 0)) for j in active}
+
+    def _note_gpu_errors(self, before: list[GpuInfo], after: list[GpuInfo]) -> None:
+        """Say when the driver stops (or starts again) answering for a GPU. Its running jobs are
+        left alone, keeping their budgets (they may well be running fine); nothing new goes there."""
+        was = {d.uuid: d.error for d in before}
+        for d in after:
+            if d.error and not was.get(d.uuid):
+                jobs = [j.id for j in self.table.jobs_in(*ACTIVE) if d.uuid in j.gpus]
+                log.error("GPU%d (%s): %s; no new job is placed on it until it answers again%s", d.index, d.uuid,
+                          d.error, f"; its jobs {', '.join(map(str, jobs))} are left running" if jobs else "")
+            elif not d.error and was.get(d.uuid):
+                log.warning("GPU%d (%s) answers again: jobs may be placed on it", d.index, d.uuid)
+                self.wake()
+
+    def _usage_samples(self, running: list[Job]) -> list[tuple]:
+        """Per running GPU job: memory from its ledger, SM and bandwidth from NVML's per-process
+        samples. Also kept as `stats` (with the job's pids), which `top` and `ls` read."""
+        if self.gpus.error or not running:
+            self.stats = {}
+            return []
+        util: dict[int, tuple[int, int]] = {}
+        per_gpu: dict[str, dict[int, tuple[int, int]]] = {}
+        for dev in self.gpus.devices:
+            if dev.error is None and any(dev.uuid in j.gpus for j in running):
+                util.update(per_gpu.setdefault(dev.uuid, self.gpus.nvml.process_utilization(dev.index)))
+        # MPS work that NVML gives the server's pid, apportioned to its jobs (learner.py says how)
+        on_mps = {j.id: tuple(j.gpus) for j in running if j.mode == Mode.MPS}
+        shares = mps_server_shares(per_gpu, self.gpus.mps.own_pids(), on_mps) if on_mps else {}
+        now, rows, stats = time.time(), [], {}
+        kids: dict[int, list[int]] | None = None
+        for j in running:
+            if not j.gpus or not j.handle:
+                continue
+            u = self.usage(j)
+            try:
+                rt = self.engines.runtime_for(j)
+                if rt.name == "process" and not CGROUPS:
+                    # one parent map for every process job: psutil's children() reads all of /proc
+                    # once per call (8 running jobs: 64 ms of CPU a sample, most of an idle daemon's)
+                    kids = _children_map() if kids is None else kids
+                    pids = _tree(j.handle, kids)
+                else:
+                    pids = rt.pids(j.handle)
+            except Exception:  # noqa: BLE001 - it may be ending right now
+                pids = []
+            extra = shares.get(j.id, (0.0, 0.0))
+            sm = min((sum(util.get(p, (0, 0))[0] for p in pids) + extra[0]) / 100.0, 1.0)
+            bw = min((sum(util.get(p, (0, 0))[1] for p in pids) + extra[1]) / 100.0, 1.0)
+            rows.append((j.id, now, sm, u["used"] if u else None, bw))
+            stats[j.id] = {"pids": pids, "sm_util": round(sm * 100), **(u or {})}
+        self.stats = stats  # replaced whole: readers on the loop thread never see half of it
+        return rows
+
+    def usage(self, job: Job) -> dict | None:
+        """Live memory use from the job's ledger (exact, kept by the interposer)."""
+        if not job.gpus or job.state not in ACTIVE:
+            return None
+        try:
+            led = interposer.read_ledger(self.config.run_dir(job.id) / "ledger")
+        except Exception:  # noqa: BLE001 - not created yet, or already gone
+            return None
+        return {"used": sum(led.used.values()), "refused": led.refused, "budget": led.budget}

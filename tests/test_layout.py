@@ -1,0 +1,119 @@
+"""The folder tree is the architecture (ARCHITECTURE.md): these read colo's own imports and check
+that nothing imports upward, that no import circle exists, and that the daemon's parts use each
+other's public interfaces, not each other's private fields."""
+import ast
+from pathlib import Path
+
+import colo
+
+ROOT = Path(colo.__file__).resolve().parent
+# what a layer may import besides itself: the shared core (colo/*.py) is everyone's
+MAY = {
+    "core": set(),
+    "sched": {"core"},
+    "node": {"core"},
+    "runtimes": {"core", "node"},
+    "daemon": {"core", "sched", "node", "runtimes"},
+    "tui": {"core"},  # renders what colo.client gives; never NVML, the store or the daemon
+    "cli": {"core", "sched", "node", "runtimes", "daemon", "tui"},  # the top: `colo daemon`, demo, doctor
+}
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        parts = ["colo", *p.relative_to(ROOT).with_suffix("").parts]
+        is_pkg = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_pkg else parts)] = (p, is_pkg)
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> set[str]:
+    """Every colo module `name` imports, anywhere in it (functions and TYPE_CHECKING blocks too)."""
+    path, is_pkg = MODULES[name]
+    pkg = name if is_pkg else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                if f"{mod}.{a.name}" in MODULES:
+                    out.add(f"{mod}.{a.name}")
+                elif mod in MODULES:
+                    out.add(mod)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in MODULES}
+    out.discard(name)
+    return out
+
+
+GRAPH = {m: _imports(m) for m in MODULES}
+
+
+def _layer(mod: str) -> str:
+    if mod == "colo.__main__":  # `python -m colo`: the command
+        return "cli"
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and MODULES[mod][1]) else "core"
+
+
+def test_the_module_names_are_read():
+    assert {"colo.sched.policy", "colo.node.gpu", "colo.daemon.scheduler", "colo.cli.app"} <= set(MODULES)
+    assert "colo.sched.interference" in GRAPH["colo.sched.policy"]
+    assert _layer("colo.sched.policy") == "sched" and _layer("colo.store") == "core" and _layer("colo.tui") == "tui"
+
+
+def test_nothing_imports_upward():
+    wrong = [f"{m} -> {t}" for m, ts in GRAPH.items() for t in ts
+             if _layer(t) != _layer(m) and _layer(t) not in MAY[_layer(m)]]
+    assert wrong == []
+
+
+def test_the_policy_never_sees_the_simulators_truth():
+    reach, todo = set(), ["colo.sched.policy"]
+    while todo:
+        for t in GRAPH[todo.pop()] - reach:
+            reach.add(t)
+            todo.append(t)
+    assert not reach & {"colo.sched.truth", "colo.sched.sim"}
+
+
+def test_no_import_circle():
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    circles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(GRAPH[m]):
+            if state.get(t) == 1:
+                circles.append(path[path.index(t):] + [t])
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m, [m])
+    assert circles == []
+
+
+def test_daemon_parts_use_each_others_interfaces():
+    """`self.part._field` reaches into another part's state; a part's own state is `self._field`."""
+    reach = []
+    for p in (ROOT / "daemon").glob("*.py"):
+        tree = ast.parse(p.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                assert not any(isinstance(b, ast.Name) and b.id.endswith("Mixin") for b in node.bases), p.name
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name)
+                    and node.value.value.id in ("self", "d")):
+                reach.append(f"{p.name}:{node.lineno} {node.value.value.id}.{node.value.attr}.{node.attr}")
+    assert reach == []
