@@ -24,7 +24,6 @@ works, and never go into docs/gpu.md.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import selectors
@@ -111,41 +110,71 @@ def ensure_native() -> dict:
 
     d = native.native_dir()
     need = [d / native.INTERPOSER, d / native.BURN, d / "colo-shim", d / native.FAKEGPU_DIR / "libcuda.so.1"]
+    info: dict = {"dir": str(d)}
     if all(p.exists() for p in need):
-        return {"dir": str(d), "how": "present (carried or built earlier)"}
+        rc, text = sh([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])", str(need[0])], 30)
+        if rc == 0:
+            return {**info, "how": "present (carried or built earlier)"}
+        info["carried_error"] = (text.strip().splitlines() or ["?"])[-1][-600:]  # e.g. a newer glibc than here
     if d != ROOT / "native" / "build":
-        return {"dir": str(d), "how": "missing (COLO_NATIVE_DIR names a folder without them)"}
+        return {**info, "how": "missing or unusable (COLO_NATIVE_DIR names a folder without usable files)"}
     t0 = time.monotonic()
-    rc, text = sh(["make", "-s", "-C", str(ROOT / "native")], 180)
-    return {"dir": str(d), "how": "built here" if rc == 0 else "build failed",
+    rc, text = sh(["make", "-s", "-B", "-C", str(ROOT / "native")], 180)
+    return {**info, "how": ("rebuilt here (the carried files did not load)" if "carried_error" in info else
+                            "built here") if rc == 0 else "build failed",
             "seconds": round(time.monotonic() - t0, 1), "build_log": text[-2000:]}
 
 
 def overlay(run_root: Path) -> dict:
-    """The packages of .gpu-deps this interpreter lacks, linked into a folder put last on the parts'
-    PYTHONPATH: what the image has (torch's, JAX's, their numpy and typing_extensions) always wins,
-    since nothing it has is shadowed; the carried copies only fill the gaps."""
+    """The distributions of .gpu-deps this interpreter lacks, linked into a folder put last on the
+    parts' PYTHONPATH: what the image has (torch's, JAX's, their numpy and typing_extensions) always
+    wins, since nothing it has is shadowed; the carried copies only fill the gaps."""
     if not DEPS_DIR.is_dir():
         return {"dir": None, "note": f"no {DEPS_DIR.name}/ (python bench/gpu_check.py --prepare makes it)"}
     ov = run_root / "pydeps"
     ov.mkdir()
     linked, image = [], []
-    for e in sorted(DEPS_DIR.iterdir()):
-        if e.name.endswith(".dist-info"):
-            try:
-                metadata.distribution(e.name[:-len(".dist-info")].rsplit("-", 1)[0])
-            except metadata.PackageNotFoundError:
-                (ov / e.name).symlink_to(e)
+    for info in sorted(DEPS_DIR.glob("*.dist-info")):
+        dist = info.name[:-len(".dist-info")].rsplit("-", 1)[0]
+        try:
+            metadata.distribution(dist)
+            image.append(dist)
             continue
-        if e.name in ("bin", "__pycache__") or not (e.is_dir() or e.suffix in (".py", ".so")):
-            continue
-        mod = e.name.split(".")[0]
-        if importlib.util.find_spec(mod) is not None:
-            image.append(mod)
-        else:
-            (ov / e.name).symlink_to(e)
-            linked.append(mod)
+        except metadata.PackageNotFoundError:
+            pass
+        try:  # its files, by their first folder (RECORD lists every file a wheel installed)
+            tops = {line.split(",", 1)[0].split("/", 1)[0] for line in (info / "RECORD").read_text().splitlines()}
+        except OSError:
+            tops = set()
+        for top in sorted(tops - {"..", "__pycache__", ""}) + [info.name]:
+            if (DEPS_DIR / top).exists() and not (ov / top).exists():
+                (ov / top).symlink_to(DEPS_DIR / top)
+                if top != info.name:
+                    linked.append(top.split(".")[0])
     return {"dir": str(ov), "linked_modules": linked, "image_has": image}
+
+
+def make_run_root() -> tuple[Path, dict]:
+    """The run's scratch folder, short (MPS socket paths must fit 107 bytes), on the first of these
+    filesystems that takes POSIX ACLs: colo runs no MPS where its pipe folders cannot carry one,
+    and a sandbox's /tmp may not."""
+    from colo.node import mps
+
+    tried: dict = {}
+    for base in ("/tmp", "/run", "/dev/shm", "/var/tmp"):
+        try:
+            d = Path(tempfile.mkdtemp(prefix="cgc", dir=base))
+        except OSError as e:
+            tried[base] = e.strerror
+            continue
+        os.chmod(d, 0o755)
+        tried[base] = mps.acl_problem(d) or "takes ACLs"
+        if tried[base] == "takes ACLs":
+            return d, tried
+        shutil.rmtree(d, ignore_errors=True)
+    d = Path(tempfile.mkdtemp(prefix="cgc", dir="/tmp"))
+    os.chmod(d, 0o755)
+    return d, tried
 
 
 def part_env(ctx: dict) -> dict[str, str]:
@@ -572,12 +601,12 @@ def main() -> int:
 
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    run_root = Path(tempfile.mkdtemp(prefix="cgc", dir="/tmp"))  # short: MPS socket paths
-    os.chmod(run_root, 0o755)
+    run_root, acl = make_run_root()
     names = [p for p in a.parts.split(",") if p]
     rep = Report(out, {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "simulated": a.simulated,
                        "command": " ".join(["python", "bench/gpu_check.py", *sys.argv[1:]]), "deadline": a.deadline,
-                       "budgets": PARTS, "run_root": str(run_root), "verdict": "running", "parts": {}})
+                       "budgets": PARTS, "run_root": str(run_root), "run_root_acl": acl, "verdict": "running",
+                       "parts": {}})
 
     def stop(signum, _frame):
         raise Cut(f"stopped by signal {signum}")

@@ -727,13 +727,8 @@ def part_colocation(part: Part) -> None:
     ts, rcs, errs = run_together([light] * n, [{**part.env, **null}] * n, part.left())
     part.results["timesliced"] = {"wall_s": ts}
     part.check(f"{n} light jobs all at once, time-sliced: all succeed", rcs == [0] * n, [rcs, errs[:1]])
-    # 3. colo, knowing nothing of the jobs (it runs jobs it has no profile of alone, and learns)
-    cold = colo_run(part, "cold", light, n, use_mps)
-    part.results["colo_cold"] = cold
-    part.check(f"{n} light jobs under colo, cold: all succeed",
-               all(j["state"] == "succeeded" for j in cold.get("rows", [])) and "wall_s" in cold,
-               cold.get("error") or cold.get("rows"))
-    # 4. colo seeded with the jobs' profile first, as `colo demo` does; a job over its budget after them
+    # 3. colo seeded with the jobs' profile first, as `colo demo` does; a job over its budget after
+    # them. Before the cold run: the part's budget may cut what comes last
     part.results["seeded_profile"] = seed_profile(part, sampler.samples, spans, part.tmp / "profiles")
     burn = str(native.path(native.BURN))
 
@@ -757,7 +752,7 @@ def part_colocation(part: Part) -> None:
         part.results["colo_seeded"] = {k: v for k, v in out.items() if k != "daemon_log_tail"}
         part.check(f"{n} light jobs under colo, seeded: all succeed",
                    all(j["state"] == "succeeded" for j in out.get("rows", [])), out.get("rows"))
-        part.put("light", gains(n, excl, ts, cold, out))
+        part.put("light", gains(n, excl, ts, {"colo_seeded": out}))
         over_budget(d, out)
 
     seeded = colo_run(part, "seeded", light, n, use_mps, part.tmp / "profiles", then=seeded_done)
@@ -765,6 +760,13 @@ def part_colocation(part: Part) -> None:
     if "wall_s" not in seeded:
         part.check(f"{n} light jobs under colo, seeded: all succeed", False, seeded.get("error"))
     part.flush()
+    # 4. colo, knowing nothing of the jobs (it runs jobs it has no profile of alone, and learns)
+    cold = colo_run(part, "cold", light, n, use_mps)
+    part.results["colo_cold"] = cold
+    part.check(f"{n} light jobs under colo, cold: all succeed",
+               all(j["state"] == "succeeded" for j in cold.get("rows", [])) and "wall_s" in cold,
+               cold.get("error") or cold.get("rows"))
+    part.put("light", gains(n, excl, ts, {"colo_seeded": seeded, "colo_cold": cold}))
     # 5. a saturating pair: one after the other, time-sliced, and under MPS where MPS works here
     t0 = time.perf_counter()
     rcs = [subprocess.run(heavy, env=part.env, capture_output=True, timeout=part.left()).returncode for _ in range(2)]
@@ -786,10 +788,10 @@ def part_colocation(part: Part) -> None:
                {"exclusive": rcs, "timesliced": rts, "mps": rmps})
 
 
-def gains(n: int, excl: float, ts: float, cold: dict, seeded: dict) -> dict:
+def gains(n: int, excl: float, ts: float, runs: dict[str, dict]) -> dict:
     """Throughput of each way against one after another (its wall time over theirs)."""
     out = {"jobs": n, "exclusive_s": excl, "timesliced_s": ts, "timesliced_vs_exclusive": excl / ts}
-    for k, r in (("colo_cold", cold), ("colo_seeded", seeded)):
+    for k, r in runs.items():
         if r.get("wall_s"):
             out[f"{k}_s"] = r["wall_s"]
             out[f"{k}_vs_exclusive"] = excl / r["wall_s"]
