@@ -74,10 +74,10 @@ def carried_native(part: Part) -> None:
     rc, text = sh([sys.executable, "-c", code, *map(str, libs)], 30, part.env)
     for lib in libs:
         line = next((x for x in text.splitlines() if x.split(" ", 2)[1:2] == [str(lib)]), text[-300:])
-        part.check(f"{lib.name} loads here", line.startswith("ok "), line)
+        part.check(f"{lib.relative_to(d)} loads here", line.startswith("ok "), line)
     for prog in progs:
         rc, text = sh([str(prog), "--help"], 10, part.env)
-        part.check(f"{prog.name} runs here", "usage" in text.lower(), f"exit {rc}: {text[-300:]}")
+        part.check(f"{prog.relative_to(d)} runs here", "usage" in text.lower(), f"exit {rc}: {text[-300:]}")
 
 
 def carried_packages(part: Part) -> None:

@@ -331,8 +331,9 @@ def part_mps(part: Part) -> None:
             env = {**part.env, **d.client_env(limit, pct)}
             clients.append(Proc([sys.executable, str(PROBE), "--mem", str(mem), "--over", str(limit),
                                  "--busy", "3", "--hold", "--after"], env))
+        attach_by = time.monotonic() + min(30.0, part.left(12))
         for c in clients:
-            c.wait_event("over", min(45.0, part.left()))
+            c.wait_event("over", max(0.1, attach_by - time.monotonic()))
         if refused_attach(part, d, clients):
             return
         part.check("both clients attach and allocate", all(c.event("mem").get("rc") == 0 for c in clients),
@@ -365,7 +366,7 @@ def part_mps(part: Part) -> None:
     finally:
         for c in clients:
             c.send()
-            c.finish(10)
+            c.finish(3)
         m.stop_all()
 
 
@@ -480,8 +481,9 @@ def part_mps_faults(part: Part) -> None:
             return
         env = {**part.env, **d.client_env(1 * GiB, None)}
         a, b = (Proc([sys.executable, str(PROBE), "--mem", str(64 * MiB), "--hold", "--after"], env) for _ in "ab")
+        attach_by = time.monotonic() + min(30.0, part.left(12))
         for c in (a, b):
-            c.wait_event("hold", min(45.0, part.left()))
+            c.wait_event("hold", max(0.1, attach_by - time.monotonic()))
         listed = {s: d.client_list(s) for s in d.server_list()}
         owner = next((s for s, v in listed.items() if a.p.pid in v), None)
         try:
@@ -509,7 +511,8 @@ def fault(part: Part, m, d) -> None:
     victim = Proc([sys.executable, str(PROBE), "--mem", str(64 * MiB), "--hold", "--after"], env)
     culprit = Proc([sys.executable, str(PROBE), "--mem", str(64 * MiB), "--hold"]
                    + ([] if part.simulated else ["--fault"]), env)
-    ok = victim.wait_event("hold", min(45.0, part.left())) and culprit.wait_event("hold", min(45.0, part.left()))
+    attach_by = time.monotonic() + min(30.0, part.left(12))
+    ok = all(p.wait_event("hold", max(0.1, attach_by - time.monotonic())) for p in (victim, culprit))
     if not part.check("two clients for the fault attach", bool(ok), [victim.events, culprit.events]):
         for p in (victim, culprit):
             p.send()
@@ -569,6 +572,14 @@ def job_argv(part: Part, kind: str) -> list[str]:
         LIGHT_TORCH if kind == "light" else HEAVY_TORCH))
     os.chmod(script, 0o644)
     return [sys.executable, str(script), str(part.ctx["light_steps"] if kind == "light" else part.ctx["heavy_iters"])]
+
+
+def run_one(argv: list[str], env: dict, timeout: float) -> int:
+    """A job's exit code; -9 when it ran past `timeout` and was killed."""
+    try:
+        return subprocess.run(argv, env=env, capture_output=True, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        return -9
 
 
 def run_together(argvs: list[list[str]], envs: list[dict], timeout: float) -> tuple[float, list[int], list[str]]:
@@ -716,7 +727,7 @@ def part_colocation(part: Part) -> None:
     spans, rcs = [], []
     for _ in range(n):
         t0 = time.monotonic()
-        rcs.append(subprocess.run(light, env=part.env, capture_output=True, timeout=part.left()).returncode)
+        rcs.append(run_one(light, part.env, part.left()))
         spans.append((t0, time.monotonic()))
     sampler.close()
     excl = spans[-1][1] - spans[0][0]
@@ -769,7 +780,7 @@ def part_colocation(part: Part) -> None:
     part.put("light", gains(n, excl, ts, {"colo_seeded": seeded, "colo_cold": cold}))
     # 5. a saturating pair: one after the other, time-sliced, and under MPS where MPS works here
     t0 = time.perf_counter()
-    rcs = [subprocess.run(heavy, env=part.env, capture_output=True, timeout=part.left()).returncode for _ in range(2)]
+    rcs = [run_one(heavy, part.env, part.left()) for _ in range(2)]
     pair_excl = time.perf_counter() - t0
     pair_ts, rts, _ = run_together([heavy] * 2, [{**part.env, **null}] * 2, part.left())
     pair_mps, rmps = None, None

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = ROOT / "bench" / "gpu_check.py"
 MAX_FILES = 4  # the two reports and, while one is rewritten, its .tmp
@@ -107,22 +109,31 @@ def test_a_run_killed_outright_leaves_the_report_of_what_had_finished(tmp_path):
     assert not leftovers()
 
 
-def test_without_the_mps_binary_the_mps_checks_are_skipped_and_the_run_passes(tmp_path):
+@pytest.mark.parametrize("mps", ["missing", "refused"])
+def test_without_mps_the_mps_checks_are_skipped_with_the_reason_and_the_run_passes(tmp_path, mps):
+    """No nvidia-cuda-mps-control, or one that a sandbox stops from starting (here: a stand-in that
+    exits 1): parts mps and mps_faults are skipped with why, colocation runs without MPS."""
     from colo.node import native
 
     nat = tmp_path / "native"
     shutil.copytree(native.ensure_built(), nat, symlinks=True)
-    (nat / "fakegpu" / "nvidia-cuda-mps-control").unlink()
+    ctl = nat / "fakegpu" / "nvidia-cuda-mps-control"
+    ctl.unlink()
+    if mps == "refused":
+        ctl.write_text("#!/bin/sh\necho 'MPS is not supported in this sandbox (stand-in)' >&2\nexit 1\n")
+        ctl.chmod(0o755)
     out = tmp_path / "out"
     r, report, md = run(out, env={**os.environ, "COLO_NATIVE_DIR": str(nat)})
     parts = report["parts"]
     assert r.returncode == 0, (failing(report), r.stdout[-2000:])
     for name in ("mps", "mps_faults"):
         assert parts[name]["status"] == "skipped" and not parts[name]["checks"]
-    assert "nvidia-cuda-mps-control is not installed" in parts["mps"]["skip_reason"]
+    why = {"missing": "nvidia-cuda-mps-control is not installed",
+           "refused": "MPS refused here: colo's control daemon did not start"}[mps]
+    assert why in parts["mps"]["skip_reason"] and f"mps: skipped: {why}" in md
     assert "MPS not used" in parts["colocation"]["results"]["setup"]["mps"]
     assert not parts["colocation"]["results"]["colo_seeded"]["modes"].get("mps")
-    assert "mps: skipped: nvidia-cuda-mps-control is not installed" in md
+    assert parts["colocation"]["results"]["pair"]["mps_s"] is None
 
 
 def test_a_failing_part_is_recorded_and_the_next_still_runs(tmp_path):
