@@ -227,12 +227,13 @@ def child(name: str, ctx_file: str, fd: int) -> int:
 
 
 def orphan_watch(parent: int, ctx: dict) -> None:
-    """A part whose runner was killed outright (a machine's time limit) ends itself and everything
-    of the run, rather than run on: its own session outlives the runner's."""
+    """A part whose runner was killed outright (a machine's time limit) ends, and a process of its
+    own ends everything else of the run and removes its folder: the part's own session outlives
+    the runner's, and it would run on (and write into the folder) while it is being cleaned."""
     while os.getppid() == parent:
         time.sleep(0.5)
-    sweep(Path(ctx["run_root"]), ctx["marker"])
-    shutil.rmtree(ctx["run_root"], ignore_errors=True)
+    subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--sweep", ctx["run_root"], ctx["marker"]],
+                     start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os._exit(1)
 
 
@@ -590,7 +591,13 @@ def main() -> int:
     ap.add_argument("--hang-part", help=argparse.SUPPRESS)  # tests: this part hangs after its first check
     ap.add_argument("--run-part", nargs=2, metavar=("NAME", "CTX"), help=argparse.SUPPRESS)
     ap.add_argument("--events-fd", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--sweep", nargs=2, metavar=("RUN_ROOT", "MARKER"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.sweep:  # after a runner killed outright (orphan_watch)
+        time.sleep(0.5)  # the part that started this has exited
+        sweep(Path(a.sweep[0]), a.sweep[1])
+        shutil.rmtree(a.sweep[0], ignore_errors=True)
+        return 0
     if a.run_part:
         return child(a.run_part[0], a.run_part[1], a.events_fd)
     if a.prepare:

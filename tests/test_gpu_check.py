@@ -104,9 +104,9 @@ def test_a_run_killed_outright_leaves_the_report_of_what_had_finished(tmp_path):
                 pass
         return out
     deadline = time.monotonic() + 30
-    while leftovers() and time.monotonic() < deadline:
+    while (leftovers() or os.path.exists(report["run_root"])) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not leftovers()
+    assert not leftovers() and not os.path.exists(report["run_root"])
 
 
 @pytest.mark.parametrize("mps", ["missing", "refused"])
