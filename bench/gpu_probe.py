@@ -2,6 +2,7 @@
 framework), for bench/gpu_check.py. Runs alike on a real driver and on native/fakegpu.
 
     python bench/gpu_probe.py [--mem SIZE] [--over SIZE] [--busy S] [--work N] [--hold] [--fault]
+    python bench/gpu_probe.py --procaddr cuMemAlloc,cuMemFree --versions 12000,13020
 
 Steps, in this order, each reported as one JSON line on stdout:
   init     cuInit, device name, total memory, cuMemGetInfo (what the process is told it has)
@@ -15,6 +16,10 @@ Steps, in this order, each reported as one JSON line on stdout:
   after    one memset + synchronize: does this context still work? (810 after terminate_client,
            700 after a fault in it or in its MPS server)
 Exit 0 when every step went as asked, 1 on another CUDA error.
+
+--procaddr: after cuInit only, what cuGetProcAddress_v2 answers for each name at each CUDA version
+(flags 0 and per-thread default stream), and which exported symbol (dlsym) each answer is: one
+"procaddr" line. Under the interposer, dlsym and cuGetProcAddress are its own.
 """
 from __future__ import annotations
 
@@ -52,6 +57,39 @@ def say(**kw) -> None:
     print(json.dumps(kw), flush=True)
 
 
+# exported names an answer for BASE may be (the driver's versioned ABIs and stream variants)
+SUFFIXES = ("", "_v2", "_v3", "_v4", "_ptsz", "_v2_ptsz", "_ptds", "_v2_ptds")
+
+
+def procaddr(cu, names: list[str], versions: list[int]) -> dict:
+    # dlsym itself, not ctypes' getattr: a NULL answer without a dlerror() message (the interposer's
+    # refusal of an unknown counted version) crashes ctypes' getattr on CPython 3.11
+    dlsym = ctypes.CDLL(None).dlsym
+    dlsym.restype, dlsym.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+    exported = {}
+    for base in names:
+        for suf in SUFFIXES:
+            if (p := dlsym(cu._handle, (base + suf).encode())):
+                exported[base + suf] = p
+    by_ptr = {}
+    for n, p in exported.items():
+        by_ptr.setdefault(p, n)  # the first (shortest) name of an address
+    get = getattr(cu, "cuGetProcAddress_v2", None)
+    rows = []
+    for base in names:
+        for ver in versions:
+            for flags in (0, 2):  # CU_GET_PROC_ADDRESS_DEFAULT, _PER_THREAD_DEFAULT_STREAM
+                fn, status = ctypes.c_void_p(), ctypes.c_int(-1)
+                if get is not None:
+                    rc = get(base.encode(), ctypes.byref(fn), ver, ctypes.c_uint64(flags), ctypes.byref(status))
+                else:
+                    rc = cu.cuGetProcAddress(base.encode(), ctypes.byref(fn), ver, ctypes.c_uint64(flags))
+                rows.append({"name": base, "ver": ver, "flags": flags, "rc": rc, "status": status.value,
+                             "is": (by_ptr.get(fn.value, "unexported") if fn.value else None)})
+    return {"via": "cuGetProcAddress_v2" if get is not None else "cuGetProcAddress", "rows": rows,
+            "exported": sorted(exported)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mem", type=size, default=64 << 20)
@@ -61,6 +99,8 @@ def main() -> int:
     ap.add_argument("--hold", action="store_true")
     ap.add_argument("--fault", action="store_true")
     ap.add_argument("--after", action="store_true")
+    ap.add_argument("--procaddr", help="comma-separated base names: report cuGetProcAddress's answers and exit")
+    ap.add_argument("--versions", default="12000,13000,13010,13020,13030")
     a = ap.parse_args()
     cu = ctypes.CDLL("libcuda.so.1")
     u64, sz = ctypes.c_uint64, ctypes.c_size_t
@@ -68,6 +108,9 @@ def main() -> int:
     if rc:
         say(event="init", rc=rc, pid=os.getpid())
         return 1
+    if a.procaddr:
+        say(event="procaddr", **procaddr(cu, a.procaddr.split(","), [int(v) for v in a.versions.split(",")]))
+        return 0
     dev, ctx = ctypes.c_int(), ctypes.c_void_p()
     cu.cuDeviceGet(ctypes.byref(dev), 0)
     name = ctypes.create_string_buffer(256)

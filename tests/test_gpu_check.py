@@ -1,35 +1,139 @@
-"""bench/gpu_check.py runs on the simulated driver, so the one command meant for a lent GPU
-machine cannot rot before a session gets one (issue 15)."""
+"""bench/gpu_check.py runs on the simulated driver, so the one command meant for a lent GPU machine
+cannot rot before a session gets one (issues 15, 29): it leaves at most 4 files, prints its summary,
+keeps every check that finished when a part or the whole run is cut, and marks MPS skipped where
+there is none."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = ROOT / "bench" / "gpu_check.py"
+MAX_FILES = 4  # the two reports and, while one is rewritten, its .tmp
 
 
-def run(out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict, str]:
+def run(out: Path, *args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict, str]:
     r = subprocess.run([sys.executable, str(CHECK), str(out), "--simulated", *args], capture_output=True,
-                       text=True, timeout=280)
+                       text=True, timeout=280, env=env)
     report = json.loads((out / "gpu-report.json").read_text())
     return r, report, (out / "gpu-report.md").read_text()
 
 
-def test_every_simulated_part_passes_and_the_report_says_simulated(tmp_path):
+def files(out: Path) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+
+
+def failing(report: dict) -> dict:
+    return {n: (p["status"], p.get("error"), p.get("skip_reason"), [c for c in p["checks"] if not c["ok"]])
+            for n, p in report["parts"].items() if p["status"] != "ok"}
+
+
+def test_every_simulated_part_passes_in_two_files_and_the_summary_is_printed(tmp_path):
     r, report, md = run(tmp_path)
-    failing = {n: (p["status"], p.get("error"), [c for c in p["checks"] if not c["ok"]])
-               for n, p in report["parts"].items() if p["status"] != "ok"}
-    assert r.returncode == 0 and not failing, (failing, r.stdout[-2000:], r.stderr[-2000:])
-    assert report["simulated"] and report["build"]["status"] == "ok"
-    assert set(report["parts"]) == {"frameworks", "cost", "mps", "daemon"}
-    assert report["versions"]["nvml"]["driver"]  # the (simulated) driver's version was read through NVML
-    daemon = report["parts"]["daemon"]["results"]
-    assert daemon["budget_jobs"]["over-budget"]["state"] == "failed"
-    assert all(j["state"] == "succeeded" for j in daemon["light_under_colo"])
-    assert "SIMULATED DRIVER" in md and "| a job over its budget |" in md
+    assert r.returncode == 0 and not failing(report), (failing(report), r.stdout[-2000:], r.stderr[-2000:])
+    assert files(tmp_path) == ["gpu-report.json", "gpu-report.md"]
+    assert report["simulated"] and report["verdict"] == "passed"
+    assert list(report["parts"]) == ["machine", "frameworks", "mps", "colocation", "cost", "mps_faults"]
+    machine = report["parts"]["machine"]["results"]
+    assert machine["nvml"]["driver"] and machine["system"]["kernel"] == os.uname().release
+    assert machine["procaddr"]["summary"]["cuMemAlloc@13020_is_dlsym_cuMemAlloc_v2"] is True
+    colo = report["parts"]["colocation"]["results"]
+    assert colo["budget_jobs"]["over-budget"]["state"] == "failed"
+    assert all(j["state"] == "succeeded" for j in colo["colo_cold"]["rows"] + colo["colo_seeded"]["rows"])
+    assert colo["colo_seeded"]["modes"].get("mps")  # seeded with their profile, light jobs share under MPS
+    assert report["parts"]["mps"]["results"]["second_user"]["rc"] == 0
+    # the summary goes to standard output, whole, after every part and at the end
+    assert r.stdout.count("# colo GPU check:") == len(report["parts"]) + 1
+    assert r.stdout.rstrip().splitlines()[-1].startswith("gpu_check: wrote")
+    assert "SIMULATED DRIVER" in md and "| a job over its budget |" in md and "| colocation | ok |" in md
+
+
+def test_a_deadline_cuts_a_part_and_the_report_keeps_every_check_that_finished(tmp_path):
+    r, report, md = run(tmp_path, "--deadline", "60", "--hang-part", "colocation")
+    parts = report["parts"]
+    assert r.returncode == 1 and report["verdict"].startswith("not passed")
+    assert files(tmp_path) == ["gpu-report.json", "gpu-report.md"]
+    assert all(parts[n]["status"] == "ok" for n in ("machine", "frameworks", "mps")), failing(report)
+    cut = parts["colocation"]
+    assert cut["status"] == "timeout" and "deadline" in cut["error"]
+    assert [c["ok"] for c in cut["checks"]] == [True]  # the check it made before it hung is kept
+    assert parts["cost"]["status"] == parts["mps_faults"]["status"] == "not run"
+    assert "colocation: **timeout**" in md and "cost: **not run**" in md
+
+
+def test_a_run_killed_outright_leaves_the_report_of_what_had_finished(tmp_path):
+    p = subprocess.Popen([sys.executable, str(CHECK), str(tmp_path), "--simulated", "--hang-part", "colocation"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    report = {}
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and not report.get("parts", {}).get("colocation", {}).get("checks"):
+            time.sleep(0.5)
+            try:
+                report = json.loads((tmp_path / "gpu-report.json").read_text())
+            except (OSError, ValueError):
+                pass
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # as a machine's time limit does: no chance to write anything more
+        p.wait()
+    report = json.loads((tmp_path / "gpu-report.json").read_text())
+    parts = report["parts"]
+    assert len(files(tmp_path)) <= MAX_FILES
+    assert all(parts[n]["status"] == "ok" and parts[n]["checks"] for n in ("machine", "frameworks", "mps"))
+    assert parts["colocation"]["status"] == "running" and parts["colocation"]["checks"][0]["ok"]
+    assert "| colocation | running | 1/1 |" in (tmp_path / "gpu-report.md").read_text()
+    # the part, in a session of its own, saw its runner gone and ended itself and all it had started
+    import psutil
+
+    def leftovers() -> list:
+        out = []
+        for q in psutil.process_iter(["cmdline"]):
+            try:
+                if report["run_root"] in " ".join(q.info["cmdline"] or []) or \
+                        q.environ().get("COLO_GPUCHECK_RUN") == Path(report["run_root"]).name:
+                    out.append(q.pid)
+            except psutil.Error:
+                pass
+        return out
+    deadline = time.monotonic() + 30
+    while (leftovers() or os.path.exists(report["run_root"])) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not leftovers() and not os.path.exists(report["run_root"])
+
+
+@pytest.mark.parametrize("mps", ["missing", "refused"])
+def test_without_mps_the_mps_checks_are_skipped_with_the_reason_and_the_run_passes(tmp_path, mps):
+    """No nvidia-cuda-mps-control, or one that a sandbox stops from starting (here: a stand-in that
+    exits 1): parts mps and mps_faults are skipped with why, colocation runs without MPS."""
+    from colo.node import native
+
+    nat = tmp_path / "native"
+    shutil.copytree(native.ensure_built(), nat, symlinks=True)
+    ctl = nat / "fakegpu" / "nvidia-cuda-mps-control"
+    ctl.unlink()
+    if mps == "refused":
+        ctl.write_text("#!/bin/sh\necho 'MPS is not supported in this sandbox (stand-in)' >&2\nexit 1\n")
+        ctl.chmod(0o755)
+    out = tmp_path / "out"
+    r, report, md = run(out, env={**os.environ, "COLO_NATIVE_DIR": str(nat)})
+    parts = report["parts"]
+    assert r.returncode == 0, (failing(report), r.stdout[-2000:])
+    for name in ("mps", "mps_faults"):
+        assert parts[name]["status"] == "skipped" and not parts[name]["checks"]
+    why = {"missing": "nvidia-cuda-mps-control is not installed",
+           "refused": "MPS refused here: colo's control daemon did not start"}[mps]
+    assert why in parts["mps"]["skip_reason"] and f"mps: skipped: {why}" in md
+    assert "MPS not used" in parts["colocation"]["results"]["setup"]["mps"]
+    assert not parts["colocation"]["results"]["colo_seeded"]["modes"].get("mps")
+    assert parts["colocation"]["results"]["pair"]["mps_s"] is None
 
 
 def test_a_failing_part_is_recorded_and_the_next_still_runs(tmp_path):
@@ -39,4 +143,4 @@ def test_a_failing_part_is_recorded_and_the_next_still_runs(tmp_path):
     assert parts["mps"]["status"] == "error" and "failure injected into part mps" in parts["mps"]["error"]
     assert parts["cost"]["status"] == "ok" and parts["cost"]["results"]["pairs"]
     assert parts["nosuch"]["status"] == "error"
-    assert "### mps: error" in md and "failure injected" in md
+    assert "mps: **error**" in md and "failure injected" in md
