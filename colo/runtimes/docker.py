@@ -25,6 +25,7 @@ import docker.types
 import requests
 import urllib3
 
+from . import nvidia, preload
 from .base import EngineError, Gone, Launch, StartError, Unavailable
 
 LABEL_JOB = "colo.job"
@@ -43,14 +44,6 @@ ENGINE_DOWN = (requests.exceptions.ConnectionError, requests.exceptions.ChunkedE
 ENGINE_POLL = 1.0  # seconds between pings while the engine is away
 
 log = logging.getLogger(__name__)
-
-
-def detect_nvidia_runtime(client) -> bool:
-    """True when the engine has the NVIDIA container runtime (so GPUs go in by device request)."""
-    try:
-        return "nvidia" in (client.info().get("Runtimes") or {})
-    except docker.errors.DockerException:
-        return False
 
 
 def cursor_path(log_path: Path) -> Path:
@@ -220,13 +213,13 @@ class DockerRuntime:
     name = "docker"
     cleanup_in_background = True  # an ended job's container has exited: only its remains are removed
 
-    def __init__(self, client=None, gpu_runtime: str | None = None, init: bool = False,
+    def __init__(self, client=None, gpu_access: nvidia.GpuAccess | None = None, init: bool = False,
                  instance: str = "default"):
         # Each running job holds two long requests (wait, log follow): a pool much larger than
         # the SDK's default 10 avoids churning connections with many jobs.
         self.client = client if client is not None else docker.from_env(max_pool_size=128)
         self.api = self.client.api
-        self.gpu_runtime = gpu_runtime
+        self._gpu_access = gpu_access  # fixed (tests), or None: asked of the engine at each GPU start
         # init=True puts docker-init (tini) as pid 1 so SIGTERM reaches programs without a handler;
         # off by default because then a missing command is a job exit 127, not a StartError.
         self.init = init
@@ -240,8 +233,17 @@ class DockerRuntime:
 
     @classmethod
     def from_env(cls, instance: str = "default") -> "DockerRuntime":
-        client = docker.from_env(max_pool_size=128)
-        return cls(client, "nvidia" if detect_nvidia_runtime(client) else None, instance=instance)
+        return cls(docker.from_env(max_pool_size=128), instance=instance)
+
+    def gpu_access(self) -> nvidia.GpuAccess:
+        """How GPUs reach containers on this engine now: CDI, the nvidia runtime, or nothing (why)."""
+        return self._gpu_access or nvidia.detect(self.client)
+
+    def gpu_refusal(self) -> str | None:
+        """Why a container job on real GPUs cannot get them here (for a refusal at submit); None
+        when the engine can hand them over. Jobs on simulated GPUs need nothing of the engine."""
+        access = self.gpu_access()
+        return None if access.via else f"container jobs get no GPU here: {access.detail}"
 
     # -- the engine itself ------------------------------------------------------------------
 
@@ -301,10 +303,9 @@ class DockerRuntime:
             # MPS clients talk to their server through files in /dev/shm: share the host's.
             mounts.append(docker.types.Mount("/dev/shm", "/dev/shm", type="bind"))
         device_requests = None
-        if self.gpu_runtime and launch.gpus:
-            device_requests = [
-                docker.types.DeviceRequest(device_ids=list(launch.gpus), capabilities=[["gpu"]])
-            ]
+        if launch.gpus and not launch.simulated_gpus:
+            # by CDI or the nvidia runtime; a job the engine could give no GPU fails with the reason
+            device_requests = self.gpu_access().device_requests(launch.gpus)
         return self.api.create_host_config(
             mounts=mounts,
             device_requests=device_requests,
@@ -469,7 +470,21 @@ class DockerRuntime:
 
     def exit_note(self, handle: str) -> str:
         with self._lock:
-            return self._notes.get(handle, "")
+            notes = [self._notes.get(handle, "")]
+        notes.append(self._loader_note(handle))
+        return "; ".join(n for n in notes if n)
+
+    def _loader_note(self, handle: str) -> str:
+        """What the dynamic loader said about colo's interposer, for a container that preloaded it."""
+        try:
+            config = self.api.inspect_container(handle)["Config"]
+        except (docker.errors.DockerException, *ENGINE_DOWN):
+            return ""
+        env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
+        log_path = (config.get("Labels") or {}).get(LABEL_LOG)
+        if not log_path or preload.INTERPOSER not in env.get("LD_PRELOAD", ""):
+            return ""
+        return preload.note(Path(log_path))
 
     def poll(self, handle: str) -> int | None:
         try:
@@ -544,7 +559,9 @@ class DockerRuntime:
 
     def _remove(self, handle: str) -> None:
         try:
-            self.api.remove_container(handle, force=True)
+            # v: its anonymous volumes go with it (an image's VOLUME would otherwise leave one per
+            # job, outside log_cap and log_reserve); named volumes are never removed this way
+            self.api.remove_container(handle, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as e:

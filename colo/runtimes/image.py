@@ -110,8 +110,11 @@ class _RootFs:
         return buf.getvalue()
 
 
-def rootfs_tar(with_shell: bool = True, extra_files: dict[str, Path] | None = None) -> bytes:
-    """The image's root filesystem as a deterministic tar (same inputs -> same bytes)."""
+def rootfs_tar(with_shell: bool = True, extra_files: dict[str, Path] | None = None,
+               glibc_extras: bool = True) -> bytes:
+    """The image's root filesystem as a deterministic tar (same inputs -> same bytes).
+    glibc_extras=False leaves out the glibc parts the tools do not link (libdl.so.2...), as some
+    images do: colo's interposer then cannot load there."""
     fs = _RootFs()
     tools = list(TOOLS if with_shell else NO_SHELL_TOOLS)
     binaries = []
@@ -127,7 +130,7 @@ def rootfs_tar(with_shell: bool = True, extra_files: dict[str, Path] | None = No
         fs.host(b)
         libs.update(_shared_libs(b))
     libc_dir = next((p.parent for p in libs if p.name.startswith("libc.so")), None)
-    if libc_dir is not None:
+    if libc_dir is not None and glibc_extras:
         libs.update(libc_dir / n for n in GLIBC_EXTRAS if (libc_dir / n).exists())
     for lib in sorted(libs):
         fs.host(lib)
@@ -144,7 +147,8 @@ def rootfs_tar(with_shell: bool = True, extra_files: dict[str, Path] | None = No
 
 
 def build_local_image(
-    client, tag: str, with_shell: bool = True, extra_files: dict[str, Path] | None = None
+    client, tag: str, with_shell: bool = True, extra_files: dict[str, Path] | None = None,
+    volumes: tuple[str, ...] = (), glibc_extras: bool = True,
 ) -> str:
     """Build (or reuse) a tiny image `tag` from host files with `docker import`; return the tag.
 
@@ -152,9 +156,11 @@ def build_local_image(
     `with_shell=False` gives an image with no /bin/sh (only sleep, echo, true) for bad-input tests.
     `extra_files` maps a path in the image to a host file to copy there (under real
     directories: /usr/bin/x or /opt/x, not /bin/x, which is a symlink in the image).
+    `volumes`: folders the image declares as VOLUME (each container gets an anonymous volume there).
     """
-    data = rootfs_tar(with_shell, extra_files)
-    digest = hashlib.sha256(data).hexdigest()
+    data = rootfs_tar(with_shell, extra_files, glibc_extras)
+    changes = [f"ENV PATH={PATH_ENV}", "WORKDIR /", *(f"VOLUME {v}" for v in volumes)]
+    digest = hashlib.sha256(data + "\n".join(changes).encode()).hexdigest()
     try:
         img = client.api.inspect_image(tag)
         if ((img.get("Config") or {}).get("Labels") or {}).get(CONTENT_LABEL) == digest:
@@ -166,7 +172,7 @@ def build_local_image(
         data,
         repository=repo,
         tag=version,
-        changes=[f"LABEL {CONTENT_LABEL}={digest}", f"ENV PATH={PATH_ENV}", "WORKDIR /"],
+        changes=[f"LABEL {CONTENT_LABEL}={digest}", *changes],
     )
     img = client.api.inspect_image(tag)  # raises if the import did not produce it
     if ((img.get("Config") or {}).get("Labels") or {}).get(CONTENT_LABEL) != digest:
