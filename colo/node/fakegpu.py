@@ -128,7 +128,7 @@ def _parser() -> argparse.ArgumentParser:
                 epilog="Example: colo-fakegpu create ~/.colo-gpus --count 2 --mem 16GiB && "
                        "colo daemon --fake-gpus ~/.colo-gpus")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
-    c = sub.add_parser("create", help="write a state file of idle devices (mode 0666)")
+    c = sub.add_parser("create", help="write a state file of idle devices (mode 0666; its folder made if missing)")
     c.add_argument("path", metavar="PATH")
     c.add_argument("--count", type=_count, default=2, help="devices (default 2)")
     c.add_argument("--mem", type=_size, default=16 * GiB, help="memory of each, e.g. 16GiB (default)")
@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     node = FakeNode(Path(args.path))
     try:
         if args.cmd == "create":
+            Path(args.path).parent.mkdir(parents=True, exist_ok=True)
             create(args.path, args.count, args.mem, args.name, args.sms, args.uuid)
             print(f"{args.path}: {args.count} simulated GPU(s) of {format_size(args.mem)}; use them with "
                   f"`colo daemon --fake-gpus {args.path}`")
