@@ -148,7 +148,7 @@ def test_installed_in_a_clean_debian_the_units_execstart_serves_jobs(built, dock
     assert said[0].startswith("installed colo ") and said[1] == "layout ok", out
     assert said[2] == "ExecStart /opt/colo/bin/colo daemon --config /etc/colo/colo.toml", out
     assert said[3] == "cpu job: hello from 0", out
-    assert said[4] == "gpu job: exited with code 0; 1 allocation(s) refused by its budget of 256.0MiB", out
+    assert said[4] == "gpu job: exited with code 0; 1 allocation(s) refused by its budget of 256MiB", out
     assert said[5:] == ["upgraded, config kept: 1", "ExecStart /opt/colo/bin/colo daemon --config /etc/colo/colo.toml",
                         "after restart 2 jobs", "purged: 0 left"], out
 
