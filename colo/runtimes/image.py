@@ -110,11 +110,8 @@ class _RootFs:
         return buf.getvalue()
 
 
-def rootfs_tar(with_shell: bool = True, extra_files: dict[str, Path] | None = None,
-               glibc_extras: bool = True) -> bytes:
-    """The image's root filesystem as a deterministic tar (same inputs -> same bytes).
-    glibc_extras=False leaves out the glibc parts the tools do not link (libdl.so.2...), as some
-    images do: colo's interposer then cannot load there."""
+def rootfs_tar(with_shell: bool = True, extra_files: dict[str, Path] | None = None) -> bytes:
+    """The image's root filesystem as a deterministic tar (same inputs -> same bytes)."""
     fs = _RootFs()
     tools = list(TOOLS if with_shell else NO_SHELL_TOOLS)
     binaries = []
@@ -130,7 +127,7 @@ def rootfs_tar(with_shell: bool = True, extra_files: dict[str, Path] | None = No
         fs.host(b)
         libs.update(_shared_libs(b))
     libc_dir = next((p.parent for p in libs if p.name.startswith("libc.so")), None)
-    if libc_dir is not None and glibc_extras:
+    if libc_dir is not None:
         libs.update(libc_dir / n for n in GLIBC_EXTRAS if (libc_dir / n).exists())
     for lib in sorted(libs):
         fs.host(lib)
@@ -148,7 +145,7 @@ def rootfs_tar(with_shell: bool = True, extra_files: dict[str, Path] | None = No
 
 def build_local_image(
     client, tag: str, with_shell: bool = True, extra_files: dict[str, Path] | None = None,
-    volumes: tuple[str, ...] = (), glibc_extras: bool = True,
+    volumes: tuple[str, ...] = (),
 ) -> str:
     """Build (or reuse) a tiny image `tag` from host files with `docker import`; return the tag.
 
@@ -158,8 +155,22 @@ def build_local_image(
     directories: /usr/bin/x or /opt/x, not /bin/x, which is a symlink in the image).
     `volumes`: folders the image declares as VOLUME (each container gets an anonymous volume there).
     """
-    data = rootfs_tar(with_shell, extra_files, glibc_extras)
     changes = [f"ENV PATH={PATH_ENV}", "WORKDIR /", *(f"VOLUME {v}" for v in volumes)]
+    return _import(client, tag, rootfs_tar(with_shell, extra_files), changes)
+
+
+def build_image_of(client, tag: str, files: dict[str, Path]) -> str:
+    """An image of these host files alone (path in the image -> host file), nothing of the host's
+    C library unless named: e.g. a program of another C library with its own loader."""
+    fs = _RootFs()
+    for target, src in sorted(files.items()):
+        fs.host(Path(src), target=target)
+    fs.dir("tmp", 0o1777)
+    return _import(client, tag, fs.tar(), [f"ENV PATH={PATH_ENV}", "WORKDIR /"])
+
+
+def _import(client, tag: str, data: bytes, changes: list[str]) -> str:
+    """`docker import` of a root filesystem tar as `tag`, reused when its content is there already."""
     digest = hashlib.sha256(data + "\n".join(changes).encode()).hexdigest()
     try:
         img = client.api.inspect_image(tag)

@@ -1,7 +1,7 @@
 """Why a job's processes ran without colo's interposer, in the dynamic loader's own words.
 
 A GPU job's processes load the interposer by LD_PRELOAD. Where it cannot be loaded (an image
-whose C library lacks a symbol version it needs, one without libdl.so.2, a musl image), the
+whose C library lacks a symbol version it needs, a musl image, a 32-bit program), the
 loader says so on the job's stderr, and the program either ends at once (code 127) or runs on
 without it, its budget not held. colo reads those lines back from the end of the job's log so
 that the job's reason says so. A static binary loads nothing: no loader, no line, nothing to tell.
@@ -15,8 +15,6 @@ from pathlib import Path
 from ..node.native import INTERPOSER
 
 TAIL = 64 * 1024  # the loader's lines come first, and a failed start writes little after them
-# glibc pieces the interposer links besides libc itself (native/Makefile: -ldl -lpthread)
-NEEDS = ("libdl.so.2", "libpthread.so.0")
 
 
 def note(log_path: Path) -> str:
@@ -35,9 +33,6 @@ def note(log_path: Path) -> str:
                 return f"colo's interposer cannot load in this image (a musl C library?): {line}"
             if "error" in line.lower():
                 return f"colo's interposer cannot load in this image: {line}"
-        m = re.search(r"error while loading shared libraries: (\S+):", line)
-        if m and m.group(1) in NEEDS:  # glibc names the missing library, not who needed it
-            return f"colo's interposer cannot load in this image: it needs {m.group(1)}, which is missing ({line})"
     return ""
 
 
