@@ -228,6 +228,7 @@ class DockerRuntime:
         self._lock = threading.Lock()
         self.down: str | None = None  # why the engine does not answer now; None while it does
         self._notes: dict[str, str] = {}  # handle -> what wait() saw happen to the engine
+        self._loader: dict[str, str] = {}  # handle -> what the loader said of the interposer (preload.py)
         self._closed = threading.Event()
         self.log_cap, self.log_reserve = 0, 0  # set by the daemon from its config
 
@@ -461,6 +462,7 @@ class DockerRuntime:
         if removed:
             raise Gone(f"container {handle[:12]} was removed while it ran (it no longer exists)")
         self._drain(handle)
+        self._note_loader(handle)
         return code
 
     def _interrupted(self, e: BaseException, handle: str) -> None:
@@ -469,22 +471,24 @@ class DockerRuntime:
             self._notes[handle] = "the Docker engine stopped or restarted while it ran"
 
     def exit_note(self, handle: str) -> str:
+        """Read only what wait() or poll() noted (the daemon asks from its event loop)."""
         with self._lock:
-            notes = [self._notes.get(handle, "")]
-        notes.append(self._loader_note(handle))
-        return "; ".join(n for n in notes if n)
+            return "; ".join(n for n in (self._notes.get(handle), self._loader.get(handle)) if n)
 
-    def _loader_note(self, handle: str) -> str:
-        """What the dynamic loader said about colo's interposer, for a container that preloaded it."""
+    def _note_loader(self, handle: str) -> None:
+        """Once it ended: what the dynamic loader said about colo's interposer, when it preloaded it."""
+        with self._lock:
+            if handle in self._loader:
+                return
         try:
             config = self.api.inspect_container(handle)["Config"]
         except (docker.errors.DockerException, *ENGINE_DOWN):
-            return ""
+            return
         env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
         log_path = (config.get("Labels") or {}).get(LABEL_LOG)
-        if not log_path or preload.INTERPOSER not in env.get("LD_PRELOAD", ""):
-            return ""
-        return preload.note(Path(log_path))
+        note = preload.note(Path(log_path)) if log_path and preload.INTERPOSER in env.get("LD_PRELOAD", "") else ""
+        with self._lock:
+            self._loader[handle] = note
 
     def poll(self, handle: str) -> int | None:
         try:
@@ -495,6 +499,7 @@ class DockerRuntime:
             raise Gone(f"container {handle[:12]} was created but never started")
         if state.get("Running") or state.get("Restarting"):
             return None
+        self._note_loader(handle)
         return int(state.get("ExitCode", 0))
 
     def stop(self, handle: str, grace: float) -> None:
@@ -552,6 +557,7 @@ class DockerRuntime:
             raise self._engine_down(e) from None
         with self._lock:
             self._notes.pop(handle, None)
+            self._loader.pop(handle, None)
             f = self._followers.pop(handle, None)
         if f is not None:
             f.stop()
