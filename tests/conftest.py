@@ -5,9 +5,11 @@ Only the NVIDIA driver is replaced (by native/fakegpu); everything else is real.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -101,6 +103,38 @@ def test_image(docker_client):
     from colo.runtimes.image import build_local_image
 
     return build_local_image(docker_client, "colo-test/base:1", with_shell=True)
+
+
+DOCKER_RUN = uuid.uuid4().hex[:12]  # labels every container the `rt` fixture's runtime starts in this run
+
+
+@pytest.fixture
+def rt(docker_client):
+    """A DockerRuntime on the real engine; what it started is removed afterwards (with its volumes)."""
+    from colo.runtimes.docker import DockerRuntime
+
+    r = DockerRuntime(docker_client)
+    yield r
+    r.close()
+    for c in docker_client.api.containers(all=True, filters={"label": f"colo.test.run={DOCKER_RUN}"}):
+        docker_client.api.remove_container(c["Id"], force=True, v=True)
+
+
+@pytest.fixture
+def launch(tmp_path, test_image):
+    """launch(argv, **Launch fields): a Launch of the test image as uid 1234, its log in tmp_path."""
+    from colo.runtimes.base import Launch
+
+    def make(argv, **kw):
+        job_id = random.randrange(10**8, 10**9)  # other suites' jobs share this engine: avoid their ids
+        kw.setdefault("image", test_image)
+        kw.setdefault("uid", 1234)
+        kw.setdefault("gid", 1234)
+        labels = {"colo.test.run": DOCKER_RUN, **kw.pop("labels", {})}
+        return Launch(job_id=job_id, argv=argv, log_path=tmp_path / f"{job_id}.log", run_dir=tmp_path,
+                      labels=labels, **kw)
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import time
 import uuid
 from pathlib import Path
@@ -12,46 +11,10 @@ import docker.errors
 import pytest
 
 from colo.jobs import Mount
-from colo.runtimes.base import Gone, Launch, StartError
-from colo.runtimes.docker import DockerRuntime, cursor_path, detect_nvidia_runtime
+from colo.runtimes.base import Gone, StartError
+from colo.runtimes.docker import DockerRuntime, cursor_path
 from colo.runtimes.image import build_local_image
 from daemon_util import wait_for
-
-RUN = uuid.uuid4().hex[
-    :12
-]  # labels every container of this test run, so the fixture removes them all
-
-
-@pytest.fixture
-def rt(docker_client):
-    r = DockerRuntime(docker_client)
-    yield r
-    r.close()
-    for c in docker_client.api.containers(all=True, filters={"label": f"colo.test.run={RUN}"}):
-        docker_client.api.remove_container(c["Id"], force=True)
-
-
-@pytest.fixture
-def launch(tmp_path, test_image):
-    def make(argv, **kw):
-        job_id = random.randrange(
-            10**8, 10**9
-        )  # other suites' jobs share this engine: avoid their ids
-        kw.setdefault("image", test_image)
-        kw.setdefault("uid", 1234)
-        kw.setdefault("gid", 1234)
-        labels = {"colo.test.run": RUN, **kw.pop("labels", {})}
-        return Launch(
-            job_id=job_id,
-            argv=argv,
-            log_path=tmp_path / f"{job_id}.log",
-            run_dir=tmp_path,
-            labels=labels,
-            **kw,
-        )
-
-    return make
-
 
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
@@ -126,26 +89,8 @@ def test_labels_and_no_privileges(rt, launch, docker_client):
     rt.stop(h, 0)
 
 
-def test_gpu_device_request_only_with_nvidia_runtime(docker_client, launch):
-    ln = launch(["true"], gpus=["GPU-1111", "GPU-2222"])
-    with_gpu = DockerRuntime(docker_client, gpu_runtime="nvidia")._host_config(ln)["DeviceRequests"]
-    assert with_gpu == [
-        {
-            "Driver": "",
-            "Count": 0,
-            "DeviceIDs": ["GPU-1111", "GPU-2222"],
-            "Capabilities": [["gpu"]],
-            "Options": {},
-        }
-    ]
-    assert not DockerRuntime(docker_client)._host_config(ln).get("DeviceRequests")
-    assert detect_nvidia_runtime(docker_client) == (
-        "nvidia" in (docker_client.info().get("Runtimes") or {})
-    )
-
-
 def test_share_host_shm(rt, launch):
-    name = f"colo-test-{RUN}"
+    name = f"colo-test-{uuid.uuid4().hex[:12]}"
     shm = Path("/dev/shm") / name
     shm.write_text("shared\n")
     try:

@@ -307,9 +307,20 @@ class Story:
                  f"slow co-running jobs; on a real one the MPS pair of step 1 (jobs {a} and {b}) was predicted to lose nothing, and "
                  f"what it really lost would be learned.)")
         _say("Every budget held: no GPU ever had more memory promised than it has.")
-        _say("Next: `colo daemon &` then `colo submit --process --gpu-mem 1GiB -- CMD`; `colo top` to watch; "
-             "`colo demo --keep` leaves this daemon up.")
+        _say(next_step(bool(shutil.which("nvidia-smi"))))
         return ok
+
+
+FAKE_GPUS = "~/.colo-gpus"  # where the README's and the demo's next step keep simulated GPUs
+
+
+def next_step(have_gpu: bool) -> str:
+    """The demo's last line: what to run after it, on this machine (with a GPU or without)."""
+    start = ("`sudo colo daemon &` (or the systemd unit: docs/install.md)" if have_gpu else
+             f"`colo-fakegpu create {FAKE_GPUS} && colo daemon --fake-gpus {FAKE_GPUS} &` (simulated GPUs: this "
+             "machine has no NVIDIA driver)")
+    return (f"Next: {start}, then `colo submit --process --gpu-mem 1GiB -- CMD` and `colo top` to watch; "
+            "`colo demo --keep` leaves this demo's daemon up.")
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

@@ -6,16 +6,19 @@ loaded unless asked for: colo never puts the fake in front of a real driver.
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from colo.node import native
-from colo.units import parse_size
+from colo.units import format_size, parse_size
 
 GiB = 1024**3
+MAX_DEVICES = 16  # FG_MAX_DEV in native/fakegpu/fakegpu.h
 MODES = ("default", "exclusive_process", "prohibited")
 
 
@@ -100,3 +103,74 @@ def use_fake_nvml(state: Path) -> None:
     """
     os.environ["COLO_FAKEGPU_STATE"] = str(state)
     ctypes.CDLL(str(lib_dir() / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        self.exit(2, f"{self.prog}: {message} (see colo-fakegpu --help)\n")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_DEVICES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of devices from 1 to {MAX_DEVICES}")
+    return int(text)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="colo-fakegpu", description="Simulated NVIDIA GPUs for trying and testing colo without one.",
+                epilog="Example: colo-fakegpu create ~/.colo-gpus --count 2 --mem 16GiB && "
+                       "colo daemon --fake-gpus ~/.colo-gpus")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser, metavar="COMMAND")
+    c = sub.add_parser("create", help="write a state file of idle devices (mode 0666; its folder made if missing)")
+    c.add_argument("path", metavar="PATH")
+    c.add_argument("--count", type=_count, default=2, help="devices (default 2)")
+    c.add_argument("--mem", type=_size, default=16 * GiB, help="memory of each, e.g. 16GiB (default)")
+    c.add_argument("--name", default="Colo Simulated GPU")
+    c.add_argument("--sms", type=int, default=108, help="streaming multiprocessors of each (default 108)")
+    c.add_argument("--uuid", action="append", default=[], help="a device's UUID (repeat; the rest are made up)")
+    s = sub.add_parser("show", help="the devices and their processes, as JSON")
+    s.add_argument("path", metavar="PATH")
+    m = sub.add_parser("set-compute-mode", help="a device's compute mode")
+    m.add_argument("path", metavar="PATH")
+    m.add_argument("index", type=int)
+    m.add_argument("mode", choices=MODES)
+    f = sub.add_parser("fail-nvml", help="make NVML queries of a device fail (lost, unknown, a code) or answer (off)")
+    f.add_argument("path", metavar="PATH")
+    f.add_argument("index", help="a device's index, or all")
+    f.add_argument("how", help="lost, unknown, an NVML code, or off")
+    a = sub.add_parser("mps-attribution", help="whose pid NVML's samples give MPS clients' activity")
+    a.add_argument("path", metavar="PATH")
+    a.add_argument("how", choices=("client", "server"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`colo-fakegpu`: options it does not know are refused (a PATH never starts with '-')."""
+    args = _parser().parse_args(argv)
+    node = FakeNode(Path(args.path))
+    try:
+        if args.cmd == "create":
+            Path(args.path).parent.mkdir(parents=True, exist_ok=True)
+            create(args.path, args.count, args.mem, args.name, args.sms, args.uuid)
+            print(f"{args.path}: {args.count} simulated GPU(s) of {format_size(args.mem)}; use them with "
+                  f"`colo daemon --fake-gpus {args.path}`")
+        elif args.cmd == "show":
+            print(json.dumps(node.read(), indent=2))
+        elif args.cmd == "set-compute-mode":
+            node.set_compute_mode(args.index, args.mode)
+        elif args.cmd == "fail-nvml":
+            node.fail_nvml(args.index, args.how)
+        else:
+            node.set_mps_attribution(args.how)
+    except (FakeGpuError, native.NativeMissing, ValueError) as e:
+        msg = str(e)
+        print(msg if msg.startswith("colo-fakegpu") else f"colo-fakegpu: {msg}", file=sys.stderr)
+        return 1
+    return 0

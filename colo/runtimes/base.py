@@ -46,6 +46,12 @@ class Launch:
     cpus: float | None = None  # CPU limit (cores), None: none
     mem: int | None = None  # host memory limit (bytes), None: none
 
+    @property
+    def simulated_gpus(self) -> bool:
+        """Its GPUs are colo's simulated ones (native/fakegpu), reached through mounted files, not
+        devices of the engine. COLO_FAKEGPU_STATE is colo's own variable: a submitter cannot set it."""
+        return "COLO_FAKEGPU_STATE" in self.env
+
 
 class Runtime(Protocol):
     name: str

@@ -25,6 +25,7 @@ import docker.types
 import requests
 import urllib3
 
+from . import nvidia, preload
 from .base import EngineError, Gone, Launch, StartError, Unavailable
 
 LABEL_JOB = "colo.job"
@@ -43,14 +44,6 @@ ENGINE_DOWN = (requests.exceptions.ConnectionError, requests.exceptions.ChunkedE
 ENGINE_POLL = 1.0  # seconds between pings while the engine is away
 
 log = logging.getLogger(__name__)
-
-
-def detect_nvidia_runtime(client) -> bool:
-    """True when the engine has the NVIDIA container runtime (so GPUs go in by device request)."""
-    try:
-        return "nvidia" in (client.info().get("Runtimes") or {})
-    except docker.errors.DockerException:
-        return False
 
 
 def cursor_path(log_path: Path) -> Path:
@@ -220,13 +213,13 @@ class DockerRuntime:
     name = "docker"
     cleanup_in_background = True  # an ended job's container has exited: only its remains are removed
 
-    def __init__(self, client=None, gpu_runtime: str | None = None, init: bool = False,
+    def __init__(self, client=None, gpu_access: nvidia.GpuAccess | None = None, init: bool = False,
                  instance: str = "default"):
         # Each running job holds two long requests (wait, log follow): a pool much larger than
         # the SDK's default 10 avoids churning connections with many jobs.
         self.client = client if client is not None else docker.from_env(max_pool_size=128)
         self.api = self.client.api
-        self.gpu_runtime = gpu_runtime
+        self._gpu_access = gpu_access  # fixed (tests), or None: asked of the engine at each GPU start
         # init=True puts docker-init (tini) as pid 1 so SIGTERM reaches programs without a handler;
         # off by default because then a missing command is a job exit 127, not a StartError.
         self.init = init
@@ -235,13 +228,23 @@ class DockerRuntime:
         self._lock = threading.Lock()
         self.down: str | None = None  # why the engine does not answer now; None while it does
         self._notes: dict[str, str] = {}  # handle -> what wait() saw happen to the engine
+        self._loader: dict[str, str] = {}  # handle -> what the loader said of the interposer (preload.py)
         self._closed = threading.Event()
         self.log_cap, self.log_reserve = 0, 0  # set by the daemon from its config
 
     @classmethod
     def from_env(cls, instance: str = "default") -> "DockerRuntime":
-        client = docker.from_env(max_pool_size=128)
-        return cls(client, "nvidia" if detect_nvidia_runtime(client) else None, instance=instance)
+        return cls(docker.from_env(max_pool_size=128), instance=instance)
+
+    def gpu_access(self) -> nvidia.GpuAccess:
+        """How GPUs reach containers on this engine now: CDI, the nvidia runtime, or nothing (why)."""
+        return self._gpu_access or nvidia.detect(self.client)
+
+    def gpu_refusal(self) -> str | None:
+        """Why a container job on real GPUs cannot get them here (for a refusal at submit); None
+        when the engine can hand them over. Jobs on simulated GPUs need nothing of the engine."""
+        access = self.gpu_access()
+        return None if access.via else f"container jobs get no GPU here: {access.detail}"
 
     # -- the engine itself ------------------------------------------------------------------
 
@@ -301,10 +304,9 @@ class DockerRuntime:
             # MPS clients talk to their server through files in /dev/shm: share the host's.
             mounts.append(docker.types.Mount("/dev/shm", "/dev/shm", type="bind"))
         device_requests = None
-        if self.gpu_runtime and launch.gpus:
-            device_requests = [
-                docker.types.DeviceRequest(device_ids=list(launch.gpus), capabilities=[["gpu"]])
-            ]
+        if launch.gpus and not launch.simulated_gpus:
+            # by CDI or the nvidia runtime; a job the engine could give no GPU fails with the reason
+            device_requests = self.gpu_access().device_requests(launch.gpus)
         return self.api.create_host_config(
             mounts=mounts,
             device_requests=device_requests,
@@ -460,6 +462,7 @@ class DockerRuntime:
         if removed:
             raise Gone(f"container {handle[:12]} was removed while it ran (it no longer exists)")
         self._drain(handle)
+        self._note_loader(handle)
         return code
 
     def _interrupted(self, e: BaseException, handle: str) -> None:
@@ -468,8 +471,24 @@ class DockerRuntime:
             self._notes[handle] = "the Docker engine stopped or restarted while it ran"
 
     def exit_note(self, handle: str) -> str:
+        """Read only what wait() or poll() noted (the daemon asks from its event loop)."""
         with self._lock:
-            return self._notes.get(handle, "")
+            return "; ".join(n for n in (self._notes.get(handle), self._loader.get(handle)) if n)
+
+    def _note_loader(self, handle: str) -> None:
+        """Once it ended: what the dynamic loader said about colo's interposer, when it preloaded it."""
+        with self._lock:
+            if handle in self._loader:
+                return
+        try:
+            config = self.api.inspect_container(handle)["Config"]
+        except (docker.errors.DockerException, *ENGINE_DOWN):
+            return
+        env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
+        log_path = (config.get("Labels") or {}).get(LABEL_LOG)
+        note = preload.note(Path(log_path)) if log_path and preload.INTERPOSER in env.get("LD_PRELOAD", "") else ""
+        with self._lock:
+            self._loader[handle] = note
 
     def poll(self, handle: str) -> int | None:
         try:
@@ -480,6 +499,7 @@ class DockerRuntime:
             raise Gone(f"container {handle[:12]} was created but never started")
         if state.get("Running") or state.get("Restarting"):
             return None
+        self._note_loader(handle)
         return int(state.get("ExitCode", 0))
 
     def stop(self, handle: str, grace: float) -> None:
@@ -537,6 +557,7 @@ class DockerRuntime:
             raise self._engine_down(e) from None
         with self._lock:
             self._notes.pop(handle, None)
+            self._loader.pop(handle, None)
             f = self._followers.pop(handle, None)
         if f is not None:
             f.stop()
@@ -544,7 +565,9 @@ class DockerRuntime:
 
     def _remove(self, handle: str) -> None:
         try:
-            self.api.remove_container(handle, force=True)
+            # v: its anonymous volumes go with it (an image's VOLUME would otherwise leave one per
+            # job, outside log_cap and log_reserve); named volumes are never removed this way
+            self.api.remove_container(handle, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as e:

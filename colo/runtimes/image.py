@@ -144,7 +144,8 @@ def rootfs_tar(with_shell: bool = True, extra_files: dict[str, Path] | None = No
 
 
 def build_local_image(
-    client, tag: str, with_shell: bool = True, extra_files: dict[str, Path] | None = None
+    client, tag: str, with_shell: bool = True, extra_files: dict[str, Path] | None = None,
+    volumes: tuple[str, ...] = (),
 ) -> str:
     """Build (or reuse) a tiny image `tag` from host files with `docker import`; return the tag.
 
@@ -152,9 +153,25 @@ def build_local_image(
     `with_shell=False` gives an image with no /bin/sh (only sleep, echo, true) for bad-input tests.
     `extra_files` maps a path in the image to a host file to copy there (under real
     directories: /usr/bin/x or /opt/x, not /bin/x, which is a symlink in the image).
+    `volumes`: folders the image declares as VOLUME (each container gets an anonymous volume there).
     """
-    data = rootfs_tar(with_shell, extra_files)
-    digest = hashlib.sha256(data).hexdigest()
+    changes = [f"ENV PATH={PATH_ENV}", "WORKDIR /", *(f"VOLUME {v}" for v in volumes)]
+    return _import(client, tag, rootfs_tar(with_shell, extra_files), changes)
+
+
+def build_image_of(client, tag: str, files: dict[str, Path]) -> str:
+    """An image of these host files alone (path in the image -> host file), nothing of the host's
+    C library unless named: e.g. a program of another C library with its own loader."""
+    fs = _RootFs()
+    for target, src in sorted(files.items()):
+        fs.host(Path(src), target=target)
+    fs.dir("tmp", 0o1777)
+    return _import(client, tag, fs.tar(), [f"ENV PATH={PATH_ENV}", "WORKDIR /"])
+
+
+def _import(client, tag: str, data: bytes, changes: list[str]) -> str:
+    """`docker import` of a root filesystem tar as `tag`, reused when its content is there already."""
+    digest = hashlib.sha256(data + "\n".join(changes).encode()).hexdigest()
     try:
         img = client.api.inspect_image(tag)
         if ((img.get("Config") or {}).get("Labels") or {}).get(CONTENT_LABEL) == digest:
@@ -166,7 +183,7 @@ def build_local_image(
         data,
         repository=repo,
         tag=version,
-        changes=[f"LABEL {CONTENT_LABEL}={digest}", f"ENV PATH={PATH_ENV}", "WORKDIR /"],
+        changes=[f"LABEL {CONTENT_LABEL}={digest}", *changes],
     )
     img = client.api.inspect_image(tag)  # raises if the import did not produce it
     if ((img.get("Config") or {}).get("Labels") or {}).get(CONTENT_LABEL) != digest:

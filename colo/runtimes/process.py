@@ -24,6 +24,7 @@ import psutil
 
 from ..node import native
 from ..node.cgroup import CgroupError, Cgroups
+from . import preload
 from .base import Gone, Launch, StartError
 
 EXIT_FILE = "exit"
@@ -75,6 +76,7 @@ class ProcessRuntime:
         self._children: dict[str, subprocess.Popen] = {}
         self._run_dirs: dict[str, Path] = {}
         self._notes: dict[str, str] = {}
+        self._preloaded: dict[str, Path] = {}  # handle -> log of a job that preloads the interposer
         self._attempt: dict[int, str] = {}  # job id -> handle of its latest start (which owns job-<ID>)
         self._busy: dict[int, int] = {}  # job id -> stops/cleanups acting on job-<ID> now
         self._lock = threading.Lock()
@@ -166,6 +168,8 @@ class ProcessRuntime:
         with self._lock:
             self._children[handle] = p
             self._run_dirs[handle] = launch.run_dir
+            if preload.INTERPOSER in launch.env.get("LD_PRELOAD", ""):
+                self._preloaded[handle] = launch.log_path
             self._attempt[launch.job_id] = handle
         return handle
 
@@ -345,7 +349,10 @@ class ProcessRuntime:
 
     def exit_note(self, handle: str) -> str:
         with self._lock:
-            return self._notes.get(handle, "")
+            notes, log_path = [self._notes.get(handle, "")], self._preloaded.get(handle)
+        if log_path is not None:  # (not known for a job found again after a restart)
+            notes.append(preload.note(log_path))
+        return "; ".join(n for n in notes if n)
 
     def poll(self, handle: str) -> int | None:
         with self._lock:
@@ -414,6 +421,7 @@ class ProcessRuntime:
         with self._lock:
             self._children.pop(handle, None)
             self._notes.pop(handle, None)
+            self._preloaded.pop(handle, None)
         job = self._job_id(handle)
         if self.cgroups is None:
             return

@@ -64,8 +64,12 @@ static int cmd_create(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
             return usage();
-        if (!strcmp(a, "--count"))
-            count = atoi(v);
+        if (!strcmp(a, "--count")) {
+            char *end;
+            count = (int)strtol(v, &end, 10);
+            if (*end || end == v)
+                return usage();
+        }
         else if (!strcmp(a, "--mem")) {
             if (fg_parse_size(v, &mem) != 0)
                 return usage();
@@ -194,7 +198,8 @@ static int cmd_attribution(fg_state *s, const char *how)
 
 int main(int argc, char **argv)
 {
-    if (argc < 3)
+    /* `create --help` once made a state file named --help: a PATH never starts with '-' (./-x does) */
+    if (argc < 3 || argv[2][0] == '-')
         return usage();
     if (!strcmp(argv[1], "create"))
         return cmd_create(argc, argv);

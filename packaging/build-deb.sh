@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# colo's Debian package and its wheel, from this source tree, in one command:
+#
+#   packaging/build-deb.sh [OUTDIR]          (default: dist/ in the tree)
+#
+# Writes OUTDIR/colo-gpu_VERSION_ARCH.deb and OUTDIR/colo_gpu-VERSION-py3-none-manylinux_X_Y_ARCH.whl.
+# The package holds colo in an environment of its own, /opt/colo (a venv of Debian's python3 with
+# colo's Python dependencies from PyPI, fetched now), the systemd unit, /etc/colo/colo.toml (a
+# conffile), /usr/bin/colo and colo-fakegpu, and /usr/lib/colo/ (the SPANK plugin, the interposer).
+# docs/install.md says what each file is. Needs: Debian's python3 with venv (python3-venv), make, a
+# C compiler, dpkg-deb, git, and libslurm-dev for the SPANK plugin (left out without it, with a warning).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+OUT=$(realpath -m "${1:-$REPO/dist}")
+PY=${COLO_DEB_PYTHON:-/usr/bin/python3}  # the package runs on this Python: Debian's own
+PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+ARCH=$(dpkg --print-architecture)
+PREFIX=/opt/colo
+
+for tool in make dpkg-deb git "${CC:-cc}"; do
+  command -v "$tool" >/dev/null || { echo "build-deb: $tool is missing (apt-get install make gcc dpkg-dev git)" >&2; exit 1; }
+done
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+ROOT=$WORK/root
+
+# 1. The source as git sees it (tracked and new files; nothing .gitignore leaves out: no build
+#    outputs, no venvs), so what is built is what a clone holds.
+mkdir -p "$WORK/src"
+git -C "$REPO" ls-files -z --cached --others --exclude-standard |
+  (cd "$REPO" && "$PY" -c 'import os, sys; [print(p) for p in sys.stdin.read().split("\0") if p and os.path.lexists(p)]') |
+  tar -C "$REPO" -cf - -T - | tar -xf - -C "$WORK/src"
+VERSION=$("$PY" -c 'import ast, sys; t = ast.parse(open(sys.argv[1]).read()); print(next(n.value.value for n in t.body if isinstance(n, ast.Assign) and n.targets[0].id == "__version__"))' "$WORK/src/colo/__init__.py")
+
+# 2. colo's environment, made where it will be installed from here on (paths fixed in step 3), on
+#    python3.X itself: a later default python3 of another version leaves it working.
+"/usr/bin/python$PYVER" -m venv "$ROOT$PREFIX"
+VPY=$ROOT$PREFIX/bin/python3
+"$VPY" -m pip wheel -q --no-deps -w "$WORK/wheel" "$WORK/src"
+WHEEL=$(ls "$WORK"/wheel/colo_gpu-*.whl)
+"$VPY" -m pip install -q --no-compile "$WHEEL"
+[ -e "$ROOT$PREFIX/lib/python$PYVER/site-packages/colo/_native/colo_spank.so" ] ||
+  echo "build-deb: warning: no SPANK plugin (Slurm's headers are missing: apt-get install libslurm-dev)" >&2
+
+# 3. Relocate: the venv's scripts and activate files name the staging folder; make them name /opt/colo.
+grep -rlIF "$ROOT$PREFIX" "$ROOT$PREFIX" | while read -r f; do sed -i "s#$ROOT$PREFIX#$PREFIX#g" "$f"; done
+find "$ROOT$PREFIX" -name direct_url.json -delete  # the build's wheel path: nothing an admin needs
+find "$ROOT$PREFIX" -name __pycache__ -prune -exec rm -rf {} +
+# compiled now (users cannot write under /opt/colo), naming the installed paths in tracebacks
+"$VPY" -m compileall -q -j 0 -s "$ROOT" -p / "$ROOT$PREFIX/lib" >/dev/null
+
+# 4. The rest of the layout (docs/install.md lists each file).
+SITE=$PREFIX/lib/python$PYVER/site-packages
+install -d "$ROOT/usr/bin" "$ROOT/usr/lib/colo" "$ROOT/etc/colo" "$ROOT/lib/systemd/system" \
+  "$ROOT/usr/share/doc/colo-gpu"
+ln -s "$PREFIX/bin/colo" "$ROOT/usr/bin/colo"
+ln -s "$PREFIX/bin/colo-fakegpu" "$ROOT/usr/bin/colo-fakegpu"
+ln -s "$SITE/colo/_native/libcolo-interpose.so" "$ROOT/usr/lib/colo/libcolo-interpose.so"
+if [ -e "$ROOT$SITE/colo/_native/colo_spank.so" ]; then
+  ln -s "$SITE/colo/_native/colo_spank.so" "$ROOT/usr/lib/colo/colo_spank.so"
+fi
+install -m 0644 "$WORK/src/packaging/colo.service" "$ROOT/lib/systemd/system/colo.service"
+install -m 0644 "$WORK/src/packaging/colo.toml" "$ROOT/etc/colo/colo.toml"
+install -m 0644 "$WORK/src/README.md" "$WORK/src/docs/install.md" "$WORK/src/docs/slurm.md" "$ROOT/usr/share/doc/colo-gpu/"
+printf 'colo (colo-gpu on PyPI)\nLicense: MIT\nPython dependencies in %s: see %s/bin/pip list\n' "$PREFIX" "$PREFIX" \
+  > "$ROOT/usr/share/doc/colo-gpu/copyright"
+
+# 5. Package metadata: the wheel's tag says the newest glibc its binaries need.
+GLIBC=$(basename "$WHEEL" | sed -n 's/.*manylinux_\([0-9]*\)_\([0-9]*\)_.*/\1.\2/p')
+install -d "$ROOT/DEBIAN"
+cat > "$ROOT/DEBIAN/control" <<EOF
+Package: colo-gpu
+Version: $VERSION
+Architecture: $ARCH
+Maintainer: colo <colo@localhost>
+Section: admin
+Priority: optional
+Depends: python$PYVER, libc6${GLIBC:+ (>= $GLIBC)}
+Recommends: docker.io | docker-ce
+Suggests: slurmd
+Installed-Size: $(du -sk "$ROOT" | cut -f1)
+Description: share one node's GPUs safely: budgets, MPS or time-slicing, a queue
+ colo queues container and process jobs with a GPU-memory budget and starts each as soon as it
+ fits, as an MPS client or time-sliced, from stored profiles of what jobs do; a compiled
+ interposer holds every job to its budget. Its own Python environment is in $PREFIX.
+EOF
+echo /etc/colo/colo.toml > "$ROOT/DEBIAN/conffiles"
+install -m 0755 "$WORK/src/packaging/debian/postinst" "$WORK/src/packaging/debian/prerm" \
+  "$WORK/src/packaging/debian/postrm" "$ROOT/DEBIAN/"
+
+mkdir -p "$OUT"
+DEB=$OUT/colo-gpu_${VERSION}_${ARCH}.deb
+dpkg-deb --root-owner-group -Zgzip -z6 --build "$ROOT" "$DEB" >/dev/null
+cp "$WHEEL" "$OUT/"
+echo "$DEB"
+echo "$OUT/$(basename "$WHEEL")"

@@ -1,0 +1,161 @@
+"""The Debian package and the wheel: built from a clean clone by one command, installed into a
+clean Debian container built here, the daemon started with the unit's own ExecStart, a job run
+through it; then an upgrade keeps the edited config, and a purge leaves nothing."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+import venv
+import zipfile
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from colo.config import Config
+from debian_util import debian_image
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGING = REPO / "packaging"
+
+
+def test_the_config_has_every_key_with_its_default():
+    """packaging/colo.toml, uncommented, is colo's defaults as root; keys unset by default are
+    examples, marked so."""
+    text = (PACKAGING / "colo.toml").read_text()
+    lines = text.splitlines()
+    found = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"^#([a-z_]+) = (.*)$", line)
+        if m:
+            assert m.group(1) not in found, f"{m.group(1)} twice"
+            found[m.group(1)] = (tomllib.loads(f"v = {m.group(2)}")["v"], lines[i - 1])
+    assert set(found) == {f.name for f in fields(Config)}
+    defaults = Config(state_dir=Path("/var/lib/colo"), socket=Path("/run/colo/colo.sock"))  # as root
+    loaded = Config.load(None, **{k: v for k, (v, _) in found.items() if getattr(defaults, k) is not None})
+    for f in fields(Config):
+        if getattr(defaults, f.name) is None:
+            assert "nset by default" in found[f.name][1], f.name
+        else:
+            assert getattr(loaded, f.name) == getattr(defaults, f.name), f.name
+
+
+def test_pip_install_without_a_c_compiler_fails_in_one_line(tmp_path):
+    bin_dir = tmp_path / "bin"  # make, but no cc
+    bin_dir.mkdir()
+    (bin_dir / "make").symlink_to("/usr/bin/make")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "out"), str(_clone(tmp_path))],
+                       capture_output=True, text=True, env={**os.environ, "PATH": str(bin_dir)}, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "colo: building colo's native parts needs cc (a C compiler and make; Debian/Ubuntu: `apt-get install gcc make" in out
+    assert "Traceback" not in out and "CalledProcessError" not in out
+
+
+def _clone(tmp_path: Path) -> Path:
+    """A clean clone of this repository at its HEAD (what CI tests: committed work only)."""
+    dest = tmp_path / "clone"
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    subprocess.run(["git", "clone", "-q", "--no-checkout", str(REPO), str(dest)], check=True, timeout=120)
+    subprocess.run(["git", "-C", str(dest), "checkout", "-q", head], check=True, timeout=120)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """packaging/build-deb.sh in a clean clone: (the .deb, the wheel)."""
+    tmp = tmp_path_factory.mktemp("pkg")
+    out = tmp / "out"
+    r = subprocess.run([str(_clone(tmp) / "packaging" / "build-deb.sh"), str(out)], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    deb, whl = (Path(p) for p in r.stdout.split())
+    return deb, whl
+
+
+def test_the_wheel_is_tagged_for_the_glibc_its_binaries_need(built, tmp_path):
+    _, whl = built
+    m = re.fullmatch(r"colo_gpu-[0-9.]+-py3-none-manylinux_(\d+)_(\d+)_x86_64\.whl", whl.name)
+    assert m, whl.name
+    with zipfile.ZipFile(whl) as z:
+        names = z.namelist()
+        assert "Root-Is-Purelib: false" in z.read(next(n for n in names if n.endswith(".dist-info/WHEEL"))).decode()
+    assert "colo/_native/libcolo-interpose.so" in names and not any("/purelib/" in n for n in names)
+    # auditwheel (PyPI's tool for manylinux tags) reads the same binaries and agrees
+    venv.create(tmp_path / "aw", with_pip=True)
+    subprocess.run([str(tmp_path / "aw" / "bin" / "pip"), "install", "-q", "auditwheel"], check=True, timeout=300,
+                   capture_output=True)
+    shown = subprocess.run([str(tmp_path / "aw" / "bin" / "auditwheel"), "show", str(whl)], capture_output=True,
+                           text=True, timeout=120)
+    assert f'"manylinux_{m.group(1)}_{m.group(2)}_x86_64"' in " ".join(shown.stdout.split()), shown.stdout + shown.stderr
+
+
+INSTALL_AND_RUN = r"""
+set -e
+say() { echo "== $*"; }
+deb=$(ls /pkg/*.deb)
+dpkg -i "$deb" >/dev/null
+say installed $(colo --version)
+for p in /usr/bin/colo /usr/bin/colo-fakegpu /opt/colo/bin/python3 /usr/lib/colo/colo_spank.so /usr/lib/colo/libcolo-interpose.so /etc/colo/colo.toml /lib/systemd/system/colo.service; do
+  test -e "$p" || { echo "missing $p"; exit 1; }
+done
+say layout ok
+# simulated GPUs, set in the conffile as an admin would
+colo-fakegpu create /var/lib/colo-fake/gpus --count 1 --mem 4GiB >/dev/null
+sed -i 's|^#fakegpu_state = .*|fakegpu_state = "/var/lib/colo-fake/gpus"|' /etc/colo/colo.toml
+start() {
+  # as systemd runs the unit: its RuntimeDirectory and StateDirectory, then its own ExecStart line
+  install -d -m 0755 /run/colo; install -d -m 0711 /var/lib/colo
+  exec_start=$(sed -n 's/^ExecStart=//p' /lib/systemd/system/colo.service)
+  say ExecStart $exec_start
+  $exec_start >>/tmp/daemon.log 2>&1 &
+  daemon=$!
+  i=0; until colo gpus >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 150 ] || { cat /tmp/daemon.log; exit 1; }; sleep 0.2; done
+}
+start
+j=$(colo submit --process --gpus 0 -- sh -c 'echo hello from $(id -u)')
+colo wait $j
+say cpu job: $(colo logs $j)
+burn=$(ls /var/lib/colo/native-*/colo-burn)
+j=$(colo submit --process --gpu-mem 256MiB -- "$burn" --mem 128MiB --over 256MiB)
+colo wait $j
+say gpu job: $(colo show $j --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["reason"])')
+kill $daemon; wait $daemon || true
+dpkg -i --force-confold "$deb" >/dev/null
+say upgraded, config kept: $(grep -c '^fakegpu_state = "/var/lib/colo-fake/gpus"' /etc/colo/colo.toml)
+start
+colo wait $j
+say after restart $(colo ls --all -q | wc -l) jobs
+kill $daemon; wait $daemon || true
+dpkg --purge colo-gpu >/dev/null
+say purged: $(ls -d /opt/colo /usr/bin/colo /usr/lib/colo /etc/colo /var/lib/colo /lib/systemd/system/colo.service 2>/dev/null | wc -l) left
+"""
+
+
+@pytest.mark.docker
+def test_installed_in_a_clean_debian_the_units_execstart_serves_jobs(built, docker_client):
+    deb, _ = built
+    codename = re.search(r"^VERSION_CODENAME=(\w+)", Path("/etc/os-release").read_text(), re.M).group(1)
+    image = debian_image(docker_client, codename, include=("python3",))  # the package's Python, as apt would add it
+    out = docker_client.containers.run(image, ["sh", "-c", INSTALL_AND_RUN], remove=True, stderr=True,
+                                       volumes={str(deb.parent): {"bind": "/pkg", "mode": "ro"}},
+                                       labels={"colo.test": "package"}).decode()
+    said = [line[3:] for line in out.splitlines() if line.startswith("== ")]
+    assert said[0].startswith("installed colo ") and said[1] == "layout ok", out
+    assert said[2] == "ExecStart /opt/colo/bin/colo daemon --config /etc/colo/colo.toml", out
+    assert said[3] == "cpu job: hello from 0", out
+    assert said[4] == "gpu job: exited with code 0; 1 allocation(s) refused by its budget of 256MiB", out
+    assert said[5:] == ["upgraded, config kept: 1", "ExecStart /opt/colo/bin/colo daemon --config /etc/colo/colo.toml",
+                        "after restart 2 jobs", "purged: 0 left"], out
+
+
+def test_the_docs_name_the_packages_paths():
+    unit = (PACKAGING / "colo.service").read_text()
+    assert "ExecStart=/opt/colo/bin/colo daemon --config /etc/colo/colo.toml" in unit
+    plug = "required /usr/lib/colo/colo_spank.so python=/opt/colo/bin/python3 socket=/run/colo/colo.sock"
+    for doc in ("docs/slurm.md", "README.md"):
+        assert plug in (REPO / doc).read_text(), doc  # the container test finds both paths installed
