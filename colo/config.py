@@ -56,6 +56,9 @@ class Config:
     # ended, as Slurm's PurgeJobAfter; fractions allowed. 0 (the default): kept until `colo clean`.
     # Off by default: removing users' history unasked would surprise them (docs: README).
     history_keep_days: float = 0.0
+    # Prometheus metrics on this ADDRESS:PORT (e.g. "127.0.0.1:9400"; ":9400" every address).
+    # Unset: no endpoint (the figures name users and their jobs' sizes: open it on purpose).
+    metrics_listen: str | None = None
 
     @property
     def db_path(self) -> Path:
@@ -110,6 +113,11 @@ class Config:
                 raise ConfigError(f"history_keep_days: {v!r} is not a number of days from 0 (0: keep every "
                                   "ended job until `colo clean`)")
             values["history_keep_days"] = float(v)
+        if values.get("metrics_listen") is not None:
+            host, sep, port = str(values["metrics_listen"]).rpartition(":")
+            if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"metrics_listen: {values['metrics_listen']!r} is not ADDRESS:PORT "
+                                  "(e.g. 127.0.0.1:9400)")
         for k in ("state_dir", "socket", "fakegpu_state", "shared_profiles"):
             if values.get(k) is not None:
                 values[k] = Path(values[k])

@@ -16,6 +16,7 @@ wired below, never through each other's fields:
   sampler    sampler.Sampler     each tick's readings (GPUs, usage, MPS health, the patrol's look)
   recovery   recovery.Recovery   finding jobs again (restart, the engine coming back)
   retention  retention.Retention removing ended jobs (colo clean, history_keep_days)
+  metrics    metrics.Metrics     Prometheus figures, a snapshot of the others' state (opt-in)
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from .gpus import Gpus
 from .jobtable import JobTable
 from .launcher import Launcher
 from .learner import Learner
+from .metrics import Metrics
 from .patrol import Patrol
 from .recovery import Recovery
 from .retention import Retention
@@ -108,6 +110,10 @@ class Daemon:
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
                                  wake=self.scheduler.wake)
         self.retention = Retention(c, self.table, self.launcher)
+        self.metrics = Metrics(c, self.table, self.gpus, self.sampler, self.patrol) if c.metrics_listen else None
+        if self.metrics is not None:
+            self.metrics.update()  # a scrape before the first tick has figures
+            self.metrics.serve()
 
     def wake(self) -> None:
         """Run the scheduler soon (a signal, a request that changed what it may start)."""
@@ -129,13 +135,15 @@ class Daemon:
             try:
                 await self.recovery.watch_docker()
                 await self.sampler.sample()
+                if self.metrics is not None:
+                    self.metrics.update()
             except Exception as e:  # noqa: BLE001 - a bad sample must not stop the daemon
                 log.warning("sampling failed: %s", e)
             await asyncio.sleep(self.config.sample_interval)
 
     def close(self) -> None:
         pin.sweep(self.config.state_dir / "mounts")  # a start cut short by the stop needs none
-        for name in ("engines", "gpus", "scheduler"):  # those open() got to build
+        for name in ("metrics", "engines", "gpus", "scheduler"):  # those open() got to build
             if (part := getattr(self, name, None)) is not None:
                 part.close()
         if self.cgroups is not None:
