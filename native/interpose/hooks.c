@@ -66,7 +66,9 @@ static void *(*real_dlsym_fn)(void *, const char *);
 
 static void resolve_dlsym(void)
 {
-    /* glibc >= 2.34 has dlsym@@GLIBC_2.34 in libc; older ones only dlsym@GLIBC_2.2.5 (libdl). */
+    /* glibc >= 2.34 has dlsym@@GLIBC_2.34 in libc; older ones only dlsym@GLIBC_2.2.5 (libdl). No
+     * dlvsym: glibc < 2.34 and a program that has not loaded libdl, so nothing calls dlsym yet. */
+    if (!dlvsym) return;
     void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
     if (!p) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
     STORE(&real_dlsym_fn, (void *(*)(void *, const char *))p);
@@ -92,7 +94,7 @@ static int is_ours(void *p)
 static void *library(int nvml)
 {
     void *h = LOAD(&lib_handle[nvml]);
-    if (!h) {
+    if (!h && dlopen) {
         /* Only a library the program already loaded: never load the driver on our own. */
         h = dlopen(nvml ? "libnvidia-ml.so.1" : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
         if (h) STORE(&lib_handle[nvml], h);
@@ -1439,11 +1441,15 @@ static const struct { const char *base; int from, id; } third_abi[] = {
     {"cuGraphInstantiate", 12000, H_cuGraphInstantiateWithFlags},
 };
 
-static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+/* Every wrapped driver function, resolved once before pointers are compared (idempotent, so a race
+ * only repeats it; no pthread_once: libpthread's before glibc 2.34). */
+static int cu_resolved;
 static void resolve_all_cu(void)
 {
+    if (LOAD(&cu_resolved)) return;
     for (int i = 0; i < N_HOOKS; i++)
         if (!is_nvml[i]) real(i);
+    STORE(&cu_resolved, 1);
 }
 
 /* The newest CUDA version whose ABIs of the names above this library knows. Above it, a driver's
@@ -1487,7 +1493,7 @@ static void *refused_symbol(const char *name, int ver)
 
 static void *substitute(const char *sym, void *p, int ver, cuuint64_t flags)
 {
-    pthread_once(&cu_once, resolve_all_cu);
+    resolve_all_cu();
     void *const *w = wrappers();
     for (int i = 0; i < N_HOOKS; i++)
         if (!is_nvml[i] && LOAD(&reals[i]) == p) return w[i];

@@ -341,7 +341,9 @@ static const char *open_ledger(void)
     g_hdr = m;
     if (h.budget < g_budget) g_budget = h.budget;
     if (claim_slot() != 0) return "no free process slot (too many live processes in this job)";
-    if (!g_lane_key_ok) g_lane_key_ok = pthread_key_create(&g_lane_key, lane_exit) == 0;
+    /* Weak (libpthread's before glibc 2.34): without it, lanes of exited threads are not reused. */
+    if (!g_lane_key_ok && pthread_key_create && pthread_setspecific)
+        g_lane_key_ok = pthread_key_create(&g_lane_key, lane_exit) == 0;
     return NULL;
 }
 
