@@ -477,6 +477,11 @@ int ledger_reserve(int dev, uint64_t size)
     return refuse(dev, size, in_use);
 }
 
+int ledger_refuse(int dev, uint64_t size)
+{
+    return refuse(dev, size, ready() && dev >= 0 && dev < LEDGER_MAX_DEV ? LOAD(&g_hdr->dev[dev].used) : 0);
+}
+
 int ledger_try(int dev, uint64_t size)
 {
     uint64_t in_use;
