@@ -3,6 +3,7 @@
  * and cuGetProcAddress / _v2 (we look at what the driver returned and wrap it when it is one of
  * ours). Everything else passes straight through, and with no COLO_GPU_BUDGET nothing changes. */
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "cuda_types.h"
+#include "gotpatch.h"
 #include "ledger.h"
 #include "pools.h"
 #include "table.h"
@@ -60,30 +62,48 @@ static const char is_nvml[N_ALL] = {HOOKS(AS_FAMILY) 0, HELPERS(AS_FAMILY)};
 
 static void *reals[N_ALL];          /* the driver's functions, resolved once (atomic) */
 static void *lib_handle[2];         /* libcuda / libnvidia-ml as the program opened them */
-static void *(*real_dlsym_fn)(void *, const char *);
-
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define ADD_RELAXED(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 
+/* Two dlsyms: glibc's own, for our lookups relative to us (RTLD_NEXT: the driver's function, or
+ * that of an interposer preloaded after us); and the next one after us, which answers the
+ * program's lookups that we do not wrap and the handle lookups of those we do: glibc's, or that of
+ * another interposer preloaded after us (HAMi-core exports an unversioned dlsym, and sets itself
+ * up when it sees a cu* name there: a program whose lookups never reached it crashed in its hooks
+ * as soon as we called one). */
+static void *(*glibc_dlsym_fn)(void *, const char *);
+static void *(*next_dlsym_fn)(void *, const char *);
+
 static void resolve_dlsym(void)
 {
-    /* glibc >= 2.34 has dlsym@@GLIBC_2.34 in libc; older ones only dlsym@GLIBC_2.2.5 (libdl). No
-     * dlvsym: glibc < 2.34 and a program that has not loaded libdl, so nothing calls dlsym yet. */
+    /* glibc >= 2.34 has dlsym@@GLIBC_2.34 in libc; older ones only dlsym@GLIBC_2.2.5 (libdl). A
+     * versioned lookup skips unversioned definitions: it finds glibc's. No dlvsym: glibc < 2.34
+     * and a program that has not loaded libdl, so nothing calls dlsym yet. */
     if (!dlvsym) return;
     void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
     if (!p) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    STORE(&real_dlsym_fn, (void *(*)(void *, const char *))p);
+    void *(*g)(void *, const char *) = (void *(*)(void *, const char *))p;
+    void *(*n)(void *, const char *) = g ? (void *(*)(void *, const char *))g(RTLD_NEXT, "dlsym") : NULL;
+    STORE(&next_dlsym_fn, n ? n : g);
+    STORE(&glibc_dlsym_fn, g);
 }
 
 static void *real_dlsym(void *h, const char *n)
 {
-    if (!LOAD(&real_dlsym_fn)) resolve_dlsym();
-    return real_dlsym_fn ? real_dlsym_fn(h, n) : NULL;
+    if (!LOAD(&glibc_dlsym_fn)) resolve_dlsym();
+    return glibc_dlsym_fn ? glibc_dlsym_fn(h, n) : NULL;
+}
+
+static void *next_dlsym(void *h, const char *n)
+{
+    if (!LOAD(&next_dlsym_fn)) resolve_dlsym();
+    return next_dlsym_fn ? next_dlsym_fn(h, n) : NULL;
 }
 
 static void *const *wrappers(void);
 static int hook_id(const char *name);
+static void *(*real_dlopen(void))(const char *, int);
 
 static int is_ours(void *p)
 {
@@ -96,9 +116,10 @@ static int is_ours(void *p)
 static void *library(int nvml)
 {
     void *h = LOAD(&lib_handle[nvml]);
-    if (!h && dlopen) {
+    void *(*open)(const char *, int) = h ? NULL : real_dlopen();
+    if (open) {
         /* Only a library the program already loaded: never load the driver on our own. */
-        h = dlopen(nvml ? "libnvidia-ml.so.1" : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        h = open(nvml ? "libnvidia-ml.so.1" : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
         if (h) STORE(&lib_handle[nvml], h);
     }
     return h;
@@ -1879,7 +1900,7 @@ static void *dlsym_hooked(void *handle, const char *name, int id)
     if (handle == RTLD_DEFAULT || handle == RTLD_NEXT) {
         p = real(id); /* the driver's own, skipping us */
     } else {
-        p = real_dlsym(handle, name);
+        p = next_dlsym(handle, name); /* an interposer after us answers with its own */
         if (p && is_ours(p)) p = real(id); /* the handle's scope includes us (dlopen(NULL)) */
         else if (p) {
             void *expect = NULL;
@@ -1901,11 +1922,35 @@ static void *dlsym_wrapped(void *handle, const char *name) { return dlsym_hooked
 static void *dlsym_refused(void *handle, const char *name) { (void)handle; return refused_symbol(name, 0); }
 static void *dlsym_none(void *handle, const char *name) { (void)handle; (void)name; return NULL; }
 
-/* Which function answers this dlsym: ours for the names we wrap, else the real one. The exported
- * dlsym is a small trampoline that calls this, then *jumps* to the answer with the program's own
- * return address still on the stack: glibc's dlsym finds its caller (for RTLD_NEXT, and the
- * caller's local scope for RTLD_DEFAULT) from that address, so it must not see us. A tail call in
- * C would do the same only when the compiler chooses to emit one (not at -O0). */
+/* dlsym and dlopen are exported as small trampolines that ask which function answers (the *_target
+ * below), then *jump* to it with the program's own return address still on the stack: glibc's
+ * dlsym and dlopen find their caller from that address (dlsym: for RTLD_NEXT and the caller's
+ * local scope; dlopen: its namespace and its RPATH/RUNPATH), so they must not see us. A tail call
+ * in C would do the same only when the compiler chooses to emit one (not at -O0). The caller's
+ * return address is also passed on as a third argument (%rdx), which dlsym and dlopen ignore. */
+#if defined(__x86_64__)
+#define TRAMPOLINE(v234, v225, target)                                                             \
+    __asm__(".text\n"                                                                              \
+            ".globl " v234 "\n.type " v234 ", @function\n"                                         \
+            ".globl " v225 "\n.type " v225 ", @function\n" v234 ":\n" v225 ":\n"                   \
+            "    .cfi_startproc\n"                                                                 \
+            "    endbr64\n"                                                                        \
+            "    push %rdi\n    .cfi_adjust_cfa_offset 8\n"                                        \
+            "    push %rsi\n    .cfi_adjust_cfa_offset 8\n"                                        \
+            "    mov 16(%rsp), %rdx\n"                   /* the caller's return address */        \
+            "    push %rdx\n    .cfi_adjust_cfa_offset 8\n" /* (and the stack 16-byte aligned) */  \
+            "    call " target "\n"                                                                \
+            "    pop %rdx\n    .cfi_adjust_cfa_offset -8\n"                                        \
+            "    pop %rsi\n    .cfi_adjust_cfa_offset -8\n"                                        \
+            "    pop %rdi\n    .cfi_adjust_cfa_offset -8\n"                                        \
+            "    jmp *%rax\n"                                                                      \
+            "    .cfi_endproc\n"                                                                   \
+            ".size " v234 ", .-" v234 "\n.size " v225 ", .-" v225 "\n")
+#else
+#error "the dlsym and dlopen trampolines are written for x86_64 (see hooks.c)"
+#endif
+
+/* Which function answers this dlsym: ours for the names we wrap, else the real one. */
 __attribute__((used)) void *colo_dlsym_target(void *handle, const char *name)
 {
     (void)handle;
@@ -1913,34 +1958,119 @@ __attribute__((used)) void *colo_dlsym_target(void *handle, const char *name)
         if (hook_id(name) >= 0) return (void *)dlsym_wrapped;
         if (unknown_counted_version(name)) return (void *)dlsym_refused;
     }
-    if (!LOAD(&real_dlsym_fn)) resolve_dlsym();
-    return real_dlsym_fn ? (void *)real_dlsym_fn : (void *)dlsym_none;
+    if (!LOAD(&next_dlsym_fn)) resolve_dlsym();
+    return next_dlsym_fn ? (void *)next_dlsym_fn : (void *)dlsym_none;
 }
-
-#if defined(__x86_64__)
-__asm__(".text\n"
-        ".globl colo_dlsym_234\n.type colo_dlsym_234, @function\n"
-        ".globl colo_dlsym_225\n.type colo_dlsym_225, @function\n"
-        "colo_dlsym_234:\n"
-        "colo_dlsym_225:\n"
-        "    .cfi_startproc\n"
-        "    endbr64\n"
-        "    push %rdi\n    .cfi_adjust_cfa_offset 8\n"
-        "    push %rsi\n    .cfi_adjust_cfa_offset 8\n"
-        "    sub $8, %rsp\n    .cfi_adjust_cfa_offset 8\n"   /* keep the stack 16-byte aligned */
-        "    call colo_dlsym_target\n"
-        "    add $8, %rsp\n    .cfi_adjust_cfa_offset -8\n"
-        "    pop %rsi\n    .cfi_adjust_cfa_offset -8\n"
-        "    pop %rdi\n    .cfi_adjust_cfa_offset -8\n"
-        "    jmp *%rax\n"
-        "    .cfi_endproc\n"
-        ".size colo_dlsym_234, .-colo_dlsym_234\n"
-        ".size colo_dlsym_225, .-colo_dlsym_225\n");
-#else
-#error "the dlsym trampoline is written for x86_64 (see hooks.c)"
-#endif
+TRAMPOLINE("colo_dlsym_234", "colo_dlsym_225", "colo_dlsym_target");
 __asm__(".symver colo_dlsym_234, dlsym@@GLIBC_2.34");
 __asm__(".symver colo_dlsym_225, dlsym@GLIBC_2.2.5");
+extern void colo_dlsym_234(void), colo_dlopen_234(void);
+
+/* ---- dlopen: RTLD_DEEPBIND ------------------------------------------------------------------
+ *
+ * A library opened with RTLD_DEEPBIND looks its symbols up in its own scope (itself and its
+ * dependencies: libcuda, libc) before the global one, where the preloaded library is: its calls
+ * into the driver and its own dlsym would bypass the budget (by accident, often). So such a
+ * dlopen is made here, with the flag kept, and then each object it loaded has its references to
+ * the functions we wrap, and to dlsym and dlopen, bound to ours (gotpatch.c): the library keeps
+ * its own symbols first, only the driver's and the loader's are ours. Made from here, the dlopen
+ * would search our RPATH (none) instead of the caller's: a bare name is looked up first in the
+ * caller's RPATH/RUNPATH and LD_LIBRARY_PATH (dlinfo RTLD_DI_SERINFO of the caller's object). Any
+ * other dlopen goes straight to the real one. */
+
+static void *(*real_dlopen_fn)(const char *, int);
+
+static void *(*real_dlopen(void))(const char *, int)
+{
+    void *(*f)(const char *, int) = LOAD(&real_dlopen_fn);
+    if (!f && dlvsym) {
+        void *p = dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.34");
+        if (!p) p = dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.2.5");
+        f = (void *(*)(const char *, int))p;
+        STORE(&real_dlopen_fn, f);
+    }
+    return f;
+}
+
+static void *our_export(const char *name)
+{
+    if (!strcmp(name, "dlsym")) return (void *)colo_dlsym_234;
+    if (!strcmp(name, "dlopen")) return (void *)colo_dlopen_234;
+    int id = hook_id(name);
+    return id >= 0 ? wrappers()[id] : NULL;
+}
+
+/* The first of a ':'-separated list of folders ($ORIGIN: the object's own) holding file. */
+static int search_dirs(const char *list, const char *origin, const char *file, char *out, size_t n)
+{
+    for (const char *d = list; d && *d;) {
+        size_t len = strcspn(d, ":");
+        const char *rest = d, *base = "";
+        size_t restlen = len;
+        if (origin && len >= 7 && !strncmp(d, "$ORIGIN", 7)) base = origin, rest = d + 7, restlen = len - 7;
+        else if (origin && len >= 9 && !strncmp(d, "${ORIGIN}", 9)) base = origin, rest = d + 9, restlen = len - 9;
+        int w = len ? snprintf(out, n, "%s%.*s/%s", base, (int)restlen, rest, file) : -1;
+        if (w > 0 && (size_t)w < n && access(out, F_OK) == 0) return 1;
+        d += len + (d[len] == ':');
+    }
+    return 0;
+}
+
+/* Where the caller's own search path finds a bare name, in the dynamic linker's order: its
+ * DT_RPATH; or LD_LIBRARY_PATH, then its DT_RUNPATH. 0 when neither does (then the caches and
+ * default folders, which are the same from anywhere). Read from the caller's dynamic section
+ * (dlinfo's RTLD_DI_SERINFO leaves out the main program's). */
+static int caller_path(const char *file, void *caller, char *out, size_t n)
+{
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (!dladdr1 || !dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm || !lm->l_ld) return 0;
+    const char *strtab = NULL;
+    long rpath = -1, runpath = -1;
+    for (const ElfW(Dyn) *d = lm->l_ld; d->d_tag != DT_NULL; d++) {
+        if (d->d_tag == DT_STRTAB) strtab = (const char *)(d->d_un.d_ptr < lm->l_addr ? lm->l_addr + d->d_un.d_ptr : d->d_un.d_ptr);
+        else if (d->d_tag == DT_RPATH) rpath = (long)d->d_un.d_val;
+        else if (d->d_tag == DT_RUNPATH) runpath = (long)d->d_un.d_val;
+    }
+    if (!strtab || (rpath < 0 && runpath < 0)) return 0;
+    char origin[4096];
+    const char *self = lm->l_name && *lm->l_name ? lm->l_name : NULL;
+    ssize_t k = self ? (ssize_t)snprintf(origin, sizeof origin, "%s", self) : readlink("/proc/self/exe", origin, sizeof origin - 1);
+    if (k <= 0 || (size_t)k >= sizeof origin) return 0;
+    origin[k] = 0;
+    char *slash = strrchr(origin, '/');
+    if (!slash) return 0;
+    *slash = 0;
+    if (runpath >= 0)
+        return search_dirs(getenv("LD_LIBRARY_PATH"), NULL, file, out, n) ||
+               search_dirs(strtab + runpath, origin, file, out, n);
+    return search_dirs(strtab + rpath, origin, file, out, n);
+}
+
+static void *dlopen_deep(const char *file, int mode, void *caller)
+{
+    char path[4096];
+    void *(*f)(const char *, int) = real_dlopen();
+    if (!f) return NULL;
+    if (file && !strchr(file, '/') && caller_path(file, caller, path, sizeof path)) file = path;
+    void *h = f(file, mode);
+    if (h) got_patch_from(h, our_export);
+    return h;
+}
+
+static void *dlopen_none(const char *file, int mode) { (void)file; (void)mode; return NULL; }
+
+__attribute__((used)) void *colo_dlopen_target(const char *file, int mode, void *caller)
+{
+    (void)file;
+    (void)caller;
+    if (ledger_enabled() && (mode & RTLD_DEEPBIND)) return (void *)dlopen_deep;
+    void *(*f)(const char *, int) = real_dlopen();
+    return f ? (void *)f : (void *)dlopen_none;
+}
+TRAMPOLINE("colo_dlopen_234", "colo_dlopen_225", "colo_dlopen_target");
+__asm__(".symver colo_dlopen_234, dlopen@@GLIBC_2.34");
+__asm__(".symver colo_dlopen_225, dlopen@GLIBC_2.2.5");
 
 /* ---- process set-up: read the environment only; the ledger opens at the first counted call --- */
 

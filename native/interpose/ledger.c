@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_types.h"
@@ -501,13 +502,31 @@ void ledger_release(int dev, uint64_t size)
     lane_add(&l->finished, 1);
 }
 
+/* Capacity views reclaim dead processes' memory at most once per VIEW_SCAN_NS in a process: a scan
+ * takes one fcntl per slot in use, and frameworks ask for free memory often (per allocation,
+ * some). A view may then show a process that died in the last 50 ms as still holding its bytes;
+ * an allocation that does not fit reclaims at once (ledger_reserve). */
+#define VIEW_SCAN_NS 50000000ull
+static uint64_t g_view_scan_ns;
+
+static uint64_t coarse_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0) return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t ledger_job_used(int dev)
 {
     if (!ready() || dev < 0 || dev >= LEDGER_MAX_DEV) return UINT64_MAX;
     uint64_t u = LOAD(&g_hdr->dev[dev].used);
     if (u > slot_used(g_me, dev) || LOAD(&g_hdr->resync)) { /* others hold memory: some may be dead */
-        reclaim_dead();
-        u = LOAD(&g_hdr->dev[dev].used);
+        uint64_t now = coarse_ns(), last = __atomic_load_n(&g_view_scan_ns, __ATOMIC_RELAXED);
+        if (!now || !last || now - last >= VIEW_SCAN_NS) {
+            __atomic_store_n(&g_view_scan_ns, now, __ATOMIC_RELAXED);
+            reclaim_dead();
+            u = LOAD(&g_hdr->dev[dev].used);
+        }
     }
     return u;
 }
@@ -528,6 +547,7 @@ void ledger_atfork_child(void)
     g_slot = -1;
     g_logged = 0;
     g_resyncing = 0; /* another thread of the parent's may have been resyncing */
+    g_view_scan_ns = 0;
     /* We are the only thread: every lane is free, and ours was the parent's. */
     g_lanes_taken = 0;
     g_epoch++;

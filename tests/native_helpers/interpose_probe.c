@@ -419,6 +419,13 @@ static int run(int argc, char **argv, int i)
             out(c, rc, "%zu %zu", f, t);
         } else if (!strcmp(c, "rawused")) {
             out(c, fake ? 0 : CUDA_ERROR_NOT_FOUND, "%llu", (unsigned long long)fake_used(cur_dev));
+        } else if (!strcmp(c, "infos")) {
+            /* infos N: N capacity views; answers the first error and the last view */
+            int n = (int)num(argv[++i]);
+            size_t f = 0, t = 0;
+            rc = 0;
+            for (int k = 0; k < n && !rc; k++) rc = p_cuMemGetInfo_v2(&f, &t);
+            out(c, rc, "%zu %zu", f, t);
         } else if (!strcmp(c, "total")) {
             size_t t = 0;
             rc = p_cuDeviceTotalMem_v2(&t, cur_dev);
