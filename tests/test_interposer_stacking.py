@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from colo.node import interposer
-from test_interposer import BUDGET, MiB, info, run
+from test_interposer import BUDGET, CTYPES_CALLER, MiB, info, run
 
 HELPERS = Path(__file__).parent / "native_helpers"
 
@@ -71,19 +71,6 @@ def test_a_deepbind_library_named_bare_is_found_through_the_callers_runpath(job,
                     f"-Wl,--enable-new-dtags,-rpath,{deep_lib.parent}"], check=True, timeout=120)
     r = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout) == (0, "0 2\n"), r.stderr
-
-
-CTYPES_CALLER = textwrap.dedent("""
-    import ctypes
-    cu = ctypes.CDLL("libcuda.so.1")  # RTLD_LOCAL, everything through dlsym, as cudart and CuPy
-    ctx, p, free, total = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_size_t()
-    assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-    assert cu.cuCtxSetCurrent(ctx) == 0
-    a = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(48 << 20))
-    b = cu.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(32 << 20))
-    cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
-    print(a, b, free.value, total.value)
-""")
 
 
 def _second_count(err: str, what: str) -> int:

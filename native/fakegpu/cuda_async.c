@@ -673,6 +673,13 @@ static struct gnode *node_of(CUgraphNode h)
     return n && n->magic == NODE_MAGIC ? n : NULL;
 }
 
+/* Node h when it is of `type` and the caller gave somewhere to answer (out); else NULL. */
+static struct gnode *node_as(CUgraphNode h, int type, const void *out)
+{
+    struct gnode *n = node_of(h);
+    return n && n->type == type && out ? n : NULL;
+}
+
 /* Take graph h out of *list (NULL: not there). */
 static struct fg_graph *unlink_from(struct fg_graph **list, void *h)
 {
@@ -943,8 +950,8 @@ FG_API CUresult cuGraphNodeGetType(CUgraphNode n, int *type) { LOCKED(node_type(
 
 static CUresult alloc_node_params(CUgraphNode h, MEM_ALLOC_NODE_PARAMS *p)
 {
-    struct gnode *n = node_of(h);
-    if (!n || n->type != NODE_ALLOC || !p)
+    struct gnode *n = node_as(h, NODE_ALLOC, p);
+    if (!n)
         return CUDA_ERROR_INVALID_VALUE;
     memset(p, 0, sizeof *p);
     p->props.allocType = 1;
@@ -958,21 +965,15 @@ FG_API CUresult cuGraphMemAllocNodeGetParams(CUgraphNode n, MEM_ALLOC_NODE_PARAM
 
 static CUresult free_node_params(CUgraphNode h, CUdeviceptr *out)
 {
-    struct gnode *n = node_of(h);
-    if (!n || n->type != NODE_FREE || !out)
-        return CUDA_ERROR_INVALID_VALUE;
-    *out = n->dptr;
-    return CUDA_SUCCESS;
+    struct gnode *n = node_as(h, NODE_FREE, out);
+    return n ? (*out = n->dptr, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
 }
 FG_API CUresult cuGraphMemFreeNodeGetParams(CUgraphNode n, CUdeviceptr *out) { LOCKED(free_node_params(n, out)); }
 
 static CUresult child_of(CUgraphNode h, CUgraph *out)
 {
-    struct gnode *n = node_of(h);
-    if (!n || n->type != NODE_GRAPH || !out)
-        return CUDA_ERROR_INVALID_VALUE;
-    *out = (CUgraph)n->child;
-    return CUDA_SUCCESS;
+    struct gnode *n = node_as(h, NODE_GRAPH, out);
+    return n ? (*out = (CUgraph)n->child, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
 }
 FG_API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *out) { LOCKED(child_of(n, out)); }
 

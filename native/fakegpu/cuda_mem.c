@@ -384,16 +384,26 @@ FG_API CUresult cuArrayDestroy(CUarray arr)
 }
 
 /* The descriptor of a live array; one freed (with its context, say) is an invalid handle. */
+/* The live array (or mipmapped array) h is, for a query: a handle freed, with its context say, is
+ * invalid; *r says why there is none. */
+static struct alloc *live_array(uint64_t h, int kind, const void *out, CUresult *r)
+{
+    struct alloc *a = NULL;
+    if ((*r = fg_check_live()))
+        return NULL;
+    if (!(a = fg_find(h)) || a->kind != kind)
+        *r = CUDA_ERROR_INVALID_HANDLE;
+    else if (!out)
+        *r = CUDA_ERROR_INVALID_VALUE;
+    return *r ? NULL : a;
+}
+
 static CUresult array_descriptor(ARRAY_DESC *d, CUarray arr)
 {
-    CUresult r = fg_check_live();
-    if (r)
+    CUresult r;
+    struct alloc *a = live_array((uint64_t)(uintptr_t)arr, K_ARRAY, d, &r);
+    if (!a)
         return r;
-    struct alloc *a = fg_find((uint64_t)(uintptr_t)arr);
-    if (!a || a->kind != K_ARRAY)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!d)
-        return CUDA_ERROR_INVALID_VALUE;
     memset(d, 0, sizeof *d);
     d->Width = a->size; /* its bytes, as 1-byte texels of one row: what the simulation keeps */
     d->Height = 1;
@@ -427,13 +437,10 @@ FG_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const ARRAY3D_DESC *
 /* Level 0 of a live mipmapped array is the array itself here (no separate level records). */
 static CUresult mipmap_level(CUarray *out, CUmipmappedArray h, unsigned level)
 {
-    CUresult r = fg_check_live();
-    if (r)
+    CUresult r;
+    if (!live_array((uint64_t)(uintptr_t)h, K_MIPMAP, out, &r))
         return r;
-    struct alloc *a = fg_find((uint64_t)(uintptr_t)h);
-    if (!a || a->kind != K_MIPMAP)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!out || level)
+    if (level)
         return CUDA_ERROR_INVALID_VALUE;
     *out = (CUarray)h;
     return CUDA_SUCCESS;
