@@ -8,10 +8,18 @@
   2. cuMemUnmap + cuMemRelease per 2 MiB page, with 100, 2,000 and 16,000 pages mapped
      (PyTorch's expandable segments map and unmap page by page);
   3. a race of 4 processes x 8 threads x 20,000 allocations of 24 MiB against a 64 MiB budget:
-     the most the driver ever held, as seen by the racing threads after each allocation.
+     the most the driver ever held, as seen by the racing threads after each allocation;
+  4. what frameworks do, against a 256 MiB budget, through the C test caller
+     (tests/native_helpers/interpose_probe.c): a CUDA graph whose memory nodes take 60 % of the
+     budget replayed 50 times (without and with a sync between launches, and with its outputs left
+     to AUTO_FREE_ON_LAUNCH as PyTorch's are), a training loop on a pool with a release threshold
+     at 90 % of the budget (working set 70 %, 20 % per step), 100 pools keeping 4 MiB each, 100
+     forks during pool traffic, a library loaded with RTLD_DEEPBIND allocating 160 + 160 MiB:
+     what ran, what was refused, the synchronisations and trims the process asked the driver for,
+     the most the driver held, bytes over the budget, children that hung.
 
     python bench/interposer_bench.py [--pairs N] [--repeat R] [--race-ops N] [--json-out FILE]
-                                     [--before LIB] [--only 1,1b,2,3]
+                                     [--before LIB] [--only 1,1b,2,3,4]
 
 --before LIB adds a column to 1b: the same pairs through another build of the library (e.g. the
 previous commit's, built into a folder of its own), interleaved with the others in the same run,
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -196,6 +205,98 @@ def launch(exe: Path, env: dict, procs: int, *args) -> list[list[float]]:
     return rows
 
 
+HELPERS = Path(__file__).resolve().parents[1] / "tests" / "native_helpers"
+NATIVE_SRC = Path(__file__).resolve().parents[1] / "native"
+
+
+def build_probe(tmp: Path, lib_dir: Path) -> tuple[Path, Path]:
+    """The interposer's C test caller, and the library section 4 loads with RTLD_DEEPBIND."""
+    probe, deep = tmp / "interpose_probe", tmp / "libdeep.so"
+    subprocess.run(["cc", "-O2", "-std=gnu11", f"-I{NATIVE_SRC / 'interpose'}", f"-I{NATIVE_SRC / 'fakegpu'}", "-o",
+                    str(probe), str(HELPERS / "interpose_probe.c"), str(lib_dir / "libcuda.so.1"), "-ldl",
+                    "-lpthread"], check=True)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(deep), str(HELPERS / "deepbind_lib.c"),
+                    str(lib_dir / "libcuda.so.1"), "-ldl"], check=True)
+    return probe, deep
+
+
+def probe_lines(probe: Path, env: dict, *script: str) -> list[str]:
+    r = subprocess.run([str(probe), *script], env=env, capture_output=True, text=True, timeout=1200)
+    if r.returncode != 0:
+        raise SystemExit(f"probe failed ({r.returncode}): {script[:6]}: {r.stderr[-400:]}")
+    return r.stdout.splitlines()
+
+
+def field(lines: list[str], cmd: str) -> list[int]:
+    """The numbers of the first `cmd` line (its code first)."""
+    return [int(x) for x in next(x for x in lines if x.split()[0] == cmd).split()[1:] if x.lstrip("-").isdigit()]
+
+
+def frameworks(rep: Report, tmp: Path, node, base: dict, budgeted) -> None:
+    budget = 256 * MiB
+    probe, deep = build_probe(tmp, Path(node.lib_dir))
+    graph, ws, step, keep = (str(budget * pct // 100) for pct in (60, 70, 20, 90))
+    cases = [
+        # name, script, how to read (ran, refused, most held) from its lines
+        ("graph replay x50, no sync", ["init", "streamnew", "graph", "gnode", graph, "gfree", "instantiate",
+                                       "replay", "50", "0", "counts"], "replay"),
+        ("graph replay x50, sync each", ["init", "streamnew", "graph", "gnode", graph, "gfree", "instantiate",
+                                         "replay", "50", "1", "counts"], "replay"),
+        ("graph replay x50, auto-free", ["init", "streamnew", "graph", "gnode", graph, "instflags", "1",
+                                         "replay", "50", "0", "counts"], "replay"),
+        ("pool loop x200, 90 % kept", ["init", "streamnew", "threshold", keep, "async", ws,
+                                       "poolloop", "200", step, "1", "counts"], "poolloop"),
+        ("100 pools x 4 MiB kept", ["init", "streamnew", "pools", "100", "4M", "counts"], "pools"),
+        ("deepbind lib, 160+160 MiB", ["init", "deep", str(deep), "160M", "rawused", "counts"], "deep"),
+    ]
+    print(f"\n4. what frameworks do, budget {budget // MiB} MiB: bare simulated driver vs interposed")
+    print(f"{'case':<28} {'':>10} {'ran':>4} {'refused':>7} {'syncs':>6} {'trims':>6} {'most held':>10} {'over':>9}")
+    for name, script, cmd in cases:
+        row = {}
+        for who in ("bare", "interposed"):
+            env = base if who == "bare" else budgeted(budget)[0]
+            lines = probe_lines(probe, env, *script)
+            syncs, trims = field(lines, "counts")[1:3]
+            f = field(lines, cmd)
+            if cmd == "replay":
+                ran, refused, most = f[1], f[2], f[3]
+            elif cmd == "poolloop":
+                ran, refused, most = 200 - f[1], f[1], f[2]
+            elif cmd == "pools":
+                ran, refused, most = f[1], 100 - f[1], f[2]
+            else:  # deep: the two allocations' codes, then what the driver held after them
+                codes = f[1:3]
+                ran, refused, most = codes.count(0), codes.count(2), field(lines, "rawused")[1]
+            over = max(0, most - budget)
+            row[who] = (ran, refused, syncs, trims, most, over)
+            print(f"{name if who == 'bare' else '':<28} {who:>10} {ran:>4} {refused:>7} {syncs:>6} {trims:>6} "
+                  f"{most // MiB:>6} MiB {over // MiB:>5} MiB")
+        b, i = row["bare"], row["interposed"]
+        rep.check(i[5] == 0, f"{name}: the driver held {i[4]} bytes under a {budget}-byte budget")
+        key = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+        if cmd in ("deep", "pools"):  # what must hold here is the budget (trims at its edge are its price)
+            rep.figure(f"fw_{key}_over", f"interposer, {name}: bytes over budget, simulated driver", i[5], "B",
+                       baseline=b[5], baseline_what="bare simulated driver, no budget",
+                       note=f"interposed: {i[2]} syncs {i[3]} trims {i[1]} refused")
+            continue
+        rep.figure(f"fw_{key}_extra_syncs_trims_refusals",
+                   f"interposer, {name}: syncs + trims + refusals beyond the bare driver's, simulated driver",
+                   (i[2] - b[2]) + (i[3] - b[3]) + (i[1] - b[1]), "calls", baseline=0,
+                   baseline_what="bare simulated driver",
+                   note=f"bare {b[2]} syncs {b[3]} trims {b[1]} refused; interposed {i[2]} / {i[3]} / {i[1]}; "
+                        f"most held {i[4] // MiB} MiB of {budget // MiB}")
+    forks = 100
+    row = {}
+    for who in ("bare", "interposed"):
+        env = base if who == "bare" else budgeted(budget)[0]
+        hung, fine = field(probe_lines(probe, env, "init", "forkstorm", str(forks)), "forkstorm")[1:3]
+        row[who] = hung
+        print(f"{forks} forks during pool traffic {who:>10}: {hung} hung, {fine} exited 0")
+    rep.check(row["interposed"] == 0, f"{row['interposed']} of {forks} children hung")
+    rep.figure("fw_fork_hung", f"interposer, {forks} forks during pool traffic: children hung, simulated driver",
+               row["interposed"], "children", baseline=row["bare"], baseline_what="bare simulated driver")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=200_000, help="alloc+free pairs per thread")
@@ -203,11 +304,11 @@ def main() -> None:
     ap.add_argument("--race-ops", type=int, default=20_000, help="allocations per racing thread")
     ap.add_argument("--json-out", help="also save the figures as JSON (bench/readme_table.py)")
     ap.add_argument("--before", type=Path, help="another libcolo-interpose.so to time beside this one in 1b")
-    ap.add_argument("--only", default="1,1b,2,3", help="sections to run, comma-separated")
+    ap.add_argument("--only", default="1,1b,2,3,4", help="sections to run, comma-separated")
     args = ap.parse_args()
     only = set(args.only.split(","))
-    if not only <= {"1", "1b", "2", "3"}:
-        ap.error(f"--only: unknown section in {args.only!r} (sections: 1,1b,2,3)")
+    if not only <= {"1", "1b", "2", "3", "4"}:
+        ap.error(f"--only: unknown section in {args.only!r} (sections: 1,1b,2,3,4)")
     if args.before is not None and not args.before.is_file():
         ap.error(f"--before: {args.before} is not a file")
     rep = Report("interposer_bench")
@@ -344,6 +445,8 @@ def main() -> None:
                 else:
                     rep.figure("race_over", f"interposer, race 4x8x{ops:,}: bytes over budget, simulated driver", over, "B", baseline=direct_most - budget,
                                baseline_what="bare driver, no budget", note=f"most held {int(most) // MiB} MiB")
+        if "4" in only:
+            frameworks(rep, tmp, node, base, budgeted)
     print()
     sys.exit(rep.finish(args.json_out))
 

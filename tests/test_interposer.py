@@ -627,3 +627,47 @@ def test_graph_memory_is_counted_from_launch_until_trimmed(probe, job, made):
     lines, _ = run(probe, env, "init", "streamnew", "alloc", "30M", *build, "instantiate", "launch", "rawused", "freeall")
     assert codes(lines, "launch") == [2] and lines[-2].split()[2] == str(30 * MiB)
     assert interposer.read_ledger(ledger).counted[0] == 0
+
+
+@pytest.mark.parametrize("via", ["direct", "gpa"])
+def test_device_runtime_limits_are_device_memory_and_counted(probe, job, via):
+    env, ledger = job
+    # CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT (4): 4 KiB per launch slot (assumed, as the
+    # simulated driver does); CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH (3): the state of every resident
+    # thread per level, 1 KiB each: 216 MiB a level on 108 SMs, past the budget.
+    lines, err = run(probe, env, "init", "limit", "4", "4096", "info", "rawused", "limit", "3", "1", "rawused",
+                     "limit", "4", "1024", "info", "rawused", "reset", "info", via=via)
+    assert codes(lines, "limit") == [0, 2, 0]
+    assert info(lines) == [(BUDGET - 16 * MiB, BUDGET), (BUDGET - 4 * MiB, BUDGET), (BUDGET, BUDGET)]
+    assert [int(x.split()[2]) for x in lines if x.startswith("rawused")] == [16 * MiB, 16 * MiB, 4 * MiB]
+    assert "refused" in err and interposer.read_ledger(ledger).counted[0] == 0
+
+
+def test_a_context_destroyed_under_allocating_threads_leaves_nothing_counted(probe, job):
+    env, ledger = job
+    # 40 rounds: 4 threads allocate and free 1 MiB in a context while it is destroyed. Whatever
+    # the driver freed with it, between its allocation and our record, or between our forgetting
+    # a free and the driver refusing it, must leave the ledger too.
+    lines, _ = run(probe, env, "init", "ctxrace", "40", "4", "1M", "info", "rawused")
+    assert codes(lines, "ctxrace") == [0]
+    assert info(lines) == [(BUDGET, BUDGET)] and lines[-1] == "rawused 0 0"
+
+
+@pytest.mark.parametrize("via", ["gpa", "gpa2"])
+def test_a_newer_cuda_version_is_judged_by_the_drivers_answer(probe, job, via):
+    env, _ = job
+    # The driver answers with entry points of its own (not its exported symbols, as a real driver
+    # may): a counted name asked at 13.2 is wrapped when the driver gives the same entry point as
+    # at 13.0 (the same ABI); at 14.0 it gives another one (the made-up cuMemAlloc_v3): refused.
+    env = {**env, "COLO_FAKEGPU_PROCADDR_THUNKS": "1"}
+    lines, err = run(probe, env, "init", "which", "cuMemAlloc", "13020", "0", "which", "cuMemAlloc", "12000", "0",
+                     "which", "cuMemAllocAsync", "13020", "2", "which", "cuGraphLaunch", "13020", "0",
+                     "which", "cuMemAlloc", "14000", "0", via=via)
+    assert [x.split()[1:] for x in lines if x.startswith("which")] == [
+        ["0", "cuMemAlloc", "interpose", "cuMemAlloc_v2"], ["0", "cuMemAlloc", "interpose", "cuMemAlloc_v2"],
+        ["0", "cuMemAllocAsync", "interpose", "cuMemAllocAsync_ptsz"], ["0", "cuGraphLaunch", "interpose", "cuGraphLaunch"],
+        ["500", "cuMemAlloc", "driver", "?"]]
+    assert "cuMemAlloc (CUDA 14000) is an ABI this library does not know" in err
+    lines, _ = run(probe, env, "init", "alloc", "40M", "alloc", "40M", "async", "40M", "info", via=via,
+                   extra=["--ver", "13020"])
+    assert codes(lines, "alloc") == [0, 2] and codes(lines, "async") == [2] and info(lines) == [(24 * MiB, BUDGET)]

@@ -130,3 +130,50 @@ def test_an_instantiation_whose_size_cannot_be_kept_is_undone(probe, job):
     assert lines[2] == "many 0 512" and codes(lines, "instantiate") == [2, 0]
     assert codes(lines, "alloc") == [0] and codes(lines, "launch") == [2]
     assert interposer.read_ledger(ledger).counted[0] == 0
+
+
+def counts(lines):
+    """(synchronisations, trims) the process asked the simulated driver for, at each `counts`."""
+    return [tuple(map(int, x.split()[2:4])) for x in lines if x.startswith("counts")]
+
+
+@pytest.mark.parametrize("sync", ["0", "1"])
+def test_a_replayed_graph_takes_nothing_more_and_trims_nothing(probe, job, sync):
+    env, ledger = job
+    # A graph whose memory nodes take 40 of 64 MiB, freed inside it, launched 20 times (with or
+    # without a synchronisation between launches), as PyTorch replays a captured step: the driver
+    # keeps the graph's memory for it, so every launch fits and nothing is trimmed to make room.
+    lines, err = run(probe, env, "init", "streamnew", "graph", "gnode", "40M", "gfree", "instantiate",
+                     "replay", "20", sync, "counts", "greserved", "info")
+    assert lines[6] == f"replay 0 20 0 {40 * MiB}"  # ran 20, refused none, the driver held 40 MiB
+    assert counts(lines) == [(20 if sync == "1" else 0, 0)]
+    assert info(lines) == [(BUDGET - 40 * MiB, BUDGET)] and "refused" not in err
+    assert interposer.read_ledger(ledger).refused == 0
+
+
+def test_a_graph_whose_allocations_outlive_it_is_replayed_with_auto_free(probe, job):
+    env, ledger = job
+    # PyTorch's graphs leave their outputs allocated and are instantiated with
+    # CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: each launch frees the last one's first, so
+    # 40 MiB is all it ever holds.
+    lines, err = run(probe, env, "init", "streamnew", "graph", "gnode", "40M", "instflags", "1",
+                     "replay", "10", "0", "counts", "greserved", "info")
+    assert lines[5] == f"replay 0 10 0 {40 * MiB}" and counts(lines) == [(0, 0)]
+    assert info(lines) == [(BUDGET - 40 * MiB, BUDGET)] and "refused" not in err
+
+
+def test_memory_a_trim_took_is_reserved_again_and_held_to_the_budget(probe, job):
+    env, ledger = job
+    # After a trim the graph's next launch maps its memory afresh: reserved again, so with 30 MiB
+    # held meanwhile its 40 MiB no longer fit. On another stream (graphs that may run at once cannot
+    # share memory) it is not taken as kept either: what it reuses is what the driver says the
+    # graph pool holds unused (here all of it: the simulated driver maps nothing to a graph
+    # between launches).
+    lines, _ = run(probe, env, "init", "streamnew", "graph", "gnode", "40M", "gfree", "instantiate",
+                   "replay", "2", "0", "gtrim", "alloc", "30M", "replay", "1", "0", "rawused", "free",
+                   "replay", "1", "0", "alloc", "20M", "streamnew", "replay", "1", "0", "rawused",
+                   "free", "alloc", "30M", "gtrim", "replay", "1", "0", "rawused")
+    assert [x.split()[1:4] for x in lines if x.startswith("replay")] == [
+        ["0", "2", "0"], ["2", "0", "1"], ["0", "1", "0"], ["0", "1", "0"], ["2", "0", "1"]]
+    assert [int(x.split()[2]) for x in lines if x.startswith("rawused")] == [30 * MiB, 60 * MiB, 30 * MiB]
+    assert interposer.read_ledger(ledger).peak[0] <= BUDGET

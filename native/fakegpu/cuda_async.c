@@ -12,8 +12,12 @@
  * - cuMemFreeAsync of memory that is not from a pool gives it back when the stream reaches it.
  * - Graph memory: each device has a graph pool (a pool that never trims by itself). A graph's
  *   alloc nodes (cuGraphAddMemAllocNode, or cuMemAllocAsync on a capturing stream) take their
- *   bytes from it when the graph is launched; free nodes give them back to it; allocations left
- *   outstanding are freed later like any pool allocation. cuDeviceGraphMemTrim returns idle bytes.
+ *   bytes from it when the graph is launched (idle bytes first, then frees pending on the launch
+ *   stream, as stream order allows); free nodes give them back to it; allocations left outstanding
+ *   are freed later like any pool allocation, or by the graph's next launch when it was
+ *   instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH. USED_MEM_CURRENT counts the
+ *   graph allocations whose lifetime has not ended on the device (live, or freed on a stream that
+ *   has not got there: still mapped). cuDeviceGraphMemTrim returns idle bytes.
  */
 #include "cuda_internal.h"
 
@@ -62,11 +66,15 @@ struct gnode {
  * inlined). */
 struct fg_graph {
     uint32_t magic;
+    cuuint64_t flags; /* an instantiated graph's CUDA_GRAPH_INSTANTIATE_FLAG_* */
     struct gnode *nodes;
     struct fg_graph *next;
 };
 
 static struct fg_stream g_null_stream = {.magic = STREAM_MAGIC};
+/* Synchronisations (stream or context) and trims (pool or graph memory) this process asked for:
+ * what a layer above the driver costs the program in them (fakegpuCounts, for tests and benches). */
+static unsigned long long g_syncs, g_trims;
 static struct fg_stream *g_streams;
 static struct pend *g_pend;
 static struct fg_pool g_defpool[FG_MAX_DEV], g_graphpool[FG_MAX_DEV];
@@ -149,7 +157,21 @@ static void complete(struct fg_stream *s)
     apply_thresholds();
 }
 
-void fg_async_complete_all(void) { complete(NULL); }
+void fg_async_complete_all(void)
+{
+    g_syncs++;
+    complete(NULL);
+}
+
+FG_API void fakegpuCounts(unsigned long long *syncs, unsigned long long *trims)
+{
+    pthread_mutex_lock(&g_mu);
+    if (syncs)
+        *syncs = g_syncs;
+    if (trims)
+        *trims = g_trims;
+    pthread_mutex_unlock(&g_mu);
+}
 
 void fg_async_drop_ctx(struct fg_ctx *c) { reach(NULL, c); }
 
@@ -192,6 +214,7 @@ void fg_async_reset(void)
     }
     g_streams = NULL;
     g_null_stream.capture = NULL;
+    g_syncs = g_trims = 0;
     for (struct fg_pool *p = g_pools, *n; p; p = n) {
         n = p->next;
         free(p);
@@ -262,6 +285,7 @@ static CUresult stream_sync(CUstream h)
         return r;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    g_syncs++;
     complete(s);
     return CUDA_SUCCESS;
 }
@@ -583,6 +607,7 @@ static CUresult pool_trim(CUmemoryPool h, size_t keep)
     struct fg_pool *p = pool_of(h);
     if (!p)
         return CUDA_ERROR_INVALID_VALUE;
+    g_trims++;
     pool_shrink(p, keep); /* frees the streams have not reached are not idle: they stay */
     return CUDA_SUCCESS;
 }
@@ -619,8 +644,9 @@ typedef struct {
 } GRAPH_NODE_PARAMS;
 _Static_assert(sizeof(GRAPH_NODE_PARAMS) == 256, "CUgraphNodeParams layout");
 
-/* CUDA_GRAPH_INSTANTIATE_PARAMS; flag CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD uploads on hUploadStream. */
-enum { INSTANTIATE_UPLOAD = 2 };
+/* CUDA_GRAPH_INSTANTIATE_PARAMS; flag CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD uploads on hUploadStream;
+ * AUTO_FREE_ON_LAUNCH: a launch first frees what the previous one left allocated. */
+enum { INSTANTIATE_AUTO_FREE = 1, INSTANTIATE_UPLOAD = 2 };
 typedef struct {
     cuuint64_t flags;
     CUstream upload_stream;
@@ -645,6 +671,13 @@ static struct gnode *node_of(CUgraphNode h)
 {
     struct gnode *n = h;
     return n && n->magic == NODE_MAGIC ? n : NULL;
+}
+
+/* Node h when it is of `type` and the caller gave somewhere to answer (out); else NULL. */
+static struct gnode *node_as(CUgraphNode h, int type, const void *out)
+{
+    struct gnode *n = node_of(h);
+    return n && n->type == type && out ? n : NULL;
 }
 
 /* Take graph h out of *list (NULL: not there). */
@@ -917,8 +950,8 @@ FG_API CUresult cuGraphNodeGetType(CUgraphNode n, int *type) { LOCKED(node_type(
 
 static CUresult alloc_node_params(CUgraphNode h, MEM_ALLOC_NODE_PARAMS *p)
 {
-    struct gnode *n = node_of(h);
-    if (!n || n->type != NODE_ALLOC || !p)
+    struct gnode *n = node_as(h, NODE_ALLOC, p);
+    if (!n)
         return CUDA_ERROR_INVALID_VALUE;
     memset(p, 0, sizeof *p);
     p->props.allocType = 1;
@@ -930,13 +963,17 @@ static CUresult alloc_node_params(CUgraphNode h, MEM_ALLOC_NODE_PARAMS *p)
 }
 FG_API CUresult cuGraphMemAllocNodeGetParams(CUgraphNode n, MEM_ALLOC_NODE_PARAMS *p) { LOCKED(alloc_node_params(n, p)); }
 
+static CUresult free_node_params(CUgraphNode h, CUdeviceptr *out)
+{
+    struct gnode *n = node_as(h, NODE_FREE, out);
+    return n ? (*out = n->dptr, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
+}
+FG_API CUresult cuGraphMemFreeNodeGetParams(CUgraphNode n, CUdeviceptr *out) { LOCKED(free_node_params(n, out)); }
+
 static CUresult child_of(CUgraphNode h, CUgraph *out)
 {
-    struct gnode *n = node_of(h);
-    if (!n || n->type != NODE_GRAPH || !out)
-        return CUDA_ERROR_INVALID_VALUE;
-    *out = (CUgraph)n->child;
-    return CUDA_SUCCESS;
+    struct gnode *n = node_as(h, NODE_GRAPH, out);
+    return n ? (*out = (CUgraph)n->child, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
 }
 FG_API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *out) { LOCKED(child_of(n, out)); }
 
@@ -958,6 +995,7 @@ static CUresult instantiate(CUgraphExec *out, CUgraph h, cuuint64_t flags, CUstr
             free_graph(x);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    x->flags = flags & INSTANTIATE_AUTO_FREE;
     if ((flags & INSTANTIATE_UPLOAD) && (r = upload(x, upload_stream))) {
         free_graph(x);
         return r;
@@ -1055,14 +1093,26 @@ static void graph_need(const struct fg_graph *x, uint64_t need[FG_MAX_DEV])
             need[n->ord] += n->bytes;
 }
 
-/* Back x's allocations: each device's graph pool holds at least that much idle (all devices or
- * none). */
-static CUresult back(const uint64_t need[FG_MAX_DEV])
+/* Bytes of frees pending in pool p (on stream s only, or NULL: on any stream). */
+static uint64_t pending_in(const struct fg_pool *p, const struct fg_stream *s)
+{
+    uint64_t n = 0;
+    for (const struct pend *e = g_pend; e; e = e->next)
+        if (e->pool == p && (!s || e->stream == s))
+            n += e->bytes;
+    return n;
+}
+
+/* Back x's allocations, launched on stream s (NULL: an upload, which reuses nothing pending): each
+ * device's graph pool holds at least that much idle, counting the frees pending on s, which the
+ * launch reuses in stream order (all devices or none). */
+static CUresult back(const uint64_t need[FG_MAX_DEV], struct fg_stream *s)
 {
     uint64_t fresh[FG_MAX_DEV] = {0};
     for (int d = 0; d < g_nvis; d++) {
         struct fg_pool *gp = graph_pool_of(d);
-        fresh[d] = need[d] > gp->idle ? need[d] - gp->idle : 0;
+        uint64_t have = gp->idle + (s ? pending_in(gp, s) : 0);
+        fresh[d] = need[d] > have ? need[d] - have : 0;
         CUresult r = fresh[d] ? fg_dev_take(d, fresh[d]) : CUDA_SUCCESS;
         if (r) {
             for (int e = 0; e < d; e++)
@@ -1074,6 +1124,17 @@ static CUresult back(const uint64_t need[FG_MAX_DEV])
         struct fg_pool *gp = graph_pool_of(d);
         gp->reserved += fresh[d];
         gp->idle += fresh[d];
+        if (s) /* the pending frees on s it needs are reached now, in stream order */
+            for (struct pend **pp = &g_pend; *pp && gp->idle < need[d];) {
+                struct pend *e = *pp;
+                if (e->pool != gp || e->stream != s) {
+                    pp = &e->next;
+                    continue;
+                }
+                *pp = e->next;
+                gp->idle += e->bytes;
+                free(e);
+            }
         if (gp->reserved > gp->res_high)
             gp->res_high = gp->reserved;
     }
@@ -1087,7 +1148,7 @@ static CUresult upload(struct fg_graph *x, CUstream hs)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t need[FG_MAX_DEV];
     graph_need(x, need);
-    return back(need);
+    return back(need, NULL);
 }
 
 static CUresult upload_h(CUgraphExec h, CUstream hs)
@@ -1113,12 +1174,17 @@ static CUresult launch(CUgraphExec h, CUstream hs)
     struct fg_stream *s = stream_of(hs);
     if (!x || !s)
         return CUDA_ERROR_INVALID_VALUE;
-    for (struct gnode *n = x->nodes; n; n = n->next)
-        if (n->type == NODE_ALLOC && fg_find(n->dptr))
+    for (struct gnode *n = x->nodes; n; n = n->next) {
+        struct alloc *a = n->type == NODE_ALLOC ? fg_find(n->dptr) : NULL;
+        if (a && !(x->flags & INSTANTIATE_AUTO_FREE))
             return CUDA_ERROR_INVALID_VALUE; /* still allocated from its last launch */
+    }
+    for (struct gnode *n = x->nodes; n; n = n->next) /* AUTO_FREE_ON_LAUNCH: freed first */
+        if (n->type == NODE_ALLOC && fg_find(n->dptr))
+            fg_release_alloc(fg_unlink(n->dptr, K_MEM));
     uint64_t need[FG_MAX_DEV];
     graph_need(x, need);
-    if ((r = back(need)))
+    if ((r = back(need, s)))
         return r;
     for (int d = 0; d < g_nvis; d++) {
         struct fg_pool *gp = graph_pool_of(d);
@@ -1152,6 +1218,7 @@ static CUresult graph_trim(CUdevice d)
         return r;
     if (d < 0 || d >= g_nvis)
         return CUDA_ERROR_INVALID_DEVICE;
+    g_trims++;
     pool_shrink(graph_pool_of(d), 0);
     return CUDA_SUCCESS;
 }
@@ -1176,7 +1243,7 @@ static CUresult graph_attr(CUdevice d, int attr, void *value, int set)
             gp->res_high = gp->reserved;
         return CUDA_SUCCESS;
     }
-    *v = attr == 0 ? gp->used : attr == 1 ? gp->used_high : attr == 2 ? gp->reserved : gp->res_high;
+    *v = attr == 0 ? gp->used + pending_in(gp, NULL) : attr == 1 ? gp->used_high : attr == 2 ? gp->reserved : gp->res_high;
     return CUDA_SUCCESS;
 }
 FG_API CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value) { LOCKED(graph_attr(d, attr, value, 0)); }

@@ -51,9 +51,11 @@ struct fg_ctx {
     int refs;         /* primary: retain count */
     int alive;
     unsigned flags;
-    uint64_t limit_mem[3];   /* device memory held for cuCtxSetLimit: stack, printf FIFO, heap */
-    unsigned long long limit_ptr[3];
-    size_t limit_val[3];
+    /* device memory held for cuCtxSetLimit: stack, printf FIFO, heap, device-runtime sync depth,
+     * device-runtime pending launch count (cuda_mem.c: limit_bytes) */
+    uint64_t limit_mem[5];
+    unsigned long long limit_ptr[5];
+    size_t limit_val[5];
     struct fg_ctx *next;
 };
 

@@ -205,6 +205,26 @@ FG_API CUresult cuMemAlloc_v3(CUdeviceptr *p, size_t n) { LOCKED(ctx_take(n, K_M
 /* Fake only (tests): free as a path an interposer does not see would, e.g. a teardown it missed. */
 FG_API CUresult fakegpuLoseAllocation(CUdeviceptr p) { LOCKED(ctx_give(p, K_MEM)); }
 
+/* CU_POINTER_ATTRIBUTE_CONTEXT (1), MEMORY_TYPE (2: device), DEVICE_ORDINAL (9), of an allocation's
+ * own address (the simulated driver knows no interior pointers); an address it did not hand out,
+ * or one freed since (with its context, say), is CUDA_ERROR_INVALID_VALUE. */
+static CUresult pointer_attr(void *out, int attr, CUdeviceptr p)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct alloc *a = fg_find(p);
+    if (!out || !a || (a->kind != K_MEM && a->kind != K_LIMIT))
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (attr) {
+    case 1: *(struct fg_ctx **)out = a->ctx; return CUDA_SUCCESS;
+    case 2: *(unsigned *)out = 2; return CUDA_SUCCESS;
+    case 9: *(int *)out = a->ord; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+FG_API CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p) { LOCKED(pointer_attr(out, attr, p)); }
+
 FG_API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned flags)
 {
     if (flags != 1 && flags != 2) /* CU_MEM_ATTACH_GLOBAL / CU_MEM_ATTACH_HOST */
@@ -363,6 +383,36 @@ FG_API CUresult cuArrayDestroy(CUarray arr)
     return r == CUDA_ERROR_INVALID_VALUE ? CUDA_ERROR_INVALID_HANDLE : r;
 }
 
+/* The descriptor of a live array; one freed (with its context, say) is an invalid handle. */
+/* The live array (or mipmapped array) h is, for a query: a handle freed, with its context say, is
+ * invalid; *r says why there is none. */
+static struct alloc *live_array(uint64_t h, int kind, const void *out, CUresult *r)
+{
+    struct alloc *a = NULL;
+    if ((*r = fg_check_live()))
+        return NULL;
+    if (!(a = fg_find(h)) || a->kind != kind)
+        *r = CUDA_ERROR_INVALID_HANDLE;
+    else if (!out)
+        *r = CUDA_ERROR_INVALID_VALUE;
+    return *r ? NULL : a;
+}
+
+static CUresult array_descriptor(ARRAY_DESC *d, CUarray arr)
+{
+    CUresult r;
+    struct alloc *a = live_array((uint64_t)(uintptr_t)arr, K_ARRAY, d, &r);
+    if (!a)
+        return r;
+    memset(d, 0, sizeof *d);
+    d->Width = a->size; /* its bytes, as 1-byte texels of one row: what the simulation keeps */
+    d->Height = 1;
+    d->Format = 0x08;
+    d->NumChannels = 1;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuArrayGetDescriptor_v2(ARRAY_DESC *d, CUarray arr) { LOCKED(array_descriptor(d, arr)); }
+
 static CUresult mipmap_create(CUmipmappedArray *h, const ARRAY3D_DESC *d, unsigned levels)
 {
     uint64_t total = 0, n;
@@ -384,6 +434,19 @@ FG_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const ARRAY3D_DESC *
 {
     LOCKED(mipmap_create(h, d, levels));
 }
+/* Level 0 of a live mipmapped array is the array itself here (no separate level records). */
+static CUresult mipmap_level(CUarray *out, CUmipmappedArray h, unsigned level)
+{
+    CUresult r;
+    if (!live_array((uint64_t)(uintptr_t)h, K_MIPMAP, out, &r))
+        return r;
+    if (level)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = (CUarray)h;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuMipmappedArrayGetLevel(CUarray *out, CUmipmappedArray h, unsigned level) { LOCKED(mipmap_level(out, h, level)); }
+
 FG_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray h)
 {
     if (!h)
@@ -523,18 +586,36 @@ FG_API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, siz
 
 /* ---- context limits --------------------------------------------------------------------- */
 
-/* Setting the stack size, printf FIFO or malloc heap takes that device memory for the context
- * (stack: per resident thread, sms x 2048). The defaults (1 KiB stack, 1 MiB FIFO, 8 MiB heap)
- * take none here: like the context itself, they are not modelled. */
+/* Setting a limit that the driver backs with device memory takes that memory for the context.
+ * What it takes (the same rule as the interposer's, native/interpose/hooks.c: limit_bytes):
+ *   0 stack size: per resident thread, value x SMs x 2048;
+ *   1 printf FIFO, 2 malloc heap: the value;
+ *   3 device-runtime sync depth: per level, the saved state of every resident thread, assumed
+ *     1 KiB each (a register file's worth: 255 32-bit registers), value x SMs x 2048 x 1 KiB;
+ *   4 device-runtime pending launch count: per launch slot, assumed 4 KiB (a kernel's parameter
+ *     buffer), value x 4 KiB.
+ * 3 and 4 are assumptions (the driver documents only that it reserves memory for them: up to
+ * 150 MB per sync level on the GPUs of its day); the defaults (1 KiB stack, 1 MiB FIFO, 8 MiB heap,
+ * depth 2, 2048 launches) take none here: like the context itself, they are not modelled. */
+static uint64_t limit_bytes(int limit, size_t value, uint32_t sms)
+{
+    switch (limit) {
+    case 0: return (uint64_t)value * sms * 2048;
+    case 3: return (uint64_t)value * sms * 2048 * 1024;
+    case 4: return (uint64_t)value * 4096;
+    default: return value;
+    }
+}
+
 static CUresult set_limit(int limit, size_t value)
 {
     struct fg_ctx *c;
     CUresult r = fg_current(&c);
     if (r)
         return r;
-    if (limit < 0 || limit > 2)
+    if (limit < 0 || limit > 4)
         return limit <= 6 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; /* others hold no memory */
-    uint64_t bytes = limit == 0 ? (uint64_t)value * S.h->dev[g_vis[c->ord]].sms * 2048 : value;
+    uint64_t bytes = limit_bytes(limit, value, S.h->dev[g_vis[c->ord]].sms);
     unsigned long long p = 0;
     if (bytes && (r = take(c->ord, bytes, K_LIMIT, c, &p)))
         return r;
@@ -552,12 +633,12 @@ FG_API CUresult cuCtxSetLimit(int limit, size_t value) { LOCKED(set_limit(limit,
 
 static CUresult get_limit(size_t *value, int limit)
 {
-    static const size_t dflt[3] = {1024, 1 << 20, 8 << 20};
+    static const size_t dflt[5] = {1024, 1 << 20, 8 << 20, 2, 2048};
     struct fg_ctx *c;
     CUresult r = fg_current(&c);
     if (r)
         return r;
-    if (!value || limit < 0 || limit > 2)
+    if (!value || limit < 0 || limit > 4)
         return CUDA_ERROR_INVALID_VALUE;
     *value = c->limit_ptr[limit] || c->limit_val[limit] ? c->limit_val[limit] : dflt[limit];
     return CUDA_SUCCESS;

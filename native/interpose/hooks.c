@@ -3,6 +3,7 @@
  * and cuGetProcAddress / _v2 (we look at what the driver returned and wrap it when it is one of
  * ours). Everything else passes straight through, and with no COLO_GPU_BUDGET nothing changes. */
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,7 +12,9 @@
 #include <unistd.h>
 
 #include "cuda_types.h"
+#include "gotpatch.h"
 #include "ledger.h"
+#include "pools.h"
 #include "table.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -47,7 +50,8 @@
     X(nvmlDeviceGetMigDeviceHandleByIndex, n) X(cuMemPoolGetAttribute, c)                         \
     X(cuDeviceGetGraphMemAttribute, c) X(cuStreamGetCaptureInfo, c) X(cuStreamGetCaptureInfo_ptsz, c) \
     X(cuGraphGetNodes, c) X(cuGraphNodeGetType, c) X(cuGraphMemAllocNodeGetParams, c)             \
-    X(cuGraphChildGraphNodeGetGraph, c)
+    X(cuGraphMemFreeNodeGetParams, c) X(cuGraphChildGraphNodeGetGraph, c) X(cuPointerGetAttribute, c)     \
+    X(cuArrayGetDescriptor_v2, c) X(cuMipmappedArrayGetLevel, c)
 
 #define AS_ENUM(n, f) H_##n,
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
@@ -58,28 +62,48 @@ static const char is_nvml[N_ALL] = {HOOKS(AS_FAMILY) 0, HELPERS(AS_FAMILY)};
 
 static void *reals[N_ALL];          /* the driver's functions, resolved once (atomic) */
 static void *lib_handle[2];         /* libcuda / libnvidia-ml as the program opened them */
-static void *(*real_dlsym_fn)(void *, const char *);
-
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define ADD_RELAXED(p, v) __atomic_add_fetch((p), (v), __ATOMIC_RELAXED)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 
+/* Two dlsyms: glibc's own, for our lookups relative to us (RTLD_NEXT: the driver's function, or
+ * that of an interposer preloaded after us); and the next one after us, which answers the
+ * program's lookups that we do not wrap and the handle lookups of those we do: glibc's, or that of
+ * another interposer preloaded after us (HAMi-core exports an unversioned dlsym, and sets itself
+ * up when it sees a cu* name there: a program whose lookups never reached it crashed in its hooks
+ * as soon as we called one). */
+static void *(*glibc_dlsym_fn)(void *, const char *);
+static void *(*next_dlsym_fn)(void *, const char *);
+
 static void resolve_dlsym(void)
 {
-    /* glibc >= 2.34 has dlsym@@GLIBC_2.34 in libc; older ones only dlsym@GLIBC_2.2.5 (libdl). */
+    /* glibc >= 2.34 has dlsym@@GLIBC_2.34 in libc; older ones only dlsym@GLIBC_2.2.5 (libdl). A
+     * versioned lookup skips unversioned definitions: it finds glibc's. No dlvsym: glibc < 2.34
+     * and a program that has not loaded libdl, so nothing calls dlsym yet. */
+    if (!dlvsym) return;
     void *p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
     if (!p) p = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    STORE(&real_dlsym_fn, (void *(*)(void *, const char *))p);
+    void *(*g)(void *, const char *) = (void *(*)(void *, const char *))p;
+    void *(*n)(void *, const char *) = g ? (void *(*)(void *, const char *))g(RTLD_NEXT, "dlsym") : NULL;
+    STORE(&next_dlsym_fn, n ? n : g);
+    STORE(&glibc_dlsym_fn, g);
 }
 
 static void *real_dlsym(void *h, const char *n)
 {
-    if (!LOAD(&real_dlsym_fn)) resolve_dlsym();
-    return real_dlsym_fn ? real_dlsym_fn(h, n) : NULL;
+    if (!LOAD(&glibc_dlsym_fn)) resolve_dlsym();
+    return glibc_dlsym_fn ? glibc_dlsym_fn(h, n) : NULL;
+}
+
+static void *next_dlsym(void *h, const char *n)
+{
+    if (!LOAD(&next_dlsym_fn)) resolve_dlsym();
+    return next_dlsym_fn ? next_dlsym_fn(h, n) : NULL;
 }
 
 static void *const *wrappers(void);
 static int hook_id(const char *name);
+static void *(*real_dlopen(void))(const char *, int);
 
 static int is_ours(void *p)
 {
@@ -92,9 +116,10 @@ static int is_ours(void *p)
 static void *library(int nvml)
 {
     void *h = LOAD(&lib_handle[nvml]);
-    if (!h) {
+    void *(*open)(const char *, int) = h ? NULL : real_dlopen();
+    if (open) {
         /* Only a library the program already loaded: never load the driver on our own. */
-        h = dlopen(nvml ? "libnvidia-ml.so.1" : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        h = open(nvml ? "libnvidia-ml.so.1" : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
         if (h) STORE(&lib_handle[nvml], h);
     }
     return h;
@@ -190,6 +215,32 @@ static int record(int kind, uint64_t key, int dev, uint64_t size)
 
 static int admit(int dev, uint64_t size);
 
+/* A context torn down while an allocation in it is between the driver and the table: the teardown
+ * frees it but does not find it to forget, and it would stay counted for good. Teardowns are
+ * counted (begun, then done once their allocations are forgotten); an allocation that saw one
+ * begin or under way asks the driver, once recorded, whether its memory still exists. Reading the
+ * two counters costs the allocation two loads of a line only teardowns write. */
+static uint64_t g_teardowns_begun, g_teardowns_done;
+
+static void teardown_begin(void) { __atomic_add_fetch(&g_teardowns_begun, 1, __ATOMIC_SEQ_CST); }
+static void teardown_end(void) { __atomic_add_fetch(&g_teardowns_done, 1, __ATOMIC_SEQ_CST); }
+
+/* Before the driver call: 0 when a teardown is under way, else how many have begun. */
+static inline uint64_t teardowns_seen(void)
+{
+    uint64_t done = __atomic_load_n(&g_teardowns_done, __ATOMIC_SEQ_CST);
+    uint64_t begun = __atomic_load_n(&g_teardowns_begun, __ATOMIC_SEQ_CST);
+    return begun == done ? begun + 1 : 0;
+}
+
+static void recheck_alive(int kind, uint64_t key);
+/* After the allocation was recorded: did a teardown overlap it? */
+static inline void after_record(uint64_t seen, int kind, uint64_t key)
+{
+    if (__builtin_expect(!seen || __atomic_load_n(&g_teardowns_begun, __ATOMIC_SEQ_CST) + 1 != seen, 0))
+        recheck_alive(kind, key);
+}
+
 /* Reserve, call the driver, then record or roll back: never check-then-allocate-then-add. */
 #define COUNTED_ALLOC(dev, size, kind, call, key, undo)                                            \
     do {                                                                                           \
@@ -197,12 +248,14 @@ static int admit(int dev, uint64_t size);
         uint64_t s_ = (size);                                                                      \
         int e_ = admit(d_, s_);                                                                    \
         if (e_) return e_;                                                                         \
+        uint64_t t_ = teardowns_seen();                                                            \
         CUresult rc_ = (call);                                                                     \
         if (rc_ == CUDA_SUCCESS && record(kind, (uint64_t)(key), d_, s_) != 0) {                   \
             (void)(undo);                                                                          \
             rc_ = CUDA_ERROR_OUT_OF_MEMORY;                                                        \
         }                                                                                          \
         if (rc_ != CUDA_SUCCESS) ledger_release(d_, s_);                                           \
+        else after_record(t_, kind, (uint64_t)(key));                                              \
         return rc_;                                                                                \
     } while (0)
 
@@ -213,11 +266,16 @@ static void gone(const struct alloc *a, int async, CUstream s);
 #define COUNTED_FREE_ON(kind, key, call, async, stream)                                           \
     do {                                                                                           \
         struct alloc a_, o_;                                                                       \
+        uint64_t t_ = teardowns_seen();                                                            \
         int had_ = table_take(kind, (uint64_t)(key), &a_);                                         \
         CUresult rc_ = (call);                                                                     \
         if (had_) {                                                                                \
-            if (rc_ == CUDA_SUCCESS) gone(&a_, async, stream);                                     \
-            else if (table_put(&a_, &o_) == 1) forgotten(&o_);                                     \
+            if (rc_ == CUDA_SUCCESS) {                                                             \
+                gone(&a_, async, stream);                                                          \
+            } else { /* still the program's, unless a teardown freed it meanwhile */               \
+                if (table_put(&a_, &o_) == 1) forgotten(&o_);                                     \
+                after_record(t_, kind, (uint64_t)(key));                                           \
+            }                                                                                      \
         }                                                                                          \
         return rc_;                                                                                \
     } while (0)
@@ -281,7 +339,8 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
 
 /* The pitch is only known afterwards: reserve an estimate, then settle on the real size (and
  * give the memory back if the difference does not fit). */
-static CUresult settle_pitch(int dev, uint64_t est, uint64_t actual, uint64_t ptr, CUresult (*freefn)(uint64_t))
+static CUresult settle_pitch(int dev, uint64_t est, uint64_t actual, uint64_t ptr, CUresult (*freefn)(uint64_t),
+                             uint64_t seen)
 {
     if (actual > est && ledger_reserve(dev, actual - est) != 0) {
         freefn(ptr);
@@ -294,6 +353,7 @@ static CUresult settle_pitch(int dev, uint64_t est, uint64_t actual, uint64_t pt
         ledger_release(dev, actual);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    after_record(seen, K_PTR, ptr);
     return CUDA_SUCCESS;
 }
 
@@ -338,12 +398,13 @@ static uint64_t pitch_estimate(uint64_t w, uint64_t h) { return mul_sat((w + 511
         uint64_t est = pitch_estimate(w, h);                                                       \
         int e = admit(dev, est);                                                                   \
         if (e) return e;                                                                           \
+        uint64_t seen = teardowns_seen();                                                          \
         CUresult rc = f(dptr, pitch, w, h, elem);                                                  \
         if (rc != CUDA_SUCCESS) {                                                                  \
             ledger_release(dev, est);                                                              \
             return rc;                                                                             \
         }                                                                                          \
-        return settle_pitch(dev, est, mul_sat(*pitch, h), *dptr, freefn);                          \
+        return settle_pitch(dev, est, mul_sat(*pitch, h), *dptr, freefn, seen);                    \
     }
 ALLOC_PITCH(cuMemAllocPitch_v2, CUdeviceptr, size_t, free_v2_raw)
 ALLOC_PITCH(cuMemAllocPitch, CUdeviceptr_v1, unsigned int, free_v1_raw)
@@ -492,9 +553,11 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a)
 static void dropped(const struct alloc *a) { gone(a, 0, NULL); }
 
 static void settle_all(void);
+static void graph_trimmed(void);
 static void drop_ctx(uint64_t ctx)
 {
     if (!ctx) return;
+    graph_trimmed(); /* the context's graph memory may go with it */
     table_take_ctx(ctx, dropped);
     settle_all(); /* pools gave the context's allocations back to their reserve (or the device) */
 }
@@ -534,8 +597,10 @@ static int primary_active(CUdevice dev)
         REAL(name, CUresult(*)(CUdevice), f, CUDA_ERROR_NOT_FOUND);                                \
         if (!ON) return f(dev);                                                                    \
         uint64_t pc = primary_ctx(dev);                                                            \
+        teardown_begin();                                                                          \
         CUresult rc = f(dev);                                                                      \
         if (rc == CUDA_SUCCESS && pc && (!(only_last) || !primary_active(dev))) drop_ctx(pc);      \
+        teardown_end();                                                                            \
         return rc;                                                                                 \
     }
 PRIMARY_TEARDOWN(cuDevicePrimaryCtxRelease, 1)
@@ -543,25 +608,69 @@ PRIMARY_TEARDOWN(cuDevicePrimaryCtxRelease_v2, 1)
 PRIMARY_TEARDOWN(cuDevicePrimaryCtxReset, 0)
 PRIMARY_TEARDOWN(cuDevicePrimaryCtxReset_v2, 0)
 
-AFTER_SUCCESS(cuCtxDestroy, CUcontext, drop_ctx((uint64_t)(uintptr_t)x))
-AFTER_SUCCESS(cuCtxDestroy_v2, CUcontext, drop_ctx((uint64_t)(uintptr_t)x))
+#define CTX_DESTROY(name)                                                                          \
+    EXPORT CUresult name(CUcontext c)                                                             \
+    {                                                                                              \
+        REAL(name, CUresult(*)(CUcontext), f, CUDA_ERROR_NOT_FOUND);                               \
+        if (!ON) return f(c);                                                                      \
+        teardown_begin();                                                                          \
+        CUresult rc = f(c);                                                                        \
+        if (rc == CUDA_SUCCESS) drop_ctx((uint64_t)(uintptr_t)c);                                  \
+        teardown_end();                                                                            \
+        return rc;                                                                                 \
+    }
+CTX_DESTROY(cuCtxDestroy)
+CTX_DESTROY(cuCtxDestroy_v2)
 
-/* ---- context limits: a larger stack or malloc heap (or printf FIFO) is device memory the driver
- * takes for the context: charged to it, replaced when set again, released with the context. --- */
+/* An allocation a teardown may have freed before it was recorded: if the driver no longer knows
+ * it, forget it (only the entry of the context it was made in: the address may be someone
+ * else's by now, whose put replaced ours and gave its bytes back). */
+static void recheck_alive(int kind, uint64_t key)
+{
+    struct alloc a;
+    if (!table_get(kind, key, &a)) return;
+    CUresult rc = CUDA_SUCCESS;
+    if (kind == K_PTR) {
+        CUresult (*f)(void *, int, CUdeviceptr) = (CUresult(*)(void *, int, CUdeviceptr))real(H_cuPointerGetAttribute);
+        unsigned type = 0;
+        if (f) rc = f(&type, 2 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */, key);
+    } else if (kind == K_ARRAY) {
+        CUresult (*f)(CUDA_ARRAY_DESCRIPTOR *, CUarray) = (CUresult(*)(CUDA_ARRAY_DESCRIPTOR *, CUarray))real(H_cuArrayGetDescriptor_v2);
+        CUDA_ARRAY_DESCRIPTOR d;
+        if (f) rc = f(&d, (CUarray)(uintptr_t)key);
+    } else if (kind == K_MIPMAP) {
+        CUresult (*f)(CUarray *, CUmipmappedArray, unsigned) = (CUresult(*)(CUarray *, CUmipmappedArray, unsigned))real(H_cuMipmappedArrayGetLevel);
+        CUarray level;
+        if (f) rc = f(&level, (CUmipmappedArray)(uintptr_t)key, 0);
+    }
+    if (rc != CUDA_SUCCESS && table_take_if(kind, key, a.ctx, &a)) dropped(&a);
+}
+
+/* ---- context limits: a larger stack, malloc heap or printf FIFO, and the device runtime's
+ * reservations (sync depth, pending launches), are device memory the driver takes for the
+ * context: charged to it, replaced when set again, released with the context. --- */
+
+/* What limit `limit` set to `value` takes. The driver says nothing of 3 and 4 but that it reserves
+ * memory for them (up to 150 MB per sync level on the GPUs of its day); assumed here, as the
+ * simulated driver does (native/fakegpu/cuda_mem.c): per sync level the saved state of every
+ * resident thread at 1 KiB (a register file's worth), per pending launch slot 4 KiB. */
+static uint64_t limit_bytes(int limit, size_t value, int dev)
+{
+    if (limit != 0 && limit != 3) return limit == 4 ? mul_sat(value, 4096) : value;
+    CUresult (*attr)(int *, int, CUdevice) = (CUresult(*)(int *, int, CUdevice))real(H_cuDeviceGetAttribute);
+    int sms = 0, per_sm = 0;
+    if (!attr || attr(&sms, 16, dev) || attr(&per_sm, 39, dev) || sms <= 0 || per_sm <= 0) sms = 256, per_sm = 2048;
+    uint64_t threads = (uint64_t)sms * (uint64_t)per_sm; /* every thread the device can hold */
+    return mul_sat(value, limit == 0 ? threads : mul_sat(threads, 1024));
+}
 
 EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 {
     REAL(cuCtxSetLimit, CUresult(*)(int, size_t), f, CUDA_ERROR_NOT_FOUND);
     uint64_t ctx;
-    if (!ON || limit < 0 || limit > 2 || !(ctx = cur_ctx())) return f(limit, value);
+    if (!ON || limit < 0 || limit > 4 || !(ctx = cur_ctx())) return f(limit, value);
     int dev = cur_dev();
-    uint64_t bytes = value;
-    if (limit == 0) { /* CU_LIMIT_STACK_SIZE: per thread, for every thread the device can hold */
-        CUresult (*attr)(int *, int, CUdevice) = (CUresult(*)(int *, int, CUdevice))real(H_cuDeviceGetAttribute);
-        int sms = 0, per_sm = 0;
-        if (!attr || attr(&sms, 16, dev) || attr(&per_sm, 39, dev) || sms <= 0 || per_sm <= 0) sms = 256, per_sm = 2048;
-        bytes = mul_sat(value, (uint64_t)sms * (uint64_t)per_sm);
-    }
+    uint64_t bytes = limit_bytes(limit, value, dev);
     uint64_t key = ctx + (uint64_t)limit; /* contexts are aligned: one key per (context, limit) */
     struct alloc old = {0};
     int had = table_take(K_LIMIT, key, &old);
@@ -588,61 +697,45 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
  *
  * What the driver holds for a pool is its reserved memory (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT):
  * its live allocations, frees its streams have not reached yet, and what it keeps below its
- * release threshold. Each allocation from a pool is counted as any other (reserved before the
- * driver call, at the size asked); the pool's own entry counts the rest, `extra` =
- * max(0, reserved - live), read back from the driver after each of our pool calls and at each
- * synchronisation (the only times a pool gives memory back by itself). A free moves the bytes
- * from the allocation to `extra` (no ledger change), and the next reading takes them off once the
- * driver has really let them go. The graph memory pool of each device is one more pool
+ * release threshold. Each allocation from a pool is counted as any other, at the size asked; the
+ * pool's own entry (pools.h) counts the rest, `extra` = max(0, reserved - live), read back from the
+ * driver after each of our pool calls and at each synchronisation (the only times a pool gives
+ * memory back by itself). A free moves the bytes from the allocation to `extra` (no ledger change),
+ * and the next reading takes them off once the driver has really let them go. An allocation the
+ * pool can serve from that reserve takes its bytes from `extra` instead of the ledger: the budget
+ * is charged what the driver holds, once. The graph memory pool of each device is one more pool
  * (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), with no allocations of its own counted. */
 
-#define MAX_POOLS 64
-static struct pool {
-    uint64_t h;      /* CUmemoryPool; 0 with graph set: the device's graph memory */
-    int dev, graph, dead;
-    uint64_t live;   /* bytes of the allocations from it that the table holds */
-    uint64_t extra;  /* charged beyond them */
-} g_pools[MAX_POOLS];
-static int g_npools;
-static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER; /* process-local, never across a ledger wait */
 static int g_npend;  /* K_PEND entries: frees of plain memory waiting for their stream */
 
-enum { MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2 };
+enum { MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5, GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+       GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2 };
 
-/* Under g_pool_mu. Found or added (NULL: the table is full: the pool is then counted as plain
- * allocations, its reserve not at all). */
-static struct pool *pool_entry(uint64_t h, int graph, int dev)
+static CUresult graph_mem_attr(int dev, int attr, uint64_t *v)
 {
-    for (int i = 0; i < g_npools; i++)
-        if (g_pools[i].h == h && g_pools[i].graph == graph && (h || g_pools[i].dev == dev)) return &g_pools[i];
-    for (int i = 0; i < g_npools; i++)
-        if (g_pools[i].dead && !g_pools[i].live && !g_pools[i].extra) {
-            g_pools[i] = (struct pool){.h = h, .graph = graph, .dev = dev};
-            return &g_pools[i];
-        }
-    if (g_npools == MAX_POOLS) return NULL;
-    g_pools[g_npools] = (struct pool){.h = h, .graph = graph, .dev = dev};
-    return &g_pools[g_npools++];
+    CUresult (*f)(CUdevice, int, void *) = (CUresult(*)(CUdevice, int, void *))real(H_cuDeviceGetGraphMemAttribute);
+    return f ? f(dev, attr, v) : CUDA_ERROR_NOT_FOUND;
 }
 
-/* Under g_pool_mu: bring `extra` to what the driver now holds beyond the live allocations. Less:
- * given back at once. More (the driver grew the pool by more than an allocation: its chunk):
- * charged if it fits; if not, 0 is returned (strict: the refusal is counted and logged) and the
- * rest is left for a later reading, unless the caller undoes the allocation (pool_grew). */
+/* Under the pools lock: bring `extra` to what the driver now holds beyond the live allocations (and
+ * the reserve lent to allocations in flight). Less: given back at once. More (the driver grew the
+ * pool by more than an allocation: its chunk): charged if it fits; if not, 0 is returned (strict:
+ * the refusal is counted and logged) and the rest is left for a later reading, unless the caller
+ * undoes the allocation (pool_grew). */
 static int settle(struct pool *p, int strict)
 {
     uint64_t reserved = 0;
     CUresult rc;
     if (p->dead) return 1;
     if (p->graph) {
-        CUresult (*f)(CUdevice, int, void *) = (CUresult(*)(CUdevice, int, void *))real(H_cuDeviceGetGraphMemAttribute);
-        rc = f ? f(p->dev, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved) : CUDA_ERROR_NOT_FOUND;
+        rc = graph_mem_attr(p->dev, GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved);
     } else {
         CUresult (*f)(CUmemoryPool, int, void *) = (CUresult(*)(CUmemoryPool, int, void *))real(H_cuMemPoolGetAttribute);
         rc = f ? f((CUmemoryPool)(uintptr_t)p->h, MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) : CUDA_ERROR_NOT_FOUND;
     }
     if (rc != CUDA_SUCCESS) return 1; /* unknown: keep what is counted (never too low) */
-    uint64_t target = reserved > p->live ? reserved - p->live : 0;
+    uint64_t held = p->live + p->taken;
+    uint64_t target = reserved > held ? reserved - held : 0;
     if (target < p->extra) {
         ledger_release(p->dev, p->extra - target);
         p->extra = target;
@@ -656,30 +749,38 @@ static int settle(struct pool *p, int strict)
 
 static void settle_all(void)
 {
-    if (!LOAD(&g_npools)) return;
-    pthread_mutex_lock(&g_pool_mu);
-    for (int i = 0; i < g_npools; i++) settle(&g_pools[i], 0);
-    pthread_mutex_unlock(&g_pool_mu);
+    if (!pools_count()) return;
+    pools_lock();
+    for (int i = 0; i < pools_count(); i++) settle(pool_at(i), 0);
+    pools_unlock();
+}
+
+static void settle_pool(uint64_t h, int graph, int dev)
+{
+    pools_lock();
+    struct pool *p = pool_find(h, graph, dev);
+    if (p) settle(p, 0);
+    pools_unlock();
 }
 
 /* An entry the table replaced (the driver handed its address out again: it is gone). */
 static void forgotten(const struct alloc *old)
 {
-    if (old->kind != K_MAP && old->kind != K_EXECW) gone(old, 0, NULL);
+    if (old->kind != K_MAP && old->kind != K_EXECW && old->kind != K_EXECB) gone(old, 0, NULL);
 }
 
 /* The driver took an allocation back (or will, once stream s gets there: async). */
 static void gone(const struct alloc *a, int async, CUstream s)
 {
     if (a->kind == K_PTR && a->aux) { /* from a pool: its bytes stay the pool's until it lets them go */
-        pthread_mutex_lock(&g_pool_mu);
-        struct pool *p = pool_entry(a->aux, 0, a->dev);
+        pools_lock();
+        struct pool *p = pool_find(a->aux, 0, a->dev);
         if (p) {
             p->live -= a->size < p->live ? a->size : p->live;
             p->extra += a->size;
             settle(p, 0);
         }
-        pthread_mutex_unlock(&g_pool_mu);
+        pools_unlock();
         if (!p) ledger_release(a->dev, a->size);
         return;
     }
@@ -713,35 +814,37 @@ static int capturing(CUstream s, int ptsz)
     return f && f(s, &status, &cid) == CUDA_SUCCESS && status == 1 /* ACTIVE */;
 }
 
-static void settle_pool(uint64_t h, int graph, int dev);
-
 static CUresult trim_pool(uint64_t h)
 {
     CUresult (*f)(CUmemoryPool, size_t) = (CUresult(*)(CUmemoryPool, size_t))real(H_cuMemPoolTrimTo);
     return f ? f((CUmemoryPool)(uintptr_t)h, 0) : CUDA_ERROR_NOT_FOUND;
 }
 
+static void graph_trimmed(void);
 static CUresult trim_graph(int dev)
 {
     CUresult (*f)(CUdevice) = (CUresult(*)(CUdevice))real(H_cuDeviceGraphMemTrim);
+    graph_trimmed();
     return f ? f(dev) : CUDA_ERROR_NOT_FOUND;
 }
 
-/* Give back to the device what the pools on dev keep idle; 1 if any had some. */
-static int trim_idle(int dev)
+/* Give back to the device what the pools on dev keep idle. Entry by entry (the table may grow
+ * meanwhile; an entry reused for another pool only costs that pool its idle reserve). */
+static void trim_idle(int dev)
 {
-    struct pool got[MAX_POOLS];
-    int n = 0;
-    pthread_mutex_lock(&g_pool_mu);
-    for (int i = 0; i < g_npools; i++)
-        if (g_pools[i].dev == dev && g_pools[i].extra && !g_pools[i].dead) got[n++] = g_pools[i];
-    pthread_mutex_unlock(&g_pool_mu);
-    for (int i = 0; i < n; i++) {
-        if (got[i].graph) trim_graph(dev);
-        else trim_pool(got[i].h);
-        settle_pool(got[i].h, got[i].graph, dev);
+    for (int i = 0;; i++) {
+        pools_lock();
+        if (i >= pools_count()) {
+            pools_unlock();
+            return;
+        }
+        struct pool q = *pool_at(i);
+        pools_unlock();
+        if (q.dev != dev || !q.extra || q.dead) continue;
+        if (q.graph) trim_graph(dev);
+        else trim_pool(q.h);
+        settle_pool(q.h, q.graph, dev);
     }
-    return n > 0;
 }
 
 /* Reserve size on dev. At the edge of the budget, what pools keep idle (below their release
@@ -750,7 +853,7 @@ static int trim_idle(int dev)
 static int admit(int dev, uint64_t size)
 {
     if (ledger_try(dev, size)) return 0;
-    if (LOAD(&g_npools)) trim_idle(dev);
+    if (pools_count()) trim_idle(dev);
     return ledger_reserve(dev, size);
 }
 
@@ -764,26 +867,47 @@ static int admit_on_stream(int dev, uint64_t size, CUstream s, int ptsz)
     return admit(dev, size);
 }
 
-/* After an allocation of `bytes` from pool h (0: a failed call, which may still have grown it), the
- * pool's real size replaces the reservation. CUDA_ERROR_OUT_OF_MEMORY: the driver grew the pool by
- * more than was reserved (its chunk) and the rest does not fit the budget, even once the device's
- * idle pool memory went back: the caller undoes the allocation. */
-static int pool_grew(uint64_t h, int dev, uint64_t bytes)
+/* Lend up to `bytes` of pool h's counted idle reserve to an allocation about to be made from it
+ * (the driver serves an allocation from its idle memory first, and from frees enqueued on the same
+ * stream: `extra` holds both). Returns what was lent; ~0: the pool cannot be kept (fail closed). */
+static uint64_t pool_lend(uint64_t h, int dev, uint64_t bytes)
 {
-    pthread_mutex_lock(&g_pool_mu);
-    struct pool *p = pool_entry(h, 0, dev);
+    pools_lock();
+    struct pool *p = pool_get(h, 0, dev);
+    uint64_t lent = UINT64_MAX;
+    if (p) {
+        lent = bytes < p->extra ? bytes : p->extra;
+        p->extra -= lent;
+        p->taken += lent;
+    }
+    pools_unlock();
+    return lent;
+}
+
+/* After an allocation of `bytes` from pool h that borrowed `lent` of its reserve (bytes 0: the call
+ * failed, and may still have grown the pool), the pool's real size replaces the reservation.
+ * CUDA_ERROR_OUT_OF_MEMORY: the driver grew the pool by more than was reserved (its chunk, or
+ * because the reserve it lent was a free enqueued on another stream) and the rest does not fit
+ * the budget, even once the device's idle pool memory went back: the caller undoes the
+ * allocation. */
+static int pool_grew(uint64_t h, int dev, uint64_t bytes, uint64_t lent)
+{
+    pools_lock();
+    struct pool *p = pool_find(h, 0, dev);
     int ok = 1;
     if (p) {
-        p->live += bytes;
+        p->taken -= lent;
+        if (bytes) p->live += bytes;
+        else p->extra += lent; /* nothing was made: the lent reserve is the pool's again */
         ok = settle(p, 0);
     }
-    pthread_mutex_unlock(&g_pool_mu);
+    pools_unlock();
     if (ok || !bytes) return 0;
     trim_idle(dev);
-    pthread_mutex_lock(&g_pool_mu);
-    p = pool_entry(h, 0, dev);
+    pools_lock();
+    p = pool_find(h, 0, dev);
     ok = !p || settle(p, 1);
-    pthread_mutex_unlock(&g_pool_mu);
+    pools_unlock();
     return ok ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -806,19 +930,18 @@ static CUresult undo_pool_alloc(CUdeviceptr ptr, CUstream s, int ptsz, uint64_t 
 /* The device of a pool we saw made or looked up; the caller's current device otherwise. */
 static int pool_dev(uint64_t h)
 {
-    int dev = -1;
-    pthread_mutex_lock(&g_pool_mu);
-    for (int i = 0; i < g_npools && dev < 0; i++)
-        if (!g_pools[i].graph && g_pools[i].h == h) dev = g_pools[i].dev;
-    pthread_mutex_unlock(&g_pool_mu);
+    pools_lock();
+    struct pool *p = pool_find(h, 0, 0);
+    int dev = p ? p->dev : -1;
+    pools_unlock();
     return dev >= 0 ? dev : cur_dev();
 }
 
 static void note_pool(uint64_t h, int dev)
 {
-    pthread_mutex_lock(&g_pool_mu);
-    pool_entry(h, 0, dev);
-    pthread_mutex_unlock(&g_pool_mu);
+    pools_lock();
+    pool_get(h, 0, dev); /* no host memory: the pool's allocations are refused (pool_lend) */
+    pools_unlock();
 }
 
 static CUresult alloc_stream_ordered(CUresult (*f)(CUdeviceptr *, size_t, CUmemoryPool, CUstream),
@@ -837,9 +960,19 @@ static CUresult alloc_stream_ordered(CUresult (*f)(CUdeviceptr *, size_t, CUmemo
         CUmemoryPool cp = NULL;
         if (getpool && getpool(&cp, dev) == CUDA_SUCCESS) h = (uint64_t)(uintptr_t)cp;
     }
-    if (h) note_pool(h, dev);
-    int e = ledger_try(dev, bytes) ? 0 : admit_on_stream(dev, bytes, s, ptsz);
+    uint64_t lent = h ? pool_lend(h, dev, bytes) : 0;
+    if (lent == UINT64_MAX) return ledger_refuse(dev, bytes); /* a pool whose reserve we could not count */
+    uint64_t need = bytes - lent;
+    int e = 0;
+    if (need && !ledger_try(dev, need)) {
+        /* The edge: the lent reserve goes back first, since the edge trims idle reserves. */
+        if (lent) pool_grew(h, dev, 0, lent);
+        lent = 0;
+        need = bytes;
+        e = admit_on_stream(dev, bytes, s, ptsz);
+    }
     if (e) return e;
+    uint64_t seen = teardowns_seen();
     CUresult rc = CALL();
     if (rc == CUDA_SUCCESS && keep_aux(K_PTR, *dptr, dev, bytes, cur_ctx(), h) != 0) {
         CUresult (*fr)(CUdeviceptr, CUstream) = (CUresult(*)(CUdeviceptr, CUstream))real(ptsz ? H_cuMemFreeAsync_ptsz : H_cuMemFreeAsync);
@@ -847,11 +980,12 @@ static CUresult alloc_stream_ordered(CUresult (*f)(CUdeviceptr *, size_t, CUmemo
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (rc != CUDA_SUCCESS) {
-        ledger_release(dev, bytes);
-        if (h) pool_grew(h, dev, 0); /* a failed call may still have grown the pool */
+        ledger_release(dev, need);
+        if (h) pool_grew(h, dev, 0, lent); /* a failed call may still have grown the pool */
         return rc;
     }
-    if (h && pool_grew(h, dev, bytes)) return undo_pool_alloc(*dptr, s, ptsz, h, dev);
+    if (h && pool_grew(h, dev, bytes, lent)) return undo_pool_alloc(*dptr, s, ptsz, h, dev);
+    after_record(seen, K_PTR, *dptr);
     return rc;
 #undef CALL
 }
@@ -877,15 +1011,30 @@ ALLOC_ASYNC(cuMemAllocAsync_ptsz, 1)
 ALLOC_POOL(cuMemAllocFromPoolAsync, 0)
 ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz, 1)
 
-#define FREE_ASYNC(name)                                                                           \
+static void graph_free_elsewhere(CUstream s, int ptsz);
+/* A free on a stream of memory we did not count (a graph's allocation, say) may leave memory a
+ * graph expects to reuse in use on another stream (graph_free_elsewhere). */
+#define FREE_ASYNC(name, ptsz)                                                                     \
     EXPORT CUresult name(CUdeviceptr p, CUstream s)                                               \
     {                                                                                              \
         REAL(name, CUresult(*)(CUdeviceptr, CUstream), f, CUDA_ERROR_NOT_FOUND);                   \
         if (!ON || !p) return f(p, s);                                                             \
-        COUNTED_FREE_ON(K_PTR, p, f(p, s), 1, s);                                                  \
+        struct alloc a, o;                                                                         \
+        uint64_t t = teardowns_seen();                                                             \
+        int had = table_take(K_PTR, p, &a);                                                        \
+        CUresult rc = f(p, s);                                                                     \
+        if (!had) {                                                                                \
+            if (rc == CUDA_SUCCESS) graph_free_elsewhere(s, ptsz);                                 \
+        } else if (rc == CUDA_SUCCESS) {                                                           \
+            gone(&a, 1, s);                                                                        \
+        } else {                                                                                   \
+            if (table_put(&a, &o) == 1) forgotten(&o);                                             \
+            after_record(t, K_PTR, p);                                                             \
+        }                                                                                          \
+        return rc;                                                                                 \
     }
-FREE_ASYNC(cuMemFreeAsync)
-FREE_ASYNC(cuMemFreeAsync_ptsz)
+FREE_ASYNC(cuMemFreeAsync, 0)
+FREE_ASYNC(cuMemFreeAsync_ptsz, 1)
 
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemAllocationProp *props)
 {
@@ -903,14 +1052,14 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     REAL(cuMemPoolDestroy, CUresult(*)(CUmemoryPool), f, CUDA_ERROR_NOT_FOUND);
     CUresult rc = f(pool);
     if (ON && rc == CUDA_SUCCESS) {
-        pthread_mutex_lock(&g_pool_mu);
-        for (int i = 0; i < g_npools; i++)
-            if (!g_pools[i].graph && g_pools[i].h == (uint64_t)(uintptr_t)pool) {
-                ledger_release(g_pools[i].dev, g_pools[i].extra);
-                g_pools[i].extra = 0;
-                g_pools[i].dead = 1;
-            }
-        pthread_mutex_unlock(&g_pool_mu);
+        pools_lock();
+        struct pool *p = pool_find((uint64_t)(uintptr_t)pool, 0, 0);
+        if (p) {
+            ledger_release(p->dev, p->extra);
+            p->extra = 0;
+            p->dead = 1;
+        }
+        pools_unlock();
     }
     return rc;
 }
@@ -925,14 +1074,6 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     }
 GET_POOL(cuDeviceGetDefaultMemPool)
 GET_POOL(cuDeviceGetMemPool)
-
-static void settle_pool(uint64_t h, int graph, int dev)
-{
-    pthread_mutex_lock(&g_pool_mu);
-    struct pool *p = pool_entry(h, graph, dev);
-    if (p) settle(p, 0);
-    pthread_mutex_unlock(&g_pool_mu);
-}
 
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep_bytes)
 {
@@ -983,9 +1124,21 @@ EXPORT CUresult cuCtxSynchronize_v2(CUcontext c)
 
 /* ---- graph memory: a graph's alloc nodes take their memory from the device's graph pool when it
  * is uploaded or launched. What each instantiated graph can take is read from the driver when it
- * is instantiated (its alloc nodes, child graphs included, whichever way they were added); an
- * upload or launch reserves that first (the most the graph pool can grow by), then the pool's
- * real size replaces it. */
+ * is instantiated (its alloc nodes, child graphs included, whichever way they were added), and
+ * whether all of its allocations are freed inside it.
+ *
+ * Replays. The driver keeps the memory it mapped for a graph mapped to it between launches, and
+ * shares it among graphs launched into one stream (CUDA programming guide, "Graph Memory Nodes");
+ * a graph launched again on the same stream takes nothing new, so nothing is reserved for it
+ * ("backed"). What may take its memory away, so that its next launch maps afresh: a trim of the
+ * graph pool (ours at the edge, or the program's), a graph launch or upload on another stream
+ * (graphs that may run at once cannot share), a launch of a graph whose allocations outlive it
+ * (they may hold memory shared with other graphs), a free of memory we do not count (a graph's)
+ * enqueued on another stream, a context teardown. Each moves a process-wide epoch; a graph is
+ * backed only at the epoch and on the stream of its last launch or upload. Any other launch
+ * reserves its allocations' size less the graph pool's idle memory (reserved - used as the driver
+ * reports them, less what other launches in flight expect to reuse); then the pool's real size
+ * replaces the reservation. */
 
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
@@ -1004,23 +1157,45 @@ typedef struct {
     CUgraphNode hErrNode_out;
     int result_out;
 } CUDA_GRAPH_INSTANTIATE_PARAMS;
-enum { CU_GRAPH_NODE_TYPE_GRAPH = 4, CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10, CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD = 2 };
+enum { CU_GRAPH_NODE_TYPE_GRAPH = 4, CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10, CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+       CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD = 2 };
 
-/* Bytes per device an instantiated graph's allocations take; mask: the devices with any. */
+/* Bytes per device an instantiated graph's allocations take; mask: the devices with any; outlives:
+ * some allocation is not freed inside the graph. */
 struct gweight {
     uint32_t mask;
+    int outlives;
     uint64_t bytes[LEDGER_MAX_DEV];
 };
 
-/* Add graph g's alloc nodes to *w, as the driver reports them. CUDA_SUCCESS, the driver's error,
- * or CUDA_ERROR_OUT_OF_MEMORY (no host memory for the node list). */
-static CUresult graph_weight(CUgraph g, struct gweight *w, int depth)
+struct gaddrs {
+    uint64_t *v;
+    size_t n, cap;
+};
+
+static int gaddrs_add(struct gaddrs *a, uint64_t x)
+{
+    if (a->n == a->cap) {
+        size_t nc = a->cap ? a->cap * 2 : 16;
+        uint64_t *v = realloc(a->v, nc * sizeof *v);
+        if (!v) return -1;
+        a->v = v;
+        a->cap = nc;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+/* Add graph g's alloc nodes to *w, as the driver reports them, and the addresses its allocations
+ * and frees name. CUDA_SUCCESS, the driver's error, or CUDA_ERROR_OUT_OF_MEMORY (no host memory). */
+static CUresult graph_scan(CUgraph g, struct gweight *w, struct gaddrs *allocs, struct gaddrs *frees, int depth)
 {
     CUresult (*nodes_of)(CUgraph, CUgraphNode *, size_t *) =
         (CUresult(*)(CUgraph, CUgraphNode *, size_t *))real(H_cuGraphGetNodes);
     CUresult (*type_of)(CUgraphNode, int *) = (CUresult(*)(CUgraphNode, int *))real(H_cuGraphNodeGetType);
     CUresult (*alloc_of)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *) =
         (CUresult(*)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *))real(H_cuGraphMemAllocNodeGetParams);
+    CUresult (*free_of)(CUgraphNode, CUdeviceptr *) = (CUresult(*)(CUgraphNode, CUdeviceptr *))real(H_cuGraphMemFreeNodeGetParams);
     CUresult (*child_of)(CUgraphNode, CUgraph *) = (CUresult(*)(CUgraphNode, CUgraph *))real(H_cuGraphChildGraphNodeGetGraph);
     if (!nodes_of || !type_of || !alloc_of || !child_of) return CUDA_ERROR_NOT_FOUND;
     if (depth > 64) return CUDA_ERROR_INVALID_VALUE;
@@ -1042,22 +1217,43 @@ static CUresult graph_weight(CUgraph g, struct gweight *w, int depth)
                 continue; /* a graph allocation of host memory */
             w->bytes[d] = w->bytes[d] + p.bytesize < w->bytes[d] ? UINT64_MAX : w->bytes[d] + p.bytesize;
             w->mask |= 1u << d;
+            if (gaddrs_add(allocs, p.dptr)) rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else if (type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
+            CUdeviceptr at = 0;
+            if (!free_of || free_of(nodes[i], &at) != CUDA_SUCCESS) w->outlives = 1; /* cannot tell: assume so */
+            else if (gaddrs_add(frees, at)) rc = CUDA_ERROR_OUT_OF_MEMORY;
         } else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
             CUgraph child = NULL;
-            if ((rc = child_of(nodes[i], &child)) == CUDA_SUCCESS) rc = graph_weight(child, w, depth + 1);
+            if ((rc = child_of(nodes[i], &child)) == CUDA_SUCCESS) rc = graph_scan(child, w, allocs, frees, depth + 1);
         }
     }
     free(nodes);
     return rc;
 }
 
+static CUresult graph_weight(CUgraph g, struct gweight *w)
+{
+    struct gaddrs allocs = {0}, frees = {0};
+    CUresult rc = graph_scan(g, w, &allocs, &frees, 0);
+    for (size_t i = 0; rc == CUDA_SUCCESS && i < allocs.n && !w->outlives; i++) {
+        size_t k = 0;
+        while (k < frees.n && frees.v[k] != allocs.v[i]) k++;
+        if (k == frees.n) w->outlives = 1;
+    }
+    free(allocs.v);
+    free(frees.v);
+    return rc;
+}
+
 /* The weight of an instantiated graph is kept by (exec, device): device 0's entry (key exec) also
- * holds the mask; device d's has key exec ^ d << 56 (user addresses stay below 2^47). */
+ * holds the mask and, at bit 32, outlives; device d's has key exec ^ d << 56 (user addresses stay
+ * below 2^47). K_EXECB (key exec): the stream and epoch at which it is backed. */
 static uint64_t exec_key(CUgraphExec x, int d) { return (uint64_t)(uintptr_t)x ^ ((uint64_t)d << 56); }
 
 static void forget_exec(CUgraphExec x)
 {
     struct alloc a;
+    table_take(K_EXECB, (uint64_t)(uintptr_t)x, &a);
     if (!table_take(K_EXECW, exec_key(x, 0), &a)) return;
     for (int d = 1; d < LEDGER_MAX_DEV; d++)
         if (a.aux & (1u << d)) table_take(K_EXECW, exec_key(x, d), &a);
@@ -1069,7 +1265,8 @@ static int keep_exec(CUgraphExec x, const struct gweight *w)
     if (!w->mask) return 0;
     for (int d = 0; d < LEDGER_MAX_DEV; d++) {
         if (d && !(w->mask & (1u << d))) continue;
-        struct alloc a = {.key = exec_key(x, d), .size = w->bytes[d], .aux = d ? 0 : w->mask, .kind = K_EXECW,
+        struct alloc a = {.key = exec_key(x, d), .size = w->bytes[d],
+                          .aux = d ? 0 : w->mask | (uint64_t)(w->outlives != 0) << 32, .kind = K_EXECW,
                           .dev = (uint16_t)d, .refs = 1}, o;
         if (table_put(&a, &o) < 0) {
             forget_exec(x);
@@ -1083,22 +1280,98 @@ static void exec_weight(CUgraphExec x, struct gweight *w)
 {
     struct alloc a;
     w->mask = 0;
+    w->outlives = 0;
     if (!table_get(K_EXECW, exec_key(x, 0), &a)) return;
     w->mask = (uint32_t)a.aux;
+    w->outlives = (int)(a.aux >> 32 & 1);
     w->bytes[0] = a.size;
     for (int d = 1; d < LEDGER_MAX_DEV; d++)
         if (w->mask & (1u << d)) w->bytes[d] = table_get(K_EXECW, exec_key(x, d), &a) ? a.size : 0;
 }
 
-/* Reserve what the graph pools may grow by, on every device or none. */
-static int graph_reserve(const struct gweight *w)
+static uint32_t g_gepoch;  /* moves when a graph's retained memory may have been taken from it */
+static uint64_t g_gstream; /* stream_key() of the last graph launch or upload; 0: none yet */
+
+static void graph_trimmed(void) { __atomic_add_fetch(&g_gepoch, 1, __ATOMIC_ACQ_REL); }
+
+static uint64_t stream_key(CUstream s, int ptsz) { return (uint64_t)(uintptr_t)s << 2 | (uint64_t)ptsz << 1 | 1; }
+
+static void graph_free_elsewhere(CUstream s, int ptsz)
+{
+    uint64_t last = LOAD(&g_gstream);
+    if (last && last != stream_key(s, ptsz)) graph_trimmed();
+}
+
+/* A launch or upload on stream key k: a change of stream moves the epoch. */
+static void graph_on_stream(uint64_t k)
+{
+    if (__atomic_exchange_n(&g_gstream, k, __ATOMIC_ACQ_REL) != k) graph_trimmed();
+}
+
+static int exec_backed(CUgraphExec x, uint64_t k)
+{
+    struct alloc a;
+    return table_get(K_EXECB, (uint64_t)(uintptr_t)x, &a) && a.size == k && (uint32_t)a.aux == LOAD(&g_gepoch);
+}
+
+/* No host memory to note it: the graph is simply not backed at its next launch. */
+static void exec_mark(CUgraphExec x, uint64_t k, uint32_t epoch)
+{
+    struct alloc a = {.key = (uint64_t)(uintptr_t)x, .size = k, .aux = epoch, .kind = K_EXECB, .refs = 1}, o;
+    table_put(&a, &o);
+}
+
+/* Hand back what graph_admit took on the devices in `upto` (a bit mask). */
+static void graph_unadmit(const struct gweight *r, const struct gweight *claim, uint32_t upto)
 {
     for (int d = 0; d < LEDGER_MAX_DEV; d++) {
+        if (!(upto & (1u << d))) continue;
+        pools_lock();
+        struct pool *p = pool_find(0, 1, d);
+        if (p) p->claimed -= claim->bytes[d];
+        pools_unlock();
+        ledger_release(d, r->bytes[d]);
+    }
+}
+
+/* Reserve, on every device of w or none, what a launch may add to the graph pools: nothing when
+ * backed; else w less the pool's idle memory that no other launch in flight expects (claim). */
+static int graph_admit(const struct gweight *w, int backed, struct gweight *r, struct gweight *claim)
+{
+    memset(r, 0, sizeof *r);
+    memset(claim, 0, sizeof *claim);
+    r->mask = claim->mask = w->mask;
+    if (backed) return 0;
+    for (int d = 0; d < LEDGER_MAX_DEV; d++) {
         if (!(w->mask & (1u << d))) continue;
-        int e = admit(d, w->bytes[d]);
+        uint64_t used = 0;
+        int known = graph_mem_attr(d, GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used) == CUDA_SUCCESS;
+        pools_lock();
+        struct pool *p = pool_get(0, 1, d);
+        if (p && known) {
+            uint64_t idle = p->extra > used ? p->extra - used : 0;
+            idle = idle > p->claimed ? idle - p->claimed : 0;
+            claim->bytes[d] = w->bytes[d] < idle ? w->bytes[d] : idle;
+            p->claimed += claim->bytes[d];
+        }
+        pools_unlock();
+        if (!p) { /* a graph pool we could not keep */
+            graph_unadmit(r, claim, (1u << d) - 1);
+            return ledger_refuse(d, w->bytes[d]);
+        }
+        r->bytes[d] = w->bytes[d] - claim->bytes[d];
+        if (!r->bytes[d] || ledger_try(d, r->bytes[d])) continue;
+        /* The edge: the claim goes back, since the edge trims idle memory (this pool's too). */
+        pools_lock();
+        p = pool_find(0, 1, d);
+        if (p) p->claimed -= claim->bytes[d];
+        pools_unlock();
+        claim->bytes[d] = 0;
+        r->bytes[d] = w->bytes[d];
+        int e = admit(d, r->bytes[d]);
         if (e) {
-            for (int u = 0; u < d; u++)
-                if (w->mask & (1u << u)) ledger_release(u, w->bytes[u]);
+            r->bytes[d] = 0;
+            graph_unadmit(r, claim, (2u << d) - 1);
             return e;
         }
     }
@@ -1107,19 +1380,45 @@ static int graph_reserve(const struct gweight *w)
 
 /* After the upload or launch: each reservation becomes its graph pool's, then the pool's real size
  * replaces it (nothing was taken when the call failed). */
-static void graph_settle(const struct gweight *w, int ok)
+static void graph_settle(const struct gweight *r, const struct gweight *claim, int ok)
 {
     for (int d = 0; d < LEDGER_MAX_DEV; d++) {
-        if (!(w->mask & (1u << d))) continue;
-        pthread_mutex_lock(&g_pool_mu);
-        struct pool *p = ok ? pool_entry(0, 1, d) : NULL;
+        if (!(r->mask & (1u << d))) continue;
+        pools_lock();
+        struct pool *p = pool_find(0, 1, d);
         if (p) {
-            p->extra += w->bytes[d];
-            settle(p, 0);
+            p->claimed -= claim->bytes[d];
+            if (ok) {
+                p->extra += r->bytes[d];
+                settle(p, 0);
+            }
         }
-        pthread_mutex_unlock(&g_pool_mu);
-        if (!p) ledger_release(d, w->bytes[d]);
+        pools_unlock();
+        if (!ok || !p) ledger_release(d, r->bytes[d]);
     }
+}
+
+/* An upload or launch of x (NULL: one being instantiated) with weight w on stream key k: what is
+ * admitted first, so that one the budget cannot take fails with CUDA_ERROR_OUT_OF_MEMORY before the
+ * driver backs or runs it, and the epoch to mark it backed at once it succeeded. */
+struct gback {
+    struct gweight r, claim;
+    uint32_t epoch;
+};
+
+static int graph_back_begin(CUgraphExec x, const struct gweight *w, uint64_t k, struct gback *b)
+{
+    graph_on_stream(k);
+    int backed = x && exec_backed(x, k);
+    if (w->outlives) graph_trimmed(); /* its allocations may hold memory other graphs keep mapped */
+    b->epoch = LOAD(&g_gepoch);
+    return graph_admit(w, backed, &b->r, &b->claim);
+}
+
+static void graph_back_end(CUgraphExec x, uint64_t k, const struct gback *b, int ok)
+{
+    graph_settle(&b->r, &b->claim, ok);
+    if (ok && x) exec_mark(x, k, b->epoch);
 }
 
 static CUresult exec_destroy_raw(CUgraphExec x)
@@ -1128,22 +1427,24 @@ static CUresult exec_destroy_raw(CUgraphExec x)
     return f ? f(x) : CUDA_ERROR_NOT_FOUND;
 }
 
-/* Every way to instantiate: the graph's weight is read first (an upload at instantiation reserves
- * it like a launch), then kept for the executable graph; with no host memory to keep it, the
- * instantiation is undone (its launches could not be checked). */
-#define INSTANTIATE(exec, g, upload, call)                                                         \
+/* Every way to instantiate: the graph's weight is read first (an upload at instantiation, on
+ * stream key k (0: none), is admitted like a launch), then kept for the executable graph; with no
+ * host memory to keep it, the instantiation is undone (its launches could not be checked). */
+#define INSTANTIATE(exec, g, k, call)                                                              \
     do {                                                                                           \
         struct gweight w_ = {0};                                                                   \
-        CUresult rc_ = graph_weight(g, &w_, 0);                                                    \
+        struct gback b_;                                                                           \
+        CUresult rc_ = graph_weight(g, &w_);                                                       \
         if (rc_ != CUDA_SUCCESS) return rc_;                                                       \
-        int up_ = (upload) && w_.mask;                                                             \
-        if (up_ && (rc_ = graph_reserve(&w_))) return rc_;                                         \
+        int up_ = (k) && w_.mask;                                                                  \
+        if (up_ && (rc_ = graph_back_begin(NULL, &w_, k, &b_))) return rc_;                        \
         rc_ = (call);                                                                              \
-        if (up_) graph_settle(&w_, rc_ == CUDA_SUCCESS);                                           \
+        if (up_) graph_back_end(NULL, k, &b_, rc_ == CUDA_SUCCESS);                                \
         if (rc_ == CUDA_SUCCESS && keep_exec(*(exec), &w_) != 0) {                                 \
             exec_destroy_raw(*(exec));                                                             \
             rc_ = CUDA_ERROR_OUT_OF_MEMORY;                                                        \
         }                                                                                          \
+        if (rc_ == CUDA_SUCCESS && up_) exec_mark(*(exec), k, b_.epoch);                           \
         return rc_;                                                                                \
     } while (0)
 
@@ -1167,26 +1468,28 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsign
 INSTANTIATE_LOG(cuGraphInstantiate)
 INSTANTIATE_LOG(cuGraphInstantiate_v2)
 
-#define INSTANTIATE_PARAMS(name)                                                                   \
+#define INSTANTIATE_PARAMS(name, ptsz)                                                             \
     EXPORT CUresult name(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)          \
     {                                                                                              \
         REAL(name, CUresult(*)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *), f,        \
              CUDA_ERROR_NOT_FOUND);                                                                \
         if (!ON || !exec || !g || !p) return f(exec, g, p);                                        \
-        INSTANTIATE(exec, g, p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, f(exec, g, p));        \
+        uint64_t k = p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD ? stream_key(p->hUploadStream, ptsz) : 0; \
+        INSTANTIATE(exec, g, k, f(exec, g, p));                                                    \
     }
-INSTANTIATE_PARAMS(cuGraphInstantiateWithParams)
-INSTANTIATE_PARAMS(cuGraphInstantiateWithParams_ptsz)
+INSTANTIATE_PARAMS(cuGraphInstantiateWithParams, 0)
+INSTANTIATE_PARAMS(cuGraphInstantiateWithParams_ptsz, 1)
 
-/* An update gives the executable graph the new graph's node parameters: its weight follows. Read
- * first: with no host memory to read it, the update is refused and the graph stays as it was. */
+/* An update gives the executable graph the new graph's node parameters: its weight follows (and
+ * it is no longer backed). Read first: with no host memory to read it, the update is refused and
+ * the graph stays as it was. */
 #define EXEC_UPDATE(name, Rest, rest)                                                              \
     EXPORT CUresult name(CUgraphExec x, CUgraph g Rest)                                           \
     {                                                                                              \
         REAL(name, CUresult(*)(CUgraphExec, CUgraph Rest), f, CUDA_ERROR_NOT_FOUND);               \
         if (!ON || !x || !g) return f(x, g rest);                                                  \
         struct gweight w = {0};                                                                    \
-        CUresult rc = graph_weight(g, &w, 0);                                                      \
+        CUresult rc = graph_weight(g, &w);                                                         \
         if (rc != CUDA_SUCCESS) return rc;                                                         \
         rc = f(x, g rest);                                                                         \
         if (rc == CUDA_SUCCESS && keep_exec(x, &w) != 0) rc = CUDA_ERROR_OUT_OF_MEMORY;            \
@@ -1198,27 +1501,37 @@ EXEC_UPDATE(cuGraphExecUpdate_v2, COMMA void *info, COMMA info)
 
 AFTER_SUCCESS(cuGraphExecDestroy, CUgraphExec, forget_exec(x))
 
-/* Launch and upload: reserve the graph's weight first, so that one the budget cannot take fails
- * with CUDA_ERROR_OUT_OF_MEMORY before the driver runs it. */
-#define GRAPH_RUN(name)                                                                            \
+#define GRAPH_RUN(name, ptsz)                                                                      \
     EXPORT CUresult name(CUgraphExec x, CUstream s)                                               \
     {                                                                                              \
         REAL(name, CUresult(*)(CUgraphExec, CUstream), f, CUDA_ERROR_NOT_FOUND);                   \
         if (!ON) return f(x, s);                                                                   \
         struct gweight w;                                                                          \
         exec_weight(x, &w);                                                                        \
-        int e = w.mask ? graph_reserve(&w) : 0;                                                    \
+        if (!w.mask) return f(x, s);                                                               \
+        uint64_t k = stream_key(s, ptsz);                                                          \
+        struct gback b;                                                                            \
+        int e = graph_back_begin(x, &w, k, &b);                                                    \
         if (e) return e;                                                                           \
         CUresult rc = f(x, s);                                                                     \
-        graph_settle(&w, rc == CUDA_SUCCESS);                                                      \
+        graph_back_end(x, k, &b, rc == CUDA_SUCCESS);                                              \
         return rc;                                                                                 \
     }
-GRAPH_RUN(cuGraphLaunch)
-GRAPH_RUN(cuGraphLaunch_ptsz)
-GRAPH_RUN(cuGraphUpload)
-GRAPH_RUN(cuGraphUpload_ptsz)
+GRAPH_RUN(cuGraphLaunch, 0)
+GRAPH_RUN(cuGraphLaunch_ptsz, 1)
+GRAPH_RUN(cuGraphUpload, 0)
+GRAPH_RUN(cuGraphUpload_ptsz, 1)
 
-AFTER_SUCCESS(cuDeviceGraphMemTrim, CUdevice, settle_pool(0, 1, x))
+/* A trim may take any graph's memory: the epoch moves first, so that no launch meanwhile counts on
+ * memory the trim is giving back. */
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    REAL(cuDeviceGraphMemTrim, CUresult(*)(CUdevice), f, CUDA_ERROR_NOT_FOUND);
+    if (ON) graph_trimmed();
+    CUresult rc = f(dev);
+    if (ON && rc == CUDA_SUCCESS) settle_pool(0, 1, dev);
+    return rc;
+}
 
 
 /* ---- capacity views: total = budget, free = what is left of it (never above the real free) ---- */
@@ -1439,18 +1752,45 @@ static const struct { const char *base; int from, id; } third_abi[] = {
     {"cuGraphInstantiate", 12000, H_cuGraphInstantiateWithFlags},
 };
 
-static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+/* Every wrapped driver function, resolved once before pointers are compared (idempotent, so a race
+ * only repeats it; no pthread_once: libpthread's before glibc 2.34). */
+static int cu_resolved;
 static void resolve_all_cu(void)
 {
+    if (LOAD(&cu_resolved)) return;
     for (int i = 0; i < N_HOOKS; i++)
         if (!is_nvml[i]) real(i);
+    STORE(&cu_resolved, 1);
 }
 
 /* The newest CUDA version whose ABIs of the names above this library knows. Above it, a driver's
  * answer for a counted name that is not one of the functions we know by address may be a new
  * ABI: wrapping it as an old one would break the call, passing it through would bypass the
- * budget, so it is refused (fail closed, one line on stderr). */
+ * budget. So the driver is asked again, at this version: the same pointer means the same ABI
+ * (CUDA 13.2's cuMemAlloc is 13.0's cuMemAlloc_v2), and it is wrapped as that; another one is
+ * refused (fail closed, one line on stderr). */
 #define KNOWN_THROUGH 13000
+
+/* The driver's own cuGetProcAddress (v2: _v2's signature), to ask it again. */
+struct gpa_ask {
+    void *fn;
+    int v2;
+};
+
+static void *driver_answer(const struct gpa_ask *ask, const char *sym, int ver, cuuint64_t flags)
+{
+    void *q = NULL;
+    CUresult rc;
+    if (!ask || !ask->fn) return NULL;
+    if (ask->v2) {
+        CUdriverProcAddressQueryResult st = 0;
+        rc = ((CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))ask->fn)(
+            sym, &q, ver, flags, &st);
+    } else {
+        rc = ((CUresult(*)(const char *, void **, int, cuuint64_t))ask->fn)(sym, &q, ver, flags);
+    }
+    return rc == CUDA_SUCCESS ? q : NULL;
+}
 
 static int unknown_counted_version(const char *name)
 {
@@ -1485,16 +1825,19 @@ static void *refused_symbol(const char *name, int ver)
     return NULL;
 }
 
-static void *substitute(const char *sym, void *p, int ver, cuuint64_t flags)
+static void *substitute(const char *sym, void *p, int ver, cuuint64_t flags, const struct gpa_ask *ask)
 {
-    pthread_once(&cu_once, resolve_all_cu);
+    resolve_all_cu();
     void *const *w = wrappers();
     for (int i = 0; i < N_HOOKS; i++)
         if (!is_nvml[i] && LOAD(&reals[i]) == p) return w[i];
     if (is_ours(p)) return p;
     for (size_t r = 0; r < sizeof rules / sizeof rules[0]; r++) {
         if (strcmp(sym, rules[r].base) != 0) continue;
-        if (ver > KNOWN_THROUGH) return refused_symbol(sym, ver);
+        if (ver > KNOWN_THROUGH) {
+            if (driver_answer(ask, sym, KNOWN_THROUGH, flags) != p) return refused_symbol(sym, ver);
+            ver = KNOWN_THROUGH; /* the driver answers with the ABI it had then */
+        }
         int id = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && rules[r].ptsz_id >= 0
                      ? rules[r].ptsz_id
                      : (rules[r].v2_from && ver < rules[r].v2_from ? rules[r].old_id : rules[r].new_id);
@@ -1513,7 +1856,8 @@ EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint
 {
     REAL(cuGetProcAddress, CUresult(*)(const char *, void **, int, cuuint64_t), f, CUDA_ERROR_NOT_FOUND);
     CUresult rc = f(symbol, pfn, ver, flags);
-    if (ON && rc == CUDA_SUCCESS && symbol && pfn && *pfn && !(*pfn = substitute(symbol, *pfn, ver, flags)))
+    struct gpa_ask ask = {(void *)f, 0};
+    if (ON && rc == CUDA_SUCCESS && symbol && pfn && *pfn && !(*pfn = substitute(symbol, *pfn, ver, flags, &ask)))
         rc = CUDA_ERROR_NOT_FOUND;
     return rc;
 }
@@ -1525,7 +1869,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int ver, cuu
          CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *), f,
          CUDA_ERROR_NOT_FOUND);
     CUresult rc = f(symbol, pfn, ver, flags, status);
-    if (ON && rc == CUDA_SUCCESS && symbol && pfn && *pfn && !(*pfn = substitute(symbol, *pfn, ver, flags))) {
+    struct gpa_ask ask = {(void *)f, 1};
+    if (ON && rc == CUDA_SUCCESS && symbol && pfn && *pfn && !(*pfn = substitute(symbol, *pfn, ver, flags, &ask))) {
         rc = CUDA_ERROR_NOT_FOUND;
         if (status) *status = 2; /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */
     }
@@ -1555,7 +1900,7 @@ static void *dlsym_hooked(void *handle, const char *name, int id)
     if (handle == RTLD_DEFAULT || handle == RTLD_NEXT) {
         p = real(id); /* the driver's own, skipping us */
     } else {
-        p = real_dlsym(handle, name);
+        p = next_dlsym(handle, name); /* an interposer after us answers with its own */
         if (p && is_ours(p)) p = real(id); /* the handle's scope includes us (dlopen(NULL)) */
         else if (p) {
             void *expect = NULL;
@@ -1577,11 +1922,35 @@ static void *dlsym_wrapped(void *handle, const char *name) { return dlsym_hooked
 static void *dlsym_refused(void *handle, const char *name) { (void)handle; return refused_symbol(name, 0); }
 static void *dlsym_none(void *handle, const char *name) { (void)handle; (void)name; return NULL; }
 
-/* Which function answers this dlsym: ours for the names we wrap, else the real one. The exported
- * dlsym is a small trampoline that calls this, then *jumps* to the answer with the program's own
- * return address still on the stack: glibc's dlsym finds its caller (for RTLD_NEXT, and the
- * caller's local scope for RTLD_DEFAULT) from that address, so it must not see us. A tail call in
- * C would do the same only when the compiler chooses to emit one (not at -O0). */
+/* dlsym and dlopen are exported as small trampolines that ask which function answers (the *_target
+ * below), then *jump* to it with the program's own return address still on the stack: glibc's
+ * dlsym and dlopen find their caller from that address (dlsym: for RTLD_NEXT and the caller's
+ * local scope; dlopen: its namespace and its RPATH/RUNPATH), so they must not see us. A tail call
+ * in C would do the same only when the compiler chooses to emit one (not at -O0). The caller's
+ * return address is also passed on as a third argument (%rdx), which dlsym and dlopen ignore. */
+#if defined(__x86_64__)
+#define TRAMPOLINE(v234, v225, target)                                                             \
+    __asm__(".text\n"                                                                              \
+            ".globl " v234 "\n.type " v234 ", @function\n"                                         \
+            ".globl " v225 "\n.type " v225 ", @function\n" v234 ":\n" v225 ":\n"                   \
+            "    .cfi_startproc\n"                                                                 \
+            "    endbr64\n"                                                                        \
+            "    push %rdi\n    .cfi_adjust_cfa_offset 8\n"                                        \
+            "    push %rsi\n    .cfi_adjust_cfa_offset 8\n"                                        \
+            "    mov 16(%rsp), %rdx\n"                   /* the caller's return address */        \
+            "    push %rdx\n    .cfi_adjust_cfa_offset 8\n" /* (and the stack 16-byte aligned) */  \
+            "    call " target "\n"                                                                \
+            "    pop %rdx\n    .cfi_adjust_cfa_offset -8\n"                                        \
+            "    pop %rsi\n    .cfi_adjust_cfa_offset -8\n"                                        \
+            "    pop %rdi\n    .cfi_adjust_cfa_offset -8\n"                                        \
+            "    jmp *%rax\n"                                                                      \
+            "    .cfi_endproc\n"                                                                   \
+            ".size " v234 ", .-" v234 "\n.size " v225 ", .-" v225 "\n")
+#else
+#error "the dlsym and dlopen trampolines are written for x86_64 (see hooks.c)"
+#endif
+
+/* Which function answers this dlsym: ours for the names we wrap, else the real one. */
 __attribute__((used)) void *colo_dlsym_target(void *handle, const char *name)
 {
     (void)handle;
@@ -1589,40 +1958,133 @@ __attribute__((used)) void *colo_dlsym_target(void *handle, const char *name)
         if (hook_id(name) >= 0) return (void *)dlsym_wrapped;
         if (unknown_counted_version(name)) return (void *)dlsym_refused;
     }
-    if (!LOAD(&real_dlsym_fn)) resolve_dlsym();
-    return real_dlsym_fn ? (void *)real_dlsym_fn : (void *)dlsym_none;
+    if (!LOAD(&next_dlsym_fn)) resolve_dlsym();
+    return next_dlsym_fn ? (void *)next_dlsym_fn : (void *)dlsym_none;
 }
-
-#if defined(__x86_64__)
-__asm__(".text\n"
-        ".globl colo_dlsym_234\n.type colo_dlsym_234, @function\n"
-        ".globl colo_dlsym_225\n.type colo_dlsym_225, @function\n"
-        "colo_dlsym_234:\n"
-        "colo_dlsym_225:\n"
-        "    .cfi_startproc\n"
-        "    endbr64\n"
-        "    push %rdi\n    .cfi_adjust_cfa_offset 8\n"
-        "    push %rsi\n    .cfi_adjust_cfa_offset 8\n"
-        "    sub $8, %rsp\n    .cfi_adjust_cfa_offset 8\n"   /* keep the stack 16-byte aligned */
-        "    call colo_dlsym_target\n"
-        "    add $8, %rsp\n    .cfi_adjust_cfa_offset -8\n"
-        "    pop %rsi\n    .cfi_adjust_cfa_offset -8\n"
-        "    pop %rdi\n    .cfi_adjust_cfa_offset -8\n"
-        "    jmp *%rax\n"
-        "    .cfi_endproc\n"
-        ".size colo_dlsym_234, .-colo_dlsym_234\n"
-        ".size colo_dlsym_225, .-colo_dlsym_225\n");
-#else
-#error "the dlsym trampoline is written for x86_64 (see hooks.c)"
-#endif
+TRAMPOLINE("colo_dlsym_234", "colo_dlsym_225", "colo_dlsym_target");
 __asm__(".symver colo_dlsym_234, dlsym@@GLIBC_2.34");
 __asm__(".symver colo_dlsym_225, dlsym@GLIBC_2.2.5");
+extern void colo_dlsym_234(void), colo_dlopen_234(void);
+
+/* ---- dlopen: RTLD_DEEPBIND ------------------------------------------------------------------
+ *
+ * A library opened with RTLD_DEEPBIND looks its symbols up in its own scope (itself and its
+ * dependencies: libcuda, libc) before the global one, where the preloaded library is: its calls
+ * into the driver and its own dlsym would bypass the budget (by accident, often). So such a
+ * dlopen is made here, with the flag kept, and then each object it loaded has its references to
+ * the functions we wrap, and to dlsym and dlopen, bound to ours (gotpatch.c): the library keeps
+ * its own symbols first, only the driver's and the loader's are ours. Made from here, the dlopen
+ * would search our RPATH (none) instead of the caller's: a bare name is looked up first in the
+ * caller's RPATH/RUNPATH and LD_LIBRARY_PATH (dlinfo RTLD_DI_SERINFO of the caller's object). Any
+ * other dlopen goes straight to the real one. */
+
+static void *(*real_dlopen_fn)(const char *, int);
+
+static void *(*real_dlopen(void))(const char *, int)
+{
+    void *(*f)(const char *, int) = LOAD(&real_dlopen_fn);
+    if (!f && dlvsym) {
+        void *p = dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.34");
+        if (!p) p = dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.2.5");
+        f = (void *(*)(const char *, int))p;
+        STORE(&real_dlopen_fn, f);
+    }
+    return f;
+}
+
+static void *our_export(const char *name)
+{
+    if (!strcmp(name, "dlsym")) return (void *)colo_dlsym_234;
+    if (!strcmp(name, "dlopen")) return (void *)colo_dlopen_234;
+    int id = hook_id(name);
+    return id >= 0 ? wrappers()[id] : NULL;
+}
+
+/* The first of a ':'-separated list of folders ($ORIGIN: the object's own) holding file. */
+static int search_dirs(const char *list, const char *origin, const char *file, char *out, size_t n)
+{
+    for (const char *d = list; d && *d;) {
+        size_t len = strcspn(d, ":");
+        const char *rest = d, *base = "";
+        size_t restlen = len;
+        if (origin && len >= 7 && !strncmp(d, "$ORIGIN", 7)) base = origin, rest = d + 7, restlen = len - 7;
+        else if (origin && len >= 9 && !strncmp(d, "${ORIGIN}", 9)) base = origin, rest = d + 9, restlen = len - 9;
+        int w = len ? snprintf(out, n, "%s%.*s/%s", base, (int)restlen, rest, file) : -1;
+        if (w > 0 && (size_t)w < n && access(out, F_OK) == 0) return 1;
+        d += len + (d[len] == ':');
+    }
+    return 0;
+}
+
+/* Where the caller's own search path finds a bare name, in the dynamic linker's order: its
+ * DT_RPATH; or LD_LIBRARY_PATH, then its DT_RUNPATH. 0 when neither does (then the caches and
+ * default folders, which are the same from anywhere). Read from the caller's dynamic section
+ * (dlinfo's RTLD_DI_SERINFO leaves out the main program's). */
+static int caller_path(const char *file, void *caller, char *out, size_t n)
+{
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (!dladdr1 || !dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm || !lm->l_ld) return 0;
+    const char *strtab = NULL;
+    long rpath = -1, runpath = -1;
+    for (const ElfW(Dyn) *d = lm->l_ld; d->d_tag != DT_NULL; d++) {
+        if (d->d_tag == DT_STRTAB) strtab = (const char *)(d->d_un.d_ptr < lm->l_addr ? lm->l_addr + d->d_un.d_ptr : d->d_un.d_ptr);
+        else if (d->d_tag == DT_RPATH) rpath = (long)d->d_un.d_val;
+        else if (d->d_tag == DT_RUNPATH) runpath = (long)d->d_un.d_val;
+    }
+    if (!strtab || (rpath < 0 && runpath < 0)) return 0;
+    char origin[4096];
+    const char *self = lm->l_name && *lm->l_name ? lm->l_name : NULL;
+    ssize_t k = self ? (ssize_t)snprintf(origin, sizeof origin, "%s", self) : readlink("/proc/self/exe", origin, sizeof origin - 1);
+    if (k <= 0 || (size_t)k >= sizeof origin) return 0;
+    origin[k] = 0;
+    char *slash = strrchr(origin, '/');
+    if (!slash) return 0;
+    *slash = 0;
+    if (runpath >= 0)
+        return search_dirs(getenv("LD_LIBRARY_PATH"), NULL, file, out, n) ||
+               search_dirs(strtab + runpath, origin, file, out, n);
+    return search_dirs(strtab + rpath, origin, file, out, n);
+}
+
+static void *dlopen_deep(const char *file, int mode, void *caller)
+{
+    char path[4096];
+    void *(*f)(const char *, int) = real_dlopen();
+    if (!f) return NULL;
+    if (file && !strchr(file, '/') && caller_path(file, caller, path, sizeof path)) file = path;
+    void *h = f(file, mode);
+    if (h) got_patch_from(h, our_export);
+    return h;
+}
+
+static void *dlopen_none(const char *file, int mode) { (void)file; (void)mode; return NULL; }
+
+__attribute__((used)) void *colo_dlopen_target(const char *file, int mode, void *caller)
+{
+    (void)file;
+    (void)caller;
+    if (ledger_enabled() && (mode & RTLD_DEEPBIND)) return (void *)dlopen_deep;
+    void *(*f)(const char *, int) = real_dlopen();
+    return f ? (void *)f : (void *)dlopen_none;
+}
+TRAMPOLINE("colo_dlopen_234", "colo_dlopen_225", "colo_dlopen_target");
+__asm__(".symver colo_dlopen_234, dlopen@@GLIBC_2.34");
+__asm__(".symver colo_dlopen_225, dlopen@GLIBC_2.2.5");
 
 /* ---- process set-up: read the environment only; the ledger opens at the first counted call --- */
 
 static void before_fork(void) { ledger_atfork_prepare(); table_atfork_prepare(); }
 static void after_fork_parent(void) { table_atfork_parent(); ledger_atfork_parent(); }
-static void after_fork_child(void) { table_atfork_child(); ledger_atfork_child(); }
+static void after_fork_child(void)
+{
+    /* The child has no CUDA context of the parent's: none of its pools, pending frees or graphs. */
+    pools_atfork_child();
+    g_npend = 0;
+    g_gstream = 0;
+    table_atfork_child();
+    ledger_atfork_child();
+}
 
 __attribute__((constructor)) static void colo_interpose_init(void)
 {

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_types.h"
@@ -341,7 +342,9 @@ static const char *open_ledger(void)
     g_hdr = m;
     if (h.budget < g_budget) g_budget = h.budget;
     if (claim_slot() != 0) return "no free process slot (too many live processes in this job)";
-    if (!g_lane_key_ok) g_lane_key_ok = pthread_key_create(&g_lane_key, lane_exit) == 0;
+    /* Weak (libpthread's before glibc 2.34): without it, lanes of exited threads are not reused. */
+    if (!g_lane_key_ok && pthread_key_create && pthread_setspecific)
+        g_lane_key_ok = pthread_key_create(&g_lane_key, lane_exit) == 0;
     return NULL;
 }
 
@@ -475,6 +478,11 @@ int ledger_reserve(int dev, uint64_t size)
     return refuse(dev, size, in_use);
 }
 
+int ledger_refuse(int dev, uint64_t size)
+{
+    return refuse(dev, size, ready() && dev >= 0 && dev < LEDGER_MAX_DEV ? LOAD(&g_hdr->dev[dev].used) : 0);
+}
+
 int ledger_try(int dev, uint64_t size)
 {
     uint64_t in_use;
@@ -494,13 +502,31 @@ void ledger_release(int dev, uint64_t size)
     lane_add(&l->finished, 1);
 }
 
+/* Capacity views reclaim dead processes' memory at most once per VIEW_SCAN_NS in a process: a scan
+ * takes one fcntl per slot in use, and frameworks ask for free memory often (per allocation,
+ * some). A view may then show a process that died in the last 50 ms as still holding its bytes;
+ * an allocation that does not fit reclaims at once (ledger_reserve). */
+#define VIEW_SCAN_NS 50000000ull
+static uint64_t g_view_scan_ns;
+
+static uint64_t coarse_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0) return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t ledger_job_used(int dev)
 {
     if (!ready() || dev < 0 || dev >= LEDGER_MAX_DEV) return UINT64_MAX;
     uint64_t u = LOAD(&g_hdr->dev[dev].used);
     if (u > slot_used(g_me, dev) || LOAD(&g_hdr->resync)) { /* others hold memory: some may be dead */
-        reclaim_dead();
-        u = LOAD(&g_hdr->dev[dev].used);
+        uint64_t now = coarse_ns(), last = __atomic_load_n(&g_view_scan_ns, __ATOMIC_RELAXED);
+        if (!now || !last || now - last >= VIEW_SCAN_NS) {
+            __atomic_store_n(&g_view_scan_ns, now, __ATOMIC_RELAXED);
+            reclaim_dead();
+            u = LOAD(&g_hdr->dev[dev].used);
+        }
     }
     return u;
 }
@@ -521,6 +547,7 @@ void ledger_atfork_child(void)
     g_slot = -1;
     g_logged = 0;
     g_resyncing = 0; /* another thread of the parent's may have been resyncing */
+    g_view_scan_ns = 0;
     /* We are the only thread: every lane is free, and ours was the parent's. */
     g_lanes_taken = 0;
     g_epoch++;

@@ -94,6 +94,9 @@ uint64_t ledger_budget(void);
  * CUDA_ERROR_OUT_OF_MEMORY (the refusal is counted and logged once per process). */
 int ledger_reserve(int dev, uint64_t size);
 void ledger_release(int dev, uint64_t size);
+/* Refuse `size` on `dev` without trying (what it cannot count): counted and logged as a refusal;
+ * returns CUDA_ERROR_OUT_OF_MEMORY. */
+int ledger_refuse(int dev, uint64_t size);
 /* The same reservation, but a "no" is not a refusal (nothing counted or logged): 1 = reserved. */
 int ledger_try(int dev, uint64_t size);
 /* Bytes the whole job holds on `dev` (dead processes reclaimed first if they hold any);

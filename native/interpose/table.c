@@ -177,6 +177,18 @@ int table_take(int kind, uint64_t key, struct alloc *out)
     return i >= 0;
 }
 
+int table_take_if(int kind, uint64_t key, uint64_t ctx, struct alloc *out)
+{
+    uint64_t h = hash(kind, key);
+    struct shard *s = shard_of(h);
+    lock_mu(&s->mu);
+    long i = find(s, h, kind, key);
+    int took = i >= 0 && s->tab[i].ctx == ctx;
+    if (took) { *out = s->tab[i]; remove_at(s, (size_t)i); }
+    unlock_mu(&s->mu);
+    return took;
+}
+
 int table_ref(uint64_t handle, int delta, struct alloc *out)
 {
     int gone = -1;

@@ -8,9 +8,10 @@
 
 /* K_PEND: a cuMemFreeAsync of memory not from a pool, still counted until its stream is known to
  * have reached it (aux: the stream). K_EXECW: bytes an instantiated graph's allocations take on
- * one device (hooks.c: exec_key). */
+ * one device (hooks.c: exec_key). K_EXECB: the stream and epoch at which an instantiated graph's
+ * memory is known to be mapped to it (hooks.c: exec_backed). */
 enum { K_PTR = 1, K_VMM = 2, K_MAP = 3, K_ARRAY = 4, K_MIPMAP = 5, K_POOL = 6, K_LIMIT = 7, K_PEND = 8,
-       K_EXECW = 11 };
+       K_EXECW = 11, K_EXECB = 12 };
 
 struct alloc {
     uint64_t key;
@@ -30,6 +31,8 @@ int table_put(const struct alloc *a, struct alloc *old);
 int table_get(int kind, uint64_t key, struct alloc *out);
 /* Remove and return the entry; 0 when it is not ours (imported, foreign, already freed). */
 int table_take(int kind, uint64_t key, struct alloc *out);
+/* table_take, only when the entry was made in context ctx. */
+int table_take_if(int kind, uint64_t key, uint64_t ctx, struct alloc *out);
 /* Add `delta` to a K_VMM entry's refs; when they reach 0 the entry is removed and returned
  * (1); 0 when it stays; -1 for a handle that is not ours (imported). */
 int table_ref(uint64_t handle, int delta, struct alloc *out);

@@ -103,6 +103,7 @@ typedef struct {
     long long reserved2;
 } CUgraphNodeParams;
 CUresult cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *);
+CUresult cuCtxPopCurrent_v2(CUcontext *);
 CUresult cuGraphAddChildGraphNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
 
 #define FNS(X)                                                                                     \
@@ -281,6 +282,50 @@ static double now(void)
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* The simulated driver's count of synchronisations and trims this process made (fake only). */
+static void fake_counts(unsigned long long *syncs, unsigned long long *trims)
+{
+    void (*f)(unsigned long long *, unsigned long long *) =
+        (void (*)(unsigned long long *, unsigned long long *))dlsym(dlopen("libcuda.so.1", RTLD_NOW), "fakegpuCounts");
+    *syncs = *trims = 0;
+    if (f) f(syncs, trims);
+}
+
+static void note_raw(uint64_t *most) { uint64_t u = fake_used(cur_dev); if (u > *most) *most = u; }
+
+/* Pool traffic until *stop: what a training step's allocator does (forkstorm). */
+static void *pool_traffic(void *arg)
+{
+    volatile int *stop = arg;
+    CUcontext c;
+    CUstream st;
+    cuDevicePrimaryCtxRetain(&c, cur_dev);
+    cuCtxSetCurrent(c);
+    p_cuStreamCreate(&st, 0);
+    while (!*stop) {
+        CUdeviceptr p;
+        if (!p_cuMemAllocAsync(&p, 1 << 20, st)) p_cuMemFreeAsync(p, st);
+        p_cuStreamSynchronize(st);
+    }
+    return NULL;
+}
+
+/* Allocate and free in context *arg until the context is gone (ctxrace). */
+struct racer_ctx { CUcontext ctx; uint64_t size; };
+static void *ctx_racer(void *arg)
+{
+    struct racer_ctx *r = arg;
+    cuCtxSetCurrent(r->ctx);
+    for (;;) {
+        CUdeviceptr p;
+        CUresult rc = p_cuMemAlloc_v2(&p, r->size);
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY) continue;
+        if (rc) break;
+        p_cuMemFree_v2(p);
+    }
+    return NULL;
+}
+
 static int run(int argc, char **argv, int i);
 
 int main(int argc, char **argv)
@@ -374,6 +419,13 @@ static int run(int argc, char **argv, int i)
             out(c, rc, "%zu %zu", f, t);
         } else if (!strcmp(c, "rawused")) {
             out(c, fake ? 0 : CUDA_ERROR_NOT_FOUND, "%llu", (unsigned long long)fake_used(cur_dev));
+        } else if (!strcmp(c, "infos")) {
+            /* infos N: N capacity views; answers the first error and the last view */
+            int n = (int)num(argv[++i]);
+            size_t f = 0, t = 0;
+            rc = 0;
+            for (int k = 0; k < n && !rc; k++) rc = p_cuMemGetInfo_v2(&f, &t);
+            out(c, rc, "%zu %zu", f, t);
         } else if (!strcmp(c, "total")) {
             size_t t = 0;
             rc = p_cuDeviceTotalMem_v2(&t, cur_dev);
@@ -621,6 +673,136 @@ static int run(int argc, char **argv, int i)
             out(c, rc, "%llu", (unsigned long long)v);
         } else if (!strcmp(c, "execdestroy")) {
             out(c, p_cuGraphExecDestroy(gexec), NULL);
+        } else if (!strcmp(c, "instflags")) {
+            /* cuGraphInstantiateWithFlags with FLAGS (1: AUTO_FREE_ON_LAUNCH) */
+            out(c, p_cuGraphInstantiateWithFlags(&gexec, graph, num(argv[++i])), NULL);
+        } else if (!strcmp(c, "replay")) {
+            /* replay N SYNC: N launches of the instantiated graph (a sync after each when SYNC is
+             * 1); answers the first error, how many ran, how many were refused, the most the
+             * driver held */
+            int n = (int)num(argv[++i]), sync = atoi(argv[++i]), ran = 0, refused = 0;
+            uint64_t most = 0;
+            rc = 0;
+            for (int k = 0; k < n; k++) {
+                CUresult r = p_cuGraphLaunch(gexec, stream);
+                note_raw(&most);
+                if (r == CUDA_SUCCESS) ran++;
+                else if (r == CUDA_ERROR_OUT_OF_MEMORY) refused++;
+                if (r && !rc) rc = r;
+                if (sync) p_cuStreamSynchronize(stream);
+            }
+            out(c, rc, "%d %d %llu", ran, refused, (unsigned long long)most);
+        } else if (!strcmp(c, "counts")) {
+            unsigned long long sy, tr;
+            fake_counts(&sy, &tr);
+            out(c, 0, "%llu %llu", sy, tr);
+        } else if (!strcmp(c, "poolloop")) {
+            /* poolloop N SIZE SYNC: N steps of an allocation of SIZE from the current pool on the
+             * current stream and its free (a sync after each when SYNC is 1); answers the first
+             * error, the refusals, the most the driver held */
+            int n = (int)num(argv[++i]), refused = 0;
+            uint64_t size = num(argv[++i]), most = 0;
+            int sync = atoi(argv[++i]);
+            rc = 0;
+            for (int k = 0; k < n; k++) {
+                CUdeviceptr p;
+                CUresult r = p_cuMemAllocAsync(&p, size, stream);
+                note_raw(&most);
+                if (r == CUDA_ERROR_OUT_OF_MEMORY) refused++;
+                else if (!r) p_cuMemFreeAsync(p, stream);
+                if (r && !rc) rc = r;
+                if (sync) p_cuStreamSynchronize(stream);
+            }
+            out(c, rc, "%d %llu", refused, (unsigned long long)most);
+        } else if (!strcmp(c, "pools")) {
+            /* pools N SIZE: N pools on the current device, each keeping everything (release
+             * threshold: all) after an allocation of SIZE was made from it and freed; answers the
+             * first error, the pools made, the most the driver held at any step */
+            int n = (int)num(argv[++i]), made = 0;
+            uint64_t size = num(argv[++i]), most = 0, keep = UINT64_MAX;
+            rc = 0;
+            for (int k = 0; k < n && !rc; k++) {
+                CUmemAllocationProp prop = {.type = 1, .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = cur_dev}};
+                CUmemoryPool pl;
+                CUdeviceptr p;
+                if ((rc = p_cuMemPoolCreate(&pl, &prop))) break;
+                made++;
+                p_cuMemPoolSetAttribute(pl, 4 /* RELEASE_THRESHOLD */, &keep);
+                rc = p_cuMemAllocFromPoolAsync(&p, size, pl, stream);
+                note_raw(&most);
+                if (!rc) rc = p_cuMemFreeAsync(p, stream);
+                p_cuStreamSynchronize(stream);
+                note_raw(&most);
+            }
+            out(c, rc, "%d %llu", made, (unsigned long long)most);
+        } else if (!strcmp(c, "forkstorm")) {
+            /* forkstorm N: N children forked while two other threads make pool traffic; each child
+             * makes one pool allocation of its own and exits. Answers how many hung (not done in
+             * 10 s: killed) and how many exited 0. */
+            int n = (int)num(argv[++i]), hung = 0, fine = 0;
+            volatile int stop = 0;
+            pthread_t th[2];
+            for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, pool_traffic, (void *)&stop);
+            for (int k = 0; k < n; k++) {
+                fflush(stdout);
+                pid_t pid = fork();
+                if (pid == 0) {
+                    CUcontext cx;
+                    CUdeviceptr p;
+                    CUmemoryPool pl;
+                    int bad = cuInit(0) || cuDevicePrimaryCtxRetain(&cx, cur_dev) || cuCtxSetCurrent(cx) ||
+                              p_cuDeviceGetDefaultMemPool(&pl, cur_dev) || p_cuMemAllocAsync(&p, 1 << 20, NULL) ||
+                              p_cuMemFreeAsync(p, NULL) || p_cuCtxSynchronize();
+                    _exit(bad);
+                }
+                int st = 0, done = 0;
+                for (int w = 0; w < 1000 && !done; w++) {
+                    done = waitpid(pid, &st, WNOHANG) == pid;
+                    if (!done) usleep(10000);
+                }
+                if (!done) {
+                    hung++;
+                    kill(pid, SIGKILL);
+                    waitpid(pid, &st, 0);
+                } else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+                    fine++;
+                }
+            }
+            stop = 1;
+            for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+            out(c, 0, "%d %d", hung, fine);
+        } else if (!strcmp(c, "ctxrace")) {
+            /* ctxrace ROUNDS THREADS SIZE: each round, THREADS threads allocate and free SIZE in a
+             * context of their own while this thread destroys it */
+            int rounds = (int)num(argv[++i]), nt = atoi(argv[++i]);
+            struct racer_ctx r = {.size = num(argv[++i])};
+            pthread_t th[64];
+            unsigned seed = 7;
+            rc = 0;
+            for (int k = 0; k < rounds && !rc; k++) {
+                CUcontext mine;
+                if ((rc = p_cuCtxCreate_v2(&r.ctx, 0, cur_dev))) break;
+                cuCtxPopCurrent_v2(&mine);
+                for (int t = 0; t < nt && t < 64; t++) pthread_create(&th[t], NULL, ctx_racer, &r);
+                for (int spin = rand_r(&seed) % 2000; spin > 0; spin--) sched_yield();
+                rc = p_cuCtxDestroy_v2(r.ctx);
+                for (int t = 0; t < nt && t < 64; t++) pthread_join(th[t], NULL);
+            }
+            out(c, rc, NULL);
+        } else if (!strcmp(c, "deep")) {
+            /* deep LIB SIZE: LIB dlopened with RTLD_DEEPBIND allocates SIZE by calling cuMemAlloc_v2,
+             * then through its own dlsym; answers both codes and who answered its dlsym */
+            void *h = dlopen(argv[++i], RTLD_NOW | RTLD_DEEPBIND);
+            uint64_t size = num(argv[++i]);
+            CUresult (*direct)(CUdeviceptr *, size_t) = h ? (CUresult(*)(CUdeviceptr *, size_t))dlsym(h, "deep_alloc") : NULL;
+            CUresult (*viadl)(CUdeviceptr *, size_t) = h ? (CUresult(*)(CUdeviceptr *, size_t))dlsym(h, "deep_dlsym_alloc") : NULL;
+            const char *(*who)(void) = h ? (const char *(*)(void))dlsym(h, "deep_dlsym_who") : NULL;
+            if (!direct || !viadl || !who) { fprintf(stderr, "probe: %s\n", dlerror()); exit(92); }
+            CUdeviceptr p = 0, q = 0;
+            CUresult a = direct(&p, size), b = viadl(&q, size);
+            if (!a) push(A_PTR, p, 0, size);
+            if (!b) push(A_PTR, q, 0, size);
+            out(c, 0, "%d %d %s", a, b, who());
         } else if (!strcmp(c, "ready")) {
             out(c, 0, NULL); /* the test reads this line, then acts */
         } else if (!strcmp(c, "wait")) {
