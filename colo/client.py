@@ -135,8 +135,9 @@ class Client:
                 return msg["result"]
 
     # one method per op ------------------------------------------------------------------------
-    def hello(self) -> dict:
-        return self.call("hello")
+    def hello(self, detail: bool = False) -> dict:
+        """Who the daemon is and who you are; detail: also what it runs on (`colo doctor`)."""
+        return self.call("hello", detail=True) if detail else self.call("hello")
 
     def submit(self, spec: dict) -> dict:
         return self.call("submit", spec=spec)

@@ -239,7 +239,7 @@ def _spec(v: Any) -> None:
 
 # Every argument of every op, with its check (None is "not given" for each); anything else is refused.
 ARGS: dict[str, dict[str, Any]] = {
-    "hello": {}, "gpus": {}, "top": {}, "shutdown": {},
+    "hello": {"detail": _flag("detail")}, "gpus": {}, "top": {}, "shutdown": {},
     "history": {"since": _time("history --since"), "users": _texts("history user"),
                 "limit": _count("history --limit"), "full": _flag("full")},
     "report": {"since": _time("report --since"), "users": _texts("report user")},

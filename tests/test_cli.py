@@ -59,9 +59,24 @@ def test_doctor_reports_each_piece(tmp_path):
     r = subprocess.run([sys.executable, "-m", "colo", "doctor", "--socket", str(tmp_path / "none.sock")],
                        capture_output=True, text=True, timeout=60)
     lines = r.stdout.splitlines()
-    assert [ln.split()[1] for ln in lines] == ["interposer", "driver", "mps", "docker", "daemon"][: len(lines)]
-    assert lines[0].startswith("ok") and "preloads cleanly" in lines[0]
-    assert "daemon is not running" in r.stdout
+    assert lines[0].startswith("--") and lines[0].split()[1] == "daemon" and "daemon is not running" in lines[0]
+    assert lines[1] == "this machine:"
+    assert [ln.split()[1] for ln in lines[2:]] == ["interposer", "driver", "mps", "docker"]
+    assert lines[2].startswith("ok") and "preloads cleanly" in lines[2]
+
+
+def test_doctor_describes_the_daemon_it_reaches_not_only_this_machine(daemon):
+    """This machine has no driver and no MPS tools; the daemon runs on simulated GPUs with MPS."""
+    r = subprocess.run([sys.executable, "-m", "colo", "doctor"], capture_output=True, text=True, timeout=60,
+                       env=daemon.env())
+    out = r.stdout
+    head, _, local = out.partition("this machine:")
+    by = {ln.split()[1]: ln for ln in head.splitlines()[1:]}
+    assert by["gpus"].startswith("ok") and "simulated GPUs" in by["gpus"] and "GPU0" in by["gpus"] and "GPU1" in by["gpus"]
+    assert by["mps"].startswith("ok") and "MPS clients" in by["mps"], out
+    assert "per user: none" in by["limits"] and "patrol kills after 30 s" in by["limits"]
+    assert "NVML" in local or "driver" in local  # the local machine's own lines follow
+    assert r.returncode == 0, out
 
 
 def test_the_submit_short_path_imports_no_slow_module_and_its_codec_is_json():

@@ -1,23 +1,72 @@
-"""`colo doctor`: is each piece colo needs present and working? One line each."""
+"""`colo doctor`: is each piece colo needs present and working? One line each, in two parts:
+the daemon this command reaches (what jobs get: its GPUs, simulated or real, MPS, how container
+jobs get GPUs, the limits), then this machine as this user sees it (the interposer, the driver,
+the MPS tools), which is what matters for `colo run-budgeted` and for a daemon started here."""
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from ..node import interposer, native
 from ..client import Client, ClientError
+from ..node import interposer, native
 from ..node.gpu import NoDriver, Nvml
 from ..textsafe import safe
+from ..units import format_size
 
 
 def run_checks(sock: Path | None) -> bool:
     ok = True
 
-    def line(good: bool, what: str, detail: str) -> None:
+    def line(good: bool | None, what: str, detail: str) -> None:
+        """good: True ok, False FAIL (the exit code says so), None a note (--)."""
         nonlocal ok
-        ok &= good
-        print(f"{'ok  ' if good else 'FAIL'}  {what:<12} {detail}")
+        ok &= good is not False
+        print(f"{'ok  ' if good else '--  ' if good is None else 'FAIL'}  {what:<12} {detail}")
 
+    client = Client(sock, timeout=5)
+    try:
+        h = client.hello(detail=True)
+    except ClientError as e:
+        h = None
+        line(None, "daemon", safe(str(e)))
+    if h is not None:
+        print("the daemon:")
+        line(True, "daemon", f"colo {h['version']} answers on {client.path} (you are {safe(h['user'])})")
+        node = h.get("node") or {}
+        kind = "simulated GPUs (colo's fake driver)" if node.get("simulated") else "NVIDIA GPUs"
+        if h.get("gpu_error"):
+            line(False, "gpus", safe(h["gpu_error"]))
+        else:
+            gpus = ", ".join(f"GPU{g['index']} {safe(g['name'])} {format_size(g['total'])} ({g['compute_mode']})"
+                             + (f" NOT ANSWERING: {safe(g['error'])}" if g.get("error") else "")
+                             for g in node.get("gpus", []))
+            line(bool(node.get("gpus")) or None, "gpus", f"{kind}: {gpus or 'none'}")
+        mps = node.get("mps") or {}
+        if mps.get("available") and mps.get("used"):
+            line(True, "mps", "jobs may share a GPU as MPS clients" + (
+                "; jobs of different users share one server (multi_user_mps)" if mps.get("multi_user") else
+                "; each user's jobs get a server of their own"))
+        else:
+            line(None, "mps", safe(mps.get("why_not") or "turned off (use_mps = false)") + ": jobs run time-sliced")
+        if h.get("docker_error"):
+            line(None, "docker", f"the daemon has no Docker engine ({safe(h['docker_error'])}): only --process jobs")
+        else:
+            c = node.get("containers") or {}
+            via = {"cdi": "and get GPUs as CDI devices (nvidia.com/gpu)", "runtime": "and get GPUs through the "
+                   "nvidia runtime", "simulated": "(on simulated GPUs: nothing needed of the engine)"}.get(c.get("via"))
+            line(True if c.get("via") else None, "docker",
+                 f"container jobs can run {via}" if via
+                 else f"container jobs can run but get no GPU: {safe(c.get('detail') or '')}")
+        lim = node.get("limits") or {}
+        if lim:
+            per_user = ", ".join(f"{k.removeprefix('max_').removesuffix('_per_user')} {v}"
+                                 for k, v in lim.items() if k.endswith("_per_user") and v) or "none"
+            line(True, "limits", f"per user: {per_user}; reserve {format_size(lim['reserve'])} a GPU; "
+                 f"slowdown bound {lim['slowdown_bound']}x; patrol kills "
+                 + (f"after {lim['patrol_grace']:g} s over budget" if lim["patrol_kill"] else "off"))
+        if node.get("metrics"):
+            line(True, "metrics", f"Prometheus metrics on {safe(node['metrics'])}")
+    print("this machine:")
     try:
         lib = interposer.library_path()
         problem = interposer.library_problem()
@@ -32,30 +81,15 @@ def run_checks(sock: Path | None) -> bool:
              if cuda else f"NVIDIA driver {nv.driver_version()}")
         line(True, "gpus", ", ".join(f"GPU{d.index} {d.name} ({d.compute_mode})" for d in devs) or "none")
     except NoDriver as e:
-        print(f"--    driver       {e}")
+        line(None, "driver", str(e))
     mps = shutil.which("nvidia-cuda-mps-control")
-    print(f"{'ok  ' if mps else '--  '}  mps          {mps or 'nvidia-cuda-mps-control not found: jobs run time-sliced'}")
-    # the daemon runs the jobs: ask it whether container jobs can run, not this user's own
-    # reach to the Docker socket (root's, which users are not let into)
-    try:
-        h = Client(sock, timeout=5).hello()
-    except ClientError as e:
-        h, daemon_error = None, e
-    if h is not None:
-        if h.get("docker_error"):
-            print(f"--    docker       the daemon has no Docker engine ({safe(h['docker_error'])}): only --process jobs")
-        else:
-            print("ok    docker       the daemon reaches the Docker engine: container jobs can run")
-    else:
+    line(True if mps else None, "mps", mps or "nvidia-cuda-mps-control not found: a daemon here runs jobs time-sliced")
+    if h is None:
         try:
             import docker
 
             docker.from_env(timeout=5).ping()
-            print("ok    docker       engine reachable from here (no daemon to ask)")
+            line(True, "docker", "engine reachable from here (no daemon to ask)")
         except Exception as e:  # noqa: BLE001
-            print(f"--    docker       not reachable from here ({e.__class__.__name__}) and no daemon to ask")
-    if h is not None:
-        line(True, "daemon", f"colo {h['version']} answers on {Client(sock).path} (you are {safe(h['user'])})")
-    else:
-        print(f"--    daemon       {safe(str(daemon_error))}")
+            line(None, "docker", f"not reachable from here ({e.__class__.__name__}) and no daemon to ask")
     return ok

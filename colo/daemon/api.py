@@ -113,9 +113,38 @@ class Api:
 
     # ops ----------------------------------------------------------------------------------------
     async def hello(self, caller: Caller, args: dict) -> dict:
-        return {"version": __version__, "protocol": protocol.VERSION, "uid": caller.uid, "user": caller.user,
-                "admin": is_admin(caller, self.d.config.admin_group), "gpu_error": self.d.gpus.error,
-                "docker_error": self.d.engines.docker_away(), "fake_gpu": self.d.config.fakegpu_state is not None}
+        out = {"version": __version__, "protocol": protocol.VERSION, "uid": caller.uid, "user": caller.user,
+               "admin": is_admin(caller, self.d.config.admin_group), "gpu_error": self.d.gpus.error,
+               "docker_error": self.d.engines.docker_away(), "fake_gpu": self.d.config.fakegpu_state is not None}
+        if args.get("detail"):
+            out["node"] = await self._node()
+        return out
+
+    async def _node(self) -> dict:
+        """What the daemon runs on, for `colo doctor`: its GPUs (simulated or real), MPS, how
+        container jobs get GPUs, the limits users meet."""
+        d, c = self.d, self.d.config
+        m = d.gpus.mps
+        docker = d.engines.get("docker")
+        if docker is None or docker.down:
+            containers = {"via": None, "detail": d.engines.docker_away() or "no Docker engine"}
+        elif c.fakegpu_state is not None:
+            containers = {"via": "simulated", "detail": "jobs on simulated GPUs need nothing of the engine"}
+        else:
+            access = await asyncio.to_thread(docker.gpu_access)
+            containers = {"via": access.via, "detail": access.detail}
+        return {"gpus": [{"index": g.index, "name": g.name, "total": g.total, "compute_mode": g.compute_mode,
+                          "error": g.error} for g in d.gpus.devices],
+                "simulated": c.fakegpu_state is not None,
+                "mps": {"available": m.available(), "why_not": None if m.available() else m.unavailable_reason,
+                        "multi_user": c.multi_user_mps, "used": d.cfg_policy.use_mps},
+                "containers": containers,
+                "limits": {"reserve": c.reserve, "max_queued_per_user": c.max_queued_per_user,
+                           "max_running_per_user": c.max_running_per_user,
+                           "max_gpu_mem_per_user": c.max_gpu_mem_per_user, "max_user_priority": c.max_user_priority,
+                           "slowdown_bound": c.slowdown_bound, "patrol_kill": c.patrol_kill,
+                           "patrol_grace": c.patrol_grace},
+                "metrics": c.metrics_listen}
 
     async def submit(self, caller: Caller, args: dict) -> dict:
         d = self.d
@@ -179,6 +208,8 @@ class Api:
             if not here:
                 raise ApiError(f"image {spec.image!r} not found locally (colo does not pull; "
                                "build or load it first)", protocol.NOT_FOUND)
+            if spec.gpus and d.config.fakegpu_state is None and (why := await asyncio.to_thread(rt.gpu_refusal)):
+                raise ApiError(why, protocol.INVALID)  # no CDI device, no nvidia runtime: refused now, not at start
         # Last, with no await after it: the caller stores the job before `colo clean` can run, and
         # clean keeps the jobs an open job depends on (retention.py).
         for key in ("after", "after_any", "after_fail"):
