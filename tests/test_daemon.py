@@ -83,19 +83,25 @@ def test_budget_admission_best_fit_and_backfill(daemon, tmp_path):
 
 
 def test_priority_then_fifo(daemon, tmp_path):
-    gate = tmp_path / "go"
-    hog = [daemon.submit("--process", "--gpu-mem", "16GiB", *gate_cmd(gate)) for _ in range(2)]
+    gates = [tmp_path / "go0", tmp_path / "go1"]
+    hog = [daemon.submit("--process", "--gpu-mem", "16GiB", *gate_cmd(g)) for g in gates]
     for h in hog:
         daemon.wait_state(h, "running")
     low = daemon.submit("--process", "--gpu-mem", "16GiB", "--", "true")
     high = daemon.submit("--process", "--gpu-mem", "16GiB", "--priority", "5", "--", "true")
-    gate.touch()
+    # one GPU frees at a time, so only one of them can take it: the higher priority one, though
+    # submitted last (were both to free in one pass, both would start in it, in either order)
+    gates[0].touch()
     daemon.wait_state(low, "succeeded")
     daemon.wait_state(high, "succeeded")
-    def placed_at(j):  # when the scheduler placed it (launches of one pass may finish in any order)
-        return next(e["at"] for e in daemon.job(j)["events"] if e["new"] == "starting")
 
-    assert placed_at(high) <= placed_at(low)
+    def at(j, state):  # when the job entered `state` (the daemon's clock, from its events)
+        return next(e["at"] for e in daemon.job(j)["events"] if e["new"] == state)
+
+    assert at(high, "starting") < at(low, "starting")
+    assert at(low, "starting") >= at(high, "succeeded")  # low had to wait for the GPU high freed
+    gates[1].touch()
+    daemon.wait_state(hog[1], "succeeded")
 
 
 def test_a_big_job_passed_over_too_long_gets_a_gpu_drained_for_it(tmp_path, fakegpu):
