@@ -16,10 +16,13 @@
      at 90 % of the budget (working set 70 %, 20 % per step), 100 pools keeping 4 MiB each, 100
      forks during pool traffic, a library loaded with RTLD_DEEPBIND allocating 160 + 160 MiB:
      what ran, what was refused, the synchronisations and trims the process asked the driver for,
-     the most the driver held, bytes over the budget, children that hung.
+     the most the driver held, bytes over the budget, children that hung;
+  5. 200 processes started one after another, each allocating 60 MiB (half exit holding it): the
+     wall time a process, interposed against bare (aim: under 50 ms added; the test of the same,
+     test_interposer.py, checks only that they all start and the ledger's slots are reused).
 
     python bench/interposer_bench.py [--pairs N] [--repeat R] [--race-ops N] [--json-out FILE]
-                                     [--before LIB] [--only 1,1b,2,3,4]
+                                     [--before LIB] [--only 1,1b,2,3,4,5] [--starts N]
 
 --before LIB adds a column to 1b: the same pairs through another build of the library (e.g. the
 previous commit's, built into a folder of its own), interleaved with the others in the same run,
@@ -39,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -118,6 +122,11 @@ int main(int argc, char **argv) {
     fake = mmap(NULL, sizeof *fake, PROT_READ, MAP_SHARED, fd, 0);
     if (fake == MAP_FAILED) return 7;
     cuInit(0); ctx();
+    if (!strcmp(mode, "once")) {  /* a process start: one allocation of argv[2] bytes, freed if argv[3] is 1 */
+        CUdeviceptr p;
+        if (cuMemAlloc_v2(&p, strtoull(argv[2], NULL, 10))) return 8;
+        return atoi(argv[3]) && cuMemFree_v2(p) ? 9 : 0;
+    }
     if (!strcmp(mode, "vmm")) {
         /* `iters` pages of 2 MiB: created, mapped side by side, handles kept; then timed:
          * unmap + release of each page. */
@@ -304,11 +313,12 @@ def main() -> None:
     ap.add_argument("--race-ops", type=int, default=20_000, help="allocations per racing thread")
     ap.add_argument("--json-out", help="also save the figures as JSON (bench/readme_table.py)")
     ap.add_argument("--before", type=Path, help="another libcolo-interpose.so to time beside this one in 1b")
-    ap.add_argument("--only", default="1,1b,2,3,4", help="sections to run, comma-separated")
+    ap.add_argument("--only", default="1,1b,2,3,4,5", help="sections to run, comma-separated")
+    ap.add_argument("--starts", type=int, default=200, help="processes started one after another (5.)")
     args = ap.parse_args()
     only = set(args.only.split(","))
-    if not only <= {"1", "1b", "2", "3", "4"}:
-        ap.error(f"--only: unknown section in {args.only!r} (sections: 1,1b,2,3,4)")
+    if not only <= {"1", "1b", "2", "3", "4", "5"}:
+        ap.error(f"--only: unknown section in {args.only!r} (sections: 1,1b,2,3,4,5)")
     if args.before is not None and not args.before.is_file():
         ap.error(f"--before: {args.before} is not a file")
     rep = Report("interposer_bench")
@@ -447,6 +457,29 @@ def main() -> None:
                                baseline_what="bare driver, no budget", note=f"most held {int(most) // MiB} MiB")
         if "4" in only:
             frameworks(rep, tmp, node, base, budgeted)
+
+        if "5" in only:
+            n = args.starts
+            print(f"\n5. {n} processes started one after another, each allocating 60 MiB (every other one exits")
+            print("   holding it): wall time a process")
+            env, ledger = budgeted(64 * MiB)
+            direct, inter = [], []
+            for _ in range(args.repeat):
+                for e, led, acc in ((base, None, direct), (env, ledger, inter)):
+                    t0 = time.perf_counter()
+                    for i in range(n):
+                        r = subprocess.run([str(exe), "once", str(60 * MiB), str(i % 2)], env=e, capture_output=True)
+                        rep.check(r.returncode == 0, f"process {i} failed ({r.returncode}): {r.stderr!r}")
+                    acc.append((time.perf_counter() - t0) / n * 1e3)
+                    if led is not None:  # the last one freed; the dead ones' were reclaimed by the next
+                        c = interposer.read_ledger(led)
+                        rep.check(c.counted[0] == 0 and c.refused == 0 and c.peak[0] == 60 * MiB, f"ledger: {c}")
+            dm, im = statistics.median(direct), statistics.median(inter)
+            print(f"{'direct ms':>10} {'interposed':>11} {'added':>8} {'ratio':>6}")
+            print(f"{dm:>10.2f} {im:>11.2f} {im - dm:>8.2f} {im / dm:>6.2f}")
+            rep.figure("start_sequential", f"interposer, process start + 60 MiB allocation, {n} one after another, "
+                       "simulated driver", im, "ms", baseline=dm, baseline_what="bare simulated driver",
+                       note=f"added {im - dm:+.2f} ms a process (aim: < 50)")
     print()
     sys.exit(rep.finish(args.json_out))
 

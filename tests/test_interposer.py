@@ -250,25 +250,27 @@ def test_fork_child_gets_its_own_slot(probe, job):
     assert interposer.read_ledger(ledger).used[0] == 0
 
 
-def test_200_sequential_processes_start_fast(probe, job, record_property):
-    env, ledger = job
-    t0 = time.perf_counter()
+def test_200_sequential_processes_reuse_the_ledgers_slots(probe, job, tmp_path):
+    """Each process takes the lowest free slot, reclaiming a dead one's: 200 processes one after
+    another, half of them exiting with their 60 MiB still held, all fit a ledger of two slots,
+    and nothing is left counted. (Their start time beside the bare driver: bench/interposer_bench.py
+    --only 5.)"""
+    env, _ = job
+    ledger = tmp_path / "two-slots"
+    interposer.create_ledger(ledger, BUDGET, slots=2)
+    env = {**env, interposer.ENV_LEDGER: str(ledger)}
     for i in range(200):
         script = ["init", "alloc", "60M"] + (["exit"] if i % 2 else ["free"])  # half leave it to die
         r = subprocess.run([str(probe), *script], env=env, capture_output=True, text=True, timeout=30)
         assert r.returncode == 0 and r.stdout.split()[3] == "0", (i, r.stdout, r.stderr)
-    per_process = (time.perf_counter() - t0) / 200
-    record_property("seconds_per_process", per_process)
-    print(f"\n200 sequential budgeted processes: {per_process * 1000:.2f} ms each")
     led = interposer.read_ledger(ledger)
-    assert led.used[0] == 0 and led.refused == 0 and led.peak[0] == 60 * MiB
-    # Baseline for comparison: the same without the interposer must not be much faster.
-    plain = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "COLO_GPU_BUDGET", "COLO_LEDGER")}
-    t0 = time.perf_counter()
-    for _ in range(20):
-        subprocess.run([str(probe), "init", "alloc", "60M", "free"], env=plain, capture_output=True, timeout=30)
-    base = (time.perf_counter() - t0) / 20
-    assert per_process < base + 0.05
+    assert led.used[0] == 0 and led.refused == 0 and led.peak[0] == 60 * MiB and led.processes == []
+    # the last one exited holding its 60 MiB: the next process reclaims it before counting its own
+    r = subprocess.run([str(probe), "init", "alloc", "60M", "free"], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0 and r.stdout.split()[3] == "0", (r.stdout, r.stderr)
+    led = interposer.read_ledger(ledger)
+    assert led.counted[0] == 0 and led.peak[0] == 60 * MiB and led.refused == 0
 
 
 def test_null_arguments_return_the_drivers_codes(probe, job):
