@@ -1,0 +1,397 @@
+"""plan() and its helpers pinned where mutation testing found a wrong line would pass the tests
+(issue 28, item 3; bench/mutation.py): boundaries (a budget equal to a GPU, an MPS group at
+exactly the GPU), which decision a hold is written on, and the arithmetic of the learned figures.
+test_policy.py has the behaviour's main cases."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from colo.sched import policy as pol
+from colo.sched.policy import START, WAIT, Candidate, GpuView, Placed, PolicyConfig, plan
+from colo.profiles import Profile
+
+GiB = 1024**3
+
+
+def flat(name, sm, bw=0.2, runtime=100.0, cache_bound=False, runs=5):
+    n = int(runtime)
+    return Profile(name=name, step=1.0, sm=np.full(n, sm), mem=np.full(n, GiB), membw=np.full(n, bw),
+                   runtime=runtime, cache_bound=cache_bound, runs=runs)
+
+
+TINY = flat("tiny", 0.05, bw=0.02)
+
+
+# ---- can a job ever fit -------------------------------------------------------------------------
+
+def test_a_budget_equal_to_the_largest_gpu_can_fit():
+    gpus = [GpuView("a", 0, 16 * GiB), GpuView("b", 1, 8 * GiB)]
+    assert pol.can_ever_fit(16 * GiB, 1, gpus) is None
+    assert pol.can_ever_fit(16 * GiB + 1, 1, gpus) == (
+        "budget 16GiB per GPU is more than the largest usable GPU memory (16GiB, reserve excluded)")
+    # two GPUs: the second largest decides
+    assert pol.can_ever_fit(8 * GiB, 2, gpus) is None
+    assert pol.can_ever_fit(8 * GiB + 1, 2, gpus) is not None
+    assert pol.can_ever_fit(GiB, 2, gpus[:1]) == "needs 2 GPUs, this node has 1"
+    assert pol.can_ever_fit(GiB, 3, gpus) == "needs 3 GPUs, this node has 2"
+    assert pol.can_ever_fit(10**15, 0, []) is None
+
+
+def test_no_gpu_in_service_most_free_is_zero():
+    d = plan([Candidate(1, GiB, profile=TINY)], [GpuView("p", 0, 16 * GiB, compute_mode="prohibited")], [])[0]
+    assert d.action == WAIT and d.details == {"need": GiB, "most_free": 0}
+
+
+def test_a_budget_equal_to_the_free_memory_starts():
+    g = GpuView("a", 0, 16 * GiB)
+    d = plan([Candidate(1, 10 * GiB, profile=TINY)], [g], [Placed(9, ("a",), 6 * GiB, profile=TINY)])[0]
+    assert d.action == START and d.details["left"] == 0
+    d = plan([Candidate(1, 10 * GiB + 1, profile=TINY)], [g], [Placed(9, ("a",), 6 * GiB, profile=TINY)])[0]
+    assert d.action == WAIT and d.details == {"need": 10 * GiB + 1, "most_free": 10 * GiB}
+
+
+def test_free_budget_subtracts_every_placed_job_on_each_of_its_gpus():
+    gpus = [GpuView("a", 0, 16 * GiB), GpuView("b", 1, 16 * GiB)]
+    placed = [Placed(1, ("a", "b"), 3 * GiB), Placed(2, ("b",), GiB), Placed(3, ("gone",), GiB)]
+    assert pol.free_budget(gpus, placed) == {"a": 13 * GiB, "b": 12 * GiB}
+
+
+# ---- holds ------------------------------------------------------------------------------------------
+
+def test_a_hold_is_written_on_the_waiting_jobs_decision_not_the_first_one():
+    a, b = GpuView("a", 0, 16 * GiB), GpuView("b", 1, 16 * GiB)
+    placed = [Placed(8, ("a",), 10 * GiB, profile=TINY), Placed(9, ("b",), 10 * GiB, profile=TINY)]
+    first = Candidate(1, 4 * GiB, seq=1, priority=1, queued_at=0.0, profile=TINY)  # starts
+    big = Candidate(2, 12 * GiB, seq=2, queued_at=0.0, profile=TINY)  # waits, long enough for a hold
+    d = plan([first, big], [a, b], placed, PolicyConfig(hold_after=60), now=100.0)
+    assert [x.job_id for x in d] == [1, 2]
+    assert d[0].action == START and "held" not in d[0].reason and "held" not in d[0].details
+    assert d[1].action == WAIT and d[1].details["held"] == [1], d[1]
+    assert "GPU1 held for it (waiting 1 min): nothing new starts there until it does" in d[1].reason
+
+
+def test_a_hold_needs_the_full_wait():
+    a = GpuView("a", 0, 16 * GiB)
+    placed = [Placed(8, ("a",), 10 * GiB, profile=TINY)]
+    big = Candidate(2, 12 * GiB, queued_at=40.0, profile=TINY)
+    assert "held" not in plan([big], [a], placed, PolicyConfig(hold_after=60), now=99.9)[0].details
+    assert plan([big], [a], placed, PolicyConfig(hold_after=60), now=100.0)[0].details["held"] == [0]
+
+
+def test_a_hold_takes_as_many_gpus_as_the_job_needs_most_free_first():
+    g = [GpuView(f"g{i}", i, 16 * GiB) for i in range(3)]
+    placed = [Placed(7, ("g0",), 8 * GiB, profile=TINY), Placed(8, ("g1",), 2 * GiB, profile=TINY),
+              Placed(9, ("g2",), 4 * GiB, profile=TINY)]
+    d = plan([Candidate(1, 16 * GiB, gpus=2, profile=TINY)], g, placed, PolicyConfig(hold_after=1), now=10.0)[0]
+    assert d.details["held"] == [1, 2] and "GPU1, GPU2 held for it" in d.reason
+    # one held last time that can still take it stays, with the next most free beside it
+    d = plan([Candidate(1, 16 * GiB, gpus=2, held=(0, 2), profile=TINY)], g, placed, PolicyConfig(hold_after=1),
+             now=10.0)[0]
+    assert d.details["held"] == [0, 2]
+    # a job no GPU can ever take is held nothing
+    d = plan([Candidate(1, 17 * GiB, profile=TINY)], g, placed, PolicyConfig(hold_after=1), now=10.0)[0]
+    assert "held" not in d.details
+
+
+def test_durations_in_a_hold_reason():
+    assert pol._duration(59) == "0 min" and pol._duration(60) == "1 min" and pol._duration(3599) == "59 min"
+    assert pol._duration(3600) == "1 h 0 min" and pol._duration(3720) == "1 h 2 min"
+    assert pol._duration(7080) == "1 h 58 min"
+
+
+def test_a_hold_says_how_long_the_job_waited_and_any_positive_wait_holds():
+    a = GpuView("a", 0, 16 * GiB)
+    placed = [Placed(8, ("a",), 10 * GiB, profile=TINY)]
+    big = Candidate(2, 12 * GiB, queued_at=1000.0, profile=TINY)
+    assert "(waiting 2 min)" in plan([big], [a], placed, PolicyConfig(hold_after=60), now=1150.0)[0].reason
+    assert plan([big], [a], placed, PolicyConfig(hold_after=0.5), now=1000.5)[0].details["held"] == [0]
+
+
+def test_an_unprofiled_job_fills_an_empty_gpu_exactly():
+    d = plan([Candidate(1, 16 * GiB)], [GpuView("a", 0, 16 * GiB)], [])[0]
+    assert (d.action, d.mode, d.details["predicted_slowdown"]) == (START, "timesliced", 1.0)
+
+
+def test_an_unprofiled_job_skips_the_best_fit_gpu_beside_a_job_not_well_known():
+    a, b = GpuView("a", 0, 16 * GiB), GpuView("b", 1, 16 * GiB)
+    placed = [Placed(9, ("a",), 8 * GiB, profile=flat("young", 0.1, runs=1))]
+    d = plan([Candidate(1, 4 * GiB)], [a, b], placed)[0]
+    assert (d.action, d.gpus) == (START, ("b",))
+    placed = [Placed(9, ("a",), 8 * GiB, profile=TINY), Placed(8, ("a",), GiB, profile=TINY)]  # two well-known
+    assert plan([Candidate(1, 4 * GiB)], [a, b], placed)[0].gpus == ("b",)
+
+
+def test_the_policy_defaults_are_the_daemons():
+    """`colo sim` with no configuration decides as a daemon with none does."""
+    from colo.config import Config
+
+    cfg, daemon = PolicyConfig(), Config()
+    for knob in ("saturation", "bw_saturation", "min_gain", "hold_after", "slowdown_bound", "unprofiled_share",
+                 "multi_user_mps", "use_mps", "lend"):
+        assert getattr(cfg, knob) == getattr(daemon, knob), knob
+
+
+# ---- MPS: one context within the GPU slows nobody; past it, the model decides --------------------
+
+def mps_pair(sm, bw=0.1, **cfg):
+    """The decision for a job of `sm` beside one MPS client of `sm`, saturation out of the way."""
+    g = GpuView("a", 0, 80 * GiB, mps="active")
+    res = Placed(9, ("a",), GiB, mode="mps", profile=flat("res", sm, bw))
+    c = Candidate(1, GiB, profile=flat("cand", sm, bw))
+    return plan([c], [g], [res], PolicyConfig(**{"saturation": 3.0, "bw_saturation": 3.0, "margin": 0.0,
+                                                 "seen_margin": 0.0, **cfg}))[0]
+
+
+def test_an_mps_group_within_the_gpu_is_predicted_unslowed():
+    d = mps_pair(0.5)  # summed SM exactly 1.0
+    assert d.mode == "mps" and d.details["slowdown_this"]["mps"] == 1.0
+    assert d.details["slowdown"]["mps"] == 1.0 and d.details["predicted_slowdown"] == 1.0
+
+
+def test_an_mps_pair_summing_past_the_gpu_is_predicted_slowed():
+    d = mps_pair(0.75, slowdown_bound=2.0)  # summed SM 1.5: each gets 1 / 1.5
+    assert d.details["slowdown_this"]["mps"] == pytest.approx(1.5)
+    assert d.details["slowdown"]["mps"] == pytest.approx(1.5)
+    assert d.details["residents"]["mps"] == {"9": (pytest.approx(1.5), 1.0, 1.0)}  # the resident's, from now on
+    assert d.details["peak_sm"] == pytest.approx(1.5) and d.details["saturation"] == 3.0
+    d = mps_pair(0.4, bw=0.6, slowdown_bound=2.0)  # SM within, bandwidth 1.2: slowed too
+    assert d.details["slowdown_this"]["mps"] > 1.05
+
+
+def test_mps_is_taken_below_saturation_and_not_at_it():
+    g = GpuView("a", 0, 80 * GiB, mps="active")
+    res = Placed(9, ("a",), GiB, mode="mps", profile=flat("res", 0.4))
+    below = plan([Candidate(1, GiB, profile=flat("c", 0.44))], [g], [res], PolicyConfig(saturation=0.85))[0]
+    assert below.mode == "mps" and "< 85 %" in below.reason
+    at = plan([Candidate(1, GiB, profile=flat("c", 0.45))], [g], [res], PolicyConfig(saturation=0.85))[0]
+    assert at.mode != "mps" and "mps" not in at.details["slowdown"]
+
+
+def test_each_start_in_a_pass_is_seen_by_the_next_candidate():
+    """Candidates of one pass are placed against the GPU as the earlier starts left it: the first
+    one's profile from its beginning (its peak comes first here), not the state before it."""
+    g = GpuView("a", 0, 80 * GiB, mps="active")
+    front = Profile(name="front", step=1.0, sm=np.r_[np.full(50, 0.5), np.full(50, 0.05)], mem=np.full(100, GiB),
+                    membw=np.full(100, 0.1), runtime=100.0, runs=5)
+    res = Placed(9, ("a",), GiB, mode="mps", profile=flat("res", 0.05, 0.05))
+    d = plan([Candidate(1, GiB, seq=1, profile=front), Candidate(2, GiB, seq=2, profile=flat("c2", 0.35))], [g], [res])
+    assert d[0].mode == "mps"
+    assert d[1].details["peak_sm"] == pytest.approx(0.9)  # 0.05 + 0.5 + 0.35
+    assert d[1].mode != "mps"
+
+
+def test_a_candidates_unseen_pairings_and_the_peak_bandwidth_of_everyone():
+    g = GpuView("a", 0, 80 * GiB)
+    placed = [Placed(8, ("a",), GiB, mode="timesliced", profile=flat("r1", 0.1, 0.3)),
+              Placed(9, ("a",), GiB, mode="timesliced", profile=flat("r2", 0.1, 0.25))]
+    d = plan([Candidate(1, GiB, profile=flat("c", 0.1, 0.2))], [g], placed, PolicyConfig(use_mps=False))[0]
+    assert d.details["unseen"]["timesliced"] == 2.0  # the candidate beside two it was never seen with
+    assert d.details["peak_membw"] == pytest.approx(0.75)
+    assert d.details["peak_sm"] == pytest.approx(0.3)
+
+
+def test_thread_percentage_is_peak_sm_with_headroom_in_5_percent_steps():
+    cfg = PolicyConfig()
+    arr = lambda sm: pol._arrays(flat(f"p{sm}", sm), cfg.step, cfg.horizon)  # noqa: E731
+    assert pol.thread_pct(arr(0.40), cfg) == 50  # 0.40 * 1.25 = 0.5
+    assert pol.thread_pct(arr(0.41), cfg) == 55  # rounded up to the next 5 %
+    assert pol.thread_pct(arr(0.02), cfg) == 10  # at least 10
+    assert pol.thread_pct(arr(0.9), cfg) == 100  # at most 100
+    d = plan([Candidate(1, GiB, profile=flat("q", 0.40))], [GpuView("a", 0, 16 * GiB)], [])[0]
+    assert d.mode == "mps" and d.thread_pct == 50 and d.details["thread_pct"] == 50
+
+
+def test_a_gpu_with_the_most_mps_clients_one_server_takes_refuses_more():
+    g = GpuView("a", 0, 80 * GiB, compute_mode="exclusive_process", mps="active")
+    placed = [Placed(10 + i, ("a",), GiB, mode="mps", profile=TINY) for i in range(3)]
+    d = plan([Candidate(1, GiB, profile=TINY)], [g], placed, PolicyConfig(max_mps_clients=3))[0]
+    assert d.action == WAIT and "GPU0 has 3 MPS clients, the most one server takes" in d.reason
+    d = plan([Candidate(1, GiB, profile=TINY)], [g], placed[:2], PolicyConfig(max_mps_clients=3))[0]
+    assert d.action == START and d.mode == "mps"
+
+
+# ---- order, filters ---------------------------------------------------------------------------------
+
+def test_order_is_priority_then_submission():
+    cs = [Candidate(1, GiB, seq=3), Candidate(2, GiB, seq=1, priority=-1), Candidate(3, GiB, seq=2),
+          Candidate(4, GiB, seq=4, priority=2)]
+    assert [c.job_id for c in pol.order(cs)] == [4, 3, 1, 2]
+
+
+def test_gpu_filters():
+    gpus = [GpuView("a", 0, GiB, name="NVIDIA A100-SXM4-80GB"), GpuView("b", 1, GiB, name="NVIDIA H100")]
+    assert pol.gpu_allowed(gpus[0]) and pol.gpu_allowed(gpus[0], (0,), "a100")
+    assert not pol.gpu_allowed(gpus[0], (1,)) and not pol.gpu_allowed(gpus[0], (), "H100")
+    assert pol.gpu_filter_refusal((), None, 2, gpus) is None
+    assert pol.gpu_filter_refusal((0,), None, 1, gpus) is None
+    assert pol.gpu_filter_refusal((), "h100", 1, gpus) is None
+    assert pol.gpu_filter_refusal((0,), "h100", 1, gpus) == (
+        "--gpu-id 0 and --gpu-type 'h100' leaves 0 GPU(s) for a job of 1 (this node has: GPU0 NVIDIA A100-SXM4-80GB, "
+        "GPU1 NVIDIA H100)")
+    assert pol.gpu_filter_refusal((0, 1), None, 3, gpus).startswith("--gpu-id 0,1 leaves 2 GPU(s) for a job of 3")
+
+
+# ---- lending to --grow jobs -------------------------------------------------------------------------
+
+def test_lend_is_in_256_mib_steps_up_to_lend_times_the_budget():
+    g = GpuView("a", 0, 16 * GiB)
+    q = 256 * 1024**2
+    d = plan([Candidate(1, 4 * GiB, grow=True, profile=TINY)], [g], [], PolicyConfig(lend=1.25))[0]
+    assert d.details["budget"] == 5 * GiB and d.details["asked"] == 4 * GiB and d.details["left"] == 11 * GiB
+    # 1 GiB + 1 byte asked: 1.25x rounds up to 1.5 GiB in steps, less what was asked, in whole steps
+    d = plan([Candidate(1, GiB + 1, grow=True, profile=TINY)], [g], [], PolicyConfig(lend=1.25))[0]
+    assert d.details["budget"] == GiB + 1 + q
+    # only what the GPU has left is lent
+    d = plan([Candidate(1, 4 * GiB, grow=True, profile=TINY)], [g], [Placed(9, ("a",), 12 * GiB - q, profile=TINY)],
+             PolicyConfig(lend=1.25))[0]
+    assert d.details["budget"] == 4 * GiB + q and d.details["left"] == 0
+    # a queued job that fits in what is left keeps it
+    d = plan([Candidate(1, 4 * GiB, grow=True, profile=TINY), Candidate(2, 20 * GiB, profile=TINY)], [g], [],
+             PolicyConfig(lend=1.25))
+    assert d[0].details["budget"] == 5 * GiB  # 20 GiB never fits in 12 GiB: lent
+    d = plan([Candidate(1, 4 * GiB, grow=True, profile=TINY), Candidate(2, 12 * GiB, gpus=2, profile=TINY)], [g], [],
+             PolicyConfig(lend=1.25))
+    assert d[0].details["budget"] == 4 * GiB and "asked" not in d[0].details  # 12 GiB would fit: nothing lent
+    assert "lent" not in plan([Candidate(1, 4 * GiB, grow=True, profile=TINY)], [g], [], PolicyConfig(lend=1.0))[0].reason
+    d = plan([Candidate(1, 16 * GiB, grow=True, profile=TINY)], [g], [], PolicyConfig(lend=1.25))[0]
+    assert "lent" not in d.reason and "asked" not in d.details  # nothing left to lend
+
+
+# ---- what runs teach (Learned) and what a start predicted (expectation) -------------------------------
+
+def test_alone_runs_average_the_ratio_of_real_to_stored_time():
+    lrn = pol.Learned()
+    assert lrn.observe("p", [], "mps", 1.0, wall=120.0, stored_runtime=100.0) == pytest.approx(1.2)
+    assert lrn.observe("p", [], "mps", 2.0, wall=80.0, stored_runtime=100.0) == pytest.approx(0.4)
+    assert lrn.alone["p"] == (2, pytest.approx(1.0))
+    assert lrn.observe("p", [], "mps", 1.0, wall=0.0, stored_runtime=100.0) is None
+    assert lrn.observe("", [], "mps", 1.0, wall=10.0, stored_runtime=100.0) is None
+    assert lrn.observe("q", [], "mps", 1.0, wall=10.0, stored_runtime=0.0) is None
+    assert lrn.observe("q", [], "mps", 1.0, wall=10.0, stored_runtime=100.0, peak_mem=3 * GiB) is not None
+    assert lrn.observe("q", [], "mps", 1.0, wall=10.0, stored_runtime=100.0, peak_mem=2 * GiB) is not None
+    assert lrn.max_mem["q"] == 3 * GiB
+    assert lrn.suggest_budget("q") == 3584 * 1024**2  # 3 GiB + 10 % = 3.3 GiB, up to 256 MiB steps
+    assert lrn.suggest_budget("nobody") is None
+
+
+def test_a_shared_run_is_corrected_by_its_alone_error_and_averaged_per_pairing():
+    lrn = pol.Learned()
+    lrn.observe("p", [], "mps", 1.0, wall=110.0, stored_runtime=100.0)  # alone: 1.1x its profile
+    r = lrn.observe("p", ["n"], "mps", 1.2, wall=264.0, stored_runtime=100.0)  # 2.64 / 1.1 / 1.2 = 2.0
+    assert r == pytest.approx(2.0) and lrn.errors == [pytest.approx(2.0)]
+    assert lrn.corun[("p", "n", "mps")] == (1, pytest.approx(2.0))
+    lrn.observe("p", ["n", "n"], "mps", 1.0, wall=110.0, stored_runtime=100.0)  # 1.0: the mean is 1.5
+    assert lrn.corun[("p", "n", "mps")] == (2, pytest.approx(1.5))
+    assert lrn.factor("p", "n", "mps") == pytest.approx(1.5)
+    assert lrn.factor("p", "other", "mps") == pytest.approx(1.5)  # a stranger: what p showed beside anyone
+    assert lrn.factor("x", "n", "mps") == 1.0
+    # never seen alone: only what passes ALONE_DOUBT teaches, and a short share teaches nothing
+    assert lrn.observe("q", ["n"], "mps", 1.0, wall=120.0, stored_runtime=100.0) is None  # 1.2 <= 1.25
+    assert lrn.observe("q", ["n"], "mps", 1.0, wall=150.0, stored_runtime=100.0) == pytest.approx(1.2)
+    assert lrn.observe("p", ["n"], "mps", 1.0, wall=500.0, stored_runtime=100.0, shared=0.09) is None
+    assert lrn.corun[("p", "n", "mps")][0] == 2
+
+
+def test_the_margin_is_the_80th_percentile_of_the_errors_within_its_bounds():
+    lrn = pol.Learned()
+    assert lrn.margin(0.1) == 0.1  # fewer than 5 errors: the default
+    lrn.errors = [1.0, 1.1, 1.2, 1.3]
+    assert lrn.margin(0.1) == 0.1
+    lrn.errors = [1.0, 1.1, 1.2, 1.3, 1.4]
+    assert lrn.margin(0.1) == pytest.approx(float(np.quantile([0.0, 0.1, 0.2, 0.3, 0.4], 0.8)))
+    lrn.errors = [1.0] * 5
+    assert lrn.margin(0.1) == 0.05  # at least 5 %
+    lrn.errors = [3.0] * 5
+    assert lrn.margin(0.1) == 0.5  # at most MARGIN_CAP
+    # seen pairings: the default stands for the runs missing until five
+    lrn.errors, lrn.errors_seen = [1.0] * 5, [1.0]
+    assert lrn.seen_margin(0.1) == pytest.approx(float(np.quantile([0.0, 0.05, 0.05, 0.05, 0.05], 0.8)))
+
+
+def test_a_shared_run_splits_what_the_model_missed_between_the_bandwidth_curve_and_the_pairing():
+    lrn = pol.Learned()
+    lrn.observe("p", [], "mps", 1.0, wall=100.0, stored_runtime=100.0)  # alone: as profiled
+    lrn.observe("p", ["n"], "mps", 1.0, wall=200.0, stored_runtime=100.0)  # the pairing alone explains 2x
+    assert lrn.corun[("p", "n", "mps")] == (1, pytest.approx(2.0)) and lrn.bw == {}
+    # 3x at summed bandwidth 0.45: the curve takes what the pairing (2x) does not explain
+    assert lrn.observe("p", ["n"], "mps", 1.0, wall=300.0, stored_runtime=100.0, group_bw=0.45) == pytest.approx(3.0)
+    assert lrn.bw[("mps", 4)] == (1, pytest.approx(1.5))
+    assert lrn.corun[("p", "n", "mps")] == (2, pytest.approx((2.0 + 2.0) / 2))  # 3 / 1.5 left to the pairing
+    assert lrn.curve("mps", 0.45) == pytest.approx(1.5)
+    assert lrn.errors_seen == [] and len(lrn.errors) == 2
+    lrn.observe("p", ["n"], "mps", 1.0, wall=100.0, stored_runtime=100.0, unseen=0)
+    assert lrn.errors_seen == [pytest.approx(1.0)]
+
+
+def test_factors_take_each_residents_pairing_and_the_candidates_worst():
+    lrn = pol.Learned(corun={("c", "r1", "mps"): (1, 1.5), ("c", "r2", "mps"): (1, 1.2), ("r1", "c", "mps"): (2, 1.1)})
+    assert lrn.factors(["r1", "r2"], "c", "mps").tolist() == [pytest.approx(1.1), 1.0, 1.5]
+    assert lrn.factors([], "c", "mps").tolist() == [1.0]
+    assert lrn.general("c") == pytest.approx(1.35) and lrn.general("r2") == 1.0
+    lrn.corun[("x", "y", "mps")] = (1, 0.5)
+    assert lrn.factor("x", "y", "mps") == 1.0  # never below 1: a pairing does not speed anyone up
+    out = lrn.among(["r1", "c"], np.array([True, True]))
+    assert out.tolist() == [pytest.approx(1.1), 1.5]
+    assert lrn.among(["r1"], np.array([True])).tolist() == [1.0]
+    assert lrn.unseen(["r1", "r2", "zz"], "c", "mps").tolist() == [0.0, 1.0, 1.0, 1.0]
+
+
+def test_the_bandwidth_curve_bins():
+    lrn = pol.Learned()
+    assert lrn._bin(0.0) == 0 and lrn._bin(0.1) == 1 and lrn._bin(0.35) == 3 and lrn._bin(99.0) == 30
+    assert lrn._bin(-1.0) == 0
+    assert lrn.curve("mps", 0.5) == 1.0 and not lrn.explored("mps", 0.0) and not lrn.beyond("mps", 5.0)
+    lrn.bw = {("mps", 4): (1, 2.0)}
+    assert lrn.explored("mps", 0.4) and lrn.explored("mps", 0.1) and not lrn.explored("mps", 0.5)
+    assert not lrn.explored("timesliced", 0.1)
+    assert not lrn.beyond("mps", 0.5) and lrn.beyond("mps", 0.6)
+    assert lrn.beyond("timesliced", 0.6) and not lrn.beyond("timesliced", 0.5)  # the other mode's stands in
+    assert lrn.curve("mps", 0.4) == 2.0 and lrn.curve("mps", 0.9) == 2.0
+    assert lrn.curve("mps", 0.2) == pytest.approx(1.5)  # on the line from (0, 1) to (4, 2)
+
+
+def test_expectation_and_shared_time():
+    e = pol.expectation({"predicted_slowdown": 1.5, "learned_factor": {"mps": 1.2}, "unseen": {"mps": 2},
+                         "peak_membw": 0.7, "residents": {"mps": {"9": (1.1, 1.0, 0.0)}}}, "mps", 100.0)
+    assert (e["slowdown"], e["factor"], e["unseen"], e["group_bw"], e["since"], e["sharing"]) == (
+        1.5, 1.2, 2.0, 0.7, 100.0, True)
+    alone = pol.expectation({}, "timesliced", 5.0)
+    assert (alone["slowdown"], alone["factor"], alone["unseen"], alone["sharing"]) == (1.0, 1.0, 0.0, False)
+    assert pol.expectation({"slowdown_this": {"mps": 1.3}}, "mps", 0.0)["slowdown"] == 1.3
+    # shared for [100, 160], alone after: 60 of 100 s
+    later = pol.left(e, 160.0)
+    assert later["slowdown"] == 1.0 and later["sharing"] is False and later["shared"] == 60.0
+    assert pol.left(later, 170.0) is later
+    assert pol.shared(later, 100.0, 200.0) == pytest.approx(0.6)
+    assert pol.shared(e, 100.0, 200.0) == 1.0 and pol.shared({}, 0.0, 1.0) == 1.0
+    # its wall time over the alone time each prediction said it would get done
+    slow, fac = pol.expected(later, 100.0, 200.0)
+    assert slow == pytest.approx(100.0 / (60.0 / 1.5 + 40.0))
+    assert fac == pytest.approx((60.0 * 1.2 / 1.5 + 40.0) / (60.0 / 1.5 + 40.0))
+
+
+def test_a_job_joined_later_takes_that_starts_prediction():
+    e = pol.expectation({"predicted_slowdown": 1.0, "peak_membw": 0.3}, "mps", 0.0)
+    j = pol.joined(e, 50.0, {"peak_membw": 0.8, "residents": {"mps": {"7": (1.4, 1.1, 1.0)}}}, "mps", 7)
+    assert (j["slowdown"], j["factor"], j["unseen"], j["group_bw"], j["since"]) == (1.4, 1.1, 1.0, 0.8, 50.0)
+    assert j["acc"] == [50.0, 50.0]
+    k = pol.left(j, 120.0)  # 70 s at 1.4x: 50 s of its alone time, its factor 1.1 over them
+    assert k["acc"] == [pytest.approx(100.0), pytest.approx(50.0 + 70.0 * 1.1 / 1.4)]
+    none = pol.joined(e, 50.0, {"peak_membw": 0.1}, "mps", 7)
+    assert none["unseen"] is None and none["slowdown"] == 1.0 and none["group_bw"] == 0.3
+
+
+def test_place_now_time_slices_where_plan_would_wait():
+    g = GpuView("a", 0, 16 * GiB)
+    hot = flat("hot", 1.0, bw=0.9, cache_bound=True)
+    c = Candidate(1, 4 * GiB, profile=flat("hot2", 1.0, bw=0.9, cache_bound=True))
+    placed = [Placed(9, ("a",), 4 * GiB, profile=hot)]
+    assert plan([c], [g], placed)[0].action == WAIT
+    d = pol.place_now(c, [g], placed)
+    assert (d.action, d.gpus, d.mode) == (START, ("a",), "timesliced") and "started by Slurm" in d.reason
+    full = [Placed(9, ("a",), 12 * GiB + 1, profile=hot)]
+    assert pol.place_now(c, [g], full).action == WAIT
+    assert pol.place_now(dataclasses.replace(c, budget=4 * GiB), [g], [Placed(9, ("a",), 12 * GiB, profile=hot)]).action == START
