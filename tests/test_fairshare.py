@@ -130,3 +130,14 @@ def test_gpu_memory_limit_counts_budget_times_gpus():
         "waiting for a limit: bob's running jobs hold 0.0 GiB of GPU memory; this job's 9.0 GiB would pass "
         "8.0 GiB, the most one user may hold at once (max_gpu_mem_per_user)")
     assert "hold 6.5 GiB" in fs.start_refusal(lim, "bob", fs.UserLoad(gpu_mem=6 * GiB + GiB // 2), 2 * GiB, 1)
+
+
+def test_a_short_half_life_decays_and_use_far_apart_does_not_overflow():
+    # one second: use from an hour and more ago is gone; each job is decayed from its own end, never
+    # grown towards an earlier one (2^4990 would not fit a float)
+    assert fs.interval_use(1.0, 0.0, H, 2 * H, 1.0) < 1e-300
+    led = fs.Ledger(half_life=1.0)
+    led.add(7, 1.0, 0.0, 10.0)
+    led.add(7, 1.0, 4990.0, 5000.0)
+    assert led.usage(5000.0)[7] == pytest.approx(fs.interval_use(1.0, 4990.0, 5000.0, 5000.0, 1.0), rel=1e-12)
+    assert led.usage(5000.0)[7] == pytest.approx((1 - 2.0**-10) / math.log(2) / H, rel=1e-12)

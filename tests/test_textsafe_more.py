@@ -47,6 +47,7 @@ def test_safe_all_checks_a_column_at_once_and_escapes_each_value():
     assert safe_all(col) is col
     assert safe_all(["a", "\x7f", "é", "\x9f"]) == ["a", "\\x7f", "é", "\\x9f"]
     assert safe_all(["é", "日"]) == ["é", "日"]
+    assert safe_all(["a", "\x1b[2J"]) == ["a", "\\x1b[2J"]  # all ASCII, not all printable
     assert safe_all([]) == []
 
 
