@@ -117,11 +117,32 @@ def test_an_unprofiled_job_fills_an_empty_gpu_exactly():
 
 def test_an_unprofiled_job_skips_the_best_fit_gpu_beside_a_job_not_well_known():
     a, b = GpuView("a", 0, 16 * GiB), GpuView("b", 1, 16 * GiB)
-    placed = [Placed(9, ("a",), 8 * GiB, profile=flat("young", 0.1, runs=1))]
+    young = flat("young", 0.05, bw=0.02, runs=1)  # one run: not well known yet
+    # GPU0 fits it best, but its job is not well known; GPU1's is (both shares would be costly)
+    placed = [Placed(9, ("a",), 8 * GiB, profile=young), Placed(8, ("b",), 2 * GiB, profile=TINY)]
     d = plan([Candidate(1, 4 * GiB)], [a, b], placed)[0]
-    assert (d.action, d.gpus) == (START, ("b",))
-    placed = [Placed(9, ("a",), 8 * GiB, profile=TINY), Placed(8, ("a",), GiB, profile=TINY)]  # two well-known
+    assert (d.action, d.gpus, d.mode) == (START, ("b",), "timesliced")
+    assert plan([Candidate(1, 4 * GiB)], [a, b], placed, PolicyConfig(well_known_runs=1))[0].gpus == ("a",)
+    # beside two well-known jobs: not either
+    placed = [Placed(9, ("a",), 4 * GiB, profile=TINY), Placed(7, ("a",), 4 * GiB, profile=TINY),
+              Placed(8, ("b",), 2 * GiB, profile=TINY)]
     assert plan([Candidate(1, 4 * GiB)], [a, b], placed)[0].gpus == ("b",)
+
+
+def test_a_running_job_with_no_profile_is_taken_at_the_assumed_levels():
+    g = GpuView("a", 0, 80 * GiB)
+    d = plan([Candidate(1, GiB, profile=flat("k", 0.05, bw=0.3))], [g], [Placed(9, ("a",), GiB)])[0]
+    assert d.action == START and d.mode == "timesliced"  # beside a stranger: time-sliced only
+    assert d.details["peak_membw"] == pytest.approx(0.5 + 0.3)  # unknown_membw + its own
+    assert d.details["peak_sm"] == pytest.approx(1.0 + 0.05)  # unknown_sm + its own
+    assert d.details["sm_by_job"] == {"9": 1.0, "this": 0.05}
+
+
+def test_overlap_is_counted_in_whole_grid_steps():
+    g = GpuView("a", 0, 80 * GiB, mps="active")
+    res = Placed(9, ("a",), GiB, mode="mps", profile=flat("r", 0.2))
+    assert plan([Candidate(1, GiB, profile=flat("s", 0.2, runtime=1.0))], [g], [res])[0].details["overlap_s"] == 2.0
+    assert plan([Candidate(1, GiB, profile=flat("m", 0.2, runtime=9.0))], [g], [res])[0].details["overlap_s"] == 10.0
 
 
 def test_the_policy_defaults_are_the_daemons():
@@ -132,6 +153,7 @@ def test_the_policy_defaults_are_the_daemons():
     for knob in ("saturation", "bw_saturation", "min_gain", "hold_after", "slowdown_bound", "unprofiled_share",
                  "multi_user_mps", "use_mps", "lend"):
         assert getattr(cfg, knob) == getattr(daemon, knob), knob
+    assert cfg.max_mps_clients == 48  # what one MPS server takes on Volta and newer
 
 
 # ---- MPS: one context within the GPU slows nobody; past it, the model decides --------------------
@@ -371,6 +393,9 @@ def test_expectation_and_shared_time():
     slow, fac = pol.expected(later, 100.0, 200.0)
     assert slow == pytest.approx(100.0 / (60.0 / 1.5 + 40.0))
     assert fac == pytest.approx((60.0 * 1.2 / 1.5 + 40.0) / (60.0 / 1.5 + 40.0))
+    # a neighbour joins at 180: the 20 s alone are folded in on top of the 60 s shared
+    again = pol.joined(later, 180.0, {"residents": {"mps": {"5": (1.25, 1.0, 0.0)}}}, "mps", 5)
+    assert again["acc"] == [pytest.approx(40.0 + 20.0), pytest.approx(48.0 + 20.0)]
 
 
 def test_a_job_joined_later_takes_that_starts_prediction():
