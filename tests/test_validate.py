@@ -74,6 +74,10 @@ def test_a_command_is_a_nonempty_list_of_strings(argv):
         check_spec({"argv": argv, "gpus": 0}, USER, [])
 
 
+def test_empty_arguments_after_the_program_are_kept():
+    assert spec(argv=["printf", "%s\\n", ""]).argv == ["printf", "%s\\n", ""]
+
+
 def test_argument_count_limit():
     assert len(spec(argv=["true"] + ["x"] * 4095).argv) == 4096
     assert "4097 arguments; at most 4096" in refused(argv=["true"] + ["x"] * 4096)
@@ -456,6 +460,9 @@ def test_callers_and_admins():
 
     nobody = pwd.getpwnam("nobody")
     assert ROOT.user == "root" and USER.user == "4321"
+    assert len({USER, Caller(1, 4321, 4321)}) == 1  # a value: hashable, equal by its fields
+    with pytest.raises(AttributeError):
+        USER.uid = 0
     assert Caller(1, 4321, 4321).groups() == {4321}  # no such user: its own group alone
     assert is_admin(ROOT, None) and is_admin(ROOT, "no-such-group")
     assert not is_admin(USER, None) and not is_admin(USER, "") and not is_admin(USER, "no-such-group")
