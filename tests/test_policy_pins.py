@@ -361,6 +361,15 @@ def test_factors_take_each_residents_pairing_and_the_candidates_worst():
     assert lrn.unseen(["r1", "r2", "zz"], "c", "mps").tolist() == [0.0, 1.0, 1.0, 1.0]
 
 
+def test_waiting_is_charged_what_the_curve_costs_the_residents_at_their_summed_bandwidth():
+    g = GpuView("a", 0, 80 * GiB, mps="active")
+    placed = [Placed(8, ("a",), GiB, mode="mps", profile=flat("r1", 0.1, 0.2)),
+              Placed(9, ("a",), GiB, mode="mps", profile=flat("r2", 0.1, 0.2))]
+    lrn = pol.Learned(bw={("mps", 9): (1, 3.0)})  # 3x at 0.9: on the line from (0, 1), 0.4 costs 1 + 2 * 4 / 9
+    d = plan([Candidate(1, GiB, profile=flat("c", 0.1, 0.1))], [g], placed, learned=lrn)[0]
+    assert d.details["throughput"]["wait"] == pytest.approx(2 / (1 + 2 * 4 / 9))
+
+
 def test_the_bandwidth_curve_bins():
     lrn = pol.Learned()
     assert lrn._bin(0.0) == 0 and lrn._bin(0.1) == 1 and lrn._bin(0.35) == 3 and lrn._bin(99.0) == 30
