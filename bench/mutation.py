@@ -20,6 +20,7 @@ each child, after the hook, so that every module that uses the mutated one gets 
     python bench/mutation.py colo/sched/policy.py --sample 150 --seed 1
     python bench/mutation.py colo/units.py --tests tests/test_policy.py   # another test set
     python bench/mutation.py colo/units.py --list             # the mutants, not run
+    python bench/mutation.py colo/units.py --index 17 40      # only these (#N, as a run prints them)
 
 Prints per module: mutants, killed %, and each survivor (line, change, the line's text).
 """
@@ -254,6 +255,8 @@ def main() -> int:
     ap.add_argument("--tests", nargs="+", help="pytest arguments instead of the module's own tests (TESTS)")
     ap.add_argument("--sample", type=int, default=0, help="run N mutants per module, chosen by --seed (0: all)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--index", type=int, nargs="+", help="run only these mutants (the #N a run prints), e.g. "
+                    "the survivors of an earlier run")
     ap.add_argument("--list", action="store_true", help="print the mutants, run nothing")
     ap.add_argument("--json-out", help="save the results (per module: counts and survivors) here")
     ap.add_argument("-v", "--verbose", action="store_true", help="show pytest's output")
@@ -283,12 +286,14 @@ def main() -> int:
             tests = args.tests or TESTS[rel]
             every = mutants(source)
             chosen = every
-            if args.sample and args.sample < len(every):
+            if args.index:
+                chosen = [m for m in every if m.index in set(args.index)]
+            elif args.sample and args.sample < len(every):
                 chosen = sorted(random.Random(args.seed).sample(every, args.sample), key=lambda m: m.index)
             lines = source.splitlines()
             if args.list:
                 for m in chosen:
-                    print(f"{rel}:{m.line}: {m.what}    | {lines[m.line - 1].strip()[:90]}")
+                    print(f"{rel}:{m.line}: #{m.index} {m.what}    | {lines[m.line - 1].strip()[:90]}")
                 continue
             name = module_name(rel)
             base, base_s = run_tests(name, path, compile(source, path, "exec"), tests, work, 600, args.verbose)
@@ -319,11 +324,11 @@ def main() -> int:
                   f"{counts['timeout']} by timeout), {len(survivors)} survived, {counts['error']} errors; "
                   f"tests: {' '.join(tests)}; {time.monotonic() - t0:.0f} s")
             for m in sorted(survivors, key=lambda m: m.line):
-                print(f"  survived L{m.line}: {m.what}    | {lines[m.line - 1].strip()[:90]}")
+                print(f"  survived L{m.line} #{m.index}: {m.what}    | {lines[m.line - 1].strip()[:90]}")
             for m, outcome in errors:
                 print(f"  error ({outcome}) L{m.line}: {m.what}")
             results[rel] = {"mutants": len(every), "run": len(chosen), "killed": killed, "killed_pct": round(pct, 1),
-                            "survived": [{"line": m.line, "what": m.what} for m in survivors],
+                            "survived": [{"line": m.line, "index": m.index, "what": m.what} for m in survivors],
                             "errors": len(errors), "tests": tests, "sample": args.sample, "seed": args.seed}
     if args.json_out and results:
         Path(args.json_out).write_text(json.dumps(results, indent=1) + "\n")
