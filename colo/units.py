@@ -9,6 +9,7 @@ _UNITS = {
     "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
 }
 _LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_DIGITS = frozenset("0123456789")  # ASCII only: str.isdecimal() would take "٤" and "４" too
 
 
 def _split_size(text: str) -> tuple[str, str] | None:
@@ -16,11 +17,11 @@ def _split_size(text: str) -> tuple[str, str] | None:
     (By hand, not a regex: `colo submit` does not import `re` for it.)"""
     t = text.strip()
     i = 0
-    while i < len(t) and (t[i].isdecimal() or t[i] == "."):
+    while i < len(t) and (t[i] in _DIGITS or t[i] == "."):
         i += 1
     num, unit = t[:i], t[i:].lstrip()
     whole, dot, frac = num.partition(".")
-    if not whole.isdecimal() or (dot and not frac.isdecimal()) or not all(c in _LETTERS for c in unit):
+    if not whole or "." in frac or (dot and not frac) or not all(c in _LETTERS for c in unit):
         return None
     return num, unit
 

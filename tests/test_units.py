@@ -79,3 +79,9 @@ def test_format_size_exact_rounds_nothing_away(n, text):
 ])
 def test_format_duration_at_each_boundary(s, text):
     assert format_duration(s) == text
+
+
+@pytest.mark.parametrize("text", ["٤GiB", "４G", "1.٥GiB", "١٠٢٤"])
+def test_sizes_take_ascii_digits_only(text):
+    with pytest.raises(BadSize):
+        parse_size(text)

@@ -196,8 +196,8 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     if len(raw_mounts) > MAX_MOUNTS:
         raise Invalid(f"{len(raw_mounts)} mounts; at most {MAX_MOUNTS}")
     for m in raw_mounts:
-        if isinstance(m, str) and _utf8("mount", m) > 2 * MAX_PATH + 3:
-            raise Invalid(f"mount is longer than {2 * MAX_PATH + 3} bytes")
+        if isinstance(m, str) and _utf8("mount", m) > 2 * MAX_PATH + 4:  # SRC:DST:ro
+            raise Invalid(f"mount is longer than {2 * MAX_PATH + 4} bytes")
         try:
             mount = Mount.parse(m) if isinstance(m, str) else Mount(**m)
         except (TypeError, ValueError) as e:
