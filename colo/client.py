@@ -88,6 +88,10 @@ class Client:
                                     "group that may use colo", "forbidden")
         return s
 
+    def connect(self, timeout: float | None = None) -> _socket.socket:
+        """A connected socket, for a caller that speaks the protocol itself (a session: colo/cli/attach.py)."""
+        return self._connect(timeout)
+
     def _stream(self, op: str, timeout: float | None, **args: Any) -> Iterator[dict]:
         s = self._connect(timeout)
         try:
@@ -167,6 +171,10 @@ class Client:
 
     def cancel(self, job_id: int) -> dict:
         return self.call("cancel", id=job_id)
+
+    def signal(self, job_id: int, signum: int) -> dict:
+        """A signal (HUP INT QUIT USR1 USR2 TERM) to a running process job's main process."""
+        return self.call("signal", id=job_id, signal=int(signum))
 
     def hold(self, job_id: int) -> dict:
         return self.call("hold", id=job_id)

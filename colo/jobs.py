@@ -104,6 +104,11 @@ class JobSpec:
     array_size: int | None = None
     array_limit: int | None = None
     copy_of: int | None = None  # `colo requeue`: the ended job this one runs again (colo wait follows it)
+    # A person's session (colo shell, colo run, a notebook's kernel), not a batch job: what the idle
+    # policy may end. A submitter may say so; `tty` only the daemon sets (op `session`): the job runs
+    # on a terminal colo made for it, whose other end went to the submitter's client.
+    interactive: bool = False
+    tty: bool = False
 
     @property
     def runtime(self) -> str:

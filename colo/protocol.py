@@ -21,7 +21,13 @@ OPS = frozenset({
     "profile_put",  # a profile the caller recorded becomes their own (issue 13)
     "hold", "release", "edit", "requeue",  # a queued job held back or changed; an ended one again (issue 16)
     "clean",  # ended jobs removed (pueue's clean)
+    "session",  # a job on a terminal colo made for it, attached (colo shell, colo run; issue 32)
+    "signal",  # a signal to a running job's main process (a notebook kernel's interrupt)
 })
+# An event that carries a file descriptor (a session's terminal): sent with SCM_RIGHTS on its line's
+# first byte. The daemon's streams name it with this key; the JSON sent says {"tty": true}.
+PASS_FD = "_fd"
+SIGNALS = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM: what a job's shim passes on to it
 
 # error codes (stable, for scripts)
 BAD_REQUEST = "bad_request"
@@ -231,6 +237,12 @@ def _changes(v: Any) -> None:
     # their values: colo/daemon/validate.py, as for a submit
 
 
+def _signal(v: Any) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v not in SIGNALS:
+        raise ProtocolError(f"signal must be one of {', '.join(map(str, SIGNALS))} (HUP INT QUIT USR1 USR2 TERM), "
+                            f"not {short(v)}", INVALID)
+
+
 def _spec(v: Any) -> None:
     if not isinstance(v, dict):
         raise ProtocolError("spec must be an object", INVALID)
@@ -253,6 +265,8 @@ ARGS: dict[str, dict[str, Any]] = {
     "hold": {"id": _job_id}, "release": {"id": _job_id}, "requeue": {"id": _job_id},
     "edit": {"id": _job_id, "changes": _changes},
     "wait": {"ids": _ids},
+    "session": {"spec": _spec},
+    "signal": {"id": _job_id, "signal": _signal},
     "profiles": {"user": _user}, "profile": {"name": _name, "user": _user},
     "profile_share": {"name": _name, "user": _user},
     "profile_put": {"text": _profile_text},  # no user: a user writes only their own
@@ -275,6 +289,6 @@ def check_args(op: str, args: dict[str, Any]) -> None:
             raise ProtocolError(f"{op} takes no argument {short(name)}")
         if value is not None:
             check(value)
-    for name in ("id", "ids", "spec", "name", "text"):  # required where the op has them
+    for name in ("id", "ids", "spec", "name", "text", "signal"):  # required where the op has them
         if name in table and args.get(name) is None:
             table[name](None)

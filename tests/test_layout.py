@@ -15,7 +15,8 @@ MAY = {
     "runtimes": {"core", "node"},
     "daemon": {"core", "sched", "node", "runtimes"},
     "tui": {"core"},  # renders what colo.client gives; never NVML, the store or the daemon
-    "cli": {"core", "sched", "node", "runtimes", "daemon", "tui"},  # the top: `colo daemon`, demo, doctor
+    "jupyter": {"core"},  # the kernel provisioner: a client of the daemon, as the TUI is
+    "cli": {"core", "sched", "node", "runtimes", "daemon", "tui", "jupyter"},  # the top: `colo daemon`, demo, doctor
 }
 
 

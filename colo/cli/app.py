@@ -11,6 +11,7 @@ from typing import List, Optional
 import typer
 
 from . import lsview
+from . import sessions as cli_sessions
 from . import sim as cli_sim
 from ..client import Client, ClientError
 from ..jobs import TERMINAL
@@ -787,6 +788,7 @@ def _history_rows() -> list[dict]:
 
 cli_sim.load_history_rows = _history_rows  # `colo sim --from-history` replays what the daemon ran
 cli_sim.register(app)
+cli_sessions.register(app)  # colo shell, colo run, colo kernelspec
 
 
 def main() -> None:

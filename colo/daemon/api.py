@@ -15,10 +15,10 @@ from ..sched import fairshare
 from .. import report as rp
 from ..jobs import ACTIVE, ARRAY_FIELDS, TERMINAL, Job, JobSpec, State
 from ..sched.policy import can_ever_fit, gpu_allowed, gpu_filter_refusal
-from ..runtimes.base import EngineError, Unavailable
+from ..runtimes.base import EngineError, Gone, Unavailable
 from ..store import NotFound
 from ..units import format_size_exact
-from . import logread, pin
+from . import logread, pin, session
 from .external import External, Refused
 from .validate import Caller, Forbidden, Invalid, check_spec, is_admin, parse_array
 
@@ -146,11 +146,13 @@ class Api:
                            "patrol_grace": c.patrol_grace},
                 "metrics": c.metrics_listen}
 
-    async def submit(self, caller: Caller, args: dict) -> dict:
+    async def submit(self, caller: Caller, args: dict, tty: bool = False) -> dict:
+        """tty: a session's job (op `session`), which starts on the terminal the daemon made for it."""
         d = self.d
         protected = [d.config.state_dir, d.config.socket.parent]
         try:
             spec = check_spec(args.get("spec"), caller, protected)
+            spec.tty = tty
             array = args["spec"].get("array")
             indices, limit = parse_array(array) if array is not None else (None, None)
         except Invalid as e:
@@ -251,7 +253,7 @@ class Api:
         raw.pop("mounts")  # checked as the owner at submit; unchanged, and not re-read as whoever edits
         raw.pop("slurm_job", None)
         raw.pop("asked_mem", None)  # the daemon's (None while queued)
-        kept = {k: raw.pop(k, None) for k in (*ARRAY_FIELDS, "copy_of")}  # the daemon's, not the submitter's
+        kept = {k: raw.pop(k, None) for k in (*ARRAY_FIELDS, "copy_of", "tty")}  # the daemon's, not the submitter's
         try:
             spec = check_spec(raw, caller, [self.d.config.state_dir, self.d.config.socket.parent])
         except (Invalid, Forbidden) as e:
@@ -277,6 +279,9 @@ class Api:
             raise ApiError(f"job {job.id} is {job.state}: only an ended job can be requeued", protocol.INVALID)
         if job.spec.slurm_job is not None:
             raise ApiError(f"job {job.id} was a Slurm job: submit it to Slurm again", protocol.INVALID)
+        if job.spec.tty:
+            raise ApiError(f"job {job.id} was a session on a terminal that is gone: start it again with colo shell "
+                           "or colo run", protocol.INVALID)
         spec = JobSpec.from_dict({**job.spec.to_dict(), "copy_of": job.id}).as_asked()  # not what --grow gave the last run
         await self._admit(spec, caller, job.user, job.uid)
         new = self.d.table.add(spec, job.uid, job.gid, job.user,
@@ -502,13 +507,18 @@ class Api:
         # The stop (SIGTERM, the grace period, SIGKILL) goes on in the background: a cancel returns
         # at once, so cancelling several jobs that ignore SIGTERM takes one grace period, not one
         # each (issue 16). The cancel itself is stored before this returns (Launcher.cancel).
-        task = asyncio.create_task(self.d.launcher.cancel(job.id, caller.user))
-        self._stops.add(task)
-        task.add_done_callback(self._stop_done)
+        task = self.stop_later(self.d.launcher.cancel(job.id, caller.user))
         await asyncio.sleep(0)  # the task runs to its first wait: cancel_by is stored, the stop begun
         if not task.done():
             await asyncio.wait({task}, timeout=0.05)
         return self.summary(self.d.table.job(job.id))
+
+    def stop_later(self, stop) -> asyncio.Task:
+        """A cancel's stop (the coroutine `stop`), carried on in the background and kept referenced."""
+        task = asyncio.create_task(stop)
+        self._stops.add(task)
+        task.add_done_callback(self._stop_done)
+        return task
 
     def _stop_done(self, task: asyncio.Task) -> None:
         self._stops.discard(task)
@@ -672,7 +682,31 @@ class Api:
         self.d.wake()
         return {"stopping": True}
 
+    async def signal(self, caller: Caller, args: dict) -> dict:
+        """A signal (protocol.SIGNALS) to a running job's main process, passed on by its shim: a
+        notebook kernel's interrupt (SIGINT), as `scancel --signal` does."""
+        job = self._own(self._job(args), caller, "signal")
+        if job.state != State.RUNNING or not job.handle:
+            raise ApiError(f"job {job.id} is {job.state}: only a running job can be signalled", protocol.INVALID)
+        try:
+            sent = await self.d.launcher.signal(job.id, job.handle, args["signal"])
+        except Gone:
+            raise ApiError(f"job {job.id} has ended", protocol.INVALID) from None
+        if not sent:
+            raise ApiError(f"job {job.id} is a {job.spec.runtime} job: colo signals process jobs only",
+                           protocol.INVALID)
+        return self.summary(self.d.table.job(job.id))
+
     # streams --------------------------------------------------------------------------------------
+    async def session(self, caller: Caller, args: dict) -> AsyncIterator[Any]:
+        """`colo shell`/`colo run`: a job on a terminal colo made for it (colo/daemon/session.py)."""
+        try:
+            session.check(args["spec"])
+        except session.Refused as e:
+            raise ApiError(str(e), protocol.INVALID) from None
+        async for ev in session.attach(self, caller, args["spec"]):
+            yield ev
+
     async def logs(self, caller: Caller, args: dict) -> AsyncIterator[Any]:
         """The job's output from the start, or its last `tail` lines, or those colo saw at or after
         `since` (epoch seconds); with `timestamps`, events are {"lines": [[at, text], ...]}, `at`
@@ -837,4 +871,5 @@ def _user(pid: int) -> str:
         return "?"
 
 
-STREAMS = {"logs", "wait"}
+STREAMS = {"logs", "wait", "session"}
+ATTACHED = {"session"}  # streams that end when their client hangs up (server.py)

@@ -102,11 +102,27 @@ class Launcher:
         self._engine_said: dict[int, str] = {}  # job -> what the engine last said of it (logged once)
         self._removals: dict[str, tuple[int, Backoff]] = {}  # container -> its job, when to try again
         self._cleanups: set[asyncio.Task] = set()  # removals of ended jobs' containers under way
+        # sessions' jobs (op `session`) -> the slave end of the pty the daemon made, until the start
+        # hands it to the job (colo/daemon/session.py)
+        self._terminals: dict[int, int] = {}
         table.on_change.append(self._on_change)
 
     def _on_change(self, prev: Job | None, job: Job) -> None:
         if job.state in TERMINAL:
             self._start_retry.pop(job.id, None)  # e.g. cancelled while it waited to start again
+            self.drop_terminal(job.id)
+
+    # sessions' terminals ----------------------------------------------------------------------
+    def give_terminal(self, job_id: int, fd: int) -> None:
+        """The terminal a session's job starts on (the launcher closes it)."""
+        self.drop_terminal(job_id)
+        self._terminals[job_id] = fd
+
+    def drop_terminal(self, job_id: int) -> None:
+        """The session ended before its job started, or its client went away: the slave end goes."""
+        fd = self._terminals.pop(job_id, None)
+        if fd is not None:
+            os.close(fd)
 
     # what the scheduler asks ------------------------------------------------------------------
     def start_wait(self, job_id: int) -> str | None:
@@ -148,6 +164,11 @@ class Launcher:
         try:
             rt = self.engines.runtime_for(job)
             launch = await asyncio.to_thread(self.build_launch, job, d)
+            if job.spec.tty:  # the runtime closes it once the job has it
+                launch.tty = self._terminals.pop(job.id, None)
+                if launch.tty is None:
+                    raise StartError("its terminal is gone (the session's client hung up, or colo restarted, "
+                                     "before it started)")
             handle = await asyncio.to_thread(rt.start, launch)
         except asyncio.CancelledError:
             raise
@@ -467,6 +488,15 @@ class Launcher:
         if now is not None and not n:
             self._cancel_retry.clear()
         return n
+
+    async def signal(self, job_id: int, handle: str, sig: int) -> bool:
+        """`sig` to a running job's main process; False: its runtime cannot (containers, Slurm)."""
+        rt = self.engines.runtime_for(self.table.job(job_id))
+        send = getattr(rt, "signal", None)
+        if send is None:
+            return False
+        await asyncio.to_thread(send, handle, sig)
+        return True
 
     async def _stop(self, job_id: int, handle: str) -> None:
         live = self.live.setdefault(job_id, Live())

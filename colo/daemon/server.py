@@ -16,7 +16,7 @@ from .. import protocol
 from ..config import Config
 from ..runtimes.base import Unavailable
 from ..store import StoreError
-from .api import STREAMS, Api, ApiError
+from .api import ATTACHED, STREAMS, Api, ApiError
 from .core import Daemon
 from .validate import Caller
 
@@ -75,7 +75,9 @@ class Server:
                 return
             try:
                 fn = getattr(self.api, op)
-                if op in STREAMS:
+                if op in ATTACHED:
+                    await self._attached(fn(caller, args), reader, writer)
+                elif op in STREAMS:
                     async for ev in fn(caller, args):
                         if "final" in ev:
                             writer.write(protocol.ok(ev["final"]))
@@ -114,6 +116,64 @@ class Server:
                     mine.discard(writer)
                     if not mine:
                         del self.conns[caller.uid]
+
+    async def _attached(self, events, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A stream that lives as long as its client (a session): the client sends nothing after its
+        request, so anything read, or the end of what it sends, is its hang-up, which ends the stream
+        at once (its `finally` cancels the session's job), not at the next event written."""
+        hangup = asyncio.ensure_future(reader.read(1))
+        step = None
+        try:
+            while True:
+                step = asyncio.ensure_future(events.__anext__())
+                await asyncio.wait({step, hangup}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    return
+                try:
+                    ev = step.result()
+                except StopAsyncIteration:
+                    writer.write(protocol.ok(None))
+                    return
+                if "final" in ev:
+                    writer.write(protocol.ok(ev["final"]))
+                    return
+                fd = ev.pop(protocol.PASS_FD, None)
+                if fd is None:
+                    writer.write(protocol.event(ev))
+                    await writer.drain()
+                    continue
+                try:
+                    await writer.drain()  # what went before it, in order
+                    await _send_fd(writer, protocol.event(ev), fd)
+                finally:
+                    os.close(fd)  # the daemon keeps no copy: the client's is the only one
+        finally:
+            if hangup.done() and not hangup.cancelled():
+                hangup.exception()  # (a reset connection: a hang-up like any other)
+            hangup.cancel()
+            if step is not None and not step.done():
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+            await events.aclose()
+
+
+async def _send_fd(writer: asyncio.StreamWriter, data: bytes, fd: int) -> None:
+    """`data` with `fd` on its first byte (SCM_RIGHTS). Through a duplicate of the connection's
+    socket (asyncio's own does not send ancillary data); it shares the non-blocking file."""
+    s = socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno()))
+    try:
+        for _ in range(6000):  # a client that reads nothing for a minute is dropped (REPLY_TIMEOUT)
+            try:
+                sent = socket.send_fds(s, [data], [fd])
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.01)
+        else:
+            raise ConnectionError("the client does not read")
+        if sent < len(data):
+            writer.write(data[sent:])
+    finally:
+        s.close()
 
 
 def _prepare_socket(config: Config) -> None:

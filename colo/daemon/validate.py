@@ -55,7 +55,7 @@ def is_admin(caller: Caller, admin_group: str | None) -> bool:
 
 SPEC_FIELDS = {"argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "workdir", "after", "after_any",
                "after_fail", "priority", "profile", "retries", "grow", "cpus", "mem", "time", "gpu_ids", "gpu_type",
-               "array"}
+               "array", "interactive"}
 # colo's own plumbing: a job that could set these could escape its budget or reach MPS.
 # NVIDIA_*: what the NVIDIA container runtime's hook reads to hand a container devices (GPUs, MIG
 # capabilities, IMEX channels, GDS/MOFED/NVSwitch/GDRCopy devices); others (NVIDIA_TF32_OVERRIDE) are the job's.
@@ -223,9 +223,9 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     for label, v in (("--name", name), ("--profile", profile)):
         if v is not None and (not isinstance(v, str) or not NAME.fullmatch(v)):
             raise Invalid(f"{label} must be 1-64 letters, digits, '.', '_' or '-'")
-    grow = raw.get("grow", False)
-    if not isinstance(grow, bool):
-        raise Invalid("grow must be true or false")
+    grow, interactive = raw.get("grow", False), raw.get("interactive", False)
+    if not isinstance(grow, bool) or not isinstance(interactive, bool):
+        raise Invalid("grow and interactive must be true or false")
     retries = raw.get("retries", 0)
     if not _int(retries) or not 0 <= retries <= 10:
         raise Invalid("retries must be 0 to 10")
@@ -248,7 +248,7 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     return JobSpec(argv=argv, image=image, name=name, gpu_mem=gpu_mem, gpus=gpus, env=env, mounts=mounts,
                    workdir=workdir, **deps, priority=priority, profile=profile, retries=retries,
                    grow=grow, cpus=float(cpus) if cpus is not None else None, mem=mem, time=limit,
-                   gpu_ids=gpu_ids, gpu_type=gpu_type)
+                   gpu_ids=gpu_ids, gpu_type=gpu_type, interactive=interactive)
 
 
 def _gpu_filter(ids: Any, kind: Any, gpus: int) -> tuple[list[int], str | None]:

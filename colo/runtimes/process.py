@@ -83,6 +83,13 @@ class ProcessRuntime:
         self._idle = threading.Condition(self._lock)  # notified when a job's _busy count falls
 
     def start(self, launch: Launch) -> str:
+        try:
+            return self._start_attempt(launch)
+        finally:
+            if launch.tty is not None:  # the shim's child has it now (or the start failed)
+                os.close(launch.tty)
+
+    def _start_attempt(self, launch: Launch) -> str:
         shim = str(self.shim or native.path("colo-shim"))
         root = os.geteuid() == 0
         if not root and launch.uid != os.geteuid():
@@ -141,6 +148,9 @@ class ProcessRuntime:
                 raise StartError(f"cannot make the job's cgroup: {e.strerror}") from None
         # The environment goes through a memfd, not argv (which every user can read in /proc).
         envfd = os.memfd_create("colo-env", os.MFD_CLOEXEC)
+        fds = (envfd,) if launch.tty is None else (envfd, launch.tty)
+        if launch.tty is not None:  # a session: the shim makes it the job's controlling terminal
+            args += ["--tty-fd", str(launch.tty)]
         try:
             os.write(envfd, b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
             os.lseek(envfd, 0, os.SEEK_SET)
@@ -149,7 +159,7 @@ class ProcessRuntime:
             try:
                 p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
                                      env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                                     start_new_session=True, pass_fds=(envfd,), close_fds=True)
+                                     start_new_session=True, pass_fds=fds, close_fds=True)
             except (OSError, subprocess.SubprocessError) as e:
                 if self.cgroups is not None:
                     self.cgroups.remove(launch.job_id)
@@ -388,6 +398,17 @@ class ProcessRuntime:
             if not self._signal_tree(p, signal.SIGKILL):
                 return
             time.sleep(0.05)
+
+    def signal(self, handle: str, sig: int) -> None:
+        """`sig` to the job's main process: sent to its shim, which passes it on (HUP INT QUIT USR1
+        USR2 TERM). Raises Gone when the shim has ended."""
+        p = self._proc(handle)
+        if p is None:
+            raise Gone("the job's process has ended")
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            raise Gone("the job's process has ended") from None
 
     @staticmethod
     def _descendants(p: psutil.Process) -> list[psutil.Process]:

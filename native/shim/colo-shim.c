@@ -1,7 +1,7 @@
 /* colo-shim: the small root helper of one process job (as slurmstepd is for a Slurm step).
  *
  *   colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G1,G2...]] [--workdir DIR]
- *             [--env-fd N] [--log-cap BYTES] [--reserve BYTES] -- CMD [ARGS...]
+ *             [--env-fd N] [--tty-fd N] [--log-cap BYTES] [--reserve BYTES] -- CMD [ARGS...]
  *
  * Started by the daemon with stdout and stderr on the job's log (a root-owned file in a root-only
  * folder) and EXITFILE in a folder the job cannot write. It forks; the child starts a session of
@@ -18,6 +18,12 @@
  * EXITFILE atomically: "CODE\n" and, when the job never ran, "REASON\n".
  * Exit code: CMD's, or 128+signal when a signal ended it.
  * TERM, INT, HUP, QUIT, USR1, USR2 sent to the shim are passed on to CMD.
+ *
+ * --tty-fd N: a session (colo shell): N is the slave end of a pty the daemon made. The child gives
+ * it to the user (fchown, 0620 group tty, as login and sshd do), drops privileges, then makes it
+ * its controlling terminal (TIOCSCTTY: it leads a session of its own) and its stdin, stdout and
+ * stderr; so Ctrl-C, Ctrl-Z and window sizes reach the job's foreground process group. The job's
+ * output then goes to the terminal, not the log; failures before the switch still go to the log.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -31,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -259,7 +266,7 @@ static void child_fail(int code, const char *fmt, ...)
 }
 
 static void run_child(int out_w, int have_user, uid_t uid, gid_t gid, gid_t *groups, int ngroups,
-                      const char *workdir, char **envp, char **argv)
+                      const char *workdir, char **envp, char **argv, int ttyfd, gid_t ttygid)
 {
     setsid();
     for (int i = 0; i < ncgroups; i++) {
@@ -281,6 +288,9 @@ static void run_child(int out_w, int have_user, uid_t uid, gid_t gid, gid_t *gro
     for (int s = 1; s < NSIG; s++)
         signal(s, SIG_DFL);
     umask(022);
+    if (ttyfd >= 0 && have_user &&
+        (fchown(ttyfd, uid, ttygid) != 0 || fchmod(ttyfd, ttygid == gid ? 0600 : 0620) != 0))
+        child_fail(126, "cannot give the session's terminal to uid %d: %s", (int)uid, strerror(errno));
     if (have_user) {
         if (setgroups((size_t)ngroups, groups) != 0)
             child_fail(126, "cannot set the groups of uid %d: %s", (int)uid, strerror(errno));
@@ -295,6 +305,14 @@ static void run_child(int out_w, int have_user, uid_t uid, gid_t gid, gid_t *gro
             child_fail(126, "the switch to uid %d gid %d did not hold", (int)uid, (int)gid);
         if (uid != 0 && (setuid(0) == 0 || seteuid(0) == 0))
             child_fail(126, "uid %d could become root again", (int)uid);
+    }
+    if (ttyfd >= 0) { /* as the user: the session's terminal becomes the job's own */
+        if (ioctl(ttyfd, TIOCSCTTY, 0) != 0)
+            child_fail(126, "cannot make the session's terminal its controlling terminal: %s", strerror(errno));
+        if (dup2(ttyfd, 0) < 0 || dup2(ttyfd, 1) < 0 || dup2(ttyfd, 2) < 0)
+            child_fail(126, "cannot put the session's terminal on its stdin and stdout: %s", strerror(errno));
+        if (ttyfd > 2)
+            close(ttyfd);
     }
     /* As the user: a folder the user cannot enter is refused by the kernel, as for them. */
     if (workdir && chdir(workdir) != 0)
@@ -348,11 +366,11 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G,...]] [--workdir DIR] "
-                        "[--env-fd N] [--log-cap BYTES] [--reserve BYTES] -- CMD [ARGS...]\n");
+                        "[--env-fd N] [--tty-fd N] [--log-cap BYTES] [--reserve BYTES] -- CMD [ARGS...]\n");
         return 2;
     }
     const char *exitfile = argv[1], *workdir = NULL;
-    int have_user = 0, ngroups = 0, envfd = -1, i;
+    int have_user = 0, ngroups = 0, envfd = -1, ttyfd = -1, i;
     uid_t uid = 0;
     gid_t gid = 0;
     static gid_t groups[MAX_GROUPS];
@@ -381,6 +399,10 @@ int main(int argc, char **argv)
             workdir = val;
         } else if (!strcmp(opt, "--env-fd")) {
             envfd = (int)parse_num(val, "--env-fd");
+        } else if (!strcmp(opt, "--tty-fd")) {
+            ttyfd = (int)parse_num(val, "--tty-fd");
+            if (!isatty(ttyfd))
+                die("--tty-fd %d is not a terminal", ttyfd);
         } else if (!strcmp(opt, "--log-cap")) {
             log_cap = parse_num(val, "--log-cap");
         } else if (!strcmp(opt, "--reserve")) {
@@ -393,6 +415,8 @@ int main(int argc, char **argv)
         die("missing command after --");
     char **cmd = argv + i + 1;
     char **envp = envfd >= 0 ? read_env(envfd) : environ;
+    struct group *tty_group = ttyfd >= 0 ? getgrnam("tty") : NULL; /* (looked up before the fork) */
+    gid_t ttygid = tty_group ? tty_group->gr_gid : gid;
     struct stat st;
     if (fstat(1, &st) == 0 && S_ISREG(st.st_mode))
         log_size = st.st_size;
@@ -418,8 +442,10 @@ int main(int argc, char **argv)
         close(out[0]);
         close(err[0]);
         errfd = err[1];
-        run_child(out[1], have_user, uid, gid, groups, ngroups, workdir, envp, cmd);
+        run_child(out[1], have_user, uid, gid, groups, ngroups, workdir, envp, cmd, ttyfd, ttygid);
     }
+    if (ttyfd >= 0)
+        close(ttyfd); /* the job's alone: its client reads EIO once the job's last holder has gone */
     close(out[1]);
     close(err[1]);
 

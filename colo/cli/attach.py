@@ -1,0 +1,227 @@
+"""The client's side of a session (`colo shell`, `colo run`), as `srun --pty` is.
+
+It asks the daemon for a session (op `session`, colo/daemon/session.py), which queues the job and
+sends back the master end of the job's terminal (SCM_RIGHTS) at once. While the job waits, the
+terminal stays as it is (Ctrl-C here gives up: closing the connection cancels the job) and the
+reasons it waits are shown. Once it starts, this terminal goes raw and bytes are copied both ways
+between it and the job's terminal; keys such as Ctrl-C and Ctrl-Z are the job's terminal's to act
+on, as a window size change is (copied to it on SIGWINCH). The job's terminal reads EIO when the
+job has ended; its end (state, exit code) comes as the stream's final reply, and this terminal is
+put back as it was.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import select
+import signal
+import socket
+import sys
+import termios
+import tty
+
+from .. import protocol
+from ..client import Client, ClientError, DaemonUnavailable
+from ..textsafe import safe
+
+
+def say(text: str) -> None:
+    sys.stderr.write(f"colo: {safe(text)}\r\n" if _raw else f"colo: {safe(text)}\n")
+    sys.stderr.flush()
+
+
+_raw = False  # this terminal is raw now (lines need their \r)
+
+
+class _Conn:
+    """The session's connection: the daemon's messages, and the descriptor that comes with one."""
+
+    def __init__(self, sock) -> None:
+        self.sock, self.buf, self.fds = sock, b"", []
+
+    def fill(self) -> bool:
+        """Read what is there; False at the end (the daemon closed the connection)."""
+        data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
+        self.fds += fds
+        self.buf += data
+        return bool(data)
+
+    def messages(self):
+        while (i := self.buf.find(b"\n")) >= 0:
+            line, self.buf = self.buf[:i + 1], self.buf[i + 1:]
+            msg = protocol.loads(line)
+            if "ok" in msg and not msg["ok"]:
+                raise ClientError(msg.get("error", "unknown error"), msg.get("code", "error"))
+            yield msg
+
+    def next(self) -> dict:
+        """The next message, waiting for it."""
+        while True:
+            for msg in self.messages():
+                return msg
+            if not self.fill():
+                raise DaemonUnavailable("colo daemon closed the connection (did it stop or restart?)", "unavailable")
+
+
+def _copy_size(src: int, dst: int) -> None:
+    try:
+        fcntl.ioctl(dst, termios.TIOCSWINSZ, fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8))
+    except OSError:
+        pass
+
+
+def _prepare(master: int, stdin_tty: bool, stdout_tty: bool) -> None:
+    """The job's terminal as this one is: its modes and size (a pipe's bytes stay data)."""
+    attrs = termios.tcgetattr(0 if stdin_tty else master)
+    if stdin_tty:
+        _copy_size(0, master)
+    else:  # no keys to act on: ^C in piped data is a byte, and input is not echoed back
+        attrs[3] &= ~(termios.ECHO | termios.ISIG)
+    if not stdout_tty:  # a file gets the job's lines as written, without \r
+        attrs[1] &= ~termios.OPOST
+    termios.tcsetattr(master, termios.TCSANOW, attrs)
+
+
+def run(client: Client, spec: dict) -> int:
+    """Queue `spec` as a session, wait for its start, then be its terminal until it ends: its exit code."""
+    stdin_tty, stdout_tty = os.isatty(0), os.isatty(1)
+    sock = client.connect(None)
+    conn = _Conn(sock)
+    master, job_id = None, None
+    try:
+        sock.sendall(protocol.request("session", spec=spec))
+        waited = False
+        while True:  # until it starts (or ends first)
+            msg = conn.next()
+            if "ok" in msg:
+                return _ended(msg["result"])
+            ev = msg.get("event") or {}
+            if "job" in ev:
+                job_id = ev["job"]["id"]
+            elif ev.get("tty"):
+                if not conn.fds:
+                    raise ClientError("the daemon sent no terminal")
+                master = conn.fds.pop(0)
+                _prepare(master, stdin_tty, stdout_tty)
+            elif "waiting" in ev:
+                say(f"job {job_id} waits: {ev['waiting']}")
+                waited = True
+            elif "started" in ev:
+                if waited:
+                    say(f"job {job_id} started")
+                break
+        if master is None:
+            raise ClientError("the daemon sent no terminal")
+        end = _relay(master, conn, stdin_tty)
+        if end is None:
+            say(f"the daemon went away; how job {job_id} ended is not known here: colo show {job_id}")
+            return 1
+        return _ended(end)
+    except KeyboardInterrupt:  # Ctrl-C while it waits: the connection closes, the daemon cancels it
+        if job_id is not None:
+            say(f"job {job_id} cancelled")
+        return 130
+    finally:
+        sock.close()
+        if master is not None:
+            os.close(master)
+        for fd in conn.fds:
+            os.close(fd)
+
+
+def _ended(job: dict) -> int:
+    """A line where the job did not simply exit (cancelled, failed to start, killed); its code."""
+    code = job.get("exit_code")
+    if job.get("state") != "succeeded" and (code is None or code > 128):
+        say(f"job {job['id']} {job['state']}: {job.get('reason') or ''}")
+    return code if code is not None else 1
+
+
+def _relay(master: int, conn: _Conn, stdin_tty: bool) -> dict | None:
+    """Copy between this terminal and the job's until the job's closes and its end is known: the
+    job's summary, or None when the daemon went away (the job runs on: its terminal is here)."""
+    global _raw
+    old = termios.tcgetattr(0) if stdin_tty else None
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    # SIGWINCH (a new size) and SIGINT (^C for the job) come as their numbers on wake_r
+    handlers = {s: signal.signal(s, lambda n, _f: None) for s in (signal.SIGWINCH, signal.SIGINT)}
+    prev_wakeup = signal.set_wakeup_fd(wake_w)
+    os.set_blocking(master, False)
+    pending = b""  # typed, not yet taken by the job's terminal
+    end, master_open, stdin_open, daemon_open = None, True, True, True
+    try:
+        if old is not None:
+            tty.setraw(0, termios.TCSANOW)
+            _raw = True
+        while master_open or (end is None and daemon_open):
+            rl = [wake_r]
+            if master_open:
+                rl.append(master)
+                if stdin_open and len(pending) < 1 << 16:
+                    rl.append(0)
+            if end is None and daemon_open:
+                rl.append(conn.sock)
+            wl = [master] if pending and master_open else []
+            # once the job's end is known its terminal has closed, or closes at once (the shim kills
+            # what held it before it says how the job ended): not waited for long
+            r, w, _ = select.select(rl, wl, [], 1.0 if end is not None else None)
+            if end is not None and not r and not w:
+                break
+            if wake_r in r:
+                for n in os.read(wake_r, 512):
+                    if n == signal.SIGWINCH and old is not None:
+                        _copy_size(0, master)
+                    elif n == signal.SIGINT:  # from outside (kill -INT): the job's terminal's ^C
+                        pending += bytes([termios.tcgetattr(master)[6][termios.VINTR][0]])
+            if master in r:
+                try:
+                    data = os.read(master, 1 << 16)
+                except BlockingIOError:
+                    data = None
+                except OSError as e:
+                    if e.errno != errno.EIO:
+                        raise
+                    data = b""
+                if data == b"":
+                    master_open = False  # every holder of the job's terminal has gone
+                elif data:
+                    _write_all(1, data)
+            if 0 in r:
+                data = os.read(0, 1 << 16)
+                if data:
+                    pending += data
+                else:
+                    stdin_open = False
+                    if not stdin_tty:  # the end of piped input: end-of-file on the job's terminal
+                        pending += b"\x04" if pending.endswith(b"\n") or not pending else b"\x04\x04"
+            if master in w:
+                try:
+                    pending = pending[os.write(master, pending):]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    pending = b""
+            if conn.sock in r:
+                daemon_open = conn.fill()
+                for msg in conn.messages():
+                    if "ok" in msg:
+                        end = msg["result"]
+    finally:
+        signal.set_wakeup_fd(prev_wakeup)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        os.close(wake_r)
+        os.close(wake_w)
+        if old is not None:
+            termios.tcsetattr(0, termios.TCSADRAIN, old)
+            _raw = False
+    return end
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        try:
+            data = data[os.write(fd, data):]
+        except BlockingIOError:
+            select.select([], [fd], [])

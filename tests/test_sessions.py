@@ -1,0 +1,296 @@
+"""colo shell and colo run (issue 32): a job on a terminal colo made for it, driven through a real
+pty as a person types, by real users, against a real root daemon on a simulated GPU.
+
+The client is the real CLI (colo.cli.app) in a child forked onto a pty of its own that drops to
+the user's uid: this interpreter's files are under /root here, which other uids cannot execute,
+so the child runs the code already loaded rather than exec'ing Python again."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import pty
+import pwd
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+import traceback
+
+import pytest
+
+import colo.cli.app  # noqa: F401 - loaded here: the forked clients run it without reading /root
+import colo.cli.attach  # noqa: F401
+from colo.client import Client
+from colo.node import native
+from daemon_util import DaemonProc, as_user, client_error, gpu_node, wait_for
+
+pexpect = pytest.importorskip("pexpect")
+from pexpect import fdpexpect  # noqa: E402
+
+PROMPT = "colo-prompt$ "
+SHELL = ["--env", f"PS1={PROMPT}", "--", "/bin/bash", "--norc", "--noprofile"]
+
+
+def _user(name: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+        return pwd.getpwnam(name)
+
+
+@pytest.fixture(scope="module")
+def node():
+    """A root daemon on one simulated 16 GiB GPU, reachable by other users."""
+    if os.geteuid() != 0:
+        pytest.skip("sessions of real users need a root daemon")
+    root, state, _ = gpu_node("colo-sessions-", count=1)
+    d = DaemonProc(root, state).start()
+    os.chmod(d.socket.parent, 0o755)
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def alice():
+    return _user("colosess1")
+
+
+@pytest.fixture(scope="module")
+def bob():
+    return _user("colosess2")
+
+
+class Term:
+    """`colo ARGS` on a terminal of its own (rows x cols), as user `pw`, driven with pexpect."""
+
+    def __init__(self, d: DaemonProc, pw, *args: str, rows: int = 24, cols: int = 80):
+        pid, fd = pty.fork()
+        if pid == 0:  # pragma: no cover - the client
+            code = 99
+            try:
+                fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+                os.setgroups([])
+                os.setgid(pw.pw_gid)
+                os.setuid(pw.pw_uid)
+                os.chdir("/tmp")
+                os.environ.clear()
+                os.environ.update(PATH="/usr/bin:/bin", TERM="xterm", HOME="/tmp", COLO_SOCKET=str(d.socket))
+                sys.stdin, sys.stdout, sys.stderr = (os.fdopen(0, "r"), os.fdopen(1, "w", buffering=1),
+                                                     os.fdopen(2, "w", buffering=1))
+                sys.argv = ["colo", *args]
+                try:
+                    colo.cli.app.main()
+                    code = 0
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else 1
+            except BaseException:  # noqa: BLE001
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        self.pid, self.fd, self.status = pid, fd, None
+        self.p = fdpexpect.fdspawn(fd, timeout=30, encoding="utf-8", codec_errors="replace")
+
+    def expect(self, pattern, timeout: float = 30):
+        return self.p.expect(pattern, timeout=timeout)
+
+    def prompt(self, timeout: float = 60):
+        return self.p.expect_exact(PROMPT, timeout=timeout)
+
+    def send(self, line: str) -> None:
+        self.p.send(line + "\r")
+
+    def resize(self, rows: int, cols: int) -> None:
+        """As a terminal window does: the kernel sends SIGWINCH to the client."""
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    def wait(self, timeout: float = 60) -> int:
+        """Its exit code."""
+        def ended():
+            pid, st = os.waitpid(self.pid, os.WNOHANG)
+            return (st,) if pid else None
+        (st,) = wait_for(ended, timeout, "the client to exit")
+        self.status = os.waitstatus_to_exitcode(st)
+        return self.status
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        if self.status is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def _session_job(d: DaemonProc, pw) -> dict:
+    """The user's open session job (one at a time in these tests)."""
+    def find():
+        mine = [j for j in d.client.ls(all=False) if j["uid"] == pw.pw_uid]
+        return mine[0] if mine else None
+    return d.job(wait_for(find, 30, "the session's job")["id"])
+
+
+def test_a_shell_is_a_job_of_its_user_on_its_own_terminal(node, alice, bob):
+    """Its prompt answers, it runs as the user under its budget, its terminal is the user's alone
+    (another user can neither open it nor signal the job), and its exit code is the job's."""
+    t = Term(node, alice, "shell", "--gpu-mem", "64MiB", *SHELL)
+    try:
+        t.prompt()
+        job = _session_job(node, alice)
+        assert job["state"] == "running" and job["user"] == alice.pw_name and job["budget"] == 64 << 20
+        assert job["spec"]["interactive"] is True and job["spec"]["tty"] is True and job["name"] == "shell"
+        t.send("echo job=$COLO_JOB_ID uid=$(id -u) tty=$(tty) owner=$(stat -c %U:%a $(tty))")
+        t.expect(r"job=(\d+) uid=(\d+) tty=(\S+) owner=(\S+)\r")
+        got = t.p.match.groups()
+        assert got[:2] == (str(job["id"]), str(alice.pw_uid))
+        tty_path, owner = got[2], got[3]
+        assert owner in (f"{alice.pw_name}:620", f"{alice.pw_name}:600")
+        t.prompt()
+        # held to its budget (the interposer and its ledger): 16 MiB taken, 128 MiB more refused
+        burn = native.native_dir() / native.BURN
+        t.send(f"{burn} --mem 16MiB --over 128MiB --seconds 0 --quiet; echo burn=$?")
+        t.expect(r"burn=(\d+)\r")
+        assert t.p.match.group(1) == "0"  # colo-burn: --mem held, --over refused
+        t.prompt()
+        assert node.job(job["id"])["refused"] >= 1
+
+        def other():
+            out = {}
+            try:
+                os.close(os.open(tty_path, os.O_RDWR | os.O_NOCTTY))
+                out["open"] = "opened"
+            except OSError as e:
+                out["open"] = errno.errorcode[e.errno]
+            c = Client(node.socket)
+            out["signal"] = client_error(lambda: c.signal(job["id"], signal.SIGINT))
+            out["logs"] = client_error(lambda: list(c.logs(job["id"])))
+            return out
+
+        kind, out = as_user(bob, other)
+        assert kind == "ok", out
+        assert out["open"] == "EACCES"
+        assert out["signal"][1] == "forbidden" and out["logs"][1] == "forbidden"
+        t.send("exit 3")
+        assert t.wait() == 3
+    finally:
+        t.close()
+    ended = node.wait_state(job["id"], "failed")
+    assert ended["exit_code"] == 3 and "exited with code 3" in ended["reason"]
+    hist = node.cli("history", "--json", check=True)
+    assert job["id"] in [j["id"] for j in json.loads(hist.stdout)]
+
+
+def test_run_prints_the_commands_output_and_exits_with_its_code(node, alice):
+    t = Term(node, alice, "run", "--gpus", "0", "--", "sh", "-c", "echo out-$((6*7)); exit 0")
+    try:
+        t.expect("out-42")
+        assert t.wait() == 0
+    finally:
+        t.close()
+    jobs = [j for j in node.client.ls(users=[alice.pw_name]) if j["argv"][0] == "sh"]
+    assert jobs and jobs[-1]["state"] == "succeeded" and jobs[-1]["exit_code"] == 0
+
+
+def test_ctrl_c_ctrl_z_and_the_window_size_reach_the_job(node, alice):
+    t = Term(node, alice, "shell", *SHELL, rows=30, cols=90)
+    try:
+        t.prompt()
+        t.send("stty size")
+        t.expect("30 90")
+        t.prompt()
+        t.resize(40, 100)
+        t.send("stty size")
+        t.expect("40 100")
+        t.prompt()
+        t.send("sleep 300")
+        time.sleep(0.5)
+        t.p.send("\x03")  # to the shell's foreground job: the sleep, not the session
+        t.prompt()
+        t.send("echo status=$?")
+        t.expect("status=130")
+        t.prompt()
+        t.send("sleep 300")
+        time.sleep(0.5)
+        t.p.send("\x1a")  # the shell's job control: the sleep is stopped, the shell answers
+        t.expect("Stopped")
+        t.prompt()
+        t.send("kill -9 %1; wait; echo killed")
+        t.expect("killed")
+        t.prompt()
+        job = _session_job(node, alice)
+        assert job["state"] == "running"
+        t.send("exit")
+        assert t.wait() == 0
+    finally:
+        t.close()
+    assert node.wait_state(job["id"], "succeeded")["exit_code"] == 0
+
+
+def test_a_hung_up_client_ends_the_session(node, alice):
+    t = Term(node, alice, "shell", *SHELL)
+    try:
+        t.prompt()
+        job = _session_job(node, alice)
+        t.send("sleep 600 & echo started")  # a background job too: it goes with the session
+        t.expect("started")
+        os.close(t.fd)  # the terminal window closes: the client gets SIGHUP
+        assert t.wait() == -signal.SIGHUP
+    finally:
+        t.close()
+    ended = node.wait_state(job["id"], "failed", "cancelled", timeout=60)
+    assert ended["state"] in ("failed", "cancelled")
+    assert not [j for j in node.client.ls(all=False) if j["uid"] == alice.pw_uid]
+
+
+def test_a_session_waits_in_the_queue_with_its_reason_then_starts(node, alice, bob):
+    """Placed by the same policy as any job: while bob's job holds the GPU, alice's shell waits and
+    says why on her terminal; Ctrl-C there gives up (its job is cancelled); once bob's job ends,
+    the next shell starts."""
+    kind, blocker = as_user(bob, lambda: Client(node.socket).submit(
+        {"argv": ["sleep", "600"], "gpu_mem": "16GiB", "workdir": "/tmp"})["id"])
+    assert kind == "ok", blocker
+    node.wait_state(blocker, "running")
+    t = Term(node, alice, "shell", "--gpu-mem", "1GiB", *SHELL)
+    try:
+        t.expect(r"colo: job (\d+) waits: ")
+        first = int(t.p.match.group(1))
+        t.p.send("\x03")
+        assert t.wait() == 130
+    finally:
+        t.close()
+    assert node.wait_state(first, "cancelled")["reason"].startswith("cancelled by")
+    t = Term(node, alice, "shell", "--gpu-mem", "1GiB", *SHELL)
+    try:
+        t.expect(r"colo: job (\d+) waits: ")
+        node.client.cancel(blocker)
+        t.expect("started")
+        t.prompt()
+        t.send("exit 0")
+        assert t.wait() == 0
+    finally:
+        t.close()
+        if node.job(blocker)["state"] not in ("cancelled", "succeeded", "failed"):
+            node.client.cancel(blocker)
+
+
+def test_what_a_session_may_not_be(node):
+    c = node.client
+    for spec, words in (({"argv": ["sh"], "image": "x/y:1", "gpus": 0}, "container sessions"),
+                        ({"argv": ["sh"], "gpus": 0, "array": "0-3"}, "--array"),
+                        ({"argv": ["sh"], "gpu_mem": "1GiB", "grow": True}, "--grow")):
+        err = client_error(lambda: list(c.stream("session", spec=spec)))
+        assert err is not None and words in err[0] and err[1] == "invalid"
+    err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "tty": True}))
+    assert err is not None and err[1] == "forbidden"  # a terminal is the daemon's to give
