@@ -74,7 +74,7 @@ class ColoProvisioner(LocalProvisioner):
             raise RuntimeError(f"colo refused the kernel: {e}") from None
         self.job_id, self._ended, self.cwd = job["id"], None, cwd
         self.log.info("kernel %s is colo job %d", self.kernel_id, self.job_id)
-        said = None
+        said = job["reason"]  # ("submitted by"): the scheduler's words are what is worth a line
         while (j := await self._job())["state"] != "running":  # a kernel that waits is said to wait
             if j["state"] not in OPEN:
                 job_id, self.job_id = self.job_id, None
