@@ -294,3 +294,32 @@ def test_what_a_session_may_not_be(node):
         assert err is not None and words in err[0] and err[1] == "invalid"
     err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "tty": True}))
     assert err is not None and err[1] == "forbidden"  # a terminal is the daemon's to give
+
+
+def test_a_session_outlives_a_daemon_restart(alice):
+    """The terminal is the client's, not the daemon's: a restart leaves the shell answering; the
+    job is found again and ends with the shell's code; the client says it cannot tell how."""
+    if os.geteuid() != 0:
+        pytest.skip("sessions of real users need a root daemon")
+    root, state, _ = gpu_node("colo-sessions-restart-", count=1)
+    d = DaemonProc(root, state).start()
+    os.chmod(d.socket.parent, 0o755)
+    t = Term(d, alice, "shell", *SHELL)
+    try:
+        t.prompt()
+        job = _session_job(d, alice)
+        d.proc.send_signal(signal.SIGTERM)  # a restart (colo's unit: KillMode=process)
+        d.proc.wait(30)
+        d.start()
+        os.chmod(d.socket.parent, 0o755)
+        t.send("echo still-$((40+2))")
+        t.expect("still-42")
+        t.prompt()
+        assert d.job(job["id"])["state"] == "running"
+        t.send("exit 4")
+        t.expect("how job")
+        assert t.wait() == 1
+        assert d.wait_state(job["id"], "failed")["exit_code"] == 4
+    finally:
+        t.close()
+        d.stop()

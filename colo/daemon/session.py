@@ -76,5 +76,6 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
         if master is not None:
             os.close(master)
         d.launcher.drop_terminal(job_id)
-        if d.table.job(job_id).state not in TERMINAL:  # the client went away: so does its session
+        # the client went away: so does its session (not the daemon stopping: the session runs on)
+        if not d.stopping and d.table.job(job_id).state not in TERMINAL:
             api.stop_later(d.launcher.cancel(job_id, f"{caller.user} (the session's client hung up)"))
