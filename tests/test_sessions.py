@@ -164,7 +164,7 @@ def test_a_shell_is_a_job_of_its_user_on_its_own_terminal(node, alice, bob):
         t.expect(r"burn=(\d+)\r")
         assert t.p.match.group(1) == "0"  # colo-burn: --mem held, --over refused
         t.prompt()
-        assert node.job(job["id"])["refused"] >= 1
+        wait_for(lambda: (node.job(job["id"]).get("refused") or 0) >= 1, 30, "the refusal in the session's ledger")
 
         def other():
             out = {}
@@ -190,6 +190,8 @@ def test_a_shell_is_a_job_of_its_user_on_its_own_terminal(node, alice, bob):
     assert ended["exit_code"] == 3 and "exited with code 3" in ended["reason"]
     hist = node.cli("history", "--json", check=True)
     assert job["id"] in [j["id"] for j in json.loads(hist.stdout)]
+    r = node.cli("requeue", str(job["id"]))  # its terminal is gone: a new session is a new `colo shell`
+    assert r.returncode == 1 and "start it again with colo shell" in r.stderr
 
 
 def test_run_prints_the_commands_output_and_exits_with_its_code(node, alice):
@@ -201,6 +203,12 @@ def test_run_prints_the_commands_output_and_exits_with_its_code(node, alice):
         t.close()
     jobs = [j for j in node.client.ls(users=[alice.pw_name]) if j["argv"][0] == "sh"]
     assert jobs and jobs[-1]["state"] == "succeeded" and jobs[-1]["exit_code"] == 0
+    t = Term(node, alice, "run", "--gpus", "0", "--", "/no/such/program")  # it ends before it is seen running
+    try:
+        t.expect("cannot run /no/such/program: No such file")
+        assert t.wait() == 127
+    finally:
+        t.close()
 
 
 def test_ctrl_c_ctrl_z_and_the_window_size_reach_the_job(node, alice):
@@ -323,3 +331,15 @@ def test_a_session_outlives_a_daemon_restart(alice):
     finally:
         t.close()
         d.stop()
+
+
+def test_signal_takes_a_running_jobs_own_signals_only(node):
+    c = node.client
+    running = c.submit({"argv": ["sleep", "600"], "gpus": 0, "workdir": "/tmp"})["id"]
+    queued = c.submit({"argv": ["true"], "gpus": 0, "workdir": "/tmp", "after": [running]})["id"]
+    node.wait_state(running, "running")
+    assert client_error(lambda: c.signal(queued, signal.SIGINT))[1] == "invalid"  # not running
+    assert client_error(lambda: c.signal(running, signal.SIGKILL))[1] == "invalid"  # not one it passes on
+    c.signal(running, signal.SIGTERM)  # to its main process, through its shim
+    assert node.wait_state(running, "failed")["exit_code"] == 128 + signal.SIGTERM
+    node.wait_state(queued, "failed")  # (its dependency failed)

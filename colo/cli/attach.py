@@ -94,7 +94,9 @@ def run(client: Client, spec: dict) -> int:
         waited = False
         while True:  # until it starts (or ends first)
             msg = conn.next()
-            if "ok" in msg:
+            if "ok" in msg:  # it ended before the stream said it started: what it wrote is still there
+                if master is not None:
+                    _relay(master, conn, stdin_tty, msg["result"])
                 return _ended(msg["result"])
             ev = msg.get("event") or {}
             if "job" in ev:
@@ -138,9 +140,10 @@ def _ended(job: dict) -> int:
     return code if code is not None else 1
 
 
-def _relay(master: int, conn: _Conn, stdin_tty: bool) -> dict | None:
-    """Copy between this terminal and the job's until the job's closes and its end is known: the
-    job's summary, or None when the daemon went away (the job runs on: its terminal is here)."""
+def _relay(master: int, conn: _Conn, stdin_tty: bool, end: dict | None = None) -> dict | None:
+    """Copy between this terminal and the job's until the job's closes and its end is known (`end`,
+    when it already is): the job's summary, or None when the daemon went away (the job runs on: its
+    terminal is here)."""
     global _raw
     old = termios.tcgetattr(0) if stdin_tty else None
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -149,7 +152,7 @@ def _relay(master: int, conn: _Conn, stdin_tty: bool) -> dict | None:
     prev_wakeup = signal.set_wakeup_fd(wake_w)
     os.set_blocking(master, False)
     pending = b""  # typed, not yet taken by the job's terminal
-    end, master_open, stdin_open, daemon_open = None, True, True, True
+    master_open, stdin_open, daemon_open = True, True, True
     try:
         if old is not None:
             tty.setraw(0, termios.TCSANOW)
