@@ -156,6 +156,17 @@ def on_tty(d: "DaemonProc", *args: str) -> list[str]:
     return b"".join(out).decode().replace("\r\n", "\n").splitlines()
 
 
+def local_user(name: str):
+    """A local user of that name (made when missing, without a home; needs root): its passwd entry."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+        return pwd.getpwnam(name)
+
+
 def as_user(pw, fn):
     """Run fn in a forked child with another uid: a real second peer on the socket."""
     r, w = os.pipe()

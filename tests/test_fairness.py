@@ -3,16 +3,14 @@ per-user limits, as real users through a real daemon; the pure computation on it
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import signal
-import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from daemon_util import DaemonProc, as_user, wait_for
+from daemon_util import DaemonProc, as_user, local_user, wait_for
 
 from colo.sched import fairshare
 from colo.client import Client
@@ -47,19 +45,11 @@ def test_limits_say_which_one_in_a_line():
 
 
 # real users, real daemon ------------------------------------------------------------------------
-def _user(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
-        return pwd.getpwnam(name)
-
-
 @pytest.fixture
 def users():
     if os.geteuid() != 0:
         pytest.skip("needs root to create users")
-    return _user("colofair1"), _user("colofair2")
+    return local_user("colofair1"), local_user("colofair2")
 
 
 @pytest.fixture

@@ -11,10 +11,8 @@ import fcntl
 import json
 import os
 import pty
-import pwd
 import signal
 import struct
-import subprocess
 import sys
 import termios
 import time
@@ -26,21 +24,13 @@ import colo.cli.app  # noqa: F401 - loaded here: the forked clients run it witho
 import colo.cli.attach  # noqa: F401
 from colo.client import Client
 from colo.node import native
-from daemon_util import DaemonProc, as_user, client_error, gpu_node, wait_for
+from daemon_util import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
 
 pexpect = pytest.importorskip("pexpect")
 from pexpect import fdpexpect  # noqa: E402
 
 PROMPT = "colo-prompt$ "
 SHELL = ["--env", f"PS1={PROMPT}", "--", "/bin/bash", "--norc", "--noprofile"]
-
-
-def _user(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
-        return pwd.getpwnam(name)
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +47,12 @@ def node():
 
 @pytest.fixture(scope="module")
 def alice():
-    return _user("colosess1")
+    return local_user("colosess1")
 
 
 @pytest.fixture(scope="module")
 def bob():
-    return _user("colosess2")
+    return local_user("colosess2")
 
 
 class Term:

@@ -51,12 +51,10 @@ def install(name: str = "colo", gpu_mem: str | None = None, gpus: int | None = N
     """Write the kernelspec NAME for the caller (or under PREFIX/share/jupyter); its folder."""
     if not NAME.fullmatch(name):
         raise KernelspecError(f"malformed kernelspec name {name!r}: 1-64 letters, digits, '.', '_' or '-'")
-    size = None
-    if gpu_mem is not None:
-        try:
-            size = parse_size(gpu_mem)
-        except BadSize as e:
-            raise KernelspecError(str(e)) from None
+    try:
+        size = parse_size(gpu_mem) if gpu_mem is not None else None
+    except BadSize as e:
+        raise KernelspecError(str(e)) from None
     gpus = (1 if size else 0) if gpus is None else gpus
     if gpus and not size:
         raise KernelspecError("--gpu-mem is required for kernels with a GPU (e.g. --gpu-mem 4GiB), or use --gpus 0")
