@@ -292,6 +292,8 @@ def test_what_a_session_may_not_be(node):
         assert err is not None and words in err[0] and err[1] == "invalid"
     err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "tty": True}))
     assert err is not None and err[1] == "forbidden"  # a terminal is the daemon's to give
+    err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "interactive": 1}))
+    assert err == ("interactive must be true or false", "invalid")
 
 
 def test_a_session_outlives_a_daemon_restart(alice):

@@ -224,8 +224,9 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
         if v is not None and (not isinstance(v, str) or not NAME.fullmatch(v)):
             raise Invalid(f"{label} must be 1-64 letters, digits, '.', '_' or '-'")
     grow, interactive = raw.get("grow", False), raw.get("interactive", False)
-    if not isinstance(grow, bool) or not isinstance(interactive, bool):
-        raise Invalid("grow and interactive must be true or false")
+    for label, v in (("grow", grow), ("interactive", interactive)):
+        if not isinstance(v, bool):
+            raise Invalid(f"{label} must be true or false")
     retries = raw.get("retries", 0)
     if not _int(retries) or not 0 <= retries <= 10:
         raise Invalid("retries must be 0 to 10")
