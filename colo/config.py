@@ -38,9 +38,17 @@ class Config:
     max_gpu_mem_per_user: int = 0
     fair_share_half_life: float = 86400.0
     # The patrol: a job whose processes hold more GPU memory (as NVML sees it) than its budget is
-    # reported, and killed after this many seconds over it unless patrol_kill is off.
+    # reported, and killed once it has been over it for patrol_grace seconds within the last
+    # patrol_window seconds (0: twice patrol_grace; a dip under the budget does not restart the
+    # count), unless patrol_kill is off. Memory on a GPU that is not the job's, or over its budget
+    # where the GPU's other jobs can no longer get theirs, ends it at the next sample.
     patrol_grace: float = 30.0
+    patrol_window: float = 0.0
     patrol_kill: bool = True
+    # On a node whose GPUs are not gated to colo's jobs: kill processes of no job (any user's but
+    # root's) that hold GPU memory, by the same rules. Off: they are reported, and their memory is
+    # given to no job. Graphics sessions are not compute processes and are never seen.
+    patrol_kill_foreign: bool = False
     multi_user_mps: bool = False
     use_mps: bool = True
     set_default_compute_mode: bool = False
@@ -118,6 +126,10 @@ class Config:
             if not sep or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError(f"metrics_listen: {values['metrics_listen']!r} is not ADDRESS:PORT "
                                   "(e.g. 127.0.0.1:9400)")
+        grace, window = values.get("patrol_grace", cls.patrol_grace), values.get("patrol_window", cls.patrol_window)
+        if window and window < grace:
+            raise ConfigError(f"patrol_window ({window:g} s) is shorter than patrol_grace ({grace:g} s): no job "
+                              "could ever be over its budget that long within it")
         for k in ("state_dir", "socket", "fakegpu_state", "shared_profiles"):
             if values.get(k) is not None:
                 values[k] = Path(values[k])

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from colo.node.cgroup import job_of_pid
+from colo.node.cgroup import places
 from colo.client import Client
 from daemon_util import DaemonProc, wait_for
 
@@ -69,16 +69,21 @@ def test_setsid_and_double_forked_children_end_with_the_job(daemon, fakegpu, tmp
     left = [int(x) for x in pids.read_text().split()]
     wait_for(lambda: left[0] in _gpu_pids(fakegpu), 30, "the setsid child to hold GPU memory")
     contained = "without a cgroup of their own" not in daemon.log.read_text()  # else: the shim's subreaper
-    assert all(job_of_pid(p, _instance(daemon)) == (j if contained else None) for p in left)  # the patrol's view
+    assert all(_in_leaf(p, daemon, j) == contained for p in left)
     daemon.client.cancel(j)
     daemon.wait_state(j, "cancelled")
     wait_for(lambda: not _pids_file_alive(pids), 20, "the cancelled job's children to be killed")
     wait_for(lambda: not set(left) & _gpu_pids(fakegpu), 20, "the GPU memory to be released")
-    assert all(job_of_pid(p, _instance(daemon)) is None for p in left)
+    assert not any(_in_leaf(p, daemon, j) for p in left)
 
 
 def _instance(d: DaemonProc) -> str:
     return (d.state_dir / "instance").read_text().strip()
+
+
+def _in_leaf(pid: int, d: DaemonProc, job: int) -> bool:
+    """Is the process in the job's leaf of this daemon's cgroup folder?"""
+    return any(path.endswith(f"/colo-{_instance(d)}/job-{job}") for path in places(pid).values())
 
 
 def test_time_limit_stops_the_job_and_its_children(daemon, tmp_path):

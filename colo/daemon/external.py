@@ -152,6 +152,9 @@ class SlurmRuntime:
                 pass
         return out
 
+    def cgroup_paths(self, handle: str) -> dict[str, str]:
+        return {}  # Slurm's cgroup, not colo's: its processes are those holding its ledger's slots
+
     def cleanup(self, handle: str) -> None:
         sj, jid = _parse(handle)
         with self._lock:

@@ -2,36 +2,50 @@
 
 The interposer is the fence; this is the patrol. A process that bypasses the interposer (a
 static binary, `env -u LD_PRELOAD`, a process that escaped its job) still shows in NVML's
-per-process list. On every sample each such process is mapped to a job: by the job's own cgroup
-(colo/node/cgroup.py: every process job has one), by the container id in
-/proc/PID/cgroup, by the process tree of a process job, or by the job id colo put in its
-environment (believed only for a process of the job's own user: it can only blame its own job).
-- a job whose processes hold more than its budget (plus `context` per process for what the
-  driver keeps per context) on a GPU is reported, and killed after `patrol_grace` seconds unless
-  `patrol_kill` is off;
-- memory held by processes of no job, and what jobs hold past their budgets, is unbudgeted: it
-  is taken from what plan() may give out on that GPU (GpuView.usable), so nobody is placed into
-  memory that is in use, and `colo gpus` / `colo top` show it.
+per-process list. On every sample each such process is mapped to a job, by what only root can
+make: the job's process tree or cgroup as its runtime lists it, or, for a process that appeared
+since, the job's exact cgroup folder (colo's root-owned `job-<N>`, or the engine's own cgroup of
+the container; colo/node/cgroup.py owner()), at its top or beneath it. A folder name matched
+anywhere in the path, or a job id in the environment, can be made by any user (systemd delegates
+a subtree to each), so neither counts: such a process is outside every budget.
 
-Owns: `over` (running jobs over their budget, since when) and `foreign` (processes of no job).
-What is unbudgeted it reports to the GPUs (Gpus.unbudgeted). Its kills go through the launcher
-(`stop`), which alone acts on jobs' processes.
+- A job whose processes hold more than its budget (plus `context` per process for what the
+  driver keeps per context) on one of its GPUs is reported. Its time over is counted over a
+  sliding window (`patrol_window`, by default twice `patrol_grace`): once it has been over for
+  `patrol_grace` seconds within the window it is killed (unless `patrol_kill` is off). A dip
+  under the budget does not restart the count, so a job cannot outwait the patrol.
+- Ended at the next sample, whatever the grace: a job holding memory on a GPU that is not its
+  own, or over its budget on a GPU whose free memory is less than what the GPU's other jobs may
+  still take within their budgets (their in-budget allocations would fail there).
+- Memory held by processes of no job, and what jobs hold past their budgets, is unbudgeted: it
+  is taken from what plan() may give out on that GPU (GpuView.usable), so nobody is placed into
+  memory that is in use, and `colo gpus` / `colo top` show it. With `patrol_kill_foreign` (for a
+  node whose GPUs are not gated to colo's jobs) such a process, of any user but root, is killed
+  by the same rules (seen two samples running, so that a job's process that started between the
+  runtime's listing and NVML's is not taken for one), by pid checked against its start time and
+  uid through a pidfd (colo/node/procs.py).
+
+Owns: `over` (running jobs over their budget now), the time each job and stray process was over
+within the window, and `foreign` (processes of no job, last sample). What is unbudgeted it
+reports to the GPUs (Gpus.unbudgeted). Its kills of jobs go through the launcher (`stop`), which
+alone acts on jobs' processes; those of processes of no job it makes itself.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import re
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from ..config import Config
 from ..jobs import ACTIVE, Job
-from ..node.cgroup import job_of_pid as _cgroup_job_of_pid
+from ..node import cgroup, procs
 from ..node.gpu import GpuInfo
 from ..units import format_size
+from .engines import Engines
 from .gpus import Gpus
 from .jobtable import JobTable
 
@@ -39,17 +53,32 @@ log = logging.getLogger("colo")
 
 
 CONTEXT_ALLOWANCE = 512 * 1024**2  # bytes per process: a CUDA context, which no budget counts
-_CONTAINER_ID = re.compile(rb"[0-9a-f]{64}")
-_ENV_JOB = re.compile(rb"(?:^|\0)COLO_JOB_ID=(\d{1,19})(?:\0|$)")
 
 
 @dataclass
 class Over:
-    """A job over its budget: since when, and the words for it."""
-    since: float
+    """A job over its budget now: the words for it, and why it must end at once (or None)."""
     text: str
     pids: set[int] = field(default_factory=set)
+    at_once: str | None = None
     killing: bool = False
+
+
+class Tally:
+    """Seconds over, counted per sample, within a sliding window: a dip only stops the count."""
+
+    def __init__(self) -> None:
+        self.marks: deque[tuple[float, float]] = deque()  # (sample time, seconds counted then)
+        self.seen = 0  # samples in a row it was over
+
+    def add(self, now: float, dt: float) -> None:
+        self.marks.append((now, dt))
+        self.seen += 1
+
+    def spent(self, now: float, window: float) -> float:
+        while self.marks and self.marks[0][0] <= now - window:
+            self.marks.popleft()
+        return sum(dt for _, dt in self.marks)
 
 
 @dataclass
@@ -58,19 +87,8 @@ class PatrolReport:
     pids: dict[int, set[int]]  # job -> its pids seen on a GPU
     foreign: list[dict]  # processes of no job: gpu, pid, used, uid
     unbudgeted: dict[str, int]  # GPU uuid -> bytes held outside any budget
-
-
-def _read(path: str, limit: int = 1 << 16) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return b""
-    try:
-        return os.read(fd, limit)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
+    who: dict[int, tuple[int, int]] = field(default_factory=dict)  # foreign pid -> (start time, uid)
+    sure: bool = True  # every running job's processes could be told (else no process is called a stray)
 
 
 def uid_of(pid: int) -> int | None:
@@ -81,29 +99,37 @@ def uid_of(pid: int) -> int | None:
 
 
 class Patrol:
-    def __init__(self, config: Config, table: JobTable, gpus: Gpus, instance: str,
+    def __init__(self, config: Config, table: JobTable, gpus: Gpus, engines: Engines,
                  stop: Callable[[int, str, set[int]], Awaitable[bool]]):
         self.config = config
         self.table = table
         self.gpus = gpus
-        self.instance = instance
+        self.engines = engines
         self.stop = stop  # (job id, by whom, its pids) -> False when it is still starting
-        self.over: dict[int, Over] = {}  # running jobs over their budget
+        self.over: dict[int, Over] = {}  # running jobs over their budget now
         self.foreign: list[dict] = []  # processes on GPUs that belong to no job (last sample)
+        self._tally: dict[int, Tally] = {}  # job -> its time over within the window
+        self._strays: dict[tuple[int, int], Tally] = {}  # (pid, start) of a process of no job -> the same
+        self._containers: dict[str, dict[str, str]] = {}  # container handle -> its cgroup (it never moves)
+        self._last: float | None = None  # the previous check
+
+    @property
+    def window(self) -> float:
+        return self.config.patrol_window or 2 * self.config.patrol_grace
 
     def map_processes(self, devices: list[GpuInfo], running: list[Job], tree: dict[int, list[int]],
                       own_pids) -> PatrolReport:
-        """Which job each GPU process belongs to (blocking: reads /proc; run in a thread).
-        `tree`: job -> pids of its process tree (or container) as its runtime says; `own_pids()`:
-        colo's own GPU processes (MPS servers)."""
+        """Which job each GPU process belongs to (blocking: reads /proc, may ask the engine; run in
+        a thread). `tree`: job -> pids of its process tree (or container) as its runtime says;
+        `own_pids()`: colo's own GPU processes (MPS servers)."""
         by_pid: dict[int, int] = {p: j for j, pids in tree.items() for p in pids}
         jobs = {j.id: j for j in running}
-        containers = {j.handle: j.id for j in running if j.spec.image and j.handle}
-        instance = self.instance
         by_job: dict[int, dict[str, int]] = {}
         pids: dict[int, set[int]] = {}
-        foreign, unbudgeted = [], {}
+        foreign, unbudgeted, who = [], {}, {}
         own: set[int] | None = None
+        owners: dict[tuple[str, str], int] | None = None
+        sure = True
         for dev in devices:
             if dev.error:
                 continue
@@ -113,87 +139,186 @@ class Patrol:
                     own = own_pids() if own is None else own  # asked only when a process is not a job's
                     if p.pid in own:
                         continue
-                if job_id is None:
-                    try:
-                        job_id = _cgroup_job_of_pid(p.pid, instance)
-                    except Exception:  # noqa: BLE001 - gone, or not ours
-                        job_id = None
-                if job_id is None and containers:
-                    m = _CONTAINER_ID.findall(_read(f"/proc/{p.pid}/cgroup"))
-                    job_id = next((containers[c.decode()] for c in m if c.decode() in containers), None)
-                if job_id is None:
-                    m = _ENV_JOB.search(_read(f"/proc/{p.pid}/environ", 1 << 20))
-                    cand = jobs.get(int(m.group(1))) if m else None
-                    if cand is not None and not cand.spec.image and uid_of(p.pid) == cand.uid:
-                        job_id = cand.id
+                    if owners is None:  # likewise: where each running job's cgroup is
+                        owners, sure = self._owners(running)
+                    job_id = cgroup.owner(cgroup.places(p.pid), owners)
                 used = p.used or 0
                 if job_id is None or job_id not in jobs:
-                    foreign.append({"gpu": dev.uuid, "pid": p.pid, "used": p.used, "uid": uid_of(p.pid)})
+                    ident = procs.identity(p.pid)
+                    foreign.append({"gpu": dev.uuid, "pid": p.pid, "used": p.used,
+                                    "uid": ident[1] if ident else None})
+                    if ident:
+                        who[p.pid] = ident
                     unbudgeted[dev.uuid] = unbudgeted.get(dev.uuid, 0) + used
                     continue
                 per = by_job.setdefault(job_id, {})
                 per[dev.uuid] = per.get(dev.uuid, 0) + used
                 pids.setdefault(job_id, set()).add(p.pid)
-        return PatrolReport(by_job, pids, foreign, unbudgeted)
+        return PatrolReport(by_job, pids, foreign, unbudgeted, who, sure)
+
+    def _owners(self, running: list[Job]) -> tuple[dict[tuple[str, str], int], bool]:
+        """(hierarchy, exact cgroup path) -> job, for the running jobs whose runtime keeps them in a
+        cgroup of their own; False when the engine could not say where one of them is."""
+        out: dict[tuple[str, str], int] = {}
+        sure = True
+        handles = {j.handle for j in running if j.spec.image and j.handle}
+        for h in list(self._containers):
+            if h not in handles:
+                del self._containers[h]
+        for j in running:
+            if not j.handle:
+                continue
+            paths = self._containers.get(j.handle) if j.spec.image else None
+            if paths is None:
+                try:
+                    paths = self.engines.runtime_for(j).cgroup_paths(j.handle)
+                except Exception as e:  # noqa: BLE001 - the engine away or erring, the job ending
+                    log.debug("job %d: where its processes are is unknown now: %s", j.id, e)
+                    sure = False
+                    continue
+                if j.spec.image and paths:
+                    self._containers[j.handle] = paths
+            for key, path in paths.items():
+                out[(key, path)] = j.id
+        return out, sure
+
+    def _owed(self, report: PatrolReport) -> dict[str, dict[int, int]]:
+        """GPU uuid -> {job placed there: bytes it may still take within its budget}."""
+        out: dict[str, dict[int, int]] = {}
+        for j in self.table.jobs_in(*ACTIVE):
+            for uuid in j.gpus:
+                held = report.by_job.get(j.id, {}).get(uuid, 0)
+                out.setdefault(uuid, {})[j.id] = max(0, j.spec.gpu_mem - held)
+        return out
 
     def check(self, report: PatrolReport, now: float) -> bool:
-        """Compare with the budgets; report, and kill after the grace period. True when what is
-        held outside any budget changed (what plan() may give out)."""
+        """Compare with the budgets; report, and kill by the rules above. True when what is held
+        outside any budget changed (what plan() may give out)."""
+        cfg = self.config
+        dt = cfg.sample_interval if self._last is None else max(0.0, min(now - self._last, 2 * cfg.sample_interval))
+        self._last = now
         unbudgeted = dict(report.unbudgeted)
-        over_now: dict[int, str] = {}
+        free = {d.uuid: d.total - d.used for d in self.gpus.devices if not d.error}
+        owed = self._owed(report)
+
+        def short(uuid: str, but: int | None = None) -> str | None:
+            """Words for a GPU whose free memory is less than its jobs (but one) may still take."""
+            want = sum(b for j, b in owed.get(uuid, {}).items() if j != but)
+            if uuid in free and free[uuid] < want:
+                return (f"{self.gpus.name_of(uuid)} has {format_size(max(0, free[uuid]))} free while its other jobs "
+                        f"may still take {format_size(want)} within their budgets")
+            return None
+
+        over_now: dict[int, Over] = {}
         for job_id, per_gpu in report.by_job.items():
             job = self.table.open.get(job_id)
             if job is None or job.state not in ACTIVE:
                 continue
             nproc = len(report.pids.get(job_id, ()))
-            allowed = job.spec.gpu_mem + CONTEXT_ALLOWANCE * max(1, nproc)
             for uuid, used in per_gpu.items():
-                budget = job.spec.gpu_mem if uuid in job.gpus else 0
-                limit = allowed if uuid in job.gpus else CONTEXT_ALLOWANCE * max(1, nproc)
-                if used > limit:
-                    unbudgeted[uuid] = unbudgeted.get(uuid, 0) + used - budget
-                    name = self.gpus.name_of(uuid)
-                    over_now[job_id] = (f"its processes hold {format_size(used)} of GPU memory on {name} (NVML), "
-                                        f"over its budget of {format_size(budget)}"
-                                        + ("" if uuid in job.gpus else f" ({name} is not one of its GPUs)"))
+                mine = uuid in job.gpus
+                budget = job.spec.gpu_mem if mine else 0
+                if used <= budget + CONTEXT_ALLOWANCE * max(1, nproc):
+                    continue
+                unbudgeted[uuid] = unbudgeted.get(uuid, 0) + used - budget
+                name = self.gpus.name_of(uuid)
+                text = (f"its processes hold {format_size(used)} of GPU memory on {name} (NVML), "
+                        f"over its budget of {format_size(budget)}")
+                at_once = f"{name} is not one of its GPUs" if not mine else short(uuid, but=job_id)
+                o = over_now.get(job_id)
+                if o is None or (at_once and not o.at_once):
+                    over_now[job_id] = Over(text, set(report.pids.get(job_id, ())), at_once)
         changed = unbudgeted != self.gpus.unbudgeted
         self.gpus.unbudgeted = unbudgeted
         self.foreign = report.foreign
+        self._judge_jobs(over_now, now, dt)
+        self._judge_strays(report, now, dt, short)
+        return changed
+
+    def _judge_jobs(self, over_now: dict[int, Over], now: float, dt: float) -> None:
+        cfg, window = self.config, self.window
         for job_id in list(self.over):
             if job_id not in over_now:
                 o = self.over.pop(job_id)
                 if not o.killing and job_id in self.table.open:
-                    log.warning("job %d is back within its budget", job_id)
-        cfg = self.config
-        for job_id, text in over_now.items():
+                    log.warning("job %d is back within its budget (its time over counts on for %g s)", job_id, window)
+        for job_id in list(self._tally):
+            t = self._tally[job_id]
+            if job_id not in over_now:
+                t.seen = 0
+                if not t.spent(now, window) or job_id not in self.table.open:
+                    del self._tally[job_id]
+        for job_id, new in over_now.items():
             o = self.over.get(job_id)
+            t = self._tally.setdefault(job_id, Tally())
+            t.add(now, dt)
+            spent = t.spent(now, window)
             if o is None:
-                o = self.over[job_id] = Over(now, text, set(report.pids.get(job_id, ())))
-                log.warning("job %d: %s; %s", job_id, text,
-                            f"killed in {cfg.patrol_grace:g} s unless it drops" if cfg.patrol_kill
-                            else "left running (patrol_kill is off)")
-            o.text, o.pids = text, set(report.pids.get(job_id, ()))
-            if cfg.patrol_kill and not o.killing and now - o.since >= cfg.patrol_grace:
+                o = self.over[job_id] = new
+                log.warning("job %d: %s; %s", job_id, new.text,
+                            "left running (patrol_kill is off)" if not cfg.patrol_kill
+                            else f"killed now: {new.at_once}" if new.at_once
+                            else f"killed once over it for {cfg.patrol_grace:g} s within {window:g} s")
+            else:
+                o.text, o.pids, o.at_once = new.text, new.pids, new.at_once
+            if cfg.patrol_kill and not o.killing and (o.at_once or spent >= cfg.patrol_grace):
                 o.killing = True
-                asyncio.get_running_loop().create_task(self._kill(job_id, o))
-        return changed
+                why = o.at_once or f"over it for {spent:.0f} s of the last {window:g} s"
+                asyncio.get_running_loop().create_task(self._kill(job_id, o, why))
+
+    def _judge_strays(self, report: PatrolReport, now: float, dt: float, short) -> None:
+        """patrol_kill_foreign: the processes of no job, by the jobs' rules (root's are left)."""
+        cfg, window = self.config, self.window
+        seen: set[tuple[int, int]] = set()
+        for f in report.foreign:
+            ident = report.who.get(f["pid"])
+            if ident is None or not f["used"]:
+                continue
+            key = (f["pid"], ident[0])
+            if key in seen:  # the same process on a second GPU: counted once a sample
+                continue
+            seen.add(key)
+            t = self._strays.setdefault(key, Tally())
+            t.add(now, dt)
+            spent = t.spent(now, window)
+            if not (cfg.patrol_kill_foreign and report.sure and ident[1] != 0 and t.seen >= 2):
+                continue
+            why = short(f["gpu"]) or (f"over it for {spent:.0f} s of the last {window:g} s"
+                                      if spent >= cfg.patrol_grace else None)
+            if why:
+                asyncio.get_running_loop().create_task(self._kill_stray(f, ident, why))
+        for key in list(self._strays):
+            if key not in seen:
+                t = self._strays[key]
+                t.seen = 0
+                if not t.spent(now, window):
+                    del self._strays[key]
 
     def note(self, job_id: int) -> str | None:
         """Words for `colo show`/`ls`/`explain` about a job over its budget, or None."""
         o = self.over.get(job_id)
         if o is None:
             return None
-        if o.killing:
-            return f"over its budget: {o.text}; being killed by the patrol"
-        left = self.config.patrol_grace - (time.time() - o.since)
-        return (f"over its budget: {o.text}; " + (f"killed in {max(0, left):.0f} s unless it drops"
-                                                   if self.config.patrol_kill else "patrol_kill is off"))
+        if o.killing or (o.at_once and self.config.patrol_kill):
+            return f"over its budget: {o.text}; being killed by the patrol ({o.at_once or 'its time is up'})"
+        if not self.config.patrol_kill:
+            return f"over its budget: {o.text}; patrol_kill is off"
+        t = self._tally.get(job_id)
+        spent = t.spent(time.time(), self.window) if t else 0.0
+        return (f"over its budget: {o.text}; killed in {max(0.0, self.config.patrol_grace - spent):.0f} s unless it "
+                f"drops (over it for {spent:.0f} s of the last {self.window:g} s)")
 
-    async def _kill(self, job_id: int, o: Over) -> None:
+    async def _kill(self, job_id: int, o: Over, why: str) -> None:
         job = self.table.open.get(job_id)
         if job is None or job.state not in ACTIVE:
             return
-        by = f"the GPU memory patrol ({o.text} for {time.time() - o.since:.0f} s)"
-        log.error("job %d: %s: killing it", job_id, o.text)
+        by = f"the GPU memory patrol ({o.text}; {why})"
+        log.error("job %d: %s; %s: killing it", job_id, o.text, why)
         if not await self.stop(job_id, by, o.pids):
             o.killing = False  # still starting: the next sample tries again
+
+    async def _kill_stray(self, f: dict, ident: tuple[int, int], why: str) -> None:
+        if await asyncio.to_thread(procs.kill_exact, f["pid"], *ident):
+            log.error("process %d (uid %d), in no job, held %s on %s outside any budget; %s: killed "
+                      "(patrol_kill_foreign)", f["pid"], ident[1], format_size(f["used"] or 0),
+                      self.gpus.name_of(f["gpu"]), why)

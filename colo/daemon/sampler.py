@@ -19,7 +19,6 @@ from .. import logtimes
 from ..config import Config
 from ..jobs import ACTIVE, Job, Mode, State
 from ..node import interposer
-from ..node.cgroup import job_of_pid as _cgroup_job_of_pid
 from ..node.gpu import GpuInfo
 from .engines import Engines
 from .gpus import Gpus
@@ -29,9 +28,6 @@ from .learner import mps_server_shares
 from .patrol import Patrol
 
 log = logging.getLogger("colo")
-
-
-CGROUPS = _cgroup_job_of_pid is not None  # process jobs then have cgroups: their runtime lists those
 
 
 def _children_map() -> dict[int, list[int]]:
@@ -148,7 +144,7 @@ class Sampler:
             u = self.usage(j)
             try:
                 rt = self.engines.runtime_for(j)
-                if rt.name == "process" and not CGROUPS:
+                if rt.name == "process" and rt.cgroups is None:  # else it lists its cgroup
                     # one parent map for every process job: psutil's children() reads all of /proc
                     # once per call (8 running jobs: 64 ms of CPU a sample, most of an idle daemon's)
                     kids = _children_map() if kids is None else kids

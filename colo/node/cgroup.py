@@ -12,11 +12,16 @@ Two layouts are supported:
   contains the job (cgroup.kill, cgroup.events); limits go to the v1 `cpu` and `memory` leaves.
 Where neither exists (or the daemon is not root), jobs run without a cgroup: the shim, a child
 subreaper, still ends every descendant; --cpus/--mem are refused with the reason.
+
+Which job a process belongs to is read from the FULL path of its cgroup, compared with the exact
+folder colo made (`Cgroups.paths`; for a container, the engine's own path of it): on a systemd
+host every user owns a delegated subtree (user@UID.service) and can make a folder named
+colo-<instance>/job-<N> there, so a name matched anywhere in the path would let a user's process
+be blamed on someone else's job. colo's folders are root's: nobody else can put a process there.
 """
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -24,25 +29,44 @@ from pathlib import Path
 
 SUPERVISOR = "supervisor"
 CPU_PERIOD = 100_000  # microseconds
-_JOB = re.compile(r"/colo-([0-9A-Za-z_-]+)/job-([0-9]+)$")
 
 
 class CgroupError(RuntimeError):
     pass
 
 
-def job_of_pid(pid: int, instance_id: str) -> int | None:
-    """The id of the colo job (of the daemon `instance_id`) whose cgroup holds `pid`, or None."""
+def places(pid: int | str) -> dict[str, str]:
+    """A process's cgroup in each hierarchy, as /proc/PID/cgroup names it: {hierarchy: path}, the
+    hierarchy being the line's controller field ("" for cgroup v2, "pids", "cpu,cpuacct"...)."""
     try:
-        with open(f"/proc/{int(pid)}/cgroup") as f:
-            lines = f.read().splitlines()
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read(1 << 16).splitlines()
     except (OSError, ValueError):
-        return None
+        return {}
+    out = {}
     for line in lines:
-        m = _JOB.search(line.split(":", 2)[-1])
-        if m and m.group(1) == instance_id:
-            return int(m.group(2))
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            out[parts[1]] = parts[2]
+    return out
+
+
+def owner(place: dict[str, str], owners: dict[tuple[str, str], int]) -> int | None:
+    """The job whose exact cgroup folder (`owners`: (hierarchy, path) -> job) holds a process at
+    `place` (places()), at its top or beneath it; None when it is in none of them."""
+    for key, path in place.items():
+        while path and path != "/":
+            job = owners.get((key, path))
+            if job is not None:
+                return job
+            path = path.rsplit("/", 1)[0]
     return None
+
+
+def v2_mount() -> Path | None:
+    """Where cgroup v2 is mounted (/sys/fs/cgroup on a pure v2 host, /sys/fs/cgroup/unified on a
+    hybrid one), or None."""
+    return _mounts()[0]
 
 
 def _mounts() -> tuple[Path | None, dict[str, Path]]:
@@ -106,6 +130,8 @@ class Cgroups:
     instance: str
     contain: Path | None = None  # colo-<instance> in the tree that contains jobs
     v2: bool = False  # contain is cgroup v2 (cgroup.kill, cgroup.events)
+    # contain as /proc/PID/cgroup names it: (its hierarchy's controller field, its path there)
+    contain_at: tuple[str, str] | None = None
     limits: dict[str, Path] = field(default_factory=dict)
     limit_v2: dict[str, bool] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
@@ -134,6 +160,7 @@ class Cgroups:
             try:
                 (base / name).mkdir(exist_ok=True)
                 cg.contain, cg.v2 = base / name, True
+                cg.contain_at = ("", _within(unified, base / name))
             except OSError as e:
                 cg.missing["contain"] = f"cannot make {base / name}: {e.strerror}"
                 want = set()
@@ -164,6 +191,8 @@ class Cgroups:
                     try:
                         d.mkdir(exist_ok=True)
                         cg.contain = d
+                        key = next((k for k in places("self") if c in k.split(",")), c)
+                        cg.contain_at = (key, _within(v1[c], d))
                         cg.missing.pop("contain", None)
                         break
                     except OSError:
@@ -189,6 +218,14 @@ class Cgroups:
             if d is not None and d / f"job-{job_id}" not in out:
                 out.append(d / f"job-{job_id}")
         return out
+
+    def paths(self, job_id: int) -> dict[str, str]:
+        """Where the job's processes are, as /proc/PID/cgroup names it: {hierarchy: the exact path
+        of its leaf}, the folder colo made (root's); {} without a cgroup."""
+        if self.contain_at is None:
+            return {}
+        key, path = self.contain_at
+        return {key: f"{path.rstrip('/')}/job-{job_id}"}
 
     def create(self, job_id: int, cpus: float | None = None, mem: int | None = None) -> list[Path]:
         """Make the job's leaves with its limits; CgroupError when a limit cannot be had here."""
@@ -297,6 +334,12 @@ class Cgroups:
                 root.rmdir()
             except OSError:
                 pass
+
+
+def _within(mount: Path, d: Path) -> str:
+    """The path of folder `d` inside the hierarchy mounted at `mount`, as /proc/PID/cgroup says it."""
+    rel = d.relative_to(mount).as_posix()
+    return "/" if rel == "." else "/" + rel
 
 
 def _read(path: Path) -> str:

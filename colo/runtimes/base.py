@@ -86,5 +86,10 @@ class Runtime(Protocol):
     def pids(self, handle: str) -> list[int]:
         """Host pids of the job's processes (to map NVML's processes to jobs)."""
 
+    def cgroup_paths(self, handle: str) -> dict[str, str]:
+        """Where the job's processes are, exactly, as /proc/PID/cgroup names it ({hierarchy: path},
+        colo/node/cgroup.py places()): a folder only root (colo or the engine) makes, so that a
+        process found at or beneath it is the job's. {} when the runtime has none."""
+
     def cleanup(self, handle: str) -> None:
         """Remove what is left (the container); the log file stays."""

@@ -25,6 +25,7 @@ import docker.types
 import requests
 import urllib3
 
+from ..node.cgroup import places
 from . import nvidia, preload
 from .base import EngineError, Gone, Launch, StartError, Unavailable
 
@@ -540,6 +541,15 @@ class DockerRuntime:
             raise self._engine_down(e) from None
         col = top["Titles"].index("PID")
         return [int(p[col]) for p in top.get("Processes") or []]
+
+    def cgroup_paths(self, handle: str) -> dict[str, str]:
+        """The container's own cgroup as the kernel names it: the lines of its main process (the
+        engine's `State.Pid`) whose last folder carries the container's full id (the engine made
+        them; a line the engine left alone, such as "/", says nothing about the container)."""
+        pid = self._state(handle).get("Pid") or 0
+        if pid <= 0:
+            return {}
+        return {k: v for k, v in places(pid).items() if handle in v.rsplit("/", 1)[-1]}
 
     def cleanup(self, handle: str) -> None:
         """EngineError when the engine refuses (e.g. 409, a removal under way): nothing is removed

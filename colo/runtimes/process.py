@@ -437,6 +437,12 @@ class ProcessRuntime:
         p = self._proc(handle)  # no cgroup, or a job started by an older colo
         return [c.pid for c in self._descendants(p)] if p is not None else []
 
+    def cgroup_paths(self, handle: str) -> dict[str, str]:
+        job = self._job_id(handle)
+        if self.cgroups is None or job is None or not self._owns(handle, job):
+            return {}
+        return self.cgroups.paths(job)
+
     def cleanup(self, handle: str) -> None:
         """Nothing of the job runs on (its shim may have been killed): empty its cgroup, remove it."""
         with self._lock:
