@@ -51,6 +51,8 @@ def build_launch(config: Config, gpus: Gpus, native_dir: Path, mps_users: Callab
     if job.spec.gpus:
         ledger = run_dir / "ledger"
         interposer.create_ledger(ledger, job.spec.gpu_mem, devices=len(dec.gpus), uid=job.uid, gid=job.gid)
+        # what the interposer takes, not the job's env (which it may change): root's, read-only
+        interposer.write_budget(run_dir, job.spec.gpu_mem, job.uid, job.id)
         ndir = native_dir
         if in_container:
             mounts.append(Mount(str(ndir), f"{IN_JOB}/native", True))

@@ -141,7 +141,6 @@ class Sampler:
         for j in running:
             if not j.gpus or not j.handle:
                 continue
-            u = self.usage(j)
             try:
                 rt = self.engines.runtime_for(j)
                 if rt.name == "process" and rt.cgroups is None:  # else it lists its cgroup
@@ -153,6 +152,7 @@ class Sampler:
                     pids = rt.pids(j.handle)
             except Exception:  # noqa: BLE001 - it may be ending right now
                 pids = []
+            u = self.usage(j, pids)
             extra = shares.get(j.id, (0.0, 0.0))
             sm = min((sum(util.get(p, (0, 0))[0] for p in pids) + extra[0]) / 100.0, 1.0)
             bw = min((sum(util.get(p, (0, 0))[1] for p in pids) + extra[1]) / 100.0, 1.0)
@@ -161,12 +161,15 @@ class Sampler:
         self.stats = stats  # replaced whole: readers on the loop thread never see half of it
         return rows
 
-    def usage(self, job: Job) -> dict | None:
-        """Live memory use from the job's ledger (exact, kept by the interposer)."""
+    def usage(self, job: Job, pids: list[int] | None = None) -> dict | None:
+        """Live memory use from the job's ledger (exact, kept by the interposer). `pids`: the job's
+        processes as its runtime lists them: the ledger is then read by them, not by its locks
+        (interposer.read_ledger says why)."""
         if not job.gpus or job.state not in ACTIVE:
             return None
+        known = interposer.ns_pids(pids) if pids is not None else None
         try:
-            led = interposer.read_ledger(self.config.run_dir(job.id) / "ledger")
+            led = interposer.read_ledger(self.config.run_dir(job.id) / "ledger", pids=known)
         except Exception:  # noqa: BLE001 - not created yet, or already gone
             return None
         return {"used": sum(led.used.values()), "refused": led.refused, "budget": led.budget}

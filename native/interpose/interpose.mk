@@ -3,6 +3,8 @@ INTERPOSE_SRC := $(addprefix interpose/,gotpatch.c hooks.c ledger.c pools.c tabl
 INTERPOSE_HDR := $(addprefix interpose/,cuda_types.h glibc_compat.h gotpatch.h ledger.h pools.h table.h)
 
 interpose: $(BUILD)/libcolo-interpose.so
+INTERPOSE_SRC += interpose/source.c
+INTERPOSE_HDR += interpose/source.h
 
 # -Bsymbolic: our own references to the names we export stay ours. Only libc.so.6 is NEEDED (see
 # glibc_compat.h): what lived in libdl/libpthread before glibc 2.34 is reached by weak references.

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "cuda_types.h"
+#include "source.h"
 
 _Static_assert(offsetof(struct ledger_header, lanes) == 64, "ledger layout");
 _Static_assert(offsetof(struct ledger_header, dev) == LEDGER_DEV_AT, "ledger layout");
@@ -104,6 +105,10 @@ static void human(uint64_t b, char *out, size_t n)
 
 void ledger_env_init(void)
 {
+    if (budget_source(&g_budget, &g_path, &g_env_error)) { /* a colo job's: colo's file, not the env */
+        colo_ledger_on = 1;
+        return;
+    }
     const char *b = getenv("COLO_GPU_BUDGET");
     if (!b || !*b) return;
     colo_ledger_on = 1;
