@@ -7,9 +7,11 @@ stays: profiles (files per user) and what was learned (per user and profile, nev
 a removed job's GPU use goes on counting for fair share while it would (cleaned_use).
 
 Never removed, whatever was asked: an open job; a task of an array that has tasks not ended (so
-that the array's id keeps naming all of them for wait, cancel, hold); an ended job a queued job
-depends on (`--after` and the like), so a dependency is never judged on a job that is no longer
-known. A submit naming a removed job with `--after` is refused as for an unknown job.
+that the array's id keeps naming all of them for wait, cancel, hold); an ended job a queued job of
+the same user depends on (`--after` and the like), so a dependency is never judged on a job that
+is no longer known. A job of another user (only root and the admin group may submit one) never
+keeps it: that one then fails, its dependency no longer existing. A submit naming a removed job
+with `--after` is refused as for an unknown job.
 
 Work goes in batches with the loop free in between: a purge of months of history never holds
 up a submit for long.
@@ -30,6 +32,7 @@ from typing import Iterable
 
 from ..config import Config
 from ..jobs import TERMINAL, State
+from ..store import NotFound
 from .jobtable import JobTable
 from .launcher import Launcher
 
@@ -50,10 +53,10 @@ class Retention:
         self.store = table.store
         self.launcher = launcher
 
-    def kept_now(self) -> tuple[dict[int, int], set[int], set[int]]:
-        """(ended job -> an open job that depends on it, arrays with a task not ended, ended jobs
-        whose container is still to be removed)."""
-        deps: dict[int, int] = {}
+    def kept_now(self) -> tuple[dict[int, dict[int, int]], set[int], set[int]]:
+        """(ended job -> {uid: an open job of that user that depends on it}, arrays with a task not
+        ended, ended jobs whose container is still to be removed)."""
+        deps: dict[int, dict[int, int]] = {}
         arrays: set[int] = set()
         # an ended job whose container the engine has not let colo remove yet: its removal drains
         # the rest of its output into its log (Launcher.retry_removals), which would come back
@@ -62,13 +65,13 @@ class Retention:
             s = j.spec
             if s.after or s.after_any or s.after_fail:
                 for a in (*s.after, *s.after_any, *s.after_fail):
-                    deps.setdefault(a, j.id)
+                    deps.setdefault(a, {}).setdefault(j.uid, j.id)
             if s.array_job:
                 arrays.add(s.array_job)
         return deps, arrays, containers
 
     def why_kept(self, job_id: int, array_job: int | None,
-                 kept: tuple[dict[int, int], set[int], set[int]]) -> str | None:
+                 kept: tuple[dict[int, dict[int, int]], set[int], set[int]]) -> str | None:
         deps, arrays, containers = kept
         if job_id in self.table.open or job_id in self.launcher.live:
             return f"job {job_id} has not ended"
@@ -79,8 +82,12 @@ class Retention:
             return (f"job {job_id}'s container is not removed yet (the engine refused it; tried again on a backoff): "
                     "clean it once it is")
         if job_id in deps:
-            return (f"queued job {deps[job_id]} depends on job {job_id}: clean it once job {deps[job_id]} "
-                    "has started or ended")
+            try:
+                by = deps[job_id].get(self.store.get(job_id).uid)  # its own user's job only
+            except NotFound:
+                by = None
+            if by is not None:
+                return f"queued job {by} depends on job {job_id}: clean it once job {by} has started or ended"
         return None
 
     async def remove_ended(self, jobs: Iterable[tuple[int, int | None]]) -> tuple[int, int]:

@@ -29,6 +29,9 @@ from .base import Gone, Launch, StartError
 
 EXIT_FILE = "exit"
 _EXIT_MAX = 4096
+# A job's PATH unless its submitter set one (--env PATH=...): never the daemon's, which is root's
+# (with root's own tool folders in it).
+JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 def read_exit_file(path: Path) -> tuple[int, str] | None:
@@ -69,8 +72,7 @@ class ProcessRuntime:
     def __init__(self, shim: Path | None = None, base_env: dict[str, str] | None = None,
                  cgroups: Cgroups | None = None, log_cap: int = 0, reserve: int = 0):
         self.shim = shim
-        self.base_env = base_env if base_env is not None else {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
+        self.base_env = base_env if base_env is not None else {"PATH": JOB_PATH, "LANG": "C.UTF-8"}
         self.cgroups = cgroups
         self.log_cap, self.reserve = log_cap, reserve
         self._children: dict[str, subprocess.Popen] = {}
