@@ -39,7 +39,7 @@ for i in range(1024):
     off = I.HEADER_SIZE + i * I.SLOT_SIZE
     fcntl.fcntl(fd, fcntl.F_OFD_SETLK, I._FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, off, 1, 0))
     fcntl.fcntl(fd, fcntl.F_SETLK, I._FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, off + 1, 1, 0))
-print("crafted", flush=True)
+print("crafted", os.getpid(), flush=True)
 time.sleep(600)
 """
 

@@ -153,6 +153,18 @@ def other_user():
         return pwd.getpwnam(name)
 
 
+@pytest.fixture(scope="session")
+def users():
+    """Two real local users, alice and bob (colotest1, colotest2; created when missing), for the
+    tests of what one user can do to another; needs root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create other users")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    import load_bench
+
+    return load_bench.ensure_users(2)
+
+
 def pytest_collection_modifyitems(config, items):
     have_gpu = shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidiactl")
     skip_gpu = pytest.mark.skip(reason="needs a real NVIDIA GPU")

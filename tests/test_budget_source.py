@@ -25,6 +25,7 @@ from colo.node import cgroup, interposer, native
 from daemon_util import DaemonProc, gpu_node, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import ledger_bench  # noqa: E402
 import load_bench  # noqa: E402
 from load_bench import run_as  # noqa: E402
 
@@ -32,13 +33,6 @@ GiB = 1024**3
 MiB = 1024**2
 # Python as another user runs it (the test's own may live in root's home): the system's, with colo
 PY = f"PYTHONPATH={Path(__file__).resolve().parent.parent} /usr/bin/python3"
-
-
-@pytest.fixture(scope="module")
-def users():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create other users and cgroups")
-    return load_bench.ensure_users(2)  # alice, bob
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +72,7 @@ def _codes(r: subprocess.CompletedProcess, cmd: str) -> list[int]:
 @pytest.fixture
 def place():
     """A folder of root's that other users can pass through (pytest's own are root-only)."""
-    d = Path(tempfile.mkdtemp(prefix="colo-runs-"))
-    os.chmod(d, 0o755)
+    d = load_bench.shared_root("colo-runs-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -234,26 +227,6 @@ def test_a_container_job_cannot_point_colo_ledger_elsewhere(node, users, test_im
         shutil.rmtree(ledger.parent)
 
 
-CRAFT = """
-import fcntl, os, struct, sys, time
-from colo.node import interposer as I
-fd = os.open(os.environ["COLO_LEDGER"], os.O_RDWR)
-n = 65536
-os.ftruncate(fd, I.HEADER_SIZE + n * I.SLOT_SIZE)
-h = bytearray(os.pread(fd, I.HEADER_SIZE, 0))
-v = list(I._HEAD.unpack_from(h, 0))
-v[3] = v[10] = n  # nslots, hwm
-I._HEAD.pack_into(h, 0, *v)
-os.pwrite(fd, bytes(h), 0)
-for i in range(n):
-    os.pwrite(fd, struct.pack("<IIi", 1, 0, os.getpid()), I.HEADER_SIZE + i * I.SLOT_SIZE)
-for i in range(1024):  # every slot colo made held, as a live process holds its own
-    off = I.HEADER_SIZE + i * I.SLOT_SIZE
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, I._FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, off, 1, 0))
-    fcntl.fcntl(fd, fcntl.F_SETLK, I._FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, off + 1, 1, 0))
-print("crafted", os.getpid(), flush=True)
-time.sleep(600)
-"""
 
 
 def _rchar(pid: int) -> int:
@@ -275,7 +248,7 @@ def test_a_ledger_header_the_job_rewrote_costs_the_daemon_nothing_more(node, use
     _, bob = users
     d = node
     script = place / "craft.py"
-    script.write_text(CRAFT)
+    script.write_text(ledger_bench.CRAFT)
     os.chmod(script, 0o644)
     j = _submit(d, bob, {"argv": ["sh", "-c", f"{PY} {script}"], "gpu_mem": GiB})
     d.wait_state(j, "running", timeout=60)

@@ -16,17 +16,9 @@ from colo.client import Client
 from daemon_util import DaemonProc, as_user, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import load_bench  # noqa: E402
 from load_bench import run_as  # noqa: E402
 
 ROOT_ONLY = "/root/colo-only-bin"  # stands for root's own tool folders in the daemon's PATH
-
-
-@pytest.fixture(scope="module")
-def users():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create other users")
-    return load_bench.ensure_users(2)  # alice, bob
 
 
 @pytest.fixture

@@ -25,17 +25,9 @@ from colo.node import cgroup, fakegpu, native, procs
 from daemon_util import DaemonProc, gpu_node, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import load_bench  # noqa: E402
 from load_bench import run_as  # noqa: E402
 
 GiB = 1024**3
-
-
-@pytest.fixture(scope="module")
-def users():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create other users and cgroups")
-    return load_bench.ensure_users(2)  # alice, bob
 
 
 @pytest.fixture
