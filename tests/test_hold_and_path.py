@@ -42,37 +42,48 @@ def _clean(d: DaemonProc, pw, job: int):
     return as_user(pw, lambda: Client(d.socket).clean(refs=[str(job)]))
 
 
-def test_bob_cannot_make_a_job_of_his_depend_on_alices(shared, users):
-    """On ffbaf2e bob's `--after-any <alice's job>`, queued behind a gate job of his, held her ended
-    job in the store: her `colo clean` refused for as long as he liked."""
+def test_bobs_queued_job_depending_on_alices_does_not_keep_hers_from_her(shared, users):
+    """On ffbaf2e bob's `--after-any <alice's ended job>`, queued behind a gate job of his, held her
+    job in the store: her `colo clean` refused for as long as he liked. Now she cleans it, and his
+    job fails at once, its dependency gone; his own ended job is still kept by his queued one."""
     d = shared
     alice, bob = users
     hers = _submit(d, alice, ["true"])
+    his = _submit(d, bob, ["true"])
     d.wait_state(hers, "succeeded")
+    d.wait_state(his, "succeeded")
     gate = _submit(d, bob, ["sh", "-c", f"while [ ! -e {d.root / 'go'} ]; do sleep 0.1; done"])
-    kind, err = as_user(bob, lambda: Client(d.socket).submit(
-        {"argv": ["true"], "gpus": 0, "workdir": "/tmp", "after": [gate], "after_any": [hers]})["id"])
-    assert kind == "err" and err[2] == "forbidden", err
-    assert err[1] == f"--after-any {hers}: job {hers} is {alice.pw_name}'s; a job may depend only on jobs of its own user"
+    d.wait_state(gate, "running")
+    waits = _submit(d, bob, ["true"], after=[gate], after_any=[hers, his])
+    kind, out = _clean(d, bob, his)
+    assert kind == "err" and f"queued job {waits} depends on job {his}" in out[1], out
     kind, out = _clean(d, alice, hers)
     assert kind == "ok" and out["removed"] == 1, out
-
-
-def test_a_dependency_of_an_admin_on_her_job_does_not_keep_it_from_her(shared, users):
-    """Root (or an admin) may make a job depend on alice's; it does not keep her ended job: she
-    cleans it, and root's job then fails, its dependency gone."""
-    d = shared
-    alice, _ = users
-    hers = _submit(d, alice, ["true"])
-    d.wait_state(hers, "succeeded")
-    gate = d.submit("--process", "--gpus", "0", "--", "sh", "-c",
-                    f"while [ ! -e {d.root / 'go'} ]; do sleep 0.1; done")
-    mine = d.submit("--process", "--gpus", "0", "--after", str(gate), "--after-any", str(hers), "--", "true")
-    kind, out = _clean(d, alice, hers)
-    assert kind == "ok" and out["removed"] == 1, out
-    (d.root / "go").touch()
-    job = d.wait_state(mine, "failed", "succeeded", "cancelled", timeout=30)
+    job = d.wait_state(waits, "failed", "succeeded", "cancelled", timeout=30)
     assert job["state"] == "failed" and f"job {hers} does not exist" in job["reason"], job
+
+
+def test_retention_removes_her_ended_job_whatever_another_users_job_waits_for(fakegpu, users):
+    """history_keep_days: the same through the daemon's own purge (the dependent is root's)."""
+    root = Path(tempfile.mkdtemp(prefix="colo-hold-"))
+    os.chmod(root, 0o755)
+    d = DaemonProc(root, fakegpu.state).start()
+    os.chmod(d.socket.parent, 0o755)
+    try:
+        alice, _ = users
+        hers = _submit(d, alice, ["true"])
+        d.wait_state(hers, "succeeded")
+        gate = d.submit("--process", "--gpus", "0", "--", "sh", "-c", f"while [ ! -e {root / 'go'} ]; do sleep 0.1; done")
+        mine = d.submit("--process", "--gpus", "0", "--after", str(gate), "--after-any", str(hers), "--", "true")
+        d.kill9()  # jobs outlive their daemon: the next one purges with the queue as it is
+        d = DaemonProc(root, fakegpu.state, config={"history_keep_days": 1e-6}).start()
+        wait_for(lambda: hers not in {j["id"] for j in d.client.ls(all=True)}, 30, "the purge to remove her job")
+        job = d.wait_state(mine, "failed", "succeeded", "cancelled", timeout=30)
+        assert job["state"] == "failed" and f"job {hers} does not exist" in job["reason"], job
+    finally:
+        (root / "go").touch()
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_process_job_gets_a_clean_path_not_the_daemons(shared, users):

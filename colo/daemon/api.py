@@ -214,19 +214,13 @@ class Api:
                 raise ApiError(why, protocol.INVALID)  # no CDI device, no nvidia runtime: refused now, not at start
         # Last, with no await after it: the caller stores the job before `colo clean` can run, and
         # clean keeps the jobs an open job depends on (retention.py).
-        # Only on the same user's jobs (root and the admin group excepted): an ended job that a
-        # queued job depends on is kept, and another user's job must never keep hers (retention.py).
-        admin = caller.uid == os.geteuid() or is_admin(caller, d.config.admin_group)
         for key in ("after", "after_any", "after_fail"):
             for a in getattr(spec, key):
                 try:
-                    dep = d.store.get(a)
+                    d.store.get(a)
                 except NotFound:
                     raise ApiError(f"--{key.replace('_', '-')} {a}: no such job (never submitted, or removed by "
                                    "colo clean or history_keep_days)", protocol.NOT_FOUND) from None
-                if dep.uid != uid and not admin:
-                    raise ApiError(f"--{key.replace('_', '-')} {a}: job {a} is {dep.user}'s; a job may depend only "
-                                   f"on jobs of its own user", protocol.FORBIDDEN)
 
     def _queued(self, args: dict, caller: Caller, verb: str, done: str) -> Job:
         job = self._own(self._job(args), caller, verb)

@@ -109,7 +109,7 @@ class Daemon:
                                wake=self.scheduler.wake)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
                                  wake=self.scheduler.wake)
-        self.retention = Retention(c, self.table, self.launcher)
+        self.retention = Retention(c, self.table, self.launcher, wake=self.scheduler.wake)
         self.metrics = Metrics(c, self.table, self.gpus, self.sampler, self.patrol) if c.metrics_listen else None
         if self.metrics is not None:
             self.metrics.update()  # a scrape before the first tick has figures

@@ -9,15 +9,16 @@ a removed job's GPU use goes on counting for fair share while it would (cleaned_
 Never removed, whatever was asked: an open job; a task of an array that has tasks not ended (so
 that the array's id keeps naming all of them for wait, cancel, hold); an ended job a queued job of
 the same user depends on (`--after` and the like), so a dependency is never judged on a job that
-is no longer known. A job of another user (only root and the admin group may submit one) never
-keeps it: that one then fails, its dependency no longer existing. A submit naming a removed job
-with `--after` is refused as for an unknown job.
+is no longer known. A queued job of another user never keeps it (it could keep her from removing
+her own history for as long as he liked): that one then fails, its dependency no longer existing.
+A submit naming a removed job with `--after` is refused as for an unknown job.
 
 Work goes in batches with the loop free in between: a purge of months of history never holds
 up a submit for long.
 
 Owns nothing that lasts: it asks the job table (open jobs, their dependencies and arrays) and the
-launcher (jobs it still follows, containers still to be removed) what must stay.
+launcher (jobs it still follows, containers still to be removed) what must stay, and wakes the
+scheduler when it removed a job another user's queued job depended on.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import shutil
 import stat
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..config import Config
 from ..jobs import TERMINAL, State
@@ -47,11 +48,12 @@ LOG_SUFFIXES = (".log", ".times", ".cursor", ".cursor.tmp")
 
 
 class Retention:
-    def __init__(self, config: Config, table: JobTable, launcher: Launcher):
+    def __init__(self, config: Config, table: JobTable, launcher: Launcher, wake: Callable[..., None]):
         self.config = config
         self.table = table
         self.store = table.store
         self.launcher = launcher
+        self.wake = wake  # the scheduler's: another user's queued job may have just lost its dependency
 
     def kept_now(self) -> tuple[dict[int, dict[int, int]], set[int], set[int]]:
         """(ended job -> {uid: an open job of that user that depends on it}, arrays with a task not
@@ -108,6 +110,8 @@ class Retention:
             ids = [i for i, a in part if self.why_kept(i, a, now) is None]
             kept += len(jobs[k:k + BATCH]) - len(ids)
             removed += len(self.store.remove_jobs(ids, keep_use_since))
+            if any(i in now[0] for i in ids):
+                self.wake()  # its dependents fail now: their dependency no longer exists
             await asyncio.sleep(0)
         return removed, kept
 
