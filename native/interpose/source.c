@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define IN_CONTAINER "/opt/colo/run" /* colo's mount of the job's run folder (launchspec.py) */
@@ -32,6 +33,10 @@ struct budget {
     int have_bytes, managed_none;
     long uid, job;
 };
+
+/* fstat(2) itself: glibc's own fstat is versioned GLIBC_2.33, newer than this library may need
+ * (glibc_compat.h); on x86_64 the kernel's struct stat is glibc's. */
+static int fstat_fd(int fd, struct stat *st) { return (int)syscall(SYS_fstat, fd, st); }
 
 static char g_ledger[4096];
 static char g_why[768];
@@ -82,7 +87,7 @@ static const char *read_budget(const char *dir, struct budget *b)
         snprintf(g_why, sizeof g_why, "cannot open %.400s: %s", dir, strerror(errno));
         return g_why;
     }
-    if (fstat(dfd, &st) != 0 || st.st_uid != 0 || (st.st_mode & 022)) {
+    if (fstat_fd(dfd, &st) != 0 || st.st_uid != 0 || (st.st_mode & 022)) {
         close(dfd);
         snprintf(g_why, sizeof g_why, "%.400s is not a folder only root can change: no budget colo wrote", dir);
         return g_why;
@@ -95,7 +100,7 @@ static const char *read_budget(const char *dir, struct budget *b)
     }
     char text[BUDGET_MAX + 1];
     ssize_t n = -1;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & 022) && st.st_size <= BUDGET_MAX)
+    if (fstat_fd(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & 022) && st.st_size <= BUDGET_MAX)
         n = read(fd, text, BUDGET_MAX);
     close(fd);
     if (n < 0) {
@@ -131,8 +136,9 @@ static const char *read_budget(const char *dir, struct budget *b)
 
 int budget_source(uint64_t *budget, const char **ledger, const char **error)
 {
-    struct stat st;
-    int container = stat(IN_CONTAINER, &st) == 0 && S_ISDIR(st.st_mode);
+    int cfd = open(IN_CONTAINER, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    int container = cfd >= 0;
+    if (cfd >= 0) close(cfd);
     long in_job = container ? -1 : job_of_self();
     const char *env = getenv("COLO_LEDGER");
     char dir[sizeof g_ledger - 8];
