@@ -264,4 +264,4 @@ def test_a_ledger_header_the_job_rewrote_costs_the_daemon_nothing_more(node, use
     for pids in (interposer.ns_pids([crafter]), None):
         led = interposer.read_ledger(ledger, pids=pids)
         assert led.scanned == interposer.DEFAULT_SLOTS and len(led.processes) == 1, (led.scanned, led.processes)
-        assert led.read_bytes == interposer.HEADER_SIZE + 1024 * 24 + interposer.LANES * interposer.LANE_SIZE
+        assert led.read_bytes == interposer.HEADER_SIZE + 1024 * 24 + interposer.SLOT_SIZE

@@ -25,6 +25,7 @@ LANES = 16                        # per slot: lane 0 shared, 1.. one thread's ea
 LANE_SIZE = 320
 SLOT_SIZE = 64 + LANES * LANE_SIZE
 DEFAULT_SLOTS = 1024
+SNAPSHOT_SLOTS = 16               # a ledger read takes up to this many slots whole, in one pread
 
 # magic, version, header_size, nslots, slot_size, max_devices, devices, budget, refused,
 # resync, hwm, reclaims (begun, ever), spare, lanes, lane_size
@@ -148,20 +149,31 @@ def read_ledger(path: Path, slots: int = DEFAULT_SLOTS, pids: dict[int, int] | N
         # Slots past the high-water mark were never owned: only [0, hwm) is read.
         nread = max(0, min(hwm, nslots, slots))
         read_bytes, scanned = len(data), 0
-        pids_seen: set[int] = set()
-        used = [0] * MAX_DEVICES
-        procs = []
-        per_lane = LANE_SIZE // 8
+        # A few slots (a job's usual count) are read whole in one pread: one snapshot of every
+        # process's bytes, as close to an instant as a reader gets. Past that, each slot's first
+        # bytes alone, then the lanes of the live ones.
+        blob, at = b"", 0  # slots [at, at + len(blob) // SLOT_SIZE) as read in one go
+        if nread <= SNAPSHOT_SLOTS:
+            blob = os.pread(fd, nread * SLOT_SIZE, HEADER_SIZE)
+            read_bytes += len(blob)
+        heads = []
         for i in range(nread):
             off = HEADER_SIZE + i * SLOT_SIZE
-            head = os.pread(fd, _SLOT.size, off)
-            read_bytes += len(head)
+            if blob:
+                head = blob[i * SLOT_SIZE:i * SLOT_SIZE + _SLOT.size]
+            else:
+                head = os.pread(fd, _SLOT.size, off)
+                read_bytes += len(head)
             scanned += 1
             if len(head) < _SLOT.size:
                 break
-            state, _gen, pid, _, slot_refused = _SLOT.unpack(head)
+            heads.append((i, *_SLOT.unpack(head)))
+        pids_seen: set[int] = set()
+        live = []  # (slot, pid in its namespace, host pid, its refusals)
+        for i, state, _gen, pid, _, slot_refused in heads:
             if state != _SLOT_OWNED:
                 continue
+            off = HEADER_SIZE + i * SLOT_SIZE
             if pids is not None:
                 host_pid = pids.get(pid, 0)
             else:
@@ -176,8 +188,21 @@ def read_ledger(path: Path, slots: int = DEFAULT_SLOTS, pids: dict[int, int] | N
             if host_pid <= 0 or host_pid in pids_seen:
                 continue
             pids_seen.add(host_pid)
-            body = os.pread(fd, _LANES.size, off + 64)
-            read_bytes += len(body)
+            live.append((i, pid, host_pid, slot_refused))
+        if live and not blob:
+            lo, hi = live[0][0], live[-1][0]
+            if hi - lo + 1 <= len(live) + SNAPSHOT_SLOTS:  # close together: one pread again
+                blob, at = os.pread(fd, (hi - lo + 1) * SLOT_SIZE, HEADER_SIZE + lo * SLOT_SIZE), lo
+                read_bytes += len(blob)
+        used = [0] * MAX_DEVICES
+        procs = []
+        per_lane = LANE_SIZE // 8
+        for i, pid, host_pid, slot_refused in live:
+            if blob:
+                body = blob[(i - at) * SLOT_SIZE + 64:(i - at + 1) * SLOT_SIZE]
+            else:
+                body = os.pread(fd, _LANES.size, HEADER_SIZE + i * SLOT_SIZE + 64)
+                read_bytes += len(body)
             if len(body) < _LANES.size:
                 break
             # Its bytes: the sum of its lanes' (each lane's are net changes modulo 2^64). The lanes
