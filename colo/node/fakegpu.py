@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import grp
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,12 @@ from colo.units import format_size, parse_size
 GiB = 1024**3
 MAX_DEVICES = 16  # FG_MAX_DEV in native/fakegpu/fakegpu.h
 MODES = ("default", "exclusive_process", "prohibited")
+# Device numbers of the simulated driver's files when made character devices: the real driver's
+# 195:N for nvidiaN and 195:255 for nvidiactl; nvidia-uvm (a dynamic major on a real node) gets
+# 120:0, a major the kernel keeps for local use and never hands to a driver. With no driver of
+# these majors loaded, open() passes the permission and cgroup checks, then fails with ENXIO,
+# which the simulated driver counts as opened.
+NVIDIA_MAJOR, CTL_MINOR, UVM_MAJOR = 195, 255, 120
 
 
 class FakeGpuError(RuntimeError):
@@ -94,6 +102,33 @@ class FakeNode:
     def uuids(self) -> list[str]:
         return [d["uuid"] for d in self.read()["devices"]]
 
+    @property
+    def node_dir(self) -> Path:
+        """The simulated /dev/nvidia* files: `<state>.dev` beside the state file (found through
+        its real path, as the driver finds it)."""
+        return Path(os.path.realpath(self.state) + ".dev")
+
+    def make_nodes(self, char: bool = False, gid: int | None = None, mode: int = 0o666) -> None:
+        """Make the device files again, as an admin gates a real node: root-owned, of group `gid`
+        (None: root's), with `mode`; `char`: character devices of the real driver's numbers, so
+        that a devices cgroup decides too (root only). Each replaces the old one atomically."""
+        count = len(self.read()["devices"])
+        numbers = {"nvidiactl": (NVIDIA_MAJOR, CTL_MINOR), "nvidia-uvm": (UVM_MAJOR, 0),
+                   **{f"nvidia{i}": (NVIDIA_MAJOR, i) for i in range(count)}}
+        d = self.node_dir
+        d.mkdir(mode=0o755, exist_ok=True)
+        for name, (major, minor) in numbers.items():
+            tmp = d / f".{name}.new"
+            tmp.unlink(missing_ok=True)
+            if char:
+                os.mknod(tmp, stat.S_IFCHR | 0o600, os.makedev(major, minor))
+            else:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+            if gid is not None or os.geteuid() == 0:
+                os.chown(tmp, 0 if os.geteuid() == 0 else -1, 0 if gid is None else gid)
+            os.chmod(tmp, mode)
+            os.replace(tmp, d / name)
+
 
 def use_fake_nvml(state: Path) -> None:
     """Make the real `pynvml` in this process read the simulated devices of `state`.
@@ -115,6 +150,25 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _mode(text: str) -> int:
+    try:
+        v = int(text, 8)
+    except ValueError:
+        v = -1
+    if not 0 <= v <= 0o777:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode such as 0660")
+    return v
+
+
+def _gid(group: str | None) -> int | None:
+    if group is None or group.isdigit():
+        return None if group is None else int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"no group {group!r}") from None
 
 
 def _count(text: str) -> int:
@@ -145,6 +199,13 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("path", metavar="PATH")
     f.add_argument("index", help="a device's index, or all")
     f.add_argument("how", help="lost, unknown, an NVML code, or off")
+    n = sub.add_parser("nodes", help="make the simulated /dev/nvidia* files again, gated as an admin gates a real "
+                                     "node (docs/gating.md)")
+    n.add_argument("path", metavar="PATH")
+    n.add_argument("--group", help="their group (a name or gid; default root's)")
+    n.add_argument("--mode", type=_mode, default=0o666, help="their mode, octal (default 0666: open to all)")
+    n.add_argument("--char", action="store_true", help="character devices of the real driver's numbers (195:N, "
+                                                       "195:255), so a devices cgroup applies too (needs root)")
     a = sub.add_parser("mps-attribution", help="whose pid NVML's samples give MPS clients' activity")
     a.add_argument("path", metavar="PATH")
     a.add_argument("how", choices=("client", "server"))
@@ -167,8 +228,13 @@ def main(argv: list[str] | None = None) -> int:
             node.set_compute_mode(args.index, args.mode)
         elif args.cmd == "fail-nvml":
             node.fail_nvml(args.index, args.how)
+        elif args.cmd == "nodes":
+            node.make_nodes(args.char, _gid(args.group), args.mode)
         else:
             node.set_mps_attribution(args.how)
+    except OSError as e:
+        print(f"colo-fakegpu: {e.strerror}: {e.filename}", file=sys.stderr)
+        return 1
     except (FakeGpuError, native.NativeMissing, ValueError) as e:
         msg = str(e)
         print(msg if msg.startswith("colo-fakegpu") else f"colo-fakegpu: {msg}", file=sys.stderr)

@@ -91,7 +91,14 @@ static CUresult do_init(unsigned flags)
         return CUDA_SUCCESS;
     if (fg_open(&S, NULL) != 0)
         return CUDA_ERROR_NO_DEVICE;
-    g_nvis = fg_parse_visible(&S, getenv("CUDA_VISIBLE_DEVICES"), g_vis);
+    /* As the real driver: no /dev/nvidiactl, no device; no /dev/nvidia-uvm, "unknown error" (what
+     * CUDA says when nvidia-uvm is missing); a GPU whose node does not open is not enumerated. */
+    uint32_t usable = fg_node_open(&S, FG_NODE_CTL) ? fg_usable(&S) : 0;
+    if (!usable || !fg_node_open(&S, FG_NODE_UVM)) {
+        fg_close(&S);
+        return usable ? CUDA_ERROR_UNKNOWN : CUDA_ERROR_NO_DEVICE;
+    }
+    g_nvis = fg_parse_visible(&S, getenv("CUDA_VISIBLE_DEVICES"), g_vis, usable);
     fg_lock(&S);
     g_slot = fg_claim_slot(&S, FG_KIND_PROC);
     if (g_slot >= 0) {

@@ -109,7 +109,17 @@ uint64_t fg_pidns_of(const char *procdir);             /* inode of <procdir>/ns/
 int fg_translate_pid(fg_state *s, int pid, uint64_t pidns);  /* to the caller's namespace, 0 if unknown */
 /* Under lock: processes with a context on physical device d, and the device's utilisation. */
 int fg_device_procs(fg_state *s, int d, struct fg_proc *out, int max, int *sm_util, int *mem_util);
-int fg_parse_visible(fg_state *s, const char *env, int *map);  /* CUDA_VISIBLE_DEVICES -> physical */
+/* CUDA_VISIBLE_DEVICES -> physical, over the devices in `usable` (bit d: device d may be opened). */
+int fg_parse_visible(fg_state *s, const char *env, int *map, uint32_t usable);
+/* Device nodes, as the real driver's /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidiaN: the folder
+ * "<state file>.dev" beside the state file (found from the opened file's own path, so no variable
+ * can point elsewhere). Each is tried with open(O_RDWR) as the real driver does, so file modes and
+ * a devices cgroup both decide; a character device no driver serves here (ENXIO) passed both.
+ * Without the folder every node opens (a state made before nodes existed). */
+#define FG_NODE_CTL (-1)
+#define FG_NODE_UVM (-2)
+int fg_node_open(fg_state *s, int which);              /* which: device index, FG_NODE_CTL/UVM; 1 or 0 */
+uint32_t fg_usable(fg_state *s);                        /* bit d: /dev/nvidiaD opens */
 int fg_parse_size(const char *text, uint64_t *out);    /* "4G", "512MiB", "1000" -> bytes */
 int fg_pct(int v);
 /* FG_ATTR_*: $COLO_FAKEGPU_MPS_ATTRIBUTION (client|server) in the reading process, else the state

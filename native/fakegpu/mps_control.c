@@ -566,7 +566,7 @@ static int daemon_setup(char *err, size_t n)
         snprintf(err, n, "COLO_FAKEGPU_STATE does not name a simulated GPU state file");
         return -1;
     }
-    g_nvis = fg_parse_visible(&S, getenv("CUDA_VISIBLE_DEVICES"), g_vis);
+    g_nvis = fg_parse_visible(&S, getenv("CUDA_VISIBLE_DEVICES"), g_vis, ~0u); /* (root: every node opens) */
     const char *mu = getenv("COLO_FAKEGPU_MPS_MULTIUSER");
     multiuser = mu && *mu && strcmp(mu, "0") != 0;
     const char *mc = getenv("COLO_FAKEGPU_MPS_MAX_CLIENTS");

@@ -46,6 +46,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static fg_state S = {.fd = -1, .own_slot = -1};
 static int g_refs;
 static struct nvml_dev g_devs[FG_MAX_DEV];
+static uint32_t g_usable; /* bit d: this process could open device d's node at init */
 
 static void atfork_child(void)
 {
@@ -60,11 +61,16 @@ static nvmlReturn_t init(void)
     pthread_mutex_lock(&g_mu);
     nvmlReturn_t r = NVML_SUCCESS;
     if (g_refs == 0) {
-        if (fg_open(&S, NULL) != 0)
+        if (fg_open(&S, NULL) != 0) {
             r = NVML_ERROR_DRIVER_NOT_LOADED;
-        else
+        } else if (!fg_node_open(&S, FG_NODE_CTL)) {
+            fg_close(&S); /* as the real NVML when /dev/nvidiactl does not open */
+            r = NVML_ERROR_NO_PERMISSION;
+        } else {
+            g_usable = fg_usable(&S);
             for (uint32_t i = 0; i < S.h->ndev; i++)
                 g_devs[i] = (struct nvml_dev){DEV_MAGIC, (int)i};
+        }
     }
     if (r == NVML_SUCCESS)
         g_refs++;
@@ -161,6 +167,8 @@ FG_API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v)
 }
 FG_API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
 
+/* As the real NVML (5.319+): _v2 counts every device, and a handle of one this process may not open
+ * is NVML_ERROR_NO_PERMISSION; the old _v1 pair counts and indexes only those it may open. */
 FG_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *n)
 {
     if (!ready())
@@ -170,7 +178,14 @@ FG_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *n)
     *n = S.h->ndev;
     return NVML_SUCCESS;
 }
-FG_API nvmlReturn_t nvmlDeviceGetCount(unsigned *n) { return nvmlDeviceGetCount_v2(n); }
+
+FG_API nvmlReturn_t nvmlDeviceGetCount(unsigned *n)
+{
+    nvmlReturn_t r = nvmlDeviceGetCount_v2(n);
+    if (r == NVML_SUCCESS)
+        *n = (unsigned)__builtin_popcount(g_usable & ((1u << S.h->ndev) - 1));
+    return r;
+}
 
 FG_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned i, nvmlDevice_t *d)
 {
@@ -178,13 +193,24 @@ FG_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned i, nvmlDevice_t *d)
         return NVML_ERROR_UNINITIALIZED;
     if (!d || i >= S.h->ndev)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (!(g_usable & (1u << i)))
+        return NVML_ERROR_NO_PERMISSION;
     uint32_t fail = __atomic_load_n(&S.h->dev[i].nvml_fail, __ATOMIC_ACQUIRE);
     if (fail)
         return (nvmlReturn_t)fail;
     *d = &g_devs[i];
     return NVML_SUCCESS;
 }
-FG_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned i, nvmlDevice_t *d) { return nvmlDeviceGetHandleByIndex_v2(i, d); }
+
+FG_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned i, nvmlDevice_t *d)
+{
+    if (!ready())
+        return NVML_ERROR_UNINITIALIZED;
+    for (unsigned k = 0; k < S.h->ndev; k++)
+        if ((g_usable & (1u << k)) && i-- == 0)
+            return nvmlDeviceGetHandleByIndex_v2(k, d);
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
 
 FG_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
 {
@@ -194,6 +220,8 @@ FG_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
         return NVML_ERROR_INVALID_ARGUMENT;
     for (uint32_t i = 0; i < S.h->ndev; i++)
         if (strcasecmp(S.h->dev[i].uuid, uuid) == 0) {
+            if (!(g_usable & (1u << i)))
+                return NVML_ERROR_NO_PERMISSION;
             *d = &g_devs[i];
             return NVML_SUCCESS;
         }

@@ -264,27 +264,31 @@ int fg_device_procs(fg_state *s, int d, struct fg_proc *out, int max, int *sm_ut
     return n;
 }
 
-/* CUDA's enumeration order: CUDA_DEVICE_ORDER=PCI_BUS_ID is the physical (NVML) order; the
- * default, FASTEST_FIRST, puts devices with more SMs first (ties in PCI order). */
-static void cuda_order(fg_state *s, int *order)
+/* CUDA's enumeration order over the usable devices: CUDA_DEVICE_ORDER=PCI_BUS_ID is the physical
+ * (NVML) order; the default, FASTEST_FIRST, puts devices with more SMs first (ties in PCI order).
+ * A device whose node cannot be opened is not enumerated at all, as with the real driver. */
+static int cuda_order(fg_state *s, int *order, uint32_t usable)
 {
-    int ndev = (int)s->h->ndev;
+    int ndev = (int)s->h->ndev, n = 0;
     const char *o = getenv("CUDA_DEVICE_ORDER");
     int pci = o && !strcmp(o, "PCI_BUS_ID");
     for (int i = 0; i < ndev; i++) {
-        int k = i;
+        if (!(usable & (1u << i)))
+            continue;
+        int k = n++;
         while (!pci && k > 0 && s->h->dev[order[k - 1]].sms < s->h->dev[i].sms) {
             order[k] = order[k - 1];
             k--;
         }
         order[k] = i;
     }
+    return n;
 }
 
-int fg_parse_visible(fg_state *s, const char *env, int *map)
+int fg_parse_visible(fg_state *s, const char *env, int *map, uint32_t usable)
 {
-    int n = 0, ndev = (int)s->h->ndev, order[FG_MAX_DEV];
-    cuda_order(s, order);
+    int n = 0, order[FG_MAX_DEV];
+    int ndev = cuda_order(s, order, usable);
     if (!env) {
         for (int i = 0; i < ndev; i++)
             map[i] = order[i];
@@ -305,11 +309,13 @@ int fg_parse_visible(fg_state *s, const char *env, int *map)
             if (*end == 0 && v < ndev)
                 idx = order[v];
         } else if (strncasecmp(t, "GPU-", 4) == 0 && strlen(t) > 4) {
-            for (int i = 0; i < ndev; i++)
+            for (int k = 0; k < ndev; k++) {
+                int i = order[k];
                 if (strncasecmp(s->h->dev[i].uuid, t, strlen(t)) == 0) {
                     if (idx >= 0) { idx = -1; break; } /* ambiguous prefix */
                     idx = i;
                 }
+            }
         }
         if (idx < 0)
             break;
@@ -321,6 +327,55 @@ int fg_parse_visible(fg_state *s, const char *env, int *map)
         map[n++] = idx;
     }
     return n;
+}
+
+/* "<state file>.dev" from the file this process opened, not from the name it was given: a
+ * symlink or /proc/self/fd path to someone's state cannot bring a folder of its own along. */
+static int node_dir(fg_state *s, char *out, size_t n)
+{
+    char fdp[64], real[PATH_MAX];
+    snprintf(fdp, sizeof fdp, "/proc/self/fd/%d", s->fd);
+    ssize_t len = readlink(fdp, real, sizeof real - 1);
+    if (len <= 0)
+        return -1;
+    real[len] = 0;
+    if (strstr(real, " (deleted)"))
+        return -1;
+    return snprintf(out, n, "%s.dev", real) < (int)n ? 0 : -1;
+}
+
+int fg_node_open(fg_state *s, int which)
+{
+    char dir[PATH_MAX], p[PATH_MAX + 32];
+    struct stat st;
+    if (node_dir(s, dir, sizeof dir) != 0)
+        return 0;
+    if (stat(dir, &st) != 0 && errno == ENOENT)
+        return 1; /* no nodes: a state file made before they existed */
+    if (which == FG_NODE_CTL)
+        snprintf(p, sizeof p, "%s/nvidiactl", dir);
+    else if (which == FG_NODE_UVM)
+        snprintf(p, sizeof p, "%s/nvidia-uvm", dir);
+    else
+        snprintf(p, sizeof p, "%s/nvidia%d", dir, which);
+    int fd = open(p, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd >= 0) {
+        close(fd);
+        return 1;
+    }
+    /* A character device of a major no driver serves here (e.g. 195 with no NVIDIA driver): the
+     * devices cgroup (EPERM) and the file's mode (EACCES) were checked before the kernel found no
+     * driver, so this process may open it. */
+    return errno == ENXIO || errno == ENODEV;
+}
+
+uint32_t fg_usable(fg_state *s)
+{
+    uint32_t m = 0;
+    for (uint32_t d = 0; d < s->h->ndev && d < FG_MAX_DEV; d++)
+        if (fg_node_open(s, (int)d))
+            m |= 1u << d;
+    return m;
 }
 
 int fg_parse_size(const char *text, uint64_t *out)
@@ -357,6 +412,39 @@ static void random_uuid(char *out, size_t n)
     snprintf(out, n,
              "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
              b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+/* The device nodes of a new state: plain files any process may open (0666, as the real driver's
+ * default DeviceFileMode). Nodes already there are kept: an admin may have made them character
+ * devices or changed their group and mode (colo-fakegpu nodes, docs/gating.md). */
+static int make_nodes(const char *path, int count)
+{
+    char real[PATH_MAX], dir[PATH_MAX + 8], p[PATH_MAX + 32];
+    if (!realpath(path, real))
+        return -errno;
+    snprintf(dir, sizeof dir, "%s.dev", real);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return -errno;
+    chmod(dir, 0755);
+    for (int i = -2; i < count; i++) {
+        if (i == FG_NODE_CTL)
+            snprintf(p, sizeof p, "%s/nvidiactl", dir);
+        else if (i == FG_NODE_UVM)
+            snprintf(p, sizeof p, "%s/nvidia-uvm", dir);
+        else
+            snprintf(p, sizeof p, "%s/nvidia%d", dir, i);
+        int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd < 0) {
+            if (errno == EEXIST)
+                continue;
+            return -errno;
+        }
+        int e = fchmod(fd, 0666) != 0 ? -errno : 0;
+        close(fd);
+        if (e)
+            return e;
+    }
+    return 0;
 }
 
 int fg_create(const char *path, int count, uint64_t mem, const char *name, int sms,
@@ -414,7 +502,7 @@ int fg_create(const char *path, int count, uint64_t mem, const char *name, int s
             unlink(tmp);
     }
     free(h);
-    return err;
+    return err ? err : make_nodes(path, count);
 }
 
 int fg_mps_attribution(fg_state *s)
