@@ -10,6 +10,8 @@ Two layouts are supported:
   a daemon in a non-root cgroup first moves itself into a `supervisor` leaf.
 - hybrid (cgroup2 at `/sys/fs/cgroup/unified`, controllers on v1 hierarchies): the v2 leaf
   contains the job (cgroup.kill, cgroup.events); limits go to the v1 `cpu` and `memory` leaves.
+Device rules (a job opens only the GPUs it was given, docs/gating.md) go to the v1 `devices` leaf
+where that controller is mounted, else to the v2 leaf as a device program (native/tools/devcg.c).
 Where neither exists (or the daemon is not root), jobs run without a cgroup: the shim, a child
 subreaper, still ends every descendant; --cpus/--mem are refused with the reason.
 
@@ -23,12 +25,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import native
+
 SUPERVISOR = "supervisor"
 CPU_PERIOD = 100_000  # microseconds
+DEVCG = "colo-devcg"  # native/tools/devcg.c
 
 
 class CgroupError(RuntimeError):
@@ -85,7 +91,7 @@ def _mounts() -> tuple[Path | None, dict[str, Path]]:
         if fstype == "cgroup2" and unified is None:
             unified = point
         elif fstype == "cgroup":
-            for c in ("cpu", "memory", "pids", "freezer"):
+            for c in ("cpu", "memory", "pids", "freezer", "devices"):
                 if c in opts:
                     v1.setdefault(c, point)
     return unified, v1
@@ -135,6 +141,7 @@ class Cgroups:
     limits: dict[str, Path] = field(default_factory=dict)
     limit_v2: dict[str, bool] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    device_bpf: bool = False  # device rules go to the v2 leaf as a program (no v1 devices controller)
 
     @classmethod
     def setup(cls, instance: str) -> "Cgroups":
@@ -197,7 +204,52 @@ class Cgroups:
                         break
                     except OSError:
                         continue
+        cg._setup_devices(v1, own1)
         return cg
+
+    def _setup_devices(self, v1: dict[str, Path], own1: dict[str, str]) -> None:
+        """Where device rules go: the v1 `devices` controller (hybrid layouts, where the system's
+        own rules live), else a device program on the v2 leaf when this kernel loads one."""
+        name = f"colo-{self.instance}"
+        if "devices" in v1 and "devices" in own1:
+            d = _base(v1["devices"], own1["devices"]) / name
+            try:
+                d.mkdir(exist_ok=True)
+                self.limits["devices"], self.limit_v2["devices"] = d, False
+                return
+            except OSError as e:
+                self.missing["devices"] = f"cannot make {d}: {e.strerror}"
+                return
+        if self.contain is None or not self.v2:
+            self.missing.setdefault("devices", "no devices controller and no cgroup v2 for colo here")
+            return
+        why = _devcg_check()
+        if why is None:
+            self.device_bpf = True
+        else:
+            self.missing["devices"] = why
+
+    def restrict_devices(self, job_id: int, deny: list[str]) -> None:
+        """Refuse the job the devices `deny` names (`c:195:1`: /dev/nvidia1) before anything of
+        it runs; CgroupError when this host has no way to (missing["devices"] says why)."""
+        if not deny:
+            return
+        leaf = f"job-{job_id}"
+        try:
+            if "devices" in self.limits:
+                for rule in deny:
+                    kind, major, minor = rule.split(":")
+                    _write(self.limits["devices"] / leaf / "devices.deny", f"{kind} {major}:{minor} rwm")
+                return
+            if self.device_bpf and self.contain is not None:
+                r = subprocess.run([str(native.path(DEVCG)), str(self.contain / leaf), *deny], capture_output=True,
+                                   text=True, timeout=30)
+                if r.returncode != 0:
+                    raise CgroupError(f"cannot hold the job to its GPUs: {r.stderr.strip() or r.returncode}")
+                return
+        except OSError as e:
+            raise CgroupError(f"cannot hold the job to its GPUs: {e.strerror}") from None
+        raise CgroupError(f"cannot hold the job to its GPUs: {self.missing.get('devices', 'no device rules here')}")
 
     @staticmethod
     def _leave_for_leaf(own2: str, base: Path) -> None:
@@ -213,7 +265,7 @@ class Cgroups:
     def dirs(self, job_id: int) -> list[Path]:
         """Every leaf of this job, the containing one first (the shim kills and watches that one)."""
         out = [self.contain / f"job-{job_id}"] if self.contain is not None else []
-        for c in ("cpu", "memory"):
+        for c in ("cpu", "memory", "devices"):
             d = self.limits.get(c)
             if d is not None and d / f"job-{job_id}" not in out:
                 out.append(d / f"job-{job_id}")
@@ -347,6 +399,15 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+def _devcg_check() -> str | None:
+    """None when this kernel loads a device program for colo-devcg, else why not."""
+    try:
+        r = subprocess.run([str(native.path(DEVCG)), "--check"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError, native.NativeMissing) as e:
+        return f"no device program: {e}"
+    return None if r.returncode == 0 else f"no device program on cgroup v2: {r.stderr.strip()}"
 
 
 def _enable(parent: Path, ctrl: str) -> None:

@@ -9,3 +9,9 @@ $(BUILD)/colo-pin: tools/pin.c | $(BUILD)
 	$(CC) $(CFLAGS) -o $@ tools/pin.c
 
 tools: $(BUILD)/colo-pin
+
+# colo-devcg: a cgroup v2 device program (raw bpf(), hand-written instructions: no libbpf, no clang).
+$(BUILD)/colo-devcg: tools/devcg.c | $(BUILD)
+	$(CC) $(CFLAGS) -o $@ tools/devcg.c
+
+tools: $(BUILD)/colo-devcg
