@@ -13,6 +13,9 @@ class ConfigError(ValueError):
     pass
 
 
+IDLE_SESSIONS = ("off", "notify", "end")
+
+
 @dataclass
 class Config:
     state_dir: Path = field(default_factory=default_state_dir)
@@ -67,6 +70,19 @@ class Config:
     # Prometheus metrics on this ADDRESS:PORT (e.g. "127.0.0.1:9400"; ":9400" every address).
     # Unset: no endpoint (the figures name users and their jobs' sizes: open it on purpose).
     metrics_listen: str | None = None
+    # A gated node (docs/gating.md): the group that owns the GPUs' device files (NVreg_DeviceFileGID
+    # or a udev rule, with mode 0660). The root shim adds it to every GPU job's groups, and container
+    # jobs get it from the engine; its members can use the GPUs outside colo, so it has none.
+    # Unset: colo grants no group (the files are then open to all, or only to their group's members).
+    gpu_group: str | None = None
+    # Idle holders: a running job that holds GPU memory with no GPU activity (SM 0 in every sample)
+    # for this many seconds is marked idle in ls, top and report (0: never).
+    idle_after: float = 1800.0
+    # What colo does to an idle interactive session (a job whose spec says `interactive`): "off"
+    # (marked only), "notify" (a line on its terminal), "end" (notified, then ended when it is still
+    # idle idle_grace seconds later). Batch jobs are only marked.
+    idle_sessions: str = "notify"
+    idle_grace: float = 900.0
 
     @property
     def db_path(self) -> Path:
@@ -130,6 +146,15 @@ class Config:
         if window and window < grace:
             raise ConfigError(f"patrol_window ({window:g} s) is shorter than patrol_grace ({grace:g} s): no job "
                               "could ever be over its budget that long within it")
+        for k in ("idle_after", "idle_grace"):
+            v = values.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9):
+                raise ConfigError(f"{k}: {v!r} is not a number of seconds from 0")
+        if values.get("idle_sessions", "notify") not in IDLE_SESSIONS:
+            raise ConfigError(f"idle_sessions: {values['idle_sessions']!r} is not one of {', '.join(IDLE_SESSIONS)}")
+        gg = values.get("gpu_group")
+        if gg is not None and (not isinstance(gg, str) or not gg or gg.strip() != gg):
+            raise ConfigError(f"gpu_group: {gg!r} is not a group name")
         for k in ("state_dir", "socket", "fakegpu_state", "shared_profiles"):
             if values.get(k) is not None:
                 values[k] = Path(values[k])

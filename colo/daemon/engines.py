@@ -11,8 +11,9 @@ import time
 import uuid
 from pathlib import Path
 
-from ..config import Config
+from ..config import Config, ConfigError
 from ..jobs import Job
+from ..node import devices
 from ..node.cgroup import Cgroups
 from ..runtimes.base import StartError
 from ..runtimes.process import ProcessRuntime
@@ -36,8 +37,14 @@ class Engines:
     def __init__(self, config: Config, instance: str, native_dir: Path, cgroups: Cgroups):
         self.config = config
         self.instance = instance
+        try:  # a gated node (docs/gating.md): the group GPU jobs get, and the device files they may open
+            self.gpu_gid = devices.group_id(config.gpu_group)
+        except LookupError as e:
+            raise ConfigError(str(e)) from None
+        self.gpu_nodes = devices.GpuNodes.of(config.fakegpu_state)
         self.runtimes: dict = {"process": ProcessRuntime(shim=native_dir / "colo-shim", cgroups=cgroups,
-                                                         log_cap=config.log_cap, reserve=config.log_reserve)}
+                                                         log_cap=config.log_cap, reserve=config.log_reserve,
+                                                         gpu_gid=self.gpu_gid, gpu_nodes=self.gpu_nodes)}
         self.docker_error: str | None = None
         self._docker_retry_at = 0.0
         self.init_docker()
@@ -55,6 +62,7 @@ class Engines:
             rt = DockerRuntime.from_env(instance=self.instance)
             rt.client.ping()
             rt.log_cap, rt.log_reserve = self.config.log_cap, self.config.log_reserve
+            rt.gpu_gid, rt.gpu_nodes = self.gpu_gid, self.gpu_nodes
             self.runtimes["docker"] = rt
         except Exception as e:  # noqa: BLE001 - any failure: container jobs are refused with this reason
             first = self.docker_error is None

@@ -26,6 +26,7 @@ import requests
 import urllib3
 
 from ..node.cgroup import places
+from ..node.devices import GpuNodes
 from . import nvidia, preload
 from .base import EngineError, Gone, Launch, StartError, Unavailable
 
@@ -232,6 +233,8 @@ class DockerRuntime:
         self._loader: dict[str, str] = {}  # handle -> what the loader said of the interposer (preload.py)
         self._closed = threading.Event()
         self.log_cap, self.log_reserve = 0, 0  # set by the daemon from its config
+        self.gpu_gid: int | None = None  # gpu_group's gid (a gated node), set by the daemon
+        self.gpu_nodes: GpuNodes | None = None  # the GPUs' device files (the simulation's: given as devices)
 
     @classmethod
     def from_env(cls, instance: str = "default") -> "DockerRuntime":
@@ -311,6 +314,9 @@ class DockerRuntime:
         return self.api.create_host_config(
             mounts=mounts,
             device_requests=device_requests,
+            devices=self._simulated_devices(launch) or None,
+            # a gated node (docs/gating.md): the group that may open the GPUs' files, for a GPU job only
+            group_add=[str(self.gpu_gid)] if launch.gpus and self.gpu_gid is not None else None,
             # Docker's default capability set stays (ordinary programs need it, and it grants a
             # non-root uid nothing); no-new-privileges stops setuid binaries raising privileges.
             security_opt=["no-new-privileges"],
@@ -323,6 +329,20 @@ class DockerRuntime:
             mem_limit=launch.mem or None,
             memswap_limit=launch.mem or None,  # the limit is on memory, not memory + swap
         )
+
+    def _simulated_devices(self, launch: Launch) -> list[str]:
+        """The simulated driver's files a job may open, when they are character devices (a gated
+        simulation, as root made them): through the engine's device list, as CDI hands over real
+        GPUs, so that its device rules refuse the others. They lie in the mounted state folder, at
+        `<state>.dev` of the job's own COLO_FAKEGPU_STATE."""
+        if not launch.gpus or not launch.simulated_gpus or self.gpu_nodes is None:
+            return []
+        try:
+            allow, _ = self.gpu_nodes.split(launch.gpus)
+        except LookupError as e:
+            raise StartError(str(e)) from None
+        inside = launch.env["COLO_FAKEGPU_STATE"] + ".dev"
+        return [f"{n.path}:{inside}/{n.name}:rwm" for n in allow if n.char is not None]
 
     def start(self, launch: Launch) -> str:
         try:

@@ -10,6 +10,7 @@ nothing the job controls is ever opened by root.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import signal
@@ -24,9 +25,11 @@ import psutil
 
 from ..node import native
 from ..node.cgroup import CgroupError, Cgroups
+from ..node.devices import GpuNodes
 from . import preload
 from .base import Gone, Launch, StartError
 
+log = logging.getLogger("colo")
 EXIT_FILE = "exit"
 _EXIT_MAX = 4096
 # A job's PATH unless its submitter set one (--env PATH=...): never the daemon's, which is root's
@@ -70,8 +73,13 @@ class ProcessRuntime:
     cleanup_in_background = False  # its cleanup kills leftovers (setsid children) that may hold GPU memory
 
     def __init__(self, shim: Path | None = None, base_env: dict[str, str] | None = None,
-                 cgroups: Cgroups | None = None, log_cap: int = 0, reserve: int = 0):
+                 cgroups: Cgroups | None = None, log_cap: int = 0, reserve: int = 0,
+                 gpu_gid: int | None = None, gpu_nodes: GpuNodes | None = None):
         self.shim = shim
+        # A gated node (docs/gating.md): GPU jobs get this group; each job's cgroup refuses the
+        # device files of GPUs not its own (and a job of no GPU, all of them).
+        self.gpu_gid, self.gpu_nodes = gpu_gid, gpu_nodes
+        self._said_rules = False
         self.base_env = base_env if base_env is not None else {"PATH": JOB_PATH, "LANG": "C.UTF-8"}
         self.cgroups = cgroups
         self.log_cap, self.reserve = log_cap, reserve
@@ -138,12 +146,15 @@ class ProcessRuntime:
                 "--log-cap", str(int(self.log_cap)), "--reserve", str(int(self.reserve))]
         if root:
             args += ["--user", f"{launch.uid}:{launch.gid}:{','.join(map(str, groups))}".rstrip(":")]
+            if launch.gpus and self.gpu_gid is not None:
+                args += ["--gpu-group", str(self.gpu_gid)]
         if (launch.cpus or launch.mem) and self.cgroups is None:
             raise StartError("--cpus/--mem cannot be enforced here: colo has no cgroups")
         if self.cgroups is not None:
             try:
                 for d in self.cgroups.create(launch.job_id, launch.cpus, launch.mem):
                     args += ["--cgroup", str(d)]
+                self._hold_to_gpus(launch)
             except CgroupError as e:
                 raise StartError(str(e)) from None
             except OSError as e:
@@ -184,6 +195,22 @@ class ProcessRuntime:
                 self._preloaded[handle] = launch.log_path
             self._attempt[launch.job_id] = handle
         return handle
+
+    def _hold_to_gpus(self, launch: Launch) -> None:
+        """Device rules on the job's cgroup: it opens only its own GPUs' files (as Slurm's
+        ConstrainDevices). On a gated node a job that cannot be held so is not started (CgroupError);
+        elsewhere it starts as before, said once in the log."""
+        assert self.cgroups is not None
+        try:
+            rules = self.gpu_nodes.deny_rules(launch.gpus) if self.gpu_nodes is not None else []
+            self.cgroups.restrict_devices(launch.job_id, rules)
+        except (CgroupError, LookupError) as e:
+            if self.gpu_gid is not None:
+                self.cgroups.remove(launch.job_id)
+                raise CgroupError(str(e)) from None
+            if not self._said_rules:
+                self._said_rules = True
+                log.warning("jobs are not held to their own GPUs' device files: %s", e)
 
     def _end_earlier_attempt(self, job_id: int, prior: str | None) -> None:
         """A requeued job (MPS fault) starts again only once its earlier attempt has ended: both

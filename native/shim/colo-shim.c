@@ -1,13 +1,15 @@
 /* colo-shim: the small root helper of one process job (as slurmstepd is for a Slurm step).
  *
- *   colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G1,G2...]] [--workdir DIR]
+ *   colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G1,G2...]] [--gpu-group GID] [--workdir DIR]
  *             [--env-fd N] [--tty-fd N] [--log-cap BYTES] [--reserve BYTES] -- CMD [ARGS...]
  *
  * Started by the daemon with stdout and stderr on the job's log (a root-owned file in a root-only
  * folder) and EXITFILE in a folder the job cannot write. It forks; the child starts a session of
  * its own, joins the job's cgroups, puts its output on a pipe to the shim, drops to the user's
  * groups, gid and uid (and checks it cannot get root back), and only then enters the workdir and
- * runs CMD: nothing the user named is touched with root's rights. A failure on the way is the
+ * runs CMD: nothing the user named is touched with root's rights. --gpu-group adds the group that
+ * may open the GPUs' device files on a gated node (docs/gating.md) to the job's groups: the job
+ * holds it, its user need not. A failure on the way is the
  * job's failure, with its reason on the log and in EXITFILE; nothing is retried as root.
  *
  * The shim stays root: it copies the job's output to the log up to --log-cap bytes (then one marked
@@ -365,12 +367,13 @@ static char **read_env(int fd)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G,...]] [--workdir DIR] "
-                        "[--env-fd N] [--tty-fd N] [--log-cap BYTES] [--reserve BYTES] -- CMD [ARGS...]\n");
+        fprintf(stderr, "usage: colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G,...]] [--gpu-group GID] "
+                        "[--workdir DIR] [--env-fd N] [--tty-fd N] [--log-cap BYTES] [--reserve BYTES] -- CMD [ARGS...]\n");
         return 2;
     }
     const char *exitfile = argv[1], *workdir = NULL;
-    int have_user = 0, ngroups = 0, envfd = -1, ttyfd = -1, i;
+    int have_user = 0, have_gpu_group = 0, ngroups = 0, envfd = -1, ttyfd = -1, i;
+    gid_t gpu_group = 0;
     uid_t uid = 0;
     gid_t gid = 0;
     static gid_t groups[MAX_GROUPS];
@@ -395,6 +398,9 @@ int main(int argc, char **argv)
                 groups[ngroups++] = (gid_t)parse_num(t, "group");
             }
             have_user = 1;
+        } else if (!strcmp(opt, "--gpu-group")) {
+            gpu_group = (gid_t)parse_num(val, "--gpu-group");
+            have_gpu_group = 1;
         } else if (!strcmp(opt, "--workdir")) {
             workdir = val;
         } else if (!strcmp(opt, "--env-fd")) {
@@ -413,6 +419,18 @@ int main(int argc, char **argv)
     }
     if (i >= argc - 1)
         die("missing command after --");
+    if (have_gpu_group) {
+        if (!have_user)
+            die("--gpu-group needs --user");
+        int known = 0;
+        for (int k = 0; k < ngroups; k++)
+            known |= groups[k] == gpu_group;
+        if (!known) {
+            if (ngroups == MAX_GROUPS)
+                die("too many groups");
+            groups[ngroups++] = gpu_group;
+        }
+    }
     char **cmd = argv + i + 1;
     char **envp = envfd >= 0 ? read_env(envfd) : environ;
     struct group *tty_group = ttyfd >= 0 ? getgrnam("tty") : NULL; /* (looked up before the fork) */

@@ -1,0 +1,351 @@
+"""Gated GPUs on the simulated driver (docs/gating.md): it honours its device files as the real
+driver honours /dev/nvidia*, so file modes and a job's device rules (cgroup v1 `devices`, or a
+device program on cgroup v2) are tested here as real Unix users, with real open() calls."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from colo.node import devices, fakegpu
+from colo.node.cgroup import Cgroups, CgroupError
+from daemon_util import gpu_node
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users and gate files")
+
+GROUP = "cologpu-test"
+
+# What a process sees of the simulated GPUs, through the driver API and NVML, by ctypes (no pynvml:
+# it calls only the _v2 functions, and the old ones answer differently on a gated node).
+PROBE = textwrap.dedent("""
+    import ctypes, json, os, sys
+    lib = sys.argv[1]
+    cu = ctypes.CDLL(lib + "/libcuda.so.1")
+    out = {"cuInit": cu.cuInit(0)}
+    n = ctypes.c_int(-1)
+    if out["cuInit"] == 0:
+        cu.cuDeviceGetCount(ctypes.byref(n))
+        out["cuda_count"] = n.value
+        uuids = []
+        for i in range(n.value):
+            u = (ctypes.c_char * 16)()
+            cu.cuDeviceGetUuid(u, i)
+            uuids.append(bytes(u).hex()[:8])
+        out["cuda_uuids"] = uuids
+        ctx, ptr = ctypes.c_void_p(), ctypes.c_ulonglong()
+        if n.value:
+            cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+            cu.cuCtxSetCurrent(ctx)
+            out["alloc"] = cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(1 << 20))
+    ml = ctypes.CDLL(lib + "/libnvidia-ml.so.1")
+    out["nvmlInit"] = ml.nvmlInit_v2()
+    if out["nvmlInit"] == 0:
+        c2, c1 = ctypes.c_uint(), ctypes.c_uint()
+        ml.nvmlDeviceGetCount_v2(ctypes.byref(c2))
+        ml.nvmlDeviceGetCount(ctypes.byref(c1))
+        h = ctypes.c_void_p()
+        out["nvml_count_v2"], out["nvml_count_v1"] = c2.value, c1.value
+        out["nvml_handles"] = [ml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)) for i in range(c2.value)]
+    print(json.dumps(out))
+""")
+NO_DEVICE, UNKNOWN, NO_PERMISSION = 100, 999, 4
+PY = shutil.which("python3", path="/usr/bin:/bin") or sys.executable  # one every user may run (a venv's may sit in root's home)
+
+
+@pytest.fixture(scope="module")
+def group():
+    try:
+        return devices.group_id(GROUP)
+    except LookupError:
+        subprocess.run(["groupadd", GROUP], check=True, capture_output=True)
+        return devices.group_id(GROUP)
+
+
+@pytest.fixture
+def users():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import load_bench
+
+    return load_bench.ensure_users(1, prefix="cologate")
+
+
+@pytest.fixture
+def node(native_dir):
+    """Two simulated GPUs in a folder every user reaches: (root, state file, FakeNode)."""
+    root, state, _ = gpu_node("colo-gate-", count=2)
+    yield root, state, fakegpu.FakeNode(state)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def as_user(pw, groups=(), dirs=()):
+    """A preexec_fn: join the cgroup folders `dirs` (as root), then become `pw` with `groups`."""
+    def pre():
+        for d in dirs:
+            with open(Path(d) / "cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+        os.setgroups(list(groups))
+        os.setgid(pw.pw_gid)
+        os.setuid(pw.pw_uid)
+    return pre
+
+
+def probe(state: Path, pw, groups=(), dirs=(), env: dict | None = None) -> dict:
+    """PROBE as the user `pw` with these supplementary groups, in the cgroup folders `dirs`."""
+    r = subprocess.run([PY, "-c", PROBE, str(fakegpu.lib_dir())], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "COLO_FAKEGPU_STATE": str(state), **(env or {})},
+                       preexec_fn=as_user(pw, groups, dirs))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_new_simulated_node_has_device_files_open_to_all_like_the_driver_default(node, users):
+    _, state, fn = node
+    names = sorted(os.listdir(fn.node_dir))
+    assert names == ["nvidia-uvm", "nvidia0", "nvidia1", "nvidiactl"]
+    assert all(os.stat(fn.node_dir / n).st_mode & 0o777 == 0o666 for n in names)
+    st = devices.gate_status(devices.GpuNodes.of(state))
+    assert not st.gated and st.ok and "not gated" in st.detail
+    got = probe(state, users[0])
+    assert got["cuda_count"] == 2 and got["alloc"] == 0 and got["nvml_handles"] == [0, 0]
+
+
+def test_a_user_outside_the_gpu_group_gets_no_gpu_from_a_gated_node(node, users, group):
+    """As a node gated with NVreg_DeviceFileGID=<group> NVreg_DeviceFileMode=0660: a process of a
+    user outside the group cannot open nvidiactl, so CUDA finds no device and NVML refuses; with
+    the group (what colo gives its jobs) it allocates."""
+    _, state, fn = node
+    fn.make_nodes(gid=group, mode=0o660)
+    outside = probe(state, users[0])
+    assert outside == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}
+    inside = probe(state, users[0], groups=[group])
+    assert inside["cuInit"] == 0 and inside["cuda_count"] == 2 and inside["alloc"] == 0
+    st = devices.gate_status(devices.GpuNodes.of(state), GROUP)
+    assert st.gated and st.ok and f"root:{GROUP}" in st.detail
+    assert not devices.gate_status(devices.GpuNodes.of(state), "other").ok
+    assert not devices.gate_status(devices.GpuNodes.of(state)).ok  # gated, but colo grants no group
+
+
+def test_a_gpu_whose_file_does_not_open_is_hidden_from_cuda_and_refused_by_nvml(node, users):
+    _, state, fn = node
+    os.chmod(fn.node_dir / "nvidia0", 0o600)
+    got = probe(state, users[0])
+    uuids = fn.uuids()
+    assert got["cuda_count"] == 1 and got["cuda_uuids"] == [uuids[1][4:12]]  # GPU1 is CUDA's device 0
+    assert got["alloc"] == 0
+    # NVML's _v2 count is every device, a handle of the one it may not open NO_PERMISSION; the old
+    # count leaves it out (the real NVML's documented behaviour)
+    assert got["nvml_count_v2"] == 2 and got["nvml_count_v1"] == 1 and got["nvml_handles"] == [NO_PERMISSION, 0]
+    # indices in CUDA_VISIBLE_DEVICES count the devices it may open; a UUID of the other is no device
+    assert probe(state, users[0], env={"CUDA_VISIBLE_DEVICES": uuids[0]})["cuda_count"] == 0
+    assert probe(state, users[0], env={"CUDA_VISIBLE_DEVICES": "0"})["cuda_uuids"] == [uuids[1][4:12]]
+
+
+def test_without_nvidia_uvm_cuda_fails_as_with_the_module_missing(node, users):
+    _, state, fn = node
+    os.chmod(fn.node_dir / "nvidia-uvm", 0o600)
+    got = probe(state, users[0])
+    assert got["cuInit"] == UNKNOWN and got["nvmlInit"] == 0  # NVML does not need uvm
+
+
+def test_a_symlink_to_the_state_does_not_bring_its_own_device_files(node, users, group):
+    """The driver finds its files from the state file it opened, so a user cannot point
+    COLO_FAKEGPU_STATE at a link beside open files of their own."""
+    root, state, fn = node
+    fn.make_nodes(gid=group, mode=0o660)
+    mine = root / "mine"
+    mine.mkdir(mode=0o777)
+    os.chmod(mine, 0o777)
+    link = mine / "state"
+    link.symlink_to(state)
+    (mine / "state.dev").mkdir()  # the link's own device files, open to all
+    for n in ("nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1"):
+        (mine / "state.dev" / n).touch(mode=0o666)
+    assert probe(link, users[0]) == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}
+
+
+def _free_majors() -> bool:
+    text = Path("/proc/devices").read_text().split("Block devices")[0]
+    used = {int(line.split()[0]) for line in text.splitlines()[1:] if line.strip()}
+    return not used & {fakegpu.NVIDIA_MAJOR, fakegpu.UVM_MAJOR}
+
+
+needs_free_majors = pytest.mark.skipif(not _free_majors(), reason="a driver here serves major 195 or 120")
+
+
+@pytest.fixture
+def char_node(node, group):
+    """The simulated files as character devices of the driver's numbers, 0660 root:GROUP."""
+    root, state, fn = node
+    fn.make_nodes(char=True, gid=group, mode=0o660)
+    return root, state, fn
+
+
+@pytest.fixture
+def cgroups():
+    cg = Cgroups.setup(f"gatetest{uuid.uuid4().hex[:6]}")
+    yield cg
+    cg.close()
+
+
+@needs_free_majors
+def test_character_device_files_gate_as_the_plain_ones(char_node, users, group):
+    _, state, fn = char_node
+    nums = {n.name: n.char for n in devices.GpuNodes.of(state).nodes()}
+    assert nums == {"nvidia0": (195, 0), "nvidia1": (195, 1), "nvidiactl": (195, 255), "nvidia-uvm": (120, 0)}
+    assert probe(state, users[0]) == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}
+    assert probe(state, users[0], groups=[group])["cuda_count"] == 2
+
+
+def _held_job(cg: Cgroups, job_id: int, state: Path, uuids: list[str]) -> Path:
+    cg.create(job_id)
+    cg.restrict_devices(job_id, devices.GpuNodes.of(state).deny_rules(uuids))
+    return cg.dirs(job_id)
+
+
+@needs_free_majors
+def test_device_rules_hold_a_job_to_its_gpu_even_without_cuda_visible_devices(char_node, users, group, cgroups):
+    """The job of GPU1, in the group, with CUDA_VISIBLE_DEVICES unset: the driver finds only GPU1;
+    a job of no GPU finds none (as Slurm's ConstrainDevices)."""
+    if cgroups.contain is None or "devices" in cgroups.missing:
+        pytest.skip(f"no device rules here: {cgroups.missing.get('devices') or cgroups.missing.get('contain')}")
+    _, state, fn = char_node
+    uuids = fn.uuids()
+    job = _held_job(cgroups, 1, state, [uuids[1]])
+    try:
+        got = probe(state, users[0], [group], job)
+        assert got["cuda_count"] == 1 and got["cuda_uuids"] == [uuids[1][4:12]] and got["alloc"] == 0
+        assert got["nvml_handles"] == [NO_PERMISSION, 0]
+        r = subprocess.run(["sh", "-c", f"exec 3<>{fn.node_dir}/nvidia0"], capture_output=True, text=True,
+                           preexec_fn=as_user(users[0], [group], job))
+        assert r.returncode != 0 and "Operation not permitted" in r.stderr  # the cgroup, not the mode
+    finally:
+        cgroups.kill(1)
+        cgroups.remove(1)
+    cpu_only = _held_job(cgroups, 2, state, [])
+    try:
+        assert probe(state, users[0], [group], cpu_only) == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}
+    finally:
+        cgroups.kill(2)
+        cgroups.remove(2)
+
+
+@needs_free_majors
+def test_the_v2_device_program_holds_a_cgroup_to_its_gpu(char_node, users, group, native_dir):
+    """colo-devcg (raw bpf(), no libbpf) on a cgroup2 leaf, as on a pure v2 server: here the
+    hybrid layout's unified tree, whose programs the kernel runs for every open."""
+    unified = next((Path(p.split()[4]) for p in Path("/proc/self/mountinfo").read_text().splitlines()
+                    if p.split(" - ")[1].startswith("cgroup2 ")), None)
+    tool = native_dir / "colo-devcg"
+    if unified is None:
+        pytest.skip("no cgroup2 mounted")
+    check = subprocess.run([str(tool), "--check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        pytest.skip(f"this kernel loads no device program: {check.stderr.strip()}")
+    _, state, fn = char_node
+    uuids = fn.uuids()
+    leaf = unified / f"colo-gatetest-{uuid.uuid4().hex[:6]}"
+    leaf.mkdir()
+    try:
+        cg = Cgroups("bpf", contain=leaf, v2=True, device_bpf=True)  # jobs' leaves under it, as colo-<instance>
+        cg.create(9)
+        cg.restrict_devices(9, devices.GpuNodes.of(state).deny_rules([uuids[0]]))
+        got = probe(state, users[0], [group], cg.dirs(9))
+        assert got["cuda_count"] == 1 and got["cuda_uuids"] == [uuids[0][4:12]]
+        assert got["nvml_handles"] == [0, NO_PERMISSION]
+        cg.kill(9)
+        cg.remove(9)
+    finally:
+        leaf.rmdir()
+
+
+def test_devcg_refuses_malformed_rules(native_dir):
+    tool = str(native_dir / "colo-devcg")
+    for bad in (["/sys/fs/cgroup"], ["/sys/fs/cgroup", "x:1:2"], ["/sys/fs/cgroup", "c:195"],
+                ["/sys/fs/cgroup", "c:195:1*"], ["/sys/fs/cgroup", "c:99999:1"]):
+        r = subprocess.run([tool, *bad], capture_output=True, text=True)
+        assert r.returncode == 2 and "usage" in r.stderr, bad
+
+
+def test_no_device_rules_is_an_error_a_gated_start_can_refuse():
+    cg = Cgroups("none")
+    cg.missing["devices"] = "no devices controller and no cgroup v2 for colo here"
+    cg.restrict_devices(1, [])  # nothing to refuse: nothing needed
+    with pytest.raises(CgroupError, match="cannot hold the job to its GPUs: no devices controller"):
+        cg.restrict_devices(1, ["c:195:1"])
+
+
+# -- through colo: a real daemon, jobs of a real user outside the GPU group ------------------------
+@pytest.fixture
+def gated_daemon(char_node, group):
+    """A daemon granting GROUP on a node whose simulated files are 0660 root:GROUP character
+    devices; the probe written where jobs read it: (daemon, state, FakeNode, probe path)."""
+    from daemon_util import DaemonProc
+
+    root, state, fn = char_node
+    (root / "probe.py").write_text(PROBE)
+    os.chmod(root / "probe.py", 0o644)
+    (root / "d").mkdir(mode=0o755)
+    d = DaemonProc(root / "d", state, {"gpu_group": GROUP}).start()
+    os.chmod(d.socket.parent, 0o755)
+    yield d, state, fn, root / "probe.py"
+    d.stop()
+
+
+def submit_as(d, pw, argv: list[str], **spec) -> int:
+    from colo.client import Client
+    from load_bench import run_as
+
+    s = {"argv": argv, "gpu_mem": 256 << 20, "workdir": "/tmp", **spec}
+    return run_as(pw, lambda: Client(d.socket).submit(s)["id"])
+
+
+def ended(d, job_id: int) -> tuple[dict, str]:
+    job = d.wait_state(job_id, "succeeded", "failed", timeout=60)
+    return job, d.cli("logs", str(job_id), check=True).stdout
+
+
+@needs_free_majors
+def test_a_colo_job_of_a_user_outside_the_group_uses_its_gpu_and_only_it(gated_daemon, users, group):
+    d, state, fn, probe_py = gated_daemon
+    assert probe(state, users[0]) == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}  # outside colo: nothing
+    uuids = fn.uuids()
+    lib = next(d.state_dir.glob("native-*")) / "fakegpu"
+    # CUDA_VISIBLE_DEVICES taken away, as a job that wants more than it was given would
+    j = submit_as(d, users[0], ["sh", "-c", f"id -G; unset CUDA_VISIBLE_DEVICES; {PY} {probe_py} {lib}; "
+                                            f"exec 3<>{fn.node_dir}/nvidia1"], gpu_ids=[0])
+    job, out = ended(d, j)
+    groups, result, *rest = out.splitlines()
+    assert str(group) in groups.split()
+    got = json.loads(result)
+    assert got["cuda_count"] == 1 and got["cuda_uuids"] == [uuids[0][4:12]] and got["alloc"] == 0
+    assert got["nvml_handles"] == [0, NO_PERMISSION]
+    assert job["state"] == "failed" and "nvidia1: Operation not permitted" in "\n".join(rest)
+
+
+@needs_free_majors
+def test_a_job_of_no_gpu_gets_none_even_pointing_at_the_driver_itself(gated_daemon, users):
+    d, state, fn, probe_py = gated_daemon
+    lib = next(d.state_dir.glob("native-*")) / "fakegpu"
+    j = submit_as(d, users[0], ["sh", "-c", f"COLO_FAKEGPU_STATE={state} {PY} {probe_py} {lib}; id -G"],
+                  gpus=0, gpu_mem=0)
+    job, out = ended(d, j)
+    result, groups = out.splitlines()
+    assert json.loads(result) == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}
+    assert str(devices.group_id(GROUP)) not in groups.split()  # the group is for GPU jobs only
+
+
+def test_a_gpu_group_that_does_not_exist_stops_the_daemon_in_one_line(node):
+    from daemon_util import DaemonProc
+
+    root, state, _ = node
+    d = DaemonProc(root, state, {"gpu_group": "no-such-colo-group"})
+    with pytest.raises(AssertionError, match="daemon exited with 1"):
+        d.start()
+    assert "gpu_group: no group 'no-such-colo-group' on this node (make it: groupadd" in d.log.read_text()
