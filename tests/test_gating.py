@@ -349,3 +349,38 @@ def test_a_gpu_group_that_does_not_exist_stops_the_daemon_in_one_line(node):
     with pytest.raises(AssertionError, match="daemon exited with 1"):
         d.start()
     assert "gpu_group: no group 'no-such-colo-group' on this node (make it: groupadd" in d.log.read_text()
+
+
+@needs_free_majors
+@pytest.mark.docker
+def test_a_container_job_gets_its_gpus_files_from_the_engine_and_no_other(gated_daemon, users, group, test_image):
+    """The engine's device list hands the container its GPU's files (as CDI does real ones) and
+    its device rules refuse the rest; the job's user gets the group through the engine."""
+    d, state, fn, _ = gated_daemon
+    files = f"/opt/colo/fakegpu/{state.name}.dev"
+    j = submit_as(d, users[0], ["sh", "-c", f"id -G; /opt/colo/native/colo-burn --mem 64MiB; "
+                                            f"exec 3<>{files}/nvidia1"], image=test_image, gpu_ids=[0])
+    job, out = ended(d, j)
+    assert str(group) in out.splitlines()[0].split()
+    assert "allocated 64MiB" in out
+    assert job["state"] == "failed" and "nvidia1: Operation not permitted" in out, out
+
+
+def test_doctor_says_whether_the_node_is_gated_for_the_group_colo_grants(node, group, tmp_path):
+    root, state, fn = node
+    cfg = tmp_path / "colo.toml"
+
+    def doctor(gpu_group: str | None) -> list[str]:
+        cfg.write_text(f'fakegpu_state = "{state}"\n' + (f'gpu_group = "{gpu_group}"\n' if gpu_group else ""))
+        r = subprocess.run([sys.executable, "-m", "colo", "doctor"], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "COLO_CONFIG": str(cfg), "COLO_SOCKET": str(tmp_path / "none.sock")})
+        return [ln for ln in r.stdout.splitlines() if ln[6:].startswith(("gating", "devices"))]
+
+    assert doctor(None)[0].startswith("--    gating       not gated: nvidia-uvm, nvidia0, nvidia1, nvidiactl open to "
+                                      "every user (0o666): a process outside colo can use the GPUs")
+    assert doctor(GROUP)[0].startswith("FAIL  gating       not gated")  # meant to be (gpu_group), and is not
+    fn.make_nodes(gid=group, mode=0o660)
+    assert doctor(GROUP)[0] == (f"ok    gating       gated: 4 files in {fn.node_dir} 0o660 root:{GROUP}, none open "
+                                f"to every user; colo's GPU jobs get the group {GROUP}")
+    assert doctor("root")[0].startswith("FAIL  gating       gated") and "cannot open them" in doctor("root")[0]
+    assert doctor(GROUP)[1].startswith("ok    devices      per job")

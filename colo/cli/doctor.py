@@ -4,14 +4,35 @@ jobs get GPUs, the limits), then this machine as this user sees it (the interpos
 the MPS tools), which is what matters for `colo run-budgeted` and for a daemon started here."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
+from ..config import Config, ConfigError
 from ..client import Client, ClientError
-from ..node import interposer, native
+from ..node import cgroup, devices, interposer, native
 from ..node.gpu import NoDriver, Nvml
 from ..textsafe import safe
 from ..units import format_size
+
+
+ETC_CONFIG = Path("/etc/colo/colo.toml")
+
+
+def _gating(line: Callable[[bool | None, str, str], None]) -> None:
+    """Is the node gated (docs/gating.md), read from the GPUs' device files here, against the group
+    colo's config grants its jobs; and can jobs be held to their own GPUs."""
+    try:
+        cfg = Config.load(None if os.environ.get("COLO_CONFIG") or not ETC_CONFIG.is_file() else ETC_CONFIG)
+    except (ConfigError, OSError):
+        cfg = Config()
+    st = devices.gate_status(devices.GpuNodes.of(cfg.fakegpu_state), cfg.gpu_group)
+    line(None if st.ok and not st.gated else st.ok, "gating", st.detail)  # not gated, nor meant to be: a note
+    if st.driver:
+        line(None, "gating", st.driver)
+    ok, how = cgroup.device_rules_here()
+    line(True if ok else False if cfg.gpu_group is not None else None, "devices", how)
 
 
 def run_checks(sock: Path | None) -> bool:
@@ -82,6 +103,7 @@ def run_checks(sock: Path | None) -> bool:
         line(True, "gpus", ", ".join(f"GPU{d.index} {d.name} ({d.compute_mode})" for d in devs) or "none")
     except NoDriver as e:
         line(None, "driver", str(e))
+    _gating(line)
     mps = shutil.which("nvidia-cuda-mps-control")
     line(True if mps else None, "mps", mps or "nvidia-cuda-mps-control not found: a daemon here runs jobs time-sliced")
     if h is None:

@@ -401,6 +401,19 @@ def _read(path: Path) -> str:
         return ""
 
 
+def device_rules_here() -> tuple[bool, str]:
+    """Whether jobs can be held to their own GPUs here, and how (for `colo doctor`; changes nothing)."""
+    unified, v1 = _mounts()
+    if "devices" in v1:
+        return True, f"per job in the cgroup v1 devices controller ({v1['devices']})"
+    if unified is None:
+        return False, "no devices controller and no cgroup v2: jobs cannot be held to their own GPUs"
+    if os.geteuid() != 0:
+        return True, f"per job by a device program on cgroup v2 ({unified}); whether the kernel loads one is seen as root"
+    why = _devcg_check()
+    return (True, f"per job by a device program on cgroup v2 ({unified})") if why is None else (False, why)
+
+
 def _devcg_check() -> str | None:
     """None when this kernel loads a device program for colo-devcg, else why not."""
     try:
