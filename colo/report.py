@@ -119,11 +119,44 @@ def report(rows: list[dict]) -> dict:
     return assemble(list(users.values()), _spans(rows))
 
 
-def assemble(users: list[dict], spans: Iterable[tuple[str, float, float]]) -> dict:
-    """The report from its per-user sums and the jobs' (GPU, start, end) spans (see spans_figures)."""
+def held_idle(sm: float | None, mem: int | None) -> bool:
+    """A sample of a job holding GPU memory with no GPU activity (an unknown SM is not idle)."""
+    return sm is not None and sm <= 0 and (mem or 0) > 0
+
+
+def idle_hours(samples: Iterable[tuple], idle_after: float, gap: float = 60.0) -> dict[str, float]:
+    """Per user, GPU-hours held idle: from (user, job, GPUs, at, SM, memory) by job then time (the
+    store's cursor), each stretch of a job's samples that held memory with no activity for at
+    least `idle_after` seconds, times its GPUs. A gap past `gap` seconds between two samples (the
+    daemon was away) ends a stretch. idle_after 0: nothing is counted."""
+    out: dict[str, float] = {}
+    job = start = last = None
+    user, ngpus = "", 1
+
+    def close() -> None:
+        if start is not None and idle_after > 0 and last - start >= idle_after:
+            out[user] = out.get(user, 0.0) + (last - start) * ngpus / 3600.0
+
+    for u, j, n, at, sm, mem in samples:
+        if j != job or not held_idle(sm, mem) or at - last > gap:
+            close()
+            start = None
+        job, user, ngpus, last = j, u, n, at
+        if start is None and held_idle(sm, mem):
+            start = at
+    close()
+    return out
+
+
+def assemble(users: list[dict], spans: Iterable[tuple[str, float, float]], idle: dict[str, float] | None = None) -> dict:
+    """The report from its per-user sums, the jobs' (GPU, start, end) spans (see spans_figures) and
+    the GPU-hours each user's jobs held idle (see idle_hours)."""
     busy, days = spans_figures(spans)
     exclusive = sum(u["gpu_hours"] for u in users)
+    for u in users:
+        u["gpu_hours_idle"] = (idle or {}).get(u["user"], 0.0)
     return {"jobs": sum(u["jobs"] for u in users), "users": sorted(users, key=lambda u: -u["gpu_hours"]),
+            "gpu_hours_idle": sum(u["gpu_hours_idle"] for u in users),
             "gpu_hours_one_per_gpu": exclusive, "gpu_hours_busy": busy,
             "gpu_hours_saved": max(0.0, exclusive - busy),
             "saved_fraction": (exclusive - busy) / exclusive if exclusive > 0 else 0.0,
@@ -203,8 +236,11 @@ def svg(r: dict, title: str = "colo report") -> str:
     text(10, 22, f"{title}: {r['jobs']} jobs; sharing saved {r['gpu_hours_saved']:.2f} of "
                  f"{r['gpu_hours_one_per_gpu']:.2f} GPU-hours ({r['saved_fraction'] * 100:.1f} %)", 15, weight="bold")
     y = 50
+    legend([("#4878a8", "GPU-hours"), ("#c05050", "of them held idle (memory, no GPU activity)")])
     chart("GPU-hours per user (each job counted one per GPU)",
-          [(u["user"], [(u["gpu_hours"], "#4878a8", "GPU-hours")]) for u in r["users"]], "GPU-hours")
+          [(u["user"], [(u["gpu_hours"], "#4878a8", "GPU-hours"),
+                        (u.get("gpu_hours_idle", 0.0), "#c05050", "GPU-hours held idle")]) for u in r["users"]],
+          "GPU-hours")
     chart("GiB-hours of GPU memory budgeted per user",
           [(u["user"], [(u["gib_hours_budgeted"], "#e0a040", "GiB-hours")]) for u in r["users"]], "GiB-hours")
     legend([("#9aa7b4", "one job per GPU would take"), ("#4878a8", "GPUs busy (shared)"),

@@ -453,6 +453,15 @@ class Store:
             f"SELECT g.value, started_at, ended_at FROM jobs, json_each(jobs.gpus) AS g{where} "
             "AND started_at IS NOT NULL AND ended_at > started_at ORDER BY g.value, started_at", args)
 
+    def report_samples(self, states: Iterable[State], since: float | None = None,
+                       users: Iterable[str] | None = None) -> Iterable[tuple[str, int, int, float, Any, Any]]:
+        """(user, job, its GPUs, at, SM, memory) of each usage sample of the jobs that ended at or
+        after `since`, by job then time: read as report.idle_hours adds them up, not all at once."""
+        where, args = self._ended_where(states, since, users)
+        return self.db.execute(
+            f"SELECT user, s.job_id, max(json_array_length(jobs.gpus), 1), s.at, s.sm, s.mem "
+            f"FROM jobs JOIN samples s ON s.job_id = jobs.id{where} ORDER BY s.job_id, s.at", args)
+
     def newest_copy(self, job_id: int) -> int | None:
         """The newest job `colo requeue` made as a copy of `job_id` (the jobs_copy_of index), if any."""
         return self.db.execute("SELECT max(id) FROM jobs WHERE json_extract(spec, '$.copy_of') = ?",

@@ -61,7 +61,7 @@ def test_doctor_reports_each_piece(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0].startswith("--") and lines[0].split()[1] == "daemon" and "daemon is not running" in lines[0]
     assert lines[1] == "this machine:"
-    assert [ln.split()[1] for ln in lines[2:]] == ["interposer", "driver", "mps", "docker"]
+    assert [ln.split()[1] for ln in lines[2:]] == ["interposer", "driver", "gating", "devices", "mps", "docker"]
     assert lines[2].startswith("ok") and "preloads cleanly" in lines[2]
 
 

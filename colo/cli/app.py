@@ -674,12 +674,14 @@ def report(since: Optional[str] = SinceOpt, user: List[str] = UserOpt,
         return print_json(r)
     r = safe_tree(r)
     rows = [[u["user"], u["jobs"], u["succeeded"], u["failed"], f"{u['gpu_hours']:.2f}",
+             f"{u.get('gpu_hours_idle', 0.0):.2f}",
              f"{u['gib_hours_budgeted']:.1f}", format_duration(u["wait_median"]), format_duration(u["wait_max"]),
              rp.times(u["slowdown_median"]), rp.times(u["slowdown_max"]), u["slowdown_jobs"]]
             for u in r["users"]]
-    typer.echo(table(rows, ["USER", "JOBS", "OK", "FAILED", "GPU-H", "GIB-H BUDGETED", "WAIT P50", "WAIT MAX",
-                            "SLOWDOWN P50", "MAX", "OF JOBS"]))
-    typer.echo("(slowdown: run time / the profile's run time alone, over the succeeded jobs that had a profile)")
+    typer.echo(table(rows, ["USER", "JOBS", "OK", "FAILED", "GPU-H", "IDLE GPU-H", "GIB-H BUDGETED", "WAIT P50",
+                            "WAIT MAX", "SLOWDOWN P50", "MAX", "OF JOBS"]))
+    typer.echo("(slowdown: run time / the profile's run time alone, over the succeeded jobs that had a profile;")
+    typer.echo(" idle: GPU-hours of jobs holding GPU memory with no GPU activity for idle_after or longer)")
     typer.echo("")
     typer.echo(f"{r['jobs']} jobs ended in the period. One job per GPU they would have taken "
                f"{r['gpu_hours_one_per_gpu']:.2f} GPU-hours; the GPUs were busy {r['gpu_hours_busy']:.2f}: "

@@ -88,6 +88,7 @@ class Api:
                 out["refused"] = u.get("refused")
                 out["sm_util"] = u.get("sm_util")
                 out["nvml_used"] = u.get("nvml_used")  # its processes, as NVML sees them (the patrol)
+                out["idle_since"] = u.get("idle_since")  # holding GPU memory with no GPU activity since (idle_after)
         return out
 
     def reason(self, job: Job, decided: str | None = None) -> str:
@@ -97,9 +98,9 @@ class Api:
             if job.held_by:  # said at once, before a pass has looked at it
                 return f"held by {job.held_by} (colo release {job.id})"
             return job.reason if decided is None else decided
-        if job.state in ACTIVE and (note := self.d.patrol.note(job.id)):
-            return f"{job.reason}; {note}"
-        return job.reason
+        notes = [n for n in (self.d.patrol.note(job.id), self.d.sampler.idle_note(job.id)) if n] \
+            if job.state in ACTIVE else []
+        return "; ".join([job.reason, *notes])
 
     def reasons(self, jobs: list[Job]) -> dict[int, str]:
         """Why each queued job waits: the scheduler's latest word."""
@@ -570,8 +571,10 @@ class Api:
     async def report(self, caller: Caller, args: dict) -> dict:
         """`colo report` for the jobs that ended at or after `since`, of `users`: added up in SQL
         (per user) and from the jobs' GPU spans read one at a time, never a row per job in memory."""
-        since, users, store = args.get("since"), args.get("users"), self.d.store
-        return rp.assemble(store.report_users(TERMINAL, since, users), store.report_spans(TERMINAL, since, users))
+        since, users, store, cfg = args.get("since"), args.get("users"), self.d.store, self.d.config
+        idle = rp.idle_hours(store.report_samples(TERMINAL, since, users), cfg.idle_after,
+                             max(60.0, 5 * cfg.sample_interval))
+        return rp.assemble(store.report_users(TERMINAL, since, users), store.report_spans(TERMINAL, since, users), idle)
 
     async def slurm(self, caller: Caller, args: dict) -> dict:
         """colo's SPANK plugin: a Slurm job's step starts here, its batch script ended, or it ended."""

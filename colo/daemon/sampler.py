@@ -1,25 +1,30 @@
 """Periodic readings: NVML, per-job usage samples, MPS health, and the patrol's look.
 
-Owns: `stats` (running jobs' last sample: pids, SM, memory from the ledger, what NVML saw) and
-how far each job's log had grown. Each tick it refreshes the GPUs, hands MPS faults to the
-launcher, stores usage samples (learning reads them at a job's end) and gives the patrol its
-report; it wakes the scheduler when what plan() may give out changed.
+Owns: `stats` (running jobs' last sample: pids, SM, memory from the ledger, what NVML saw), how
+far each job's log had grown, and since when each job has held GPU memory with no GPU activity.
+Each tick it refreshes the GPUs, hands MPS faults to the launcher, stores usage samples (learning
+reads them at a job's end) and gives the patrol its report; it wakes the scheduler when what
+plan() may give out changed. A job idle for `idle_after` is marked (stats' `idle_since`); an idle
+interactive session is told so through `notify`, and under idle_sessions = "end" cancelled
+when still idle `idle_grace` later.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 import psutil
 
 from typing import Callable
 
-from .. import logtimes
+from .. import logtimes, report
 from ..config import Config
 from ..jobs import ACTIVE, Job, Mode, State
 from ..node import interposer
 from ..node.gpu import GpuInfo
+from ..units import format_duration, format_size
 from .engines import Engines
 from .gpus import Gpus
 from .jobtable import JobTable
@@ -55,6 +60,17 @@ def _tree(handle: str, kids: dict[int, list[int]]) -> list[int]:
     return out
 
 
+def idle_step(policy: str, interactive: bool, idle_since: float | None, told: float | None, now: float,
+              grace: float) -> str | None:
+    """What to do now about a running job: "tell" an idle session it is idle, "end" one told at
+    least `grace` seconds ago that is idle still (policy "end"), or nothing (None)."""
+    if idle_since is None or not interactive or policy == "off":
+        return None
+    if told is None:
+        return "tell"
+    return "end" if policy == "end" and now - told >= grace else None
+
+
 class Sampler:
     def __init__(self, config: Config, table: JobTable, gpus: Gpus, engines: Engines, launcher: Launcher,
                  patrol: Patrol, wake: Callable[..., None]):
@@ -65,9 +81,14 @@ class Sampler:
         self.launcher = launcher
         self.patrol = patrol
         self.wake = wake
-        self.stats: dict[int, dict] = {}  # running jobs' last sample: pids, sm_util, used, refused
+        self.stats: dict[int, dict] = {}  # running jobs' last sample: pids, sm_util, used, refused, idle_since
         self._log_sizes: dict[int, int] = {}
         self._mps_seen: dict | None = None
+        self._idle_from: dict[int, float] = {}  # job -> its first sample of the stretch it holds memory idle
+        self._told: dict[int, float] = {}  # idle session -> when it was told it is idle
+        # how an idle session is told: a line on its terminal. Sessions (`interactive`) wire their
+        # own (their pty); by default a line appended to a process job's log.
+        self.notify: Callable[[Job, str], None] = self._log_line
 
     async def sample(self) -> None:
         table, gpus = self.table, self.gpus
@@ -94,6 +115,7 @@ class Sampler:
         rows = await asyncio.to_thread(self._usage_samples, running)
         if rows:
             table.store.add_samples(rows)
+        await self._idle_sessions(running, time.time())
         if gpus.error is None:
             tree = {j: st.get("pids", ()) for j, st in self.stats.items()}
             report = await asyncio.to_thread(self.patrol.map_processes, gpus.devices, running, tree, m.own_pids)
@@ -158,8 +180,65 @@ class Sampler:
             bw = min((sum(util.get(p, (0, 0))[1] for p in pids) + extra[1]) / 100.0, 1.0)
             rows.append((j.id, now, sm, u["used"] if u else None, bw))
             stats[j.id] = {"pids": pids, "sm_util": round(sm * 100), **(u or {})}
+            if report.held_idle(sm, u["used"] if u else None):
+                since = self._idle_from.setdefault(j.id, now)
+                if self.config.idle_after and now - since >= self.config.idle_after:
+                    stats[j.id]["idle_since"] = since
+            else:
+                self._idle_from.pop(j.id, None)
+        for gone in set(self._idle_from) - set(stats):
+            del self._idle_from[gone]
         self.stats = stats  # replaced whole: readers on the loop thread never see half of it
         return rows
+
+    def idle_note(self, job_id: int, now: float | None = None) -> str | None:
+        """What listings say of a job marked idle ("idle 35m: holds 2GiB, no GPU activity"), or None."""
+        st = self.stats.get(job_id) or {}
+        since = st.get("idle_since")
+        if since is None:
+            return None
+        return (f"idle {format_duration((now or time.time()) - since)}: holds {format_size(st.get('used') or 0)}, "
+                "no GPU activity")
+
+    async def _idle_sessions(self, running: list[Job], now: float) -> None:
+        """An interactive session marked idle is told so; under "end", cancelled once it stayed
+        idle idle_grace after that. Batch jobs are only marked (they may be between phases)."""
+        cfg = self.config
+        for j in running:
+            since = (self.stats.get(j.id) or {}).get("idle_since")
+            step = idle_step(cfg.idle_sessions, getattr(j.spec, "interactive", False), since, self._told.get(j.id),
+                             now, cfg.idle_grace)
+            if step is None:
+                if since is None:
+                    self._told.pop(j.id, None)  # busy again: told afresh next time
+            elif step == "tell":
+                self._told[j.id] = now
+                end = (f"; it ends in {format_duration(cfg.idle_grace)} unless the GPU is used"
+                       if cfg.idle_sessions == "end" else "")
+                try:
+                    await asyncio.to_thread(self.notify, j, f"colo: this session holds "
+                                            f"{format_size(self.stats[j.id].get('used') or 0)} of GPU memory and has "
+                                            f"not used the GPU for {format_duration(now - since)}{end}")
+                except Exception as e:  # noqa: BLE001 - telling is best effort; the mark stays
+                    log.warning("job %d: could not tell it is idle: %s", j.id, e)
+            else:
+                self._told.pop(j.id, None)
+                await self.launcher.cancel(j.id, f"colo (idle {format_duration(now - since)} holding GPU memory, "
+                                                 "idle_sessions = end)")
+        for gone in set(self._told) - {j.id for j in running}:
+            del self._told[gone]
+
+    def _log_line(self, job: Job, text: str) -> None:
+        """The default `notify`: one line appended to a process job's log (the shim appends there
+        too; a container's log is its follower's, so a container job is only logged here)."""
+        if job.spec.runtime != "process":
+            log.warning("job %d: %s", job.id, text)
+            return
+        fd = os.open(self.config.log_path(job.id), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.write(fd, f"\n[{text}]\n".encode())
+        finally:
+            os.close(fd)
 
     def usage(self, job: Job, pids: list[int] | None = None) -> dict | None:
         """Live memory use from the job's ledger (exact, kept by the interposer). `pids`: the job's

@@ -95,7 +95,9 @@ def job_rows(snap: dict, now: float, gpu: str | None = None) -> list[Row]:
             (format_size(used) if used is not None else "-", "bold red" if j.get("refused") or over else ""),
             (f"{sm}" if sm is not None else "-", ""),
             (format_duration(secs), ""),
-            (j["state"], STATE_STYLE.get(j["state"], "")),
+            # a job holding GPU memory with no GPU activity for idle_after (the daemon's mark)
+            ("idle", "bold yellow") if j.get("idle_since") and j["state"] == "running"
+            else (j["state"], STATE_STYLE.get(j["state"], "")),
         )
         rows.append(Row(
             key=f"j{j['id']}", cells=cells, job=j,
