@@ -92,7 +92,8 @@ class Daemon:
         self.cgroups = Cgroups.setup(instance)
         for what, why in self.cgroups.missing.items():
             log.warning("%s: %s", {"contain": "process jobs run without a cgroup of their own",
-                                   "cpu": "--cpus is refused", "memory": "--mem is refused"}[what], why)
+                                   "cpu": "--cpus is refused", "memory": "--mem is refused",
+                                   "devices": "jobs are not held to their own GPUs' device files"}[what], why)
         self.gpus = Gpus(c, native_dir)
         self.engines = Engines(c, instance, native_dir, self.cgroups)
         self.cfg_policy = policy_config(c, use_mps=self.gpus.open())

@@ -150,7 +150,7 @@ class Cgroups:
         name = f"colo-{instance}"
         if os.geteuid() != 0:
             why = "the daemon is not root"
-            cg.missing = {"cpu": why, "memory": why, "contain": why}
+            cg.missing = {"cpu": why, "memory": why, "contain": why, "devices": why}
             return cg
         unified, v1 = _mounts()
         own2, own1 = _own()
