@@ -344,6 +344,17 @@ static int node_dir(fg_state *s, char *out, size_t n)
     return snprintf(out, n, "%s.dev", real) < (int)n ? 0 : -1;
 }
 
+/* dir/nvidiactl, dir/nvidia-uvm or dir/nvidiaN */
+static void node_path(char *out, size_t n, const char *dir, int which)
+{
+    if (which == FG_NODE_CTL)
+        snprintf(out, n, "%s/nvidiactl", dir);
+    else if (which == FG_NODE_UVM)
+        snprintf(out, n, "%s/nvidia-uvm", dir);
+    else
+        snprintf(out, n, "%s/nvidia%d", dir, which);
+}
+
 int fg_node_open(fg_state *s, int which)
 {
     char dir[PATH_MAX], p[PATH_MAX + 32];
@@ -352,12 +363,7 @@ int fg_node_open(fg_state *s, int which)
         return 0;
     if (stat(dir, &st) != 0 && errno == ENOENT)
         return 1; /* no nodes: a state file made before they existed */
-    if (which == FG_NODE_CTL)
-        snprintf(p, sizeof p, "%s/nvidiactl", dir);
-    else if (which == FG_NODE_UVM)
-        snprintf(p, sizeof p, "%s/nvidia-uvm", dir);
-    else
-        snprintf(p, sizeof p, "%s/nvidia%d", dir, which);
+    node_path(p, sizeof p, dir, which);
     int fd = open(p, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd >= 0) {
         close(fd);
@@ -427,12 +433,7 @@ static int make_nodes(const char *path, int count)
         return -errno;
     chmod(dir, 0755);
     for (int i = -2; i < count; i++) {
-        if (i == FG_NODE_CTL)
-            snprintf(p, sizeof p, "%s/nvidiactl", dir);
-        else if (i == FG_NODE_UVM)
-            snprintf(p, sizeof p, "%s/nvidia-uvm", dir);
-        else
-            snprintf(p, sizeof p, "%s/nvidia%d", dir, i);
+        node_path(p, sizeof p, dir, i);
         int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
         if (fd < 0) {
             if (errno == EEXIST)
