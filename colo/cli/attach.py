@@ -210,6 +210,8 @@ def _relay(master: int, conn: _Conn, stdin_tty: bool, end: dict | None = None) -
                 for msg in conn.messages():
                     if "ok" in msg:
                         end = msg["result"]
+                    elif "notice" in (msg.get("event") or {}):  # colo's word to the person (idle policy)
+                        say(msg["event"]["notice"])
     finally:
         signal.set_wakeup_fd(prev_wakeup)
         for s, h in handlers.items():

@@ -5,7 +5,7 @@ far each job's log had grown, and since when each job has held GPU memory with n
 Each tick it refreshes the GPUs, hands MPS faults to the launcher, stores usage samples (learning
 reads them at a job's end) and gives the patrol its report; it wakes the scheduler when what
 plan() may give out changed. A job idle for `idle_after` is marked (stats' `idle_since`); an idle
-interactive session is told so through `notify`, and under idle_sessions = "end" cancelled
+interactive session is told so (`notices`, its log), and under idle_sessions = "end" cancelled
 when still idle `idle_grace` later.
 """
 from __future__ import annotations
@@ -86,9 +86,9 @@ class Sampler:
         self._mps_seen: dict | None = None
         self._idle_from: dict[int, float] = {}  # job -> its first sample of the stretch it holds memory idle
         self._told: dict[int, float] = {}  # idle session -> when it was told it is idle
-        # how an idle session is told: a line on its terminal. Sessions (`interactive`) wire their
-        # own (their pty); by default a line appended to a process job's log.
-        self.notify: Callable[[Job, str], None] = self._log_line
+        # the latest thing an idle session was told, by job: a session's stream gives it to its
+        # client, which writes it on the person's terminal (session.py, cli/attach.py)
+        self.notices: dict[int, str] = {}
 
     async def sample(self) -> None:
         table, gpus = self.table, self.gpus
@@ -215,30 +215,38 @@ class Sampler:
                 self._told[j.id] = now
                 end = (f"; it ends in {format_duration(cfg.idle_grace)} unless the GPU is used"
                        if cfg.idle_sessions == "end" else "")
-                try:
-                    await asyncio.to_thread(self.notify, j, f"colo: this session holds "
-                                            f"{format_size(self.stats[j.id].get('used') or 0)} of GPU memory and has "
-                                            f"not used the GPU for {format_duration(now - since)}{end}")
-                except Exception as e:  # noqa: BLE001 - telling is best effort; the mark stays
-                    log.warning("job %d: could not tell it is idle: %s", j.id, e)
+                await self._tell(j, f"this session holds {format_size(self.stats[j.id].get('used') or 0)} of GPU "
+                                    f"memory and has not used the GPU for {format_duration(now - since)}{end}")
             else:
                 self._told.pop(j.id, None)
                 await self.launcher.cancel(j.id, f"colo (idle {format_duration(now - since)} holding GPU memory, "
                                                  "idle_sessions = end)")
         for gone in set(self._told) - {j.id for j in running}:
             del self._told[gone]
+        for gone in set(self.notices) - {j.id for j in running}:
+            del self.notices[gone]
 
-    def _log_line(self, job: Job, text: str) -> None:
-        """The default `notify`: one line appended to a process job's log (the shim appends there
-        too; a container's log is its follower's, so a container job is only logged here)."""
+    async def _tell(self, job: Job, text: str) -> None:
+        """A session on a terminal (colo shell, colo run) is told through its stream; one with no
+        terminal of ours (a notebook's kernel) by a line in its log, a process job's log being
+        the shim's, appended to (a container's is its follower's: only logged here)."""
+        self.notices[job.id] = text
+        if job.spec.tty:
+            return
         if job.spec.runtime != "process":
             log.warning("job %d: %s", job.id, text)
             return
-        fd = os.open(self.config.log_path(job.id), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+        def append() -> None:
+            fd = os.open(self.config.log_path(job.id), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.write(fd, f"\n[colo: {text}]\n".encode())
+            finally:
+                os.close(fd)
         try:
-            os.write(fd, f"\n[{text}]\n".encode())
-        finally:
-            os.close(fd)
+            await asyncio.to_thread(append)
+        except OSError as e:  # telling is best effort: the mark stays
+            log.warning("job %d: could not tell it is idle: %s", job.id, e)
 
     def usage(self, job: Job, pids: list[int] | None = None) -> dict | None:
         """Live memory use from the job's ledger (exact, kept by the interposer). `pids`: the job's

@@ -56,12 +56,16 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
             raise PermissionError(f"job {job_id} is not uid {caller.uid}'s")
         ev, master = {"tty": True, protocol.PASS_FD: master}, None  # the server sends it and closes it
         yield ev
-        said, started = None, False
+        said, started, told = None, False, None
         while True:
             j = d.table.job(job_id)
             if j.state in TERMINAL:
                 yield {"final": api.summary(j)}
                 return
+            note = d.sampler.notices.get(job_id)  # the idle policy's word (docs/gating.md)
+            if note is not None and note != told:
+                told = note
+                yield {"notice": note}
             if j.state == State.QUEUED:
                 decided = api.reasons([j]).get(j.id)  # (not the store's "submitted by")
                 why = api.reason(j, decided) if decided is not None or j.held_by else None
