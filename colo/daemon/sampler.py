@@ -206,7 +206,7 @@ class Sampler:
         cfg = self.config
         for j in running:
             since = (self.stats.get(j.id) or {}).get("idle_since")
-            step = idle_step(cfg.idle_sessions, getattr(j.spec, "interactive", False), since, self._told.get(j.id),
+            step = idle_step(cfg.idle_sessions, j.spec.interactive, since, self._told.get(j.id),
                              now, cfg.idle_grace)
             if step is None:
                 if since is None:
