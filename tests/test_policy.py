@@ -498,18 +498,19 @@ def test_a_profile_never_run_alone_here_runs_alone_once():
     """Its shared runs are measured against a stored alone time nobody has checked: when it
     would start on an empty GPU anyway, it runs there alone to its end, once (one check at a
     time per profile), and nothing starts beside it meanwhile."""
-    lr = pol.Learned()
-    d = plan([Candidate(1, GiB, seq=1, profile=LIGHT), Candidate(2, GiB, seq=2, profile=LIGHT2)], [G0], [], learned=lr)
+    lr, cfg = pol.Learned(), PolicyConfig(check_alone=True)
+    d = plan([Candidate(1, GiB, seq=1, profile=LIGHT), Candidate(2, GiB, seq=2, profile=LIGHT2)], [G0], [], cfg, learned=lr)
     assert d[0].action == START and d[0].details["check_alone"] and "alone this once" in d[0].reason
     assert d[1].action == WAIT and "runs alone on GPU0 this once" in d[1].reason
     placed = [Placed(1, ("gpu-0",), GiB, mode="mps", profile=LIGHT, alone=True)]
     g1 = GpuView("gpu-1", 1, int(79.6 * GiB), mps="active")
-    d = plan([Candidate(3, GiB, seq=3, profile=LIGHT)], [G0, g1], placed, learned=lr)[0]
+    d = plan([Candidate(3, GiB, seq=3, profile=LIGHT)], [G0, g1], placed, cfg, learned=lr)[0]
     assert d.action == START and d.gpus == ("gpu-1",) and "check_alone" not in d.details  # one check at a time
     lr.checked("light2")
-    d = plan([Candidate(2, GiB, seq=2, profile=LIGHT2)], [G0], [], learned=lr)[0]
+    d = plan([Candidate(2, GiB, seq=2, profile=LIGHT2)], [G0], [], cfg, learned=lr)[0]
     assert d.action == START and "check_alone" not in d.details  # its alone time is known
-    assert "check_alone" not in plan([Candidate(1, GiB, profile=LIGHT)], [G0], [])[0].details  # no learning: no check
+    assert "check_alone" not in plan([Candidate(1, GiB, profile=LIGHT)], [G0], [], cfg)[0].details  # no learning: no check
+    assert "check_alone" not in plan([Candidate(1, GiB, profile=LIGHT)], [G0], [], learned=lr)[0].details  # not asked for
 
 
 def test_a_job_past_its_profiles_end_is_taken_at_its_peak_not_its_last_level():

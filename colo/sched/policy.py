@@ -130,6 +130,10 @@ class PolicyConfig:
     # fit no queued job anyway (lent, not reserved from anyone): a profile a little off then
     # costs no refused allocation and no re-run. 1.0 turns it off.
     lend: float = 1.25
+    # A profile no run has shown alone here runs alone once (details["check_alone"]) when it would
+    # start on an empty GPU anyway. Only for a caller that then passes Placed.alone for that job
+    # (colo sim does; the daemon not yet), else the job it meant to keep alone is joined.
+    check_alone: bool = False
 
 
 def config_of(c: Any) -> PolicyConfig:
@@ -138,7 +142,7 @@ def config_of(c: Any) -> PolicyConfig:
     return PolicyConfig(reserve=c.reserve, saturation=c.saturation, bw_saturation=c.bw_saturation,
                         min_gain=c.min_gain, hold_after=c.hold_after, slowdown_bound=c.slowdown_bound,
                         unprofiled_share=c.unprofiled_share, multi_user_mps=c.multi_user_mps,
-                        use_mps=c.use_mps, lend=c.lend)
+                        use_mps=c.use_mps, lend=c.lend, check_alone=getattr(c, "check_alone", False))
 
 
 # ---- per-profile arrays, cached --------------------------------------------------------------
@@ -1086,7 +1090,7 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         # has checked, so the slowdown its shared runs show may be off by as much as that time is
         # (ALONE_DOUBT, which the check must then assume). Once, when it would start on an empty
         # GPU anyway, it runs alone there to the end, and its end teaches its alone time.
-        check = (learned is not None and len(chosen) == 1 and not chosen[0][0].res and arr is not None and arr.name
+        check = (cfg.check_alone and learned is not None and len(chosen) == 1 and not chosen[0][0].res and arr is not None and arr.name
                  and not getattr(c.profile, "provisional", False) and arr.name not in checking
                  and arr.name not in for_uid(c.uid)[0].alone)
         if check:

@@ -15,6 +15,7 @@ With `grow`, colo requeues a job refused by its budget once with a larger budget
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -41,7 +42,9 @@ WORKLOAD_VERSION = 1
 DEFAULT_GPU_MEM = 12 * GiB  # the study's TITAN Xp
 GROW_FACTOR = 1.25
 FAIR_HALF_LIFE = Config.fair_share_half_life  # the daemon's default
-DAEMON_CONFIG = pol.config_of(Config())  # colo places as a daemon with the default configuration does
+# colo places as a daemon with the default configuration does, and runs a profile never seen
+# alone here alone once (it passes Placed.alone: the daemon does not yet)
+DAEMON_CONFIG = dataclasses.replace(pol.config_of(Config()), check_alone=True)
 
 
 class SimError(ValueError):
