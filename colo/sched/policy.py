@@ -754,15 +754,16 @@ class Learned:
         return int(math.ceil(peak * 1.10 / quantum) * quantum) if peak else None
 
 
-def _blend(old: tuple | None, x: float, keep: float, weight: float = 1.0) -> tuple[float, float]:
-    """(runs, mean) with `weight` more run showing x: the old mean, its weight and its distance
-    from 1 kept by `keep` (its age), over at most KEEP_RUNS runs (so newer runs move it, both ways)."""
+def _blend(old: tuple | None, x: float, keep: float) -> tuple[int, float]:
+    """(runs, mean) with one more run showing x: the old mean's weight and its distance from 1 kept
+    by `keep` (its age), over at most KEEP_RUNS runs (so newer runs move it, both ways). The runs
+    counted stay whole (what `colo profile show` says)."""
     if old is None:
-        return weight, float(x)
+        return 1, float(x)
     n, m = old
     m = max(float(m), 1e-9) ** keep
-    n = min(float(n) * keep + weight, KEEP_RUNS)
-    return round(n, 3), m + (float(x) - m) * weight / max(n, 1e-9)
+    w = min(float(n) * keep + 1.0, KEEP_RUNS)
+    return min(int(n) + 1, KEEP_RUNS), m + (float(x) - m) / w
 
 
 # What a running job is compared with at its end. Its start predicted its slowdown beside the
