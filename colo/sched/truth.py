@@ -182,12 +182,7 @@ SMOOTH_P, K_THRASH, _, _ = smooth_constants()
 
 def smooth_rates(sm, membw, cache_bound, mps):
     """Progress rate of each job at each instant under the smooth physics (shapes as interference.rates)."""
-    sm = np.asarray(sm, dtype=float)
-    membw = np.asarray(membw, dtype=float)
-    if sm.ndim == 1:
-        sm, membw = sm[:, None], membw[:, None]
-    mps = np.asarray(mps, dtype=bool)
-    cb = np.asarray(cache_bound, dtype=bool)
+    sm, membw, cb, mps = interference.columns(sm, membw, cache_bound, mps)
     active = sm > 0
     inner = np.ones_like(sm)
     if mps.any():
@@ -200,10 +195,7 @@ def smooth_rates(sm, membw, cache_bound, mps):
         group_busy = np.minimum(1.0, np.minimum(1.0, s / BUSY_SM).sum(axis=0))
     else:
         group_busy = np.zeros(sm.shape[1])
-    ts_busy = np.minimum(1.0, sm[~mps] / BUSY_SM)
-    total = group_busy + ts_busy.sum(axis=0)
-    n_ctx = (group_busy > 0).astype(int) + (ts_busy > 0).sum(axis=0)
-    share = np.where(n_ctx > 1, np.minimum(1.0, 1.0 / np.maximum(total, 1e-12)) * (1.0 - SMOOTH_SWITCH), 1.0)
+    share = interference.time_slices(group_busy, np.minimum(1.0, sm[~mps] / BUSY_SM), SMOOTH_SWITCH)
     return np.where(active, inner * share[None, :], 1.0)
 
 
