@@ -27,6 +27,7 @@ GiB = 1024**3
 
 BEFORE_BOUND = "54f48c8"  # policy.py before the harm bound (issue 13): plan()'s figure to hold against
 AT_BOUND = "b6ce3cc"  # policy.py with the bound, before its pass was made incremental
+BEFORE_30 = "047bb2b"  # policy.py before issue 30 (learning both ways, one margin a job, exploration)
 
 
 def policy_at(rev: str):
@@ -34,17 +35,22 @@ def policy_at(rev: str):
     import importlib.util
     import subprocess
 
-    try:
-        src = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "show", f"{rev}:colo/sched/policy.py"],
-                             capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    spec = importlib.util.spec_from_loader(f"colo.policy_at_{rev}", loader=None)
-    mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = "colo"
-    sys.modules[spec.name] = mod
-    exec(compile(src, f"colo/sched/policy.py@{rev}", "exec"), mod.__dict__)
-    return mod
+    for path, package in (("colo/sched/policy.py", "colo.sched"), ("colo/policy.py", "colo")):
+        try:
+            src = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "show", f"{rev}:{path}"],
+                                 capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        spec = importlib.util.spec_from_loader(f"{package}.policy_at_{rev}", loader=None)
+        mod = importlib.util.module_from_spec(spec)
+        mod.__package__ = package
+        sys.modules[spec.name] = mod
+        try:
+            exec(compile(src, f"{path}@{rev}", "exec"), mod.__dict__)
+        except ImportError:  # its neighbours have moved on since: not comparable here
+            return None
+        return mod
+    return None
 
 
 def plan_times(full: bool, mods: dict, reps: int = 9) -> dict:
@@ -270,7 +276,8 @@ def main() -> None:
         print("\n".join(aims))
     if not a.no_plan:
         mods = {"now": pol}
-        for label, rev in (("before the bound", BEFORE_BOUND), ("bound, not incremental", AT_BOUND)):
+        for label, rev in (("before the bound", BEFORE_BOUND), ("bound, not incremental", AT_BOUND),
+                           ("before issue 30", BEFORE_30)):
             old = policy_at(rev)
             if old is not None:
                 mods[f"{label} ({rev})"] = old
