@@ -351,7 +351,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
     def record(g: SimGpu, rate: dict, dt: float) -> None:
         """What NVML shows of each job on `g` over the next dt seconds: memory per process; SM and
         bandwidth per process for ordinary contexts, while MPS clients' are their server's, split
-        equally among them (as the daemon apportions them, colo/daemon/learning.py) unless the
+        equally among them (as the daemon apportions them, colo/daemon/learner.py) unless the
         driver attributes them; each reading noisy, averaged over the 1 s samples of the stretch."""
         keep = [r for r in g.runs if sampled(r)]
         if not keep:
