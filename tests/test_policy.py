@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 
 import numpy as np
@@ -472,7 +471,7 @@ def test_a_share_into_bandwidth_runs_showed_costly_waits_and_one_far_past_it_is_
     low = pol.Learned(alone=dict(known), bw={("mps", 2): (3, 1.0), ("timesliced", 2): (3, 1.0)})
     d = plan([Candidate(2, GiB, profile=w2)], [G0], wide, learned=low)[0]
     # 0.9 is more than one step past what runs showed (and past KNOWN_BW): not made, whatever the model says
-    assert d.action == WAIT and d.details["slowdown"]["mps"] == math.inf and "one step past" in d.reason, d.reason
+    assert d.action == WAIT and d.details["slowdown"]["mps"] < 1.5 and "one step past" in d.reason, d.reason
     assert plan([Candidate(2, GiB, profile=w2)], [G0], wide)[0].action == START  # nothing learned: the model
 
 

@@ -385,6 +385,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     # the share of each one's whole run the overlap is (residents: of what they have left)
     frac = np.append(np.minimum(overlap, r_left) / r_whole, overlap / max(1, len(arr.sm)))
     explore: dict[str, bool] = {}
+    far: set[str] = set()  # modes whose share is more than one step past what runs showed: never made
     # A job measured against a stored alone time no run here has checked: its real slowdown may
     # be what its run shows times how far that time is off (ALONE_DOUBT at most, half of it in
     # the bound: in a dense queue nothing ever runs alone to tell)
@@ -427,7 +428,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
             over = frac * (EXPLORE_WORST * doubt / np.maximum(per, 1e-9) - 1.0)
             explore[m] = True
             if learned.beyond(m, peak_bw):
-                slow[m] = math.inf
+                far.add(m)
             else:
                 slow[m] = max(slow[m], float((1.0 + over).max()))
         this[m] = 1.0 / max(1e-9, float(per[-1]))  # this job's own, no margin: recorded, compared at its end
@@ -443,7 +444,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
         # a share the model says slows someone must beat waiting by min_gain; one it says slows
         # nobody need only beat it (what the newcomer gets done is what waiting costs the queue)
         need = cfg.min_gain if raw[m] > 1.02 else 0.0
-        return slow[m] <= cfg.slowdown_bound and tp[m] > wait_tp + need
+        return m not in far and slow[m] <= cfg.slowdown_bound and tp[m] > wait_tp + need
 
     passing = [m for m in modes if passes(m)]
     sat_text = (f"sharing would saturate: predicted peak SM {_pct(peak_sm)} ({who})"
@@ -469,12 +470,12 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
         return None, f"co-running on {name} is not possible: {sat_text or 'no mode allowed'}", d, False
     m = min(modes, key=lambda m: slow[m])
     label = "under MPS" if m == "mps" else "time-sliced"
-    why = (f"summed bandwidth {_pct(peak_bw)} is more than one step past what any shared run showed"
-           if slow[m] == math.inf else
-           f"a job would run {slow[m]:.2f}x slower than alone (bound {cfg.slowdown_bound:g}x)"
+    why = (f"a job would run {slow[m]:.2f}x slower than alone (bound {cfg.slowdown_bound:g}x)"
            + (" were this level of bandwidth, which no shared run has shown, much slower than predicted"
-              if explore.get(m) else "")
-           if slow[m] > cfg.slowdown_bound else f"throughput {tp[m]:.2f} {label} vs {wait_tp:.2f} waiting")
+              if explore.get(m) and m not in far else "")
+           if slow[m] > cfg.slowdown_bound else
+           f"summed bandwidth {_pct(peak_bw)} is more than one step past what any shared run showed"
+           if m in far else f"throughput {tp[m]:.2f} {label} vs {wait_tp:.2f} waiting")
     return None, (f"{prefix}co-running on {name} predicted to cost more than it gains: "
                   f"{sat_text + '; ' if sat_text else ''}{why}"), d, False
 
