@@ -44,6 +44,9 @@ class Profile:
     gpu: str = ""
     version: int = VERSION
     note: str = ""
+    # built from the first samples of a run still going (provisional()): its run time is a guess,
+    # so nothing is compared with it, and it is never stored
+    provisional: bool = False
 
     def __post_init__(self) -> None:
         self.sm = np.clip(np.asarray(self.sm, dtype=float), 0.0, 1.0)
@@ -271,6 +274,36 @@ def from_samples(name: str, samples: Any, runtime: float | None = None, step: fl
                    runtime=runtime, cache_bound=cache_bound, runs=1, gpu=gpu)
 
 
+PROVISIONAL_AFTER = 30.0  # seconds of a run's samples from which a provisional profile is made
+PROVISIONAL_HOLD = 3600.0  # how long a job with a provisional profile is taken to run on
+
+
+def provisional(name: str, samples: Any, elapsed: float | None = None, hold: float = PROVISIONAL_HOLD,
+                gpu: str = "") -> Profile | None:
+    """What a running job that has no profile is taken to do, from its samples so far (None
+    before PROVISIONAL_AFTER seconds of them): the series as sampled, then, since how long it runs
+    on is unknown, the highest SM, bandwidth and memory it showed held to `hold` seconds in all.
+    Neighbours can then be placed beside it within its first minute instead of after its end; what
+    its run really was replaces it at its end (ProfileStore.learn)."""
+    c = _columns(samples)
+    t = c["times"] - c["times"].min()
+    seen = float(elapsed if elapsed is not None else t.max())
+    if seen < PROVISIONAL_AFTER:
+        return None
+    runtime = max(hold, seen)
+    step = pick_step(runtime)
+    k = max(1, math.ceil(seen / step - 1e-9))
+    n = max(k, math.ceil(runtime / step - 1e-9))
+    sm, bw = _bins(t, c["sm"], step, k, "mean"), _bins(t, c["membw"], step, k, "mean")
+    mem = _bins(t, c["mem"], step, k, "max")
+    pad = n - k
+    return Profile(name=name, step=step, sm=np.append(sm, np.full(pad, sm.max())),
+                   mem=np.append(mem, np.full(pad, mem.max())).astype(np.int64),
+                   membw=np.append(bw, np.full(pad, bw.max())), runtime=runtime,
+                   cache_bound=bool(bw.mean() >= CACHE_BOUND_MEMBW), runs=1, gpu=gpu,
+                   note=f"provisional: {seen:.0f} s of a run still going", provisional=True)
+
+
 def _stretch(v: np.ndarray, n: int) -> np.ndarray:
     """Resample a series to n points over the same run (aligned on progress, start to end)."""
     if len(v) == n:
@@ -314,13 +347,53 @@ def valid_name(name: str) -> bool:
     return bool(_NAME.match(name))
 
 
-def key_for(image: str | None, argv: Sequence[str]) -> str:
-    """A stable profile name for a job submitted without --profile: readable stem + hash."""
+def _readable(image: str | None, argv: Sequence[str]) -> str:
     base = (image or "").rsplit("/", 1)[-1].split("@")[0].split(":")[0] or "proc"
     stem = Path(argv[0]).name if argv else ""
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{base}-{stem}" if stem else base).strip("-.")[:40] or "job"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{base}-{stem}" if stem else base).strip("-.")[:40] or "job"
+
+
+def key_for(image: str | None, argv: Sequence[str]) -> str:
+    """A stable profile name for a job submitted without --profile: readable stem + hash of the
+    image and the whole command (the refinement: these exact arguments)."""
     digest = hashlib.sha256(("\0".join([image or ""] + list(argv))).encode()).hexdigest()[:10]
-    return f"{readable}-{digest}"
+    return f"{_readable(image, argv)}-{digest}"
+
+
+# what names the program a command runs, when its first word is an interpreter or launcher
+_SCRIPT = re.compile(r"\.(py|sh|bash|jl|R|r|lua|js|pl|rb|ipynb)$")
+
+
+def script_of(argv: Sequence[str]) -> str:
+    """The script or module a command runs (`python train.py --lr 0.1`: train.py; `python -m
+    pkg.train`: -m pkg.train; `torchrun --nproc 2 train.py`: train.py), else "" (the program
+    itself is what runs: `./solver 100`)."""
+    args = list(argv[1:])
+    for i, a in enumerate(args):
+        if a in ("-m", "-c") and i + 1 < len(args):
+            return f"{a} {args[i + 1]}" if a == "-m" else "-c"
+        if not a.startswith("-") and _SCRIPT.search(a):
+            return a
+    return ""
+
+
+def family_for(image: str | None, argv: Sequence[str]) -> str:
+    """The profile name of a job's family: the same image (or program) running the same script,
+    whatever its other arguments. A new hyperparameter is a new key_for() but the same family,
+    so its first run is placed with what its family's runs showed."""
+    program, script = (Path(argv[0]).name if argv else ""), script_of(argv)
+    digest = hashlib.sha256(("\0".join([image or "", program, script])).encode()).hexdigest()[:8]
+    what = script.split()[-1] if script.startswith("-m ") else Path(script).stem if script != "-c" else ""
+    stem = f"{_readable(image, argv)}-{what}" if what else _readable(image, argv)
+    return f"{re.sub(r'[^A-Za-z0-9._-]+', '-', stem).strip('-.')[:48]}-family-{digest}"
+
+
+def names_for(image: str | None, argv: Sequence[str], profile: str | None = None) -> list[str]:
+    """The profile names a job's profile is looked up under, in order: the one it named
+    (--profile), else its own key (these arguments), then its family's."""
+    if profile:
+        return [profile]
+    return [key_for(image, argv), family_for(image, argv)]
 
 
 class ProfileStore:
@@ -376,9 +449,23 @@ class ProfileStore:
             raise ProfileError(f"bad profile name {profile.name!r}: use letters, digits, '.', '_', '-', '+'")
         return save(profile, self._path(self.writable_dir(), profile.name))
 
-    def learn(self, name: str, samples: Any, runtime: float | None = None, gpu: str = "") -> Profile:
-        """Merge a finished job's samples into the profile `name` (made if new) and store it."""
+    def first(self, names: Sequence[str]) -> Profile | None:
+        """The profile of the first of `names` that has one (names_for(): own key, then family)."""
+        for name in names:
+            got = self.get(name)
+            if got is not None:
+                return got
+        return None
+
+    def learn(self, name: str, samples: Any, runtime: float | None = None, gpu: str = "",
+              family: str | None = None) -> Profile:
+        """Merge a finished job's samples into the profile `name` (made if new) and store it; and
+        into its `family`'s (family_for()), which a new member starts from."""
         new = from_samples(name, samples, runtime=runtime, gpu=gpu)
+        for other in [family] if family and family != name else []:
+            old = self.get(other)
+            self.save(merge(old, new) if old is not None else Profile(
+                **{**new.__dict__, "name": other, "note": "a family: every command of this image and script"}))
         old = self.get(name)
         prof = merge(old, new) if old is not None else new
         self.save(prof)

@@ -10,6 +10,7 @@ import pytest
 from colo import profiles as P
 
 MiB = 1024**2
+GiB = 1024**3
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -76,6 +77,41 @@ def test_key_for_is_stable_and_distinct():
     assert k.startswith("train-python-") and P.valid_name(k)
     assert k != P.key_for("docker.io/lab/train:1.2", ["python", "train.py", "--lr", "0.2"])
     assert P.valid_name(P.key_for(None, ["/bin/weird name", "x"]))
+
+
+def test_a_new_hyperparameter_starts_from_its_familys_profile(tmp_path):
+    """Its own key (these arguments) first, then its family's (the image or program and the
+    script): a run teaches both, so the next member of the family is not a stranger."""
+    run = ["python", "train.py", "--lr", "0.1"]
+    other = ["python", "train.py", "--lr", "0.2"]
+    assert P.key_for("reg/img:1", run) != P.key_for("reg/img:1", other)
+    assert P.family_for("reg/img:1", run) == P.family_for("reg/img:1", other) == P.names_for("reg/img:1", other)[1]
+    assert P.family_for("reg/img:1", run) != P.family_for("reg/img:1", ["python", "eval.py", "--lr", "0.1"])
+    assert P.family_for("reg/img:1", run) != P.family_for("reg/img:2", run)  # another image: another family
+    assert P.script_of(["torchrun", "--nproc", "2", "train.py", "-x"]) == "train.py"
+    assert P.script_of(["python", "-m", "pkg.train", "--lr", "1"]) == "-m pkg.train"
+    assert P.script_of(["./solver", "100"]) == "" and P.family_for(None, ["./solver", "1"]) == P.family_for(None, ["./solver", "2"])
+    assert P.names_for("img", run, profile="mine") == ["mine"]  # --profile names it
+    assert all(P.valid_name(n) for n in P.names_for("reg/img:1", run))
+    store = P.ProfileStore([tmp_path / "own"])
+    key, family = P.names_for("reg/img:1", run)
+    samples = {"times": [0, 1, 2, 3], "sm": [0.5] * 4, "mem": [GiB] * 4, "membw": [0.2] * 4}
+    store.learn(key, samples, runtime=4.0, family=family)
+    new = P.names_for("reg/img:1", other)
+    assert store.get(new[0]) is None and store.first(new).name == family and store.first(new).mean_sm == pytest.approx(0.5)
+    store.learn(new[0], samples, runtime=4.0, family=family)
+    assert store.get(family).runs == 2 and store.first(new).name == new[0]
+
+
+def test_a_running_job_gets_a_provisional_profile_from_its_first_samples():
+    t = np.arange(0, 45, 1.0)
+    samples = {"times": t, "sm": np.where(t < 20, 0.2, 0.4), "mem": np.full(len(t), 3 * GiB), "membw": np.full(len(t), 0.1)}
+    assert P.provisional("x", {k: v[:20] for k, v in samples.items()}) is None  # too few seconds to say
+    p = P.provisional("x", samples)
+    assert p.provisional and p.runtime == P.PROVISIONAL_HOLD and p.peak_mem == 3 * GiB
+    # what it showed, then its highest levels held: how long it runs on is unknown
+    assert p.sm[0] == pytest.approx(0.2) and p.sm[-1] == pytest.approx(0.4) and p.peak_sm == pytest.approx(0.4)
+    assert not P.loads(P.dumps(p)).provisional  # never stored as one
 
 
 def test_from_samples_bins_peak_memory_and_mean_sm():

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from colo import sim, simtruth  # noqa: E402
+from colo.sched import sim, truth as simtruth  # noqa: E402
 
 FIT = [("random", "tetris", 1.294), ("random", "mean-pack", 1.346), ("heavy", "mean-pack", 5530 / 4807)]
 HELD_OUT = [("random", "max-pack", 1.303)]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from colo import sim  # noqa: E402
+from colo.sched import sim  # noqa: E402
 
 SEED = 7
 

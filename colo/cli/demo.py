@@ -189,9 +189,12 @@ class Story:
         self.greedy: int | None = None
         self.gpu_index = {g["uuid"]: g["index"] for g in client.gpus()["gpus"]}
 
-    def submit(self, name: str, budget: str, burn_args: list[str], profile: str | None = None) -> int:
+    def submit(self, name: str, budget: str, burn_args: list[str], profile: str | None = None,
+               gpu_ids: list[int] | None = None) -> int:
         spec = {"argv": [self.burn, *burn_args], "image": self.image, "name": name, "gpu_mem": budget, "gpus": 1,
                 "workdir": None if self.image else str(self.root), "profile": profile}
+        if gpu_ids:
+            spec["gpu_ids"] = gpu_ids
         job = self.c.submit(spec)
         self.ids[job["id"]] = name
         return job["id"]
@@ -249,9 +252,12 @@ class Story:
                  f"peak SM {learned.peak_sm * 100:.0f} %, peak memory {format_size(learned.peak_mem)}")
 
         _say("\n3. Its next run is placed from what was learned:")
-        c = self.submit("light-c", "2GiB", ["--mem", "1GiB", "--duty", "30", "--seconds", "6"], "demo-light")
+        # both on the GPU fresh ran on: beside the light pair they would share too (the model says
+        # 90-100 % SM costs nobody anything), and the story's GPUs would be another's
+        there = [self.gpu_index[g] for g in self.c.show(f1).get("gpus") or []]
+        c = self.submit("light-c", "2GiB", ["--mem", "1GiB", "--duty", "30", "--seconds", "6"], "demo-light", there)
         self.until("light-c to start", lambda: self.state(c, "running", *ENDED))
-        f2 = self.submit("fresh", "2GiB", fresh_args)
+        f2 = self.submit("fresh", "2GiB", fresh_args, gpu_ids=there)
         job = self.until("fresh's second run to start", lambda: self.state(f2, "running", *ENDED))
         _say(f"   job {f2} fresh    {self.told(f2)}")
 

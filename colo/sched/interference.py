@@ -57,13 +57,8 @@ def rates(sm: np.ndarray, membw: np.ndarray, cache_bound: np.ndarray, mps: np.nd
 def contexts(sm, membw, cache_bound, mps, k_cache: float, k_bw: float, busy_sm: float,
              switch_cost: float) -> np.ndarray:
     """The structure above with its parameters given: the policy's model passes its own, and the
-    simulator's truths (colo/truth.py) theirs, so that tuning one never moves the other."""
-    sm = np.asarray(sm, dtype=float)
-    membw = np.asarray(membw, dtype=float)
-    if sm.ndim == 1:
-        sm, membw = sm[:, None], membw[:, None]
-    mps = np.asarray(mps, dtype=bool)
-    cache_bound = np.asarray(cache_bound, dtype=bool)
+    simulator's truths (colo/sched/truth.py) theirs, so that tuning one never moves the other."""
+    sm, membw, cache_bound, mps = columns(sm, membw, cache_bound, mps)
     busy = np.minimum(1.0, sm / busy_sm)
     inner = np.ones_like(sm)
     if mps.any():
@@ -76,10 +71,25 @@ def contexts(sm, membw, cache_bound, mps, k_cache: float, k_bw: float, busy_sm: 
         group_busy = np.minimum(1.0, busy[mps].sum(axis=0))
     else:
         group_busy = np.zeros(sm.shape[1])
-    ts_busy = busy[~mps]
+    out = inner * time_slices(group_busy, busy[~mps], switch_cost)[None, :]
+    return np.where(sm > 0, out, 1.0)
+
+
+def columns(sm, membw, cache_bound, mps) -> tuple:
+    """The inputs as arrays: demands of shape (jobs, T) (one instant when given per job), flags
+    of shape (jobs,)."""
+    sm = np.asarray(sm, dtype=float)
+    membw = np.asarray(membw, dtype=float)
+    if sm.ndim == 1:
+        sm, membw = sm[:, None], membw[:, None]
+    return sm, membw, np.asarray(cache_bound, dtype=bool), np.asarray(mps, dtype=bool)
+
+
+def time_slices(group_busy: np.ndarray, ts_busy: np.ndarray, switch_cost: float) -> np.ndarray:
+    """Each busy context's share of the GPU's time at each instant: the MPS group (busy
+    `group_busy` of the time) and each time-sliced context (rows of `ts_busy`) share it, less the
+    switching cost once two or more are busy."""
     total = group_busy + ts_busy.sum(axis=0)
     n_ctx = (group_busy > 0).astype(int) + (ts_busy > 0).sum(axis=0)
     share = np.minimum(1.0, 1.0 / np.maximum(total, 1e-12))
-    share = np.where(n_ctx > 1, share * (1.0 - switch_cost), 1.0)
-    out = inner * share[None, :]
-    return np.where(sm > 0, out, 1.0)
+    return np.where(n_ctx > 1, share * (1.0 - switch_cost), 1.0)

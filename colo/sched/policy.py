@@ -64,6 +64,12 @@ class Placed:
     mode: str = "timesliced"
     profile: Any = None
     elapsed: float = 0.0  # seconds since it started
+    # how far into its profile it is (alone-seconds of work: policy.progress of its decision's
+    # expectation); None: taken to have run at its alone speed since it started (`elapsed`)
+    done: float | None = None
+    # it runs alone this once so that its alone time here is learned (its start's
+    # details["check_alone"]): nothing starts beside it
+    alone: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,19 @@ class PolicyConfig:
     # fit no queued job anyway (lent, not reserved from anyone): a profile a little off then
     # costs no refused allocation and no re-run. 1.0 turns it off.
     lend: float = 1.25
+    # A profile no run has shown alone here runs alone once (details["check_alone"]) when it would
+    # start on an empty GPU anyway. Only for a caller that then passes Placed.alone for that job
+    # (colo sim does; the daemon not yet), else the job it meant to keep alone is joined.
+    check_alone: bool = False
+
+
+def config_of(c: Any) -> PolicyConfig:
+    """The policy's knobs from the daemon's configuration (colo/config.py Config, or anything with
+    its fields): what the daemon places with, and `colo sim`'s colo by default."""
+    return PolicyConfig(reserve=c.reserve, saturation=c.saturation, bw_saturation=c.bw_saturation,
+                        min_gain=c.min_gain, hold_after=c.hold_after, slowdown_bound=c.slowdown_bound,
+                        unprofiled_share=c.unprofiled_share, multi_user_mps=c.multi_user_mps,
+                        use_mps=c.use_mps, lend=c.lend, check_alone=getattr(c, "check_alone", False))
 
 
 # ---- per-profile arrays, cached --------------------------------------------------------------
@@ -154,13 +173,32 @@ def _arrays(profile: Any, step: float, horizon: float) -> _Arr:
     runtime = float(getattr(profile, "runtime", 0.0) or len(sm) * pstep)
     n = max(1, min(math.ceil(runtime / step - 1e-9), math.ceil(horizon / step)))
     starts = np.minimum((np.arange(n) * step / pstep).astype(int), len(sm) - 1)
-    arr = _Arr(np.maximum.reduceat(sm, starts), np.maximum.reduceat(bw, starts),
+    arr = _Arr(_smear(np.maximum.reduceat(sm, starts)), _smear(np.maximum.reduceat(bw, starts)),
                bool(getattr(profile, "cache_bound", False)), float(sm.max()), float(bw.max()),
                int(getattr(profile, "runs", 1) or 1), str(getattr(profile, "name", "")))
     if len(_CACHE) > 4096:
         _CACHE.clear()
     _CACHE[key] = (profile, arr)
     return arr
+
+
+# What a job with no profile can do about waiting (its reason says it: `colo explain`)
+WAYS_OUT = ("ways out: --profile NAME (a profile you recorded with `colo profile record`, or one an admin "
+            "shared with `colo profile share`), `unprofiled_share = true` in the daemon's config, or wait: "
+            "once a job like it (the same image or program and script) has run half a minute, jobs like it "
+            "are placed beside others from its samples")
+PHASE = 0.1  # where a job is in its profile is known to within this share of its run, either way
+
+
+def _smear(v: np.ndarray) -> np.ndarray:
+    """Each point the most of the points within PHASE of the run around it: a run's phases come a
+    little earlier or later than its profile's (other inputs, a slower disk), so a share timed
+    to fit a lull in a neighbour's profile can meet its busy phase instead."""
+    k = int(math.ceil(PHASE * len(v)))
+    if k <= 0 or len(v) < 2:
+        return v
+    pad = np.concatenate([np.full(k, v[0]), v, np.full(k, v[-1])])
+    return np.lib.stride_tricks.sliding_window_view(pad, 2 * k + 1).max(axis=1)
 
 
 def _unknown(cfg: PolicyConfig) -> _Arr:
@@ -182,6 +220,7 @@ class _Res:
     off: int  # grid index the job has reached
     mode: str
     uid: int
+    alone: bool = False  # a check of its alone time: nothing starts beside it
 
 
 @dataclass
@@ -197,10 +236,11 @@ def _rows(g: _Gpu, cfg: PolicyConfig) -> tuple:
     """The residents' profiles aligned on now (each from the grid point it has reached), zero
     padded: (version, sm, membw, cache_bound, mps, ids, names, MPS group's summed SM, its summed
     bandwidth, whether every resident is an MPS client, each resident's accumulated rate if nothing
-    starts). Kept on the GPU until a start changes it."""
-    segs = []
+    starts, each one's whole run in grid points). Kept on the GPU until a start changes it."""
+    segs, whole = [], []
     for r in g.res:
         ra = r.arr if r.arr is not None else _unknown(cfg)
+        whole.append(max(len(ra.sm), r.off + 1))
         if r.off < len(ra.sm):
             segs.append((ra, ra.sm[r.off:], ra.membw[r.off:]))
         else:
@@ -210,6 +250,7 @@ def _rows(g: _Gpu, cfg: PolicyConfig) -> tuple:
             # a bandwidth-heavy job start beside it and both ran 12-15x slower in `colo sim`).
             n = max(1, math.ceil(cfg.horizon / cfg.step))
             segs.append((ra, np.full(n, ra.peak_sm), np.full(n, ra.peak_membw)))
+            whole[-1] = r.off + n
     width = max(len(s) for _, s, _ in segs)
     sm, bw = np.zeros((len(segs), width)), np.zeros((len(segs), width))
     for i, (_, s, b) in enumerate(segs):
@@ -220,7 +261,8 @@ def _rows(g: _Gpu, cfg: PolicyConfig) -> tuple:
     # stretch from now is one lookup
     wait_cum = np.cumsum(interference.rates(sm, bw, cb, mps), axis=1)
     g.rows = (g.version, sm, bw, cb, mps, [r.job_id for r in g.res], [ra.name for ra, _, _ in segs],
-              sm[mps].sum(axis=0), bw[mps].sum(axis=0), bool(mps.all()), wait_cum)
+              sm[mps].sum(axis=0), bw[mps].sum(axis=0), bool(mps.all()), wait_cum,
+              np.array([len(s) for _, s, _ in segs]), np.array(whole))
     return g.rows
 
 
@@ -256,6 +298,10 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     elif len(mps_res) >= cfg.max_mps_clients:
         block = f"{name} has {len(mps_res)} MPS clients, the most one server takes"
     allow_mps = block is None
+    checking = next((r for r in g.res if r.alone), None)
+    if checking is not None:
+        return None, (f"job {checking.job_id} runs alone on {name} this once, so that how long its profile takes "
+                      "alone here is learned"), {"gpu": v.index}, False
     if v.compute_mode == "exclusive_process" and not allow_mps:
         return None, f"{name} is EXCLUSIVE_PROCESS (MPS clients only) and {block}", {"gpu": v.index}, False
 
@@ -277,7 +323,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
         known = arr if arr is not None else g.res[0].arr
         if len(g.res) > 1 or known is None or known.runs < cfg.well_known_runs:
             return None, (f"{stranger}: it runs alone or beside one well-known job (a profile of "
-                          f"{cfg.well_known_runs}+ runs), so that its profile is clean"), {"gpu": v.index}, False
+                          f"{cfg.well_known_runs}+ runs), so that its profile is clean; {WAYS_OUT}"), {"gpu": v.index}, False
         if not allow_ts:
             return None, f"{stranger} and {name} is EXCLUSIVE_PROCESS: not co-located under MPS", {"gpu": v.index}, False
         allow_mps, block = False, f"{stranger}"
@@ -297,7 +343,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     # Everyone aligned on the candidate's future, from the GPU's resident rows (built once per
     # change of the GPU, not per candidate).
     rows = g.rows if g.rows is not None and g.rows[0] == g.version else _rows(g, cfg)
-    _, r_sm, r_bw, r_cb, r_mps, ids, names, g_sm, g_bw, all_mps, wait_cum = rows
+    _, r_sm, r_bw, r_cb, r_mps, ids, names, g_sm, g_bw, all_mps, wait_cum, r_left, r_whole = rows
     overlap = min(len(arr.sm), r_sm.shape[1])
     c_sm, c_bw = arr.sm[:overlap], arr.membw[:overlap]
     group_sm = g_sm[:overlap] + c_sm
@@ -315,107 +361,156 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
          "sm_by_job": per_job, "saturation": cfg.saturation}
     who = ", ".join([f"job {j}: {_pct(x)}" for j, x in per_job.items() if j != "this"] + [f"this job: {_pct(per_job['this'])}"])
     # One check for every way of sharing: each job's predicted rate over the overlap (in its
-    # alone speed, discounted by the margin) against the slowdown bound, and the GPU's
+    # alone speed, discounted once by the margin) against the slowdown bound, and the GPU's
     # throughput (sum of rates) against waiting.
     # The status quo over the same stretch: the residents' model rates, slowed by what runs showed
-    # for the pairings they are already in (else sharing would be charged for what waiting pays too).
-    now_fac = learned.among(names, r_mps, float(r_bw[:, :overlap].sum(axis=0).max())) \
-        if learned is not None and (learned.corun or learned.bw) else None
+    # for the pairings they are already in (else sharing would be charged for what waiting pays too),
+    # each discounted as it is now (a resident sharing already by its margin; alone, not at all).
+    lrn = learned if learned is not None and (learned.corun or learned.bw) else None
+    now_fac = lrn.among(names, r_mps, float(r_bw[:, :overlap].sum(axis=0).max())) if lrn is not None else None
+    seen_m = cfg.margin if cfg.seen_margin is None else cfg.seen_margin
+    if len(ids) < 2:
+        now_doubt = np.ones(len(ids))
+    elif learned is not None:
+        now_doubt = 1.0 + np.where(learned.seen_among(names, r_mps), seen_m, cfg.margin)
+    else:
+        now_doubt = np.full(len(ids), 1.0 + cfg.margin)
     wait_rows = wait_cum[:, overlap - 1] / overlap
-    wait_tp = float((wait_rows if now_fac is None else wait_rows / now_fac).sum())
-    tp, slow, this, unseen, res = {"wait": wait_tp}, {}, {}, {}, {}
-    modes = (["mps"] if allow_mps and fits else []) + (["timesliced"] if allow_ts else [])
+    if now_fac is not None:
+        wait_rows = wait_rows / now_fac
+    wait_tp = float((wait_rows / now_doubt).sum())
+    tp, slow, this, unseen, res, raw = {"wait": wait_tp}, {}, {}, {}, {}, {}
+    modes = (["mps"] if allow_mps else []) + (["timesliced"] if allow_ts else [])
     n = len(ids) + 1
-    raw: dict[str, float] = {}
+    # the share of each one's whole run the overlap is (residents: of what they have left)
+    frac = np.append(np.minimum(overlap, r_left) / r_whole, overlap / max(1, len(arr.sm)))
+    explore: dict[str, bool] = {}
+    far: set[str] = set()  # modes whose share is more than one step past what runs showed: never made
+    # A job measured against a stored alone time no run here has checked: its real slowdown may
+    # be what its run shows times how far that time is off (ALONE_DOUBT at most, half of it in
+    # the bound: in a dense queue nothing ever runs alone to tell)
+    known = learned.alone if learned is not None else {}
+    unchecked = np.array([1.0 if nm in known else ALONE_DOUBT ** 0.5 for nm in [*names, arr.name]])
     for m in modes:
-        fac = learned.factors(names, arr.name, m, peak_bw) if learned is not None and (learned.corun or learned.bw) else None
+        fac = lrn.factors(names, arr.name, m, peak_bw) if lrn is not None else None
         if fac is not None:  # a resident keeps what its present neighbours cost it
             fac[:-1] = np.maximum(fac[:-1], now_fac)
-        # The margin covers the model's error where nothing corrects it: per row, once for every
-        # pairing (this job and a resident) not seen yet in this mode (so a crowd of strangers
-        # needs a model that promises more); a seen pairing's learned factor replaces it.
+        # The margin covers the model's error where nothing corrects it, once per job: the error
+        # of predictions whose pairings runs had all shown (seen_margin) where each of its
+        # pairings in this share has been seen, else that of all predictions. Once, not once per
+        # pairing: a crowd the model says costs nothing is not refused for its size.
         unk = learned.unseen(names, arr.name, m) if learned is not None else np.append(np.ones(n - 1), n - 1)
-        far = False
-        if learned is not None and not learned.explored(m, peak_bw):
-            # past what runs have shown by more than one step, contention can rise steeply: such a
-            # share is never made (below, once its reason would be anything else)
-            far = learned.beyond(m, peak_bw)
-            unk = unk + 1  # more bandwidth than any run has shown: the curve is a guess there too
-        # the share's own margin is sized by how wrong predictions of seen pairings were; each
-        # unseen pairing adds the margin of all predictions
-        doubt = (1.0 + (cfg.margin if cfg.seen_margin is None else cfg.seen_margin)) * (1.0 + cfg.margin) ** unk
+        doubt = 1.0 + np.where(unk > 0, cfg.margin, seen_m)
         if m == "mps" and all_mps and top_sm <= 1.0 and top_bw <= 1.0:
             # one MPS context whose summed SM and bandwidth stay within the GPU: the model slows
             # nobody (interference.rates is 1 throughout), so the check needs no model pass
             per = np.ones(n) if fac is None else 1.0 / fac
-            tpm = float((per / doubt).sum())
         else:
             sm = np.vstack([r_sm[:, :overlap], c_sm])
             bw = np.vstack([r_bw[:, :overlap], c_bw])
             rate = interference.rates(sm, bw, np.append(r_cb, arr.cache_bound),
-                                  np.append(r_mps, True) if m == "mps" else np.append(r_mps, False))
+                                      np.append(r_mps, True) if m == "mps" else np.append(r_mps, False))
             if fac is not None:
                 rate = rate / fac[:, None]
             per = rate.mean(axis=1)
-            tpm = float((per / doubt).sum())
         if fac is not None:  # co-run slowdowns the model missed, as observed
             d.setdefault("learned_factor", {})[m] = float(fac[-1])
-        tp[m] = tpm
-        slow[m] = float((doubt / np.maximum(per, 1e-9)).max())
+        # throughput: the residents as they are discounted now, the newcomer by its own margin
+        tp[m] = float((per[:-1] / now_doubt).sum() + per[-1] / doubt[-1])
+        slow[m] = float((doubt * unchecked / np.maximum(per, 1e-9)).max())
+        if learned is not None and not learned.explored(m, peak_bw):
+            # More summed bandwidth than any shared run in this mode started into: contention can
+            # rise steeply past a knee no profile shows. Never more than one step past it
+            # (`beyond`), and only as an exploration whose harm is bounded: the overlap is so
+            # short a part of each one's run that were its rate EXPLORE_WORST x worse than
+            # predicted there, it would still end within the bound (a job near its end and a
+            # long newcomer, say). Its end then shows whether that level costs anything.
+            over = frac * (EXPLORE_WORST * doubt / np.maximum(per, 1e-9) - 1.0)
+            explore[m] = True
+            if learned.beyond(m, peak_bw):
+                far.add(m)
+            else:
+                slow[m] = max(slow[m], float((1.0 + over).max()))
         this[m] = 1.0 / max(1e-9, float(per[-1]))  # this job's own, no margin: recorded, compared at its end
         unseen[m] = float(unk[-1])  # its pairings no run had shown: which margin its error sizes
         # the same for each resident (from now on, beside this job): what its end is compared with
         res[m] = {str(j): (1.0 / max(1e-9, float(p)), 1.0 if fac is None else float(f), float(u))
                   for j, p, f, u in zip(ids, per[:-1], fac if fac is not None else per, unk)}
         raw[m] = 1.0 / max(1e-9, float(per.min()))
-        if slow[m] <= cfg.slowdown_bound and tp[m] >= wait_tp + cfg.min_gain:
-            if far:
-                for x in (tp, slow, this, unseen, res, raw):
-                    del x[m]
-                continue
-            break  # it passes; MPS is looked at first and taken when it passes
     d["throughput"], d["slowdown"], d["slowdown_this"], d["margin"] = tp, slow, this, cfg.margin
     d["unseen"], d["residents"] = unseen, res
-    modes = [m for m in modes if m in slow]
-    passing = [m for m in modes if slow[m] <= cfg.slowdown_bound and tp[m] >= wait_tp + cfg.min_gain]
+
+    def passes(m: str) -> bool:
+        # a share the model says slows someone must beat waiting by min_gain; one it says slows
+        # nobody need only beat it (what the newcomer gets done is what waiting costs the queue)
+        need = cfg.min_gain if raw[m] > 1.02 else 0.0
+        return m not in far and slow[m] <= cfg.slowdown_bound and tp[m] > wait_tp + need
+
+    passing = [m for m in modes if passes(m)]
     sat_text = (f"sharing would saturate: predicted peak SM {_pct(peak_sm)} ({who})"
                 + (f", bandwidth {_pct(peak_bw)}" if peak_bw >= cfg.bw_saturation else "")
                 + f" >= {_pct(cfg.saturation)}") if not fits else (f"MPS: {block}" if block else "")
     if passing:
-        best = passing[0]  # MPS first when it passes: the clients' kernels run at once
+        best = max(passing, key=lambda m: tp[m])  # the mode that gets the most done (MPS on a tie)
         costly = raw[best] > 1.02  # someone is predicted slower than alone
+        if explore.get(best):
+            d["explore"] = True
+        tail = (f"; exploring {_pct(peak_bw)} of bandwidth, more than any shared run showed: the overlap "
+                "is short enough to stay within the bound were it much slower") if explore.get(best) else ""
         if best == "mps":
-            return "mps", (f"MPS on {name}: predicted peak SM {_pct(peak_sm)} ({who}) < {_pct(cfg.saturation)}"
+            return "mps", (f"MPS on {name}: predicted peak SM {_pct(peak_sm)} ({who})"
+                           + (f" < {_pct(cfg.saturation)}" if peak_sm < cfg.saturation else "")
                            + (f", bandwidth {_pct(peak_bw)}" if peak_bw > 0.5 else "")
-                           + (f"; predicted slowdown {slow[best]:.2f}x (margin {_pct(cfg.margin)})" if costly else "")), d, costly
+                           + (f"; predicted slowdown {slow[best]:.2f}x (margin {_pct(cfg.margin)})" if costly else "")
+                           + tail), d, costly
         return best, (f"time-sliced on {name}: {sat_text + '; ' if sat_text else ''}predicted throughput "
                       f"{tp[best]:.2f} vs {wait_tp:.2f} waiting, worst slowdown {slow[best]:.2f}x "
-                      f"<= {cfg.slowdown_bound:g}x"), d, costly
+                      f"<= {cfg.slowdown_bound:g}x" + tail), d, costly
     if not modes:
         return None, f"co-running on {name} is not possible: {sat_text or 'no mode allowed'}", d, False
     m = min(modes, key=lambda m: slow[m])
     label = "under MPS" if m == "mps" else "time-sliced"
     why = (f"a job would run {slow[m]:.2f}x slower than alone (bound {cfg.slowdown_bound:g}x)"
-           if slow[m] > cfg.slowdown_bound else f"throughput {tp[m]:.2f} {label} vs {wait_tp:.2f} waiting")
+           + (" were this level of bandwidth, which no shared run has shown, much slower than predicted"
+              if explore.get(m) and m not in far else "")
+           if slow[m] > cfg.slowdown_bound else
+           f"summed bandwidth {_pct(peak_bw)} is more than one step past what any shared run showed"
+           if m in far else f"throughput {tp[m]:.2f} {label} vs {wait_tp:.2f} waiting")
     return None, (f"{prefix}co-running on {name} predicted to cost more than it gains: "
                   f"{sat_text + '; ' if sat_text else ''}{why}"), d, False
 
 
-# ---- learning from what happened (issue 13) -------------------------------------------------
+# ---- learning from what happened (issues 13 and 30) -----------------------------------------
 # The daemon and `colo sim` record, at each start, the slowdown plan() predicted for the job
 # (details["slowdown_this"], 1.0 alone) and, at its end, how long it really took against its
-# profile's alone run time. Alone runs correct the alone time only (a contended run would
-# inflate it); shared runs, corrected by that, give the co-run slowdown the model missed, per
-# (profile, neighbour profile, mode), and the spread of the model's error sizes the margin.
-# A shared run of a profile never seen alone mixes the profile's own error with the co-run
-# error; learning both as co-run would forbid sharing that pays, so only what passes the most a
-# profile is plausibly off (ALONE_DOUBT) is learned from it.
+# profile's alone run time. Alone runs correct the alone time; shared runs, corrected by that,
+# give the co-run slowdown the model missed, per (profile, neighbour, mode) and per level of the
+# GPU's summed bandwidth, and the spread of the model's error sizes the margin.
+# Every learned quantity moves both ways and forgets (invariant 15): a mean over at most
+# KEEP_RUNS runs (a new run weighs at least 1/KEEP_RUNS), and what no run has confirmed for FADE
+# observations counts half as far from 1 (in log: a 2x factor unconfirmed reads 1.41x, then
+# 1.19x), so a share once judged costly is tried again once its evidence is old, the mildest
+# first, and what that run shows is learned afresh. No state is absorbing.
 
 _KEEP = 200  # errors kept for the margin (the most recent)
 BW_BIN = 0.1  # the bandwidth curve's resolution: summed peak bandwidth of a GPU's jobs, in 10 % steps
-MARGIN_CAP = 0.5  # the most the learned margin grows to
+MARGIN_QUANTILE = 0.95  # the errors' quantile the margin is: the aim bounds the 95th percentile of slowdown
+MARGIN_CAP = 0.4  # the most the learned margin grows to: below the bound's 0.5, so a share the
+# model says costs nothing always passes (a margin stuck at the bound would forbid every share,
+# and with no share nothing would ever bring it down)
 ALONE_DOUBT = 1.25  # how far a profile's alone run time may be off (runs on other data, drivers, clocks)
 MIN_SHARED = 0.1  # a run beside others for less of its wall time than this teaches nothing of sharing
+EXPLORE_WORST = 3.0  # how much slower than predicted a share into unexplored bandwidth is allowed to be
+# Summed bandwidth known to cost nothing before any run here showed it: the MPS study's light pair
+# (two jobs of 0.3 each under MPS, 0.74 s as alone; DESIGN.md). Past it, shares explore.
+KNOWN_BW = 0.6
+KEEP_RUNS = 8  # a learned mean counts at most this many runs: newer runs move it
+FADE = 60.0  # observations (job ends) after which unconfirmed evidence counts half as far from 1
+FADE_ERRORS = 60.0  # the same for the errors that size the margins (recency weights)
+LIVE_RUN = 60.0  # seconds of a running group's samples that make a whole warning
+LIVE_ACTIVITY = 0.2  # the least SM activity expected of a group for its readings to say how fast it runs
+LIVE_MAX = 4.0  # the most a group's readings are taken to show (a reading near 0 says "much slower", not how much)
+FADE_LIVE = 15.0  # observations after which what a running group showed counts half as far from 1
 
 
 @dataclass
@@ -431,6 +526,9 @@ class Learned:
     # pairings do not explain): contention that grows with how much bandwidth the GPU's jobs ask
     # for (L2 and DRAM), whoever they are, so it is learned once for all pairings
     bw: dict = field(default_factory=dict)
+    clock: int = 0  # observations so far (job ends): the age of evidence is counted in them
+    at: dict = field(default_factory=dict)  # corun or bw key -> the clock when a run last taught it
+    live: dict = field(default_factory=dict)  # (mode, bin) -> (slowdown a running group showed, clock)
 
     def observe(self, name: str, neighbours: Sequence[str], mode: str, predicted: float, wall: float,
                 stored_runtime: float, peak_mem: int | None = None, factor: float = 1.0,
@@ -445,21 +543,21 @@ class Learned:
             self.max_mem[name] = max(self.max_mem.get(name, 0), int(peak_mem))
         if not name or stored_runtime <= 0 or wall <= 0:
             return None
+        self.clock += 1
+        self.__dict__.pop("_general", None)
         ratio = wall / stored_runtime
         if not neighbours:  # uncontended: what its alone time really is
-            n, m = self.alone.get(name, (0, 1.0))
-            self.alone[name] = (n + 1, (m * n + ratio) / (n + 1))
+            self.alone[name] = _blend(self.alone.get(name), ratio, 1.0)
             return ratio / max(predicted, 1e-9)
-        # Correct the shared sample by the profile's known alone error; never seen alone, assume
-        # the most a profile is plausibly off (ALONE_DOUBT) and learn only a slowdown beyond it.
-        base = self.alone[name][1] if name in self.alone else ALONE_DOUBT
-        residual = ratio / base / max(predicted, 1e-9)
         if shared < MIN_SHARED:  # beside others for too little of its run to tell what sharing cost
             return None
-        if name not in self.alone and residual <= 1.0:
-            if group_bw is not None:  # nothing to learn but that this much bandwidth was fine:
-                self.bw.setdefault((mode, self._bin(group_bw)), (0, 1.0))  # explored, at no weight
-            return None
+        # A shared run teaches whether or not its profile was ever seen alone (in a dense queue
+        # none is). Its error is against the alone time runs showed, else the stored one; what
+        # the profile's own error and sharing's cannot be told apart in goes to its pairings (its
+        # own), and only what passes the most a profile is plausibly off (ALONE_DOUBT) to the
+        # bandwidth curve, which every pairing reads.
+        known = name in self.alone
+        residual = ratio / (self.alone[name][1] if known else 1.0) / max(predicted, 1e-9)
         self.errors = (self.errors + [residual])[-_KEEP:]
         if unseen == 0:
             self.errors_seen = (self.errors_seen + [residual])[-_KEEP:]
@@ -469,44 +567,102 @@ class Learned:
         # did not already explain, and the pairings what the curve, so updated, does not.
         if group_bw is not None:
             key = (mode, self._bin(group_bw))
-            pairs = [self.corun[(name, nb, mode)][1] for nb in set(neighbours) if (name, nb, mode) in self.corun]
-            n, m = self.bw.get(key, (0, 1.0))
-            self.bw[key] = (n + 1, (m * n + missed / max(1.0, min(pairs, default=1.0))) / (n + 1))
-            missed = missed / self.curve(mode, group_bw)
+            pairs = [self._faded((name, nb, mode)) for nb in set(neighbours) if (name, nb, mode) in self.corun]
+            level = missed if known else max(1.0, missed / ALONE_DOUBT)
+            self.bw[key] = _blend(self.bw.get(key), max(1.0, level / max(1.0, min(pairs, default=1.0))),
+                                  self._decay(key))
+            self.at[key] = self.clock
+            missed = missed / self.curve(mode, group_bw, live=False)
         for nb in set(neighbours):
-            n, m = self.corun.get((name, nb, mode), (0, 1.0))
-            self.corun[(name, nb, mode)] = (n + 1, (m * n + missed) / (n + 1))
-        self.__dict__.pop("_general", None)
+            key = (name, nb, mode)
+            self.corun[key] = _blend(self.corun.get(key), missed, self._decay(key))
+            self.at[key] = self.clock
         return residual
+
+    def checked(self, name: str) -> None:
+        """`name`'s profile was made from a run alone here (a first run nobody shared): its alone
+        time is its own, nothing to check."""
+        self.alone.setdefault(name, (1, 1.0))
+
+    def rebase(self, name: str, old_runtime: float, new_runtime: float) -> None:
+        """`name`'s stored alone time moved (a run was merged into its profile): what runs showed
+        of its real alone time is kept, against the new one."""
+        got = self.alone.get(name)
+        if got is not None and old_runtime > 0 and new_runtime > 0:
+            self.alone[name] = (got[0], got[1] * old_runtime / new_runtime)
+
+    def observe_live(self, mode: str, group_bw: float, expected: float, observed: float, seconds: float) -> float | None:
+        """What a GPU's running jobs did over the last `seconds`, learned while they run (not only
+        at their ends): the GPU's SM activity NVML `observed` (its device figure: under MPS no
+        client's own is given) against what was `expected` of them (their profiles' SM at where
+        each should be, at the rates their starts predicted, learned factors included), in this
+        mode, at this summed peak bandwidth. A group running far slower than predicted shows it
+        within a minute, and no more jobs are put into that much bandwidth meanwhile. Only what
+        passes the most the profiles may be off (ALONE_DOUBT) counts, either way; two minutes of
+        samples make a whole warning (LIVE_RUN). Returns the level it warns of (None: none)."""
+        if expected < LIVE_ACTIVITY or seconds <= 0:
+            return None  # too little expected of them to tell a slow group from an idle one
+        f = min(LIVE_MAX, expected / max(observed, 1e-9))
+        f = f / ALONE_DOUBT if f > ALONE_DOUBT else f * ALONE_DOUBT if f < 1.0 / ALONE_DOUBT else 1.0
+        key = (mode, self._bin(group_bw))
+        level = max(1.0, self.curve(mode, group_bw, live=False) * f)
+        # An early warning, kept apart from what ends teach (the slowed jobs' own ends will, and
+        # fade it): a level that was fine for the runs that ended there can turn costly a little
+        # past them (within one 10 % step), and blended with them it would not show until then.
+        # Two minutes of samples make the whole warning (LIVE_RUN), less a part of it.
+        level = 1.0 + (level - 1.0) * min(1.0, seconds / LIVE_RUN)
+        if level > self._live(key):
+            self.live[key] = (level, self.clock)
+        return level
+
+    def _live(self, key) -> float:
+        got = self.live.get(key)
+        if got is None:
+            return 1.0
+        return float(got[0] ** (0.5 ** (max(0, self.clock - got[1]) / FADE_LIVE)))
+
+    def _decay(self, key) -> float:
+        """How much of its weight and distance from 1 evidence under `key` keeps, by its age."""
+        return 0.5 ** (max(0, self.clock - self.at.get(key, 0)) / FADE)
+
+    def _faded(self, key) -> float:
+        """The mean factor under `key` (corun or bw) as its age leaves it (1 where none)."""
+        got = self.corun.get(key) if len(key) == 3 else self.bw.get(key)
+        if got is None:
+            return 1.0
+        return float(max(got[1], 1e-9) ** self._decay(key))
 
     @staticmethod
     def _bin(group_bw: float) -> int:
         return max(0, min(30, int(group_bw / BW_BIN + 1e-9)))
 
     def explored(self, mode: str, group_bw: float) -> bool:
-        """Has a shared run in this mode started into at least this much summed bandwidth?"""
+        """Has a shared run in this mode started into at least this much summed bandwidth (or is
+        it within what the published pairs showed costs nothing, KNOWN_BW)?"""
         b = self._bin(group_bw)
-        return any(md == mode and k >= b for md, k in self.bw)
+        return group_bw <= KNOWN_BW + 1e-9 or any(md == mode and k >= b for md, k in self.bw)
 
     def beyond(self, mode: str, group_bw: float) -> bool:
         """More than one step past the most summed bandwidth a shared run in this mode (in either,
-        while none in this one) started into (False while none has: then only the margin stands
-        for what is not known)."""
+        while none in this one) started into, or past KNOWN_BW."""
         # a mode no shared run has shown yet: what the other mode showed (the summed bandwidth
-        # of the GPU's jobs contends whatever the mode), else nothing to go by yet
+        # of the GPU's jobs contends whatever the mode)
         seen = [k for md, k in self.bw if md == mode] or [k for _, k in self.bw]
-        return bool(seen) and self._bin(group_bw) > max(seen) + 1
+        return self._bin(group_bw) > max(seen + [self._bin(KNOWN_BW)]) + 1
 
-    def curve(self, mode: str, group_bw: float) -> float:
-        """The extra slowdown runs showed at this much summed bandwidth in this mode: the most
-        seen at this level or below (more bandwidth never costs less), 1 where nothing was seen,
-        and at a level not seen itself at least the line to the next level seen above it."""
-        if not self.bw:
+    def curve(self, mode: str, group_bw: float, live: bool = True) -> float:
+        """The extra slowdown runs showed at this much summed bandwidth in this mode, as their
+        age leaves it: the most seen at this level or below (more bandwidth never costs less), 1
+        where nothing was seen, and at a level not seen itself at least the line to the next
+        level seen above it. Each level moves both ways and fades, so the curve does too."""
+        if not self.bw and not (live and self.live):
             return 1.0
         b = self._bin(group_bw)
-        seen = sorted((k, m) for (md, k), (_, m) in self.bw.items() if md == mode)
+        keys = set(self.bw) | (set(self.live) if live else set())
+        seen = sorted((k, max(self._faded((md, k)) if (md, k) in self.bw else 1.0, self._live((md, k)) if live else 1.0))
+                      for (md, k) in keys if md == mode)
         below = [(k, m) for k, m in seen if k <= b]
-        out = max([m for _, m in below] or [1.0])
+        out = max([m for _, m in below] + [1.0])
         above = [(k, m) for k, m in seen if k > b]
         if above and (not below or below[-1][0] < b):
             # between two steps runs showed (nothing below: 1 at no bandwidth), on the line between
@@ -516,25 +672,24 @@ class Learned:
         return out
 
     def factor(self, name: str, other: str, mode: str) -> float:
-        """The extra slowdown `name` showed beside `other` in this mode; a pairing not seen yet
-        takes what `name` showed beside anyone (a profile that suffers from sharing suffers
-        with strangers too), else 1."""
-        got = self.corun.get((name, other, mode))
-        if got is not None:
-            return max(1.0, got[1])
+        """The extra slowdown `name` showed beside `other` in this mode, as its age leaves it; a
+        pairing not seen yet takes what `name` showed beside anyone (a profile that suffers from
+        sharing suffers with strangers too), else 1."""
+        if (name, other, mode) in self.corun:
+            return max(1.0, self._faded((name, other, mode)))
         return self.general(name)
 
     def general(self, name: str) -> float:
         """What `name` showed beside any neighbour in any mode: the runs-weighted mean factor."""
         gen = self.__dict__.get("_general")
-        if gen is None or gen[0] != len(self.corun):  # (len, table): rebuilt when a pairing is added
+        if gen is None:  # rebuilt after every observation
             tot: dict[str, list] = {}
-            for (a, _, _), (n, m) in self.corun.items():
-                t = tot.setdefault(a, [0, 0.0])
+            for key, (n, _) in self.corun.items():
+                t = tot.setdefault(key[0], [0.0, 0.0])
                 t[0] += n
-                t[1] += n * m
-            gen = self.__dict__["_general"] = (len(self.corun), {a: max(1.0, w / n) for a, (n, w) in tot.items() if n})
-        return gen[1].get(name, 1.0)
+                t[1] += n * self._faded(key)
+            gen = self.__dict__["_general"] = {a: max(1.0, w / n) for a, (n, w) in tot.items() if n}
+        return gen.get(name, 1.0)
 
     def factors(self, resident_names: Sequence[str], cand: str, mode: str, group_bw: float = 0.0) -> np.ndarray:
         """Per row (residents, then the candidate): the learned extra slowdown from this pairing,
@@ -561,31 +716,55 @@ class Learned:
         res = [0.0 if (r, cand, mode) in self.corun else 1.0 for r in resident_names]
         return np.array(res + [float(sum((cand, r, mode) not in self.corun for r in resident_names))])
 
+    def seen_among(self, resident_names: Sequence[str], mps: np.ndarray) -> np.ndarray:
+        """Per resident: whether runs have shown every pairing it is in now (True alone)."""
+        return np.array([all((r, o, "mps" if mps[i] else "timesliced") in self.corun
+                             for j, o in enumerate(resident_names) if j != i) for i, r in enumerate(resident_names)],
+                        dtype=bool)
+
     def margin(self, default: float) -> float:
-        """How far predictions (learned factors included) have been wrong: the 80th percentile of
-        the error, 5 % .. 50 %. It is applied only to pairings no run has shown (plan()), so a
-        large one keeps strangers apart without forbidding the sharing that was seen to pay."""
+        """How far predictions (learned factors included) have been wrong: the MARGIN_QUANTILE of
+        the errors, recent ones weighing most, 5 % .. MARGIN_CAP. Each shared job's predicted
+        rate is discounted by it once, where a pairing of its is unseen (plan())."""
         return self._margin(self.errors, default)
 
     def seen_margin(self, default: float) -> float:
         """The same from the predictions of pairings runs had all shown: a pairing's share need
         not pay for the errors about strangers, which its learned factors have since taken in.
-        Until five such runs ended, `default` stands for the ones missing (the errors that taught
-        the factors say nothing of how far the factors are off, and counting them twice would
-        forbid every share; a first seen run far off still counts)."""
+        Until five such runs ended, `default` (the configured margin) stands for the ones missing:
+        the errors that taught the factors say nothing of how far the factors are off, and those
+        of all predictions standing in kept a margin at its cap from ever letting the five run
+        (an absorbing state). A first seen run far off still counts."""
         seen = self.errors_seen[-_KEEP:]
-        return self._margin(seen + [1.0 + self.margin(default)] * (5 - len(seen)), default)
+        return self._margin([1.0 + default] * (5 - len(seen)) + seen, default)
 
     @staticmethod
     def _margin(errors: list, default: float) -> float:
         if len(errors) < 5:
             return default
-        return float(min(MARGIN_CAP, max(0.05, np.quantile(np.array(errors) - 1.0, 0.8))))
+        e = np.array(errors) - 1.0
+        w = 0.5 ** (np.arange(len(e))[::-1] / FADE_ERRORS)  # the newest weighs 1
+        order = np.argsort(e)
+        cum = np.cumsum(w[order])
+        q = float(e[order][np.searchsorted(cum, MARGIN_QUANTILE * cum[-1])])
+        return float(min(MARGIN_CAP, max(0.05, q)))
 
     def suggest_budget(self, name: str, quantum: int = 256 * 1024**2) -> int | None:
         """The most memory a run of this profile used, plus 10 %, rounded up to `quantum`."""
         peak = self.max_mem.get(name)
         return int(math.ceil(peak * 1.10 / quantum) * quantum) if peak else None
+
+
+def _blend(old: tuple | None, x: float, keep: float) -> tuple[int, float]:
+    """(runs, mean) with one more run showing x: the old mean's weight and its distance from 1 kept
+    by `keep` (its age), over at most KEEP_RUNS runs (so newer runs move it, both ways). The runs
+    counted stay whole (what `colo profile show` says)."""
+    if old is None:
+        return 1, float(x)
+    n, m = old
+    m = max(float(m), 1e-9) ** keep
+    w = min(float(n) * keep + 1.0, KEEP_RUNS)
+    return min(int(n) + 1, KEEP_RUNS), m + (float(x) - m) / w
 
 
 # What a running job is compared with at its end. Its start predicted its slowdown beside the
@@ -635,6 +814,12 @@ def left(e: dict, t: float) -> dict:
     if not e.get("sharing", True):
         return e
     return dict(_fold(e, t), slowdown=1.0, factor=1.0, sharing=False)
+
+
+def progress(e: dict, t: float) -> float:
+    """The alone-seconds of work the predictions said the job has done by `t` (where it should be
+    in its profile)."""
+    return e["acc"][0] + max(0.0, t - float(e["since"])) / e["slowdown"]
 
 
 def shared(e: dict, start: float, end: float) -> float:
@@ -776,7 +961,7 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         """What this candidate's owner has learned, and the margin it sizes (cached per pass)."""
         got = cfgs.get(uid)
         if got is None:
-            lrn = learned.get(uid) if per_uid else learned
+            lrn = learned.get(uid, NOTHING) if per_uid else learned  # a user whose runs taught nothing yet
             c = dataclasses.replace(config, margin=lrn.margin(config.margin), seen_margin=lrn.seen_margin(
                 config.margin)) if lrn is not None and lrn.errors else config
             got = cfgs[uid] = (lrn, c)
@@ -792,8 +977,11 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         arr = _arrays(p.profile, cfg.step, cfg.horizon) if p.profile is not None else None
         for u in p.gpus:
             if u in state:
-                state[u].res.append(_Res(p.job_id, arr, int(p.elapsed / cfg.step), p.mode, p.uid))
+                state[u].res.append(_Res(p.job_id, arr, int((p.elapsed if p.done is None else p.done) / cfg.step),
+                                         p.mode, p.uid, p.alone))
     most_free = max((g.free for g in state.values()), default=0)
+    # profiles whose alone time is being checked now (one run at a time each)
+    checking = {p.profile.name for p in placed if p.alone and p.profile is not None}
     memo: dict[tuple, tuple] = {}
     refused: dict[tuple, tuple] = {}
     refused_like: dict[tuple, tuple] = {}
@@ -804,7 +992,7 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
     strangers_wait = not cfg.unprofiled_share
     stranger_text = (f"waiting: this job has no profile: it runs alone or beside one well-known job (a profile "
                      f"of {cfg.well_known_runs}+ runs), so that its profile is clean, and no GPU with its budget "
-                     "free is empty or runs just one such job")
+                     f"free is empty or runs just one such job; {WAYS_OUT}")
     prev_c: Candidate | None = None
     for c in [*order(candidates), None]:  # None: a last turn, to look at the last one's decision
         if may_hold and prev_c is not None and out[-1].action == WAIT and now - prev_c.queued_at >= cfg.hold_after:
@@ -900,9 +1088,18 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         if mode == "timesliced" and any(g.view.compute_mode != "default" for g, _ in chosen):
             append(Decision(c.job_id, WAIT, reason="waiting: no set of GPUs takes this job in one mode"))
             continue
+        # A profile no run has shown alone here is measured against a stored alone time nobody
+        # has checked, so the slowdown its shared runs show may be off by as much as that time is
+        # (ALONE_DOUBT, which the check must then assume). Once, when it would start on an empty
+        # GPU anyway, it runs alone there to the end, and its end teaches its alone time.
+        check = (cfg.check_alone and learned is not None and len(chosen) == 1 and not chosen[0][0].res and arr is not None and arr.name
+                 and not getattr(c.profile, "provisional", False) and arr.name not in checking
+                 and arr.name not in for_uid(c.uid)[0].alone)
+        if check:
+            checking.add(arr.name)
         for g, _ in chosen:
             g.free -= c.budget
-            g.res.append(_Res(c.job_id, arr, 0, mode, c.uid))
+            g.res.append(_Res(c.job_id, arr, 0, mode, c.uid, bool(check)))
             g.version += 1
         most_free = max((g.free for g in state.values()), default=0)
         g0, a0 = chosen[0]
@@ -911,6 +1108,9 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
                        predicted_slowdown=max(float(a[2].get("slowdown_this", {}).get(mode, 1.0)) for _, a in chosen))
         if c.grow:
             details["grow"] = True
+        if check:
+            details["check_alone"] = True
+            reason += "; alone this once, so that how long its profile takes alone here is learned"
         tp = thread_pct(arr, cfg) if (mode == "mps" and arr is not None) else None
         if tp is not None:
             details["thread_pct"] = tp
@@ -942,3 +1142,5 @@ def _lend(out: list[Decision], candidates: Sequence[Candidate], state: dict[str,
         out[i] = dataclasses.replace(d, reason=f"{d.reason}; {format_size(extra)} more lent (--grow: no queued job fits in it)",
                                      details={**d.details, "budget": budget + extra, "asked": budget, "left": g.free})
 
+
+NOTHING = Learned()  # what a node that has learned nothing yet knows (never changed: plan() only reads)

@@ -15,6 +15,7 @@ With `grow`, colo requeues a job refused by its budget once with a larger budget
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -35,11 +36,15 @@ GiB = 1024**3
 MiB = 1024**2
 MAX_TRIES = 3
 REPLAN_EVERY = 10.0  # seconds: the daemon re-plans on events and on a periodic tick
+LIVE_MIN = 20.0  # seconds of a running group's samples from which colo learns from them
 WORKLOAD_FORMAT = "colo-workload"
 WORKLOAD_VERSION = 1
 DEFAULT_GPU_MEM = 12 * GiB  # the study's TITAN Xp
 GROW_FACTOR = 1.25
 FAIR_HALF_LIFE = Config.fair_share_half_life  # the daemon's default
+# colo places as a daemon with the default configuration does, and runs a profile never seen
+# alone here alone once (it passes Placed.alone: the daemon does not yet)
+DAEMON_CONFIG = dataclasses.replace(pol.config_of(Config()), check_alone=True)
 
 
 class SimError(ValueError):
@@ -216,10 +221,17 @@ def jobs_from_history(rows: list[dict], store: ProfileStore | None = None) -> li
 class _Run:
     """One job in the simulation (and its current attempt)."""
 
-    def __init__(self, job: SimJob, seq: int, real: simtruth.Real):
+    def __init__(self, job: SimJob, seq: int, real: simtruth.Real, truth: simtruth.Truth):
         self.job, self.seq = job, seq
         self.held: tuple[int, ...] = ()  # GPUs colo's policy held for it in its last pass
         self.sm, self.mem, self.membw = real.sm, real.mem, real.membw  # the truth, never shown to policies
+        # what it allocates (the interposer's count): its use as sampled alone, less the ordinary
+        # context every stored profile holds; its context is counted by the mode it runs in
+        self.alloc = np.maximum(0, real.mem - truth.ctx_mem)
+        self.seen: Profile | None = None  # the profile the policy places it with now
+        self.ran = 0.0  # wall seconds of all its attempts: what its slowdown counts
+        self.noise = np.random.default_rng([truth.seed, job.id, 17])  # its NVML readings' noise
+        self.provisioned = 0.0  # how much of this attempt a provisional profile was made from
         self.step, self.runtime, self.n = real.step, real.runtime, len(real.sm)
         self.cache_bound, self.corun = real.cache_bound, real.corun
         self.ask = job.budget or budget_for(job.profile)  # the budget colo places it with
@@ -228,7 +240,7 @@ class _Run:
         self.expect: dict | None = None  # what colo predicted for it (policy.expectation), folded at joins
         self.neighbours: set[str] = set()  # profiles of the jobs that shared its GPU during this attempt
         self.peak = 0  # the most memory it used (bytes), as the daemon's samples would show
-        self.trace: list[tuple] = []  # (t0, t1, SM, memory, bandwidth) from its start: what sampling shows
+        self.trace: list[tuple] = []  # (t0, t1, SM, memory, bandwidth) from its start: what NVML shows
         self.p = 0.0  # progress in seconds of alone work
         self.state = "pending"
         self.gpu: int | None = None
@@ -302,11 +314,12 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
     learning profiles into `profiles` (name -> the profile colo places that application with
     now, as the daemon's learned copies; carried by the caller with `learned`, a fresh one when
     None): see learn_profile()."""
-    config = config or pol.PolicyConfig()
+    config = config or DAEMON_CONFIG
     truth = truth or simtruth.Truth("exact")
     fn = POLICIES[policy] if isinstance(policy, str) else policy
     ledger = fairshare.Ledger(half_life)
-    if fn is colo:
+    is_colo = fn is colo
+    if is_colo:
         if learned is None and learn:
             learned = pol.Learned()
         if learned is None:
@@ -315,13 +328,17 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
             profiles = {}
         fn = lambda *a: colo(*a, learned=learned, ledger=ledger, grow=grow, profiles=profiles)  # noqa: E731
     else:
-        profiles = None
+        # the baselines learn a job that has no profile from its run as colo may (the same
+        # samples, provisional ones included), and nothing else (into `profiles` when given)
+        profiles = {} if profiles is None else profiles
         if fn is oracle_bound:
             memo: dict = {}
             fn = lambda *a: oracle_bound(*a, truth=truth, memo=memo)  # noqa: E731
     label = policy if isinstance(policy, str) else (name or getattr(policy, "__name__", "custom"))
     node = [SimGpu(i, gpu_mem, gpu_mem - config.reserve) for i in range(gpus)]
-    runs = [_Run(j, i, truth.realise(j.id, j.profile)) for i, j in enumerate(sorted(jobs, key=lambda j: (j.arrival, j.id)))]
+    g_noise = np.random.default_rng([truth.seed, 23])  # NVML's device readings' noise
+    runs = [_Run(j, i, truth.realise(j.id, j.profile), truth)
+            for i, j in enumerate(sorted(jobs, key=lambda j: (j.arrival, j.id)))]
     pending = list(runs)
     queue: list[_Run] = []
     t = 0.0
@@ -331,16 +348,74 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
     next_tick = 0.0
     replan = True
 
+    def record(g: SimGpu, rate: dict, dt: float) -> None:
+        """What NVML shows of each job on `g` over the next dt seconds: memory per process; SM and
+        bandwidth per process for ordinary contexts, while MPS clients' are their server's, split
+        equally among them (as the daemon apportions them, colo/daemon/learner.py) unless the
+        driver attributes them; each reading noisy, averaged over the 1 s samples of the stretch."""
+        keep = [r for r in g.runs if sampled(r)]
+        if not keep:
+            return
+        mps = [r for r in g.runs if r.mode == "mps"]
+        split = None
+        if mps and not truth.nvml_per_client:
+            split = (sum(r.sm[r.segment()] * rate[id(r)] for r in mps) / len(mps),
+                     sum(r.membw[r.segment()] * rate[id(r)] for r in mps) / len(mps))
+        spread = truth.sample_noise / math.sqrt(max(1.0, dt))
+        for r in keep:
+            s, x = r.segment(), rate[id(r)]
+            sm, bw = split if (split is not None and r.mode == "mps") else (r.sm[s] * x, r.membw[s] * x)
+            if spread > 0:
+                sm, bw = (max(0.0, v * (1.0 + spread * float(r.noise.standard_normal()))) for v in (sm, bw))
+            r.trace.append((t - r.start, t + dt - r.start, min(1.0, sm), holds(r), min(1.0, bw)))
+
+    live: dict[int, list] = {}  # per GPU: [since, expected SM area, observed SM area, summed bandwidth]
+
+    def watch(g: SimGpu, rate: dict, dt: float) -> None:
+        """colo learns a group of MPS clients while it runs (Learned.observe_live): the GPU's SM
+        activity as NVML gives it (its device figure, noisy) against what their profiles and the
+        predictions of their starts expect, accumulated here and taught every re-plan tick."""
+        rs = g.runs
+        if not (is_colo and learned is not None) or len(rs) < 2 or any(
+                r.mode != "mps" or r.expect is None or r.seen is None or r.seen.provisional for r in rs):
+            live.pop(g.index, None)
+            return
+        acc = live.setdefault(g.index, [t, 0.0, 0.0, 0.0])
+        obs = min(1.0, sum(r.sm[r.segment()] * rate[id(r)] for r in rs))
+        spread = truth.sample_noise / math.sqrt(max(1.0, dt))
+        if spread > 0:
+            obs = max(0.0, obs * (1.0 + spread * float(g_noise.standard_normal())))
+        exp = min(1.0, sum(float(r.seen.sm[min(len(r.seen.sm) - 1, int(pol.progress(r.expect, t) / r.seen.step))])
+                           / r.expect["slowdown"] for r in rs))
+        acc[1] += exp * dt
+        acc[2] += obs * dt
+        acc[3] = max([acc[3]] + [float(r.expect.get("group_bw") or 0.0) for r in rs])
+
+    def teach_live(g: SimGpu, final: bool = False) -> None:
+        acc = live.get(g.index)
+        if acc is None or t - acc[0] < LIVE_MIN:
+            if final:
+                live.pop(g.index, None)
+            return
+        learned.observe_live("mps", acc[3], acc[1] / (t - acc[0]), acc[2] / (t - acc[0]), t - acc[0])
+        del live[g.index]
+
     def left_alone(g: SimGpu) -> None:
         if len(g.runs) == 1 and g.runs[0].expect is not None:  # a job's last neighbour has gone
             g.runs[0].expect = pol.left(g.runs[0].expect, t)
+
+    def holds(r: _Run) -> int:
+        """Device memory it holds now: what it allocated and its context."""
+        return int(r.alloc[r.segment()]) + truth.context_mem(r.mode == "mps")
 
     def fail(r: _Run, why: str, used: int = 0) -> None:
         nonlocal oom, replan
         oom += 1
         r.ooms += 1
+        r.ran += t - r.start
         ledger.add(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start, t)
         usable = node[r.gpu].usable
+        teach_live(node[r.gpu], final=True)
         node[r.gpu].runs.remove(r)
         left_alone(node[r.gpu])
         r.gpu, replan = None, True
@@ -360,16 +435,42 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
             queue.sort(key=lambda x: x.seq)
 
     def check_memory(g: SimGpu, grown: list[_Run]) -> None:
-        for r in list(grown):
-            if r.budget is not None and r.mem[r.segment()] > r.budget:
-                fail(r, f"OOM: {format_size(int(r.mem[r.segment()]))} passes its budget {format_size(r.budget)}",
-                     int(r.mem[r.segment()]))
-        used = sum(int(r.mem[r.segment()]) for r in g.runs)
+        for r in list(grown):  # the interposer refuses an allocation past the budget
+            if r.budget is not None and r.alloc[r.segment()] > r.budget:
+                fail(r, f"OOM: {format_size(int(r.alloc[r.segment()]))} passes its budget {format_size(r.budget)}",
+                     int(r.alloc[r.segment()]))
+        # the device: allocations, every context, and the MPS server's while it has clients
+        used = sum(holds(r) for r in g.runs) + (truth.mps_server_mem if any(r.mode == "mps" for r in g.runs) else 0)
         for r in [r for r in grown if r in g.runs]:
             if used <= g.capacity:
                 break
-            used -= int(r.mem[r.segment()])
+            used -= holds(r)
             fail(r, f"OOM: GPU{g.index} memory exhausted")
+
+    def sampled(r: _Run) -> bool:
+        """Are its samples kept: colo learns every run it can; the baselines only a job they
+        have no profile for."""
+        return (is_colo and profiles is not None) or r.seen is None or r.seen.provisional
+
+    def provision(now: float) -> None:
+        """A running job placed with no profile (or a provisional one) gets one made from its
+        samples so far (profiles.provisional), so that queued jobs can be placed beside it."""
+        for g in node:
+            for r in g.runs:
+                elapsed = now - r.start
+                if profiles is None or not r.trace or elapsed < max(profs.PROVISIONAL_AFTER, r.provisioned + 30.0) \
+                        or elapsed > profs.PROVISIONAL_HOLD or (r.seen is not None and not r.seen.provisional):
+                    continue
+                got = profiles.get(r.job.profile.name)
+                if got is not None and not got.provisional:
+                    continue  # an earlier run of it was learned meanwhile
+                times = [x[0] for x in r.trace]
+                made = profs.provisional(r.job.profile.name, {
+                    "times": times, "sm": [x[2] for x in r.trace], "mem": [x[3] for x in r.trace],
+                    "membw": [x[4] for x in r.trace]}, elapsed=elapsed)
+                if made is not None:
+                    profiles[made.name] = made
+                    r.provisioned = elapsed
 
     while True:
         while pending and pending[0].job.arrival <= t + 1e-9:
@@ -381,7 +482,12 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
             replan, next_tick = True, t + replan_every
         if replan and queue:
             replan = False  # a start that fails at once (OOM) sets it again: re-plan at this instant
+            provision(t)
+            for g in node:
+                teach_live(g)
             running = [r for g in node for r in g.runs]
+            for r in queue + running:
+                r.seen = seen_profile(r, profiles)
             for r, gi, mode, budget in fn(t, list(queue), running, node, config):
                 queue.remove(r)
                 g = node[gi]
@@ -389,13 +495,14 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                 r.tries += 1
                 r.seg = 0
                 r.neighbours = {o.job.profile.name for o in g.runs}
-                r.expect = pol.expectation(r.decision[0], r.decision[1], t) if label == "colo" else None
+                r.expect = pol.expectation(r.decision[0], r.decision[1], t) if is_colo else None
                 for o in g.runs:
                     o.neighbours.add(r.job.profile.name)
                     if o.expect is not None:
                         o.expect = pol.joined(o.expect, t, r.decision[0], r.decision[1], o.job.id)
-                r.peak = int(r.mem[0])
-                r.trace = []
+                r.peak = holds(r)
+                r.trace, r.provisioned = [], 0.0
+                teach_live(g, final=True)  # a new group from now on
                 g.runs.append(r)
                 check_memory(g, [r])
         else:
@@ -428,10 +535,10 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
         for r in running:
             dt = min(dt, (r.next_boundary() - r.p) / rate[id(r)])
         dt = max(dt, 0.0)
-        if profiles is not None and dt > 0:  # what NVML sampling would show of each job (learn_profile)
-            for r in running:
-                s, x = r.segment(), rate[id(r)]
-                r.trace.append((t - r.start, t + dt - r.start, r.sm[s] * x, int(r.mem[s]), r.membw[s] * x))
+        if dt > 0:
+            for g in node:
+                record(g, rate, dt)
+                watch(g, rate, dt)
         for g in node:
             if g.runs:
                 use = min(1.0, sum(r.sm[r.segment()] * rate[id(r)] for r in g.runs))
@@ -447,21 +554,25 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                 before = r.segment()
                 r.p = min(r.runtime, r.p + rate[id(r)] * dt)
                 if r.p >= r.runtime - 1e-6:
+                    teach_live(g, final=True)
                     g.runs.remove(r)
                     r.state, r.end, r.gpu, replan = "done", t, None, True
+                    r.ran += t - r.start
                     left_alone(g)
                     ledger.add(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start, t)
                     seen = seen_profile(r, profiles)  # as the daemon's learn(): observe, then the profile
-                    if learned is not None and seen is not None and label == "colo":
+                    if seen is not None and seen.provisional:
+                        seen = None  # its run time was a guess: nothing to compare with
+                    if learned is not None and seen is not None and is_colo:
                         predicted, factor = pol.expected(r.expect, r.start, t)
                         learned.observe(r.job.profile.name, sorted(r.neighbours), r.mode, predicted,
                                         t - r.start, seen.runtime, r.peak, factor, r.expect["group_bw"],
                                         r.expect["unseen"], pol.shared(r.expect, r.start, t))
-                    if profiles is not None:
-                        learn_profile(profiles, r, seen, t - r.start)
-                elif r.segment() != before and r.mem[r.segment()] > r.mem[before]:
+                    if profiles is not None and (is_colo or seen is None):
+                        learn_profile(profiles, r, seen, t - r.start, learned)
+                elif r.segment() != before and r.alloc[r.segment()] > r.alloc[before]:
                     grown.append(r)
-                    r.peak = max(r.peak, int(r.mem[r.segment()]))
+                    r.peak = max(r.peak, holds(r))
             if grown:
                 check_memory(g, grown)
     res = _result(label, runs, t, sm_area, mem_area, oom, gpus, timeline, config.slowdown_bound)
@@ -470,22 +581,27 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
 
 
 def seen_profile(r: _Run, profiles: dict[str, Profile] | None) -> Profile | None:
-    """The profile colo places a run with: what it learned of that application (profiles), else
-    the stored one; None for a job without one (known=no) until a run of it was learned."""
+    """The profile a policy places a run with: what it learned of that application (profiles),
+    else the stored one; None for a job without one (known=no) until a run of it was sampled."""
     got = profiles.get(r.job.profile.name) if profiles else None
     return got if got is not None else (r.job.profile if r.job.known else None)
 
 
-def learn_profile(profiles: dict[str, Profile], r: _Run, seen: Profile | None, wall: float) -> None:
+def learn_profile(profiles: dict[str, Profile], r: _Run, seen: Profile | None, wall: float,
+                  learned: pol.Learned | None = None) -> None:
     """At a job's end, what the daemon's learn() does (colo/daemon/learner.py): the series a
     sampler saw of this run become one run merged into the profile it ran under (profiles.merge),
     when the run shared its GPU with nobody; a job that had no profile learns its first from its
-    run even when shared (there is nothing cleaner to keep). Sampling is taken as exact (no NVML
-    noise, one sample per interval between events): SM and bandwidth are the realised levels
-    times the job's progress rate (its share of its alone speed: 1 when uncontended), memory as
-    used; its run time is its wall time (its real alone time when uncontended)."""
+    run even when shared (there is nothing cleaner to keep). The samples are what NVML gave
+    (record(): noisy, an MPS client's SM its server's split among its clients): SM and bandwidth
+    at the realised levels times the job's progress rate (its share of its alone speed: 1 when
+    uncontended), memory as used; its run time is its wall time (its real alone time when
+    uncontended). What runs showed of its real alone time is kept against the merged profile's
+    (Learned.rebase); a first profile made from a run alone is its alone time (Learned.checked)."""
     if r.neighbours and seen is not None:
         return  # a shared run's wall time is not its alone time
+    if not r.trace:
+        return
     n = len(r.sm)
     step = wall / n
     sm, bw, mem, cover = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n)
@@ -501,17 +617,21 @@ def learn_profile(profiles: dict[str, Profile], r: _Run, seen: Profile | None, w
     new = Profile(name=r.job.profile.name, step=step, sm=sm, mem=mem, membw=bw, runtime=wall,
                   cache_bound=bool(bw.mean() >= profs.CACHE_BOUND_MEMBW), runs=1)
     profiles[new.name] = profs.merge(seen, new) if seen is not None else new
+    if learned is not None and seen is not None:
+        learned.rebase(new.name, seen.runtime, profiles[new.name].runtime)
+    elif learned is not None and not r.neighbours:
+        learned.checked(new.name)
 
 
 def _result(label, runs, t_end, sm_area, mem_area, oom, gpus, timeline, bound: float = 1.5) -> Result:
     done = [r for r in runs if r.state == "done"]
     makespan = max((r.end for r in runs if r.end is not None), default=0.0)  # lost jobs end too
     jct = np.array([r.end - r.job.arrival for r in done]) if done else np.zeros(1)
-    slow = np.array([(r.end - r.start) / r.runtime for r in done]) if done else np.ones(1)
+    slow = np.array([r.ran / r.runtime for r in done]) if done else np.ones(1)  # every attempt counts
     span = max(t_end, 1e-9) * gpus
     jobs = [{"id": r.job.id, "profile": r.job.profile.name, "state": r.state, "arrival": r.job.arrival,
              "start": r.start, "end": r.end, "mode": r.mode, "gpu": r.gpu, "tries": r.tries,
-             "ooms": r.ooms, "reason": r.reason, "budget": r.budget, "alone": r.runtime} for r in runs]
+             "ooms": r.ooms, "reason": r.reason, "budget": r.budget, "alone": r.runtime, "ran": r.ran} for r in runs]
     return Result(label, float(makespan), float(jct.mean()), float(np.percentile(jct, 95)),
                   float(np.percentile(slow, 95)), sm_area / span, mem_area / span, oom,
                   sum(r.state == "lost" for r in runs), int((slow < 1.01).sum()) if done else 0,
@@ -528,7 +648,9 @@ def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None,
     learned (co-run slowdowns, and the profiles learned so far); budgets enforced (the interposer)."""
     views = [pol.GpuView(f"sim-gpu{g.index}", g.index, g.usable, mps="active") for g in node]
     placed = [pol.Placed(r.job.id, (f"sim-gpu{r.gpu}",), r.budget or 0, r.job.uid, r.mode,
-                         seen_profile(r, profiles), now - r.start) for r in running]
+                         seen_profile(r, profiles), now - r.start,
+                         None if r.expect is None else pol.progress(r.expect, now),
+                         bool(r.decision[0].get("check_alone"))) for r in running]
     by_id = {r.job.id: r for r in queue}
     usage = (ledger or fairshare.Ledger(FAIR_HALF_LIFE)).usage(
         now, [(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start) for r in running])
@@ -562,7 +684,8 @@ def _exclusive(key):
 
 exclusive_fifo = _exclusive(lambda r: r.seq)
 # SJF by the stored run time (the real one is unknown until the job ends); unprofiled jobs last
-exclusive_sjf = _exclusive(lambda r: (r.job.profile.runtime if r.job.known else math.inf, r.seq))
+exclusive_sjf = _exclusive(lambda r: (r.seen.runtime if r.seen is not None and not r.seen.provisional else math.inf,
+                                      r.seq))
 
 
 def _pack(sm_of, mem_of, tetris: bool):
@@ -588,9 +711,10 @@ def _pack(sm_of, mem_of, tetris: bool):
     return fn
 
 
-# Baselines pack by the stored profile; a job without one counts as a full GPU's SM and its budget.
+# Baselines pack by the profile they have (stored, or learned from a job's run as colo learns it);
+# a job without one counts as a full GPU's SM and its budget.
 def _stored(attr: str, unknown: Callable[[_Run], float]) -> Callable[[_Run], float]:
-    return lambda r: getattr(r.job.profile, attr) if r.job.known else unknown(r)
+    return lambda r: getattr(r.seen, attr) if r.seen is not None else unknown(r)
 
 
 tetris = _pack(_stored("peak_sm", lambda r: 1.0), _stored("peak_mem", lambda r: r.ask), True)

@@ -18,6 +18,22 @@ each job from a *realisation* of its profile and moves it with a *physics*; both
   once), co-running jobs interfere once their summed memory bandwidth passes a knee (L2 and
   DRAM contention; time-sliced neighbours evict each other's working sets between slices).
   The fit and its residuals are in docs/sim.md (workloads/calibrate_study.py).
+- `smooth`: the `noisy` realisation (peak memory drawn afresh for every run) moved by a physics
+  with no knee anywhere: MPS clients slow each other smoothly as their summed SM and bandwidth
+  grow, cache-bound clients thrash each other's cache (a term in the product of their
+  bandwidths), and time slices cost 3 % (two saturating jobs time-sliced are 3 % slower than
+  back to back). Its three constants are solved from the published pairs (smooth_constants):
+  the light pair 2x faster under MPS than time-sliced (0.74 s vs 1.50 s), the cache-bound heavy
+  pair 3.6x slower (223.6 s vs 61.5 s). A world where light jobs share well and heavy ones must
+  not.
+
+Besides the jobs, what the node does (every truth but `exact`, which is the stored profiles as
+they are): each CUDA context holds device memory outside any budget (CTX_MEM for a time-sliced
+job, MPS_CLIENT_MEM for an MPS client, and MPS_SERVER_MEM once per GPU while it has clients; a
+stored profile, sampled from a job running alone, already holds one ordinary context);
+NVML gives per-process SM and bandwidth for ordinary contexts but not for MPS clients (their
+activity is the server's: `nvml_per_client` says the driver attributes it); and samples are
+noisy (SAMPLE_NOISE, relative).
 
 Nothing here is imported by colo/sched/policy.py: the policy cannot see the truth.
 """
@@ -29,7 +45,15 @@ import numpy as np
 
 from . import interference
 
-TRUTHS = ("exact", "noisy", "study")
+TRUTHS = ("exact", "noisy", "study", "smooth")
+MiB = 1024**2
+# what a context costs in device memory, outside the budgets (assumptions, stated: an ordinary
+# CUDA context with the runtime loaded takes a few hundred MiB on recent GPUs; an MPS client
+# much less, its server one ordinary context)
+CTX_MEM = 300 * MiB
+MPS_CLIENT_MEM = 64 * MiB
+MPS_SERVER_MEM = 300 * MiB
+SAMPLE_NOISE = 0.1  # relative spread of one SM or bandwidth reading
 
 
 @dataclass(frozen=True)
@@ -116,19 +140,94 @@ def noisy_rates(sm, membw, cache_bound, mps, corun=None):
     return out / np.where((n_active >= 2) & (sm > 0), 1.0 + np.asarray(corun, dtype=float)[:, None], 1.0)
 
 
+# ---- the smooth physics ------------------------------------------------------------------------
+# MPS: a client's slowdown is g(D, B) / g(d, b), with D, B the summed SM and bandwidth of the busy
+# clients, d, b its own, and g(x, y) = (1 + x^P + y^P)^(1/P): 1 alone, close to max(1, D, B) far
+# from the corner, rising without a knee near it; times 1 + K_THRASH * w b * sum(w' b') over the
+# others (w = 1 for a cache-bound job, THRASH_OTHER else): cache-bound clients evict each other.
+# Time slices: contexts share time as in colo's structure, less SMOOTH_SWITCH once two are busy.
+SMOOTH_SWITCH = 0.03  # two saturating jobs time-sliced: 3 % slower than back to back
+THRASH_OTHER = 0.1  # how much a job that is not cache-bound takes part in cache thrash
+
+
+def _g(x, y, p):
+    return (1.0 + np.power(x, p) + np.power(y, p)) ** (1.0 / p)
+
+
+def smooth_constants() -> tuple[float, float, float, float]:
+    """(P, K_THRASH, light pair's alone time, heavy pair's alone time) from the published pairs:
+    time-sliced, each job of a pair gets (1 - SMOOTH_SWITCH) / 2 of the GPU, so 1.50 s and 61.5 s
+    give the alone times; under MPS the light pair (sm 0.35, bandwidth 0.3, not cache-bound)
+    takes 0.74 s and the heavy pair (sm 1.0, bandwidth 0.9, cache-bound) 223.6 s."""
+    t_light = 1.50 * (1.0 - SMOOTH_SWITCH) / 2.0
+    t_heavy = 61.5 * (1.0 - SMOOTH_SWITCH) / 2.0
+
+    def k_thrash(p: float) -> float:
+        return (223.6 / t_heavy / (_g(2.0, 1.8, p) / _g(1.0, 0.9, p)) - 1.0) / 0.81
+
+    def light(p: float) -> float:  # the light pair's MPS slowdown at this P, less the figure's
+        w = THRASH_OTHER * 0.3
+        return _g(0.7, 0.6, p) / _g(0.35, 0.3, p) * (1.0 + k_thrash(p) * w * w) - 0.74 / t_light
+
+    lo, hi = 2.0, 40.0  # light() falls as P grows
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if light(mid) > 0 else (lo, mid)
+    p = (lo + hi) / 2
+    return p, k_thrash(p), t_light, t_heavy
+
+
+SMOOTH_P, K_THRASH, _, _ = smooth_constants()
+
+
+def smooth_rates(sm, membw, cache_bound, mps):
+    """Progress rate of each job at each instant under the smooth physics (shapes as interference.rates)."""
+    sm, membw, cb, mps = interference.columns(sm, membw, cache_bound, mps)
+    active = sm > 0
+    inner = np.ones_like(sm)
+    if mps.any():
+        s, b = np.where(active[mps], sm[mps], 0.0), np.where(active[mps], membw[mps], 0.0)
+        own = _g(s, b, SMOOTH_P)
+        slow = _g(s.sum(axis=0), b.sum(axis=0), SMOOTH_P)[None, :] / own
+        wb = np.where(cb[mps], 1.0, THRASH_OTHER)[:, None] * b
+        slow = slow * (1.0 + K_THRASH * wb * (wb.sum(axis=0)[None, :] - wb))
+        inner[mps] = 1.0 / slow
+        group_busy = np.minimum(1.0, np.minimum(1.0, s / BUSY_SM).sum(axis=0))
+    else:
+        group_busy = np.zeros(sm.shape[1])
+    share = interference.time_slices(group_busy, np.minimum(1.0, sm[~mps] / BUSY_SM), SMOOTH_SWITCH)
+    return np.where(active, inner * share[None, :], 1.0)
+
+
 # ---- truths -----------------------------------------------------------------------------------
 
 @dataclass
 class Truth:
-    kind: str = "exact"  # exact | noisy | study
+    kind: str = "exact"  # exact | noisy | study | smooth
     seed: int = 0
     spreads: Spreads = field(default_factory=Spreads)
     knee: float = KNEE
     k_int: float = K_INTERFERE
+    # the node (None: the kind's own; `exact` has none of it): device memory per context, and
+    # NVML's readings
+    ctx_mem: int | None = None
+    mps_client_mem: int | None = None
+    mps_server_mem: int | None = None
+    nvml_per_client: bool = False  # the driver attributes MPS clients' SM and bandwidth to them
+    sample_noise: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in TRUTHS:
             raise ValueError(f"unknown truth {self.kind!r}: one of {', '.join(TRUTHS)}")
+        real = self.kind != "exact"
+        for name, value in (("ctx_mem", CTX_MEM), ("mps_client_mem", MPS_CLIENT_MEM),
+                            ("mps_server_mem", MPS_SERVER_MEM), ("sample_noise", SAMPLE_NOISE)):
+            if getattr(self, name) is None:
+                setattr(self, name, value if real else type(value)(0))
+
+    def context_mem(self, mps: bool) -> int:
+        """Device memory a job's own context takes beyond what it allocates."""
+        return int(self.mps_client_mem if mps else self.ctx_mem)
 
     def realise(self, job_id: int, profile) -> Real:
         """The job's real behaviour in this truth; the same (seed, job id, profile) gives the same."""
@@ -141,6 +240,8 @@ class Truth:
         u = lambda lo_hi: float(rng.uniform(*lo_hi)) if lo_hi[1] > lo_hi[0] else float(lo_hi[0])  # noqa: E731
         f_sm, f_bw, f_dur, f_mem, corun = u(s.sm), u(s.membw), u(s.duration), u(s.peak_mem), u(s.corun)
         run = np.random.default_rng([self.seed, _stable(profile.name), job_id])  # per run
+        if self.kind == "smooth":  # peak memory drawn afresh for every run (inputs differ run to run)
+            f_mem = float(run.uniform(*s.peak_mem)) if s.peak_mem[1] > s.peak_mem[0] else float(s.peak_mem[0])
         shift = int(round(run.uniform(-s.phase, s.phase) * len(sm))) if s.phase > 0 else 0
         if shift:  # a phase comes earlier or later; the ends hold their level
             idx = np.clip(np.arange(len(sm)) - shift, 0, len(sm) - 1)
@@ -154,6 +255,8 @@ class Truth:
             return interference.rates(sm, membw, cache_bound, mps)
         if self.kind == "noisy":
             return noisy_rates(sm, membw, cache_bound, mps, corun)
+        if self.kind == "smooth":
+            return smooth_rates(sm, membw, cache_bound, mps)
         return study_rates(sm, membw, cache_bound, mps, None, self.knee, self.k_int)
 
     def with_seed(self, seed: int) -> "Truth":
@@ -172,4 +275,13 @@ def calibration_pair(kind: str, knee: float = KNEE, k_int: float = K_INTERFERE) 
         return dict(interference.CAL_LIGHT)
     alone, _ = _heavy_pair_constants(knee, k_int)
     return dict(interference.CAL_HEAVY, runtime=alone)
+
+
+def smooth_pair(kind: str) -> dict:
+    """The MPS study's pair jobs as the smooth physics needs them (their alone times follow from
+    its time-slice cost)."""
+    _, _, t_light, t_heavy = smooth_constants()
+    if kind == "light":
+        return dict(interference.CAL_LIGHT, runtime=t_light)
+    return dict(interference.CAL_HEAVY, runtime=t_heavy)
 
