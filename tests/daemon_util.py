@@ -52,8 +52,10 @@ class DaemonProc:
         self.fake_state = fake_state
         self.config_path = root / "colo.toml"
         # unprofiled_share: most daemon tests are about memory, with jobs that have no profile;
-        # test_placement.py turns it off to test the placement of jobs without one.
-        cfg = {"stop_grace": 3.0, "sample_interval": 0.5, "reserve": "0", "unprofiled_share": True, **(config or {})}
+        # test_placement.py turns it off to test the placement of jobs without one. check_alone
+        # off likewise: a profile's first run alone on a node has its own test there.
+        cfg = {"stop_grace": 3.0, "sample_interval": 0.5, "reserve": "0", "unprofiled_share": True,
+               "check_alone": False, **(config or {})}
         self.config_path.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in cfg.items()) + "\n")
         self.proc: subprocess.Popen | None = None
         self.client = Client(self.socket, timeout=30)

@@ -54,8 +54,14 @@ def _demo(tmp: str, svg) -> None:
     assert re.search(rf"fresh\s+MPS on GPU\d: predicted peak SM \d+ % \(job \d+: 30 %, this job: {m.group(2)} %\)", out), out
     # a budget refuses one allocation only
     assert re.search(r"greedy\s+succeeded .*1 allocation\(s\) refused by its budget of 1\.0GiB", out), out
+    # new jobs share from their first minute: a provisional profile from the first's samples
+    assert re.search(r"sweep-0\s+time-sliced on GPU(\d): no profile yet, runs alone", out), out
+    first = re.search(r"job (\d+) sweep-0", out).group(1)
+    for k in (1, 2):
+        assert re.search(rf"sweep-{k}\s+MPS on GPU\d: .*its profile is provisional, from the first \d+ s of job {first}",
+                         out), out
     summary = out.split("\nSummary\n", 1)[1]
-    assert len(re.findall(r"\bsucceeded\b", summary)) == 8, summary
+    assert len(re.findall(r"\bsucceeded\b", summary)) == 11, summary
     assert re.search(r"What sharing saved: the jobs ran \d+ s in all; .* sharing needed \d+ s \(\d+ % less\)", summary)
     # the picture: `colo top` while heavy-2 waits with its reason and greedy's refusal is live
     assert re.search(r"wrote \S+: `colo top` at [\d:]+, job \d+ kept off, job \d+'s allocation refused", out), out

@@ -89,6 +89,26 @@ def test_light_pair_shares_under_mps_and_explains_why(node):
         d.stop()
 
 
+def test_a_profile_never_run_alone_here_runs_alone_once_then_shares(node):
+    """check_alone (the default): a configured profile no run has shown alone on this node runs
+    alone once, so that its alone time here is learned; after that run its jobs share."""
+    d = start(node, check_alone=True)
+    try:
+        args = ("--process", "--gpu-mem", "2GiB", "--profile", "light")
+        a = d.submit(*args, *burn(d, "--mem", "256MiB", "--duty", "30", "--seconds", "4"))
+        b = d.submit(*args, *burn(d, "--mem", "256MiB", "--duty", "30", "--seconds", "60"))
+        d.wait_state(a, "running")
+        assert "alone this once" in d.cli("explain", str(a), check=True).stdout
+        assert d.job(b)["state"] == "queued"
+        d.wait_state(a, "succeeded", timeout=60)
+        d.wait_state(b, "running", timeout=60)
+        c = d.submit(*args, *burn(d, "--mem", "256MiB", "--duty", "30", "--seconds", "60"))
+        assert d.wait_state(c, "running")["mode"] == "mps"  # checked: it shares from now on
+        assert d.job(b)["state"] == "running"
+    finally:
+        d.stop()
+
+
 def test_saturating_cache_bound_pair_does_not_share(node):
     d = start(node)
     try:

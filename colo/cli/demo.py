@@ -38,7 +38,7 @@ def _write_profiles(d: Path) -> None:
         n = 20
         p = profiles.from_samples(name, {"times": list(range(n)), "sm": [sm] * n, "mem": [512 * 1024**2] * n,
                                          "membw": [bw] * n}, runtime=20, cache_bound=cache)
-        p.runs = 3
+        p.runs, p.gpu = 3, fakegpu.DEFAULT_NAME  # measured on the simulated GPU: no run alone to check
         profiles.save(p, d / f"{name}.profile")
 
 
@@ -190,8 +190,8 @@ class Story:
         self.gpu_index = {g["uuid"]: g["index"] for g in client.gpus()["gpus"]}
 
     def submit(self, name: str, budget: str, burn_args: list[str], profile: str | None = None,
-               gpu_ids: list[int] | None = None) -> int:
-        spec = {"argv": [self.burn, *burn_args], "image": self.image, "name": name, "gpu_mem": budget, "gpus": 1,
+               gpu_ids: list[int] | None = None, argv: list[str] | None = None) -> int:
+        spec = {"argv": argv or [self.burn, *burn_args], "image": self.image, "name": name, "gpu_mem": budget, "gpus": 1,
                 "workdir": None if self.image else str(self.root), "profile": profile}
         if gpu_ids:
             spec["gpu_ids"] = gpu_ids
@@ -279,7 +279,29 @@ class Story:
         _say(f"   job {g} greedy   {job['state']} ({job['mode']} on {self.where(job)}): {job['reason']}")
 
         self.until("every job to end", lambda: all(self.state(j, *ENDED) for j in self.ids), timeout=120)
+        self.first_minute(there)
         return self.summary()
+
+    def first_minute(self, there: list[int]) -> None:
+        """Three settings of a program nobody has profiled: the first runs alone; its first 30 s of
+        samples make a provisional profile of its family, and the other two join it while it runs."""
+        _say("\n6. New jobs share from their first minute: three settings of a program nobody has profiled:")
+        ids = []
+        for k, duty in enumerate(("10", "12", "14")):
+            script = f"exec {self.burn} --mem 1GiB --duty {duty} --seconds 45"
+            ids.append(self.submit(f"sweep-{k}", "2GiB", [], gpu_ids=there, argv=["sh", "-c", script]))
+        first, rest = ids[0], ids[1:]
+        self.until("the first setting to start", lambda: self.state(first, "running", *ENDED))
+        _say(f"   job {first} {self.ids[first]:<8} {self.told(first)}")
+        job = self.until("the next to wait", lambda: self.waits_because(rest[0], "no profile")
+                         or self.state(rest[0], "running", *ENDED))
+        if job["state"] == "queued":
+            why = job["reason"].removeprefix("waiting: ").split("; ways out")[0]
+            _say(f"   job {rest[0]} {self.ids[rest[0]]:<8} waits: {why}")
+        for j in rest:
+            self.until("its family to join it", lambda j=j: self.state(j, "running", *ENDED), timeout=120)
+            _say(f"   job {j} {self.ids[j]:<8} {self.told(j)}")
+        self.until("the settings to end", lambda: all(self.state(j, *ENDED) for j in ids), timeout=120)
 
     def learned_profile(self):
         """The profile the daemon learned for `fresh` (named after its image and command)."""

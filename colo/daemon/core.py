@@ -21,11 +21,14 @@ wired below, never through each other's fields:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import logging
 import os
+import time
 
 from ..config import Config
+from ..jobs import State
 from ..node import native
 from ..node.cgroup import Cgroups
 from ..sched import policy
@@ -49,14 +52,6 @@ log = logging.getLogger("colo")
 
 class AlreadyRunning(RuntimeError):
     pass
-
-
-def policy_config(config: Config, use_mps: bool = True) -> policy.PolicyConfig:
-    return policy.PolicyConfig(reserve=config.reserve, saturation=config.saturation,
-                               bw_saturation=config.bw_saturation, min_gain=config.min_gain,
-                               hold_after=config.hold_after, slowdown_bound=config.slowdown_bound,
-                               unprofiled_share=config.unprofiled_share, multi_user_mps=config.multi_user_mps,
-                               use_mps=config.use_mps and use_mps, lend=config.lend)
 
 
 class Daemon:
@@ -96,7 +91,7 @@ class Daemon:
                                    "devices": "jobs are not held to their own GPUs' device files"}[what], why)
         self.gpus = Gpus(c, native_dir)
         self.engines = Engines(c, instance, native_dir, self.cgroups)
-        self.cfg_policy = policy_config(c, use_mps=self.gpus.open())
+        self.cfg_policy = dataclasses.replace(policy.config_of(c), use_mps=c.use_mps and self.gpus.open())
         self.learner = Learner(c, self.table, self.gpus, self.cfg_policy)
         self.learner.load()
         # the launcher and the scheduler call each other: through `wake` and `start`, wired here
@@ -136,6 +131,8 @@ class Daemon:
             try:
                 await self.recovery.watch_docker()
                 await self.sampler.sample()
+                if self.learner.tick(self.table.jobs_in(State.RUNNING), time.time()):
+                    self.scheduler.wake()  # a provisional profile: its family may be placed beside it
                 if self.metrics is not None:
                     self.metrics.update()
             except Exception as e:  # noqa: BLE001 - a bad sample must not stop the daemon

@@ -89,7 +89,7 @@ class Launcher:
         self.engines = engines
         self.gpus = gpus
         self.native = native_dir
-        self.learner = learner  # learn, left_alone, grown_budget, start_neighbours
+        self.learner = learner  # learn, finished, grown_budget, start_neighbours
         self.wake = wake
         self.live: dict[int, Live] = {}
         # Requeued jobs whose earlier attempt is still being stopped (an MPS fault, or strays a
@@ -350,7 +350,7 @@ class Launcher:
     def finish(self, job_id: int, rt=None, handle: str | None = None) -> None:
         """A job is over (its end recorded): its container or cgroup goes, its run folder too."""
         self.live.pop(job_id, None)
-        self.learner.left_alone(job_id)
+        self.learner.finished(job_id)
         if rt is not None and handle:
             if rt.cleanup_in_background:
                 task = asyncio.get_running_loop().create_task(self._cleanup(job_id, rt, handle))

@@ -43,6 +43,7 @@ with, and outweighed by, its later uncontended runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import shutil
@@ -53,13 +54,16 @@ from typing import Callable
 
 from .. import profiles
 from ..config import Config
-from ..jobs import ACTIVE, Job
+from ..jobs import ACTIVE, Job, Mode
+from ..units import format_size
 from ..sched import policy
 from .gpus import Gpus
 from .jobtable import JobTable
 
 log = logging.getLogger("colo")
 GROW = 1.25  # --grow: a budget that refused an allocation grows at least this much (as in colo sim)
+LIVE_MIN = 20.0  # seconds of a running MPS group's readings from which it is learned (as colo sim)
+LIVE_EVERY = 30.0  # seconds of readings taught at once
 NEIGHBOURS_MAX = 32  # names kept per running job (any one makes its run contended)
 LEARNED_MAX = 2000  # per user: co-run pairings, and profiles, kept (the most recently changed)
 OWN_PROFILES_MAX = 1000  # profiles a user may hand the daemon (each at most profiles.MAX_UPLOAD)
@@ -110,7 +114,19 @@ class Learner:
             ("shared", root / "shared"), ("shared", root),  # the flat folder: learned before per-user profiles
             *(("configured", Path(d)) for d in self.config.profile_dirs), ("shipped", profiles.shipped_dir())]
         self._profile_stores: dict[int, profiles.ProfileStore] = {}
-        self._profile_cache: dict[tuple[int, str], tuple[float, profiles.Profile | None]] = {}
+        self._profile_cache: dict[tuple[int, tuple[str, ...]], tuple[float, profiles.Profile | None]] = {}
+        # What a running job with no stored profile is taken to do, made from its first samples
+        # (profiles.provisional): (uid, name) -> (job id, profile), under its own key and its
+        # family's, so queued jobs of its family are placed beside it within its first minute.
+        # Never stored: its run replaces it at its end.
+        self._provisional: dict[tuple[int, str], tuple[int, profiles.Profile]] = {}
+        self._provisioned: dict[int, float] = {}  # job -> its elapsed seconds at its last provisional
+        # What each active job's start predicted for it (policy.expectation, then joined/left),
+        # and whether it runs alone to be checked: mirrored from its stored decision
+        self._expect: dict[int, tuple[dict, bool]] = {}
+        # per GPU, a running group of MPS clients watched (Learned.observe_live):
+        # (its job ids, since, expected SM area, observed SM area, summed peak bandwidth, last look)
+        self._live: dict[str, list] = {}
 
     def own_profile_dir(self, uid: int) -> Path:
         return self._profiles_root / "users" / str(int(uid))
@@ -131,29 +147,49 @@ class Learner:
                 return kind, p
         return None
 
-    def profile_name(self, job: Job) -> str:
-        return job.spec.profile or profiles.key_for(job.spec.image, job.spec.argv)
+    def profile_names(self, job: Job) -> list[str]:
+        """What a job's profile is looked up under: --profile, else its own key then its family's."""
+        return profiles.names_for(job.spec.image, job.spec.argv, job.spec.profile)
 
-    def profile_of(self, job: Job) -> "profiles.Profile | None":
-        """The stored profile a job runs under; files are read again at most every 60 s."""
-        name = self.profile_name(job)
-        key = (job.uid, name)
+    def profile_name(self, job: Job) -> str:
+        """The name a job's runs are learned under (its own key, or --profile)."""
+        return self.profile_names(job)[0]
+
+    def stored_profile(self, job: Job) -> "profiles.Profile | None":
+        """The stored profile a job runs under (its own key's, else its family's); files are read
+        again at most every 60 s."""
+        names = tuple(self.profile_names(job))
+        key = (job.uid, names)
         hit = self._profile_cache.get(key)
         now = time.monotonic()
         if hit is None or now - hit[0] > 60:
             try:
-                prof = self.profile_store(job.uid).get(name)
+                prof = self.profile_store(job.uid).first(names)
             except profiles.ProfileError as e:
-                log.warning("profile %s unreadable: %s", name, e)
+                log.warning("profile %s unreadable: %s", names[0], e)
                 prof = None
             hit = self._profile_cache[key] = (now, prof)
         return hit[1]
 
+    def profile_of(self, job: Job) -> "profiles.Profile | None":
+        """What a job is placed with: its stored profile, else a provisional one that a running job
+        of its name or family made from its first samples (tick), else None."""
+        prof = self.stored_profile(job)
+        if prof is None:
+            for name in self.profile_names(job):
+                got = self._provisional.get((job.uid, name))
+                if got is not None:
+                    return got[1]
+        return prof
+
     def forget_profile(self, name: str, uid: int | None = None) -> None:
         """Drop cached lookups of `name` (one user's, or everyone's after a change to a shared one)."""
-        for key in [k for k in self._profile_cache if k[1] == name and (uid is None or k[0] == uid)]:
+        for key in [k for k in self._profile_cache if name in k[1] and (uid is None or k[0] == uid)]:
             del self._profile_cache[key]
-        for fn in self.on_forget:  # queued jobs of that profile plan with what is stored now
+        self._changed()
+
+    def _changed(self) -> None:
+        for fn in self.on_forget:  # queued jobs of that profile plan with what is known now
             fn()
 
     def share_profile(self, name: str, uid: int) -> Path:
@@ -195,7 +231,7 @@ class Learner:
         self._observe(job, rows, neighbours)
         if len(rows) < 2:
             return
-        if neighbours and self.profile_of(job) is not None:  # its wall time is not its alone time
+        if neighbours and self.stored_profile(job) is not None:  # its wall time is not its alone time
             log.info("job %d shared its GPU with %s: its profile's series are not learned from this run",
                      job.id, ", ".join(neighbours))
             return
@@ -204,16 +240,25 @@ class Learner:
                    "mem": [r[2] or 0 for r in rows], "membw": [r[3] or 0.0 for r in rows]}
         gpu = next((d.name for d in self.gpus.devices if d.uuid == job.gpus[0]), "")
         runtime = (job.ended_at or time.time()) - (job.started_at or t0)
-        name = self.profile_name(job)
+        names = self.profile_names(job)
+        name, family = names[0], (names[1] if len(names) > 1 else None)
         try:
             own = self.own_profile_dir(job.uid)
             own.mkdir(mode=0o700, parents=True, exist_ok=True)
+            store = self.profile_store(job.uid)
+            old = store.get(name)
             # ProfileStore.learn reads the first folder that has `name` and writes to the first
-            # writable folder: the owner's own, which comes first
-            self.profile_store(job.uid).learn(name, samples, runtime=runtime, gpu=gpu)
-            self.forget_profile(name, job.uid)
+            # writable folder: the owner's own, which comes first; and into its family's
+            new = store.learn(name, samples, runtime=runtime, gpu=gpu, family=family)
+            for n in names:
+                self.forget_profile(n, job.uid)
         except (profiles.ProfileError, OSError) as e:
             log.warning("could not learn profile for job %d: %s", job.id, e)
+            return
+        if old is not None:  # what runs showed of its real alone time, against the merged profile's
+            self._learning(job.uid, lambda mine: mine.rebase(name, old.runtime, new.runtime))
+        elif not neighbours:  # a first profile made from a run alone: its alone time is its own
+            self._learning(job.uid, lambda mine: mine.checked(name))
 
     def grown_budget(self, job: Job) -> int | None:
         """--grow: the budget a job refused by its budget is requeued with (once): 1.25x its budget,
@@ -262,6 +307,7 @@ class Learner:
                 det = dict(od.get("details") or {})  # (started in this pass: not running yet, so from now)
                 e = det.get("expect") or policy.expectation(det, od.get("mode") or "", other.started_at or now)
                 det["expect"] = policy.joined(e, now, dec.get("details") or {}, dec.get("mode") or "", other.id)
+                self._expect[other.id] = (det["expect"], bool(det.get("check_alone")))
                 rows.append((other.id, od["action"], od.get("mode"), od.get("gpus") or [], od.get("reason") or "", det))
             if rows:
                 self.store.record_decisions(rows)
@@ -287,11 +333,133 @@ class Learner:
                 det = dict(od.get("details") or {})
                 e = det.get("expect") or policy.expectation(det, od.get("mode") or "", other.started_at or now)
                 det["expect"] = policy.left(e, now)
+                self._expect[other.id] = (det["expect"], bool(det.get("check_alone")))
                 rows.append((other.id, od["action"], od.get("mode"), od.get("gpus") or [], od.get("reason") or "", det))
             if rows:
                 self.store.record_decisions(rows)
         except Exception as e:  # noqa: BLE001 - a prediction is worth less than the job's end
             log.warning("could not record that job %d's end left its neighbours alone: %s", job_id, e)
+
+    def finished(self, job_id: int) -> None:
+        """A job is over (its end recorded, learned from): the jobs it leaves alone are compared
+        with that from now on, and what was kept for it while it ran goes."""
+        self.left_alone(job_id)
+        self._expect.pop(job_id, None)
+        self._provisioned.pop(job_id, None)
+        gone = [k for k, (j, _) in self._provisional.items() if j == job_id]
+        for k in gone:
+            del self._provisional[k]
+        if gone:
+            self._changed()
+
+    def expect_of(self, job: Job) -> tuple[dict | None, bool]:
+        """(what an active job's start, and the starts and ends beside it since, predicted for it,
+        whether it runs alone to be checked): for plan()'s Placed.done and Placed.alone."""
+        got = self._expect.get(job.id)
+        if got is None:
+            try:
+                dec = self.store.decision(job.id)
+            except Exception:  # noqa: BLE001 - as if it had none: placed as running at its alone speed
+                dec = None
+            if dec is None or dec.get("action") != "start":
+                return None, False
+            det = dec.get("details") or {}
+            e = det.get("expect") or policy.expectation(det, dec.get("mode") or "", job.started_at or time.time())
+            got = self._expect[job.id] = (e, bool(det.get("check_alone")))
+        return got
+
+    def tick(self, running: list[Job], now: float) -> bool:
+        """Each sample's learning while jobs run (invariant 15): provisional profiles of running
+        jobs that have none, and what running groups of MPS clients show (Learned.observe_live).
+        True when what plan() knows changed (a provisional profile made or remade)."""
+        changed = False
+        for job in running:
+            if job.gpus and job.started_at and self.stored_profile(job) is None:
+                changed |= self._provision(job, now - job.started_at)
+        self._watch_groups(running, now)
+        if changed:
+            self._changed()
+        return changed
+
+    def _provision(self, job: Job, elapsed: float) -> bool:
+        """A provisional profile from a running job's samples so far, remade every half minute
+        until it has run PROVISIONAL_HOLD (then what it showed stands until its end)."""
+        last = self._provisioned.get(job.id, 0.0)
+        if elapsed < max(profiles.PROVISIONAL_AFTER, last + profiles.PROVISIONAL_AFTER) \
+                or last >= profiles.PROVISIONAL_HOLD:
+            return False
+        rows = self.store.samples(job.id)
+        if len(rows) < 2:
+            return False
+        t0 = rows[0][0]
+        names = self.profile_names(job)
+        gpu = next((d.name for d in self.gpus.devices if job.gpus and d.uuid == job.gpus[0]), "")
+        made = profiles.provisional(names[0], {"times": [r[0] - t0 for r in rows], "sm": [r[1] or 0.0 for r in rows],
+                                               "mem": [r[2] or 0 for r in rows], "membw": [r[3] or 0.0 for r in rows]},
+                                    elapsed=elapsed, gpu=gpu)
+        if made is None:
+            return False
+        made = dataclasses.replace(made, note=f"provisional, from the first {elapsed:.0f} s of job {job.id}")
+        self._provisioned[job.id] = elapsed
+        for name in names:
+            held = self._provisional.get((job.uid, name))
+            if held is None or held[0] == job.id:  # the first running job of a name or family speaks for it
+                self._provisional[(job.uid, name)] = (job.id, made)
+        log.info("job %d: a provisional profile from its first %.0f s (peak SM %.0f %%, %s): jobs of its family "
+                 "may be placed beside it", job.id, elapsed, made.sm.max() * 100, format_size(int(made.mem.max())))
+        return True
+
+    def _watch_groups(self, running: list[Job], now: float) -> None:
+        """Per GPU whose running jobs are all MPS clients with a stored profile (two or more): the
+        GPU's SM activity NVML gives (under MPS no client's own exists) against what their profiles
+        say they should show where their predictions put them; taught every LIVE_EVERY seconds
+        once LIVE_MIN of it was seen, afresh whenever a job starts or ends there."""
+        devices = {d.uuid: d for d in self.gpus.devices if not d.error}
+        groups: dict[str, list[Job]] = {}
+        for j in running:
+            for u in j.gpus:
+                groups.setdefault(u, []).append(j)
+        for uuid in list(self._live):
+            if uuid not in groups:
+                del self._live[uuid]
+        for uuid, jobs in groups.items():
+            dev = devices.get(uuid)
+            ids = tuple(sorted(j.id for j in jobs))
+            acc = self._live.get(uuid)
+            if acc is not None and acc[0] != ids:  # a start or an end: a new group from now on
+                self._teach_live(jobs, acc, now)
+                acc = None
+            if dev is None or dev.sm_util is None or len(jobs) < 2 or any(j.mode != Mode.MPS for j in jobs):
+                self._live.pop(uuid, None)
+                continue
+            expected, group_bw = 0.0, 0.0
+            for j in jobs:
+                prof, (e, _) = self.stored_profile(j), self.expect_of(j)
+                if prof is None or e is None:
+                    self._live.pop(uuid, None)
+                    break
+                at = min(len(prof.sm) - 1, int(policy.progress(e, now) / prof.step))
+                expected += float(prof.sm[at]) / max(float(e["slowdown"]), 1e-9)
+                group_bw = max(group_bw, float(e.get("group_bw") or 0.0))
+            else:
+                if acc is None:
+                    self._live[uuid] = [ids, now, 0.0, 0.0, group_bw, now]
+                    continue
+                dt = now - acc[5]
+                acc[2] += min(1.0, expected) * dt
+                acc[3] += min(1.0, dev.sm_util / 100.0) * dt
+                acc[4], acc[5] = max(acc[4], group_bw), now
+                if now - acc[1] >= LIVE_EVERY:
+                    self._teach_live(jobs, acc, now)
+                    del self._live[uuid]
+
+    def _teach_live(self, jobs: list[Job], acc: list, now: float) -> None:
+        seconds = acc[5] - acc[1]
+        if seconds < LIVE_MIN:
+            return
+        for uid in {j.uid for j in jobs}:  # each user's own learning: their jobs were in the group
+            self._learning(uid, lambda mine: mine.observe_live("mps", acc[4], acc[2] / seconds, acc[3] / seconds,
+                                                               seconds))
 
     def _take_neighbours(self, job_id: int) -> set[str]:
         try:
@@ -364,7 +532,7 @@ class Learner:
         """Predicted vs observed, into self.learned and the job's stored decision."""
         prof = self.profile_of(job)
         dec = self.store.decision(job.id)
-        if prof is None or dec is None or dec.get("action") != "start" or not job.started_at or not job.ended_at:
+        if prof is None or prof.provisional or dec is None or dec.get("action") != "start" or not job.started_at or not job.ended_at:
             return
         details = dict(dec.get("details") or {})
         # what its start predicted, and the starts beside it later (policy.joined), as colo sim

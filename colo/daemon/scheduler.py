@@ -295,6 +295,7 @@ class Scheduler:
         if grown:
             self._lent_fairly(decisions, grown, views, placed)
         decisions = self._within_limits(decisions, loads)
+        decisions = self._provisional_noted(decisions)
         if grown:
             self._said(decisions, grown)
         self.record(waits)
@@ -330,9 +331,15 @@ class Scheduler:
         """The active jobs on GPUs as plan() sees them (colo's own and Slurm's alike)."""
         if active is None:
             active = self.table.active(*ACTIVE)
-        return [policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),
-                              self.learner.profile_of(j), now - (j.started_at or now))
-                for j in active if j.gpus]
+        out = []
+        for j in active:
+            if not j.gpus:
+                continue
+            e, alone = self.learner.expect_of(j)  # where its predictions put it in its profile
+            out.append(policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),
+                                     self.learner.profile_of(j), now - (j.started_at or now),
+                                     done=policy.progress(e, now) if e is not None else None, alone=alone))
+        return out
 
     def _take(self, ids, seen: set[int], cands: list, waits: list, loads: dict, job: Job | None = None) -> None:
         """Candidates for plan() from queued jobs, in the order taken (Candidate.seq); a job that
@@ -463,6 +470,13 @@ class Scheduler:
                 decisions[i] = dataclasses.replace(
                     d, reason=f"{d.reason}; not lent after all: a queued job fits in what its GPU has left",
                     details={**d.details, "budget": d.details["budget"] - extra, "lent": 0})
+
+    def _provisional_noted(self, decisions: list[policy.Decision]) -> list[policy.Decision]:
+        """A start planned with a provisional profile (a running job's first samples) says so."""
+        cands = self._cands
+        return [dataclasses.replace(d, reason=f"{d.reason}; its profile is {c.profile.note}")
+                if d.action == policy.START and (c := cands.get(d.job_id)) is not None
+                and getattr(c.profile, "provisional", False) else d for d in decisions]
 
     def _said(self, decisions: list[policy.Decision], grown: list[int]) -> None:
         """The budget a start under --grow gives, in its reason (`colo explain`, the job's events)."""

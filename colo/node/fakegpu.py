@@ -41,7 +41,10 @@ def _ctl(*args: str) -> str:
     return r.stdout
 
 
-def create(path, count: int = 2, mem: int | str = 16 * GiB, name: str = "Colo Simulated GPU",
+DEFAULT_NAME = "Colo Simulated GPU"  # what NVML calls a simulated GPU unless told otherwise
+
+
+def create(path, count: int = 2, mem: int | str = 16 * GiB, name: str = DEFAULT_NAME,
            sms: int = 108, uuids: list[str] | None = None) -> None:
     """Write a fresh state file for `count` idle devices of `mem` bytes each (mode 0666)."""
     args = ["create", str(path), "--count", str(count), "--mem", str(parse_size(mem)),
@@ -186,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("path", metavar="PATH")
     c.add_argument("--count", type=_count, default=2, help="devices (default 2)")
     c.add_argument("--mem", type=_size, default=16 * GiB, help="memory of each, e.g. 16GiB (default)")
-    c.add_argument("--name", default="Colo Simulated GPU")
+    c.add_argument("--name", default=DEFAULT_NAME)
     c.add_argument("--sms", type=int, default=108, help="streaming multiprocessors of each (default 108)")
     c.add_argument("--uuid", action="append", default=[], help="a device's UUID (repeat; the rest are made up)")
     s = sub.add_parser("show", help="the devices and their processes, as JSON")

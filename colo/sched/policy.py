@@ -852,6 +852,15 @@ def _decision(job_id: int, action: str, gpus: tuple = (), mode: str | None = Non
     return d
 
 
+def _measured_on(profile: Any, view: GpuView) -> bool:
+    """Was the profile's alone time measured on this model of GPU (its runs here, or `colo
+    profile record` on one like it)? Then it needs no run alone to be checked (check_alone): its
+    doubt is the ordinary one. A shipped profile (from the study's TITAN Xp) or one from another
+    model is checked once."""
+    gpu = getattr(profile, "gpu", "") or ""
+    return bool(gpu) and gpu == view.name
+
+
 def free_budget(gpus: Sequence[GpuView], placed: Sequence[Placed]) -> dict[str, int]:
     free = {g.uuid: g.usable for g in gpus}
     for p in placed:
@@ -1094,7 +1103,7 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         # GPU anyway, it runs alone there to the end, and its end teaches its alone time.
         check = (cfg.check_alone and learned is not None and len(chosen) == 1 and not chosen[0][0].res and arr is not None and arr.name
                  and not getattr(c.profile, "provisional", False) and arr.name not in checking
-                 and arr.name not in for_uid(c.uid)[0].alone)
+                 and arr.name not in for_uid(c.uid)[0].alone and not _measured_on(c.profile, chosen[0][0].view))
         if check:
             checking.add(arr.name)
         for g, _ in chosen:
