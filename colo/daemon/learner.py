@@ -28,9 +28,16 @@ contended; which names matter little) and they are forgotten at its end, whateve
 user keeps the LEARNED_MAX co-run pairings and profiles changed most recently.
 
 Owns: `learned` (uid -> policy.Learned, what ends taught; plan() reads it), the profile folders
-and a cache of lookups. Calls: the store (samples, decisions, learned rows), the job table (who
-runs beside whom), the GPUs (names, sizes) and `on_forget` (the scheduler plans again with a
-profile that changed).
+and a cache of lookups, the provisional profiles of running jobs that have none (made from their
+first samples, never stored), what each active job's start predicted for it (its expectation,
+for plan()'s Placed.done) and the running MPS groups it watches (Learned.observe_live). Calls:
+the store (samples, decisions, learned rows), the job table (who runs beside whom), the GPUs
+(names, sizes, NVML's device SM) and `on_forget` (the scheduler plans again with a profile that
+changed).
+
+A job's profile is looked up under its own key (image or program + the arguments' hash, or
+--profile) and then its family's (the image or program and script: profiles.names_for), so a new
+hyperparameter starts from what its family's runs showed; a run teaches both.
 
 Per-process SM under MPS (docs/mps.md): on a real driver NVML may attribute MPS clients' activity
 to the MPS server's process, so the clients' own pids show none. colo apportions: on each GPU,
