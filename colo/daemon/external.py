@@ -1,14 +1,24 @@
 """Jobs that Slurm started on this node, registered by colo's SPANK plugin (native/slurm).
 
-Slurm decides which node and how much GPU memory (the count-only `gpumem` GRES); colo, on the
-node, decides which GPU and MPS or time-sliced with the same plan() as for its own jobs
-(policy.place_now: a job Slurm already started cannot wait), and gives it the same ledger,
-interposer and MPS pipe (launchspec.build_launch). Such a job is an ordinary row in colo's store
-with `spec.slurm_job` set, so `colo ls`, `top`, `show` and profile learning treat it like any
-other; its "runtime" below only follows it, because Slurm starts and kills its processes.
+Slurm decides which node and which GPU: the job's `gres/shard` count (one shard is one MiB of GPU
+memory, bound to one GPU's device file in gres.conf) is placed by slurmctld on one GPU of the
+node, so Slurm never promises a GPU's memory twice. colo, on the node, holds the job to that
+budget on exactly that GPU and decides MPS or time-sliced with the same plan() as for its own jobs
+(policy.place_now: a job Slurm already started cannot wait in colo's queue), giving it the same
+ledger, interposer and MPS pipe (launchspec.build_launch). Such a job is an ordinary row in colo's
+store with `spec.slurm_job` set (its own job id: an array task's or a heterogeneous component's
+own), so `colo ls`, `top`, `show` and profile learning treat it like any other; its "runtime"
+below only follows it, because Slurm starts and kills its processes.
+
+When the GPU Slurm chose cannot hold the job now (memory held outside any budget, jobs given to
+colo directly, or a `gres/gpu` job that Slurm 22.05 put on the same GPU), the job is not failed:
+attach answers `wait` with the reason and the plugin's helper requeues it in Slurm.
+
+What colo decides is written on the Slurm job's admin comment (placement, refusals, kills), which
+slurmctld keeps and slurmdbd stores (`scontrol show job`, `sacct -o AdminComment`).
 
 Only root may use these ops (slurmstepd and slurmd run the plugin as root); every value comes
-from Slurm (job id, uid, gid, the gpumem count from slurmctld), except the profile name, which is
+from Slurm (job id, uid, gid, the allocation from slurmctld), except the profile name, which is
 the user's own choice as with `colo submit --profile`.
 """
 from __future__ import annotations
@@ -18,6 +28,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import signal
 import stat
 import subprocess
@@ -29,39 +40,73 @@ from ..jobs import ACTIVE, Job, JobSpec, Mode, State
 from ..node import interposer
 from ..runtimes.base import Gone, StartError
 from ..sched import policy
-from ..units import format_size
+from ..units import format_size_exact as exact
 from .jobtable import JobTable
 from .validate import NAME
 
 log = logging.getLogger("colo")
-STILL_THERE = 30.0  # seconds between asking Slurm whether a followed job still exists
+STILL_THERE = 30.0  # seconds between asking Slurm which jobs still run on the node (one squeue for all)
 _ALIVE = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "PENDING", "REQUEUED", "RESIZING"}
+# How Slurm names one job to scancel, squeue and scontrol: "12", an array task "12_3", a
+# heterogeneous job's component "12+1" (a bare "12" would name every task, or every component).
+REF = re.compile(r"^\d{1,10}(?:_\d{1,10}|\+\d{1,5})?$")
+NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NOTE_MAX = 1000  # characters of colo's notes kept on a job's admin comment (the newest)
 
 
 class Refused(Exception):
     """One line for the plugin, which shows it to the user and fails the step."""
 
 
-def _handle(slurm_job: int, job_id: int) -> str:
-    return f"slurm:{slurm_job}:{job_id}"
+def _handle(slurm_job: int, job_id: int, ref: str, node: str | None) -> str:
+    return f"slurm:{slurm_job}:{job_id}:{ref}:{node or ''}"
 
 
-def _parse(handle: str) -> tuple[int, int]:
-    _, sj, jid = handle.split(":")
-    return int(sj), int(jid)
+def _parse(handle: str) -> tuple[int, int, str, str | None]:
+    """(own Slurm job id, colo job id, Slurm's name for it, node); handles stored before the
+    name and node were kept have three fields."""
+    parts = handle.split(":")
+    sj, jid = int(parts[1]), int(parts[2])
+    return sj, jid, (parts[3] if len(parts) > 3 else str(sj)), (parts[4] or None) if len(parts) > 4 else None
 
 
-def slurm_state(slurm_job: int) -> str | None:
-    """The job's state as slurmctld tells it ("RUNNING", ...); "" when Slurm no longer knows it;
-    None when Slurm cannot be asked (then nothing is concluded)."""
+def _slurm(*args: str, timeout: float = 20) -> subprocess.CompletedProcess | None:
     try:
-        r = subprocess.run(["squeue", "-h", "-j", str(slurm_job), "-o", "%T"], capture_output=True,
-                           text=True, timeout=20)
+        return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
+
+
+def node_jobs(node: str | None, slurm_job: int) -> dict[int, str] | None:
+    """Slurm's jobs on `node` as slurmctld tells them, by their own job id ({} when it knows
+    none); None when Slurm cannot be asked (then nothing is concluded). Without a node (a job
+    followed before colo kept it), the jobs of that job id: an array's or a heterogeneous job's
+    every task, told apart by their own ids."""
+    r = _slurm("squeue", "-h", "-o", "%A %T", *(["-w", node] if node else ["-j", str(slurm_job)]))
+    if r is None:
+        return None
     if r.returncode != 0:
-        return "" if "invalid job id" in r.stderr.lower() else None
-    return r.stdout.strip().upper()
+        return {} if not node and "invalid job id" in r.stderr.lower() else None
+    out = {}
+    for line in r.stdout.splitlines():
+        own, _, st = line.strip().partition(" ")
+        if own.isdigit():
+            out[int(own)] = st.strip().upper()
+    return out
+
+
+def admin_note(ref: str, text: str) -> None:
+    """`text` added to the Slurm job's admin comment, after what is there (an admin's own words
+    are kept): slurmctld shows it (`scontrol show job`) and slurmdbd stores it (`sacct -o
+    AdminComment`). Only root and Slurm's operators may set it, so users cannot forge it."""
+    r = _slurm("scontrol", "show", "job", ref)
+    m = re.search(r"^\s*AdminComment=(.*?)\s*$", r.stdout, re.M) if r and r.returncode == 0 else None
+    old = m.group(1) if m and m.group(1) != "(null)" else ""
+    new = f"{old}; {text}" if old else text
+    r = _slurm("scontrol", "update", f"job={ref}", f"admincomment={new[-NOTE_MAX:]}")
+    if r is None or r.returncode != 0:
+        log.warning("Slurm job %s: cannot write colo's note on it (%s): %s", ref,
+                    (r.stderr.strip() if r else "scontrol did not answer"), text)
 
 
 def _safe_ledger(path) -> interposer.Ledger | None:
@@ -82,8 +127,11 @@ def _safe_ledger(path) -> interposer.Ledger | None:
 
 class SlurmRuntime:
     """How colo follows a Slurm job: it ends when the plugin's epilog says so (or when Slurm no
-    longer knows it); `colo cancel` asks Slurm to cancel it; its processes are those that hold a
-    slot in its ledger (their pids come from the kernel's lock table, not from the job)."""
+    longer runs it on the node); `colo cancel` asks Slurm to cancel it; its processes are those
+    that hold a slot in its ledger (their pids come from the kernel's lock table, not from the job).
+
+    Whether followed jobs still run is asked of Slurm once per node every STILL_THERE seconds
+    for all of them (`squeue -w NODE`), never once per job: slurmctld serves every node."""
 
     cleanup_in_background = False  # a dict entry and a file: nothing to wait for
 
@@ -92,6 +140,8 @@ class SlurmRuntime:
         self.table = table
         self._lock = threading.Lock()
         self._ends: dict[int, tuple[threading.Event, list]] = {}  # slurm job -> (ended, [exit code])
+        self._asking = threading.Lock()  # one squeue at a time; the others read its answer
+        self._seen: dict[str | None, tuple[float, dict[int, str] | None]] = {}  # node -> (when, jobs)
 
     def _slot(self, slurm_job: int) -> tuple[threading.Event, list]:
         with self._lock:
@@ -102,23 +152,34 @@ class SlurmRuntime:
         box[:] = [code]
         ev.set()
 
+    def _state(self, sj: int, node: str | None, fresh: float) -> str | None:
+        """Job `sj`'s state on `node` from an answer at most `fresh` seconds old: "" when Slurm
+        does not run it there, None when Slurm could not be asked."""
+        key = node if node else f"job {sj}"
+        with self._asking:
+            at, jobs = self._seen.get(key, (0.0, None))
+            if time.monotonic() - at > fresh:
+                jobs = node_jobs(node, sj)
+                self._seen[key] = (time.monotonic(), jobs)
+        return None if jobs is None else jobs.get(sj, "")
+
     def start(self, launch) -> str:
         raise StartError("Slurm jobs are started by Slurm, not by colo")
 
     def wait(self, handle: str) -> int:
-        sj, _ = _parse(handle)
+        sj, _, _, node = _parse(handle)
         ev, box = self._slot(sj)
         while not ev.wait(STILL_THERE):
-            if slurm_state(sj) == "":
+            if self._state(sj, node, STILL_THERE / 2) == "" and not ev.is_set():
                 raise Gone(f"Slurm job {sj} ended without colo's epilog telling it")
         return box[0]
 
     def poll(self, handle: str) -> int | None:
-        sj, _ = _parse(handle)
+        sj, _, _, node = _parse(handle)
         ev, box = self._slot(sj)
         if ev.is_set():
             return box[0]
-        st = slurm_state(sj)
+        st = self._state(sj, node, 5.0)  # after a restart: one answer serves every job recovered
         if st == "" or (st and st not in _ALIVE):
             raise Gone(f"Slurm job {sj} ended while colo was down")
         return None
@@ -127,16 +188,24 @@ class SlurmRuntime:
         return ""
 
     def stop(self, handle: str, grace: float) -> None:
-        sj, _ = _parse(handle)
-        r = subprocess.run(["scancel", str(sj)], capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:
-            raise StartError(f"scancel {sj}: {r.stderr.strip() or r.returncode}")
+        """`colo cancel` and the patrol's kills: said on the Slurm job, then scancel of that one
+        job (an array task or a component by its own name, never the whole array)."""
+        _, jid, ref, _ = _parse(handle)
+        try:
+            by = self.table.job(jid).cancel_by
+        except KeyError:
+            by = None
+        if by:
+            admin_note(ref, f"colo: cancelled by {by}")
+        r = _slurm("scancel", ref, timeout=30)
+        if r is None or r.returncode != 0:
+            raise StartError(f"scancel {ref}: {(r.stderr.strip() or r.returncode) if r else 'did not answer'}")
 
     def adopt(self) -> dict[int, str]:
         return {}
 
     def pids(self, handle: str) -> list[int]:
-        _, jid = _parse(handle)
+        _, jid, _, _ = _parse(handle)
         try:
             uid = self.table.job(jid).uid
         except KeyError:
@@ -156,7 +225,7 @@ class SlurmRuntime:
         return {}  # Slurm's cgroup, not colo's: its processes are those holding its ledger's slots
 
     def cleanup(self, handle: str) -> None:
-        sj, jid = _parse(handle)
+        sj, jid, _, _ = _parse(handle)
         with self._lock:
             self._ends.pop(sj, None)
         try:
@@ -174,6 +243,20 @@ def _int(args: dict, key: str, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
     return v
 
 
+def _text(args: dict, key: str, rule: re.Pattern, default: str | None = None) -> str | None:
+    v = args.get(key, default)
+    if v is not None and (not isinstance(v, str) or not rule.match(v)):
+        raise Refused(f"malformed {key}: {v!r}")
+    return v
+
+
+def _indices(args: dict) -> list[int]:
+    v = args.get("gpu_index") or []
+    if not isinstance(v, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024 for i in v):
+        raise Refused(f"malformed gpu_index: {v!r}")
+    return sorted(set(v))
+
+
 def find(table: JobTable, slurm_job: int) -> Job | None:
     for j in table.open.values():
         if j.spec.slurm_job == slurm_job:
@@ -188,11 +271,17 @@ def _env_path(config: Config, job_id: int):
 class External:
     """The `slurm` op's actions. One per daemon (api.Api keeps it). Calls the daemon's parts as
     a request handler does: the job table, the GPUs, the scheduler (placement now, its
-    decisions), the learner (profiles) and the launcher (what to start it with, following it)."""
+    decisions), the learner (profiles) and the launcher (what to start it with, following it).
+
+    Owns `_holds`: the GPUs Slurm bound to `gres/gpu` jobs running here (slurm job -> GPU
+    indices), which no colo job may share; kept until their epilog, not across a restart (Slurm
+    itself keeps shards off a GPU a gpu job holds; this covers a shard job and a gpu job that
+    Slurm 22.05 put on one GPU in the same pass)."""
 
     def __init__(self, daemon):
         self.d = daemon
         self._starting: dict[int, asyncio.Future] = {}  # slurm job -> its env, while it is placed
+        self._holds: dict[int, set[int]] = {}
 
     @property
     def rt(self) -> SlurmRuntime:
@@ -202,56 +291,68 @@ class External:
         action = args.get("action")
         if action == "attach":
             return await self.attach(args)
+        if action == "hold":
+            return await self.hold(args)
         if action == "batch_exit":
             return await self.batch_exit(args)
         if action == "end":
             return await self.end(args)
         raise Refused(f"unknown slurm action {action!r}")
 
+    def _known(self, sj: int, uid: int) -> dict | None:
+        job = find(self.d.table, sj)
+        if job is None:
+            return None
+        if job.uid != uid:
+            raise Refused(f"Slurm job {sj} is known to colo as {job.user}'s")
+        return {"job": job.id, "env": self._load_env(job.id)}
+
     async def attach(self, args: dict) -> dict:
-        """A step of Slurm job `job` starts here: place the job (once), return its tasks' env."""
+        """A step of Slurm job `job` starts here: place the job (once), return its tasks' env.
+        `known_only`: only the env of a job placed already (later steps ask Slurm nothing).
+        {"wait": reason} when the GPU Slurm bound it to cannot hold it now (the caller requeues it)."""
         d = self.d
         sj = _int(args, "job", 1, 1 << 32)
         uid, gid = _int(args, "uid", 0, 1 << 32), _int(args, "gid", 0, 1 << 32)
-        gpu_mem = _int(args, "gpu_mem")
+        if sj in self._starting:
+            return {"job": None, "env": await asyncio.shield(self._starting[sj])}
+        known = self._known(sj, uid)
+        if known is not None or args.get("known_only"):
+            return known or {"job": None, "env": None}
+        ref = _text(args, "ref", REF, str(sj))
+        node = _text(args, "node", NODE)
+        gpu_mem = _int(args, "gpu_mem", 1)
         profile = args.get("profile")
         if profile is not None and (not isinstance(profile, str) or not NAME.match(profile)):
             raise Refused(f"malformed profile name {profile!r}: letters, digits, . _ - (at most 64)")
-        if sj in self._starting:
-            return {"job": None, "env": await asyncio.shield(self._starting[sj])}
-        job = find(d.table, sj)
-        if job is not None:
-            if job.uid != uid:
-                raise Refused(f"Slurm job {sj} is known to colo as {job.user}'s")
-            return {"job": job.id, "env": self._load_env(job.id)}
-        if gpu_mem == 0:  # asked for no GPU memory: it gets no GPU (its memory is nobody's budget)
-            return {"job": None, "env": {"CUDA_VISIBLE_DEVICES": ""}}
+        bound = _indices(args)
+        if not bound:
+            raise Refused("Slurm bound no GPU to it (gres.conf must bind each GPU's shards to its device file)")
         if d.gpus.error:
             raise Refused(d.gpus.error)
-        views = d.gpus.views(in_use=True)  # less memory held outside any budget (the patrol)
-        bound = args.get("gpu_index") or []
-        if not isinstance(bound, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in bound):
-            raise Refused(f"malformed gpu_index: {bound!r}")
-        if bound:  # Slurm bound GPUs to it (gres/gpu): colo places it on exactly those
-            views = [v for v in views if v.index in bound]
-            if len(views) != len(set(bound)):
-                raise Refused(f"Slurm gave it GPUs {bound}, colo sees GPUs {[v.index for v in d.gpus.views()]}")
-        ngpus = max(1, len(views) if bound else 1)
-        per_gpu = gpu_mem // ngpus  # gpumem is the job's on this node, spread over its GPUs
+        views = [v for v in d.gpus.views(in_use=True) if v.index in bound]  # less memory held outside budgets
+        if len(views) != len(bound):
+            raise Refused(f"Slurm bound it to GPU {','.join(map(str, bound))}, colo sees GPUs "
+                          f"{','.join(str(v.index) for v in d.gpus.views())}: gres.conf and colo disagree")
+        per_gpu = gpu_mem // len(views)  # its shards on this node, spread over the GPUs Slurm bound
+        held = sorted(j for j, idx in self._holds.items() if idx & set(bound))
+        if held:
+            return self._wait(ref, f"GPU{bound[0]} is bound to Slurm job {held[0]} (gres/gpu), which shares it with nobody")
         try:
             user = pwd.getpwuid(uid).pw_name
         except KeyError:
             user = str(uid)
-        spec = JobSpec(argv=["slurm", str(sj)], name=f"slurm-{sj}", gpu_mem=per_gpu, gpus=ngpus,
+        spec = JobSpec(argv=["slurm", ref], name=f"slurm-{ref}", gpu_mem=per_gpu, gpus=len(views),
                        profile=profile, slurm_job=sj)
         now = time.time()
-        cand = policy.Candidate(0, per_gpu, ngpus, uid, 0, 0, d.learner.profile_of(Job(0, spec, uid, gid, user)))
-        dec = policy.place_now(cand, views, d.scheduler.placed(now), d.cfg_policy)
+        placed = d.scheduler.placed(now)
+        cand = policy.Candidate(0, per_gpu, len(views), uid, 0, 0, d.learner.profile_of(Job(0, spec, uid, gid, user)))
+        dec = policy.place_now(cand, views, placed, d.cfg_policy)
         if dec.action != policy.START:
-            raise Refused(f"no GPU on this node can hold its gpumem budget of {format_size(per_gpu)} now: {dec.reason}")
+            return self._wait(ref, self._no_room(views, placed, per_gpu, dec.reason))
         fut = self._starting[sj] = asyncio.get_running_loop().create_future()
         try:
-            env = await self._start(spec, uid, gid, user, dec)
+            env = await self._start(spec, uid, gid, user, dec, node)
         except BaseException as e:
             fut.set_exception(Refused(str(e)))
             fut.exception()  # retrieved: no "never retrieved" warning when nobody else waits
@@ -262,14 +363,52 @@ class External:
             self._starting.pop(sj, None)
         return {"job": env.get("COLO_JOB_ID"), "env": env}
 
-    async def _start(self, spec: JobSpec, uid: int, gid: int, user: str, dec: policy.Decision) -> dict:
+    def _no_room(self, views: list[policy.GpuView], placed: list[policy.Placed], budget: int, why: str) -> str:
+        """Why the GPU Slurm chose cannot hold the job now, in exact sizes (15.75GiB, not 16GiB)."""
+        out = []
+        for v in views:
+            mine = sum(p.budget for p in placed if v.uuid in p.gpus)
+            outside = self.d.gpus.unbudgeted.get(v.uuid, 0)
+            if mine + budget <= v.usable:  # the memory is there: something else keeps it off
+                out.append(f"GPU{v.index}: {why}")
+                continue
+            out.append(f"GPU{v.index} cannot hold its {exact(budget)} now: {exact(max(0, v.usable - mine))} free of "
+                       f"{exact(v.usable + outside)} usable ({exact(mine)} in colo's budgets, "
+                       f"{exact(outside)} held outside any budget)")
+        return "; ".join(out)
+
+    def _wait(self, ref: str, reason: str) -> dict:
+        log.info("Slurm job %s cannot run here now: %s", ref, reason)
+        return {"job": None, "env": None, "wait": reason}
+
+    async def hold(self, args: dict) -> dict:
+        """A step of a `gres/gpu` job starts here: Slurm bound it `gpu_index` whole. It keeps
+        them to itself (colo places none of its jobs there while it runs), and waits (the caller
+        requeues it) while colo's jobs are on them, which Slurm 22.05 allows (it does not count a
+        GPU's shards in use when it hands the GPU out whole)."""
+        sj = _int(args, "job", 1, 1 << 32)
+        _int(args, "uid", 0, 1 << 32)
+        ref = _text(args, "ref", REF, str(sj))
+        bound = _indices(args)
+        if sj in self._holds:
+            return {"env": {}}
+        uuids = {v.uuid: v.index for v in self.d.gpus.views() if v.index in bound}
+        on = sorted({(uuids[u], j.id) for j in self.d.table.jobs_in(*ACTIVE) for u in j.gpus if u in uuids})
+        if on:
+            jobs = ", ".join(f"{i} on GPU{g}" for g, i in on)
+            return self._wait(ref, f"Slurm gave it GPU {','.join(map(str, bound))} whole, but colo's jobs run "
+                                   f"there ({jobs}); it waits for them to end")
+        self._holds[sj] = set(bound)
+        return {"env": {}}
+
+    async def _start(self, spec: JobSpec, uid: int, gid: int, user: str, dec: policy.Decision, node: str | None) -> dict:
         d = self.d
         job = d.table.add(spec, uid, gid, user)  # then at once STARTING: the scheduler never sees it queued
         dec = policy.Decision(job.id, dec.action, dec.gpus, dec.mode, dec.reason, dec.details, dec.thread_pct)
         d.scheduler.record([dec])
-        handle = _handle(spec.slurm_job, job.id)
-        job = d.table.transition(job.id, State.STARTING, f"started by Slurm (job {spec.slurm_job}): {dec.reason}",
-                           gpus=list(dec.gpus), mode=Mode(dec.mode or "timesliced"), attempts=1, handle=handle)
+        handle = _handle(spec.slurm_job, job.id, spec.argv[1], node)
+        job = d.table.transition(job.id, State.STARTING, f"started by Slurm (job {spec.argv[1]}): {dec.reason}",
+                                 gpus=list(dec.gpus), mode=Mode(dec.mode or "timesliced"), attempts=1, handle=handle)
         try:
             launch = await asyncio.to_thread(d.launcher.build_launch, job, dec)
             env = dict(launch.env)
@@ -279,8 +418,11 @@ class External:
             d.table.transition(job.id, State.FAILED, reason)
             d.launcher.finish(job.id)
             raise Refused(reason) from None
-        d.table.transition(job.id, State.RUNNING, f"running under Slurm (job {spec.slurm_job})")
+        d.table.transition(job.id, State.RUNNING, f"running under Slurm (job {spec.argv[1]})")
         d.launcher.adopt(job.id, handle)
+        gpus = ", ".join(f"{d.gpus.name_of(u)} ({u})" for u in dec.gpus)
+        note = f"colo: job {job.id} on {gpus}, {dec.mode or 'timesliced'}, budget {exact(spec.gpu_mem)}"
+        asyncio.get_running_loop().run_in_executor(None, admin_note, spec.argv[1], note)  # not waited for
         return env
 
     def _save_env(self, job_id: int, env: dict) -> None:
@@ -319,10 +461,12 @@ class External:
         return {"job": job.id, "terminated": ok}
 
     async def end(self, args: dict) -> dict:
-        """Every process of the job is gone (Slurm's epilog): record its end, learn its profile."""
+        """Every process of the job is gone (Slurm's epilog): record its end, learn its profile;
+        a gres/gpu job's GPUs are free for colo again."""
         sj = _int(args, "job", 1, 1 << 32)
         code = _int(args, "exit_code", 0, 255)
         sig = _int(args, "signal", 0, 64)
+        self._holds.pop(sj, None)
         job = find(self.d.table, sj)
         if job is None or job.state not in ACTIVE:
             return {"job": None}

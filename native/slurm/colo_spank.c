@@ -4,6 +4,9 @@
  *                             socket=/run/colo/colo.sock [timeout=60]
  *   user option:     sbatch|srun --colo-profile=NAME   (the profile MPS/time-sliced is decided from)
  *
+ * `%n` in socket= is the node's name (SLURMD_NODENAME), as in slurm.conf's SlurmdSpoolDir: several
+ * slurmd on one host (a test cluster) reach one colo daemon each.
+ *
  * Why SPANK and not TaskProlog/Prolog/Epilog scripts: the hooks colo needs run as root inside
  * slurmstepd at the points that matter. init_post_opt runs once per step before any task exists,
  * as root, and spank_setenv puts the interposer, ledger, budget, GPU and MPS pipe into every task's
@@ -12,8 +15,15 @@
  * colo can send terminate_client before Slurm's SIGKILL (an Epilog runs only after every process
  * of the job is gone); and --colo-profile is a real, checked sbatch option.
  *
- * A step colo cannot place fails in task_init, before exec, with colo's reason on the job's stderr
- * (failing init_post_opt instead would make Slurm drain the node).
+ * Python runs only for jobs that asked for a GPU: a step whose environment, as slurmstepd made it,
+ * has none of Slurm's GPU variables (SLURM_SHARDS_ON_NODE for colo's `gres/shard`, SLURM_STEP_GPUS /
+ * SLURM_JOB_GPUS for `gres/gpu`) is left as it is, decided here in C, and so is the epilog of a job
+ * with no SLURM_JOB_GPUS (slurmd sets it for both). A user who sets one of them in a CPU job only
+ * makes the helper ask slurmctld, which says the job has no GPU.
+ *
+ * A step colo does not run (its GPU cannot hold it now: the helper requeued the job; or an error)
+ * fails in task_init, before exec, with colo's reason on the job's stderr (failing init_post_opt
+ * instead would make Slurm drain the node).
  *
  * The plugin itself decides nothing: each hook runs colo's helper (`python -I -m colo.cli.slurm`) with
  * an empty environment and explicit arguments taken from Slurm (never from the job's environment,
@@ -22,6 +32,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -44,7 +55,7 @@ SPANK_PLUGIN(colo, 1);
 #define MAX_ARGS 24
 
 static char g_python[512] = "/usr/bin/python3";
-static char g_socket[512] = "";
+static char g_socket[512] = ""; /* may hold %n: the node's name */
 static char g_slurm_conf[512] = ""; /* for scontrol in the helper; Slurm's default when empty */
 static int g_timeout = 60;
 static char g_profile[128] = "";
@@ -54,12 +65,26 @@ static char g_profile[128] = "";
 static char g_refused[1024] = "";
 static int g_placed; /* this step's job has a place in colo (so its batch exit concerns colo) */
 
+/* colo's rule for profile names (colo/daemon/validate.py NAME), checked where sbatch/srun parse the
+ * option, so a bad name is refused at submit rather than when the step starts. */
+static int profile_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 64 || !isalnum((unsigned char)s[0]))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && !strchr("._-", s[i]))
+            return 0;
+    return 1;
+}
+
 static int opt_profile(int val, const char *optarg, int remote)
 {
     (void)val;
     (void)remote;
-    if (!optarg || !*optarg || strlen(optarg) >= sizeof g_profile) {
-        slurm_error("colo: --colo-profile needs a name of at most %zu characters", sizeof g_profile - 1);
+    if (!optarg || !profile_name_ok(optarg)) {
+        slurm_error("colo: --colo-profile=%s: a profile name is 1-64 letters, digits, '.', '_' or '-', "
+                    "starting with a letter or digit", optarg ? optarg : "");
         return -1;
     }
     snprintf(g_profile, sizeof g_profile, "%s", optarg);
@@ -96,17 +121,40 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
     return 0;
 }
 
+/* The node's name as slurmd knows it (several slurmd on one host have different names). */
+static const char *node_name(void)
+{
+    const char *n = getenv("SLURMD_NODENAME");
+    return n && *n && strlen(n) < 200 ? n : NULL;
+}
+
 /* Run the helper with `args` (NULL-terminated, after the action), collecting its stdout into out.
  * Returns its exit status (0 ok), or -1 when it could not run or ran past the timeout. */
 static int run_helper(const char *action, char **args, char *out, size_t outsz)
 {
     char *argv[MAX_ARGS] = {g_python, "-I", "-m", "colo.cli.slurm", (char *)action};
     int n = 5;
-    char sockarg[600];
+    char sockarg[800], nodearg[256], timearg[64];
+    const char *node = node_name();
     if (g_socket[0]) {
-        snprintf(sockarg, sizeof sockarg, "--socket=%s", g_socket);
+        size_t k = snprintf(sockarg, sizeof sockarg, "--socket=");
+        for (const char *c = g_socket; *c && k < sizeof sockarg - 256; c++) {
+            if (c[0] == '%' && c[1] == 'n' && node) {
+                k += snprintf(sockarg + k, sizeof sockarg - k, "%s", node);
+                c++;
+            } else
+                sockarg[k++] = *c;
+        }
+        sockarg[k] = 0;
         argv[n++] = sockarg;
     }
+    if (node) { /* the helper runs with an empty environment: it learns the node's name here */
+        snprintf(nodearg, sizeof nodearg, "--node=%s", node);
+        argv[n++] = nodearg;
+    }
+    /* it gives up on the daemon first, so that it can still drain the node and requeue the job */
+    snprintf(timearg, sizeof timearg, "--timeout=%d", g_timeout > 15 ? g_timeout - 10 : (g_timeout + 1) / 2);
+    argv[n++] = timearg;
     for (int i = 0; args && args[i] && n < MAX_ARGS - 1; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
@@ -213,6 +261,38 @@ static int get_ids(spank_t sp, uint32_t *job, uint32_t *step, uid_t *uid, gid_t 
     return 0;
 }
 
+/* Does this step's job hold a GPU on this node? Decided from the variables slurmstepd set for its
+ * GRES (a user's own value of one only makes the helper ask slurmctld, which knows better). */
+static int asks_gpu(spank_t sp)
+{
+    static const char *vars[] = {"SLURM_SHARDS_ON_NODE", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", NULL};
+    char v[256];
+    for (int i = 0; vars[i]; i++)
+        if (spank_getenv(sp, vars[i], v, sizeof v) == ESPANK_SUCCESS && v[0])
+            return 1;
+    return 0;
+}
+
+/* colo's interposer first, then the job's own libraries less any copy of colo's interposer (a step
+ * on another node, or a step inherited from the batch step, carries that node's): one per process. */
+static void join_preload(char *out, size_t outsz, const char *colo, const char *theirs)
+{
+    const char *base = strrchr(colo, '/');
+    base = base ? base + 1 : colo;
+    snprintf(out, outsz, "%s", colo);
+    char copy[4096], *save = NULL;
+    snprintf(copy, sizeof copy, "%s", theirs);
+    for (char *t = strtok_r(copy, ": ", &save); t; t = strtok_r(NULL, ": ", &save)) {
+        const char *tb = strrchr(t, '/');
+        if (!strcmp(tb ? tb + 1 : t, base))
+            continue;
+        size_t len = strlen(out);
+        if (len + 1 + strlen(t) >= outsz)
+            break;
+        snprintf(out + len, outsz - len, ":%s", t);
+    }
+}
+
 /* Once per step, as root, before any task exists: ask colo for the job's place and environment. */
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
@@ -227,8 +307,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
         slurm_error("colo: cannot read the job's ids from Slurm");
         return -1;
     }
-    if (step == SLURM_EXTERN_CONT)
-        return 0; /* the extern step runs no user task */
+    if (step == SLURM_EXTERN_CONT || !asks_gpu(sp))
+        return 0; /* the extern step runs no user task; a step without a GPU needs nothing of colo */
     char a_job[32], a_step[32], a_uid[32], a_gid[32], a_prof[160];
     snprintf(a_job, sizeof a_job, "--job=%u", job);
     snprintf(a_step, sizeof a_step, "--step=%u", step);
@@ -245,10 +325,11 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
         char *e = strstr(out, "error ");
         snprintf(g_refused, sizeof g_refused, "%s", e ? e + 6 : "colo's helper failed");
         g_refused[strcspn(g_refused, "\n")] = 0;
-        report("cannot place this job on the node's GPUs", rc, out);
+        report("this step does not run", rc, out);
         return 0;
     }
-    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+    char *save = NULL;
+    for (char *line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         if (strncmp(line, "env ", 4) != 0)
             continue;
         char *kv = line + 4, *eq = strchr(kv, '=');
@@ -257,10 +338,10 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
         *eq = 0;
         const char *val = eq + 1;
         char joined[8192];
-        if (!strcmp(kv, "LD_PRELOAD")) { /* colo's interposer first, the job's own after it */
+        if (!strcmp(kv, "LD_PRELOAD")) {
             char theirs[4096];
             if (spank_getenv(sp, "LD_PRELOAD", theirs, sizeof theirs) == ESPANK_SUCCESS && theirs[0]) {
-                snprintf(joined, sizeof joined, "%s:%s", val, theirs);
+                join_preload(joined, sizeof joined, val, theirs);
                 val = joined;
             }
         }
@@ -282,7 +363,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
     (void)av;
     if (!spank_remote(sp) || !g_refused[0])
         return 0;
-    fprintf(stderr, "colo: cannot place this job on the node's GPUs: %s\n", g_refused);
+    fprintf(stderr, "colo: this step does not run: %s\n", g_refused);
     fflush(stderr);
     return -1;
 }
@@ -312,10 +393,15 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 }
 
 /* After every process of the job is gone: colo records its end and learns its profile. Never
- * fails the epilog (that would drain the node): a daemon that missed it finds out from Slurm. */
+ * fails the epilog (that would drain the node): a daemon that missed it finds out from Slurm.
+ * slurmd sets SLURM_JOB_GPUS in the epilog's environment for a job with GPUs (gres/gpu and
+ * gres/shard): without it, the job had nothing to do with colo, and no Python runs. */
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
     parse_args(ac, av);
+    const char *gpus = getenv("SLURM_JOB_GPUS");
+    if (!gpus || !*gpus)
+        return 0;
     uint32_t job = 0;
     if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) {
         const char *e = getenv("SLURM_JOB_ID");
