@@ -90,7 +90,7 @@ def _wrapper(path: Path, log: Path, real: str, tag: str = "") -> None:
 
 @pytest.fixture(scope="module")
 def cluster(other_user, native_dir):
-    for exe in ("slurmctld", "slurmd", "slurmdbd", "sbatch", "sacctmgr", "munged", "mariadbd", "mariadb-install-db"):
+    for exe in ("slurmctld", "slurmd", "slurmdbd", "sbatch", "sacctmgr", "munged", "mariadbd", "mariadb"):
         if shutil.which(exe) is None:
             _need(f"{exe} is not installed (apt-get install slurmctld slurmd slurmdbd slurm-client munge "
                   "libslurm-dev mariadb-server)")
@@ -488,11 +488,12 @@ def test_array_tasks_het_components_and_nodes_each_have_their_own_record(cluster
 
     # A heterogeneous job: each component is colo's job of its own id, on its own node.
     het = script(node, "het", "#SBATCH -w n1 --gres=shard:1024\n#SBATCH hetjob\n#SBATCH -w n2 --gres=shard:2048\n"
-                              "srun --het-group=0,1 true\nsleep 60")
+                              f"srun --het-group=0,1 true\ntouch {node.shared}/het.stepped\nsleep 60")
     h = node.sbatch(het, "-o", f"{node.shared}/het.out", user=other_user)
     c0, c1 = (wait_for(lambda d=d, o=o: colo_job(d, h + o), 90, f"het component {o} in colo")
               for d, o in ((d1, 0), (d2, 1)))
     assert (c0["budget"], c1["budget"]) == (GiB, 2 * GiB)
+    wait_for((node.shared / "het.stepped").exists, 30, "the step over both components to end")
     d2.cli("cancel", str(c1["id"]), check=True)
     wait_for(lambda: d2.job(c1["id"])["state"] == "cancelled", 60, "component 1 to end in colo")
     assert node.state(f"{h}+0")[0] == "RUNNING"
@@ -522,7 +523,7 @@ def test_the_docs_say_what_the_test_cluster_runs(cluster):
     assert QOS_LIMIT.replace(str(USABLE), "16128") in doc  # the limit line, as the docs give it
     assert "GresTypes=gpu,shard" in doc and "AccountingStorageTRES=gres/gpu,gres/shard" in doc
     conf = (cluster.root / "slurm" / "gres.conf").read_text().splitlines()
-    shapes = {re.sub(r"File=\S+?(\d+)$", r"File=/dev/nvidia\1", re.sub(r"(File=\S+) Count=\d+", r"\1 Count=N", c))
+    shapes = {re.sub(r"Count=\d+", "Count=N", re.sub(r"File=\S*/nvidia(\d+)", r"File=/dev/nvidia\1", c))
               .replace("NodeName=n1", "NodeName=gpu01") for c in conf if c.startswith("NodeName=n1")}
     documented = {re.sub(r"Count=\d+", "Count=N", c) for c in re.findall(r"^NodeName=gpu01 Name=\S+ File=\S+(?: Count=\d+)?",
                                                                          doc, re.M)}
