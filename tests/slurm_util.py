@@ -185,10 +185,13 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return int(r.stdout.strip().split(";")[0])
 
     def state(self, job: int | str) -> tuple[str, str]:
-        """(state, reason) of a job squeue still lists, ("", "") once it is gone."""
-        r = self.run("squeue", "-h", "-j", str(job), "-o", "%T %r")
-        parts = r.stdout.split()
-        return (parts[0], parts[1] if len(parts) > 1 else "") if parts else ("", "")
+        """(state, reason) of a job squeue still lists, ("", "") once it is gone. `job` as squeue
+        names it ("12", "12_3", "12+1"; a bare array's or heterogeneous job's id: any of its
+        tasks or components). squeue -j of "12+0" lists every component."""
+        r = self.run("squeue", "-h", "-j", str(job), "-o", "%i %T %r")
+        rows = [line.split() for line in r.stdout.splitlines() if line.strip()]
+        mine = [p for p in rows if p[0] == str(job)] or [p for p in rows if p[0].startswith((f"{job}_", f"{job}+"))]
+        return (mine[0][1], mine[0][2] if len(mine[0]) > 2 else "") if mine else ("", "")
 
     def show(self, job: int | str) -> dict[str, str]:
         """`scontrol show job`'s fields of one job (an array task as "12_3"), {} once Slurm forgot it."""

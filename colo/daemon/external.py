@@ -309,14 +309,15 @@ class External:
 
     async def attach(self, args: dict) -> dict:
         """A step of Slurm job `job` starts here: place the job (once), return its tasks' env.
-        `known_only`: only the env of a job placed already (later steps ask Slurm nothing).
+        `known_only`: only the env of a job placed (or a gres/gpu job checked) already: later
+        steps ask Slurm nothing.
         {"wait": reason} when the GPU Slurm bound it to cannot hold it now (the caller requeues it)."""
         d = self.d
         sj = _int(args, "job", 1, 1 << 32)
         uid, gid = _int(args, "uid", 0, 1 << 32), _int(args, "gid", 0, 1 << 32)
         if sj in self._starting:
             return {"job": None, "env": await asyncio.shield(self._starting[sj])}
-        known = self._known(sj, uid)
+        known = self._known(sj, uid) or ({"job": None, "env": {}} if sj in self._holds else None)
         if known is not None or args.get("known_only"):
             return known or {"job": None, "env": None}
         ref = _text(args, "ref", REF, str(sj))
