@@ -81,7 +81,8 @@ class SlurmCluster:
         self.root, self.cluster, self.nodes, self.users = root, cluster, list(nodes), users
         self.conf = root / "slurm.conf"
         root.mkdir(exist_ok=True)
-        (root / "state").mkdir()
+        for d in ("state", *(f"spool-{n}" for n in nodes)):
+            (root / d).mkdir()
         lines = [*extra]
         if gres_types:
             (root / "gres.conf").write_text(gres)
@@ -130,7 +131,7 @@ SlurmdLogFile={root}/slurmd-%n.log
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1
+SchedulerParameters=bf_interval=1,sched_interval=2
 MpiDefault=none
 SwitchType=switch/none
 ReturnToService=2

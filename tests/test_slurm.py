@@ -44,13 +44,13 @@ cu = ctypes.CDLL("libcuda.so.1")
 assert cu.cuInit(0) == 0
 ctx, a, b = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_uint64()
 free, total = ctypes.c_size_t(), ctypes.c_size_t()
+term = []
+signal.signal(signal.SIGTERM, lambda *_: term.append(time.monotonic()))  # before it says it is ready
 assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
 r1 = cu.cuMemAlloc_v2(ctypes.byref(a), ctypes.c_size_t(mem << 20))
 r2 = cu.cuMemAlloc_v2(ctypes.byref(b), ctypes.c_size_t(over << 20)) if over else -1
 cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
 out.write(f"alloc {r1} over {r2} total {total.value}\n")
-term = []
-signal.signal(signal.SIGTERM, lambda *_: term.append(time.monotonic()))
 end = time.monotonic() + seconds
 while time.monotonic() < end:
     if cu.cuCtxSynchronize() == 810:  # CUDA_ERROR_MPS_CLIENT_TERMINATED: terminate_client reached us
@@ -150,7 +150,8 @@ def cluster(other_user, native_dir):
             gres_types="gpu,shard", accounting=True, cgroup=cgroup_v1_devices(), users=("root", other_user.pw_name),
             plugstack=f"required {plugin} python={wrap}/python socket={root}/colo-%n/run/colo.sock "
                       f"slurm_conf={conf} timeout=60",
-            extra=("KillWait=30",))
+            # a requeued job waits for its old credential to expire (Slurm's default: 120 s)
+            extra=("KillWait=30", "AuthInfo=cred_expire=10"))
         assert node.conf == conf
         node.start()
         # A job's shards per node capped at one GPU's: a request no GPU can hold is refused at submit.
@@ -167,7 +168,8 @@ def cluster(other_user, native_dir):
     node.stop()
     for d in daemons.values():
         d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    if os.environ.get("COLO_KEEP_SLURM_TEST") != "1":  # =1: the logs of slurmd, slurmctld and the daemons stay
+        shutil.rmtree(root, ignore_errors=True)
 
 
 QOS_LIMIT = f"sacctmgr -i modify qos normal set MaxTRESPerNode=gres/shard={USABLE} Flags=DenyOnLimit"
@@ -221,12 +223,6 @@ def requeued(node, job: int | str) -> dict:
     f = wait_for(lambda: (s := node.show(job)).get("Restarts") == "1" and s["JobState"] == "PENDING" and s, 60,
                  f"job {job} to be requeued")
     return f
-
-
-def run_now(node, job: int | str) -> None:
-    """A requeued job is eligible again after 2 minutes (Slurm's delay): now, for the test."""
-    r = node.run("scontrol", "update", f"job={job}", "StartTime=now")
-    assert r.returncode == 0, r.stderr
 
 
 def ended(node, job: int | str, timeout: float = 60) -> None:
@@ -309,8 +305,7 @@ def test_gpu_jobs_keep_their_gpus_and_cpu_jobs_run_no_python(cluster, other_user
             in node.show(g2)["AdminComment"], node.show(g2)
     node.run("scancel", str(s))
     wait_for(lambda: d.job(js["id"])["state"] == "cancelled", 60, "the shard job to end in colo")
-    run_now(node, g2)
-    wait_for(lambda: (node.shared / f"{g2}.cvd").exists(), 60, "the second gpu job to run once the GPU is free")
+    wait_for(lambda: (node.shared / f"{g2}.cvd").exists(), 90, "the second gpu job to run once the GPU is free")
     assert slurm_gpu(node, g2, "gpu") == si and (node.shared / f"{g2}.cvd").read_text().strip() == f"cvd={seen_as(si)}"
     node.run("scancel", str(g), str(g2))
     ended(node, g)
@@ -407,15 +402,15 @@ def test_memory_outside_budgets_makes_a_job_wait_not_fail(cluster, other_user):
         why = (f"GPU0 cannot hold its 8GiB now: {_exact(USABLE * MiB - held)} free of 15.75GiB usable "
                f"(0B in colo's budgets, {_exact(held)} held outside any budget)")
         assert f["AdminComment"] == f"colo: requeued: {why}", f
-        assert f"colo: this step does not run: requeued, it runs again later: {why}" in out(node, "late")
+        said = out(node, "late")  # the step's own line, unless Slurm ended the step (requeue) before its tasks
+        assert "colo: this step does not run" not in said or f"requeued, it runs again later: {why}" in said, said
         assert node.run("sinfo", "-h", "-n", "n2", "-o", "%T").stdout.strip() in ("idle", "mixed")
         assert colo_job(d, j) is None
     finally:
         stray.kill()
         stray.wait()
     wait_for(lambda: d.client.gpus()["gpus"][0]["unbudgeted"] == 0, 30, "the stray memory to be gone")
-    run_now(node, j)
-    ended(node, j)
+    ended(node, j, 90)  # run again, by Slurm, once its requeue delay is over
     assert result(node, "late").startswith("alloc 0") and node.show(j)["JobState"] == "COMPLETED"
     assert d.job(colo_job(d, j)["id"])["state"] == "succeeded"
 
@@ -445,8 +440,7 @@ def test_a_node_whose_colo_does_not_answer_is_drained_and_its_jobs_requeued(clus
     finally:
         d.start()
     assert node.run("scontrol", "update", "nodename=n2", "state=resume").returncode == 0
-    run_now(node, g)
-    ended(node, g)
+    ended(node, g, 90)
     assert node.show(g)["JobState"] == "COMPLETED" and result(node, "orphan").startswith("alloc 0")
 
 
@@ -465,7 +459,10 @@ def test_array_tasks_het_components_and_nodes_each_have_their_own_record(cluster
     log = node.root / "squeue.log"
     before = log.read_text().splitlines() if log.exists() else []
     d1.kill9()
+    said = len(d1.log.read_text().splitlines())
     d1.start()
+    wait_for(lambda: all(f"job {jobs[t]['id']} found again after restart" in "\n".join(d1.log.read_text().splitlines()[said:])
+                         for t in range(3)), 60, "the daemon to find the tasks again")
     assert all(d1.job(jobs[t]["id"])["state"] == "running" for t in range(3))
     calls = [c for c in log.read_text().splitlines()[len(before):] if c.startswith("n1 ")]
     assert calls == ["n1 -h -o %A %T -w n1"], calls
@@ -504,6 +501,8 @@ def test_array_tasks_het_components_and_nodes_each_have_their_own_record(cluster
 
 def test_a_patrol_kill_is_written_on_the_slurm_job_and_sacct_shows_it(cluster, other_user):
     node, d = cluster, cluster.daemons["n2"]
+    if not cgroup_v1_devices():  # the patrol knows such a process as the job's by Slurm's cgroup of the job
+        pytest.skip("the test cluster tracks jobs by cgroup (proctrack/cgroup) only where cgroup v1 is mounted")
     # Past its budget without the interposer (LD_PRELOAD unset): the patrol kills it through Slurm.
     j = node.sbatch(cuda(node, "greedy", 3072, 0, 120, pre="env -u LD_PRELOAD "), "-w", "n2", "--gres=shard:1024",
                     "-o", "/dev/null", user=other_user)

@@ -38,6 +38,7 @@ import time
 from ..config import Config
 from ..jobs import ACTIVE, Job, JobSpec, Mode, State
 from ..node import interposer
+from ..node.cgroup import places
 from ..runtimes.base import Gone, StartError
 from ..sched import policy
 from ..units import format_size_exact as exact
@@ -109,6 +110,20 @@ def admin_note(ref: str, text: str) -> None:
                     (r.stderr.strip() if r else "scontrol did not answer"), text)
 
 
+def _wait_exited(pids: list[int], seconds: float) -> None:
+    """Until every one of `pids` has exited (gone, or a zombie left to its reaper), at most `seconds`."""
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rpartition(b")")[2].split()[0] != b"Z"
+        except (OSError, IndexError):
+            return False
+
+    end = time.monotonic() + seconds
+    while any(alive(p) for p in pids) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def _safe_ledger(path) -> interposer.Ledger | None:
     """The ledger in a folder the job's user can write: no symlink, no FIFO, a regular file only."""
     try:
@@ -142,6 +157,7 @@ class SlurmRuntime:
         self._ends: dict[int, tuple[threading.Event, list]] = {}  # slurm job -> (ended, [exit code])
         self._asking = threading.Lock()  # one squeue at a time; the others read its answer
         self._seen: dict[str | None, tuple[float, dict[int, str] | None]] = {}  # node -> (when, jobs)
+        self._cgroups: dict[str, dict[str, str]] = {}  # handle -> Slurm's cgroup of the job (cgroup_paths)
 
     def _slot(self, slurm_job: int) -> tuple[threading.Event, list]:
         with self._lock:
@@ -222,12 +238,39 @@ class SlurmRuntime:
         return out
 
     def cgroup_paths(self, handle: str) -> dict[str, str]:
-        return {}  # Slurm's cgroup, not colo's: its processes are those holding its ledger's slots
+        """Slurm's own cgroup of the job on this node, made by slurmstepd where Slurm tracks jobs
+        by cgroup (proctrack/cgroup): `…/uid_U/job_J` (cgroup v1) or `…slurmstepd.scope/job_J`
+        (v2), found from the pids slurmstepd lists for the job (`scontrol listpids`), so that the
+        patrol knows a job's process that left its budget (no interposer) as the job's. Asked once
+        a job; {} without such cgroups."""
+        sj, jid, _, node = _parse(handle)
+        with self._lock:
+            if handle in self._cgroups:
+                return self._cgroups[handle]
+        try:
+            uid = self.table.job(jid).uid
+        except KeyError:
+            return {}
+        r = _slurm("scontrol", "listpids", str(sj), *([node] if node else []))
+        pids = [int(w[0]) for w in (line.split() for line in (r.stdout.splitlines()[1:] if r else [])) if w and w[0].isdigit()]
+        job = re.compile(rf"^(.*/(?:uid_{uid}|[^/]*slurmstepd\.scope)/job_{sj})(?:/|$)")
+        out = {}
+        for pid in pids:
+            for key, path in places(pid).items():
+                m = job.match(path)
+                if m:
+                    out[key] = m.group(1)
+            if out:
+                break
+        with self._lock:
+            self._cgroups[handle] = out
+        return out
 
     def cleanup(self, handle: str) -> None:
         sj, jid, _, _ = _parse(handle)
         with self._lock:
             self._ends.pop(sj, None)
+            self._cgroups.pop(handle, None)
         try:
             _env_path(self.config, jid).unlink()
         except OSError:
@@ -443,13 +486,17 @@ class External:
             raise Refused(f"colo job {job_id}: its environment is gone ({e})") from None
 
     async def _terminate_clients(self, job: Job) -> bool:
-        """terminate_client for every MPS client of the job still attached; Slurm kills them next."""
+        """terminate_client for every MPS client of the job still attached, then up to
+        `stop_grace` seconds for them to exit by themselves: Slurm kills what remains as soon as
+        the hook that asked for this returns."""
         if job.mode != Mode.MPS or not job.gpus or not job.handle:
             return True
         pids = await asyncio.to_thread(self.rt.pids, job.handle)
         if not pids:
             return True
-        return await asyncio.to_thread(self.d.gpus.mps.terminate_then, job.gpus[0], pids, lambda: None)
+        grace = self.d.config.stop_grace
+        return await asyncio.to_thread(self.d.gpus.mps.terminate_then, job.gpus[0], pids,
+                                       lambda: _wait_exited(pids, grace))
 
     async def batch_exit(self, args: dict) -> dict:
         """The batch script ended (by itself, scancel or a time limit): whatever the job still runs
