@@ -157,7 +157,7 @@ class SlurmRuntime:
         self._ends: dict[int, tuple[threading.Event, list]] = {}  # slurm job -> (ended, [exit code])
         self._asking = threading.Lock()  # one squeue at a time; the others read its answer
         self._seen: dict[str | None, tuple[float, dict[int, str] | None]] = {}  # node -> (when, jobs)
-        self._cgroups: dict[str, dict[str, str]] = {}  # handle -> Slurm's cgroup of the job (cgroup_paths)
+        self._cgroups: dict[str, tuple[float, dict[str, str]]] = {}  # handle -> (when, Slurm's cgroup of the job)
 
     def _slot(self, slurm_job: int) -> tuple[threading.Event, list]:
         with self._lock:
@@ -242,11 +242,12 @@ class SlurmRuntime:
         by cgroup (proctrack/cgroup): `…/uid_U/job_J` (cgroup v1) or `…slurmstepd.scope/job_J`
         (v2), found from the pids slurmstepd lists for the job (`scontrol listpids`), so that the
         patrol knows a job's process that left its budget (no interposer) as the job's. Asked once
-        a job; {} without such cgroups."""
+        a job (not found: again after STILL_THERE seconds); {} without such cgroups."""
         sj, jid, _, node = _parse(handle)
         with self._lock:
-            if handle in self._cgroups:
-                return self._cgroups[handle]
+            at, out = self._cgroups.get(handle, (0.0, {}))
+            if out or time.monotonic() - at < STILL_THERE:
+                return out
         try:
             uid = self.table.job(jid).uid
         except KeyError:
@@ -263,7 +264,7 @@ class SlurmRuntime:
             if out:
                 break
         with self._lock:
-            self._cgroups[handle] = out
+            self._cgroups[handle] = (time.monotonic(), out)
         return out
 
     def cleanup(self, handle: str) -> None:
