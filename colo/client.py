@@ -172,15 +172,23 @@ class Client:
     def cancel(self, job_id: int) -> dict:
         return self.call("cancel", id=job_id)
 
-    def signal(self, job_id: int, signum: int) -> dict:
-        """A signal (HUP INT QUIT USR1 USR2 TERM) to a running process job's main process."""
-        return self.call("signal", id=job_id, signal=int(signum))
+    def signal(self, job_id: int, signum: int | str) -> dict:
+        """A signal (HUP INT QUIT USR1 USR2 TERM, by number or name: 2, INT, SIGINT) to a running job's
+        main process (a container's too); it is not cancelled. ValueError for a name colo does not send."""
+        return self.call("signal", id=job_id, signal=protocol.signal_number(signum))
 
     def hold(self, job_id: int) -> dict:
         return self.call("hold", id=job_id)
 
     def release(self, job_id: int) -> dict:
         return self.call("release", id=job_id)
+
+    def pause(self, job_id: int) -> dict:
+        """Freeze a running job (the cgroup freezer, docker pause); it keeps its budget."""
+        return self.call("pause", id=job_id)
+
+    def resume(self, job_id: int) -> dict:
+        return self.call("resume", id=job_id)
 
     def edit(self, job_id: int, **changes: Any) -> dict:
         """changes: gpu_mem (bytes), priority, name."""

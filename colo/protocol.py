@@ -28,6 +28,20 @@ OPS = frozenset({
 # first byte. The daemon's streams name it with this key; the JSON sent says {"tty": true}.
 PASS_FD = "_fd"
 SIGNALS = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM: what a job's shim passes on to it
+SIGNAL_NAMES = {"HUP": 1, "INT": 2, "QUIT": 3, "USR1": 10, "USR2": 12, "TERM": 15}  # (Linux's numbers)
+
+
+def signal_number(sig: int | str) -> int:
+    """2, "2", "INT" or "SIGINT" as the number op `signal` takes; ValueError for another."""
+    if isinstance(sig, int):
+        return sig
+    s = sig.strip().upper()
+    if s.isascii() and s.isdigit():
+        return int(s)
+    n = SIGNAL_NAMES.get(s.removeprefix("SIG"))
+    if n is None:
+        raise ValueError(f"colo sends a job HUP, INT, QUIT, USR1, USR2 or TERM (what its shim passes on), not {sig!r}")
+    return n
 
 # error codes (stable, for scripts)
 BAD_REQUEST = "bad_request"

@@ -28,8 +28,13 @@ def test_array_tasks_get_their_index_run_at_most_n_at_once_and_are_one_reference
     assert len(waiting) == 2  # %2: the others wait, and say why
     why = daemon.cli("explain", f"{arr}_{waiting[0]['array_index']}", check=True).stdout
     assert "at most 2 at once" in why, why
-    table = daemon.cli("ls", "sweep", "-o", "id,array,state", check=True).stdout
+    table = daemon.cli("ls", "sweep", "-r", "-o", "id,array,state", check=True).stdout
     assert f"{arr}_7" in table and len(table.splitlines()) == 5, table
+    # as squeue shows them, the queued tasks share a row unless -r
+    table = daemon.cli("ls", "sweep", "-o", "id,array,state", check=True).stdout.splitlines()
+    assert [ln.split() for ln in table[1:]] == [[str(arr), f"{arr}_0", "running"],
+                                                [str(arr + 1), f"{arr}_2", "running"],
+                                                [f"{arr}_[4,7]", f"{arr}_[4,7]", "queued"]], table
     gate.touch()
     r = daemon.cli("wait", "sweep", timeout=120)  # by name: every task
     assert r.returncode == 0 and r.stderr.count("succeeded") == 4, r.stderr

@@ -1,24 +1,38 @@
-"""What the `colo` command (bin/colo) runs. `colo submit` and `colo ls` take short paths that do
-not import typer (see colo/cli/submitspec.py, colo/cli/lsview.py); every other command, and any submit or
-ls the short path does not know, goes to the typer app in colo/cli/app.py."""
+"""What the `colo` command (bin/colo) runs.
+
+Every command that talks to the daemon runs without importing typer: its options are read by
+colo/cli/argv.py from colo/cli/options.py's table, and its function (the same one the typer command
+calls) runs at once. A shell's completion request for a job argument is answered the same way
+(colo/cli/complete.py). Anything the short parser does not know (--help, an unknown option, a
+malformed number, the commands that do not ask the daemon) goes to the typer app in colo/cli/app.py.
+"""
 from __future__ import annotations
 
+import os
 import sys
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["submit"]:
-        from .submitspec import run_fast
+    if "_COLO_COMPLETE" in os.environ:
+        from .complete import fast
 
-        code = run_fast(sys.argv[2:])
-        if code is not None:
+        if fast():
+            sys.exit(0)
+    cmd = None
+    if len(sys.argv) > 1:
+        from .options import BY_NAME
+
+        cmd = BY_NAME.get(sys.argv[1])
+    if cmd is not None:
+        from .argv import parse
+
+        kw = parse(cmd, sys.argv[2:])
+        if kw is not None:
+            from .out import run
+
+            module, _, name = cmd.run.partition(":")
+            code = run(getattr(__import__(module, fromlist=[name]), name), kw)
             sys.stdout.flush()
-            sys.exit(code)
-    if sys.argv[1:2] == ["ls"]:  # the same short path for `colo ls` (colo/cli/lsview.py)
-        from .lsview import run_fast
-
-        code = run_fast(sys.argv[2:])
-        if code is not None:
             sys.exit(code)
     from .app import main as full
 

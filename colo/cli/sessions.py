@@ -12,7 +12,8 @@ import typer
 
 from ..client import Client, ClientError
 from ..textsafe import safe
-from .submitspec import SubmitError, build_spec
+from .out import Fail
+from .submitspec import build_spec
 
 
 def _fail(msg: str, code: int = 1) -> None:
@@ -31,7 +32,7 @@ def _attached(command: list[str], sock: Optional[Path], gpu_mem: Optional[str], 
         spec = build_spec(command, process=True, gpu_mem=gpu_mem, gpus=(1 if gpu_mem else 0) if gpus is None else gpus,
                           env=env, **opts)
         return attach.run(Client(sock), spec)
-    except (SubmitError, ClientError) as e:
+    except (Fail, ClientError) as e:
         _fail(str(e))
 
 
@@ -57,7 +58,8 @@ def register(app: typer.Typer) -> None:
     gpu_id_opt = typer.Option([], "--gpu-id", help="only these GPUs may take it (indices, e.g. 0,2)")
     gpu_type_opt = typer.Option(None, "--gpu-type", help="only GPUs whose name holds this text")
     priority_opt = typer.Option(0, "--priority", help="higher starts first")
-    after_opt = typer.Option([], "--after", help="start only after this job succeeded (repeatable)")
+    after_opt = typer.Option([], "--after", help="start only after this job succeeded (repeatable; an id, "
+                             "ARRAY_INDEX or a name, as submit --after)")
     sock_opt = typer.Option(None, "--socket", envvar="COLO_SOCKET", help="daemon socket")
 
     @app.command(context_settings={"allow_interspersed_args": False})
@@ -65,7 +67,7 @@ def register(app: typer.Typer) -> None:
               gpu_mem: Optional[str] = gpu_mem_opt, gpus: Optional[int] = gpus_opt, name: Optional[str] = name_opt,
               env: List[str] = env_opt, workdir: Optional[str] = workdir_opt, time_limit: Optional[str] = time_opt,
               cpus: Optional[float] = cpus_opt, mem: Optional[str] = mem_opt, gpu_id: List[str] = gpu_id_opt,
-              gpu_type: Optional[str] = gpu_type_opt, priority: int = priority_opt, after: List[int] = after_opt,
+              gpu_type: Optional[str] = gpu_type_opt, priority: int = priority_opt, after: List[str] = after_opt,
               sock: Optional[Path] = sock_opt):
         """Your shell on this node as a colo job: queued and placed like any job (its reason shown while
         it waits), held to its GPU budget, contained and counted; it ends when you leave the shell.
@@ -85,7 +87,7 @@ def register(app: typer.Typer) -> None:
                      time_limit: Optional[str] = time_opt, cpus: Optional[float] = cpus_opt,
                      mem: Optional[str] = mem_opt, gpu_id: List[str] = gpu_id_opt,
                      gpu_type: Optional[str] = gpu_type_opt, priority: int = priority_opt,
-                     after: List[int] = after_opt, sock: Optional[Path] = sock_opt):
+                     after: List[str] = after_opt, sock: Optional[Path] = sock_opt):
         """Run a command as a colo job attached to this terminal, as srun --pty does: it waits in the
         queue, then runs on a terminal of its own (Ctrl-C, Ctrl-Z and window size reach it); exits
         with its exit code.

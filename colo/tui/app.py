@@ -6,8 +6,6 @@ daemon that goes away turns into a banner and the polls go on until it answers a
 """
 from __future__ import annotations
 
-import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -22,7 +20,7 @@ from textual.worker import Worker, WorkerState
 from ..client import Client, ClientError
 from ..textsafe import safe, safe_tree
 from . import model
-from .render import header, render_frame
+from .render import header
 from .screens import ConfirmScreen, DetailScreen, HelpScreen, LogScreen
 from .widgets import GpuPanel, GpuRow, History, KeyedTable, Line
 
@@ -298,17 +296,7 @@ def screenshot(frames: list[dict], path: Path, size: tuple[int, int] = (150, 19)
     asyncio.run(go())
 
 
-def run_top(client: Client, once: bool = False, lines: int | None = None) -> int:
-    if once:
-        try:
-            snap = client.top()
-        except ClientError as e:
-            print(f"colo top: {e}", file=sys.stderr)
-            return 1
-        size = shutil.get_terminal_size((100, 0))
-        if lines is None:  # a screenful on a terminal; everything into a pipe or file
-            lines = size.lines if sys.stdout.isatty() else 0
-        sys.stdout.write(render_frame(snap, width=size.columns, height=max(0, lines)))
-        return 0
+def run_top(client: Client) -> int:
+    """The live view (`colo top --once` is render.once: no Textual loaded for it)."""
     make_app(client).run()
     return 0

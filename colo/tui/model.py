@@ -21,7 +21,7 @@ PALETTE = ("dodger_blue1", "green3", "orange1", "medium_purple1", "turquoise2", 
            "hot_pink", "chartreuse3")
 FOREIGN_STYLE = "bright_red"
 MPS_SERVER_STYLE = "grey62"
-MODE_LABEL = {"mps": "MPS", "timesliced": "TS", "none": "cpu", None: "-"}
+MODE_LABEL = {"mps": "MPS", "timesliced": "TS", "exclusive": "alone", "none": "cpu", None: "-"}
 
 JOB_COLUMNS = (("id", "ID"), ("name", "NAME"), ("user", "USER"), ("gpu", "GPU"), ("mode", "MODE"),
                ("budget", "BUDGET"), ("used", "USED"), ("sm", "SM%"), ("time", "TIME"), ("state", "STATE"))

@@ -99,3 +99,23 @@ def _fit(out: list[str], height: int) -> list[str]:
         return rows[:max(0, n - 1)] + [f"… {len(rows) - max(0, n - 1)} more (colo ls --all)"]
 
     return (head + cut(jobs, nj) + [""] + qhead + cut(qrows, nq))[:height]
+
+
+def once(client, lines: int | None = None) -> int:
+    """`colo top --once`: one frame from the daemon's snapshot (a screenful on a terminal; everything
+    into a pipe or file, or `lines`)."""
+    import shutil
+    import sys
+
+    from ..client import ClientError
+
+    try:
+        snap = client.top()
+    except ClientError as e:
+        print(f"colo top: {e}", file=sys.stderr)
+        return 1
+    size = shutil.get_terminal_size((100, 0))
+    if lines is None:
+        lines = size.lines if sys.stdout.isatty() else 0
+    sys.stdout.write(render_frame(snap, width=size.columns, height=max(0, lines)))
+    return 0
