@@ -109,6 +109,14 @@ class JobSpec:
     # on a terminal colo made for it, whose other end went to the submitter's client.
     interactive: bool = False
     tty: bool = False
+    begin: float | None = None  # --begin/--delay: not started before this (epoch seconds)
+    # --output/--error: files the job's stdout (and stderr, or its stderr apart) also go to, opened
+    # as its user (never by root: colo-shim's writer, native/shim); %j and the like expanded at start
+    output: str | None = None
+    error: str | None = None
+    on_end: str | None = None  # --on-end: a shell command run as its user when it ends
+    mail_type: str | None = None  # --mail-type END, FAIL or ALL (where the node has a mail transfer agent)
+    mail_user: str | None = None
 
     @property
     def runtime(self) -> str:
@@ -133,6 +141,23 @@ class JobSpec:
     def array_ref(self) -> str | None:
         """`ARRAY_INDEX` (as Slurm writes a task: 12_3), or None for a job of no array."""
         return None if self.array_job is None else f"{self.array_job}_{self.array_index}"
+
+    def out_path(self, pattern: str, job_id: int, user: str) -> str:
+        """--output/--error with Slurm's replacements: %j the job id, %A the array's id, %a the task's
+        index, %x the job's name, %u the user, %% a %. (validate.py refuses any other %.)"""
+        sub = {"j": str(job_id), "A": str(self.array_job if self.array_job is not None else job_id),
+               "a": str(self.array_index if self.array_index is not None else 0), "x": self.name or "colo",
+               "u": user, "%": "%"}
+        out, i = [], 0
+        while i < len(pattern):
+            ch = pattern[i]
+            if ch == "%" and i + 1 < len(pattern) and pattern[i + 1] in sub:
+                out.append(sub[pattern[i + 1]])
+                i += 2
+                continue
+            out.append(ch)
+            i += 1
+        return "".join(out)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "JobSpec":
@@ -161,6 +186,7 @@ class Job:
     attempts: int = 0
     cancel_by: str | None = None  # a cancel was asked for (by this user) and is under way
     held_by: str | None = None  # `colo hold`: a queued job that is not started until released
+    paused_by: str | None = None  # `colo pause`: a running job frozen (cgroup freezer, docker pause)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

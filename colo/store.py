@@ -100,6 +100,10 @@ MIGRATIONS: list[str] = [
     ALTER TABLE learned_error ADD COLUMN seen INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX learned_error_seen ON learned_error(uid, seen, id);
     """,
+    # 8: `colo pause`: who froze a running job (NULL: not paused), so a restarted daemon knows it
+    """
+    ALTER TABLE jobs ADD COLUMN paused_by TEXT;
+    """,
 ]
 
 # Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
@@ -125,7 +129,7 @@ _LS_SQL = {
 _LS_JSON = ("gpus", "argv")  # stored as JSON text
 
 _JOB_COLS = ("id, spec, uid, gid, user, state, reason, submitted_at, started_at, ended_at, "
-             "exit_code, gpus, mode, handle, attempts, cancel_by, held_by")
+             "exit_code, gpus, mode, handle, attempts, cancel_by, held_by, paused_by")
 
 
 class StoreError(RuntimeError):
@@ -150,7 +154,7 @@ def _row_to_job(r: tuple) -> Job:
         id=r[0], spec=JobSpec.from_dict(json.loads(r[1])), uid=r[2], gid=r[3], user=r[4],
         state=State(r[5]), reason=r[6], submitted_at=r[7], started_at=r[8], ended_at=r[9],
         exit_code=r[10], gpus=json.loads(r[11]), mode=Mode(r[12]) if r[12] else None,
-        handle=r[13], attempts=r[14], cancel_by=r[15], held_by=r[16])
+        handle=r[13], attempts=r[14], cancel_by=r[15], held_by=r[16], paused_by=r[17])
 
 
 def _decoded(rows: list[tuple], fields: list[str]) -> list[tuple]:
@@ -230,20 +234,22 @@ class Store:
 
     # jobs -------------------------------------------------------------------------------------
     def add_job(self, spec: JobSpec, uid: int, gid: int, user: str, now: float | None = None,
-                reason: str | None = None) -> Job:
+                reason: str | None = None, held_by: str | None = None) -> Job:
+        """held_by: queued held (`submit --hold`)."""
         now = time.time() if now is None else now
         reason = reason or f"submitted by {user}"
         with self.tx():
             cur = self.db.execute(
-                "INSERT INTO jobs(spec, uid, gid, user, state, reason, priority, submitted_at) VALUES (?,?,?,?,?,?,?,?)",
-                (json.dumps(spec.to_dict()), uid, gid, user, State.QUEUED.value, reason, spec.priority, now))
+                "INSERT INTO jobs(spec, uid, gid, user, state, reason, priority, submitted_at, held_by) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
+                (json.dumps(spec.to_dict()), uid, gid, user, State.QUEUED.value, reason, spec.priority, now, held_by))
             job_id = cur.lastrowid
             self.db.execute("INSERT INTO events(job_id, at, old_state, new_state, reason) VALUES (?,?,?,?,?)",
                             (job_id, now, None, State.QUEUED.value, reason))
         return self.get(job_id)
 
     def add_array(self, spec: JobSpec, indices: list[int], limit: int | None, uid: int, gid: int, user: str,
-                  now: float | None = None) -> list[Job]:
+                  now: float | None = None, held_by: str | None = None) -> list[Job]:
         """The tasks of a job array in one transaction: all or none. The array's id is its first
         task's job id, known once that row is in, and written into every task's spec."""
         from dataclasses import replace
@@ -256,8 +262,10 @@ class Store:
                 s = replace(spec, array_job=ids[0] if ids else 0, array_index=i, array_size=len(indices),
                             array_limit=limit)
                 cur = self.db.execute(
-                    "INSERT INTO jobs(spec, uid, gid, user, state, reason, priority, submitted_at) VALUES (?,?,?,?,?,?,?,?)",
-                    (json.dumps(s.to_dict()), uid, gid, user, State.QUEUED.value, reason, spec.priority, now))
+                    "INSERT INTO jobs(spec, uid, gid, user, state, reason, priority, submitted_at, held_by) "
+                    "VALUES (?,?,?,?,?,?,?,?,?)",
+                    (json.dumps(s.to_dict()), uid, gid, user, State.QUEUED.value, reason, spec.priority, now,
+                     held_by))
                 ids.append(cur.lastrowid)
                 if len(ids) == 1:
                     self.db.execute("UPDATE jobs SET spec=? WHERE id=?",
@@ -488,6 +496,8 @@ class Store:
                 sets.setdefault("ended_at", now)
             if new == State.QUEUED:
                 sets.update(started_at=None, handle=None, gpus="[]", mode=None)
+            if new != State.RUNNING:
+                sets.setdefault("paused_by", None)  # only a running job is paused
             for k in ("gpus",):
                 if k in sets and not isinstance(sets[k], str):
                     sets[k] = json.dumps(list(sets[k]))

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 from .. import __version__, logtimes, protocol
 from ..sched import fairshare
 from .. import report as rp
-from ..jobs import ACTIVE, ARRAY_FIELDS, TERMINAL, Job, JobSpec, State
+from ..jobs import ACTIVE, ARRAY_FIELDS, TERMINAL, Job, JobSpec, Mode, State
 from ..sched.policy import can_ever_fit, gpu_allowed, gpu_filter_refusal
 from ..runtimes.base import EngineError, Gone, Unavailable
 from ..store import NotFound
 from ..units import format_size_exact
-from . import logread, pin, session
+from . import deps, logread, onend as mail, pin, session
 from .external import External, Refused
 from .validate import Caller, Forbidden, Invalid, check_spec, is_admin, parse_array
 
@@ -72,7 +72,8 @@ class Api:
     def summary(self, job: Job, reasons: dict[int, str] | None = None) -> dict:
         out = {
             "id": job.id, "name": job.spec.name, "held_by": job.held_by if job.state == State.QUEUED else None, "user": job.user, "uid": job.uid, "state": str(job.state),
-            "gpus": job.gpus, "mode": str(job.mode) if job.mode else None, "budget": job.spec.gpu_mem,
+            "paused_by": job.paused_by if job.state == State.RUNNING else None,
+            "gpus": job.gpus, "gpu_index": self._indices(job.gpus), "mode": self.mode(job), "budget": job.spec.gpu_mem,
             "ngpus": job.spec.gpus, "image": job.spec.image, "argv": job.spec.argv,
             "submitted_at": job.submitted_at, "started_at": job.started_at, "ended_at": job.ended_at,
             "exit_code": job.exit_code, "priority": job.spec.priority, "reason": job.reason,
@@ -91,13 +92,35 @@ class Api:
                 out["idle_since"] = u.get("idle_since")  # holding GPU memory with no GPU activity since (idle_after)
         return out
 
+    def _indices(self, uuids: list[str]) -> list[int | None]:
+        """GPUs by index, as `colo gpus` numbers them (None: one no longer here)."""
+        if not uuids:
+            return []
+        index = {g.uuid: g.index for g in self.d.gpus.devices}
+        return [index.get(u) for u in uuids]
+
+    def _gpus_text(self, uuids: list[str]) -> str:
+        """ls's GPU column: indices (a UUID's start for a GPU no longer here)."""
+        return ",".join(u[:12] if i is None else str(i) for i, u in zip(self._indices(uuids), uuids))
+
+    def mode(self, job: Job) -> str | None:
+        """A job's mode as listings show it: a time-sliced job alone on its GPUs runs "exclusive"."""
+        if job.mode is None:
+            return None
+        if job.mode == Mode.TIMESLICED and job.state in ACTIVE and job.gpus and not any(
+                set(j.gpus) & set(job.gpus) for j in self.d.table.active(*ACTIVE) if j.id != job.id):
+            return "exclusive"
+        return job.mode._value_
+
     def reason(self, job: Job, decided: str | None = None) -> str:
         """The reason listings show: a queued job's latest decision (`decided`) unless it is held, a
-        running job's with what the patrol says of it."""
+        running job's with what the patrol says of it, or who paused it."""
         if job.state == State.QUEUED:
             if job.held_by:  # said at once, before a pass has looked at it
                 return f"held by {job.held_by} (colo release {job.id})"
             return job.reason if decided is None else decided
+        if job.state == State.RUNNING and job.paused_by:
+            return f"paused by {job.paused_by} (colo resume {job.id})"
         notes = [n for n in (self.d.patrol.note(job.id), self.d.sampler.idle_note(job.id)) if n] \
             if job.state in ACTIVE else []
         return "; ".join([job.reason, *notes])
@@ -151,11 +174,17 @@ class Api:
         """tty: a session's job (op `session`), which starts on the terminal the daemon made for it."""
         d = self.d
         protected = [d.config.state_dir, d.config.socket.parent]
+        raw = args.get("spec")
         try:
-            spec = check_spec(args.get("spec"), caller, protected)
+            # --after 12_3, --after prep: made job ids here (deps.py), before the spec is checked
+            spec = check_spec(deps.resolved(d.store, raw, caller.user) if isinstance(raw, dict) else raw,
+                              caller, protected)
             spec.tty = tty
-            array = args["spec"].get("array")
+            array = raw.get("array")
             indices, limit = parse_array(array) if array is not None else (None, None)
+            if spec.mail_type and not mail.transfer_agent():
+                raise Invalid(f"--mail-type: this node has no mail transfer agent ({mail.WHERE}); ask for a "
+                              "command instead: --on-end 'notify-send done' (or any command, run as you)")
         except Invalid as e:
             raise ApiError(str(e), protocol.INVALID) from None
         except Forbidden as e:
@@ -168,9 +197,10 @@ class Api:
             except Forbidden as e:
                 raise ApiError(str(e), protocol.FORBIDDEN) from None
         await self._admit(spec, caller, caller.user, caller.uid, tasks=len(indices) if indices else 1)
+        held = caller.user if raw.get("hold") else None  # submit --hold (sbatch -H)
         if indices is None:
-            return self.summary(d.table.add(spec, caller.uid, caller.gid, caller.user))
-        jobs = d.table.add_array(spec, indices, limit, caller.uid, caller.gid, caller.user)
+            return self.summary(d.table.add(spec, caller.uid, caller.gid, caller.user, held_by=held))
+        jobs = d.table.add_array(spec, indices, limit, caller.uid, caller.gid, caller.user, held_by=held)
         return {**self.summary(jobs[0]), "tasks": [j.id for j in jobs]}  # the array's id is its first task's
 
     async def _admit(self, spec: JobSpec, caller: Caller, user: str, uid: int, queued: bool = False,
@@ -468,19 +498,36 @@ class Api:
         self._ls_ended[key] = cache
         miss = [i for i, _ in past if i not in cache]
         if miss:
+            index = {g.uuid: g.index for g in self.d.gpus.devices}
             for r in self.d.store.listing_by_id(["id", *fields], miss):
-                cache[r[0]] = _encode(_as_sent(r[1:], fields, cut))
+                cache[r[0]] = _encode(_as_sent(r[1:], fields, cut, index))
         return [(i, st, cache[i]) for i, st in past]
 
     def _row(self, j: Job, fields: list[str], cut: int | None, why: str | None = None) -> list:
-        """One open job's `fields` as ls sends them (see ls)."""
-        return [self.reason(j, why)[:cut] if f == "reason" else " ".join(j.spec.argv)[:cut] if f == "argv"
-                else _LIVE[f](j) for f in fields]
+        """One open job's `fields` as ls sends them (see ls): its GPUs by index, a lone time-sliced
+        job "exclusive", a paused one's state "paused"."""
+        out = []
+        for f in fields:
+            if f == "reason":
+                out.append(self.reason(j, why)[:cut])
+            elif f == "argv":
+                out.append(" ".join(j.spec.argv)[:cut])
+            elif f == "gpus":
+                out.append(self._gpus_text(j.gpus))
+            elif f == "mode":
+                out.append(self.mode(j))
+            elif f == "state" and j.paused_by and j.state == State.RUNNING:
+                out.append("paused")
+            else:
+                out.append(_LIVE[f](j))
+        return out
 
     async def show(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "see the details of")
         out = self.summary(job, self.reasons([job]))
         out["spec"] = job.spec.to_dict()
+        ids = [*job.spec.after, *job.spec.after_any, *job.spec.after_fail]
+        out["dep_states"] = {str(i): str(self.d.table.state_of(i) or "removed") for i in ids[:100]}
         out["events"] = self.d.store.events(job.id)
         out["decision"] = self.d.scheduler.explain(job.id)
         out["log"] = str(self.d.config.log_path(job.id))
@@ -526,6 +573,45 @@ class Api:
         if not task.cancelled() and task.exception() is not None:
             log.warning("stopping a cancelled job failed: %s", task.exception())
 
+    def _running(self, args: dict, caller: Caller, verb: str) -> Job:
+        job = self._own(self._job(args), caller, verb)
+        if job.state != State.RUNNING or not job.handle:
+            raise ApiError(f"job {job.id} is {job.state}: only a running job can be {verb}{'d' if verb[-1] == 'e' else 'ed'}",
+                           protocol.INVALID)
+        if job.spec.slurm_job is not None:
+            raise ApiError(f"job {job.id} is Slurm job {job.spec.slurm_job}: ask Slurm (scontrol, scancel)",
+                           protocol.INVALID)
+        if job.cancel_by:
+            raise ApiError(f"job {job.id} is being stopped (cancelled by {job.cancel_by})", protocol.INVALID)
+        return job
+
+    async def _engine(self, job: Job, act):
+        try:
+            return await act
+        except (EngineError, Unavailable) as e:
+            raise ApiError(f"job {job.id}: {e}", protocol.UNAVAILABLE if isinstance(e, Unavailable)
+                           else protocol.INVALID) from None
+        except Gone:
+            raise ApiError(f"job {job.id} is ending", protocol.INVALID) from None
+
+    async def pause(self, caller: Caller, args: dict) -> dict:
+        """Freeze a running job (the launcher's runtime: cgroup freezer, docker pause). Not an MPS
+        client: frozen in the middle of a kernel it could stall the GPU's MPS server for the others."""
+        job = self._running(args, caller, "pause")
+        if job.paused_by:
+            return self.summary(job)
+        if job.mode == Mode.MPS:
+            raise ApiError(f"job {job.id} is an MPS client of GPU {self._gpus_text(job.gpus)}: colo does not pause "
+                           "MPS clients (one frozen in the middle of a kernel could stall the MPS server for every "
+                           f"other job on that GPU); colo cancel {job.id} stops it", protocol.INVALID)
+        return self.summary(await self._engine(job, self.d.launcher.pause(job.id, caller.user)))
+
+    async def resume(self, caller: Caller, args: dict) -> dict:
+        job = self._own(self._job(args), caller, "resume")
+        if job.state != State.RUNNING or not job.paused_by:
+            raise ApiError(f"job {job.id} is not paused ({job.state})", protocol.INVALID)
+        return self.summary(await self._engine(job, self.d.launcher.resume(job.id, caller.user)))
+
     async def gpus(self, caller: Caller, args: dict) -> dict:
         d = self.d
         active = d.table.jobs_in(*ACTIVE)
@@ -545,7 +631,9 @@ class Api:
         d = self.d
         gpus = await self.gpus(caller, args)
         live = sorted(d.table.open.values(), key=lambda j: j.id)
-        recent = [j for j in d.store.jobs(TERMINAL, limit=20, newest_first=True)]
+        # ended jobs only briefly, the last few: the panel is for what runs (history: colo history)
+        recent = [j for j in d.store.jobs(TERMINAL, limit=TOP_ENDED, newest_first=True)
+                  if (j.ended_at or 0) > time.time() - TOP_ENDED_FOR]
         # processes of no job, as the patrol mapped them at the last sample (colo's MPS servers excluded)
         foreign = [{"gpu": f["gpu"], "pid": f["pid"], "used": f["used"], "command": _cmd(f["pid"]),
                     "user": _user(f["pid"])} for f in d.patrol.foreign]
@@ -686,7 +774,7 @@ class Api:
         return {"stopping": True}
 
     async def signal(self, caller: Caller, args: dict) -> dict:
-        """A signal (protocol.SIGNALS) to a running job's main process, passed on by its shim: a
+        """A signal (protocol.SIGNALS) to a running job's main process (passed on by its shim; a container's by the engine): a
         notebook kernel's interrupt (SIGINT), as `scancel --signal` does."""
         job = self._own(self._job(args), caller, "signal")
         if job.state != State.RUNNING or not job.handle:
@@ -696,7 +784,7 @@ class Api:
         except Gone:
             raise ApiError(f"job {job.id} has ended", protocol.INVALID) from None
         if not sent:
-            raise ApiError(f"job {job.id} is a {job.spec.runtime} job: colo signals process jobs only",
+            raise ApiError(f"job {job.id} is a {job.spec.runtime} job: colo signals process and container jobs only",
                            protocol.INVALID)
         return self.summary(self.d.table.job(job.id))
 
@@ -806,15 +894,15 @@ class Api:
         return job
 
 
-def _as_sent(r: tuple, fields: list[str], cut: int | None) -> list:
-    """A stored job's fields (Store.listing) as ls sends them (see ls)."""
+def _as_sent(r: tuple, fields: list[str], cut: int | None, index: dict[str, int]) -> list:
+    """A stored job's fields (Store.listing) as ls sends them (see ls); GPUs by `index`."""
     out = list(r)
     for k, f in enumerate(fields):
         v = out[k]
         if f == "argv":
             out[k] = " ".join(v)[:cut]
         elif f == "gpus":
-            out[k] = ",".join(v)
+            out[k] = ",".join(str(index[u]) if u in index else u[:12] for u in v)
         elif f == "reason":
             out[k] = v[:cut]
         elif f.endswith("_at") and v is not None:
@@ -842,10 +930,9 @@ def _bounded(rows: list[tuple[int, str, bytes]], head: int, n_ended: dict[str, i
     return keep, {k: v for k, v in left.items() if v > 0}
 
 
-# What ls sends of an open job, by field (reason and argv: Api._row)
+# What ls sends of an open job, by field (reason, argv, gpus, mode and a paused job's state: Api._row)
 _LIVE = {
     "id": lambda j: j.id, "name": lambda j: j.spec.name, "user": lambda j: j.user, "state": lambda j: j.state._value_,
-    "gpus": lambda j: ",".join(j.gpus), "mode": lambda j: j.mode and j.mode._value_,
     "budget": lambda j: j.spec.gpu_mem, "submitted_at": lambda j: int(j.submitted_at),
     "started_at": lambda j: j.started_at and int(j.started_at), "ended_at": lambda j: j.ended_at and int(j.ended_at),
     "exit_code": lambda j: j.exit_code, "priority": lambda j: j.spec.priority, "array": lambda j: j.spec.array_ref,
@@ -876,3 +963,4 @@ def _user(pid: int) -> str:
 
 STREAMS = {"logs", "wait", "session"}
 ATTACHED = {"session"}  # streams that end when their client hangs up (server.py)
+TOP_ENDED, TOP_ENDED_FOR = 5, 300.0  # `colo top` shows the newest 5 ended jobs, for 5 minutes after their end

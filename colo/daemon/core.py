@@ -17,6 +17,7 @@ wired below, never through each other's fields:
   recovery   recovery.Recovery   finding jobs again (restart, the engine coming back)
   retention  retention.Retention removing ended jobs (colo clean, history_keep_days)
   metrics    metrics.Metrics     Prometheus figures, a snapshot of the others' state (opt-in)
+  onend      onend.OnEnd         what a job asked to run as its owner when it ends (--on-end, mail)
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from .jobtable import JobTable
 from .launcher import Launcher
 from .learner import Learner
 from .metrics import Metrics
+from .onend import OnEnd
 from .patrol import Patrol
 from .recovery import Recovery
 from .retention import Retention
@@ -110,6 +112,8 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.update()  # a scrape before the first tick has figures
             self.metrics.serve()
+        self.onend = OnEnd(c, native_dir)
+        self.table.on_change.append(self.onend.job_changed)
 
     def wake(self) -> None:
         """Run the scheduler soon (a signal, a request that changed what it may start)."""

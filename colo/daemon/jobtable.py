@@ -91,15 +91,16 @@ class JobTable:
             return None
 
     # changing (the event loop only) -----------------------------------------------------------
-    def add(self, spec, uid: int, gid: int, user: str, reason: str | None = None) -> Job:
-        job = self.store.add_job(spec, uid, gid, user, reason=reason)
+    def add(self, spec, uid: int, gid: int, user: str, reason: str | None = None, held_by: str | None = None) -> Job:
+        job = self.store.add_job(spec, uid, gid, user, reason=reason, held_by=held_by)
         self.open[job.id] = job
         self._changed(None, job)
         return job
 
-    def add_array(self, spec, indices: list[int], limit: int | None, uid: int, gid: int, user: str) -> list[Job]:
+    def add_array(self, spec, indices: list[int], limit: int | None, uid: int, gid: int, user: str,
+                  held_by: str | None = None) -> list[Job]:
         """The tasks of `colo submit --array`, stored at once (store.add_array)."""
-        jobs = self.store.add_array(spec, indices, limit, uid, gid, user)
+        jobs = self.store.add_array(spec, indices, limit, uid, gid, user, held_by=held_by)
         for job in jobs:
             self.open[job.id] = job
             self._changed(None, job)

@@ -505,6 +505,11 @@ class Launcher:
         rt = self.engines.runtime_for(job)
 
         def stop() -> None:
+            if job.paused_by:  # frozen: a SIGTERM would wait for the thaw
+                try:
+                    rt.resume(handle)
+                except EngineError as e:
+                    log.warning("job %d: thawing it before its stop: %s", job_id, e)
             rt.stop(handle, self.config.stop_grace)
 
         if job.mode == Mode.MPS and job.gpus:
@@ -516,6 +521,20 @@ class Launcher:
             await asyncio.to_thread(self.gpus.mps.terminate_then, job.gpus[0], pids, stop)
         else:
             await asyncio.to_thread(stop)
+
+    # pause, resume, signal (colo pause, resume, cancel -s) ---------------------------------------
+    async def pause(self, job_id: int, by: str) -> Job:
+        """Freeze a running job (the runtime's freezer); it keeps its GPUs and budget."""
+        job = self.table.job(job_id)
+        await asyncio.to_thread(self.engines.runtime_for(job).pause, job.handle)
+        log.info("job %d paused by %s", job_id, by)
+        return self.table.set_fields(job_id, paused_by=by)
+
+    async def resume(self, job_id: int, by: str) -> Job:
+        job = self.table.job(job_id)
+        await asyncio.to_thread(self.engines.runtime_for(job).resume, job.handle)
+        log.info("job %d resumed by %s", job_id, by)
+        return self.table.set_fields(job_id, paused_by=None)
 
     async def stop_for_patrol(self, job_id: int, by: str, pids: set[int]) -> bool:
         """The patrol's kill: the cancel stored first, processes that left the job's process

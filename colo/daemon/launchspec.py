@@ -102,4 +102,6 @@ def build_launch(config: Config, gpus: Gpus, native_dir: Path, mps_users: Callab
     return Launch(job_id=job.id, argv=job.spec.argv, uid=job.uid, gid=job.gid, log_path=log_path,
                   run_dir=run_dir, image=job.spec.image, env=env, mounts=mounts, workdir=job.spec.workdir,
                   gpus=list(dec.gpus), labels={"colo.job": str(job.id), "colo.user": job.user},
-                  share_host_shm=share_shm, release=release, cpus=job.spec.cpus, mem=job.spec.mem)
+                  share_host_shm=share_shm, release=release, cpus=job.spec.cpus, mem=job.spec.mem,
+                  output=job.spec.output and job.spec.out_path(job.spec.output, job.id, job.user),
+                  error=job.spec.error and job.spec.out_path(job.spec.error, job.id, job.user))

@@ -96,6 +96,7 @@ class Scheduler:
         self._uq_stale: Counter = Counter()
         self._budgets: Counter = Counter()  # budget -> queued GPU jobs with it (the smallest ends a walk)
         self._always: set[int] = set()  # queued jobs every full pass looks at: CPU-only, with --after
+        self._begins: dict[int, float] = {}  # queued jobs not to start before a time (--begin): when
         self.fair_ledger = fairshare.Ledger(config.fair_share_half_life)
         self.limits = fairshare.Limits(config.max_queued_per_user, config.max_running_per_user,
                                        config.max_gpu_mem_per_user)
@@ -103,6 +104,7 @@ class Scheduler:
         self._views: list[policy.GpuView] = []  # the GPUs as the pass that runs sees them
         self._grow_planned = False
         self._array_load: Counter | None = None
+        self._array_running: Counter = Counter()
         self._writer = DecisionWriter(config.db_path)
         for j in sorted(table.open.values(), key=lambda j: j.id):
             if j.state == State.QUEUED:
@@ -163,6 +165,8 @@ class Scheduler:
 
     def _enter_queue(self, job: Job) -> None:
         self._queued_n[job.uid] += 1
+        if job.spec.begin and job.spec.begin > time.time():
+            self._begins[job.id] = job.spec.begin
         if not job.spec.gpus or job.spec.deps:
             self._always.add(job.id)
         if job.spec.gpus:
@@ -176,6 +180,7 @@ class Scheduler:
 
     def _leave_queue(self, job: Job) -> None:
         self._queued_n[job.uid] -= 1
+        self._begins.pop(job.id, None)
         self._always.discard(job.id)
         if job.spec.gpus:
             self._budgets[job.spec.gpu_mem] -= 1
@@ -218,6 +223,8 @@ class Scheduler:
             due = min(due, self._next_full - mono)
         if self._hold_due < math.inf:
             due = min(due, self._hold_due - time.time())
+        if self._begins:  # a --begin falls due: a full pass may start it
+            due = min(due, min(self._begins.values()) - time.time())
         return max(0.0, due)
 
     # the pass ---------------------------------------------------------------------------------
@@ -226,6 +233,9 @@ class Scheduler:
         the monitors, not here. complete: look at every queued job (else a full pass stops once
         no GPU could take the smallest job left)."""
         now, mono = time.time(), time.monotonic()
+        if self._begins and min(self._begins.values()) <= now:
+            self._begins = {i: t for i, t in self._begins.items() if t > now}
+            self._full = True
         views = self.gpus.views(in_use=True)
         sig = (tuple(views), self.gpus.error, self.engines.docker_away() is None)
         if now >= self._hold_due or mono - self._last_complete >= COMPLETE_PASS_EVERY:
@@ -359,6 +369,10 @@ class Scheduler:
             if j.held_by:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=f"held by {j.held_by} (colo release {j.id})"))
                 continue
+            if j.spec.begin and j.spec.begin > time.time():
+                at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.spec.begin))
+                waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting for its start time, {at} (--begin)"))
+                continue
             if j.spec.deps:
                 why, never = self._deps_wait(j)
                 if never:
@@ -378,15 +392,19 @@ class Scheduler:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=why))
                 continue
             if j.spec.array_limit:  # --array ...%N: at most N of its tasks running (or planned this pass)
-                arrays = self._array_load
-                if arrays is None:
-                    arrays = self._array_load = Counter(a.spec.array_job for a in self.table.active(*ACTIVE))
-                if arrays[j.spec.array_job] >= j.spec.array_limit:
+                if self._array_load is None:
+                    self._array_running = Counter(a.spec.array_job for a in self.table.active(*ACTIVE))
+                    self._array_load = Counter(self._array_running)
+                a, most = j.spec.array_job, j.spec.array_limit
+                if self._array_load[a] >= most:
+                    run = self._array_running[a]  # the running tasks only: those planned first may wait too
+                    ahead = self._array_load[a] - run
                     waits.append(policy.Decision(j.id, policy.WAIT, reason=(
-                        f"waiting for its array: {arrays[j.spec.array_job]} task(s) of array {j.spec.array_job} "
-                        f"run, at most {j.spec.array_limit} at once (--array ...%{j.spec.array_limit})")))
+                        f"waiting for its array: {run} task(s) of array {a} run"
+                        + (f" and {ahead} before it may start now" if ahead else "")
+                        + f"; at most {most} at once (--array ...%{most})")))
                     continue
-                arrays[j.spec.array_job] += 1
+                self._array_load[a] += 1
             seq = len(cands)
             last = self.decisions.get(job_id)
             held = tuple(last.details.get("held", ())) if last is not None else ()

@@ -55,7 +55,7 @@ def is_admin(caller: Caller, admin_group: str | None) -> bool:
 
 SPEC_FIELDS = {"argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "workdir", "after", "after_any",
                "after_fail", "priority", "profile", "retries", "grow", "cpus", "mem", "time", "gpu_ids", "gpu_type",
-               "array", "interactive"}
+               "array", "interactive", "hold", "begin", "output", "error", "on_end", "mail_type", "mail_user"}
 # colo's own plumbing: a job that could set these could escape its budget or reach MPS.
 # NVIDIA_*: what the NVIDIA container runtime's hook reads to hand a container devices (GPUs, MIG
 # capabilities, IMEX channels, GDS/MOFED/NVSwitch/GDRCopy devices); others (NVIDIA_TF32_OVERRIDE) are the job's.
@@ -77,13 +77,17 @@ MAX_ENV_BYTES = 64 << 10   # all names and values together
 MAX_MOUNTS = 16
 MAX_PATH = 1024            # bytes: mount source and target, workdir
 MAX_IMAGE = 255            # characters of an image reference
-MAX_AFTER = 64             # jobs a job may wait for
+MAX_AFTER = 1000           # jobs one of --after, --after-any, --after-fail may name (an array's id: its tasks)
 MAX_GPU_MEM = 1 << 50      # 1 PiB per GPU: more is a typo
 MAX_SIZE_TEXT = 32         # "4GiB"
 MAX_ARRAY_TASKS = 1000     # tasks one --array may make (Slurm's default MaxArraySize is 1001)
 MAX_ARRAY_INDEX = 1_000_000
 MAX_ARRAY_TEXT = 256       # characters of an --array
 MAX_GPU_IDS = 64
+MAX_ON_END = 4096          # bytes of an --on-end command
+MAIL_TYPES = frozenset({"END", "FAIL", "ALL", "NONE"})
+MAIL_USER = re.compile(r"^[A-Za-z0-9._%+-]{1,64}(@[A-Za-z0-9.-]{1,190})?$")
+OUT_KEYS = frozenset("jAaxu%")  # what --output/--error may hold after a % (JobSpec.out_path)
 GPU_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._+-]{0,63}$")
 IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -214,8 +218,11 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     deps = {}
     for key in ("after", "after_any", "after_fail"):
         ids = deps[key] = raw.get(key) or []
-        if not isinstance(ids, list) or len(ids) > MAX_AFTER or not all(_int(a) and 0 < a < 1 << 63 for a in ids):
-            raise Invalid(f"--{key.replace('_', '-')} takes up to {MAX_AFTER} job ids")
+        if not isinstance(ids, list) or not all(_int(a) and 0 < a < 1 << 63 for a in ids):
+            raise Invalid(f"--{key.replace('_', '-')} takes job ids, ARRAY_INDEX (12_3) or names")
+        if len(ids) > MAX_AFTER:
+            raise Invalid(f"--{key.replace('_', '-')} names {len(ids):,} jobs; at most {MAX_AFTER:,} "
+                          "(an array's tasks counted)")
     priority = raw.get("priority", 0)
     if not _int(priority) or not -1000 <= priority <= 1000:
         raise Invalid("--priority must be a whole number from -1000 to 1000")
@@ -246,10 +253,58 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     if limit is not None:
         limit = parse_time(limit)
     gpu_ids, gpu_type = _gpu_filter(raw.get("gpu_ids"), raw.get("gpu_type"), gpus)
+    if not isinstance(raw.get("hold", False), (bool, type(None))):
+        raise Invalid("hold must be true or false")
     return JobSpec(argv=argv, image=image, name=name, gpu_mem=gpu_mem, gpus=gpus, env=env, mounts=mounts,
                    workdir=workdir, **deps, priority=priority, profile=profile, retries=retries,
                    grow=grow, cpus=float(cpus) if cpus is not None else None, mem=mem, time=limit,
-                   gpu_ids=gpu_ids, gpu_type=gpu_type, interactive=interactive)
+                   gpu_ids=gpu_ids, gpu_type=gpu_type, interactive=interactive, begin=_begin(raw.get("begin")),
+                   **_outputs(raw, image), **_on_end(raw))
+
+
+def _begin(v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e11:
+        raise Invalid(f"--begin must be a time (seconds since the epoch), not {short(v)}")
+    return float(v)
+
+
+def _outputs(raw: dict, image: Any) -> dict:
+    """--output/--error: absolute paths (the client makes them so), Slurm's % replacements only;
+    for process jobs, whose output colo-shim also hands to a writer running as the user."""
+    out = {}
+    for key in ("output", "error"):
+        v = raw.get(key)
+        if v is None:
+            continue
+        flag = f"--{key}"
+        v = _path(flag, v)
+        i = v.find("%")
+        while i >= 0:
+            if i + 1 >= len(v) or v[i + 1] not in OUT_KEYS:
+                raise Invalid(f"{flag} {short(v, 80)}: {v[i:i + 2]!r} is not a replacement colo makes (%j the job "
+                              "id, %A the array's, %a the task's index, %x the name, %u the user, %% a %)")
+            i = v.find("%", i + 2)
+        out[key] = v
+    if out and image is not None:
+        raise Invalid("--output and --error are for process jobs (a container's output: colo logs ID > FILE)")
+    return out
+
+
+def _on_end(raw: dict) -> dict:
+    cmd, kind, to = raw.get("on_end"), raw.get("mail_type"), raw.get("mail_user")
+    if cmd is not None and (not isinstance(cmd, str) or not cmd.strip() or _utf8("--on-end", cmd) > MAX_ON_END):
+        raise Invalid(f"--on-end takes a shell command of 1 to {MAX_ON_END} bytes")
+    if kind is not None:
+        if not isinstance(kind, str) or not set(kind.upper().split(",")) <= MAIL_TYPES:
+            raise Invalid(f"--mail-type takes END, FAIL, ALL or NONE, not {short(kind)}")
+        kind = kind.upper()
+    if to is not None and (not isinstance(to, str) or not MAIL_USER.fullmatch(to)):
+        raise Invalid(f"--mail-user takes an address (user or user@host), not {short(to)}")
+    if to is not None and kind is None:
+        raise Invalid("--mail-user says where --mail-type mails go: give --mail-type END, FAIL or ALL too")
+    return {"on_end": cmd, "mail_type": None if kind == "NONE" else kind, "mail_user": to}
 
 
 def _gpu_filter(ids: Any, kind: Any, gpus: int) -> tuple[list[int], str | None]:

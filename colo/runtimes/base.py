@@ -54,6 +54,8 @@ class Launch:
         """Its GPUs are colo's simulated ones (native/fakegpu), reached through mounted files, not
         devices of the engine. COLO_FAKEGPU_STATE is colo's own variable: a submitter cannot set it."""
         return "COLO_FAKEGPU_STATE" in self.env
+    output: str | None = None  # --output, expanded (%j...): also gets stdout (and stderr unless `error`)
+    error: str | None = None  # --error: gets stderr apart
 
 
 class Runtime(Protocol):
@@ -78,7 +80,18 @@ class Runtime(Protocol):
         """None while running, else the exit code. Raises Gone when it vanished without one."""
 
     def stop(self, handle: str, grace: float) -> None:
-        """SIGTERM, then SIGKILL after `grace` seconds. Returns when it has stopped."""
+        """SIGTERM, then SIGKILL after `grace` seconds. Returns when it has stopped (a paused job is
+        thawed first)."""
+
+    def pause(self, handle: str) -> None:
+        """Freeze every process of the job where it is (the cgroup freezer; `docker pause`). Raises
+        EngineError with the reason where that cannot be done here."""
+
+    def resume(self, handle: str) -> None:
+        """Thaw what pause() froze."""
+
+    def signal(self, handle: str, sig: int) -> None:
+        """Send `sig` to the job (every process of a process job; a container's main process)."""
 
     def adopt(self) -> dict[int, str]:
         """Jobs of colo's still known to this runtime (running or exited, not yet cleaned): id -> handle."""

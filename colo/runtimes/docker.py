@@ -534,6 +534,25 @@ class DockerRuntime:
         except ENGINE_DOWN as e:
             raise self._engine_down(e) from None
 
+    def pause(self, handle: str) -> None:
+        self._call(self.api.pause, handle)
+
+    def resume(self, handle: str) -> None:
+        self._call(self.api.unpause, handle)
+
+    def signal(self, handle: str, sig: int) -> None:
+        self._call(self.api.kill, handle, signal=sig)  # the container's main process, as `docker kill -s`
+
+    def _call(self, fn, handle: str, **kw) -> None:
+        try:
+            fn(handle, **kw)
+        except docker.errors.NotFound:
+            raise Gone(f"container {handle[:12]} no longer exists") from None
+        except docker.errors.APIError as e:
+            raise _refused(e, handle) from None
+        except ENGINE_DOWN as e:
+            raise self._engine_down(e) from None
+
     def adopt(self) -> dict[int, str]:
         found: dict[int, str] = {}
         mine = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTANCE}={self.instance}"]

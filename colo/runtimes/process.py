@@ -27,7 +27,7 @@ from ..node import native
 from ..node.cgroup import CgroupError, Cgroups
 from ..node.devices import GpuNodes
 from . import preload
-from .base import Gone, Launch, StartError
+from .base import EngineError, Gone, Launch, StartError
 
 log = logging.getLogger("colo")
 EXIT_FILE = "exit"
@@ -57,6 +57,45 @@ def read_exit_file(path: Path) -> tuple[int, str] | None:
         return int(code.strip()), reason.strip()
     except ValueError:
         return None
+
+
+def user_setup(uid: int, gid: int, base: dict[str, str]) -> tuple[dict[str, str], list[int], str]:
+    """What a process of `uid` starts with: `base` and HOME, USER, LOGNAME; the groups the user has
+    when logged in; their home folder (or / where it is missing)."""
+    env, groups, home = dict(base), [], "/"
+    try:
+        pw = pwd.getpwuid(uid)
+        env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
+        groups = os.getgrouplist(pw.pw_name, gid)
+        home = pw.pw_dir if os.path.isdir(pw.pw_dir) else "/"
+    except KeyError:
+        pass
+    return env, groups, home
+
+
+def spawn(shim: str, exit_file: Path, argv: list[str], uid: int | None, gid: int, groups: list[int], workdir: str,
+          env: dict[str, str], out: int, extra: list[str] = (), stdin=subprocess.DEVNULL,
+          tty: int | None = None) -> subprocess.Popen:
+    """colo-shim running `argv` as uid:gid (None: as the daemon's own user) in `workdir`, its output
+    on the descriptor `out`, its exit status to `exit_file`; `extra`: more of the shim's options;
+    `tty`: a session's terminal, which the shim makes the job's controlling terminal."""
+    args = [shim, str(exit_file), "--workdir", workdir, *extra]
+    if uid is not None:
+        args += ["--user", f"{uid}:{gid}:{','.join(map(str, groups))}".rstrip(":")]
+    # The environment goes through a memfd, not argv (which every user can read in /proc).
+    envfd = os.memfd_create("colo-env", os.MFD_CLOEXEC)
+    fds = (envfd,) if tty is None else (envfd, tty)
+    if tty is not None:
+        args += ["--tty-fd", str(tty)]
+    try:
+        os.write(envfd, b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+        os.lseek(envfd, 0, os.SEEK_SET)
+        args += ["--env-fd", str(envfd), "--", *argv]
+        return subprocess.Popen(args, stdin=stdin, stdout=out, stderr=out, cwd="/",
+                                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                                start_new_session=True, pass_fds=fds, close_fds=True)
+    finally:
+        os.close(envfd)
 
 
 def _parse(handle: str) -> tuple[int, float]:
@@ -104,16 +143,7 @@ class ProcessRuntime:
         root = os.geteuid() == 0
         if not root and launch.uid != os.geteuid():
             raise StartError("this daemon is not root, so it runs jobs of its own user only")
-        env = dict(self.base_env)
-        groups: list[int] = []
-        home = "/"
-        try:
-            pw = pwd.getpwuid(launch.uid)
-            env.update(HOME=pw.pw_dir, USER=pw.pw_name, LOGNAME=pw.pw_name)
-            groups = os.getgrouplist(pw.pw_name, launch.gid)  # what the user has when logged in
-            home = pw.pw_dir if os.path.isdir(pw.pw_dir) else "/"
-        except KeyError:
-            pass
+        env, groups, home = user_setup(launch.uid, launch.gid, self.base_env)
         env.update(launch.env)
         with self._lock:
             # A stop or cleanup of an earlier attempt still acting on job-<ID> (it took ownership
@@ -142,45 +172,33 @@ class ProcessRuntime:
                home: str) -> str:
         exit_file = launch.run_dir / EXIT_FILE
         exit_file.unlink(missing_ok=True)
-        args = [shim, str(exit_file), "--workdir", launch.workdir or home,
-                "--log-cap", str(int(self.log_cap)), "--reserve", str(int(self.reserve))]
-        if root:
-            args += ["--user", f"{launch.uid}:{launch.gid}:{','.join(map(str, groups))}".rstrip(":")]
-            if launch.gpus and self.gpu_gid is not None:
-                args += ["--gpu-group", str(self.gpu_gid)]
+        extra = ["--log-cap", str(int(self.log_cap)), "--reserve", str(int(self.reserve))]
+        if root and launch.gpus and self.gpu_gid is not None:
+            extra += ["--gpu-group", str(self.gpu_gid)]
+        for flag, path in (("--out", launch.output), ("--err", launch.error)):
+            if path:  # opened by colo-shim's writer, as the user (never by root)
+                extra += [flag, path]
         if (launch.cpus or launch.mem) and self.cgroups is None:
             raise StartError("--cpus/--mem cannot be enforced here: colo has no cgroups")
         if self.cgroups is not None:
             try:
                 for d in self.cgroups.create(launch.job_id, launch.cpus, launch.mem):
-                    args += ["--cgroup", str(d)]
+                    extra += ["--cgroup", str(d)]
                 self._hold_to_gpus(launch)
             except CgroupError as e:
                 raise StartError(str(e)) from None
             except OSError as e:
                 raise StartError(f"cannot make the job's cgroup: {e.strerror}") from None
-        # The environment goes through a memfd, not argv (which every user can read in /proc).
-        envfd = os.memfd_create("colo-env", os.MFD_CLOEXEC)
-        fds = (envfd,) if launch.tty is None else (envfd, launch.tty)
-        if launch.tty is not None:  # a session: the shim makes it the job's controlling terminal
-            args += ["--tty-fd", str(launch.tty)]
+        log = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.write(envfd, b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
-            os.lseek(envfd, 0, os.SEEK_SET)
-            args += ["--env-fd", str(envfd), "--", *launch.argv]
-            log = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
-                                     env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                                     start_new_session=True, pass_fds=fds, close_fds=True)
-            except (OSError, subprocess.SubprocessError) as e:
-                if self.cgroups is not None:
-                    self.cgroups.remove(launch.job_id)
-                raise StartError(f"cannot start process: {e}") from e
-            finally:
-                os.close(log)
+            p = spawn(shim, exit_file, launch.argv, launch.uid if root else None, launch.gid, groups,
+                      launch.workdir or home, env, log, extra, tty=launch.tty)
+        except (OSError, subprocess.SubprocessError) as e:
+            if self.cgroups is not None:
+                self.cgroups.remove(launch.job_id)
+            raise StartError(f"cannot start process: {e}") from e
         finally:
-            os.close(envfd)
+            os.close(log)
         handle = f"{p.pid}:{psutil.Process(p.pid).create_time():.3f}"  # (before it is reaped)
         if self.cgroups is not None and self.cgroups.contain is not None:
             # Started means contained: a stop that came before the child joined its cgroup would
@@ -428,6 +446,47 @@ class ProcessRuntime:
                 return
             time.sleep(0.05)
 
+    def pause(self, handle: str) -> None:
+        self._freeze(handle, True)
+
+    def resume(self, handle: str) -> None:
+        self._freeze(handle, False)
+
+    def _freeze(self, handle: str, on: bool) -> None:
+        """The job's cgroup frozen or thawed, whole: cgroup v2's cgroup.freeze (on hybrid hosts too,
+        where the v2 leaf contains the job), or the v1 freezer when that hierarchy contains it.
+        Returns once the kernel says it is so (a freeze waits for tasks in the kernel to stop)."""
+        job = self._job_id(handle)
+        c = self.cgroups
+        if c is None or c.contain is None or job is None:
+            raise EngineError("cannot pause here: process jobs run without a cgroup of their own (the daemon "
+                              "is not root, or no cgroup hierarchy is available to it)")
+        with self._owning(handle, job) as own:
+            if not own:
+                raise Gone(f"job {job}'s attempt {handle} no longer owns its cgroup")
+            d = c.contain / f"job-{job}"
+            if c.v2:  # cgroup.events says "frozen 1" once every task has stopped
+                ctl, value = d / "cgroup.freeze", "1" if on else "0"
+                state = lambda: _events(d).get("frozen")  # noqa: E731
+            elif (d / "freezer.state").exists():  # reads FREEZING until it is FROZEN
+                ctl, value = d / "freezer.state", "FROZEN" if on else "THAWED"
+                state = lambda: _read(ctl)  # noqa: E731
+            else:
+                raise EngineError("cannot pause here: the cgroup hierarchy that contains process jobs has no freezer")
+            try:
+                fd = os.open(ctl, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(fd, value.encode())
+                finally:
+                    os.close(fd)
+            except FileNotFoundError:
+                raise Gone(f"job {job}'s cgroup is gone (it ended)") from None
+            except OSError as e:
+                raise EngineError(f"cannot {'freeze' if on else 'thaw'} job {job}'s cgroup: {e.strerror}") from None
+            deadline = time.monotonic() + 10
+            while state() != value and time.monotonic() < deadline:
+                time.sleep(0.01)
+
     def signal(self, handle: str, sig: int) -> None:
         """`sig` to the job's main process: sent to its shim, which passes it on (HUP INT QUIT USR1
         USR2 TERM). Raises Gone when the shim has ended."""
@@ -489,3 +548,15 @@ class ProcessRuntime:
             with self._lock:
                 if self._attempt.get(job) == handle:
                     del self._attempt[job]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _events(d: Path) -> dict[str, str]:
+    """A cgroup v2 leaf's cgroup.events (populated, frozen) as a dict."""
+    return dict(ln.split(None, 1) for ln in _read(d / "cgroup.events").splitlines() if " " in ln)

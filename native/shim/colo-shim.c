@@ -1,7 +1,8 @@
 /* colo-shim: the small root helper of one process job (as slurmstepd is for a Slurm step).
  *
  *   colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G1,G2...]] [--gpu-group GID] [--workdir DIR]
- *             [--env-fd N] [--tty-fd N] [--log-cap BYTES] [--reserve BYTES] -- CMD [ARGS...]
+ *             [--env-fd N] [--tty-fd N] [--log-cap BYTES] [--reserve BYTES] [--out FILE] [--err FILE]
+ *             -- CMD [ARGS...]
  *
  * Started by the daemon with stdout and stderr on the job's log (a root-owned file in a root-only
  * folder) and EXITFILE in a folder the job cannot write. It forks; the child starts a session of
@@ -26,6 +27,15 @@
  * its controlling terminal (TIOCSCTTY: it leads a session of its own) and its stdin, stdout and
  * stderr; so Ctrl-C, Ctrl-Z and window sizes reach the job's foreground process group. The job's
  * output then goes to the terminal, not the log; failures before the switch still go to the log.
+ *
+ * --out and --err (sbatch -o, -e): the job's stdout (and stderr, unless --err) and its stderr also
+ * go to these files, besides the log. Root never opens them: a writer process, forked before the
+ * job, drops to the user's groups, gid and uid first, opens each without following a symlink in
+ * its last component (O_NOFOLLOW) or blocking on a FIFO, takes only a regular file (or /dev/null),
+ * and then copies what the shim hands it on pipes, as the user (their permissions, their quota). It
+ * is no process of the job (its cgroup is not the job's: a job that ends has its output drained),
+ * and it is not dumpable (the user cannot ptrace it). A file the user cannot open fails the job
+ * before it runs, with the reason. A writer that stops taking output is dropped (the log keeps it all).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -44,6 +54,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -58,6 +69,10 @@ extern char **environ;
 static volatile pid_t child = -1;
 static const char *cgroups[MAX_CGROUPS];
 static int ncgroups;
+static pid_t writer = -1;       /* --out/--err: the process that writes them as the user */
+static int w_out = -1, w_err = -1; /* the shim's ends of the pipes to it */
+static int writer_status = -1;  /* its exit status, once reaped */
+static int main_status, main_done;
 
 static void forward(int sig)
 {
@@ -202,6 +217,8 @@ static void kill_tree(pid_t pid, int depth)
             continue;
         long c;
         while (fscanf(f, "%ld", &c) == 1) {
+            if (depth == 0 && (pid_t)c == writer)
+                continue; /* colo's, not the job's: it drains the output after the job */
             kill((pid_t)c, SIGSTOP); /* stop it forking while its children are found */
             kill_tree((pid_t)c, depth + 1);
             kill((pid_t)c, SIGKILL);
@@ -219,6 +236,8 @@ static void reap(int *main_status, int *main_done)
         if (p == child) {
             *main_status = st;
             *main_done = 1;
+        } else if (p == writer) {
+            writer_status = st;
         }
     }
 }
@@ -251,6 +270,230 @@ static void write_status(const char *path, int code, const char *reason)
     close(fd);
 }
 
+/* ---- credentials: the user's groups, gid and uid, for good ---- */
+static const char *drop_to(uid_t uid, gid_t gid, gid_t *groups, int ngroups)
+{
+    static char why[256];
+    if (setgroups((size_t)ngroups, groups) != 0)
+        snprintf(why, sizeof why, "cannot set the groups of uid %d: %s", (int)uid, strerror(errno));
+    else if (setresgid(gid, gid, gid) != 0)
+        snprintf(why, sizeof why, "cannot switch to gid %d: %s", (int)gid, strerror(errno));
+    else if (setresuid(uid, uid, uid) != 0)
+        snprintf(why, sizeof why, "cannot switch to uid %d: %s", (int)uid, strerror(errno));
+    else {
+        uid_t r, e, s;
+        gid_t rg, eg, sg;
+        if (getresuid(&r, &e, &s) || r != uid || e != uid || s != uid || getresgid(&rg, &eg, &sg) ||
+            rg != gid || eg != gid || sg != gid)
+            snprintf(why, sizeof why, "the switch to uid %d gid %d did not hold", (int)uid, (int)gid);
+        else if (uid != 0 && (setuid(0) == 0 || seteuid(0) == 0))
+            snprintf(why, sizeof why, "uid %d could become root again", (int)uid);
+        else
+            return NULL;
+    }
+    return why;
+}
+
+/* ---- --out/--err: the writer, as the user ---- */
+static int open_as_user(const char *path, const char *opt, char *why, size_t n)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(why, n, "cannot open %s %s as uid %d: %s", opt, path, (int)getuid(),
+                 errno == ELOOP ? "it is a symbolic link (not followed there)" : strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    int devnull = 0;
+    if (fstat(fd, &st) == 0 && S_ISCHR(st.st_mode))
+        devnull = major(st.st_rdev) == 1 && minor(st.st_rdev) == 3;
+    if (fstat(fd, &st) != 0 || !(S_ISREG(st.st_mode) || devnull)) {
+        snprintf(why, n, "%s %s is not a regular file", opt, path);
+        close(fd);
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+/* The writer's own loop: each pipe to its file, until both are closed. Exit 0, or 2 when a write
+ * failed (disk full, over quota): what is left is dropped, the log has it all. */
+static void writer_loop(int in_out, int fd_out, int in_err, int fd_err)
+{
+    static char wbuf[65536];
+    int ins[2] = {in_out, in_err}, outs[2] = {fd_out, fd_err}, failed = 0;
+    for (;;) {
+        struct pollfd p[2];
+        int map[2], np = 0;
+        for (int k = 0; k < 2; k++)
+            if (ins[k] >= 0) {
+                p[np] = (struct pollfd){ins[k], POLLIN, 0};
+                map[np++] = k;
+            }
+        if (!np)
+            break;
+        if (poll(p, (nfds_t)np, -1) < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < np; i++) {
+            if (!p[i].revents)
+                continue;
+            int k = map[i];
+            ssize_t r = read(ins[k], wbuf, sizeof wbuf);
+            if (r > 0) {
+                if (!failed && write_all(outs[k], wbuf, (size_t)r) != 0)
+                    failed = 1;
+            } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+                close(ins[k]);
+                ins[k] = -1;
+            }
+        }
+    }
+    _exit(failed ? 2 : 0);
+}
+
+/* Fork the writer; NULL once it has opened the files, else why it could not (the job then fails). */
+static const char *start_writer(const char *out, const char *err, int have_user, uid_t uid, gid_t gid,
+                                gid_t *groups, int ngroups)
+{
+    static char why[1024];
+    int po[2] = {-1, -1}, pe[2] = {-1, -1}, st[2];
+    if ((out && pipe2(po, O_CLOEXEC) != 0) || (err && pipe2(pe, O_CLOEXEC) != 0) || pipe2(st, O_CLOEXEC) != 0) {
+        snprintf(why, sizeof why, "pipe: %s", strerror(errno));
+        return why;
+    }
+    writer = fork();
+    if (writer < 0) {
+        snprintf(why, sizeof why, "fork: %s", strerror(errno));
+        return why;
+    }
+    if (writer == 0) {
+        char msg[1024] = "";
+        close(st[0]);
+        if (po[1] >= 0)
+            close(po[1]);
+        if (pe[1] >= 0)
+            close(pe[1]);
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC); /* not the log: the user's process holds nothing of root's */
+        for (int i = 0; i < 3 && null >= 0; i++)
+            dup2(null, i);
+        signal(SIGPIPE, SIG_IGN);
+        for (int s = 1; s < NSIG; s++)
+            if (s != SIGPIPE)
+                signal(s, SIG_DFL);
+        prctl(PR_SET_NAME, "colo-writer");
+        const char *dropped = have_user ? drop_to(uid, gid, groups, ngroups) : NULL;
+        prctl(PR_SET_DUMPABLE, 0); /* after the switch: the user cannot ptrace it or read its fds */
+        umask(022);
+        int fo = -1, fe = -1;
+        if (dropped)
+            snprintf(msg, sizeof msg, "the output writer: %s", dropped);
+        else if (out)
+            fo = open_as_user(out, "--output", msg, sizeof msg);
+        if (!msg[0] && err && !(out && !strcmp(out, err)))
+            fe = open_as_user(err, "--error", msg, sizeof msg);
+        if (!msg[0] && out && err && fe >= 0) { /* one file named twice: one descriptor, one offset */
+            struct stat a, b;
+            if (fstat(fo, &a) == 0 && fstat(fe, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+                close(fe);
+                fe = -1;
+            }
+        }
+        if (err && fe < 0)
+            fe = fo;
+        write_all(st[1], msg[0] ? msg : "ok", msg[0] ? strlen(msg) : 2);
+        close(st[1]);
+        if (msg[0])
+            _exit(1);
+        writer_loop(po[0], fo, pe[0], fe);
+    }
+    close(st[1]);
+    if (po[0] >= 0)
+        close(po[0]);
+    if (pe[0] >= 0)
+        close(pe[0]);
+    w_out = po[1];
+    w_err = pe[1];
+    ssize_t n, got = 0;
+    while ((n = read(st[0], why + got, sizeof why - 1 - (size_t)got)) > 0 || (n < 0 && errno == EINTR))
+        got += n > 0 ? n : 0;
+    close(st[0]);
+    why[got] = '\0';
+    if (!strcmp(why, "ok")) {
+        if (w_out >= 0)
+            fcntl(w_out, F_SETFL, O_NONBLOCK);
+        if (w_err >= 0)
+            fcntl(w_err, F_SETFL, O_NONBLOCK);
+        return NULL;
+    }
+    if (!got)
+        snprintf(why, sizeof why, "the output writer ended before it opened the files");
+    return why;
+}
+
+static void writer_drop(const char *what)
+{
+    char msg[256];
+    if (w_out >= 0)
+        close(w_out);
+    if (w_err >= 0)
+        close(w_err);
+    w_out = w_err = -1;
+    snprintf(msg, sizeof msg, "\n[colo: %s; --output/--error get no more, colo logs has it all]\n", what);
+    note(msg);
+}
+
+/* Hand the writer what the job wrote on stream k (0 stdout, 1 stderr). It may be slow (a file
+ * system): the job waits for it as for a file of its own; but once the job's main process has
+ * ended, 10 s without progress drop it, so that the job's end is never held up for good. */
+static void reap(int *main_status, int *main_done);
+static void to_writer(int k, const char *buf, size_t n)
+{
+    int fd = k == 1 && w_err >= 0 ? w_err : w_out;
+    long stuck = 0;
+    if (fd < 0 || (k == 0 && w_out < 0))
+        return;
+    while (n) {
+        ssize_t w = write(fd, buf, n);
+        if (w > 0) {
+            buf += w;
+            n -= (size_t)w;
+            stuck = 0;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            poll(&p, 1, 100);
+            reap(&main_status, &main_done);
+            if (main_done && (stuck += 100) >= 10000) {
+                writer_drop("the output writer took nothing for 10 s after the job ended");
+                return;
+            }
+            continue;
+        }
+        writer_drop("the output writer is gone");
+        return;
+    }
+}
+
+/* Are there children of the shim other than the writer (the job's, with no cgroup)? */
+static int other_children(void)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return 0;
+    long c;
+    int any = 0;
+    while (fscanf(f, "%ld", &c) == 1)
+        if ((pid_t)c != writer)
+            any = 1;
+    fclose(f);
+    return any;
+}
+
 /* ---- the child: cgroups, output, credentials, workdir, exec ---- */
 static int errfd = -1;
 
@@ -267,7 +510,7 @@ static void child_fail(int code, const char *fmt, ...)
     _exit(code);
 }
 
-static void run_child(int out_w, int have_user, uid_t uid, gid_t gid, gid_t *groups, int ngroups,
+static void run_child(int out_w, int err_w, int have_user, uid_t uid, gid_t gid, gid_t *groups, int ngroups,
                       const char *workdir, char **envp, char **argv, int ttyfd, gid_t ttygid)
 {
     setsid();
@@ -280,10 +523,12 @@ static void run_child(int out_w, int have_user, uid_t uid, gid_t gid, gid_t *gro
             child_fail(126, "cannot join the job's cgroup %s: %s", cgroups[i], strerror(errno));
         close(fd);
     }
-    if (dup2(out_w, 1) < 0 || dup2(out_w, 2) < 0)
+    if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
         _exit(126);
     if (out_w > 2)
         close(out_w);
+    if (err_w > 2 && err_w != out_w)
+        close(err_w);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -294,19 +539,9 @@ static void run_child(int out_w, int have_user, uid_t uid, gid_t gid, gid_t *gro
         (fchown(ttyfd, uid, ttygid) != 0 || fchmod(ttyfd, ttygid == gid ? 0600 : 0620) != 0))
         child_fail(126, "cannot give the session's terminal to uid %d: %s", (int)uid, strerror(errno));
     if (have_user) {
-        if (setgroups((size_t)ngroups, groups) != 0)
-            child_fail(126, "cannot set the groups of uid %d: %s", (int)uid, strerror(errno));
-        if (setresgid(gid, gid, gid) != 0)
-            child_fail(126, "cannot switch to gid %d: %s", (int)gid, strerror(errno));
-        if (setresuid(uid, uid, uid) != 0)
-            child_fail(126, "cannot switch to uid %d: %s", (int)uid, strerror(errno));
-        uid_t r, e, s;
-        gid_t rg, eg, sg;
-        if (getresuid(&r, &e, &s) || r != uid || e != uid || s != uid || getresgid(&rg, &eg, &sg) ||
-            rg != gid || eg != gid || sg != gid)
-            child_fail(126, "the switch to uid %d gid %d did not hold", (int)uid, (int)gid);
-        if (uid != 0 && (setuid(0) == 0 || seteuid(0) == 0))
-            child_fail(126, "uid %d could become root again", (int)uid);
+        const char *why = drop_to(uid, gid, groups, ngroups);
+        if (why)
+            child_fail(126, "%s", why);
     }
     if (ttyfd >= 0) { /* as the user: the session's terminal becomes the job's own */
         if (ioctl(ttyfd, TIOCSCTTY, 0) != 0)
@@ -368,10 +603,11 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G,...]] [--gpu-group GID] "
-                        "[--workdir DIR] [--env-fd N] [--tty-fd N] [--log-cap BYTES] [--reserve BYTES] -- CMD [ARGS...]\n");
+                        "[--workdir DIR] [--env-fd N] [--tty-fd N] [--log-cap BYTES] [--reserve BYTES] [--out FILE] "
+                        "[--err FILE] -- CMD [ARGS...]\n");
         return 2;
     }
-    const char *exitfile = argv[1], *workdir = NULL;
+    const char *exitfile = argv[1], *workdir = NULL, *out_path = NULL, *err_path = NULL;
     int have_user = 0, have_gpu_group = 0, ngroups = 0, envfd = -1, ttyfd = -1, i;
     gid_t gpu_group = 0;
     uid_t uid = 0;
@@ -413,12 +649,17 @@ int main(int argc, char **argv)
             log_cap = parse_num(val, "--log-cap");
         } else if (!strcmp(opt, "--reserve")) {
             reserve = parse_num(val, "--reserve");
+        } else if (!strcmp(opt, "--out")) {
+            out_path = val;
+        } else if (!strcmp(opt, "--err")) {
+            err_path = val;
         } else {
             die("unknown option %s", opt);
         }
     }
     if (i >= argc - 1)
         die("missing command after --");
+    int user_ngroups = ngroups; /* the writer of --out/--err gets the user's own groups, not the GPUs' */
     if (have_gpu_group) {
         if (!have_user)
             die("--gpu-group needs --user");
@@ -450,37 +691,64 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     prctl(PR_SET_CHILD_SUBREAPER, 1); /* orphans of the job (double forks) stay ours to kill and reap */
 
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
+    if (out_path || err_path) {
+        const char *why = start_writer(out_path, err_path, have_user, uid, gid, groups, user_ngroups);
+        if (why) { /* the job's failure, with the reason, before anything of it ran */
+            fprintf(stderr, "colo: %s\n", why);
+            write_status(exitfile, 126, why);
+            return 126;
+        }
+    }
+    /* the job's stdout, its stderr (a pipe of its own only for --err), the reason it never ran */
+    int out[2], se[2] = {-1, -1}, err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || (err_path && pipe2(se, O_CLOEXEC) != 0) || pipe2(err, O_CLOEXEC) != 0)
         die("pipe: %s", strerror(errno));
     child = fork();
     if (child < 0)
         die("fork: %s", strerror(errno));
     if (child == 0) {
         close(out[0]);
+        if (se[0] >= 0)
+            close(se[0]);
         close(err[0]);
         errfd = err[1];
-        run_child(out[1], have_user, uid, gid, groups, ngroups, workdir, envp, cmd, ttyfd, ttygid);
+        run_child(out[1], se[1] >= 0 ? se[1] : out[1], have_user, uid, gid, groups, ngroups, workdir, envp, cmd,
+                  ttyfd, ttygid);
     }
     if (ttyfd >= 0)
         close(ttyfd); /* the job's alone: its client reads EIO once the job's last holder has gone */
     close(out[1]);
+    if (se[1] >= 0)
+        close(se[1]);
     close(err[1]);
 
     static char buf[65536];
-    int status = 0, main_done = 0, eof = 0;
+    int pfd[2] = {out[0], se[0]}, peof[2] = {0, se[0] < 0}, eof = 0;
     long after_ms = 0; /* time spent waiting since the main process ended */
     for (;;) {
-        struct pollfd p = {out[0], POLLIN, 0};
-        int r = eof ? 0 : poll(&p, 1, 100);
-        if (r > 0) {
-            ssize_t n = read(out[0], buf, sizeof buf);
-            if (n > 0)
+        struct pollfd p[2];
+        int map[2], np = 0, r = 0;
+        for (int k = 0; k < 2; k++)
+            if (!peof[k]) {
+                p[np] = (struct pollfd){pfd[k], POLLIN, 0};
+                map[np++] = k;
+            }
+        if (np)
+            r = poll(p, (nfds_t)np, 100);
+        for (int i = 0; r > 0 && i < np; i++) {
+            if (!p[i].revents)
+                continue;
+            int k = map[i];
+            ssize_t n = read(pfd[k], buf, sizeof buf);
+            if (n > 0) {
                 relay(buf, (size_t)n);
-            else if (n == 0 || (errno != EINTR && errno != EAGAIN))
-                eof = 1;
+                to_writer(k, buf, (size_t)n);
+            } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+                peof[k] = 1;
+            }
         }
-        reap(&status, &main_done);
+        eof = peof[0] && peof[1];
+        reap(&main_status, &main_done);
         if (!main_done) {
             if (eof)
                 sleep_ms(50); /* it closed its output but runs on */
@@ -492,7 +760,8 @@ int main(int argc, char **argv)
             empty = cgroup_kill();
         } else {
             kill_tree(getpid(), 0);
-            empty = waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD;
+            reap(&main_status, &main_done);
+            empty = !other_children();
         }
         if (empty && (eof || after_ms >= 2000))
             break; /* (a pipe end passed to a process outside the job is not waited for long) */
@@ -505,14 +774,42 @@ int main(int argc, char **argv)
             after_ms += eof ? 20 : 100;
         }
     }
-    while (!eof) { /* whatever is still in the pipe */
-        struct pollfd p = {out[0], POLLIN, 0};
-        if (poll(&p, 1, 0) <= 0)
-            break;
-        ssize_t n = read(out[0], buf, sizeof buf);
-        if (n <= 0)
-            break;
-        relay(buf, (size_t)n);
+    for (int k = 0; k < 2; k++) { /* whatever is still in the pipes */
+        while (!peof[k]) {
+            struct pollfd p = {pfd[k], POLLIN, 0};
+            if (poll(&p, 1, 0) <= 0)
+                break;
+            ssize_t n = read(pfd[k], buf, sizeof buf);
+            if (n <= 0)
+                break;
+            relay(buf, (size_t)n);
+            to_writer(k, buf, (size_t)n);
+        }
+    }
+    if (writer > 0) { /* the files get the rest, then the writer ends: up to 30 s */
+        if (w_out >= 0)
+            close(w_out);
+        if (w_err >= 0)
+            close(w_err);
+        w_out = w_err = -1;
+        for (int waited = 0; writer_status < 0 && waited < 30000; waited += 20) {
+            int st;
+            pid_t p = waitpid(writer, &st, WNOHANG);
+            if (p == writer)
+                writer_status = st;
+            else if (p < 0)
+                break;
+            else
+                sleep_ms(20);
+        }
+        if (writer_status < 0) {
+            kill(writer, SIGKILL);
+            waitpid(writer, NULL, 0);
+            note("\n[colo: the output writer did not finish within 30 s: --output/--error may lack the end]\n");
+        } else if (!WIFEXITED(writer_status) || WEXITSTATUS(writer_status) != 0) {
+            note("\n[colo: --output/--error could not be written in full (disk full, over quota, or the writer "
+                 "was killed); colo logs has it all]\n");
+        }
     }
     char reason[1024] = "";
     fcntl(err[0], F_SETFL, O_NONBLOCK);
@@ -521,7 +818,7 @@ int main(int argc, char **argv)
     for (char *c = reason; *c; c++)
         if (*c == '\n')
             *c = ' ';
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    int code = WIFEXITED(main_status) ? WEXITSTATUS(main_status) : 128 + WTERMSIG(main_status);
     write_status(exitfile, code, reason);
     for (int k = 0; k < ncgroups; k++)
         rmdir(cgroups[k]);
