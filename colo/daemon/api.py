@@ -104,12 +104,15 @@ class Api:
         return ",".join(u[:12] if i is None else str(i) for i, u in zip(self._indices(uuids), uuids))
 
     def mode(self, job: Job) -> str | None:
-        """A job's mode as listings show it: a time-sliced job alone on its GPUs runs "exclusive"."""
+        """A job's mode as listings show it: a time-sliced job alone on its GPUs (no other job, no
+        process of none: the patrol's last look) runs "exclusive"."""
         if job.mode is None:
             return None
-        if job.mode == Mode.TIMESLICED and job.state in ACTIVE and job.gpus and not any(
-                set(j.gpus) & set(job.gpus) for j in self.d.table.active(*ACTIVE) if j.id != job.id):
-            return "exclusive"
+        if job.mode == Mode.TIMESLICED and job.state in ACTIVE and job.gpus:
+            mine = set(job.gpus)
+            if not any(mine & set(j.gpus) for j in self.d.table.active(*ACTIVE) if j.id != job.id) and not any(
+                    f["gpu"] in mine for f in self.d.patrol.foreign):
+                return "exclusive"
         return job.mode._value_
 
     def reason(self, job: Job, decided: str | None = None) -> str:
@@ -573,11 +576,10 @@ class Api:
         if not task.cancelled() and task.exception() is not None:
             log.warning("stopping a cancelled job failed: %s", task.exception())
 
-    def _running(self, args: dict, caller: Caller, verb: str) -> Job:
+    def _running(self, args: dict, caller: Caller, verb: str, done: str) -> Job:
         job = self._own(self._job(args), caller, verb)
         if job.state != State.RUNNING or not job.handle:
-            raise ApiError(f"job {job.id} is {job.state}: only a running job can be {verb}{'d' if verb[-1] == 'e' else 'ed'}",
-                           protocol.INVALID)
+            raise ApiError(f"job {job.id} is {job.state}: only a running job can be {done}", protocol.INVALID)
         if job.spec.slurm_job is not None:
             raise ApiError(f"job {job.id} is Slurm job {job.spec.slurm_job}: ask Slurm (scontrol, scancel)",
                            protocol.INVALID)
@@ -597,7 +599,7 @@ class Api:
     async def pause(self, caller: Caller, args: dict) -> dict:
         """Freeze a running job (the launcher's runtime: cgroup freezer, docker pause). Not an MPS
         client: frozen in the middle of a kernel it could stall the GPU's MPS server for the others."""
-        job = self._running(args, caller, "pause")
+        job = self._running(args, caller, "pause", "paused")
         if job.paused_by:
             return self.summary(job)
         if job.mode == Mode.MPS:
