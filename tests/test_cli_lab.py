@@ -301,3 +301,54 @@ def test_help_lists_each_command_on_one_line():
         assert "\n" not in cmd.summary and len(cmd.summary) < 100, cmd.name
         line = next(ln for ln in out.splitlines() if f" {cmd.name} " in ln)
         assert cmd.summary in line, (cmd.name, line)
+
+
+def test_an_mps_client_is_not_paused_nor_killed_by_a_signal(native_dir):
+    from colo import profiles
+    from daemon_util import gpu_node
+
+    root, state, prof = gpu_node("colo-lab-mps-")
+    p = profiles.from_samples("solo", {"times": list(range(20)), "sm": [0.3] * 20, "mem": [256 << 20] * 20,
+                                       "membw": [0.2] * 20}, runtime=4.0, cache_bound=False)
+    profiles.save(p, prof / "solo.profile")
+    (root / "d").mkdir(mode=0o755)
+    d = DaemonProc(root / "d", state, {"profile_dirs": [str(prof)]}).start()
+    try:
+        job = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "solo", "--", "sh", "-c",
+                       f"while [ ! -e {root / 'go'} ]; do sleep 0.05; done")
+        assert d.wait_state(job, "running", timeout=60)["mode"] == "mps"
+        r = d.cli("pause", str(job))
+        assert r.returncode == 1 and "does not pause MPS clients" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+        for sig in ("KILL", "STOP"):
+            r = d.cli("cancel", "-s", sig, str(job))
+            assert r.returncode == 1 and f"does not send it SIG{sig}" in r.stderr, r.stderr
+        assert d.job(job)["state"] == "running" and d.job(job)["paused_by"] is None
+    finally:
+        (root / "go").touch()
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.docker
+def test_a_container_is_paused_with_docker_pause(daemon, test_image, docker_client):
+    d = daemon
+    job = d.submit("--image", test_image, "--gpus", "0", "--", "sh", "-c",
+                   "trap 'echo got int' INT; while true; do sleep 0.05; done")
+    d.wait_state(job, "running", timeout=60)
+    from colo.daemon.engines import instance_id
+    from colo.runtimes.docker import LABEL_INSTANCE, LABEL_JOB
+
+    mine = {LABEL_JOB: str(job), LABEL_INSTANCE: instance_id(d.state_dir)}  # the host's engine has others' too
+    container = next(c for c in docker_client.containers.list() if mine.items() <= c.labels.items())
+    d.cli("pause", str(job), check=True)
+    container.reload()
+    assert container.attrs["State"]["Paused"] is True
+    d.cli("resume", str(job), check=True)
+    container.reload()
+    assert container.attrs["State"]["Paused"] is False
+    time.sleep(0.3)
+    d.cli("cancel", "-s", "INT", str(job), check=True)
+    wait_for(lambda: "got int" in d.cli("logs", str(job)).stdout, 20, "the container's main process to get SIGINT")
+    d.cli("pause", str(job), check=True)
+    d.cli("cancel", str(job), check=True)  # thawed, then stopped
+    d.wait_state(job, "cancelled", timeout=60)
