@@ -1,8 +1,11 @@
-"""`colo submit` wall time beside the bare interpreter, from a regular (non-editable) install.
+"""Every command that talks to the daemon, beside the bare interpreter, from a regular install.
 
 Times, interleaved round by round so that load on the machine hits all alike:
-- `python -c pass` of the install's own interpreter (the floor: the interpreter's start-up);
-- `colo submit --process --gpus 0 -- true`, the console script as users run it (its short path);
+- `python -c pass` of the install's own interpreter (the floor: the interpreter's start-up; the
+  aim is every command within 1.5x of it);
+- the console script as users run it (each command's short path, colo/cli/entry.py): submit, ls,
+  show, explain, logs, history, gpus, cancel, wait, top --once, and a completion key press
+  (`colo show <TAB>` in bash: what the shell runs);
 - the same submit through the full typer command (`python -m colo.cli.app submit ...`), for scale;
 - the short path's start-up and imports alone (no round trip to the daemon).
 
@@ -29,6 +32,8 @@ sys.path.insert(0, str(HERE))
 
 from benchlib import Report, daemon_log_problems  # noqa: E402
 from daemon_util import DaemonProc, wait_for  # noqa: E402
+
+from colo.node import fakegpu  # noqa: E402
 
 HEAVY = ("typer", "click", "rich", "textual", "numpy", "docker", "pynvml")
 # the standard library's slower modules, which the short path does without (colo/client.py)
@@ -60,22 +65,48 @@ def main() -> int:
     rep.conditions["install"] = "regular"  # what was timed: the bench venv's colo, not this interpreter's
 
     root = Path(tempfile.mkdtemp(prefix="colo-cli-bench-d-"))
-    d = DaemonProc(root).start()  # no GPU needed: CPU-only jobs
+    fakegpu.create(root / "gpus", count=2, mem=16 << 30)
+    d = DaemonProc(root, root / "gpus").start()
     env = d.env()
+    c = d.client
+    ended = c.submit({"argv": ["sh", "-c", "echo hello"], "gpus": 0, "workdir": "/tmp", "name": "ended"})["id"]
+    gate = root / "go"
+    running = c.submit({"argv": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done"], "gpus": 1,
+                        "gpu_mem": 1 << 30, "workdir": "/tmp", "name": "running"})["id"]
+    d.wait_state(ended, "succeeded")
+    d.wait_state(running, "running")
     cmds = {
         "bare": [str(py), "-c", "pass"],
         "fast": [colo, "submit", "--process", "--gpus", "0", "--", "true"],
+        "ls": [colo, "ls"],
+        "show": [colo, "show", str(ended)],
+        "explain": [colo, "explain", str(ended)],
+        "logs": [colo, "logs", str(ended)],
+        "history": [colo, "history"],
+        "gpus": [colo, "gpus"],
+        "top": [colo, "top", "--once"],
+        "wait": [colo, "wait", str(ended)],
+        "cancel": [colo, "cancel"],  # + a queued job made for each round
+        "complete": [colo],
         "typer": [str(py), "-m", "colo.cli.app", "submit", "--process", "--gpus", "0", "--", "true"],
         "imports": [str(py), "-c", "import colo.cli.entry, colo.cli.submitspec, colo.client"],  # no daemon in it
     }
+    tab = {**env, "_COLO_COMPLETE": "complete_bash", "COMP_WORDS": "colo show ", "COMP_CWORD": "2"}
     times: dict[str, list[float]] = {k: [] for k in cmds}
+    cancelled = []
     try:
         for _ in range(args.n):
             for k, cmd in cmds.items():
+                if k == "cancel":
+                    cancelled.append(c.submit({"argv": ["true"], "gpus": 0, "workdir": "/tmp", "after": [running]})["id"])
+                    cmd = [*cmd, str(cancelled[-1])]
                 t = time.perf_counter()
-                r = subprocess.run(cmd, capture_output=True, env=env, cwd="/tmp")
+                r = subprocess.run(cmd, capture_output=True, env=tab if k == "complete" else env, cwd="/tmp")
                 times[k].append(time.perf_counter() - t)
                 rep.check(r.returncode == 0, f"{k}: exit {r.returncode}: {r.stderr[-300:]!r}")
+                if k == "complete":
+                    rep.check({str(running).encode(), b"running"} <= set(r.stdout.split()),
+                              f"completion offered {r.stdout[:200]!r}, not the running job")
         # what the short path imports (it must not load what only top, sim or the daemon need):
         # every module the console script loads, as -X importtime lists them
         r = subprocess.run([str(py), "-X", "importtime", colo, "submit", "--process", "--gpus", "0", "--", "true"],
@@ -92,11 +123,16 @@ def main() -> int:
                  f"{', '.join(m for m in HEAVY + LIGHT if m in loaded) or 'none'}"
                  + (" (re and enum: by pip's console-script wrapper)" if wrapper_re else ""))
         want = 2 * args.n + 1
-        jobs = wait_for(lambda: (js := d.client.ls(all=True)) and len(js) >= want and all(
-            j["state"] in ("succeeded", "failed", "cancelled") for j in js) and js, 120, "the jobs to end")
+        rep.check(all(c.show(i)["state"] == "cancelled" for i in cancelled), "a timed cancel did not cancel")
+        gate.touch()
+        jobs = wait_for(lambda: (js := [j for j in d.client.ls(all=True) if j["id"] not in cancelled
+                                        and j["id"] != running])
+                        and len(js) >= want + 1 and all(j["state"] in ("succeeded", "failed", "cancelled")
+                                                        for j in js) and js, 120, "the jobs to end")
         ok = sum(j["state"] == "succeeded" for j in jobs)
-        rep.check(len(jobs) == want and ok == want, f"{len(jobs)} stored of {want}, {ok} succeeded")
+        rep.check(len(jobs) == want + 1 and ok == want + 1, f"{len(jobs)} stored of {want + 1}, {ok} succeeded")
     finally:
+        gate.touch()
         d.stop()
     rep.check(not (p := daemon_log_problems(d.log)), f"daemon log: {p[:3]}")
     bare, fast, full, imports = (statistics.median(times[k]) for k in ("bare", "fast", "typer", "imports"))
@@ -107,6 +143,13 @@ def main() -> int:
     rep.figure("submit_imports", "start-up + imports of the short path (no daemon)", imports, "s", bare,
                "`python -c pass`", f"median of {args.n}, interleaved")
     rep.figure("short_vs_typer", "short path", fast, "s", full, "typer command", "same run")
+    for k, what in (("ls", "`colo ls` (2 jobs)"), ("show", "`colo show`"), ("explain", "`colo explain`"),
+                    ("logs", "`colo logs`"), ("history", "`colo history`"), ("gpus", "`colo gpus`"),
+                    ("top", "`colo top --once`"), ("wait", "`colo wait` (an ended job)"),
+                    ("cancel", "`colo cancel` (a queued job)"),
+                    ("complete", "a completion key press (`colo show <TAB>`, bash)")):
+        rep.figure(f"{k}_wall", what, statistics.median(times[k]), "s", bare, "`python -c pass`",
+                   f"median of {args.n}, interleaved; aim 1.5x")
     return rep.finish(args.json_out)
 
 

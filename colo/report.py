@@ -13,19 +13,9 @@ early, so its run time says nothing about speed).
 """
 from __future__ import annotations
 
-import re
-from typing import Iterable
-
-_PERIOD = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_period(text: str) -> float:
-    """Seconds from "90m", "12h", "7d", "2w"."""
-    m = _PERIOD.match(text or "")
-    if not m:
-        raise ValueError(f"malformed period {text!r}: use a number and s, m, h, d or w, e.g. 7d")
-    return float(m.group(1)) * _UNIT[m.group(2)]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no typing (nor re) at run time: `colo history` loads this module
+    from typing import Iterable
 
 
 def job_figures(row: dict) -> dict:

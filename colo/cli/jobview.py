@@ -187,22 +187,45 @@ def wait(jobs: list[str], sock: str | None = None, as_json: bool = False, quiet:
     return first
 
 
-def _each(c: Client, ids: list[int], as_json: bool, fn, said) -> int:
-    """Do `fn` to each job; one line each (or a JSON list); 1 if any was refused."""
-    out, bad = [], 0
-    for i in ids:
+def _each(c: Client, ids: list[int], as_json: bool, fn, said, refs: list[str] = ()) -> int:
+    """Do `fn` to each job, `ids` and the open jobs `refs` name; one line each (or a JSON list); 1 if
+    any was refused. A job id among `refs` is acted on at once (one round trip: the common case);
+    only when it turns out to be an array's id are its other open tasks looked up."""
+    out, errors, done = [], [], set()
+
+    def act(i: int) -> tuple[dict | None, ClientError | None]:
+        done.add(i)
         try:
             j = fn(i)
         except ClientError as e:
-            warn(str(e))
-            bad += 1
-            continue
+            return None, e
         out.append(j)
         if not as_json:
             echo(said(safe_tree(j)))
+        return j, None
+
+    for ref in refs:
+        if R.kind(ref) != "id":
+            todo = R.job_refs(c, ref, open_only=True)
+        else:
+            i = int(ref)
+            j, e = act(i)
+            head = j is not None and j.get("array_job") == i  # an array's id: its other open tasks too
+            # (or, when its first task is not open, the others)
+            todo = R.array_tasks(c, i, open_only=True) if head or (e is not None and e.code == "invalid") else []
+            if e is not None and not [k for k in todo if k != i]:
+                errors.append(e)
+        for k in todo:
+            if k not in done and (e := act(k)[1]) is not None:
+                errors.append(e)
+    for i in ids:
+        if i not in done and (e := act(i)[1]) is not None:
+            errors.append(e)
+    for e in errors:
+        warn(str(e))
     if as_json:
         print_json(out)
-    return 1 if bad else 0
+    return 1 if errors else 0
 
 
 OPEN_STATES = ("queued", "starting", "running")
@@ -235,40 +258,37 @@ def cancel(jobs: list[str], signal: str | None = None, users: list[str] = (), st
             raise Fail(str(e)) from None
         said = "SIG" + next((k for k, v in SIGNAL_NAMES.items() if v == sig), str(sig))
     c = Client(sock)
-    ids = R.all_refs(c, jobs or [], open_only=True)
+    ids: list[int] = []
     if users or states or names or all_:
         me = c.hello()["user"] if all_ else None
-        picked = _open_jobs(c, list(users) + ([me] if me else []), list(states), list(names))
-        ids += [j["id"] for j in picked if j["id"] not in ids]
-    elif not ids:
+        ids = [j["id"] for j in _open_jobs(c, list(users) + ([me] if me else []), list(states), list(names))]
+    elif not jobs:
         raise Fail("say which jobs: ids or names, or --user/--state/--name/--all")
     if sig is not None:
-        return _each(c, ids, as_json, lambda i: c.signal(i, sig), lambda j: f"job {j['id']}: sent {said}")
+        return _each(c, ids, as_json, lambda i: c.signal(i, sig), lambda j: f"job {j['id']}: sent {said}", jobs)
     # the stop is under way; its end is recorded a moment later (or when the engine is back)
     return _each(c, ids, as_json, c.cancel, lambda j: f"job {j['id']}: " + (
-        "stopping" if j["state"] in ("starting", "running") and j.get("cancel_by") else j["state"]))
+        "stopping" if j["state"] in ("starting", "running") and j.get("cancel_by") else j["state"]), jobs)
 
 
 def hold(jobs: list[str], sock: str | None = None, as_json: bool = False) -> int:
     c = Client(sock)
-    return _each(c, R.all_refs(c, jobs, open_only=True), as_json, c.hold,
-                 lambda j: f"job {j['id']}: held by {j['held_by']}")
+    return _each(c, [], as_json, c.hold, lambda j: f"job {j['id']}: held by {j['held_by']}", jobs)
 
 
 def release(jobs: list[str], sock: str | None = None, as_json: bool = False) -> int:
     c = Client(sock)
-    return _each(c, R.all_refs(c, jobs, open_only=True), as_json, c.release, lambda j: f"job {j['id']}: released")
+    return _each(c, [], as_json, c.release, lambda j: f"job {j['id']}: released", jobs)
 
 
 def pause(jobs: list[str], sock: str | None = None, as_json: bool = False) -> int:
     c = Client(sock)
-    return _each(c, R.all_refs(c, jobs, open_only=True), as_json, c.pause,
-                 lambda j: f"job {j['id']}: paused (colo resume {j['id']})")
+    return _each(c, [], as_json, c.pause, lambda j: f"job {j['id']}: paused (colo resume {j['id']})", jobs)
 
 
 def resume(jobs: list[str], sock: str | None = None, as_json: bool = False) -> int:
     c = Client(sock)
-    return _each(c, R.all_refs(c, jobs, open_only=True), as_json, c.resume, lambda j: f"job {j['id']}: resumed")
+    return _each(c, [], as_json, c.resume, lambda j: f"job {j['id']}: resumed", jobs)
 
 
 def edit(job: str, gpu_mem: str | None = None, priority: int | None = None, name: str | None = None,

@@ -49,16 +49,9 @@ def job_refs(c, ref: str, many: bool = True, open_only: bool = False) -> list[in
     k = kind(ref)
     if k == "id" and not many:
         return [int(ref)]
+    if k == "id":  # a job of no array (or none at all: the op says so), or an array's tasks
+        return array_tasks(c, int(ref), open_only) or [int(ref)]
     jobs = _listed(c, ref)
-    if k == "id":
-        i = int(ref)
-        tasks = [j for j in jobs if j["array_job"] == i]
-        if not tasks:  # a job of no array (or none at all: the op says so)
-            return [i]
-        tasks = _newest_per_task(tasks)
-        if open_only:
-            tasks = [j for j in tasks if j["state"] in OPEN] or tasks
-        return [j["id"] for j in tasks]
     if k == "task":
         a, _, idx = ref.partition("_")
         named = [j for j in jobs if j["array_job"] == int(a) and j["array_index"] == int(idx)]
@@ -83,6 +76,16 @@ def job_refs(c, ref: str, many: bool = True, open_only: bool = False) -> list[in
     what = f"array {arrays.pop()}'s tasks" if len(arrays) == 1 and None not in arrays else "jobs"
     raise Fail(f"{len(pick)} {what} are named {ref!r} ({', '.join(str(j['id']) for j in pick[:5])}…): give the id"
                + (" or ARRAY_INDEX (12_3)" if what != "jobs" else ""))
+
+
+def array_tasks(c, i: int, open_only: bool = False) -> list[int]:
+    """The tasks of array `i` (the newest run of each; open_only: the queued and running ones, if any
+    is), or [] when job `i` heads no array."""
+    tasks = [j for j in _listed(c, str(i)) if j["array_job"] == i]
+    tasks = _newest_per_task(tasks)
+    if open_only:
+        tasks = [j for j in tasks if j["state"] in OPEN] or tasks
+    return [j["id"] for j in tasks]
 
 
 def job_ref(c, ref: str) -> int:

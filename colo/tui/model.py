@@ -4,10 +4,11 @@ Both the live app and the plain `--once` frame are drawn from these functions, s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Iterable
-
 from ..units import format_duration, format_size
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable
 
 ACTIVE = ("starting", "running")
 ENDED = ("succeeded", "failed", "cancelled", "lost")
@@ -36,14 +37,20 @@ def job_colour(job_id: int) -> str:
     return PALETTE[job_id % len(PALETTE)]
 
 
-@dataclass
 class Row:
-    """One table row: `cells` are (text, style) pairs, so a change is a plain comparison."""
-    key: str
-    cells: tuple[tuple[str, str], ...]
-    order: dict[str, Any] = field(default_factory=dict)
-    job: dict | None = None
-    search: str = ""
+    """One table row: `cells` are (text, style) pairs, so a change is a plain comparison. (A plain
+    class: `colo top --once` loads this module, and dataclasses costs more than the frame.)"""
+
+    __slots__ = ("key", "cells", "order", "job", "search")
+
+    def __init__(self, key: str, cells: tuple, order: dict | None = None, job: dict | None = None,
+                 search: str = ""):
+        self.key, self.cells, self.order, self.job, self.search = key, cells, order or {}, job, search
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Row) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value (as the dataclass was)
 
     def matches(self, needle: str) -> bool:
         return not needle or needle.lower() in self.search

@@ -104,7 +104,7 @@ def _fit(out: list[str], height: int) -> list[str]:
 def once(client, lines: int | None = None) -> int:
     """`colo top --once`: one frame from the daemon's snapshot (a screenful on a terminal; everything
     into a pipe or file, or `lines`)."""
-    import shutil
+    import os
     import sys
 
     from ..client import ClientError
@@ -114,8 +114,13 @@ def once(client, lines: int | None = None) -> int:
     except ClientError as e:
         print(f"colo top: {e}", file=sys.stderr)
         return 1
-    size = shutil.get_terminal_size((100, 0))
+    try:  # as shutil.get_terminal_size reads it (shutil itself loads bz2 and lzma)
+        cols, rows = os.get_terminal_size(sys.__stdout__.fileno())
+    except (OSError, ValueError, AttributeError):
+        cols, rows = 100, 0
+    cols = int(os.environ.get("COLUMNS", "0") or 0) or cols
+    rows = int(os.environ.get("LINES", "0") or 0) or rows
     if lines is None:
-        lines = size.lines if sys.stdout.isatty() else 0
-    sys.stdout.write(render_frame(snap, width=size.columns, height=max(0, lines)))
+        lines = rows if sys.stdout.isatty() else 0
+    sys.stdout.write(render_frame(snap, width=cols, height=max(0, lines)))
     return 0
