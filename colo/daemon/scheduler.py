@@ -46,6 +46,25 @@ FULL_PASS_SPACING_MAX = 1.0  # seconds
 # job left; those not looked at keep their last decision. Every so often a pass looks at all of
 # them (their reasons' figures are refreshed; a safety net, should anything change unannounced).
 COMPLETE_PASS_EVERY = 60.0  # seconds
+# The loop runs such a complete pass in slices of about this long, free for requests in between:
+# at 50,000 queued the whole of it takes over a second, which no request should wait behind.
+SLICE_S = 0.01
+
+
+class _Rest:
+    """What a complete pass has left to look at once its first part (the usual full pass) is done:
+    the rest of the fair walk, in slices (Scheduler.finish_complete)."""
+
+    __slots__ = ("walk", "seen", "loads", "holder", "due", "planned", "busy", "longest", "slices", "plan_ms",
+                 "started")
+
+    def __init__(self, walk, seen: set, loads: dict, holder, planned: int, busy: float, plan_ms: float,
+                 started: int):
+        self.walk, self.seen, self.loads = walk, seen, loads
+        self.holder = holder  # the candidate GPUs are held for (hold_after): each slice plans it first
+        self.due = math.inf  # the next time a job looked at passes hold_after
+        self.planned, self.busy, self.longest, self.slices = planned, busy, busy, 1
+        self.plan_ms, self.started = plan_ms, started
 
 
 def _cand(job_id: int, budget: int, gpus: int, uid: int, priority: int, seq: int, profile, queued_at: float,
@@ -88,6 +107,7 @@ class Scheduler:
         self._sig = None  # the inputs the last full pass saw
         self._hold_due = math.inf  # when the next waiting job passes hold_after
         self._last_complete = -math.inf  # time.monotonic() of the last pass over every queued job
+        self._rest: _Rest | None = None  # a complete pass whose slices are still to run (serve)
         self._next_full = -math.inf  # no full pass before this (spacing)
         self._queued_n: Counter = Counter()  # uid -> jobs queued
         # Queued jobs by user, each list in the user's own order (priority, then id); entries of
@@ -126,9 +146,12 @@ class Scheduler:
         self.wake_event.set()
 
     async def serve(self, stopping: Callable[[], bool]) -> None:
-        """The loop: a pass, then wait until woken or a pass is due."""
+        """The loop: a pass, then wait until woken or a pass is due. A complete pass runs its first
+        part at once (what may start) and the rest in slices, the loop free in between."""
         while not stopping():
-            self.schedule_pass()
+            self.schedule_pass(sliced=True)
+            if self._rest is not None:
+                await self.finish_complete(stopping)
             try:
                 await asyncio.wait_for(self.wake_event.wait(), timeout=self.pass_due_in())
             except asyncio.TimeoutError:
@@ -228,17 +251,18 @@ class Scheduler:
         return max(0.0, due)
 
     # the pass ---------------------------------------------------------------------------------
-    def schedule_pass(self, complete: bool = False) -> list[policy.Decision]:
+    def schedule_pass(self, complete: bool = False, sliced: bool = False) -> list[policy.Decision]:
         """Check dependencies and limits, order by fair share, plan, start. Exits are reaped by
         the monitors, not here. complete: look at every queued job (else a full pass stops once
-        no GPU could take the smallest job left)."""
+        no GPU could take the smallest job left). sliced: a complete pass stops there all the same
+        and leaves the rest to finish_complete (nothing of the rest can start: no GPU takes it)."""
         now, mono = time.time(), time.monotonic()
         if self._begins and min(self._begins.values()) <= now:
             self._begins = {i: t for i, t in self._begins.items() if t > now}
             self._full = True
         views = self.gpus.views(in_use=True)
         sig = (tuple(views), self.gpus.error, self.engines.docker_away() is None)
-        if now >= self._hold_due or mono - self._last_complete >= COMPLETE_PASS_EVERY:
+        if self._rest is None and (now >= self._hold_due or mono - self._last_complete >= COMPLETE_PASS_EVERY):
             complete = True
         if sig != self._sig or complete:
             self._full = True
@@ -283,7 +307,7 @@ class Scheduler:
             users = [u for u, lst in self._uq.items() if lst and (
                 complete or not cap or (loads.get(u) or fairshare.UserLoad()).running < cap)]
             walk = fairshare.fair_walk({u: self._user_queue(u) for u in users}, usage)
-        want = math.inf if complete else 256
+        want = math.inf if complete and not sliced else 256
         while True:
             for j in walk:
                 self._take((j.id,), seen, cands, waits, loads, job=j)
@@ -329,6 +353,10 @@ class Scheduler:
             if walk is None:
                 self._last_complete = mono
         started = sum(d.action == policy.START for d in decisions)
+        if full and complete and sliced and walk is not None:  # the rest in slices: finish_complete
+            holder = next((self._cands.get(d.job_id) for d in decisions if "held" in d.details), None)
+            self._rest = _Rest(walk, seen, loads, holder, len(cands), took, planned_in * 1000, started)
+            return decisions
         kind = "full" if full else "new jobs"
         self.last_pass = {"kind": kind, "queued": sum(self._queued_n.values()) + started, "planned": len(cands),
                           "started": started, "ms": took * 1000, "plan_ms": planned_in * 1000}
@@ -336,6 +364,71 @@ class Scheduler:
                                           "(%.1f ms before the starts)", kind, self.last_pass["queued"], len(cands),
                                           started, took * 1000, planned_in * 1000)
         return decisions
+
+    async def finish_complete(self, stopping: Callable[[], bool]) -> None:
+        """The rest of a complete pass, a slice at a time with the loop free in between: each slice
+        takes the next jobs of the fair walk (SLICE_S of work) and plans them after the GPUs' state
+        now; the job GPUs are held for (hold_after) is planned first in every slice, so that later
+        jobs see its GPUs held as one pass would. Nothing starts here (none of these jobs fit when the
+        pass began; should GPUs free up meanwhile, the full pass that follows starts what fits). A
+        pass for new jobs, or a full one, runs between slices when one is owed."""
+        rest, n = self._rest, 200
+        try:
+            while not stopping():
+                t0 = time.monotonic()
+                now = time.time()
+                active = self.table.active(*ACTIVE)
+                views, placed = self.gpus.views(in_use=True), self.placed(now, active)
+                self._views = views
+                cands: list[policy.Candidate] = []
+                if rest.holder is not None:
+                    cands.append(dataclasses.replace(rest.holder, seq=0))
+                first, waits = len(cands), []
+                for j in rest.walk:
+                    self._take((j.id,), rest.seen, cands, waits, rest.loads, job=j)
+                    if len(cands) - first >= n:
+                        break
+                else:
+                    rest.walk = None
+                decisions = policy.plan(cands, views, placed, self.cfg, now=now,
+                                        learned=self.learner.learned)[first:]
+                decisions = [d for d in decisions if d.action != policy.START]
+                self.record(waits)
+                self.record(decisions)
+                for d in decisions:
+                    if "held" in d.details:
+                        self._holders.add(d.job_id)
+                        rest.holder = self._cands.get(d.job_id)
+                    else:
+                        self._holders.discard(d.job_id)
+                ha = self.cfg.hold_after
+                if ha > 0:
+                    rest.due = min(rest.due, min((c.queued_at + ha for c in cands[first:]
+                                                  if c.gpus and c.queued_at + ha > now), default=math.inf))
+                took = time.monotonic() - t0
+                rest.busy += took
+                rest.longest = max(rest.longest, took)
+                rest.slices += 1
+                rest.planned += len(cands) - first
+                if rest.walk is None:
+                    break
+                n = max(20, min(5000, int(n * SLICE_S / max(took, 1e-4))))  # about SLICE_S a slice
+                await asyncio.sleep(0)  # requests, exits, samples
+                if self._fresh or self._full:
+                    self.schedule_pass(sliced=True)
+        finally:
+            self._rest = None
+        if rest.walk is not None:
+            return  # the daemon stops
+        self._last_complete = time.monotonic()
+        if self.cfg.hold_after > 0:
+            self._hold_due = min(rest.due, self._hold_due if self._hold_due > time.time() else math.inf)
+        self.last_pass = {"kind": "full", "queued": sum(self._queued_n.values()) + rest.started,
+                          "planned": rest.planned, "started": rest.started, "ms": rest.busy * 1000,
+                          "plan_ms": rest.plan_ms, "slices": rest.slices, "longest_ms": rest.longest * 1000}
+        log.info("scheduler pass (full): %d queued, %d planned, %d started, %.1f ms (%.1f ms before the starts); "
+                 "complete in %d slices, the longest %.1f ms", self.last_pass["queued"], rest.planned, rest.started,
+                 rest.busy * 1000, rest.plan_ms, rest.slices, rest.longest * 1000)
 
     def placed(self, now: float, active: list[Job] | None = None) -> list[policy.Placed]:
         """The active jobs on GPUs as plan() sees them (colo's own and Slurm's alike)."""
