@@ -9,6 +9,7 @@ import json
 import os
 import sqlite3
 import time
+from sys import intern
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -150,10 +151,11 @@ def _is_full(e: BaseException | None) -> bool:
 
 
 def _row_to_job(r: tuple) -> Job:
+    # user names and reasons repeat across a queue of thousands: one copy of each (sys.intern)
     return Job(
-        id=r[0], spec=JobSpec.from_dict(json.loads(r[1])), uid=r[2], gid=r[3], user=r[4],
-        state=State(r[5]), reason=r[6], submitted_at=r[7], started_at=r[8], ended_at=r[9],
-        exit_code=r[10], gpus=json.loads(r[11]), mode=Mode(r[12]) if r[12] else None,
+        id=r[0], spec=JobSpec.from_dict(json.loads(r[1])), uid=r[2], gid=r[3], user=intern(r[4]),
+        state=State(r[5]), reason=intern(r[6]), submitted_at=r[7], started_at=r[8], ended_at=r[9],
+        exit_code=r[10], gpus=json.loads(r[11]) if r[11] != "[]" else (), mode=Mode(r[12]) if r[12] else None,
         handle=r[13], attempts=r[14], cancel_by=r[15], held_by=r[16], paused_by=r[17])
 
 

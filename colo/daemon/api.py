@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import json
 import os
@@ -395,7 +396,9 @@ class Api:
             if hit is None or hit[1] != reason or (hit[0] is not j and (j.state not in TERMINAL or hit[0].state != j.state)):
                 row = dumps(self.summary(j, {j.id: reason} if reason is not None else None),
                             separators=(",", ":"), default=str).encode()
-                hit = cache[j.id] = (j, reason, row)
+                hit = (j, reason, row)
+                if len(cache) < ROWS_CACHED or j.id in cache:  # bounded: `ls --json` of 50,000 is rare
+                    cache[j.id] = hit
             parts.append(hit[2])
         if len(cache) > 2 * len(self.d.table.open) + 20000:  # rows of jobs gone from every listing
             keep = {j.id for j in jobs}
@@ -457,6 +460,8 @@ class Api:
     def _live_rows(self, jobs: list[Job], fields: list[str], cut: int | None) -> list[tuple[int, str, bytes]]:
         """(id, state, the row ls sends, encoded) of open jobs. A queued job's row changes only with
         the job (a new Job) or the reason it waits: kept, so that `ls` of 10,000 encodes few."""
+        if fields == ["id"]:  # `colo ls -q`: nothing to keep
+            return [(j.id, j.state._value_, b"[%d]" % j.id) for j in jobs]
         key = (tuple(fields), cut)
         cache = self._ls_rows.pop(key, None)
         if cache is None:
@@ -632,7 +637,10 @@ class Api:
         """Everything `colo top` shows, in one snapshot."""
         d = self.d
         gpus = await self.gpus(caller, args)
-        live = sorted(d.table.open.values(), key=lambda j: j.id)
+        # the running jobs, and the front of the queue as `colo top` shows it (its total apart)
+        live = sorted(d.table.active(*ACTIVE) + heapq.nsmallest(
+            TOP_QUEUED, (j for j in d.table.open.values() if j.state._value_ == "queued"),
+            key=lambda j: (-j.spec.priority, j.submitted_at, j.id)), key=lambda j: j.id)
         # ended jobs only briefly, the last few: the panel is for what runs (history: colo history)
         recent = [j for j in d.store.jobs(TERMINAL, limit=TOP_ENDED, newest_first=True)
                   if (j.ended_at or 0) > time.time() - TOP_ENDED_FOR]
@@ -640,7 +648,8 @@ class Api:
         foreign = [{"gpu": f["gpu"], "pid": f["pid"], "used": f["used"], "command": _cmd(f["pid"]),
                     "user": _user(f["pid"])} for f in d.patrol.foreign]
         head = json.dumps({"at": time.time(), "gpus": gpus["gpus"], "gpu_error": gpus["error"], "fake": gpus["fake"],
-                           "foreign": foreign, "you": caller.user}, separators=(",", ":"), default=str).encode()
+                           "foreign": foreign, "you": caller.user, "queued": d.scheduler.queued_total()},
+                          separators=(",", ":"), default=str).encode()
         return protocol.Raw(head[:-1] + b',"jobs":' + self.rows(live + recent) + b"}")
 
     async def history(self, caller: Caller, args: dict) -> dict:
@@ -966,3 +975,5 @@ def _user(pid: int) -> str:
 STREAMS = {"logs", "wait", "session"}
 ATTACHED = {"session"}  # streams that end when their client hangs up (server.py)
 TOP_ENDED, TOP_ENDED_FOR = 5, 300.0  # `colo top` shows the newest 5 ended jobs, for 5 minutes after their end
+TOP_QUEUED = 500  # and the front of the queue (a terminal shows less); the number queued apart
+ROWS_CACHED = 20000  # job summaries (`ls --json`, top) kept encoded

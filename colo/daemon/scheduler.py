@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import dataclasses
+import gc
 import logging
 import math
 import threading
@@ -49,6 +50,27 @@ COMPLETE_PASS_EVERY = 60.0  # seconds
 # The loop runs such a complete pass in slices of about this long, free for requests in between:
 # at 50,000 queued the whole of it takes over a second, which no request should wait behind.
 SLICE_S = 0.01
+
+
+def _settle() -> None:
+    """What survived a complete pass (the queued jobs, their decisions, listings' caches) is long-lived:
+    moved out of the cyclic collector's scans. At 50,000 queued a full collection walked a million
+    objects (0.3 to 1 s with every request waiting); frozen, they are still freed by reference counting
+    when dropped. The young generations are collected first, so that no fresh garbage is frozen."""
+    gc.collect(1)
+    gc.freeze()
+
+
+class _Wait:
+    """A WAIT decision as the scheduler keeps it for each queued job: its reason and figures, the
+    figures shared by every job told the same (a policy.Decision and a details dict of its own were
+    ~0.6 KiB a job, 30 MiB at 50,000 queued). Read as a Decision is."""
+
+    __slots__ = ("job_id", "reason", "details")
+    action, mode, gpus, thread_pct = policy.WAIT, None, (), None
+
+    def __init__(self, job_id: int, reason: str, details: dict):
+        self.job_id, self.reason, self.details = job_id, reason, details
 
 
 class _Rest:
@@ -108,6 +130,7 @@ class Scheduler:
         self._hold_due = math.inf  # when the next waiting job passes hold_after
         self._last_complete = -math.inf  # time.monotonic() of the last pass over every queued job
         self._rest: _Rest | None = None  # a complete pass whose slices are still to run (serve)
+        self._details: dict[tuple, dict] = {}  # WAIT decisions' figures, one dict per distinct set (record)
         self._next_full = -math.inf  # no full pass before this (spacing)
         self._queued_n: Counter = Counter()  # uid -> jobs queued
         # Queued jobs by user, each list in the user's own order (priority, then id); entries of
@@ -135,6 +158,8 @@ class Scheduler:
         table.on_change.append(self._queue_changed)
         table.on_edit.append(self._queue_edited)
         learner.on_forget.append(self._cands.clear)
+        gc.collect()  # the open jobs, loaded: long-lived (see _settle); before any request is served
+        gc.freeze()
 
     def close(self) -> None:
         self._writer.close()
@@ -237,6 +262,9 @@ class Scheduler:
 
     def queued_count(self, uid: int) -> int:
         return self._queued_n[uid]
+
+    def queued_total(self) -> int:
+        return sum(self._queued_n.values())
 
     def pass_due_in(self) -> float:
         """Seconds until the loop must look again without being woken."""
@@ -354,7 +382,8 @@ class Scheduler:
                 self._last_complete = mono
         started = sum(d.action == policy.START for d in decisions)
         if full and complete and sliced and walk is not None:  # the rest in slices: finish_complete
-            holder = next((self._cands.get(d.job_id) for d in decisions if "held" in d.details), None)
+            held = {d.job_id for d in decisions if "held" in d.details}
+            holder = next((c for c in cands if c.job_id in held), None)
             self._rest = _Rest(walk, seen, loads, holder, len(cands), took, planned_in * 1000, started)
             return decisions
         kind = "full" if full else "new jobs"
@@ -385,7 +414,7 @@ class Scheduler:
                     cands.append(dataclasses.replace(rest.holder, seq=0))
                 first, waits = len(cands), []
                 for j in rest.walk:
-                    self._take((j.id,), rest.seen, cands, waits, rest.loads, job=j)
+                    self._take((j.id,), rest.seen, cands, waits, rest.loads, job=j, keep=False)
                     if len(cands) - first >= n:
                         break
                 else:
@@ -398,7 +427,7 @@ class Scheduler:
                 for d in decisions:
                     if "held" in d.details:
                         self._holders.add(d.job_id)
-                        rest.holder = self._cands.get(d.job_id)
+                        rest.holder = next(c for c in cands if c.job_id == d.job_id)
                     else:
                         self._holders.discard(d.job_id)
                 ha = self.cfg.hold_after
@@ -420,6 +449,7 @@ class Scheduler:
             self._rest = None
         if rest.walk is not None:
             return  # the daemon stops
+        _settle()
         self._last_complete = time.monotonic()
         if self.cfg.hold_after > 0:
             self._hold_due = min(rest.due, self._hold_due if self._hold_due > time.time() else math.inf)
@@ -444,7 +474,8 @@ class Scheduler:
                                      done=policy.progress(e, now) if e is not None else None, alone=alone))
         return out
 
-    def _take(self, ids, seen: set[int], cands: list, waits: list, loads: dict, job: Job | None = None) -> None:
+    def _take(self, ids, seen: set[int], cands: list, waits: list, loads: dict, job: Job | None = None,
+              keep: bool = True) -> None:
         """Candidates for plan() from queued jobs, in the order taken (Candidate.seq); a job that
         waits for something plan() does not know (a dependency, the engine, a limit) gets its
         WAIT decision here."""
@@ -507,10 +538,11 @@ class Scheduler:
                 budget = self._budget_of(j)
                 self._grow_planned = True
             if c is None or c.seq != seq or c.held != held or c.budget != budget:
-                c = self._cands[job_id] = _cand(
-                    job_id, budget, j.spec.gpus, j.uid, 0, seq,
-                    c.profile if c is not None else (self.learner.profile_of(j) if j.spec.gpus else None),
-                    j.submitted_at, held, tuple(j.spec.gpu_ids), j.spec.gpu_type, j.spec.grow and j.spec.gpus == 1)
+                c = _cand(job_id, budget, j.spec.gpus, j.uid, 0, seq,
+                          c.profile if c is not None else (self.learner.profile_of(j) if j.spec.gpus else None),
+                          j.submitted_at, held, tuple(j.spec.gpu_ids), j.spec.gpu_type, j.spec.grow and j.spec.gpus == 1)
+                if keep:  # (not the slices of a complete pass: 50,000 candidates kept are ~25 MiB)
+                    self._cands[job_id] = c
             cands.append(c)
 
     def _budget_of(self, j: Job) -> int:
@@ -693,13 +725,25 @@ class Scheduler:
         re-worded) WAIT ones by a writer thread, so a pass over 10,000 queued jobs stays short."""
         now = time.time()
         starts, waits = [], []
+        shared = self._details
         for d in decisions:
             old = self.decisions.get(d.job_id)
             if old is not None and old.reason == d.reason and old.action == d.action:
                 continue
-            self.decisions[d.job_id] = d
             row = (d.job_id, d.action, d.mode, list(d.gpus), d.reason, d.details)
-            (starts if d.action == policy.START else waits).append(row)
+            if d.action == policy.START:
+                self.decisions[d.job_id] = d
+                starts.append(row)
+                continue
+            try:
+                key = tuple(d.details.items())
+                details = shared.setdefault(key, d.details)
+            except TypeError:  # a list among the figures (held GPUs): its own
+                details = d.details
+            self.decisions[d.job_id] = _Wait(d.job_id, d.reason, details)
+            waits.append(row)
+        if len(shared) > 4096:  # figures of passes long gone
+            shared.clear()
         if starts:
             self.table.store.record_decisions(starts, now)
         if waits:

@@ -250,7 +250,10 @@ def mem_text(g: dict) -> str:
 
 
 def counts(snap: dict) -> dict[str, int]:
+    """Jobs per state; the queued ones as the daemon counts them (it sends the front of the queue only)."""
     c: dict[str, int] = {}
     for j in snap.get("jobs", []):
         c[j["state"]] = c.get(j["state"], 0) + 1
+    if "queued" in snap:
+        c["queued"] = snap["queued"]
     return c

@@ -73,10 +73,13 @@ def render_frame(snap: dict, now: float | None = None, width: int = 100, height:
         rows.sort(key=lambda r: r.order["default"])
         out += table(model.JOB_COLUMNS, rows, width, flex=1)
     q = model.queue_rows(snap, now)
+    waiting = model.counts(snap).get("queued", len(q))
     out.append("")
-    out.append(f"QUEUE ({len(q)} waiting)" if q else "QUEUE (empty)")
+    out.append(f"QUEUE ({waiting} waiting)" if q else "QUEUE (empty)")
     if q:
         out += table(model.QUEUE_COLUMNS, q, width)
+        if waiting > len(q):
+            out.append(f"… {waiting - len(q)} more (colo ls)")
     if height and len(out) > height:
         out = _fit(out, height)
     return "\n".join(out) + "\n"
