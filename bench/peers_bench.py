@@ -8,8 +8,13 @@ submit figure is the wall time of the command-line client (median of -n), the li
 the listing command with the Q jobs queued (median of 5). Refused unless each tool then holds
 exactly its Q + n waiting jobs behind one running job.
 
+With --big N (50,000): Slurm and colo each also hold N waiting jobs, submitted as arrays of 1,000
+tasks (`sbatch --array`, `colo submit --array`), and their lists are timed at that length: `colo
+ls` beside `squeue` (each shows an array's waiting tasks as one row), and `colo ls -r` beside
+`squeue -r` (a row per task: N rows each).
+
 Run (as root; apt-get install task-spooler slurm-wlm munge):
-    python bench/peers_bench.py [--queue 500] [-n 10] [--json-out FILE]
+    python bench/peers_bench.py [--queue 500] [-n 10] [--big 50000] [--json-out FILE]
 """
 from __future__ import annotations
 
@@ -89,14 +94,21 @@ def bench_tsp(rep: Report, root: Path, q: int, n: int) -> None:
 
 # --- Slurm --------------------------------------------------------------------------------------
 
-def bench_slurm(rep: Report, root: Path, q: int, n: int) -> None:
+ARRAY = 1000  # tasks per array of the --big queue (Slurm's default MaxArraySize is 1001)
+
+
+def rows_of(out: str) -> int:
+    return len(out.splitlines()) - 1  # less the header
+
+
+def bench_slurm(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
     missing = [e for e in ("slurmctld", "slurmd", "sbatch", "squeue", "munged") if shutil.which(e) is None]
     if missing or os.geteuid() != 0:
         rep.note(f"Slurm: left out ({'missing ' + ', '.join(missing) if missing else 'slurmd needs root'}; "
                  "apt-get install slurm-wlm munge)")
         return
     munge_up()
-    s = SlurmNode(root / "slurm", cluster="colobench", cpus=2, extra=("MaxJobCount=100000",)).start()
+    s = SlurmNode(root / "slurm", cluster="colobench", cpus=2, extra=("MaxJobCount=200000",)).start()
     try:
         env = s.env
         sb = ["sbatch", "--parsable", "-o", "/dev/null", "-e", "/dev/null"]
@@ -114,13 +126,22 @@ def bench_slurm(rep: Report, root: Path, q: int, n: int) -> None:
         rep.check(counts == {"RUNNING": 1, "PENDING": q + n}, f"Slurm should hold 1 running, {q + n} pending: {counts}")
         ver = " ".join(sh_out(["sbatch", "--version"], env).split())
         rep.extra["slurm"] = {"submit_s": sub, "ls_s": ls, "version": ver}
+        if big:
+            for _ in range(big // ARRAY):
+                subprocess.run([*sb, "-c", "1", f"--array=0-{ARRAY - 1}", "--wrap", "true"], env=env, check=True,
+                               capture_output=True, cwd="/tmp")
+            ls_big, outs = timed(["squeue"], 5, env)
+            ls_all, alls = timed(["squeue", "-r"], 5, env)
+            rep.check(rows_of(alls[-1].stdout) == 1 + q + n + big, f"squeue -r listed {rows_of(alls[-1].stdout)} rows, "
+                      f"not {1 + q + n + big}")
+            rep.extra["slurm"].update(big_ls_s=ls_big, big_ls_rows=rows_of(outs[-1].stdout), big_all_s=ls_all)
     finally:
         s.stop()
 
 
 # --- colo ---------------------------------------------------------------------------------------
 
-def bench_colo(rep: Report, root: Path, q: int, n: int) -> None:
+def bench_colo(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
     fakegpu.create(root / "gpus", count=1, mem=16 * GiB)
     (root / "colo").mkdir()
     d = DaemonProc(root / "colo", root / "gpus", {"sample_interval": 1.0}).start()
@@ -140,6 +161,16 @@ def bench_colo(rep: Report, root: Path, q: int, n: int) -> None:
             st[j["state"]] = st.get(j["state"], 0) + 1
         rep.check(st == {"running": 1, "queued": q + n}, f"colo should hold 1 running, {q + n} queued: {st}")
         rep.extra["colo"] = {"submit_s": sub, "ls_s": ls}
+        if big:
+            for _ in range(big // ARRAY):
+                d.client.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 1 * GiB, "workdir": "/tmp",
+                                 "array": f"0-{ARRAY - 1}"})
+            time.sleep(5)  # the passes for the new jobs are over
+            ls_big, outs = timed([sys.executable, "-m", "colo", "ls"], 5, env)
+            ls_all, alls = timed([sys.executable, "-m", "colo", "ls", "-r"], 5, env)
+            rep.check(rows_of(alls[-1].stdout) == 1 + q + n + big, f"colo ls -r listed {rows_of(alls[-1].stdout)} rows, "
+                      f"not {1 + q + n + big}")
+            rep.extra["colo"].update(big_ls_s=ls_big, big_ls_rows=rows_of(outs[-1].stdout), big_all_s=ls_all)
     finally:
         if hold is not None:  # the daemon leaves running jobs running when it stops: end the holder first
             d.client.cancel(hold)
@@ -153,6 +184,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--queue", type=int, default=500, help="jobs waiting while the list commands are timed")
     ap.add_argument("-n", type=int, default=10, help="submits timed per tool")
+    ap.add_argument("--big", type=int, default=0, help="also list this many more waiting jobs (arrays of 1,000)")
     ap.add_argument("--json-out", type=Path)
     a = ap.parse_args()
     rep = Report("peers_bench")
@@ -161,7 +193,7 @@ def main() -> int:
     try:
         for fn in (bench_colo, bench_tsp, bench_slurm):
             try:
-                fn(rep, root, a.queue, a.n)
+                fn(rep, root, a.queue, a.n, *((a.big,) if fn is not bench_tsp else ()))
             except Exception as e:  # noqa: BLE001 - one tool failing refuses the figures, the others still run
                 rep.check(False, f"{fn.__name__}: {type(e).__name__}: {e}")
     finally:
@@ -175,6 +207,14 @@ def main() -> int:
                            "`tsp CMD`" if peer == "tsp" else "`sbatch --wrap CMD`", f"median of {a.n}")
                 rep.figure(f"ls_vs_{peer}", f"`colo ls` vs {label} list, {a.queue + a.n:,} waiting", c["ls_s"], "s",
                            p["ls_s"], "`tsp -l`" if peer == "tsp" else "`squeue`", "median of 5")
+        p = rep.extra.get("slurm")
+        if a.big and p and "big_ls_s" in c and "big_ls_s" in p:
+            total = 1 + a.queue + a.n + a.big
+            rep.figure("big_ls_vs_slurm", f"`colo ls` vs `squeue`, {total:,} jobs ({a.big:,} in arrays of {ARRAY:,})",
+                       c["big_ls_s"], "s", p["big_ls_s"], "`squeue`",
+                       f"median of 5; {c['big_ls_rows']:,} rows vs {p['big_ls_rows']:,}: an array's waiting tasks in one")
+            rep.figure("big_all_vs_slurm", f"`colo ls -r` vs `squeue -r`, {total:,} rows", c["big_all_s"], "s",
+                       p["big_all_s"], "`squeue -r`", "median of 5; a row per task")
         if "slurm" in rep.extra:
             rep.note(f"{rep.extra['slurm']['version']}: slurmctld + slurmd on localhost, started by this bench")
         if "tsp" in rep.extra:

@@ -7,7 +7,8 @@ user (colotest1..10; created when run as root). Then, with N queued:
 - submit rate while filling, per 5,000 submits (per N when N is smaller), and for the whole fill;
 - one more submit's daemon round trip (median of 20);
 - the daemon's CPU while idle (nothing changes for 65 s, which holds one pass over every queued
-  job: it runs once a minute), in % of one core;
+  job: it runs once a minute, in slices), in % of one core; meanwhile a client asks `hello` every
+  20 ms: the longest round trip is how long a request waited behind the daemon's own work;
 - `colo ls` wall time, piped (median of 5; prints every queued job), beside `python3 -c pass`,
   with the CPU it took in the command and in the daemon; `colo ls -q` (ids only); `colo ls` on a
   terminal (a pty: what a person waits for, a screenful or the terminal's bound);
@@ -58,6 +59,16 @@ IDLE_S = 65.0
 PASS_RE = re.compile(r"scheduler pass \(full\): (\d+) queued, (\d+) planned, (\d+) started, ([\d.]+) ms"
                      r"(?: \(([\d.]+) ms before the starts\))?")
 PASSES = 3  # after one running job ends: the first passes that start jobs (the jobs they start end at once)
+SLICES_RE = re.compile(r"complete in (\d+) slices, the longest ([\d.]+) ms")
+
+
+def probe(c: Client, stop, out: list[float]) -> None:
+    """`hello` round trips every 20 ms until `stop` is set (a thread)."""
+    while not stop.is_set():
+        t = time.perf_counter()
+        c.hello()
+        out.append(time.perf_counter() - t)
+        stop.wait(0.02)
 
 
 def cpu_s(pid: int) -> float:
@@ -170,9 +181,17 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: in
             lat[-1] = time.perf_counter() - t
         time.sleep(3)  # the probes' passes are over
         pid = d.proc.pid
+        import threading
+
+        stop, hellos = threading.Event(), []
+        prober = threading.Thread(target=probe, args=(Client(d.socket, timeout=120), stop, hellos))
         c0, t0 = cpu_s(pid), time.monotonic()
+        prober.start()
         time.sleep(IDLE_S)  # long enough to hold one pass over every queued job (every 60 s)
+        stop.set()
+        prober.join()
         idle = 100 * (cpu_s(pid) - c0) / (time.monotonic() - t0)
+        slices = [(int(a), float(b)) for a, b in SLICES_RE.findall(d.log.read_text())]
         ls_cmd = [sys.executable, "-m", "colo", "ls"]
         if "--active" in subprocess.run([*ls_cmd, "--help"], capture_output=True, text=True, env=d.env()).stdout:
             ls_cmd.append("--active")  # else queued and running jobs are what it lists by default
@@ -232,7 +251,9 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: in
                 "tty_lines": tty_lines, "ls_before_s": statistics.median(ls_b), "ls_q_before_s": statistics.median(ls_qb),
                 "pass_ms": float(first[3]), "per_start_ms": per_start, "plan_ms": float(first[4]) if first[4] else None,
                 "planned": int(first[1]), "started": int(first[2]), "complete_ms": statistics.median(complete),
-                "rss_mb": rss, "ls_rt_s": statistics.median(ls_rt), "bare_s": bare}
+                "rss_mb": rss, "ls_rt_s": statistics.median(ls_rt), "bare_s": bare,
+                "hello_max_s": max(hellos), "hello_p50_s": statistics.median(hellos), "hellos": len(hellos),
+                "slices": slices[-1][0] if slices else 1, "slice_ms": slices[-1][1] if slices else None}
     finally:
         # only the running jobs are cancelled: cancelling every queued one would be the slow part
         for j in c.ls(all=False):
@@ -316,6 +337,12 @@ def main() -> int:
         rep.figure(f"complete_{n}", f"pass over every queued job at {at} (1/min)", r["complete_ms"], "ms",
                    b["complete_ms"], bn)
         rep.figure(f"rss_{n}", f"daemon RSS at {at} (aim < 150 MB)", r["rss_mb"] * 2**20, "B", b["rss_mb"] * 2**20, bn)
+        rep.figure(f"hello_{n}", f"`hello` round trip every 20 ms over the idle 65 s at {at}, max (aim < 50 ms)",
+                   r["hello_max_s"], "s", b["hello_max_s"], bn,
+                   note=f"{r['hellos']} asked, median {r['hello_p50_s'] * 1000:.1f} ms")
+        if r["slice_ms"] is not None:
+            rep.figure(f"slice_{n}", f"  the pass over every queued job: its longest slice at {at}", r["slice_ms"],
+                       "ms", b["slice_ms"] or b["complete_ms"], bn, note=f"{r['slices']} slices")
     for n, r in zip(sizes, res):
         rep.note(f"submits/s per {min(CHUNK, n):,} while filling to {n:,}: "
                  + ", ".join(f"{x:.0f}" for x in r["rates"]))

@@ -402,6 +402,7 @@ class Scheduler:
         pass began; should GPUs free up meanwhile, the full pass that follows starts what fits). A
         pass for new jobs, or a full one, runs between slices when one is owed."""
         rest, n = self._rest, 200
+        gc.disable()  # what the slices keep (a decision per job) would set off full collections: _settle
         try:
             while not stopping():
                 t0 = time.monotonic()
@@ -441,15 +442,18 @@ class Scheduler:
                 rest.planned += len(cands) - first
                 if rest.walk is None:
                     break
-                n = max(20, min(5000, int(n * SLICE_S / max(took, 1e-4))))  # about SLICE_S a slice
+                n = max(20, min(5000, 2 * n, int(n * SLICE_S / max(took, 1e-4))))  # about SLICE_S a slice
                 await asyncio.sleep(0)  # requests, exits, samples
                 if self._fresh or self._full:
                     self.schedule_pass(sliced=True)
         finally:
             self._rest = None
+            t = time.monotonic()
+            _settle()
+            gc.enable()
+            rest.longest = max(rest.longest, time.monotonic() - t)
         if rest.walk is not None:
             return  # the daemon stops
-        _settle()
         self._last_complete = time.monotonic()
         if self.cfg.hold_after > 0:
             self._hold_due = min(rest.due, self._hold_due if self._hold_due > time.time() else math.inf)
