@@ -157,11 +157,12 @@ class Client:
     def ls_fields(self, fields: list[str], all: bool = True, limit: int | None = None,
                   users: list[str] | None = None, states: list[str] | None = None,
                   names: list[str] | None = None, refs: list[str] | None = None, cut: int | None = None,
-                  head: int | None = None) -> dict:
+                  head: int | None = None, tasks: bool = True) -> dict:
         """The same jobs, only `fields` (protocol.LS_FIELDS) of each: {"fields", "rows", "left"}; texts
-        cut to `cut` characters; with `head`, at most that many jobs (see Api.ls)."""
+        cut to `cut` characters; with `head`, at most that many jobs (see Api.ls); tasks=False: an
+        array's queued tasks in one row, whose id and array say which (12_[3-9])."""
         return self.call("ls", all=all, limit=limit, fields=fields, cut=cut, head=head,
-                         **_filters(users, states, names, refs))
+                         **({} if tasks else {"tasks": False}), **_filters(users, states, names, refs))
 
     def show(self, job_id: int) -> dict:
         return self.call("show", id=job_id)

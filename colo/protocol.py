@@ -273,7 +273,8 @@ ARGS: dict[str, dict[str, Any]] = {
     "submit": {"spec": _spec},
     "ls": {"all": _flag("all"), "limit": _count("ls --limit"), "users": _texts("ls user"),
            "states": _texts("ls state", LS_STATES), "names": _texts("ls name"), "refs": _texts("ls job"),
-           "fields": _texts("ls field", LS_FIELDS), "cut": _count("ls cut"), "head": _count("ls head")},
+           "fields": _texts("ls field", LS_FIELDS), "cut": _count("ls cut"), "head": _count("ls head"),
+           "tasks": _flag("ls tasks")},  # false: an array's queued tasks in one row (Api._live_rows)
     "show": {"id": _job_id}, "explain": {"id": _job_id}, "cancel": {"id": _job_id},
     "logs": {"id": _job_id, "follow": _flag("follow"), "tail": _count("logs --tail"), "since": _time("logs --since"),
              "timestamps": _flag("timestamps")},

@@ -325,7 +325,7 @@ def requeue(jobs: list[str], sock: str | None = None, as_json: bool = False) -> 
     c = Client(sock)
     ids: list[int] = []
     for ref in jobs:
-        many = R.job_refs(c, ref)
+        many = R.job_refs(c, ref, newest=True)
         if len(many) > 1:  # an array: only its ended tasks
             states = {r[0]: r[1] for r in c.ls_fields(["id", "state"], all=True, refs=[ref])["rows"]}
             still = [i for i in many if states.get(i) not in ENDED]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
+from itertools import repeat
 
 from ..client import Client
 from ..protocol import LS_STATES
@@ -57,61 +58,34 @@ COLUMNS: dict[str, tuple[str, str, Callable[[list], list[str]] | None]] = {
 
 
 def _ages(col: list, now: float) -> list[str]:
+    """How long ago each time was, as format_duration writes it: seconds are shown under an hour,
+    minutes under a day, hours beyond, so an age is rounded to that first (a long queue has few
+    distinct ages then, each written once)."""
     now_s = int(now)  # times come in whole seconds
-    return _each(format_duration)([now_s - t for t in col])
+    return _each(format_duration)([a if a < 3600 else a - a % 60 if a < 86400 else a - a % 3600
+                                   for a in (now_s - t for t in col)])
 
 
 def table(cols: list[list[str]], titles: list[str]) -> str:
     """Columns of cells (already safe) under their titles, padded to line up."""
     widths = [max(len(t), max(map(len, c), default=0)) for t, c in zip(titles, cols)]
-    fmt = "  ".join([*(f"{{:<{w}}}" for w in widths[:-1]), "{}"])  # the last one is not padded
-    return "\n".join([fmt.format(*titles).rstrip(), *map(str.rstrip, map(fmt.format, *cols))])
+    # a column at a time (str.ljust mapped in C), the last one not padded; 50,000 rows in ~0.1 s
+    padded = [list(map(str.ljust, c, repeat(w))) for c, w in zip(cols[:-1], widths)] + cols[-1:]
+    head = [t.ljust(w) for t, w in zip(titles[:-1], widths)] + titles[-1:]
+    rows = map("  ".join, zip(*padded))
+    if cols and any(not x or x[-1] == " " for x in cols[-1]):  # else no row ends in blanks: none to strip
+        rows = map(str.rstrip, rows)
+    return "\n".join(["  ".join(head).rstrip(), *rows])
 
 
-def _ranges(ix: list[int]) -> str:
-    """3,4,5,7 as Slurm writes a set of array indices: 3-5,7."""
-    out, start = [], 0
-    for k in range(1, len(ix) + 1):
-        if k == len(ix) or ix[k] != ix[k - 1] + 1:
-            out.append(str(ix[start]) if start == k - 1 else f"{ix[start]}-{ix[k - 1]}")
-            start = k
-    return ",".join(out)
-
-
-def collapse(rows: list[list]) -> tuple[list[list], list[str | None]]:
-    """Rows (each ending in its state and ARRAY_INDEX) with the queued tasks of an array in one
-    row, the first's, and the ID each row shows then (12_[3-9]; None: the job's own)."""
-    groups: dict[str, list[int]] = {}
-    for k, r in enumerate(rows):
-        if r[-2] == "queued" and r[-1]:
-            groups.setdefault(r[-1].partition("_")[0], []).append(k)
-    keep, ids = [], []
-    firsts = {g[0]: g for g in groups.values() if len(g) > 1}
-    skip = {k for g in firsts.values() for k in g[1:]}
-    for k, r in enumerate(rows):
-        if k in skip:
-            continue
-        g = firsts.get(k)
-        keep.append(r)
-        ids.append(None if g is None else
-                   f"{r[-1].partition('_')[0]}_[{_ranges(sorted(int(rows[i][-1].partition('_')[2]) for i in g))}]")
-    return keep, ids
-
-
-def lines(reply: dict, cols: list[str], wide: bool, now: float, tasks: bool = True) -> list[str]:
-    """The table's text from ls's compact reply (with `tasks` False, its last two fields are each
-    row's state and ARRAY_INDEX: the queued tasks of an array share a row), and the line saying what
-    a terminal's bound left out."""
-    rows, shown_ids = reply["rows"], None
-    if not tasks:
-        rows, shown_ids = collapse(rows)
+def lines(reply: dict, cols: list[str], wide: bool, now: float) -> list[str]:
+    """The table's text from ls's compact reply, and the line saying what a terminal's bound left out."""
+    rows = reply["rows"]
     got = dict(zip(reply["fields"], zip(*rows) if rows else [()] * len(reply["fields"])))
     cells = []
     for c in cols:
         title, field, draw = COLUMNS[c]
         col = _ages(got[field], now) if c == "age" else draw(got[field])
-        if c in ("id", "array") and shown_ids is not None:
-            col = [x if s is None else s for x, s in zip(col, shown_ids)]
         col = safe_all(col)
         if field in CUT and not wide:
             n = CUT[field]
@@ -155,8 +129,7 @@ def run(c, all_: bool = False, users: list[str] = (), states: list[str] = (), na
     if bad or not cols:
         raise Fail(f"unknown column {bad[0] if bad else fmt!r} in --format: use {', '.join(COLUMNS)}")
     fields = list(dict.fromkeys(COLUMNS[x][1] for x in cols))
-    if not tasks:  # each row's state and ARRAY_INDEX last, for collapse()
-        fields = [*fields, "state", "array"]
     head = TTY_ROWS if limit is None and sys.stdout.isatty() else None  # --limit 0: every job
-    reply = c.ls_fields(fields, cut=None if wide else max(CUT.values()), head=head, **filters)
-    return "\n".join(lines(reply, cols, wide, time.time(), tasks))
+    # (the daemon puts an array's queued tasks in one row unless -r)
+    reply = c.ls_fields(fields, cut=None if wide else max(CUT.values()), head=head, tasks=tasks, **filters)
+    return "\n".join(lines(reply, cols, wide, time.time()))

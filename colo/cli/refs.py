@@ -34,23 +34,27 @@ def _listed(c, ref: str) -> list[dict]:
     return out
 
 
-def _newest_per_task(jobs: list[dict]) -> list[dict]:
-    """An array's tasks, one per index: a task `colo requeue` ran again is its newest copy."""
+def _per_task(jobs: list[dict], newest: bool) -> list[dict]:
+    """An array's tasks, one per index: a task `colo requeue` ran again is its newest copy, or (not
+    `newest`) its first run, which `colo wait` follows to its newest copy itself."""
     by_index: dict = {}
     for j in jobs:  # oldest first: a later copy replaces an earlier run
-        by_index[j["array_index"]] = j
+        if newest or j["array_index"] not in by_index:
+            by_index[j["array_index"]] = j
     return sorted(by_index.values(), key=lambda j: j["id"])
 
 
-def job_refs(c, ref: str, many: bool = True, open_only: bool = False) -> list[int]:
+def job_refs(c, ref: str, many: bool = True, open_only: bool = False, newest: bool | None = None) -> list[int]:
     """The jobs a reference names: an id; with `many`, an array's id (its first task's) names every
     task, as scancel and squeue read it; a task as ARRAY_INDEX (12_3); a name that one job has, or
-    (with `many`) the tasks of one array. open_only: only an array's queued and running tasks."""
+    (with `many`) the tasks of one array. open_only: only an array's queued and running tasks.
+    newest: a task run again is its newest copy (default: with open_only), else its first run."""
+    newest = open_only if newest is None else newest
     k = kind(ref)
     if k == "id" and not many:
         return [int(ref)]
     if k == "id":  # a job of no array (or none at all: the op says so), or an array's tasks
-        return array_tasks(c, int(ref), open_only) or [int(ref)]
+        return array_tasks(c, int(ref), open_only, newest) or [int(ref)]
     jobs = _listed(c, ref)
     if k == "task":
         a, _, idx = ref.partition("_")
@@ -67,7 +71,7 @@ def job_refs(c, ref: str, many: bool = True, open_only: bool = False) -> list[in
         return [pick[-1]["id"]]  # the newest run of that task
     arrays = {j["array_job"] for j in pick}
     if many and len(arrays) == 1 and None not in arrays:  # a name: the tasks of one array
-        tasks = _newest_per_task([j for j in named if j["array_job"] in arrays])
+        tasks = _per_task([j for j in named if j["array_job"] in arrays], newest)
         if open_only:
             tasks = [j for j in tasks if j["state"] in OPEN] or tasks
         return [j["id"] for j in tasks]
@@ -78,11 +82,11 @@ def job_refs(c, ref: str, many: bool = True, open_only: bool = False) -> list[in
                + (" or ARRAY_INDEX (12_3)" if what != "jobs" else ""))
 
 
-def array_tasks(c, i: int, open_only: bool = False) -> list[int]:
-    """The tasks of array `i` (the newest run of each; open_only: the queued and running ones, if any
-    is), or [] when job `i` heads no array."""
+def array_tasks(c, i: int, open_only: bool = False, newest: bool = True) -> list[int]:
+    """The tasks of array `i` (one run of each, see _per_task; open_only: the queued and running
+    ones, if any is), or [] when job `i` heads no array."""
     tasks = [j for j in _listed(c, str(i)) if j["array_job"] == i]
-    tasks = _newest_per_task(tasks)
+    tasks = _per_task(tasks, newest)
     if open_only:
         tasks = [j for j in tasks if j["state"] in OPEN] or tasks
     return [j["id"] for j in tasks]

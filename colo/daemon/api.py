@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import logging
 import json
@@ -57,6 +58,11 @@ class Api:
         # the same for ls's compact rows, per (fields, cut) asked for (Api._live_rows, _ended_rows)
         self._ls_rows: dict[tuple, dict[int, tuple[Job, str | None, bytes]]] = {}
         self._ls_ended: dict[tuple, dict[int, bytes]] = {}
+        # the queue's ls rows per kind of listing, as of (_queue_version, the scheduler's version)
+        self._blocks: dict[tuple, tuple[tuple, list]] = {}
+        self._queue_version = 0  # any queued job added, changed or gone
+        daemon.table.on_change.append(self._queue_changed)
+        daemon.table.on_edit.append(self._queue_changed)
 
     def _job(self, args: dict) -> Job:
         job_id = job_id_arg(args)
@@ -429,24 +435,31 @@ class Api:
         refs = args.get("refs")
         # which open jobs refs name: asked of the store, which holds the one rule (Store._where)
         named = None if refs is None else {r[0] for r in d.store.listing(["id"], _OPEN, refs=refs)}
-        # State is a str enum whose hash is a Python call: its _value_ (the plain str) is compared
-        live = [j for j in d.table.open.values() if j.state._value_ in want and (users is None or j.user in users)
-                and (names is None or j.spec.name in names) and (named is None or j.id in named)]
-        if any(live[i].id > live[i + 1].id for i in range(len(live) - 1)):
-            live.sort(key=lambda j: j.id)
-        fields = args.get("fields")
+        fields, cut, collapse = args.get("fields"), args.get("cut") or None, args.get("tasks") is False
+        if fields is not None and users is None and names is None and named is None and "queued" in want:
+            # the common `colo ls`: the queue's rows as the last such listing made them, while no
+            # queued job and no decision changed since; the active jobs' rows afresh
+            live = [j for j in d.table.active(*ACTIVE) if j.state._value_ in want]
+            rows = _merged(self._queued_rows(fields, cut, collapse), self._live_rows(live, fields, cut))
+        else:
+            # State is a str enum whose hash is a Python call: its _value_ (the plain str) is compared
+            live = [j for j in d.table.open.values() if j.state._value_ in want and (users is None or j.user in users)
+                    and (names is None or j.spec.name in names) and (named is None or j.id in named)]
+            if any(live[i].id > live[i + 1].id for i in range(len(live) - 1)):
+                live.sort(key=lambda j: j.id)
+            rows = None
         if fields is None:
             jobs = live
             if ended:
                 jobs = sorted([*live, *self._ended_jobs(ended, users, names, limit, refs)], key=lambda j: j.id)
             return self.rows(jobs[-limit:] if limit else jobs)
-        cut = args.get("cut") or None
-        rows = self._live_rows(live, fields, cut)
+        if rows is None:
+            rows = self._live_rows(live, fields, cut, collapse)
         n_ended: dict[str, int] = {}
         if ended:
             past = d.store.listing(["id", "state"], ended, users, names, limit or head, refs)
             more = self._ended_rows(past, fields, cut)
-            rows = sorted([*rows, *more]) if live and past and past[0][0] < live[-1].id else [*rows, *more]
+            rows = sorted([*rows, *more]) if rows and past and past[0][0] < rows[-1][0] else [*rows, *more]
             if head and len(past) == head:  # more may be stored: how many, for `left`
                 n_ended = d.store.listing_counts(ended, users, names, refs)
         if limit:
@@ -457,9 +470,54 @@ class Api:
         return protocol.Raw(_encode({"fields": fields, "left": left})[:-1] + b',"rows":['
                             + b",".join([r[2] for r in rows]) + b"]}")
 
-    def _live_rows(self, jobs: list[Job], fields: list[str], cut: int | None) -> list[tuple[int, str, bytes]]:
+    def _queued_rows(self, fields: list[str], cut: int | None, collapse: bool) -> list[tuple[int, str, bytes]]:
+        """_live_rows of every queued job, kept while no queued job and no decision changed (the
+        table's watchers and the scheduler's `version` say): `colo ls` of 50,000 then walks none."""
+        key = (tuple(fields), cut, collapse)
+        stamp = (self._queue_version, self.d.scheduler.version)
+        hit = self._blocks.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        queued = [j for j in self.d.table.open.values() if j.state._value_ == "queued"]
+        if any(queued[i].id > queued[i + 1].id for i in range(len(queued) - 1)):
+            queued.sort(key=lambda j: j.id)
+        rows = self._live_rows(queued, fields, cut, collapse)
+        self._blocks.pop(key, None)
+        while len(self._blocks) >= 4:  # the kinds of listing asked for lately
+            self._blocks.pop(next(iter(self._blocks)))
+        self._blocks[key] = (stamp, rows)
+        return rows
+
+    def _queue_changed(self, prev: Job | None, job: Job) -> None:
+        if job.state == State.QUEUED or (prev is not None and prev.state == State.QUEUED):
+            self._queue_version += 1
+
+    def _live_rows(self, jobs: list[Job], fields: list[str], cut: int | None,
+                   collapse: bool = False) -> list[tuple[int, str, bytes]]:
         """(id, state, the row ls sends, encoded) of open jobs. A queued job's row changes only with
-        the job (a new Job) or the reason it waits: kept, so that `ls` of 10,000 encodes few."""
+        the job (a new Job) or the reason it waits: kept, so that `ls` of 10,000 encodes few.
+        collapse: the queued tasks of an array as one row, its first's, whose id (and ARRAY_INDEX)
+        says which, as squeue shows them: 12_[3-9,11]."""
+        if collapse:
+            rows, groups = [], {}
+            for j in jobs:
+                if j.state._value_ == "queued" and j.spec.array_job is not None:
+                    g = groups.get(j.spec.array_job)
+                    if g is not None:
+                        g.append(j.spec.array_index)
+                        continue
+                    groups[j.spec.array_job] = [j.spec.array_index]
+                rows.append(j)
+            out = self._live_rows(rows, fields, cut)
+            for k, (i, st, row) in enumerate(out):
+                j = self.d.table.open.get(i)
+                g = groups.get(j.spec.array_job) if j is not None and st == "queued" else None
+                if g is not None and len(g) > 1:
+                    text = f"{j.spec.array_job}_[{_ranges(sorted(g))}]"
+                    why = self.d.scheduler.decisions.get(i)
+                    out[k] = (i, st, _encode([text if f in ("id", "array") else v for f, v in
+                                              zip(fields, self._row(j, fields, cut, why and why.reason))]))
+            return out
         if fields == ["id"]:  # `colo ls -q`: nothing to keep
             return [(j.id, j.state._value_, b"[%d]" % j.id) for j in jobs]
         key = (tuple(fields), cut)
@@ -919,6 +977,26 @@ def _as_sent(r: tuple, fields: list[str], cut: int | None, index: dict[str, int]
         elif f.endswith("_at") and v is not None:
             out[k] = int(v)
     return out
+
+
+def _merged(a: list[tuple], b: list[tuple]) -> list[tuple]:
+    """Two lists of rows sorted by id, as one (b is short: the active jobs)."""
+    if not b:
+        return a
+    out = list(a)
+    for r in b:
+        bisect.insort(out, r, key=lambda x: x[0])
+    return out
+
+
+def _ranges(ix: list[int]) -> str:
+    """3,4,5,7 as Slurm writes a set of array indices: 3-5,7."""
+    out, start = [], 0
+    for k in range(1, len(ix) + 1):
+        if k == len(ix) or ix[k] != ix[k - 1] + 1:
+            out.append(str(ix[start]) if start == k - 1 else f"{ix[start]}-{ix[k - 1]}")
+            start = k
+    return ",".join(out)
 
 
 def _encode(obj: Any) -> bytes:

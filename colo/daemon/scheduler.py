@@ -122,6 +122,7 @@ class Scheduler:
         self.start_wait = start_wait
         self.wake_event = asyncio.Event()
         self.decisions: dict[int, policy.Decision] = {}  # the latest decision per open job
+        self.version = 0  # counts changes to `decisions` (listings keep what they made while it stands)
         self._cands: dict[int, policy.Candidate] = {}
         self._full = True  # a full pass is owed
         self._fresh: dict[int, None] = {}  # queued jobs no pass has seen yet, in order
@@ -748,6 +749,8 @@ class Scheduler:
             waits.append(row)
         if len(shared) > 4096:  # figures of passes long gone
             shared.clear()
+        if starts or waits:
+            self.version += 1
         if starts:
             self.table.store.record_decisions(starts, now)
         if waits:
