@@ -320,11 +320,20 @@ def test_workdir():
 
 @pytest.mark.parametrize("key", ["after", "after_any", "after_fail"])
 def test_dependencies(key):
+    """Job ids, as colo/daemon/deps.py made them of what a submitter wrote (up to 64 references: an
+    array's id or a name may stand for many jobs, up to 1,000 in all)."""
+    from colo.daemon import deps
+    from colo.daemon.validate import MAX_AFTER
+
     flag = "--" + key.replace("_", "-")
-    assert getattr(spec(**{key: list(range(1, 65))}), key) == list(range(1, 65))
+    assert getattr(spec(**{key: list(range(1, MAX_AFTER + 1))}), key) == list(range(1, MAX_AFTER + 1))
     assert getattr(spec(**{key: [(1 << 63) - 1]}), key) == [(1 << 63) - 1]
-    for bad in (list(range(1, 66)), [0], [-1], [1 << 63], [True], ["1"], [1.0], 5, "1", {"1": 1}):
-        assert f"{flag} takes up to 64 job ids" in refused(**{key: bad})
+    assert f"{flag} names {MAX_AFTER + 1:,} jobs; at most {MAX_AFTER:,}" in refused(
+        **{key: list(range(1, MAX_AFTER + 2))})
+    for bad in ([0], [-1], [1 << 63], [True], ["1"], [1.0], 5, "1", {"1": 1}):
+        assert f"{flag} takes job ids, ARRAY_INDEX (12_3) or names" in refused(**{key: bad})
+    with pytest.raises(Invalid, match=f"{flag} takes up to 64 references"):  # before they are resolved
+        deps.resolved(None, {key: list(range(1, 66))}, "alice")
 
 
 def test_priority():

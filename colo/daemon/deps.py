@@ -65,6 +65,6 @@ def resolved(store: Store, raw: dict, user: str) -> dict:
             continue  # absent, or not a list: validate.check_spec says so
         flag = "--" + key.replace("_", "-")
         if len(refs) > MAX_REFS:
-            raise Invalid(f"{flag} takes up to {MAX_REFS} jobs")
+            raise Invalid(f"{flag} takes up to {MAX_REFS} references (ids, ARRAY_INDEX or names)")
         out[key] = list(dict.fromkeys(i for r in refs for i in resolve(store, r, user, flag)))
     return out
