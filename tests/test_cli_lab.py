@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,16 +23,10 @@ GiB = 1024**3
 
 
 @pytest.fixture
-def lab(fakegpu):
-    """A daemon other users can reach, in a folder they can reach, with one they may write."""
-    root = Path(tempfile.mkdtemp(prefix="colo-lab-"))
-    os.chmod(root, 0o755)
-    d = DaemonProc(root, fakegpu.state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    (root / "go").touch()
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+def lab(shared_daemon):
+    """A daemon other users can reach (conftest's), in a folder they can reach."""
+    yield shared_daemon
+    (shared_daemon.root / "go").touch()  # the gated jobs end as the daemon stops
 
 
 def gated(d: DaemonProc, *before: str) -> list[str]:

@@ -176,8 +176,8 @@ CANCEL = Cmd(
     "Example: colo cancel 7 8   ·   colo cancel --all -t queued   ·   colo cancel --name sweep   ·   "
     "colo cancel -s SIGINT 12_3",
     [_jobs("job ids or names; an array's id or name: its open tasks", "open", required=False),
-     Opt(("--signal", "-s"), "signal", "send this signal instead (SIGINT, INT, 2, USR1...): to every process of a "
-         "process job, to a container's main process; not SIGKILL or SIGSTOP to an MPS client"),
+     Opt(("--signal", "-s"), "signal", "send this signal instead: HUP, INT, QUIT, USR1, USR2 or TERM (SIGINT, INT "
+         "or 2), to the job's main process (a container's too)"),
      Opt(("--user", "-u"), "users", "every open job of this user (repeatable)", many=True),
      Opt(("--state", "-t"), "states", "only open jobs in this state: queued, starting, running (as scancel -t)",
          many=True),
