@@ -232,8 +232,30 @@ def test_small_ones(daemon, tmp_path):
     assert out[0].split() == ["ID", "STATE", "EXIT"] and out[1].split() == [str(ended["id"]), "failed", "4"], out
     r = d.cli("history", "-o", "id,bogus")
     assert r.returncode == 1 and "unknown column 'bogus'" in r.stderr
+    # top: the running jobs, and only the last few that ended
+    for _ in range(7):
+        d.client.submit({"argv": ["true"], "gpus": 0, "workdir": "/tmp"})
+    wait_for(lambda: len(d.client.ls(states=["succeeded"])) >= 7, 60, "the jobs to end")
+    snap = d.client.top()
+    assert [j["id"] for j in snap["jobs"] if j["state"] == "running"] == [job]
+    assert len([j for j in snap["jobs"] if j["state"] in ("succeeded", "failed")]) == 5, snap["jobs"]  # of 8
     (d.root / "go").touch()
     d.wait_state(job, "succeeded")
+
+
+def test_an_arrays_limit_is_said_of_its_running_tasks(daemon):
+    """Two tasks of a %2 array waiting for memory made the others say '2 task(s) of array A run'."""
+    d = daemon
+    hogs = [d.submit("--process", "--gpu-mem", "16GiB", "--", "sh", "-c",
+                     f"while [ ! -e {d.root / 'go'} ]; do sleep 0.05; done") for _ in range(2)]
+    for h in hogs:
+        d.wait_state(h, "running")
+    arr = d.submit("--process", "--gpu-mem", "1GiB", "--array", "0-3%2", "--", "true")
+    why = wait_for(lambda: "waiting for its array" in (r := (d.client.explain(arr + 2)["decision"] or {}).get(
+        "reason") or "") and r, 30, "a decision for the third task")
+    assert why.startswith(f"waiting for its array: 0 task(s) of array {arr} run and 2 before it may start now"), why
+    assert "waiting for memory" in d.client.explain(arr)["decision"]["reason"]
+    (d.root / "go").touch()
 
 
 def test_ctrl_c_on_follow_says_the_job_runs_on(daemon):

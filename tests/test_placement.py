@@ -136,7 +136,8 @@ def test_job_without_profile_runs_alone_and_leaves_a_profile(node):
         d.cli("cancel", str(light))
         job = d.wait_state(j, "running")
         assert not mps_clients_of(d, node[1], j)  # its pipe dir leads nowhere: an ordinary context
-        assert job["mode"] == "timesliced" and "no profile yet, runs alone" in d.cli("explain", str(j)).stdout
+        # time-sliced, and alone on its GPU: shown as "exclusive" (issue 36)
+        assert job["mode"] == "exclusive" and "no profile yet, runs alone" in d.cli("explain", str(j)).stdout
         d.wait_state(j, "succeeded", timeout=30)
         learned = profiles.load(d.state_dir / "profiles" / "users" / "0" / "fresh.profile")  # root ran it: its own
         assert learned.runs == 1 and learned.runtime >= 5
