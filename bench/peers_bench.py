@@ -13,8 +13,12 @@ tasks (`sbatch --array`, `colo submit --array`), and their lists are timed at th
 ls` beside `squeue` (each shows an array's waiting tasks as one row), and `colo ls -r` beside
 `squeue -r` (a row per task: N rows each).
 
+colo's commands are `python -m colo` of this interpreter unless --colo names a `colo` console
+script (a regular install's, as bench/cli_bench.py makes one: an editable install adds its path
+finder to every start, about as long as the interpreter's own start-up).
+
 Run (as root; apt-get install task-spooler slurm-wlm munge):
-    python bench/peers_bench.py [--queue 500] [-n 10] [--big 50000] [--json-out FILE]
+    python bench/peers_bench.py [--queue 500] [-n 10] [--big 50000] [--colo VENV/bin/colo] [--json-out FILE]
 """
 from __future__ import annotations
 
@@ -141,6 +145,9 @@ def bench_slurm(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
 
 # --- colo ---------------------------------------------------------------------------------------
 
+COLO = [sys.executable, "-m", "colo"]  # (--colo)
+
+
 def bench_colo(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
     fakegpu.create(root / "gpus", count=1, mem=16 * GiB)
     (root / "colo").mkdir()
@@ -152,10 +159,10 @@ def bench_colo(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
         d.wait_state(hold, "running", timeout=60)
         for _ in range(q):
             d.client.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 1 * GiB, "workdir": "/tmp"})
-        sub, outs = timed([sys.executable, "-m", "colo", "submit", "--process", "--gpu-mem", "1GiB", "--", "true"],
+        sub, outs = timed([*COLO, "submit", "--process", "--gpu-mem", "1GiB", "--", "true"],
                           n, env)
         rep.check(all(r.returncode == 0 for r in outs), f"a colo submit failed: {[r.stderr for r in outs][:1]}")
-        ls, outs = timed([sys.executable, "-m", "colo", "ls"], 5, env)
+        ls, outs = timed([*COLO, "ls"], 5, env)
         st = {}
         for j in d.client.ls():
             st[j["state"]] = st.get(j["state"], 0) + 1
@@ -166,8 +173,8 @@ def bench_colo(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
                 d.client.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 1 * GiB, "workdir": "/tmp",
                                  "array": f"0-{ARRAY - 1}"})
             time.sleep(5)  # the passes for the new jobs are over
-            ls_big, outs = timed([sys.executable, "-m", "colo", "ls"], 5, env)
-            ls_all, alls = timed([sys.executable, "-m", "colo", "ls", "-r"], 5, env)
+            ls_big, outs = timed([*COLO, "ls"], 5, env)
+            ls_all, alls = timed([*COLO, "ls", "-r"], 5, env)
             rep.check(rows_of(alls[-1].stdout) == 1 + q + n + big, f"colo ls -r listed {rows_of(alls[-1].stdout)} rows, "
                       f"not {1 + q + n + big}")
             rep.extra["colo"].update(big_ls_s=ls_big, big_ls_rows=rows_of(outs[-1].stdout), big_all_s=ls_all)
@@ -185,9 +192,16 @@ def main() -> int:
     ap.add_argument("--queue", type=int, default=500, help="jobs waiting while the list commands are timed")
     ap.add_argument("-n", type=int, default=10, help="submits timed per tool")
     ap.add_argument("--big", type=int, default=0, help="also list this many more waiting jobs (arrays of 1,000)")
+    ap.add_argument("--colo", type=Path, help="the colo console script to time (default: python -m colo)")
     ap.add_argument("--json-out", type=Path)
     a = ap.parse_args()
     rep = Report("peers_bench")
+    if a.colo:
+        COLO[:] = [str(a.colo)]
+        where = subprocess.run([str(a.colo.parent / "python"), "-c", "import colo; print(colo.__file__)"],
+                               capture_output=True, text=True, cwd="/").stdout
+        rep.conditions["install"] = "regular" if "site-packages" in where else "?"  # what was timed: its colo
+        rep.note(f"colo timed: {a.colo} ({where.strip()})")
     root = Path(tempfile.mkdtemp(prefix="colo-peers-"))
     os.chmod(root, 0o755)
     try:
