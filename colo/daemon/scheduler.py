@@ -50,6 +50,8 @@ COMPLETE_PASS_EVERY = 60.0  # seconds
 # The loop runs such a complete pass in slices of about this long, free for requests in between:
 # at 50,000 queued the whole of it takes over a second, which no request should wait behind.
 SLICE_S = 0.01
+CANDS_KEPT = 10_000  # candidates kept from pass to pass (Scheduler._take)
+SETTLE_AFTER = 5_000  # jobs queued since the heap was settled: settled again after a pass (_settle)
 
 
 def _settle() -> None:
@@ -141,6 +143,7 @@ class Scheduler:
         self._budgets: Counter = Counter()  # budget -> queued GPU jobs with it (the smallest ends a walk)
         self._always: set[int] = set()  # queued jobs every full pass looks at: CPU-only, with --after
         self._begins: dict[int, float] = {}  # queued jobs not to start before a time (--begin): when
+        self._unsettled = 0  # jobs queued since the heap was last settled (_settle)
         self.fair_ledger = fairshare.Ledger(config.fair_share_half_life)
         self.limits = fairshare.Limits(config.max_queued_per_user, config.max_running_per_user,
                                        config.max_gpu_mem_per_user)
@@ -214,6 +217,7 @@ class Scheduler:
 
     def _enter_queue(self, job: Job) -> None:
         self._queued_n[job.uid] += 1
+        self._unsettled += 1
         if job.spec.begin and job.spec.begin > time.time():
             self._begins[job.id] = job.spec.begin
         if not job.spec.gpus or job.spec.deps:
@@ -382,6 +386,9 @@ class Scheduler:
             if walk is None:
                 self._last_complete = mono
         started = sum(d.action == policy.START for d in decisions)
+        if self._unsettled >= SETTLE_AFTER:  # a queue filling up: its jobs settled a few thousand at a time
+            self._unsettled = 0
+            _settle()
         if full and complete and sliced and walk is not None:  # the rest in slices: finish_complete
             held = {d.job_id for d in decisions if "held" in d.details}
             holder = next((c for c in cands if c.job_id in held), None)
@@ -453,6 +460,7 @@ class Scheduler:
             _settle()
             gc.enable()
             rest.longest = max(rest.longest, time.monotonic() - t)
+        self._unsettled = 0
         if rest.walk is not None:
             return  # the daemon stops
         self._last_complete = time.monotonic()
@@ -546,7 +554,9 @@ class Scheduler:
                 c = _cand(job_id, budget, j.spec.gpus, j.uid, 0, seq,
                           c.profile if c is not None else (self.learner.profile_of(j) if j.spec.gpus else None),
                           j.submitted_at, held, tuple(j.spec.gpu_ids), j.spec.gpu_type, j.spec.grow and j.spec.gpus == 1)
-                if keep:  # (not the slices of a complete pass: 50,000 candidates kept are ~25 MiB)
+                # kept for the next passes (not the slices of a complete pass, nor past CANDS_KEPT:
+                # 50,000 candidates kept were ~25 MiB; a full pass looks at a queue's front)
+                if keep and (len(self._cands) < CANDS_KEPT or job_id in self._cands):
                     self._cands[job_id] = c
             cands.append(c)
 
