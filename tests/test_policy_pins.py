@@ -158,41 +158,61 @@ def test_the_policy_defaults_are_the_daemons():
 
 # ---- MPS: one context within the GPU slows nobody; past it, the model decides --------------------
 
-def mps_pair(sm, bw=0.1, **cfg):
+def mps_pair(sm, bw=0.1, learned=None, **cfg):
     """The decision for a job of `sm` beside one MPS client of `sm`, saturation out of the way."""
     g = GpuView("a", 0, 80 * GiB, mps="active")
     res = Placed(9, ("a",), GiB, mode="mps", profile=flat("res", sm, bw))
     c = Candidate(1, GiB, profile=flat("cand", sm, bw))
     return plan([c], [g], [res], PolicyConfig(**{"saturation": 3.0, "bw_saturation": 3.0, "margin": 0.0,
-                                                 "seen_margin": 0.0, **cfg}))[0]
+                                                 "seen_margin": 0.0, **cfg}), learned=learned)[0]
+
+
+# both profiles' alone times checked by runs here: no ALONE_DOUBT in the bound
+CHECKED = pol.Learned(alone={"res": (1, 1.0), "cand": (1, 1.0)})
 
 
 def test_an_mps_group_within_the_gpu_is_predicted_unslowed():
     d = mps_pair(0.5)  # summed SM exactly 1.0
     assert d.mode == "mps" and d.details["slowdown_this"]["mps"] == 1.0
     # what the check assumes adds only the doubt of alone times no run here has shown (half of
-    # ALONE_DOUBT each way), nothing of the model's
+    # ALONE_DOUBT each way), nothing of the model's; what the start records (and its end is
+    # compared with) is the model's alone: no doubt in it
     assert d.details["slowdown"]["mps"] == pytest.approx(ALONE_DOUBT ** 0.5)
-    assert d.details["predicted_slowdown"] == pytest.approx(ALONE_DOUBT ** 0.5)
+    assert d.details["predicted_slowdown"] == 1.0
+    assert d.details["residents"]["mps"] == {"9": (1.0, 1.0, 1.0)}
+    d = mps_pair(0.5, learned=CHECKED)  # both alone times checked: nothing at all
+    assert d.details["slowdown"]["mps"] == 1.0 and d.details["predicted_slowdown"] == 1.0
 
 
 def test_an_mps_pair_summing_past_the_gpu_is_predicted_slowed():
     d = mps_pair(0.75, slowdown_bound=2.0)  # summed SM 1.5: each gets 1 / 1.5
     assert d.details["slowdown_this"]["mps"] == pytest.approx(1.5)
-    assert d.details["slowdown"]["mps"] == pytest.approx(1.5)
+    assert d.details["predicted_slowdown"] == pytest.approx(1.5)
+    assert d.details["slowdown"]["mps"] == pytest.approx(1.5 * ALONE_DOUBT ** 0.5)  # the unchecked alone times
+    assert mps_pair(0.75, learned=CHECKED, slowdown_bound=2.0).details["slowdown"]["mps"] == pytest.approx(1.5)
     assert d.details["residents"]["mps"] == {"9": (pytest.approx(1.5), 1.0, 1.0)}  # the resident's, from now on
     assert d.details["peak_sm"] == pytest.approx(1.5) and d.details["saturation"] == 3.0
     d = mps_pair(0.4, bw=0.6, slowdown_bound=2.0)  # SM within, bandwidth 1.2: slowed too
     assert d.details["slowdown_this"]["mps"] > 1.05
 
 
-def test_mps_is_taken_below_saturation_and_not_at_it():
+def test_mps_is_weighed_at_saturation_too_and_the_reasons_say_where_it_saturates():
+    """Saturation no longer blocks MPS (the model says what it costs there): it is where a reason
+    says the GPU is below it, or that sharing would saturate it."""
     g = GpuView("a", 0, 80 * GiB, mps="active")
     res = Placed(9, ("a",), GiB, mode="mps", profile=flat("res", 0.4))
     below = plan([Candidate(1, GiB, profile=flat("c", 0.44))], [g], [res], PolicyConfig(saturation=0.85))[0]
     assert below.mode == "mps" and "< 85 %" in below.reason
     at = plan([Candidate(1, GiB, profile=flat("c", 0.45))], [g], [res], PolicyConfig(saturation=0.85))[0]
-    assert at.mode != "mps" and "mps" not in at.details["slowdown"]
+    assert at.mode == "mps" and "predicted peak SM 85 % (job 9: 40 %, this job: 45 %);" in at.reason
+    # refused (a bound nothing shared meets): the refusal says it would saturate only at saturation
+    tight = PolicyConfig(saturation=0.85, slowdown_bound=1.05)
+    below = plan([Candidate(1, GiB, profile=flat("c", 0.44))], [g], [res], tight)[0]
+    assert below.action == WAIT and "saturate" not in below.reason
+    assert below.reason.endswith(": a job would run 1.23x slower than alone (bound 1.05x)")  # 1.1 x 1.118
+    at = plan([Candidate(1, GiB, profile=flat("c", 0.45))], [g], [res], tight)[0]
+    assert at.action == WAIT and ("sharing would saturate: predicted peak SM 85 % (job 9: 40 %, this job: 45 %) "
+                                  ">= 85 %; a job would run 1.23x") in at.reason
 
 
 def test_each_start_in_a_pass_is_seen_by_the_next_candidate():
@@ -202,10 +222,15 @@ def test_each_start_in_a_pass_is_seen_by_the_next_candidate():
     front = Profile(name="front", step=1.0, sm=np.r_[np.full(50, 0.5), np.full(50, 0.05)], mem=np.full(100, GiB),
                     membw=np.full(100, 0.1), runtime=100.0, runs=5)
     res = Placed(9, ("a",), GiB, mode="mps", profile=flat("res", 0.05, 0.05))
-    d = plan([Candidate(1, GiB, seq=1, profile=front), Candidate(2, GiB, seq=2, profile=flat("c2", 0.35))], [g], [res])
+    c2 = Candidate(2, GiB, seq=2, profile=flat("c2", 0.9))
+    assert plan([c2], [g], [res])[0].details["slowdown_this"]["mps"] == 1.0  # beside the resident alone: 0.95
+    d = plan([Candidate(1, GiB, seq=1, profile=front), c2], [g], [res])
     assert d[0].mode == "mps"
-    assert d[1].details["peak_sm"] == pytest.approx(0.9)  # 0.05 + 0.5 + 0.35
-    assert d[1].mode != "mps"
+    assert d[1].details["peak_sm"] == pytest.approx(1.45)  # 0.05 + 0.5 + 0.9
+    # front's 0.5 for its first 25 of 50 grid steps, smeared over a tenth of its run (PHASE: 5
+    # steps) to 30: 1.45 of SM then, 1.0 after
+    assert d[1].details["slowdown_this"]["mps"] == pytest.approx(50 / (30 / 1.45 + 20))
+    assert d[1].action == WAIT  # x 1.1 margin x ALONE_DOUBT ** 0.5: 1.51 > 1.5
 
 
 def test_a_candidates_unseen_pairings_and_the_peak_bandwidth_of_everyone():
@@ -307,33 +332,53 @@ def test_a_shared_run_is_corrected_by_its_alone_error_and_averaged_per_pairing()
     lrn.observe("p", [], "mps", 1.0, wall=110.0, stored_runtime=100.0)  # alone: 1.1x its profile
     r = lrn.observe("p", ["n"], "mps", 1.2, wall=264.0, stored_runtime=100.0)  # 2.64 / 1.1 / 1.2 = 2.0
     assert r == pytest.approx(2.0) and lrn.errors == [pytest.approx(2.0)]
-    assert lrn.corun[("p", "n", "mps")] == (1, pytest.approx(2.0))
-    lrn.observe("p", ["n", "n"], "mps", 1.0, wall=110.0, stored_runtime=100.0)  # 1.0: the mean is 1.5
-    assert lrn.corun[("p", "n", "mps")] == (2, pytest.approx(1.5))
-    assert lrn.factor("p", "n", "mps") == pytest.approx(1.5)
-    assert lrn.factor("p", "other", "mps") == pytest.approx(1.5)  # a stranger: what p showed beside anyone
+    assert lrn.corun[("p", "n", "mps")] == (1, pytest.approx(2.0)) and lrn.at[("p", "n", "mps")] == 2
+    lrn.observe("p", ["n", "n"], "mps", 1.0, wall=110.0, stored_runtime=100.0)  # 1.0, one observation later
+    # the mean of 2.0 and 1.0, the older run faded by its age (one observation of FADE): its
+    # distance from 1 and its weight both x 0.5 ** (1 / 60)
+    k = 0.5 ** (1 / 60)
+    assert lrn.corun[("p", "n", "mps")] == (2, pytest.approx(2.0 ** k + (1.0 - 2.0 ** k) / (k + 1.0)))
+    mean = lrn.corun[("p", "n", "mps")][1]
+    assert lrn.factor("p", "n", "mps") == pytest.approx(mean)  # taught now: not faded
+    assert lrn.factor("p", "other", "mps") == pytest.approx(mean)  # a stranger: what p showed beside anyone
     assert lrn.factor("x", "n", "mps") == 1.0
-    # never seen alone: only what passes ALONE_DOUBT teaches, and a short share teaches nothing
-    assert lrn.observe("q", ["n"], "mps", 1.0, wall=120.0, stored_runtime=100.0) is None  # 1.2 <= 1.25
-    assert lrn.observe("q", ["n"], "mps", 1.0, wall=150.0, stored_runtime=100.0) == pytest.approx(1.2)
+    # never seen alone: a shared run teaches its pairing all of its error (its own alone error
+    # cannot be told apart), and a share of less than MIN_SHARED of its run teaches nothing
+    assert lrn.observe("q", ["n"], "mps", 1.0, wall=120.0, stored_runtime=100.0) == pytest.approx(1.2)
+    assert lrn.corun[("q", "n", "mps")] == (1, pytest.approx(1.2)) and lrn.errors[-1] == pytest.approx(1.2)
     assert lrn.observe("p", ["n"], "mps", 1.0, wall=500.0, stored_runtime=100.0, shared=0.09) is None
-    assert lrn.corun[("p", "n", "mps")][0] == 2
+    assert lrn.corun[("p", "n", "mps")] == (2, mean) and len(lrn.errors) == 3
+    assert lrn.observe("p", ["n"], "mps", 1.0, wall=500.0, stored_runtime=100.0, shared=0.1) is not None
+    assert lrn.corun[("p", "n", "mps")][0] == 3
 
 
-def test_the_margin_is_the_80th_percentile_of_the_errors_within_its_bounds():
+def test_the_margin_is_the_95th_percentile_of_the_errors_recent_ones_weighing_most_within_its_bounds():
     lrn = pol.Learned()
     assert lrn.margin(0.1) == 0.1  # fewer than 5 errors: the default
     lrn.errors = [1.0, 1.1, 1.2, 1.3]
     assert lrn.margin(0.1) == 0.1
-    lrn.errors = [1.0, 1.1, 1.2, 1.3, 1.4]
-    assert lrn.margin(0.1) == pytest.approx(float(np.quantile([0.0, 0.1, 0.2, 0.3, 0.4], 0.8)))
+    lrn.errors = [1.0, 1.1, 1.2, 1.3, 1.25]
+    assert lrn.margin(0.1) == pytest.approx(0.3)  # of five, the 95th percentile is the worst
+    # of 40, two errors of 0.3 are the newest 6 % of the weight (the newest weighs 1, one 60
+    # errors older half): the 95th percentile; the oldest two are 4 %: below it
+    lrn.errors = [1.1] * 38 + [1.3] * 2
+    assert lrn.margin(0.1) == pytest.approx(0.3)
+    lrn.errors = [1.3] * 2 + [1.1] * 38
+    assert lrn.margin(0.1) == pytest.approx(0.1)
     lrn.errors = [1.0] * 5
     assert lrn.margin(0.1) == 0.05  # at least 5 %
     lrn.errors = [3.0] * 5
-    assert lrn.margin(0.1) == 0.5  # at most MARGIN_CAP
-    # seen pairings: the default stands for the runs missing until five
-    lrn.errors, lrn.errors_seen = [1.0] * 5, [1.0]
-    assert lrn.seen_margin(0.1) == pytest.approx(float(np.quantile([0.0, 0.05, 0.05, 0.05, 0.05], 0.8)))
+    assert lrn.margin(0.1) == 0.4 == pol.MARGIN_CAP  # at most MARGIN_CAP,
+    assert pol.MARGIN_CAP < PolicyConfig().slowdown_bound - 1.0  # below the bound's
+    # seen pairings: the default stands for the runs missing until five (as the oldest)
+    lrn.errors, lrn.errors_seen = [3.0] * 5, []
+    assert lrn.seen_margin(0.2) == pytest.approx(0.2)  # not all predictions' margin
+    lrn.errors_seen = [1.0] * 4
+    assert lrn.seen_margin(0.2) == pytest.approx(0.2)  # one default left: of five, the worst
+    lrn.errors_seen = [1.0] * 5
+    assert lrn.seen_margin(0.2) == 0.05
+    lrn.errors_seen = [2.0]
+    assert lrn.seen_margin(0.2) == 0.4  # a first seen run far off counts at once
 
 
 def test_a_shared_run_splits_what_the_model_missed_between_the_bandwidth_curve_and_the_pairing():
@@ -341,14 +386,29 @@ def test_a_shared_run_splits_what_the_model_missed_between_the_bandwidth_curve_a
     lrn.observe("p", [], "mps", 1.0, wall=100.0, stored_runtime=100.0)  # alone: as profiled
     lrn.observe("p", ["n"], "mps", 1.0, wall=200.0, stored_runtime=100.0)  # the pairing alone explains 2x
     assert lrn.corun[("p", "n", "mps")] == (1, pytest.approx(2.0)) and lrn.bw == {}
-    # 3x at summed bandwidth 0.45: the curve takes what the pairing (2x) does not explain
+    # 3x at summed bandwidth 0.45: the curve takes what the pairing (2x, one observation old:
+    # 2 ** k) does not explain, and the pairing what the curve so updated does not
     assert lrn.observe("p", ["n"], "mps", 1.0, wall=300.0, stored_runtime=100.0, group_bw=0.45) == pytest.approx(3.0)
-    assert lrn.bw[("mps", 4)] == (1, pytest.approx(1.5))
-    assert lrn.corun[("p", "n", "mps")] == (2, pytest.approx((2.0 + 2.0) / 2))  # 3 / 1.5 left to the pairing
-    assert lrn.curve("mps", 0.45) == pytest.approx(1.5)
+    k = 0.5 ** (1 / 60)
+    assert lrn.bw[("mps", 4)] == (1, pytest.approx(3.0 / 2.0 ** k)) and lrn.at[("mps", 4)] == 3
+    assert lrn.corun[("p", "n", "mps")] == (2, pytest.approx(2.0 ** k))  # 3 / (3 / 2 ** k), on 2 ** k
+    assert lrn.curve("mps", 0.45) == pytest.approx(3.0 / 2.0 ** k)
     assert lrn.errors_seen == [] and len(lrn.errors) == 2
     lrn.observe("p", ["n"], "mps", 1.0, wall=100.0, stored_runtime=100.0, unseen=0)
     assert lrn.errors_seen == [pytest.approx(1.0)]
+
+
+def test_a_profile_never_seen_alone_teaches_the_curve_only_what_passes_alone_doubt():
+    lrn = pol.Learned()
+    # 1.5x at 0.7 with no alone run to tell its own error apart: 1.5 / 1.25 to the curve, the
+    # rest (1.25) to the pairing
+    assert lrn.observe("q", ["n"], "mps", 1.0, wall=150.0, stored_runtime=100.0, group_bw=0.7) == pytest.approx(1.5)
+    assert lrn.bw[("mps", 7)] == (1, pytest.approx(1.5 / ALONE_DOUBT))
+    assert lrn.corun[("q", "n", "mps")] == (1, pytest.approx(ALONE_DOUBT))
+    # within ALONE_DOUBT: the curve learns 1 (nothing), the pairing all of it
+    lrn = pol.Learned()
+    assert lrn.observe("r", ["n"], "mps", 1.0, wall=120.0, stored_runtime=100.0, group_bw=0.9) == pytest.approx(1.2)
+    assert lrn.bw[("mps", 9)] == (1, 1.0) and lrn.corun[("r", "n", "mps")] == (1, pytest.approx(1.2))
 
 
 def test_factors_take_each_residents_pairing_and_the_candidates_worst():
@@ -369,20 +429,29 @@ def test_waiting_is_charged_what_the_curve_costs_the_residents_at_their_summed_b
     placed = [Placed(8, ("a",), GiB, mode="mps", profile=flat("r1", 0.1, 0.2)),
               Placed(9, ("a",), GiB, mode="mps", profile=flat("r2", 0.1, 0.2))]
     lrn = pol.Learned(bw={("mps", 9): (1, 3.0)})  # 3x at 0.9: on the line from (0, 1), 0.4 costs 1 + 2 * 4 / 9
-    d = plan([Candidate(1, GiB, profile=flat("c", 0.1, 0.1))], [g], placed, learned=lrn)[0]
-    assert d.details["throughput"]["wait"] == pytest.approx(2 / (1 + 2 * 4 / 9))
+    c = Candidate(1, GiB, profile=flat("c", 0.1, 0.1))
+    d = plan([c], [g], placed, learned=lrn)[0]
+    # each resident, sharing already with a pairing no run has shown, discounted by the margin
+    assert d.details["throughput"]["wait"] == pytest.approx(2 / (1 + 2 * 4 / 9) / 1.1)
+    # pairings runs have shown (costing nothing themselves): by the seen pairings' margin
+    lrn.corun = {("r1", "r2", "mps"): (1, 1.0), ("r2", "r1", "mps"): (1, 1.0)}
+    d = plan([c], [g], placed, PolicyConfig(seen_margin=0.05), learned=lrn)[0]
+    assert d.details["throughput"]["wait"] == pytest.approx(2 / (1 + 2 * 4 / 9) / 1.05)
 
 
-def test_the_bandwidth_curve_bins():
+def test_the_bandwidth_curve_bins_and_the_explored_frontier():
     lrn = pol.Learned()
     assert lrn._bin(0.0) == 0 and lrn._bin(0.1) == 1 and lrn._bin(0.35) == 3 and lrn._bin(99.0) == 30
     assert lrn._bin(-1.0) == 0
-    assert lrn.curve("mps", 0.5) == 1.0 and not lrn.explored("mps", 0.0) and not lrn.beyond("mps", 5.0)
+    # nothing learned: up to KNOWN_BW (0.6) is explored, one step (0.7) past it may be explored
+    assert lrn.curve("mps", 0.5) == 1.0 and lrn.explored("mps", 0.0) and lrn.explored("mps", 0.6)
+    assert not lrn.explored("mps", 0.61) and not lrn.beyond("mps", 0.79) and lrn.beyond("mps", 0.8)
+    lrn.bw = {("mps", 8): (1, 2.0)}
+    assert lrn.explored("mps", 0.89) and lrn.explored("mps", 0.65) and not lrn.explored("mps", 0.9)
+    assert not lrn.explored("timesliced", 0.65) and lrn.explored("timesliced", 0.6)
+    assert not lrn.beyond("mps", 0.99) and lrn.beyond("mps", 1.0)
+    assert lrn.beyond("timesliced", 1.0) and not lrn.beyond("timesliced", 0.99)  # the other mode's stands in
     lrn.bw = {("mps", 4): (1, 2.0)}
-    assert lrn.explored("mps", 0.4) and lrn.explored("mps", 0.1) and not lrn.explored("mps", 0.5)
-    assert not lrn.explored("timesliced", 0.1)
-    assert not lrn.beyond("mps", 0.5) and lrn.beyond("mps", 0.6)
-    assert lrn.beyond("timesliced", 0.6) and not lrn.beyond("timesliced", 0.5)  # the other mode's stands in
     assert lrn.curve("mps", 0.4) == 2.0 and lrn.curve("mps", 0.9) == 2.0
     assert lrn.curve("mps", 0.2) == pytest.approx(1.5)  # on the line from (0, 1) to (4, 2)
 
