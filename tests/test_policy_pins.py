@@ -129,6 +129,40 @@ def test_an_unprofiled_job_skips_the_best_fit_gpu_beside_a_job_not_well_known():
     assert plan([Candidate(1, 4 * GiB)], [a, b], placed)[0].gpus == ("b",)
 
 
+def test_an_unprofiled_job_is_refused_a_best_fit_gpu_of_two_well_known_jobs_where_another_passes_the_filter():
+    a, b = GpuView("a", 0, 16 * GiB), GpuView("b", 1, 16 * GiB)
+    idle = [Placed(9, ("a",), 4 * GiB, profile=flat("t1", 0.01, 0.01)), Placed(7, ("a",), 4 * GiB, profile=flat("t2", 0.01, 0.01))]
+    heavy = Placed(8, ("b",), 2 * GiB, profile=flat("heavy", 1.0, bw=0.9, cache_bound=True))
+    # GPU1 (one well-known job) lets it past the pass's filter, but sharing with its job costs
+    # too much; GPU0 fits best and its two jobs would cost it nothing, yet two are one too many
+    d = plan([Candidate(1, 4 * GiB)], [a, b], [*idle, heavy])[0]
+    assert d.action == WAIT and d.reason.startswith("waiting: this job has no profile: it runs alone or beside one")
+    assert plan([Candidate(1, 4 * GiB)], [a, b], idle)[0].gpus == ("b",)  # GPU1 empty: there
+
+
+def test_an_unprofiled_job_may_join_a_job_of_exactly_well_known_runs():
+    g = GpuView("a", 0, 16 * GiB)
+    d = plan([Candidate(1, 4 * GiB)], [g], [Placed(9, ("a",), 4 * GiB, profile=flat("w", 0.05, 0.02, runs=3))])[0]
+    assert (d.action, d.mode) == (START, "timesliced")
+    d = plan([Candidate(1, 4 * GiB)], [g], [Placed(9, ("a",), 4 * GiB, profile=flat("w", 0.05, 0.02, runs=2))])[0]
+    assert d.action == WAIT and "beside one well-known job (a profile of 3+ runs)" in d.reason
+
+
+def test_unprofiled_share_places_a_job_with_no_profile_best_fit_as_any_other():
+    """Not predicted costly anywhere: an empty EXCLUSIVE_PROCESS GPU with more room is not preferred."""
+    a, x = GpuView("a", 0, 16 * GiB), GpuView("x", 1, 32 * GiB, compute_mode="exclusive_process", mps="active")
+    d = plan([Candidate(1, 4 * GiB)], [a, x], [Placed(9, ("a",), 8 * GiB, profile=TINY)], PolicyConfig(unprofiled_share=True))[0]
+    assert (d.action, d.gpus, d.mode) == (START, ("a",), "timesliced") and "no profile yet, this run is profiled" in d.reason
+
+
+def test_gpu_ids_and_type_restrict_the_pass_over_best_fit():
+    gpus = [GpuView("a", 0, 16 * GiB, name="NVIDIA A100"), GpuView("b", 1, 16 * GiB, name="NVIDIA H100")]
+    placed = [Placed(9, ("a",), 8 * GiB, profile=TINY)]  # GPU0 fits best
+    assert plan([Candidate(1, 4 * GiB, profile=TINY)], gpus, placed)[0].gpus == ("a",)
+    assert plan([Candidate(1, 4 * GiB, gpu_ids=(1,), profile=TINY)], gpus, placed)[0].gpus == ("b",)
+    assert plan([Candidate(1, 4 * GiB, gpu_type="h100", profile=TINY)], gpus, placed)[0].gpus == ("b",)
+
+
 def test_a_running_job_with_no_profile_is_taken_at_the_assumed_levels():
     g = GpuView("a", 0, 80 * GiB)
     d = plan([Candidate(1, GiB, profile=flat("k", 0.05, bw=0.3))], [g], [Placed(9, ("a",), GiB)])[0]
@@ -136,6 +170,20 @@ def test_a_running_job_with_no_profile_is_taken_at_the_assumed_levels():
     assert d.details["peak_membw"] == pytest.approx(0.5 + 0.3)  # unknown_membw + its own
     assert d.details["peak_sm"] == pytest.approx(1.0 + 0.05)  # unknown_sm + its own
     assert d.details["sm_by_job"] == {"9": 1.0, "this": 0.05}
+
+
+def test_a_profile_is_put_on_the_grid_by_its_own_step_and_smeared():
+    """Each grid step (2 s) the peak of the profile's samples in it, whatever their step; then each
+    point the most within a tenth of the run (PHASE) either way."""
+    sm = np.full(200, 0.1)
+    sm[150] = 0.9  # 75 s into a run sampled every 0.5 s: grid step 37 of 50
+    fine = Profile(name="fine", step=0.5, sm=sm, mem=np.full(200, GiB), membw=np.full(200, 0.2), runtime=100.0)
+    a = pol._arrays(fine, 2.0, 3600.0)
+    assert len(a.sm) == 50 and a.peak_sm == 0.9 and np.flatnonzero(a.sm == 0.9).tolist() == list(range(32, 43))
+    sm = np.full(25, 0.1)
+    sm[10] = 0.9  # 40-44 s of a run sampled every 4 s: grid steps 20 and 21
+    coarse = Profile(name="coarse", step=4.0, sm=sm, mem=np.full(25, GiB), membw=np.full(25, 0.2), runtime=100.0)
+    assert np.flatnonzero(pol._arrays(coarse, 2.0, 3600.0).sm == 0.9).tolist() == list(range(15, 27))
 
 
 def test_overlap_is_counted_in_whole_grid_steps():
@@ -196,23 +244,59 @@ def test_an_mps_pair_summing_past_the_gpu_is_predicted_slowed():
     assert d.details["slowdown_this"]["mps"] > 1.05
 
 
+def test_min_gain_is_asked_only_of_a_share_the_model_says_slows_someone():
+    d = mps_pair(0.5, min_gain=1.0, slowdown_bound=2.0)  # nobody slowed: 2.0 beats 1.0 waiting
+    assert d.action == START and d.details["throughput"] == {"wait": 1.0, "mps": 2.0, "timesliced": pytest.approx(0.9867, abs=1e-4)}
+    d = mps_pair(0.52, min_gain=1.0, slowdown_bound=2.0)  # 1.04x: 1.92 must beat 1.0 by 1.0
+    assert d.action == WAIT and "throughput 1.92 under MPS vs 1.00 waiting" in d.reason
+
+
+def test_waiting_discounts_residents_that_share_already_by_the_margin():
+    g = GpuView("a", 0, 80 * GiB, mps="active")
+    c = Candidate(1, GiB, profile=flat("c", 0.1, 0.1))
+    one = [Placed(8, ("a",), GiB, mode="mps", profile=flat("r1", 0.1, 0.2))]
+    assert plan([c], [g], one)[0].details["throughput"]["wait"] == 1.0  # alone now: not discounted
+    two = one + [Placed(9, ("a",), GiB, mode="mps", profile=flat("r2", 0.1, 0.2))]
+    assert plan([c], [g], two)[0].details["throughput"]["wait"] == pytest.approx(2 / 1.1)
+
+
+def test_the_learned_factor_recorded_is_the_candidates():
+    g = GpuView("a", 0, 80 * GiB, mps="active")
+    lrn = pol.Learned(corun={("c", "r", "mps"): (1, 1.3)})  # c beside r: 1.3x; r beside c: nothing shown
+    d = plan([Candidate(1, GiB, profile=flat("c", 0.1, 0.1))], [g],
+             [Placed(9, ("a",), GiB, mode="mps", profile=flat("r", 0.1, 0.1))], learned=lrn)[0]
+    assert d.details["learned_factor"]["mps"] == pytest.approx(1.3)
+    assert d.details["residents"]["mps"] == {"9": (1.0, 1.0, 1.0)}
+
+
+def test_a_profile_measured_on_this_gpu_model_is_not_checked_alone():
+    lp = Profile(name="lp", step=1.0, sm=np.full(100, 0.3), mem=np.full(100, GiB), membw=np.full(100, 0.2),
+                 runtime=100.0, runs=5, gpu="NVIDIA H100")
+    cfg = PolicyConfig(check_alone=True)
+    same = plan([Candidate(1, GiB, profile=lp)], [GpuView("a", 0, 80 * GiB, name="NVIDIA H100")], [], cfg, learned=pol.Learned())[0]
+    assert same.action == START and "check_alone" not in same.details
+    other = plan([Candidate(1, GiB, profile=lp)], [GpuView("a", 0, 80 * GiB, name="NVIDIA A100")], [], cfg, learned=pol.Learned())[0]
+    assert other.details["check_alone"] is True
+    assert not pol._measured_on(dataclasses.replace(lp, gpu=""), GpuView("a", 0, GiB, name=""))
+
+
 def test_mps_is_weighed_at_saturation_too_and_the_reasons_say_where_it_saturates():
     """Saturation no longer blocks MPS (the model says what it costs there): it is where a reason
     says the GPU is below it, or that sharing would saturate it."""
     g = GpuView("a", 0, 80 * GiB, mps="active")
-    res = Placed(9, ("a",), GiB, mode="mps", profile=flat("res", 0.4))
-    below = plan([Candidate(1, GiB, profile=flat("c", 0.44))], [g], [res], PolicyConfig(saturation=0.85))[0]
-    assert below.mode == "mps" and "< 85 %" in below.reason
-    at = plan([Candidate(1, GiB, profile=flat("c", 0.45))], [g], [res], PolicyConfig(saturation=0.85))[0]
-    assert at.mode == "mps" and "predicted peak SM 85 % (job 9: 40 %, this job: 45 %);" in at.reason
+    res = Placed(9, ("a",), GiB, mode="mps", profile=flat("res", 0.25))  # 0.25 + 0.5: exactly 0.75
+    below = plan([Candidate(1, GiB, profile=flat("c", 0.49))], [g], [res], PolicyConfig(saturation=0.75))[0]
+    assert below.mode == "mps" and "< 75 %" in below.reason
+    at = plan([Candidate(1, GiB, profile=flat("c", 0.5))], [g], [res], PolicyConfig(saturation=0.75))[0]
+    assert at.mode == "mps" and "predicted peak SM 75 % (job 9: 25 %, this job: 50 %);" in at.reason
     # refused (a bound nothing shared meets): the refusal says it would saturate only at saturation
-    tight = PolicyConfig(saturation=0.85, slowdown_bound=1.05)
-    below = plan([Candidate(1, GiB, profile=flat("c", 0.44))], [g], [res], tight)[0]
+    tight = PolicyConfig(saturation=0.75, slowdown_bound=1.05)
+    below = plan([Candidate(1, GiB, profile=flat("c", 0.49))], [g], [res], tight)[0]
     assert below.action == WAIT and "saturate" not in below.reason
     assert below.reason.endswith(": a job would run 1.23x slower than alone (bound 1.05x)")  # 1.1 x 1.118
-    at = plan([Candidate(1, GiB, profile=flat("c", 0.45))], [g], [res], tight)[0]
-    assert at.action == WAIT and ("sharing would saturate: predicted peak SM 85 % (job 9: 40 %, this job: 45 %) "
-                                  ">= 85 %; a job would run 1.23x") in at.reason
+    at = plan([Candidate(1, GiB, profile=flat("c", 0.5))], [g], [res], tight)[0]
+    assert at.action == WAIT and ("sharing would saturate: predicted peak SM 75 % (job 9: 25 %, this job: 50 %) "
+                                  ">= 75 %; a job would run 1.23x") in at.reason
 
 
 def test_each_start_in_a_pass_is_seen_by_the_next_candidate():
@@ -294,6 +378,10 @@ def test_lend_is_in_256_mib_steps_up_to_lend_times_the_budget():
     # 1 GiB + 1 byte asked: 1.25x rounds up to 1.5 GiB in steps, less what was asked, in whole steps
     d = plan([Candidate(1, GiB + 1, grow=True, profile=TINY)], [g], [], PolicyConfig(lend=1.25))[0]
     assert d.details["budget"] == GiB + 1 + q
+    # 1.1 GiB asked: 1.25x is 1.375 GiB, up to 1.5 GiB; of the 0.4 GiB more, one whole step
+    mib = 1024**2
+    d = plan([Candidate(1, GiB + 100 * mib, grow=True, profile=TINY)], [g], [], PolicyConfig(lend=1.25))[0]
+    assert d.details["budget"] == GiB + 100 * mib + q
     # only what the GPU has left is lent
     d = plan([Candidate(1, 4 * GiB, grow=True, profile=TINY)], [g], [Placed(9, ("a",), 12 * GiB - q, profile=TINY)],
              PolicyConfig(lend=1.25))[0]
@@ -411,6 +499,51 @@ def test_a_profile_never_seen_alone_teaches_the_curve_only_what_passes_alone_dou
     assert lrn.bw[("mps", 9)] == (1, 1.0) and lrn.corun[("r", "n", "mps")] == (1, pytest.approx(1.2))
 
 
+def test_errors_keep_the_most_recent_200():
+    lrn = pol.Learned(errors=[1.0] * 200)
+    lrn.observe("p", ["n"], "mps", 1.0, wall=150.0, stored_runtime=100.0)
+    assert len(lrn.errors) == 200 and lrn.errors[-1] == pytest.approx(1.5)
+
+
+def test_a_rebase_keeps_what_runs_showed_of_the_alone_time_against_the_new_one():
+    lrn = pol.Learned(alone={"p": (3, 1.2)})
+    lrn.rebase("p", 100.0, 120.0)  # the stored time grew to what runs showed: 1.0 of it
+    assert lrn.alone["p"] == (3, pytest.approx(1.0))
+    lrn.rebase("p", 0.5, 1.0)
+    assert lrn.alone["p"] == (3, pytest.approx(0.5))
+    lrn.rebase("p", 0.0, 1.0)  # nothing known to rebase from
+    lrn.rebase("p", 1.0, 0.0)
+    lrn.rebase("q", 1.0, 2.0)  # never seen alone: nothing
+    assert lrn.alone == {"p": (3, pytest.approx(0.5))}
+    lrn.checked("q")
+    lrn.checked("p")  # a check of one already known leaves it
+    assert lrn.alone == {"p": (3, pytest.approx(0.5)), "q": (1, 1.0)}
+
+
+def test_a_running_group_warns_at_most_live_max_and_past_alone_doubt_either_way():
+    lrn = pol.Learned()
+    # a reading near 0 says "much slower", not how much: LIVE_MAX (4x), less ALONE_DOUBT
+    assert lrn.observe_live("mps", 0.65, 0.8, 0.0, 60.0) == pytest.approx(4.0 / ALONE_DOUBT)
+    # half of LIVE_RUN's samples: half the warning
+    assert pol.Learned().observe_live("mps", 0.65, 0.8, 0.2, 30.0) == pytest.approx(1.0 + (3.2 - 1.0) / 2)
+    # faster than expected where the curve says 2x: 0.5x, ALONE_DOUBT of it forgiven, 1.25x
+    lrn = pol.Learned(bw={("mps", 6): (1, 2.0)})
+    assert lrn.observe_live("mps", 0.65, 0.4, 0.8, 60.0) == pytest.approx(2.0 * 0.5 * ALONE_DOUBT)
+
+
+def test_the_curve_between_two_levels_runs_showed_is_on_the_line_between_them():
+    lrn = pol.Learned(bw={("mps", 1): (1, 3.0), ("mps", 5): (1, 5.0)})
+    assert lrn.curve("mps", 0.3) == pytest.approx(4.0)  # 3 + 2 * 2 / 4
+    assert lrn.curve("mps", 0.1) == 3.0 and lrn.curve("mps", 0.55) == 5.0 and lrn.curve("mps", 0.9) == 5.0
+    assert lrn.curve("timesliced", 0.3) == 1.0
+
+
+def test_a_resident_is_charged_the_worst_of_its_present_pairings():
+    lrn = pol.Learned(corun={("a", "b", "mps"): (1, 1.5), ("a", "c", "mps"): (1, 1.2), ("b", "c", "timesliced"): (1, 1.4)})
+    out = lrn.among(["a", "b", "c"], np.array([True, False, True]))
+    assert out.tolist() == [pytest.approx(1.5), pytest.approx(1.4), 1.0]
+
+
 def test_factors_take_each_residents_pairing_and_the_candidates_worst():
     lrn = pol.Learned(corun={("c", "r1", "mps"): (1, 1.5), ("c", "r2", "mps"): (1, 1.2), ("r1", "c", "mps"): (2, 1.1)})
     assert lrn.factors(["r1", "r2"], "c", "mps").tolist() == [pytest.approx(1.1), 1.0, 1.5]
@@ -488,6 +621,8 @@ def test_a_job_joined_later_takes_that_starts_prediction():
     assert k["acc"] == [pytest.approx(100.0), pytest.approx(50.0 + 70.0 * 1.1 / 1.4)]
     none = pol.joined(e, 50.0, {"peak_membw": 0.1}, "mps", 7)
     assert none["unseen"] is None and none["slowdown"] == 1.0 and none["group_bw"] == 0.3
+    # started with no bandwidth recorded: the joining start's
+    assert pol.joined(pol.expectation({}, "mps", 0.0), 50.0, {"peak_membw": 0.1}, "mps", 7)["group_bw"] == 0.1
 
 
 def test_place_now_time_slices_where_plan_would_wait():
