@@ -636,3 +636,17 @@ def test_place_now_time_slices_where_plan_would_wait():
     full = [Placed(9, ("a",), 12 * GiB + 1, profile=hot)]
     assert pol.place_now(c, [g], full).action == WAIT
     assert pol.place_now(dataclasses.replace(c, budget=4 * GiB), [g], [Placed(9, ("a",), 12 * GiB, profile=hot)]).action == START
+
+
+def test_a_live_warning_counts_on_a_node_where_no_shared_run_has_ended_yet():
+    """observe_live's warning of a slowed MPS group acts before any shared run has ended: a fresh
+    node's first slow group must keep the next job out of that much bandwidth."""
+    g = GpuView("a", 0, 80 * GiB, mps="active")
+    res = Placed(9, ("a",), GiB, mode="mps", profile=flat("res", 0.2, 0.2))
+    c = Candidate(1, GiB, profile=flat("cand", 0.2, 0.2))
+    cfg = PolicyConfig(margin=0.0, seen_margin=0.0)
+    assert plan([c], [g], [res], cfg, learned=pol.Learned())[0].mode == "mps"
+    warned = pol.Learned()
+    assert warned.observe_live("mps", 0.4, 0.8, 0.2, 60) == pytest.approx(3.2)
+    d = plan([c], [g], [res], cfg, learned=warned)[0]
+    assert d.action == WAIT, d.reason

@@ -366,7 +366,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     # The status quo over the same stretch: the residents' model rates, slowed by what runs showed
     # for the pairings they are already in (else sharing would be charged for what waiting pays too),
     # each discounted as it is now (a resident sharing already by its margin; alone, not at all).
-    lrn = learned if learned is not None and (learned.corun or learned.bw) else None
+    lrn = learned if learned is not None and (learned.corun or learned.bw or learned.live) else None
     now_fac = lrn.among(names, r_mps, float(r_bw[:, :overlap].sum(axis=0).max())) if lrn is not None else None
     seen_m = cfg.margin if cfg.seen_margin is None else cfg.seen_margin
     if len(ids) < 2:
