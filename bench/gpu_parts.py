@@ -676,8 +676,8 @@ def colo_run(part: Part, label: str, argv: list[str], n: int, use_mps: bool, pro
             out["learned"] = {"runs": p.runs, "runtime_s": round(p.runtime, 2), "peak_sm": round(float(p.peak_sm), 3)}
         if then:
             then(d, out)
-    except AssertionError as e:  # a wait's timeout: what each job was doing then
-        out["error"] = str(e)
+    except Exception as e:  # noqa: BLE001 - a wait's timeout, a refused submit: what each job was doing then
+        out["error"] = f"{type(e).__name__}: {e}"
         try:
             out.setdefault("rows", [{k: j.get(k) for k in ("id", "name", "state", "mode", "reason")}
                                     for j in d.client.ls(all=True)])

@@ -368,3 +368,18 @@ def test_unwritable_database_refused_at_start_naming_the_file(other_user):
     assert "readonly" in msg or "Permission denied" in msg, msg
     assert (d.state_dir / "colo.db").read_bytes() == before
     shutil.rmtree(tmp_path)
+
+
+def test_with_mps_off_the_gpus_are_read_and_set_up_before_the_first_request(tmp_path, fakegpu):
+    """use_mps = false still reads the devices and their compute modes at start (they were read
+    only when MPS was on: until the first sample, a submit found "this node has 0" GPUs, and an
+    EXCLUSIVE_PROCESS GPU was never set to DEFAULT, so a second time-sliced job could not start)."""
+    fakegpu.set_compute_mode(0, "exclusive_process")
+    d = DaemonProc(tmp_path, fakegpu.state, config={"use_mps": False, "set_default_compute_mode": True,
+                                                    "sample_interval": 3600}).start()
+    try:
+        assert fakegpu.read()["devices"][0]["compute_mode"] == "default"
+        j = d.client.submit({"argv": ["true"], "gpus": 1, "gpu_mem": GiB, "name": "first"})["id"]
+        assert d.wait_state(j, "succeeded", timeout=30)["mode"] == "timesliced"
+    finally:
+        d.stop()

@@ -111,16 +111,7 @@ class Api:
         return ",".join(u[:12] if i is None else str(i) for i, u in zip(self._indices(uuids), uuids))
 
     def mode(self, job: Job) -> str | None:
-        """A job's mode as listings show it: a time-sliced job alone on its GPUs (no other job, no
-        process of none: the patrol's last look) runs "exclusive"."""
-        if job.mode is None:
-            return None
-        if job.mode == Mode.TIMESLICED and job.state in ACTIVE and job.gpus:
-            mine = set(job.gpus)
-            if not any(mine & set(j.gpus) for j in self.d.table.active(*ACTIVE) if j.id != job.id) and not any(
-                    f["gpu"] in mine for f in self.d.patrol.foreign):
-                return "exclusive"
-        return job.mode._value_
+        return self.d.table.mode_shown(job, {f["gpu"] for f in self.d.patrol.foreign})
 
     def reason(self, job: Job, decided: str | None = None) -> str:
         """The reason listings show: a queued job's latest decision (`decided`) unless it is held, a

@@ -93,7 +93,8 @@ class Daemon:
                                    "devices": "jobs are not held to their own GPUs' device files"}[what], why)
         self.gpus = Gpus(c, native_dir)
         self.engines = Engines(c, instance, native_dir, self.cgroups)
-        self.cfg_policy = dataclasses.replace(policy.config_of(c), use_mps=c.use_mps and self.gpus.open())
+        mps_here = self.gpus.open()  # always: the devices are read here, before the first request
+        self.cfg_policy = dataclasses.replace(policy.config_of(c), use_mps=c.use_mps and mps_here)
         self.learner = Learner(c, self.table, self.gpus, self.cfg_policy)
         self.learner.load()
         # the launcher and the scheduler call each other: through `wake` and `start`, wired here

@@ -84,6 +84,18 @@ class JobTable:
                 users.setdefault(j.gpus[0], set()).add(j.uid)
         return users
 
+    def mode_shown(self, job: Job, foreign_gpus: set[str]) -> str | None:
+        """A job's mode as listings and metrics show it: a time-sliced job alone on its GPUs (no
+        other job; no process of no job on them, `foreign_gpus`: the patrol's last look) runs
+        "exclusive"."""
+        if job.mode is None:
+            return None
+        if job.mode == Mode.TIMESLICED and job.state in ACTIVE and job.gpus:
+            mine = set(job.gpus)
+            if not mine & foreign_gpus and not any(mine & set(j.gpus) for j in self.active(*ACTIVE) if j.id != job.id):
+                return "exclusive"
+        return job.mode.value
+
     def state_of(self, job_id: int) -> State | None:
         try:
             return self.job(job_id).state

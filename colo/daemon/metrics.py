@@ -89,10 +89,12 @@ class Metrics:
         gpu_rows = [(str(d.index), d.uuid, d.name) for d in self.gpus.devices]
         budgeted: dict[str, int] = defaultdict(int)
         modes: dict[tuple[str, str], int] = defaultdict(int)
+        foreign = {f["gpu"] for f in self.patrol.foreign}
         for j in active:
+            shown = self.table.mode_shown(j, foreign) or "timesliced"  # as `colo ls` shows it
             for u in j.gpus:
                 budgeted[u] += j.spec.gpu_mem
-                modes[(u, str(j.mode or "timesliced"))] += 1
+                modes[(u, shown)] += 1
         devices = self.gpus.devices
         gauge("colo_gpu_memory_total_bytes", "GPU memory (NVML)", ["gpu", "uuid", "name"],
               [(k, d.total) for k, d in zip(gpu_rows, devices)])
@@ -106,7 +108,7 @@ class Metrics:
               ["gpu", "uuid"], [(k[:2], self.gpus.unbudgeted.get(d.uuid, 0)) for k, d in zip(gpu_rows, devices)])
         gauge("colo_gpu_jobs", "jobs placed on the GPU, by mode", ["gpu", "uuid", "mode"],
               [(k[:2] + (m,), modes.get((d.uuid, m), 0)) for k, d in zip(gpu_rows, devices)
-               for m in ("mps", "timesliced")])
+               for m in ("mps", "timesliced", "exclusive")])
         gauge("colo_gpu_mps_state", "1 for the state of the GPU's MPS server (off, active, fault...)",
               ["gpu", "uuid", "state"], [(k[:2] + (states.get(d.uuid, "off"),), 1) for k, d in zip(gpu_rows, devices)])
         gauge("colo_gpu_up", "1 while NVML answers for the GPU", ["gpu", "uuid"],
