@@ -2,6 +2,7 @@
 that nothing imports upward, that no import circle exists, and that the daemon's parts use each
 other's public interfaces, not each other's private fields."""
 import ast
+import re
 from pathlib import Path
 
 import colo
@@ -118,3 +119,27 @@ def test_daemon_parts_use_each_others_interfaces():
                     and node.value.value.id in ("self", "d")):
                 reach.append(f"{p.name}:{node.lineno} {node.value.value.id}.{node.value.attr}.{node.attr}")
     assert reach == []
+
+
+REPO = ROOT.parent
+CITED = re.compile(r"\b[Ii]nvariants?[ _](\d+(?:(?:,| and|, and) \d+)*)")
+
+
+def test_every_invariant_cited_is_in_docs_invariants():
+    """colo's code, tests and docs cite "invariant N": docs/invariants.md must have each N, and
+    ARCHITECTURE.md must lead there."""
+    doc = (REPO / "docs" / "invariants.md").read_text()
+    have = {int(n) for n in re.findall(r"^### (\d+)\. ", doc, re.M)}
+    assert have == set(range(1, max(have) + 1)), sorted(have)
+    assert "docs/invariants.md" in (REPO / "ARCHITECTURE.md").read_text()
+    files = [p for d in ("colo", "tests", "docs", "bench", "profiles", "workloads", "packaging")
+             for p in (REPO / d).rglob("*") if p.suffix in (".py", ".md", ".c", ".h", ".txt", ".sh")]
+    files += [p for p in (REPO / "native").rglob("*") if p.suffix in (".c", ".h") and "build" not in p.parts]
+    files += [REPO / "README.md", REPO / "ARCHITECTURE.md"]
+    cited = {}
+    for p in files:
+        for m in CITED.finditer(p.read_text(errors="replace")):
+            for n in re.findall(r"\d+", m.group(1)):
+                cited.setdefault(int(n), f"{p.relative_to(REPO)}: {m.group(0)}")
+    assert len(cited) >= 10  # the pattern finds what the tree cites
+    assert {n: where for n, where in cited.items() if n not in have} == {}

@@ -1,5 +1,5 @@
-"""colo sim: calibration against DESIGN.md, hand-built cases with known answers, the bar on the
-shipped mixes, determinism, history replay, and the CLI."""
+"""colo sim: calibration against the study figures (docs/invariants.md), hand-built cases with
+known answers, the bar on the shipped mixes, determinism, history replay, and the CLI."""
 from __future__ import annotations
 
 import json

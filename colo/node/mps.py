@@ -3,7 +3,7 @@
 Why one control daemon per GPU: each daemon is pinned to its GPU (CUDA_VISIBLE_DEVICES=<uuid>),
 so a fault, a per-uid server switch or a stop on one GPU never touches the others, and a job's
 pipe directory names exactly the GPU it was placed on. Time-sliced jobs get a pipe directory with
-no daemon behind it, so they can never attach to MPS by accident (DESIGN.md invariant 4).
+no daemon behind it, so they can never attach to MPS by accident (invariant 4, docs/invariants.md).
 
 The control daemon outlives colo on purpose (it daemonizes): a colo restart finds it again by the
 pid file in its pipe directory and its running clients keep their server (invariant 7).
