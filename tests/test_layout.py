@@ -143,3 +143,30 @@ def test_every_invariant_cited_is_in_docs_invariants():
                 cited.setdefault(int(n), f"{p.relative_to(REPO)}: {m.group(0)}")
     assert len(cited) >= 10  # the pattern finds what the tree cites
     assert {n: where for n, where in cited.items() if n not in have} == {}
+
+
+# the daemon's parts as core.Daemon names them (and as a part names another it holds)
+PARTS = {"d", "daemon", "table", "gpus", "engines", "learner", "launcher", "scheduler", "patrol", "sampler",
+         "recovery", "retention", "metrics", "onend", "listing", "admission", "store", "cgroups", "external"}
+
+
+def test_daemon_parts_write_only_their_own_state():
+    """`self.part.field = ...` (or `gpus.field = ...` through a local name) writes another part's
+    state: a part changes its own fields and others call its methods."""
+    wrote = []
+    for p in (ROOT / "daemon").glob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                for x in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    while isinstance(x, ast.Subscript):  # gpus.unbudgeted[u] = ... writes it too
+                        x = x.value
+                    if not isinstance(x, ast.Attribute):
+                        continue
+                    owner = x.value
+                    if ((isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name)
+                         and owner.value.id in ("self", "d") and owner.attr in PARTS)
+                            or (isinstance(owner, ast.Name) and owner.id in PARTS)):
+                        wrote.append(f"{p.name}:{node.lineno} {ast.unparse(x)}")
+    assert wrote == []

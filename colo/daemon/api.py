@@ -17,10 +17,9 @@ from ..runtimes.base import EngineError, Gone, Unavailable
 from ..store import NotFound
 from ..units import format_size_exact
 from . import logread, session
-from .admission import Admission
 from .errors import ApiError
 from .external import External, Refused
-from .listing import ENDED, Listing
+from .listing import ENDED
 from .validate import Caller, is_admin
 
 if TYPE_CHECKING:
@@ -43,8 +42,8 @@ def job_id_arg(args: dict) -> int:
 
 class Api:
     """Dispatch and the job operations. Owns the cancels whose stop goes on in the background and
-    which jobs `requeue` copied (for `wait`); the listings and the admission checks are parts of
-    their own, built here from the daemon's parts they read."""
+    which jobs `requeue` copied (for `wait`); the listings and the admission checks are the
+    daemon's parts `listing` and `admission`."""
 
     def __init__(self, daemon: "Daemon"):
         self.d = daemon
@@ -52,10 +51,7 @@ class Api:
         self._copies = 0  # copies `requeue` made: a wait looks for new ones when this changes
         self._copied: set[int] = set()  # jobs `requeue` made a copy of (since the daemon started)
         self._stops: set[asyncio.Task] = set()  # cancels whose stop is under way (kept referenced)
-        self.listing = Listing(daemon.config, daemon.table, daemon.store, daemon.scheduler, daemon.gpus,
-                               daemon.patrol, daemon.sampler)
-        self.admission = Admission(daemon.config, daemon.store, daemon.gpus, daemon.engines, daemon.scheduler,
-                                   daemon.native)
+        self.listing, self.admission = daemon.listing, daemon.admission
 
     def _job(self, args: dict) -> Job:
         job_id = job_id_arg(args)
@@ -457,8 +453,7 @@ class Api:
     async def shutdown(self, caller: Caller, args: dict) -> dict:
         if not is_admin(caller, self.d.config.admin_group) and caller.uid != os.geteuid():
             raise ApiError("only root or the daemon's owner may stop the daemon", protocol.FORBIDDEN)
-        self.d.stopping = True
-        self.d.wake()
+        self.d.stop()
         return {"stopping": True}
 
     async def signal(self, caller: Caller, args: dict) -> dict:

@@ -18,6 +18,10 @@ wired below, never through each other's fields:
   retention  retention.Retention removing ended jobs (colo clean, history_keep_days)
   metrics    metrics.Metrics     Prometheus figures, a snapshot of the others' state (opt-in)
   onend      onend.OnEnd         what a job asked to run as its owner when it ends (--on-end, mail)
+  listing    listing.Listing     the rows `ls`, `top` and `gpus` send, and their caches
+  admission  admission.Admission every check a job passes before it is stored
+
+Every subscription (the table's on_change and on_edit, the learner's on_forget) is made in open().
 """
 from __future__ import annotations
 
@@ -35,12 +39,14 @@ from ..node.cgroup import Cgroups
 from ..sched import policy
 from ..store import Store
 from . import pin
+from .admission import Admission
 from .engines import Engines, instance_id
 from .external import SlurmRuntime
 from .gpus import Gpus
 from .jobtable import JobTable
 from .launcher import Launcher
 from .learner import Learner
+from .listing import Listing
 from .metrics import Metrics
 from .onend import OnEnd
 from .patrol import Patrol
@@ -114,7 +120,19 @@ class Daemon:
             self.metrics.update()  # a scrape before the first tick has figures
             self.metrics.serve()
         self.onend = OnEnd(c, native_dir)
-        self.table.on_change.append(self.onend.job_changed)
+        self.listing = Listing(c, self.table, self.store, self.scheduler, self.gpus, self.patrol, self.sampler)
+        self.admission = Admission(c, self.store, self.gpus, self.engines, self.scheduler, native_dir)
+        # who hears of what, in this order: the table's watchers run after each change
+        self.table.on_change.extend([self.launcher.job_changed, self.scheduler.queue_changed,
+                                     *([self.metrics.job_changed] if self.metrics is not None else []),
+                                     self.onend.job_changed, self.listing.queue_changed])
+        self.table.on_edit.extend([self.scheduler.queue_edited, self.listing.queue_changed])
+        self.learner.on_forget.append(self.scheduler.profiles_forgotten)
+
+    def stop(self) -> None:
+        """Stop serving (op `shutdown`, a signal): the scheduler's loop ends, the jobs run on."""
+        self.stopping = True
+        self.wake()
 
     def wake(self) -> None:
         """Run the scheduler soon (a signal, a request that changed what it may start)."""

@@ -50,9 +50,7 @@ class Listing:
         self._ls_ended: dict[tuple, dict[int, bytes]] = {}
         # the queue's ls rows per kind of listing, as of (_queue_version, the scheduler's version)
         self._blocks: dict[tuple, tuple[tuple, list]] = {}
-        self._queue_version = 0  # any queued job added, changed or gone
-        table.on_change.append(self._queue_changed)
-        table.on_edit.append(self._queue_changed)
+        self._queue_version = 0  # any queued job added, changed or gone (queue_changed)
 
     def summary(self, job: Job, reasons: dict[int, str] | None = None) -> JobSummary:
         out: JobSummary = {
@@ -213,7 +211,8 @@ class Listing:
         self._blocks[key] = (stamp, rows)
         return rows
 
-    def _queue_changed(self, prev: Job | None, job: Job) -> None:
+    def queue_changed(self, prev: Job | None, job: Job) -> None:
+        """The table's on_change and on_edit (wired in core.open())."""
         if job.state == State.QUEUED or (prev is not None and prev.state == State.QUEUED):
             self._queue_version += 1
 

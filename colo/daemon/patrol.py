@@ -232,8 +232,7 @@ class Patrol:
                 o = over_now.get(job_id)
                 if o is None or (at_once and not o.at_once):
                     over_now[job_id] = Over(text, set(report.pids.get(job_id, ())), at_once)
-        changed = unbudgeted != self.gpus.unbudgeted
-        self.gpus.unbudgeted = unbudgeted
+        changed = self.gpus.note_unbudgeted(unbudgeted)
         self.foreign = report.foreign
         self._judge_jobs(over_now, now, dt)
         self._judge_strays(report, now, dt, short)
