@@ -222,20 +222,46 @@ def daemon(tmp_path, fakegpu):
 
 
 @pytest.fixture
-def shared_daemon(fakegpu):
-    """A daemon whose state dir and socket other users can reach (pytest's tmp dirs are private)."""
+def reachable_daemon(native_dir):
+    """make(prefix, state, config=None, env=None): a started daemon in a temporary folder other
+    users can traverse, its socket theirs to reach (pytest's tmp dirs are private). At the end the
+    `go` file gated jobs wait for is made, the daemon stopped and its folder removed."""
     import tempfile
     from pathlib import Path
 
     from daemon_util import DaemonProc
 
-    root = Path(tempfile.mkdtemp(prefix="colo-shared-"))
-    os.chmod(root, 0o755)
-    d = DaemonProc(root, fakegpu.state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    made = []
+
+    def make(prefix: str, state, config: dict | None = None, env: dict | None = None):
+        root = Path(tempfile.mkdtemp(prefix=prefix))
+        os.chmod(root, 0o755)
+        made.append(root)
+        d = DaemonProc(root, state, config, env)
+        made.append(d)
+        d.start()
+        os.chmod(d.socket.parent, 0o755)
+        return d
+
+    yield make
+    for x in reversed(made):
+        if isinstance(x, DaemonProc):
+            (x.root / "go").touch()
+            x.stop()
+        else:
+            shutil.rmtree(x, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_daemon(fakegpu, reachable_daemon):
+    """A daemon whose state dir and socket other users can reach, on two simulated GPUs."""
+    return reachable_daemon("colo-shared-", fakegpu.state)
+
+
+@pytest.fixture
+def shared(shared_daemon):
+    """The name most modules give shared_daemon."""
+    return shared_daemon
 
 
 @pytest.fixture

@@ -21,11 +21,6 @@ from daemon_util import as_user, on_tty
 import pytest
 
 
-@pytest.fixture
-def shared(shared_daemon):
-    return shared_daemon
-
-
 def test_ls_filters_in_the_daemon_and_bounds_a_terminal(shared, other_user):
     d, c = shared, shared.client
     gate = d.root / "go"
