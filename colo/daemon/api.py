@@ -20,7 +20,7 @@ from ..sched.policy import can_ever_fit, gpu_allowed, gpu_filter_refusal
 from ..runtimes.base import EngineError, Gone, Unavailable
 from ..store import NotFound
 from ..units import format_size_exact
-from . import deps, logread, onend as mail, pin, session
+from . import deps, logread, onend as mail, pin, session, validate
 from .external import External, Refused
 from .validate import Caller, Forbidden, Invalid, check_spec, is_admin, parse_array
 
@@ -118,10 +118,10 @@ class Api:
         running job's with what the patrol says of it, or who paused it."""
         if job.state == State.QUEUED:
             if job.held_by:  # said at once, before a pass has looked at it
-                return f"held by {job.held_by} (colo release {job.id})"
+                return validate.stopped_text(job.user, job.held_by, "held", f"colo release {job.id}")
             return job.reason if decided is None else decided
         if job.state == State.RUNNING and job.paused_by:
-            return f"paused by {job.paused_by} (colo resume {job.id})"
+            return validate.stopped_text(job.user, job.paused_by, "paused", f"colo resume {job.id}")
         notes = [n for n in (self.d.patrol.note(job.id), self.d.sampler.idle_note(job.id)) if n] \
             if job.state in ACTIVE else []
         return "; ".join([job.reason, *notes])
@@ -215,8 +215,8 @@ class Api:
             raise ApiError(f"--priority {spec.priority} is above {top}, the most a user may set here "
                            f"(max_user_priority); members of {d.config.admin_group or 'no admin group'} and root "
                            "may set more", protocol.FORBIDDEN)
-        if not queued and (why := fairshare.submit_refusal(d.scheduler.limits, user,
-                                                             d.scheduler.queued_count(uid) + tasks - 1)):
+        if not queued and (why := fairshare.submit_refusal(d.scheduler.limits, user, d.scheduler.queued_count(uid),
+                                                             tasks)):
             raise ApiError(why, protocol.FORBIDDEN)
         if spec.gpus:
             if d.gpus.error:
@@ -263,7 +263,7 @@ class Api:
     async def hold(self, caller: Caller, args: dict) -> dict:
         """Keep a queued job from starting until it is released (as Slurm's scontrol hold)."""
         job = self._queued(args, caller, "hold", "held")
-        if job.held_by:
+        if job.held_by and not validate.takes_over(job.user, job.held_by, caller):
             return self.summary(job)
         return self.summary(self.d.table.change_queued(job.id, f"held by {caller.user}", held_by=caller.user))
 
@@ -271,6 +271,8 @@ class Api:
         job = self._queued(args, caller, "release", "released")
         if not job.held_by:
             raise ApiError(f"job {job.id} is not held", protocol.INVALID)
+        if why := validate.lift_refusal(job.id, job.user, job.held_by, caller, self.d.config.admin_group, "held"):
+            raise ApiError(why, protocol.FORBIDDEN)
         return self.summary(self.d.table.change_queued(job.id, f"released by {caller.user}", held_by=None))
 
     async def edit(self, caller: Caller, args: dict) -> dict:
@@ -596,7 +598,7 @@ class Api:
         dec = self.d.scheduler.explain(job.id)
         reason = job.reason
         if job.state == State.QUEUED and job.held_by:
-            held = f"held by {job.held_by} (colo release {job.id})"
+            held = self.reason(job)
             return {"id": job.id, "state": str(job.state), "reason": held,
                     "decision": {**(dec or {}), "action": "wait", "reason": held}}
         if note := self.d.patrol.note(job.id):
@@ -654,6 +656,8 @@ class Api:
         """Freeze a running job (the launcher's runtime: cgroup freezer, docker pause). Not an MPS
         client: frozen in the middle of a kernel it could stall the GPU's MPS server for the others."""
         job = self._running(args, caller, "pause", "paused")
+        if job.paused_by and validate.takes_over(job.user, job.paused_by, caller):  # already frozen
+            return self.summary(self.d.table.set_fields(job.id, paused_by=caller.user))
         if job.paused_by:
             return self.summary(job)
         if job.mode == Mode.MPS:
@@ -666,6 +670,8 @@ class Api:
         job = self._own(self._job(args), caller, "resume")
         if job.state != State.RUNNING or not job.paused_by:
             raise ApiError(f"job {job.id} is not paused ({job.state})", protocol.INVALID)
+        if why := validate.lift_refusal(job.id, job.user, job.paused_by, caller, self.d.config.admin_group, "paused"):
+            raise ApiError(why, protocol.FORBIDDEN)
         return self.summary(await self._engine(job, self.d.launcher.resume(job.id, caller.user)))
 
     async def gpus(self, caller: Caller, args: dict) -> dict:
@@ -713,7 +719,7 @@ class Api:
         if full and not is_admin(caller, self.d.config.admin_group):
             for row in rows:
                 if row["uid"] != caller.uid:
-                    row["spec"].update(env={}, mounts=[], workdir=None)
+                    row["spec"].update(validate.PRIVATE_SPEC)
         return {"jobs": rows, "left": left}
 
     async def report(self, caller: Caller, args: dict) -> dict:
