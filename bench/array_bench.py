@@ -14,7 +14,6 @@ Run: python bench/array_bench.py [--tasks 1000] [--json-out FILE]
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
