@@ -4,7 +4,9 @@ A real daemon in a temporary directory (no GPUs: CPU jobs, submitted held so tha
 queued). Submits, over the socket, one job with a spec of 60 KiB of environment and 60 KiB of
 arguments (the baseline: what one such spec costs), then a 1,000-task array of the same spec.
 For each it prints the growth of the database file plus its write-ahead log (SQLite's -wal) and of
-the daemon's resident memory (VmRSS). The aim (issue 52): the array costs < 5 MB of each.
+the daemon's resident memory (VmRSS). The aim (issue 52): the array costs < 5 MB of each. Then
+what listing the tasks adds: `colo ls --wide -o id,command,reason` (ls's rows with the whole
+command, which the daemon keeps for the next ls) and `colo ls --json`.
 
 Refused unless the store then holds the job and every task, queued and held, each task with the
 whole environment and arguments (read back through `colo show`), and the daemon logged no error.
@@ -73,6 +75,11 @@ def main() -> int:
         arr = d.client.submit({**spec, "array": f"0-{args.tasks - 1}"})
         r2, b2 = settled_rss(pid), disk(db)
         tasks = arr.get("tasks", [])
+        # every task listed with its whole command, as `colo ls --json --tasks` asks: rows the daemon keeps
+        listed = d.client.ls_fields(["id", "argv", "reason"], all=False)
+        r3 = settled_rss(pid)
+        summaries = d.client.ls(all=False)  # `colo ls --json`
+        r4 = settled_rss(pid)
         rep.check(len(tasks) == args.tasks, f"{len(tasks)} tasks stored, not {args.tasks}")
         open_jobs = d.client.ls(all=False)
         rep.check(len(open_jobs) == args.tasks + 1 and all(j["state"] == "queued" and j["held_by"]
@@ -86,6 +93,12 @@ def main() -> int:
                    baseline=(b1 - b0) / MB, baseline_what="the same for one job of the same spec")
         rep.figure("array_rss", f"daemon RSS growth, {args.tasks}-task array", (r2 - r1) / MB, "MB",
                    baseline=(r1 - r0) / MB, baseline_what="the same for one job of the same spec")
+        rep.figure("ls_rss", f"daemon RSS growth, listing the {args.tasks} tasks with their commands",
+                   (r3 - r2) / MB, "MB", baseline=(r2 - r1) / MB, baseline_what="the array's own")
+        rep.figure("ls_json_rss", f"daemon RSS growth, `colo ls --json` of the {args.tasks} tasks after that",
+                   (r4 - r3) / MB, "MB", baseline=(r2 - r1) / MB, baseline_what="the array's own")
+        rep.check(len(summaries) == args.tasks + 1, f"ls --json listed {len(summaries)} jobs")
+        rep.check(len(listed["rows"]) == args.tasks + 1, f"ls listed {len(listed['rows'])} jobs")
         rep.note(f"spec: {sum(len(k) + len(v) for k, v in env.items())} B of environment, "
                  f"{sum(len(a) for a in argv)} B of arguments; aim: < 5 MB each for the array")
     finally:

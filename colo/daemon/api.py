@@ -396,7 +396,7 @@ class Api:
                 row = dumps(self.summary(j, {j.id: reason} if reason is not None else None),
                             separators=(",", ":"), default=str).encode()
                 hit = (j, reason, row)
-                if len(cache) < ROWS_CACHED or j.id in cache:  # bounded: `ls --json` of 50,000 is rare
+                if len(row) <= ROW_KEPT_MAX and (len(cache) < ROWS_CACHED or j.id in cache):  # bounded: `ls --json` of 50,000 is rare
                     cache[j.id] = hit
             parts.append(hit[2])
         if len(cache) > 2 * len(self.d.table.open) + 20000:  # rows of jobs gone from every listing
@@ -476,6 +476,8 @@ class Api:
             queued.sort(key=lambda j: j.id)
         rows = self._live_rows(queued, fields, cut, collapse)
         self._blocks.pop(key, None)
+        if any(len(r[2]) > ROW_KEPT_MAX for r in rows):
+            return rows
         while len(self._blocks) >= 4:  # the kinds of listing asked for lately
             self._blocks.pop(next(iter(self._blocks)))
         self._blocks[key] = (stamp, rows)
@@ -530,7 +532,9 @@ class Api:
             why = None if dec is None else dec.reason
             hit = cache.get(j.id)
             if hit is None or hit[0] is not j or hit[1] != why:
-                hit = cache[j.id] = (j, why, _encode(self._row(j, fields, cut, why)))
+                hit = (j, why, _encode(self._row(j, fields, cut, why)))
+                if len(hit[2]) <= ROW_KEPT_MAX:
+                    cache[j.id] = hit
             out.append((j.id, st, hit[2]))
         if len(cache) > len(self.d.table.open) + 1000:  # rows of jobs no longer queued
             self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.d.table.open}
@@ -558,8 +562,11 @@ class Api:
         miss = [i for i, _ in past if i not in cache]
         if miss:
             index = {g.uuid: g.index for g in self.d.gpus.devices}
+            big = {}
             for r in self.d.store.listing_by_id(["id", *fields], miss):
-                cache[r[0]] = _encode(_as_sent(r[1:], fields, cut, index))
+                row = _encode(_as_sent(r[1:], fields, cut, index))
+                (cache if len(row) <= ROW_KEPT_MAX else big)[r[0]] = row
+            return [(i, st, cache[i] if i in cache else big[i]) for i, st in past]
         return [(i, st, cache[i]) for i, st in past]
 
     def _row(self, j: Job, fields: list[str], cut: int | None, why: str | None = None) -> list:
@@ -1052,3 +1059,6 @@ ATTACHED = {"session"}  # streams that end when their client hangs up (server.py
 TOP_ENDED, TOP_ENDED_FOR = 5, 300.0  # `colo top` shows the newest 5 ended jobs, for 5 minutes after their end
 TOP_QUEUED = 500  # and the front of the queue (a terminal shows less); the number queued apart
 ROWS_CACHED = 20000  # job summaries (`ls --json`, top) kept encoded
+# A row longer than this (a long command, uncut) is made afresh at each listing, never kept: kept,
+# one user's 1,000-task array of a 60 KiB command held 70 MB of rows after one `ls --json`.
+ROW_KEPT_MAX = 4096
