@@ -148,12 +148,15 @@ def _migrate_arrays(db: sqlite3.Connection) -> None:
     arrays = [r[0] for r in db.execute("SELECT DISTINCT json_extract(spec, '$.array_job') FROM jobs "
                                        "WHERE json_extract(spec, '$.array_job') IS NOT NULL")]
     for a in arrays:
-        rows = db.execute("SELECT id, spec FROM jobs WHERE json_extract(spec, '$.array_job') = ? ORDER BY id",
-                          (a,)).fetchall()
-        shared = _shared_part(json.loads(rows[0][1]))
-        db.execute("INSERT INTO array_specs(array_job, spec) VALUES (?, ?)", (a, json.dumps(shared)))
-        db.executemany("UPDATE jobs SET spec=? WHERE id=?",
-                       [(json.dumps(_slim(json.loads(text), shared)), i) for i, text in rows])
+        ids = [r[0] for r in db.execute("SELECT id FROM jobs WHERE json_extract(spec, '$.array_job') = ? "
+                                        "ORDER BY id", (a,))]
+        shared: dict | None = None
+        for i in ids:  # a task at a time: never a whole array's copies in memory
+            full = json.loads(db.execute("SELECT spec FROM jobs WHERE id=?", (i,)).fetchone()[0])
+            if shared is None:
+                shared = _shared_part(full)
+                db.execute("INSERT INTO array_specs(array_job, spec) VALUES (?, ?)", (a, json.dumps(shared)))
+            db.execute("UPDATE jobs SET spec=? WHERE id=?", (json.dumps(_slim(full, shared)), i))
 
 # What `colo ls` may ask for by field (protocol.LS_FIELDS), as SQL; the name expression is the
 # jobs_name index's, so that a filter on it uses the index.
