@@ -36,10 +36,12 @@ class Config:
     lend: float = 1.25  # a --grow job may start with up to this x its budget out of memory no queued job fits in (1: never)
     hold_after: float = 1800.0  # seconds a job may be passed by smaller ones before GPUs are held for it (0: never)
     max_user_priority: int = 0  # the highest --priority a user may set; admins and root may set up to 1000
-    # Per-user limits (0: none): jobs queued at once (refused at submit past it), jobs running at
-    # once, GPU memory budgeted at once (over all GPUs). Fair share: users with the least recent
-    # GPU use (GiB of budget x hours, decaying with this half-life in seconds) go first.
-    max_queued_per_user: int = 0
+    # Per-user limits (0: none): jobs queued at once (refused at submit past it; an array counts
+    # its tasks; 10,000 by default, as Slurm's MaxJobCount, so that one user cannot fill the
+    # daemon's memory and disk with queued jobs), jobs running at once, GPU memory budgeted at once
+    # (over all GPUs). Fair share: users with the least recent GPU use (GiB of budget x hours,
+    # decaying with this half-life in seconds) go first.
+    max_queued_per_user: int = 10_000
     max_running_per_user: int = 0
     max_gpu_mem_per_user: int = 0
     fair_share_half_life: float = 86400.0

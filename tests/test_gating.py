@@ -170,6 +170,27 @@ def test_a_symlink_to_the_state_does_not_bring_its_own_device_files(node, users,
     assert probe(link, users[0]) == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}
 
 
+def test_a_hard_link_to_the_state_does_not_bring_its_own_device_files(node, users, group):
+    """Issue 52: the state file is 0666, so a user may hard-link it into a folder of their own, and
+    the link's path is the one the process opened: beside it, a folder of open files of theirs, or
+    none (the "made before nodes existed" case, where every node opened). Either is refused; the
+    state itself still serves the group colo grants its jobs."""
+    root, state, fn = node
+    fn.make_nodes(gid=group, mode=0o660)
+    assert os.stat(state).st_mode & 0o777 == 0o666
+    mine = root / "mine"
+    mine.mkdir(mode=0o777)
+    os.chmod(mine, 0o777)
+    pw = users[0]
+    sh = "ln {s} {d}/bare && ln {s} {d}/state && mkdir {d}/state.dev && cd {d}/state.dev && " \
+         "touch nvidiactl nvidia-uvm nvidia0 nvidia1 && chmod 0666 *"
+    subprocess.run(["sh", "-c", sh.format(s=state, d=mine)], check=True, preexec_fn=as_user(pw))
+    assert os.stat(mine / "state.dev" / "nvidiactl").st_uid == pw.pw_uid and os.stat(state).st_nlink == 3
+    for link in (mine / "state", mine / "bare"):
+        assert probe(link, pw) == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}, link
+    assert probe(state, pw, groups=[group])["cuda_count"] == 2
+
+
 def _free_majors() -> bool:
     text = Path("/proc/devices").read_text().split("Block devices")[0]
     used = {int(line.split()[0]) for line in text.splitlines()[1:] if line.strip()}

@@ -101,8 +101,8 @@ class Admission:
             raise ApiError(f"--priority {spec.priority} is above {top}, the most a user may set here "
                            f"(max_user_priority); members of {self.config.admin_group or 'no admin group'} and root "
                            "may set more", protocol.FORBIDDEN)
-        if not queued and (why := fairshare.submit_refusal(self.scheduler.limits, user,
-                                                             self.scheduler.queued_count(uid) + tasks - 1)):
+        if not queued and (why := fairshare.submit_refusal(self.scheduler.limits, user, self.scheduler.queued_count(uid),
+                                                             tasks)):
             raise ApiError(why, protocol.FORBIDDEN)
         if spec.gpus:
             if self.gpus.error:

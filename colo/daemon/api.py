@@ -16,7 +16,7 @@ from ..jobs import ARRAY_FIELDS, TERMINAL, Job, JobSpec, Mode, State
 from ..runtimes.base import EngineError, Gone, Unavailable
 from ..store import NotFound
 from ..units import format_size_exact
-from . import logread, session
+from . import logread, session, validate
 from .errors import ApiError
 from .external import External, Refused
 from .listing import ENDED
@@ -127,7 +127,7 @@ class Api:
     async def hold(self, caller: Caller, args: dict) -> dict:
         """Keep a queued job from starting until it is released (as Slurm's scontrol hold)."""
         job = self._queued(args, caller, "hold", "held")
-        if job.held_by:
+        if job.held_by and not validate.takes_over(job.user, job.held_by, caller):
             return self.summary(job)
         return self.summary(self.d.table.change_queued(job.id, f"held by {caller.user}", held_by=caller.user))
 
@@ -135,6 +135,8 @@ class Api:
         job = self._queued(args, caller, "release", "released")
         if not job.held_by:
             raise ApiError(f"job {job.id} is not held", protocol.INVALID)
+        if why := validate.lift_refusal(job.id, job.user, job.held_by, caller, self.d.config.admin_group, "held"):
+            raise ApiError(why, protocol.FORBIDDEN)
         return self.summary(self.d.table.change_queued(job.id, f"released by {caller.user}", held_by=None))
 
     async def edit(self, caller: Caller, args: dict) -> dict:
@@ -246,7 +248,7 @@ class Api:
         dec = self.d.scheduler.explain(job.id)
         reason = job.reason
         if job.state == State.QUEUED and job.held_by:
-            held = f"held by {job.held_by} (colo release {job.id})"
+            held = self.listing.reason(job)
             return {"id": job.id, "state": str(job.state), "reason": held,
                     "decision": {**(dec or {}), "action": "wait", "reason": held}}
         if note := self.d.patrol.note(job.id):
@@ -304,6 +306,8 @@ class Api:
         """Freeze a running job (the launcher's runtime: cgroup freezer, docker pause). Not an MPS
         client: frozen in the middle of a kernel it could stall the GPU's MPS server for the others."""
         job = self._running(args, caller, "pause", "paused")
+        if job.paused_by and validate.takes_over(job.user, job.paused_by, caller):  # already frozen
+            return self.summary(self.d.table.set_fields(job.id, paused_by=caller.user))
         if job.paused_by:
             return self.summary(job)
         if job.mode == Mode.MPS:
@@ -316,6 +320,8 @@ class Api:
         job = self._own(self._job(args), caller, "resume")
         if job.state != State.RUNNING or not job.paused_by:
             raise ApiError(f"job {job.id} is not paused ({job.state})", protocol.INVALID)
+        if why := validate.lift_refusal(job.id, job.user, job.paused_by, caller, self.d.config.admin_group, "paused"):
+            raise ApiError(why, protocol.FORBIDDEN)
         return self.summary(await self._engine(job, self.d.launcher.resume(job.id, caller.user)))
 
     async def gpus(self, caller: Caller, args: dict) -> GpusReply:
@@ -337,7 +343,7 @@ class Api:
         if full and not is_admin(caller, self.d.config.admin_group):
             for row in rows:
                 if row["uid"] != caller.uid:
-                    row["spec"].update(env={}, mounts=[], workdir=None)
+                    row["spec"].update(validate.PRIVATE_SPEC)
         return {"jobs": rows, "left": left}
 
     async def report(self, caller: Caller, args: dict) -> dict:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .. import protocol
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..replies import GpusReply, JobSummary
+from . import validate
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 TOPENDED, TOPENDED_FOR = 5, 300.0  # `colo top` shows the newest 5 ended jobs, for 5 minutes after their end
 TOP_QUEUED = 500  # and the front of the queue (a terminal shows less); the number queued apart
 ROWS_CACHED = 20000  # job summaries (`ls --json`, top) kept encoded
+# A row longer than this (a long command, uncut) is made afresh at each listing, never kept: kept,
+# one user's 1,000-task array of a 60 KiB command held 70 MB of rows after one `ls --json`.
+ROW_KEPT_MAX = 4096
 
 
 class Listing:
@@ -94,10 +98,10 @@ class Listing:
         running job's with what the patrol says of it, or who paused it."""
         if job.state == State.QUEUED:
             if job.held_by:  # said at once, before a pass has looked at it
-                return f"held by {job.held_by} (colo release {job.id})"
+                return validate.stopped_text(job.user, job.held_by, "held", f"colo release {job.id}")
             return job.reason if decided is None else decided
         if job.state == State.RUNNING and job.paused_by:
-            return f"paused by {job.paused_by} (colo resume {job.id})"
+            return validate.stopped_text(job.user, job.paused_by, "paused", f"colo resume {job.id}")
         notes = [n for n in (self.patrol.note(job.id), self.sampler.idle_note(job.id)) if n] \
             if job.state in ACTIVE else []
         return "; ".join([job.reason, *notes])
@@ -127,7 +131,7 @@ class Listing:
                 row = dumps(self.summary(j, {j.id: reason} if reason is not None else None),
                             separators=(",", ":"), default=str).encode()
                 hit = (j, reason, row)
-                if len(cache) < ROWS_CACHED or j.id in cache:  # bounded: `ls --json` of 50,000 is rare
+                if len(row) <= ROW_KEPT_MAX and (len(cache) < ROWS_CACHED or j.id in cache):  # bounded: `ls --json` of 50,000 is rare
                     cache[j.id] = hit
             parts.append(hit[2])
         if len(cache) > 2 * len(self.table.open) + 20000:  # rows of jobs gone from every listing
@@ -206,6 +210,8 @@ class Listing:
             queued.sort(key=lambda j: j.id)
         rows = self._live_rows(queued, fields, cut, collapse)
         self._blocks.pop(key, None)
+        if any(len(r[2]) > ROW_KEPT_MAX for r in rows):
+            return rows
         while len(self._blocks) >= 4:  # the kinds of listing asked for lately
             self._blocks.pop(next(iter(self._blocks)))
         self._blocks[key] = (stamp, rows)
@@ -261,7 +267,9 @@ class Listing:
             why = None if dec is None else dec.reason
             hit = cache.get(j.id)
             if hit is None or hit[0] is not j or hit[1] != why:
-                hit = cache[j.id] = (j, why, _encode(self._row(j, fields, cut, why)))
+                hit = (j, why, _encode(self._row(j, fields, cut, why)))
+                if len(hit[2]) <= ROW_KEPT_MAX:
+                    cache[j.id] = hit
             out.append((j.id, st, hit[2]))
         if len(cache) > len(self.table.open) + 1000:  # rows of jobs no longer queued
             self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.table.open}
@@ -289,8 +297,11 @@ class Listing:
         miss = [i for i, _ in past if i not in cache]
         if miss:
             index = {g.uuid: g.index for g in self.gpus.devices}
+            big = {}
             for r in self.store.listing_by_id(["id", *fields], miss):
-                cache[r[0]] = _encode(_as_sent(r[1:], fields, cut, index))
+                row = _encode(_as_sent(r[1:], fields, cut, index))
+                (cache if len(row) <= ROW_KEPT_MAX else big)[r[0]] = row
+            return [(i, st, cache[i] if i in cache else big[i]) for i, st in past]
         return [(i, st, cache[i]) for i, st in past]
 
     def _row(self, j: Job, fields: list[str], cut: int | None, why: str | None = None) -> list:

@@ -32,6 +32,7 @@ from .engines import Engines
 from .gpus import Gpus
 from .jobtable import JobTable
 from .learner import Learner
+from .validate import stopped_text
 
 log = logging.getLogger("colo")
 
@@ -505,7 +506,8 @@ class Scheduler:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=why))
                 continue
             if j.held_by:
-                waits.append(policy.Decision(j.id, policy.WAIT, reason=f"held by {j.held_by} (colo release {j.id})"))
+                waits.append(policy.Decision(j.id, policy.WAIT, reason=stopped_text(j.user, j.held_by, "held",
+                                                                                  f"colo release {j.id}")))
                 continue
             if j.spec.begin and j.spec.begin > time.time():
                 at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.spec.begin))
