@@ -283,16 +283,42 @@ def test_no_device_rules_is_an_error_a_gated_start_can_refuse():
 
 # -- through colo: a real daemon, jobs of a real user outside the GPU group ------------------------
 @pytest.fixture
-def gated_daemon(char_node, group):
+def outside():
+    """A cgroup2 folder standing for where users' own processes live (user.slice on a systemd
+    node): the daemons here gate it, never the node's root, where the other tests' daemons and
+    their jobs are (a gate outlives its daemon)."""
+    from colo.node import cgroup
+
+    mount = cgroup.v2_mount()
+    if mount is None:
+        pytest.skip("no cgroup2 mounted")
+    d = mount / f"colo-gateusers-{uuid.uuid4().hex[:6]}"
+    d.mkdir()
+    yield d
+    for pid in (d / "cgroup.procs").read_text().split():
+        try:
+            os.kill(int(pid), 9)
+        except ProcessLookupError:
+            pass
+    from daemon_util import wait_for
+
+    wait_for(lambda: not (d / "cgroup.procs").read_text().strip(), 30, "the outside folder to empty")
+    d.rmdir()
+
+
+@pytest.fixture
+def gated_daemon(char_node, group, outside):
     """A daemon granting GROUP on a node whose simulated files are 0660 root:GROUP character
-    devices; the probe written where jobs read it: (daemon, state, FakeNode, probe path)."""
+    devices, gating `outside`; the probe written where jobs read it: (daemon, state, FakeNode,
+    probe path)."""
     from daemon_util import DaemonProc
 
     root, state, fn = char_node
     (root / "probe.py").write_text(PROBE)
     os.chmod(root / "probe.py", 0o644)
     (root / "d").mkdir(mode=0o755)
-    d = DaemonProc(root / "d", state, {"gpu_group": GROUP}).start()
+    at = "/" + outside.relative_to(outside.parent).as_posix()
+    d = DaemonProc(root / "d", state, {"gpu_group": GROUP, "gpu_gate_at": [at]}).start()
     os.chmod(d.socket.parent, 0o755)
     yield d, state, fn, root / "probe.py"
     d.stop()
@@ -384,3 +410,157 @@ def test_doctor_says_whether_the_node_is_gated_for_the_group_colo_grants(node, g
                                 f"to every user; colo's GPU jobs get the group {GROUP}")
     assert doctor("root")[0].startswith("FAIL  gating       gated") and "cannot open them" in doctor("root")[0]
     assert doctor(GROUP)[1].startswith("ok    devices      per job")
+
+
+# -- the gate against the job's own user (docs/gating.md "The gate") ------------------------------
+def _home(root: Path, pw) -> Path:
+    h = root / f"home-{pw.pw_name}"
+    h.mkdir(mode=0o755)
+    os.chown(h, pw.pw_uid, pw.pw_gid)
+    return h
+
+
+@needs_free_majors
+def test_a_setgid_copy_of_the_gpu_group_made_in_a_job_opens_no_gpu_outside_colo(gated_daemon, users, group,
+                                                                                   outside):
+    """The job holds the GPU group, so its user can give it to a file of their own (chgrp, then
+    chmod 2755): the copy carries the group out of colo for good. The gate refuses the devices by
+    where the process is, not by its groups: outside a job the copy opens nothing."""
+    d, state, fn, probe_py = gated_daemon
+    assert "gate: the GPUs' devices (c:120:*, c:195:*) are refused beneath" in d.log.read_text()
+    pw = users[0]
+    home = _home(state.parent.parent, pw)
+    gpy = home / "gpy"
+    j = submit_as(d, pw, ["sh", "-c", f"cp {PY} {gpy} && chgrp {GROUP} {gpy} && chmod 2755 {gpy}"], gpu_ids=[0])
+    job, out = ended(d, j)
+    assert job["state"] == "succeeded", out
+    st = os.stat(gpy)
+    assert st.st_gid == group and st.st_mode & 0o7777 == 0o2755  # the group, carried out of the job
+    lib = next(d.state_dir.glob("native-*")) / "fakegpu"
+    env = {"PATH": "/usr/bin:/bin", "COLO_FAKEGPU_STATE": str(state)}
+    opener = (f"import os\nprint(os.getegid())\nos.setregid({group}, {group})\n"
+              f"try:\n os.open('{fn.node_dir}/nvidiactl', os.O_RDWR)\nexcept OSError as e:\n print(e.strerror)\n")
+    r = subprocess.run([str(gpy), "-c", opener], capture_output=True, text=True, timeout=60, env=env,
+                       preexec_fn=as_user(pw, (), [outside]))
+    egid, err = r.stdout.split("\n")[:2]
+    assert int(egid) == group, r.stderr  # it runs with the group (the mount honours setgid)...
+    assert err == "Operation not permitted"  # ...and the gate refuses it: not the file's mode (EACCES)
+    r = subprocess.run([str(gpy), str(probe_py), str(lib)], capture_output=True, text=True, timeout=60, env=env,
+                       preexec_fn=as_user(pw, (), [outside]))
+    assert json.loads(r.stdout) == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}, r.stderr
+    # the same user's job opens its GPU as before (a job's folder is allowed beneath a gated root)
+    j = submit_as(d, pw, [PY, str(probe_py), str(lib)], gpu_ids=[1])
+    job, out = ended(d, j)
+    assert json.loads(out.splitlines()[-1])["cuda_count"] == 1, out
+
+
+HOOK = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+/* The descriptor-passing attack's other half: the driver's files "opened" from descriptors a job
+ * handed out (GPUFDS="nvidiactl=3,nvidia-uvm=4,nvidia0=5"), as a user would hook a real CUDA. */
+static int passed(const char *path)
+{
+    const char *b = strrchr(path, '/'), *m = getenv("GPUFDS"), *p;
+    char key[64];
+    if (!b || !m || !strstr(path, ".dev/"))
+        return -1;
+    snprintf(key, sizeof key, "%s=", b + 1);
+    for (p = strstr(m, key); p; p = strstr(p + 1, key))
+        if (p == m || p[-1] == ',')
+            return dup(atoi(p + strlen(key)));
+    return -1;
+}
+int open(const char *path, int flags, ...)
+{
+    static int (*real)(const char *, int, ...);
+    va_list ap;
+    va_start(ap, flags);
+    int mode = va_arg(ap, int);
+    va_end(ap);
+    int fd = passed(path);
+    if (fd >= 0)
+        return fd;
+    if (!real)
+        real = dlsym(RTLD_NEXT, "open");
+    return real(path, flags, mode);
+}
+int open64(const char *path, int flags, ...) __attribute__((alias("open")));
+"""
+
+RECEIVER = textwrap.dedent("""
+    import array, os, socket, sys
+    sock_path, burn = sys.argv[1], sys.argv[2:]
+    names = ["nvidiactl", "nvidia-uvm", "nvidia0"]
+    for n in names:  # by path it opens nothing: not in the group
+        try:
+            os.open(os.environ["NODES"] + "/" + n, os.O_RDWR)
+            sys.exit("opened " + n)
+        except PermissionError:
+            pass
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sock_path)
+    s.listen(1)
+    print("listening", flush=True)
+    c, _ = s.accept()
+    _, fds, _, _ = socket.recv_fds(c, 16, 8)
+    os.environ["GPUFDS"] = ",".join(f"{n}={fd}" for n, fd in zip(names, fds))
+    for fd in fds:
+        os.set_inheritable(fd, True)
+    os.execvp(burn[0], burn)
+""")
+
+SENDER = textwrap.dedent("""
+    import os, socket, sys
+    fds = [os.open(sys.argv[2] + "/" + n, os.O_RDWR) for n in ("nvidiactl", "nvidia-uvm", "nvidia0")]
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    socket.send_fds(s, [b"gpu"], fds)
+""")
+
+
+def test_device_descriptors_a_job_hands_out_are_found_by_the_patrol_and_their_holder_killed(
+        gated_daemon, users, group, outside, tmp_path):
+    """The kernel checks a device at open only: a job that opens the files and passes the
+    descriptors (SCM_RIGHTS) to its user's process outside colo gives it the GPU, gate or not.
+    On a gated node the patrol kills a process of no job that holds GPU memory (by default,
+    without waiting out a grace) and logs its owner. (Plain files here: a character device of
+    no driver opens nothing to pass.)"""
+    d, state, fn, _ = gated_daemon
+    fn.make_nodes(gid=group, mode=0o660)
+    pw = users[0]
+    home = _home(state.parent.parent, pw)
+    hook = home / "hook.so"
+    (tmp_path / "hook.c").write_text(HOOK)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(hook), str(tmp_path / "hook.c"), "-ldl"], check=True)
+    os.chmod(hook, 0o755)
+    for name, text in (("recv.py", RECEIVER), ("send.py", SENDER)):
+        (home / name).write_text(text)
+        os.chmod(home / name, 0o644)
+    lib = next(d.state_dir.glob("native-*"))
+    sock = home / "gpu.sock"
+    env = {"PATH": "/usr/bin:/bin", "COLO_FAKEGPU_STATE": str(state), "NODES": str(fn.node_dir),
+           "LD_LIBRARY_PATH": str(lib / "fakegpu"), "LD_PRELOAD": str(hook)}
+    p = subprocess.Popen([PY, str(home / "recv.py"), str(sock), str(lib / "colo-burn"), "--mem", "1GiB",
+                          "--duty", "0", "--seconds", "600"], env=env, stdout=subprocess.PIPE, text=True,
+                         preexec_fn=as_user(pw, (), [outside]))
+    try:
+        assert p.stdout.readline() == "listening\n"
+        j = submit_as(d, pw, [PY, str(home / "send.py"), str(sock), str(fn.node_dir)], gpu_ids=[0])
+        job, out = ended(d, j)
+        assert job["state"] == "succeeded", out
+        assert p.wait(90) == -9  # SIGKILL, by the patrol
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    text = d.log.read_text()
+    assert f"(uid {pw.pw_uid}), in no job, holds" in text and "it will be killed (patrol_kill_foreign)" in text
+    assert f"(uid {pw.pw_uid}), in no job, held 1.0GiB" in text
+    assert "the GPUs are gated to colo's jobs (gpu_group): killed (patrol_kill_foreign)" in text

@@ -30,7 +30,7 @@ import time
 
 from ..config import Config
 from ..jobs import State
-from ..node import native
+from ..node import gate, native
 from ..node.cgroup import Cgroups
 from ..sched import policy
 from ..store import Store
@@ -93,6 +93,9 @@ class Daemon:
                                    "devices": "jobs are not held to their own GPUs' device files"}[what], why)
         self.gpus = Gpus(c, native_dir)
         self.engines = Engines(c, instance, native_dir, self.cgroups)
+        if self.engines.gpu_gid is not None:  # a gated node: shut to every cgroup but colo's jobs'
+            ok, what = gate.setup(self.cgroups, self.engines.gpu_nodes, c.gpu_gate_at, c.gpu_gate_allow, instance)
+            (log.info if ok else log.error)("gate: %s", what)
         mps_here = self.gpus.open()  # always: the devices are read here, before the first request
         self.cfg_policy = dataclasses.replace(policy.config_of(c), use_mps=c.use_mps and mps_here)
         self.learner = Learner(c, self.table, self.gpus, self.cfg_policy)

@@ -19,11 +19,12 @@ a subtree to each), so neither counts: such a process is outside every budget.
   still take within their budgets (their in-budget allocations would fail there).
 - Memory held by processes of no job, and what jobs hold past their budgets, is unbudgeted: it
   is taken from what plan() may give out on that GPU (GpuView.usable), so nobody is placed into
-  memory that is in use, and `colo gpus` / `colo top` show it. With `patrol_kill_foreign` (for a
-  node whose GPUs are not gated to colo's jobs) such a process, of any user but root, is killed
-  by the same rules (seen two samples running, so that a job's process that started between the
-  runtime's listing and NVML's is not taken for one), by pid checked against its start time and
-  uid through a pidfd (colo/node/procs.py).
+  memory that is in use, and `colo gpus` / `colo top` show it; each is logged once, with its
+  owner's uid. With `patrol_kill_foreign` (on by default on a gated node) such a process, of any
+  user but root, is killed (seen two samples running, so that a job's process that started
+  between the runtime's listing and NVML's is not taken for one): on a gated node at once (it got
+  past the gate, e.g. with a device descriptor a job handed out), elsewhere by the jobs' rules; by
+  pid checked against its start time and uid through a pidfd (colo/node/procs.py).
 
 Owns: `over` (running jobs over their budget now), the time each job and stray process was over
 within the window, and `foreign` (processes of no job, last sample). What is unbudgeted it
@@ -282,13 +283,21 @@ class Patrol:
             if key in seen:  # the same process on a second GPU: counted once a sample
                 continue
             seen.add(key)
-            t = self._strays.setdefault(key, Tally())
+            t = self._strays.get(key)
+            if t is None:  # told once per process, with its owner
+                t = self._strays[key] = Tally()
+                log.warning("process %d (uid %d), in no job, holds %s on %s outside any budget%s", f["pid"], ident[1],
+                            format_size(f["used"] or 0), self.gpus.name_of(f["gpu"]),
+                            "" if ident[1] == 0 else "; it will be killed (patrol_kill_foreign)" if cfg.kill_foreign
+                            else "; left running (patrol_kill_foreign is off)")
             t.add(now, dt)
             spent = t.spent(now, window)
-            if not (cfg.patrol_kill_foreign and report.sure and ident[1] != 0 and t.seen >= 2):
+            if not (cfg.kill_foreign and report.sure and ident[1] != 0 and t.seen >= 2):
                 continue
-            why = short(f["gpu"]) or (f"over it for {spent:.0f} s of the last {window:g} s"
-                                      if spent >= cfg.patrol_grace else None)
+            # on a gated node no process outside colo's jobs may use a GPU at all: it got past the gate
+            why = ("the GPUs are gated to colo's jobs (gpu_group)" if cfg.gpu_group is not None else None) \
+                or short(f["gpu"]) or (f"over it for {spent:.0f} s of the last {window:g} s"
+                                       if spent >= cfg.patrol_grace else None)
             if why:
                 asyncio.get_running_loop().create_task(self._kill_stray(f, ident, why))
         for key in list(self._strays):

@@ -10,6 +10,7 @@
  *                                   jobs: the folder's cgroup id, its inode, at its depth LEVEL below
  *                                   the mount); programs of that NAME attached there before go
  *   colo-devcg --check-gate         exit 0 when this kernel loads such a program
+ *   colo-devcg --list CGROUP_DIR    the names of the device programs attached there, one a line
  *
  * RULE is TYPE:MAJOR:MINOR, TYPE c (character) or b (block), MINOR a number or * (every minor):
  * `c:195:1` is /dev/nvidia1. Every other device stays as the cgroup's parents decide.
@@ -72,7 +73,8 @@ static int usage(void)
     fprintf(stderr, "usage: colo-devcg CGROUP_DIR TYPE:MAJOR:MINOR...   (e.g. c:195:1, c:195:*)\n"
                     "       colo-devcg --check\n"
                     "       colo-devcg --gate CGROUP_DIR NAME ID:LEVEL... -- TYPE:MAJOR:MINOR...\n"
-                    "       colo-devcg --check-gate\n");
+                    "       colo-devcg --check-gate\n"
+                    "       colo-devcg --list CGROUP_DIR\n");
     return 2;
 }
 
@@ -264,6 +266,44 @@ static int attach(int cg, int prog_fd, const char *where)
     return 0;
 }
 
+static int list(const char *dir)
+{
+    uint32_t ids[64];
+    int cg = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (cg < 0) {
+        fprintf(stderr, "colo-devcg: cannot open %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    union bpf_attr q;
+    memset(&q, 0, sizeof q);
+    q.query.target_fd = (uint32_t)cg;
+    q.query.attach_type = BPF_CGROUP_DEVICE;
+    q.query.prog_ids = (uint64_t)(uintptr_t)ids;
+    q.query.prog_cnt = 64;
+    if (sys_bpf(BPF_PROG_QUERY, &q) != 0) {
+        fprintf(stderr, "colo-devcg: cannot list the device programs of %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    for (uint32_t i = 0; i < q.query.prog_cnt && i < 64; i++) {
+        union bpf_attr g;
+        memset(&g, 0, sizeof g);
+        g.prog_id = ids[i];
+        int fd = (int)sys_bpf(BPF_PROG_GET_FD_BY_ID, &g);
+        struct bpf_prog_info info;
+        memset(&info, 0, sizeof info);
+        union bpf_attr inf;
+        memset(&inf, 0, sizeof inf);
+        inf.info.bpf_fd = (uint32_t)fd;
+        inf.info.info_len = sizeof info;
+        inf.info.info = (uint64_t)(uintptr_t)&info;
+        if (fd >= 0 && sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &inf) == 0)
+            printf("%s\n", info.name[0] ? info.name : "-");
+        if (fd >= 0)
+            close(fd);
+    }
+    return 0;
+}
+
 static int parse_allow(const char *text, struct allow *a)
 {
     unsigned long long id;
@@ -339,6 +379,8 @@ int main(int argc, char **argv)
         close(fd);
         return 0;
     }
+    if (argc == 3 && !strcmp(argv[1], "--list"))
+        return list(argv[2]);
     if (argc >= 6 && !strcmp(argv[1], "--gate"))
         return gate(argc, argv);
     if (argc < 3 || argv[1][0] == '-' || argc - 2 > MAX_RULES)

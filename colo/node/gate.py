@@ -1,0 +1,133 @@
+"""The node's gate (docs/gating.md "The gate"): where a process may open the GPUs' devices is decided
+by the cgroup it is in, which its user cannot carry away, not only by a group a job holds.
+
+On a gated node the daemon attaches one device program (colo-devcg --gate, native/tools/devcg.c)
+to each cgroup2 folder of `gpu_gate_at` (default the cgroup2 root: every process of the node). For
+the GPUs' character devices (every minor of their majors: /dev/nvidia*, nvidia-uvm) it refuses
+the open to any process but root's and those beneath an allowed folder: colo's own jobs' folder
+(`colo-<instance>`, root's: nobody else can put a process there), the daemon's own systemd unit
+(its MPS servers), and `gpu_gate_allow` (the container engine's cgroup parent). A setgid copy of
+the GPU group, a `systemd-run --user`, an ssh login: all open from a cgroup of no job, and are
+refused there, whatever their groups.
+
+The kernel checks devices at open: a descriptor opened in a job and passed out keeps working. That
+is the patrol's to find (patrol_kill_foreign, on by default on a gated node).
+
+Programs are named after the daemon's instance: a restarted daemon replaces its own (colo's
+folder is made anew, with a new cgroup id) and leaves another daemon's. A daemon that stops leaves
+its gate: the node stays shut (its jobs run on in the folder it allows).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import cgroup, native
+from .devices import GpuNodes
+
+
+class GateError(RuntimeError):
+    pass
+
+
+@dataclass
+class Gate:
+    at: list[Path]  # the cgroup2 folders the program is attached to
+    allowed: list[Path]  # the folders whose processes may open the GPUs
+    rules: list[str]  # c:MAJOR:* for each major of the GPUs' character devices
+
+    def describe(self) -> str:
+        return (f"the GPUs' devices ({', '.join(self.rules)}) are refused beneath {', '.join(map(str, self.at))} "
+                f"but to root and to {', '.join(map(str, self.allowed))}")
+
+
+def name(instance: str) -> str:
+    """The program's name (15 characters at most, the kernel's limit): one per daemon instance."""
+    return f"colo_{instance[:10]}"
+
+
+def rules(nodes: GpuNodes) -> list[str]:
+    """Every minor of each major the GPUs' files are character devices of (nvidia-modeset and the
+    GPUs added later share 195); none when the files are plain (a simulation without --char)."""
+    return [f"c:{m}:*" for m in sorted({n.char[0] for n in nodes.nodes() if n.char is not None})]
+
+
+def _unit(own2: str | None) -> str | None:
+    """The daemon's systemd unit folder (…/colo.service), whose processes are all colo's; None
+    elsewhere (a session scope or the root: other processes share those)."""
+    if not own2:
+        return None
+    parts = [p for p in own2.strip("/").split("/") if p]
+    if parts and parts[-1] == cgroup.SUPERVISOR:
+        parts = parts[:-1]
+    if parts and parts[-1].endswith(".service") and not any(p.startswith("user@") for p in parts):
+        return "/" + "/".join(parts)
+    return None
+
+
+def plan(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list[str]) -> Gate | None:
+    """What the gate would be here; None when there is nothing to gate by cgroup (no character
+    devices); GateError when it cannot be had (no cgroup2, no folder of colo's there)."""
+    want = rules(nodes)
+    if not want:
+        return None
+    mount = cgroup.v2_mount()
+    if mount is None:
+        raise GateError("no cgroup2 here: the GPUs are gated by their group alone")
+    if cg.contain is None or not cg.v2:
+        raise GateError(f"colo's jobs have no cgroup2 folder here ({cg.missing.get('contain', 'none')})")
+    allowed = [cg.contain]
+    unit = _unit(cgroup._own()[0])
+    for p in ([unit] if unit else []) + list(allow):
+        d = mount / p.strip("/")
+        if d.is_dir() and d != mount and d not in allowed:
+            allowed.append(d)
+    return Gate([mount / p.strip("/") if p.strip("/") else mount for p in (["/"] if at is None else at)],
+                allowed, want)
+
+
+def apply(gate: Gate, instance: str) -> None:
+    """Attach the gate (replacing this instance's earlier one); GateError with the reason."""
+    mount = cgroup.v2_mount()
+    assert mount is not None
+    ids = []
+    for d in gate.allowed:
+        try:
+            ids.append(f"{os.stat(d).st_ino}:{len(d.relative_to(mount).parts)}")
+        except OSError as e:
+            raise GateError(f"cannot read {d}: {e.strerror}") from None
+    for d in gate.at:
+        try:
+            r = subprocess.run([str(native.path(cgroup.DEVCG)), "--gate", str(d), name(instance), *ids, "--",
+                                *gate.rules], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError, native.NativeMissing) as e:
+            raise GateError(f"cannot gate {d}: {e}") from None
+        if r.returncode != 0:
+            raise GateError(f"cannot gate {d}: {r.stderr.strip() or r.returncode}")
+
+
+def attached(d: Path) -> list[str] | None:
+    """The names of the device programs on cgroup2 folder `d` (root only; None when not readable)."""
+    try:
+        r = subprocess.run([str(native.path(cgroup.DEVCG)), "--list", str(d)], capture_output=True, text=True,
+                           timeout=30)
+    except (OSError, subprocess.SubprocessError, native.NativeMissing):
+        return None
+    return r.stdout.split() if r.returncode == 0 else None
+
+
+def setup(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list[str],
+          instance: str) -> tuple[bool, str]:
+    """The daemon's start on a gated node: (True, what is gated) or (False, why there is no gate)."""
+    if at == []:
+        return False, "no gate: gpu_gate_at = [] (the group alone gates: a job's user can carry it away)"
+    try:
+        g = plan(cg, nodes, at, allow)
+        if g is None:
+            return False, f"no gate: the GPUs' files in {nodes.folder} are not character devices"
+        apply(g, instance)
+        return True, g.describe()
+    except GateError as e:
+        return False, f"no gate: {e}"
