@@ -392,15 +392,21 @@ def test_a_container_job_gets_its_gpus_files_from_the_engine_and_no_other(gated_
     assert job["state"] == "failed" and "nvidia1: Operation not permitted" in out, out
 
 
+def doctor_lines(tmp_path: Path, config: str) -> list[str]:
+    """`colo doctor`'s lines about gating, with this config and no daemon."""
+    cfg = tmp_path / "colo.toml"
+    cfg.write_text(config)
+    r = subprocess.run([sys.executable, "-m", "colo", "doctor"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLO_CONFIG": str(cfg), "COLO_SOCKET": str(tmp_path / "none.sock")})
+    return [ln for ln in r.stdout.splitlines() if ln[6:].startswith(("gating", "devices", "gate", "patrol"))]
+
+
 def test_doctor_says_whether_the_node_is_gated_for_the_group_colo_grants(node, group, tmp_path):
     root, state, fn = node
-    cfg = tmp_path / "colo.toml"
 
     def doctor(gpu_group: str | None) -> list[str]:
-        cfg.write_text(f'fakegpu_state = "{state}"\n' + (f'gpu_group = "{gpu_group}"\n' if gpu_group else ""))
-        r = subprocess.run([sys.executable, "-m", "colo", "doctor"], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "COLO_CONFIG": str(cfg), "COLO_SOCKET": str(tmp_path / "none.sock")})
-        return [ln for ln in r.stdout.splitlines() if ln[6:].startswith(("gating", "devices"))]
+        return doctor_lines(tmp_path, f'fakegpu_state = "{state}"\n' + (f'gpu_group = "{gpu_group}"\n' if gpu_group
+                                                                          else ""))
 
     assert doctor(None)[0].startswith("--    gating       not gated: nvidia-uvm, nvidia0, nvidia1, nvidiactl open to "
                                       "every user (0o666): a process outside colo can use the GPUs")
@@ -410,6 +416,13 @@ def test_doctor_says_whether_the_node_is_gated_for_the_group_colo_grants(node, g
                                 f"to every user; colo's GPU jobs get the group {GROUP}")
     assert doctor("root")[0].startswith("FAIL  gating       gated") and "cannot open them" in doctor("root")[0]
     assert doctor(GROUP)[1].startswith("ok    devices      per job")
+    # plain files: no device program applies; the patrol kills processes of no job by default
+    assert doctor(GROUP)[2:] == ["--    gate         the GPUs' files in " f"{fn.node_dir} are not character devices: "
+                                 "no device program applies",
+                                 "ok    patrol       a process of no job holding GPU memory is killed, its uid logged "
+                                 "(patrol_kill_foreign, on by default on a gated node)"]
+    assert [ln[6:18] for ln in doctor(None)] == ["gating      ", "devices     "]  # no gpu_group: no gate asked of it
+
 
 
 # -- the gate against the job's own user (docs/gating.md "The gate") ------------------------------
@@ -422,7 +435,7 @@ def _home(root: Path, pw) -> Path:
 
 @needs_free_majors
 def test_a_setgid_copy_of_the_gpu_group_made_in_a_job_opens_no_gpu_outside_colo(gated_daemon, users, group,
-                                                                                   outside):
+                                                                                   outside, tmp_path):
     """The job holds the GPU group, so its user can give it to a file of their own (chgrp, then
     chmod 2755): the copy carries the group out of colo for good. The gate refuses the devices by
     where the process is, not by its groups: outside a job the copy opens nothing."""
@@ -452,6 +465,16 @@ def test_a_setgid_copy_of_the_gpu_group_made_in_a_job_opens_no_gpu_outside_colo(
     j = submit_as(d, pw, [PY, str(probe_py), str(lib)], gpu_ids=[1])
     job, out = ended(d, j)
     assert json.loads(out.splitlines()[-1])["cuda_count"] == 1, out
+    # colo doctor sees the gate, and says when there is none or the patrol would spare a holder
+    base = f'fakegpu_state = "{state}"\ngpu_group = "{GROUP}"\n'
+    at = f'gpu_gate_at = ["/{outside.name}"]\n'
+    lines = doctor_lines(tmp_path, base + at)
+    assert lines[2].startswith(f"ok    gate         the GPUs' devices are refused beneath {outside} but to colo's "
+                               "jobs and root (colo_"), lines
+    assert lines[3].startswith("ok    patrol")
+    lines = doctor_lines(tmp_path, base + 'gpu_gate_at = []\npatrol_kill_foreign = false\n')
+    assert lines[2].startswith("FAIL  gate         gpu_gate_at = []: the group alone gates") and \
+        lines[3].startswith("FAIL  patrol       patrol_kill_foreign = false on a gated node")
 
 
 HOOK = r"""
