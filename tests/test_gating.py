@@ -8,14 +8,16 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 from pathlib import Path
 
 import pytest
 
-from colo.node import devices, fakegpu
+from colo.node import cgroup, devices, fakegpu
 from colo.node.cgroup import Cgroups, CgroupError
+from colo.node.mps import MpsDaemon
 from daemon_util import gpu_node
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users and gate files")
@@ -465,6 +467,17 @@ def test_a_setgid_copy_of_the_gpu_group_made_in_a_job_opens_no_gpu_outside_colo(
     j = submit_as(d, pw, [PY, str(probe_py), str(lib)], gpu_ids=[1])
     job, out = ended(d, j)
     assert json.loads(out.splitlines()[-1])["cuda_count"] == 1, out
+    # MPS control daemons start beneath colo's folder, which the gate allows (the users' servers
+    # they start open the GPUs)
+    folder = cgroup.v2_mount() / f"colo-{(d.state_dir / 'instance').read_text().strip()}" / "mps"
+    short = Path(tempfile.mkdtemp(prefix="cg", dir="/tmp"))  # a Unix socket's path is short
+    ctl = MpsDaemon(short, fn.uuids()[0], 0, fn.mps_control, {**os.environ, **fn.env}, cgroup=folder)
+    try:
+        ctl.start()
+        assert cgroup.places(ctl.pid)[""].endswith(f"/{folder.parent.name}/mps")
+    finally:
+        ctl.stop()
+        shutil.rmtree(short, ignore_errors=True)
     # colo doctor sees the gate, and says when there is none or the patrol would spare a holder
     base = f'fakegpu_state = "{state}"\ngpu_group = "{GROUP}"\n'
     at = f'gpu_gate_at = ["/{outside.name}"]\n'

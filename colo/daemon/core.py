@@ -96,6 +96,8 @@ class Daemon:
         if self.engines.gpu_gid is not None:  # a gated node: shut to every cgroup but colo's jobs'
             ok, what = gate.setup(self.cgroups, self.engines.gpu_nodes, c.gpu_gate_at, c.gpu_gate_allow, instance)
             (log.info if ok else log.error)("gate: %s", what)
+            if ok:  # the users' MPS servers open the GPUs too: they start beneath the folder it allows
+                self.gpus.mps.cgroup = gate.mps_folder(self.cgroups)
         mps_here = self.gpus.open()  # always: the devices are read here, before the first request
         self.cfg_policy = dataclasses.replace(policy.config_of(c), use_mps=c.use_mps and mps_here)
         self.learner = Learner(c, self.table, self.gpus, self.cfg_policy)

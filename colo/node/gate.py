@@ -5,8 +5,10 @@ On a gated node the daemon attaches one device program (colo-devcg --gate, nativ
 to each cgroup2 folder of `gpu_gate_at` (default the cgroup2 root: every process of the node). For
 the GPUs' character devices (every minor of their majors: /dev/nvidia*, nvidia-uvm) it refuses
 the open to any process but root's and those beneath an allowed folder: colo's own jobs' folder
-(`colo-<instance>`, root's: nobody else can put a process there), the daemon's own systemd unit
-(its MPS servers), and `gpu_gate_allow` (the container engine's cgroup parent). A setgid copy of
+(`colo-<instance>`, root's: nobody else can put a process there; the MPS control daemons start in
+its `mps` folder, so the users' MPS servers are allowed too), and `gpu_gate_allow` (the container
+engine's cgroup parent). The daemon's own cgroup is not allowed: an --on-end command, user code,
+runs there. A setgid copy of
 the GPU group, a `systemd-run --user`, an ssh login: all open from a cgroup of no job, and are
 refused there, whatever their groups.
 
@@ -26,6 +28,9 @@ from pathlib import Path
 
 from . import cgroup, native
 from .devices import GpuNodes
+
+
+MPS = "mps"  # colo's folder for MPS control daemons, beside the jobs' (Cgroups.close removes it)
 
 
 class GateError(RuntimeError):
@@ -54,19 +59,6 @@ def rules(nodes: GpuNodes) -> list[str]:
     return [f"c:{m}:*" for m in sorted({n.char[0] for n in nodes.nodes() if n.char is not None})]
 
 
-def _unit(own2: str | None) -> str | None:
-    """The daemon's systemd unit folder (…/colo.service), whose processes are all colo's; None
-    elsewhere (a session scope or the root: other processes share those)."""
-    if not own2:
-        return None
-    parts = [p for p in own2.strip("/").split("/") if p]
-    if parts and parts[-1] == cgroup.SUPERVISOR:
-        parts = parts[:-1]
-    if parts and parts[-1].endswith(".service") and not any(p.startswith("user@") for p in parts):
-        return "/" + "/".join(parts)
-    return None
-
-
 def plan(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list[str]) -> Gate | None:
     """What the gate would be here; None when there is nothing to gate by cgroup (no character
     devices); GateError when it cannot be had (no cgroup2, no folder of colo's there)."""
@@ -79,8 +71,7 @@ def plan(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list[
     if cg.contain is None or not cg.v2:
         raise GateError(f"colo's jobs have no cgroup2 folder here ({cg.missing.get('contain', 'none')})")
     allowed = [cg.contain]
-    unit = _unit(cgroup._own()[0])
-    for p in ([unit] if unit else []) + list(allow):
+    for p in allow:
         d = mount / p.strip("/")
         if d.is_dir() and d != mount and d not in allowed:
             allowed.append(d)
@@ -116,6 +107,19 @@ def attached(d: Path) -> list[str] | None:
     except (OSError, subprocess.SubprocessError, native.NativeMissing):
         return None
     return r.stdout.split() if r.returncode == 0 else None
+
+
+def mps_folder(cg: cgroup.Cgroups) -> Path | None:
+    """`colo-<instance>/mps`, where MPS control daemons start on a gated node (their servers run as
+    the users and open the GPUs); None when it cannot be made (MPS then starts where it did)."""
+    if cg.contain is None:
+        return None
+    d = cg.contain / MPS
+    try:
+        d.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return d
 
 
 def setup(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list[str],
