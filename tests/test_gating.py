@@ -285,42 +285,64 @@ def test_no_device_rules_is_an_error_a_gated_start_can_refuse():
 
 # -- through colo: a real daemon, jobs of a real user outside the GPU group ------------------------
 @pytest.fixture
-def outside():
-    """A cgroup2 folder standing for where users' own processes live (user.slice on a systemd
-    node): the daemons here gate it, never the node's root, where the other tests' daemons and
-    their jobs are (a gate outlives its daemon)."""
-    from colo.node import cgroup
-
+def gate_root():
+    """A cgroup2 folder standing for the node's root in miniature: the daemons here start in it
+    (so their jobs' folders are beneath it) and gate it, never the machine's root, where the
+    other tests' daemons and their jobs are (a gate outlives its daemon)."""
     mount = cgroup.v2_mount()
     if mount is None:
         pytest.skip("no cgroup2 mounted")
-    d = mount / f"colo-gateusers-{uuid.uuid4().hex[:6]}"
+    d = mount / f"colo-gateroot-{uuid.uuid4().hex[:6]}"
     d.mkdir()
     yield d
-    for pid in (d / "cgroup.procs").read_text().split():
-        try:
-            os.kill(int(pid), 9)
-        except ProcessLookupError:
-            pass
     from daemon_util import wait_for
 
-    wait_for(lambda: not (d / "cgroup.procs").read_text().strip(), 30, "the outside folder to empty")
+    def procs() -> list[int]:
+        return [int(p) for f in d.rglob("cgroup.procs") for p in f.read_text().split()]
+
+    for pid in procs():
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    wait_for(lambda: not procs(), 30, "the gate's folder to empty")
+    for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        sub.rmdir()
     d.rmdir()
 
 
 @pytest.fixture
-def gated_daemon(char_node, group, outside):
+def outside(gate_root):
+    """Where the users' own processes live under the gate (user.slice on a systemd node)."""
+    d = gate_root / "users"
+    d.mkdir()
+    return d
+
+
+def start_in(d, folder: Path):
+    """Start daemon `d` in cgroup2 `folder` (it makes its jobs' folder beneath its own): this
+    process goes there for the fork, and back."""
+    home = cgroup.v2_mount() / cgroup.places("self")[""].lstrip("/")
+    (folder / "cgroup.procs").write_text(str(os.getpid()))
+    try:
+        return d.start()
+    finally:
+        (home / "cgroup.procs").write_text(str(os.getpid()))
+
+
+@pytest.fixture
+def gated_daemon(char_node, group, gate_root):
     """A daemon granting GROUP on a node whose simulated files are 0660 root:GROUP character
-    devices, gating `outside`; the probe written where jobs read it: (daemon, state, FakeNode,
-    probe path)."""
+    devices, started in and gating `gate_root`; the probe written where jobs read it: (daemon,
+    state, FakeNode, probe path)."""
     from daemon_util import DaemonProc
 
     root, state, fn = char_node
     (root / "probe.py").write_text(PROBE)
     os.chmod(root / "probe.py", 0o644)
     (root / "d").mkdir(mode=0o755)
-    at = "/" + outside.relative_to(outside.parent).as_posix()
-    d = DaemonProc(root / "d", state, {"gpu_group": GROUP, "gpu_gate_at": [at]}).start()
+    d = start_in(DaemonProc(root / "d", state, {"gpu_group": GROUP, "gpu_gate_at": [f"/{gate_root.name}"]}),
+                 gate_root)
     os.chmod(d.socket.parent, 0o755)
     yield d, state, fn, root / "probe.py"
     d.stop()
@@ -437,7 +459,7 @@ def _home(root: Path, pw) -> Path:
 
 @needs_free_majors
 def test_a_setgid_copy_of_the_gpu_group_made_in_a_job_opens_no_gpu_outside_colo(gated_daemon, users, group,
-                                                                                   outside, tmp_path):
+                                                                                   gate_root, outside, tmp_path):
     """The job holds the GPU group, so its user can give it to a file of their own (chgrp, then
     chmod 2755): the copy carries the group out of colo for good. The gate refuses the devices by
     where the process is, not by its groups: outside a job the copy opens nothing."""
@@ -469,7 +491,7 @@ def test_a_setgid_copy_of_the_gpu_group_made_in_a_job_opens_no_gpu_outside_colo(
     assert json.loads(out.splitlines()[-1])["cuda_count"] == 1, out
     # MPS control daemons start beneath colo's folder, which the gate allows (the users' servers
     # they start open the GPUs)
-    folder = cgroup.v2_mount() / f"colo-{(d.state_dir / 'instance').read_text().strip()}" / "mps"
+    folder = gate_root / f"colo-{(d.state_dir / 'instance').read_text().strip()}" / "mps"
     short = Path(tempfile.mkdtemp(prefix="cg", dir="/tmp"))  # a Unix socket's path is short
     ctl = MpsDaemon(short, fn.uuids()[0], 0, fn.mps_control, {**os.environ, **fn.env}, cgroup=folder)
     try:
@@ -478,12 +500,21 @@ def test_a_setgid_copy_of_the_gpu_group_made_in_a_job_opens_no_gpu_outside_colo(
     finally:
         ctl.stop()
         shutil.rmtree(short, ignore_errors=True)
-    # colo doctor sees the gate, and says when there is none or the patrol would spare a holder
+    # a restarted daemon makes its jobs' folder anew (a new cgroup id) and replaces its program:
+    # had the old one stayed, it would refuse the new folder's jobs
+    before = (gate_root / f"colo-{(d.state_dir / 'instance').read_text().strip()}").stat().st_ino
+    d.stop()
+    start_in(d, gate_root)
+    assert (gate_root / f"colo-{(d.state_dir / 'instance').read_text().strip()}").stat().st_ino != before
+    j = submit_as(d, pw, [PY, str(probe_py), str(lib)], gpu_ids=[0])
+    job, out = ended(d, j)
+    assert json.loads(out.splitlines()[-1])["cuda_count"] == 1, out
+    # colo doctor sees the gate (one program), and says when there is none or the patrol would
+    # spare a holder
     base = f'fakegpu_state = "{state}"\ngpu_group = "{GROUP}"\n'
-    at = f'gpu_gate_at = ["/{outside.name}"]\n'
-    lines = doctor_lines(tmp_path, base + at)
-    assert lines[2].startswith(f"ok    gate         the GPUs' devices are refused beneath {outside} but to colo's "
-                               "jobs and root (colo_"), lines
+    lines = doctor_lines(tmp_path, base + f'gpu_gate_at = ["/{gate_root.name}"]\n')
+    assert lines[2] == (f"ok    gate         the GPUs' devices are refused beneath {gate_root} but to colo's "
+                        "jobs and root (colo_gate)"), lines
     assert lines[3].startswith("ok    patrol")
     lines = doctor_lines(tmp_path, base + 'gpu_gate_at = []\npatrol_kill_foreign = false\n')
     assert lines[2].startswith("FAIL  gate         gpu_gate_at = []: the group alone gates") and \
@@ -597,6 +628,7 @@ def test_device_descriptors_a_job_hands_out_are_found_by_the_patrol_and_their_ho
             p.kill()
             p.wait()
     text = d.log.read_text()
-    assert f"(uid {pw.pw_uid}), in no job, holds" in text and "it will be killed (patrol_kill_foreign)" in text
+    assert text.count(f"(uid {pw.pw_uid}), in no job, holds") == 1  # told once, with its owner
+    assert "it will be killed (patrol_kill_foreign)" in text
     assert f"(uid {pw.pw_uid}), in no job, held 1.0GiB" in text
     assert "the GPUs are gated to colo's jobs (gpu_group): killed (patrol_kill_foreign)" in text

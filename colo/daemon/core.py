@@ -94,7 +94,7 @@ class Daemon:
         self.gpus = Gpus(c, native_dir)
         self.engines = Engines(c, instance, native_dir, self.cgroups)
         if self.engines.gpu_gid is not None:  # a gated node: shut to every cgroup but colo's jobs'
-            ok, what = gate.setup(self.cgroups, self.engines.gpu_nodes, c.gpu_gate_at, c.gpu_gate_allow, instance)
+            ok, what = gate.setup(self.cgroups, self.engines.gpu_nodes, c.gpu_gate_at, c.gpu_gate_allow)
             (log.info if ok else log.error)("gate: %s", what)
             if ok:  # the users' MPS servers open the GPUs too: they start beneath the folder it allows
                 self.gpus.mps.cgroup = gate.mps_folder(self.cgroups)

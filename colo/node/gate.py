@@ -15,9 +15,10 @@ refused there, whatever their groups.
 The kernel checks devices at open: a descriptor opened in a job and passed out keeps working. That
 is the patrol's to find (patrol_kill_foreign, on by default on a gated node).
 
-Programs are named after the daemon's instance: a restarted daemon replaces its own (colo's
-folder is made anew, with a new cgroup id) and leaves another daemon's. A daemon that stops leaves
-its gate: the node stays shut (its jobs run on in the folder it allows).
+The program is called NAME wherever it is: a restarted daemon replaces it (colo's folder may be
+made anew, with a new cgroup id; a new state folder is a new instance, whose jobs an earlier
+program would refuse). So one gated daemon per node. A daemon that stops leaves its gate: the
+node stays shut (its jobs run on in the folder it allows).
 """
 from __future__ import annotations
 
@@ -48,9 +49,7 @@ class Gate:
                 f"but to root and to {', '.join(map(str, self.allowed))}")
 
 
-def name(instance: str) -> str:
-    """The program's name (15 characters at most, the kernel's limit): one per daemon instance."""
-    return f"colo_{instance[:10]}"
+NAME = "colo_gate"  # the program's (15 characters at most, the kernel's limit)
 
 
 def rules(nodes: GpuNodes) -> list[str]:
@@ -79,8 +78,8 @@ def plan(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list[
                 allowed, want)
 
 
-def apply(gate: Gate, instance: str) -> None:
-    """Attach the gate (replacing this instance's earlier one); GateError with the reason."""
+def apply(gate: Gate) -> None:
+    """Attach the gate (replacing an earlier one there); GateError with the reason."""
     mount = cgroup.v2_mount()
     assert mount is not None
     ids = []
@@ -91,7 +90,7 @@ def apply(gate: Gate, instance: str) -> None:
             raise GateError(f"cannot read {d}: {e.strerror}") from None
     for d in gate.at:
         try:
-            r = subprocess.run([str(native.path(cgroup.DEVCG)), "--gate", str(d), name(instance), *ids, "--",
+            r = subprocess.run([str(native.path(cgroup.DEVCG)), "--gate", str(d), NAME, *ids, "--",
                                 *gate.rules], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.SubprocessError, native.NativeMissing) as e:
             raise GateError(f"cannot gate {d}: {e}") from None
@@ -122,8 +121,7 @@ def mps_folder(cg: cgroup.Cgroups) -> Path | None:
     return d
 
 
-def setup(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list[str],
-          instance: str) -> tuple[bool, str]:
+def setup(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list[str]) -> tuple[bool, str]:
     """The daemon's start on a gated node: (True, what is gated) or (False, why there is no gate)."""
     if at == []:
         return False, "no gate: gpu_gate_at = [] (the group alone gates: a job's user can carry it away)"
@@ -131,7 +129,7 @@ def setup(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list
         g = plan(cg, nodes, at, allow)
         if g is None:
             return False, f"no gate: the GPUs' files in {nodes.folder} are not character devices"
-        apply(g, instance)
+        apply(g)
         return True, g.describe()
     except GateError as e:
         return False, f"no gate: {e}"
