@@ -267,6 +267,31 @@ def test_the_v2_device_program_holds_a_cgroup_to_its_gpu(char_node, users, group
         leaf.rmdir()
 
 
+def test_the_gate_keys_are_checked_at_load_and_the_patrol_default_follows_the_gate(tmp_path):
+    from colo.config import Config, ConfigError
+
+    for text in ('gpu_gate_at = "/"', 'gpu_gate_at = ["user.slice"]', 'gpu_gate_allow = ["/a/../b"]',
+                 "gpu_gate_allow = [1]"):
+        (tmp_path / "c.toml").write_text(text + "\n")
+        key = text.split()[0]
+        with pytest.raises(ConfigError, match=f"^{key}: .* is not a list of cgroup2 folders below its mount"):
+            Config.load(tmp_path / "c.toml")
+    assert not Config().kill_foreign and Config(gpu_group="g").kill_foreign
+    assert not Config(gpu_group="g", patrol_kill_foreign=False).kill_foreign
+    assert Config(patrol_kill_foreign=True).kill_foreign
+
+
+def test_devcg_gate_refuses_malformed_arguments(native_dir):
+    tool = str(native_dir / "colo-devcg")
+    for bad in (["--gate", "/sys/fs/cgroup", "colo_gate", "1:1", "--"],  # no rule
+                ["--gate", "/sys/fs/cgroup", "colo_gate", "1:0", "--", "c:195:*"],  # level 0: the root itself
+                ["--gate", "/sys/fs/cgroup", "colo_gate", "x:1", "--", "c:195:*"],
+                ["--gate", "/sys/fs/cgroup", "a_name_too_long_x", "1:1", "--", "c:195:*"],
+                ["--gate", "/sys/fs/cgroup", "colo_gate", "1:1", "--", "c:195"]):
+        r = subprocess.run([tool, *bad], capture_output=True, text=True)
+        assert r.returncode == 2 and "usage" in r.stderr, bad
+
+
 def test_devcg_refuses_malformed_rules(native_dir):
     tool = str(native_dir / "colo-devcg")
     for bad in (["/sys/fs/cgroup"], ["/sys/fs/cgroup", "x:1:2"], ["/sys/fs/cgroup", "c:195"],
