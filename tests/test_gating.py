@@ -587,7 +587,7 @@ int open64(const char *path, int flags, ...) __attribute__((alias("open")));
 """
 
 RECEIVER = textwrap.dedent("""
-    import array, os, socket, sys
+    import os, signal, socket, sys
     sock_path, burn = sys.argv[1], sys.argv[2:]
     names = ["nvidiactl", "nvidia-uvm", "nvidia0"]
     for n in names:  # by path it opens nothing: not in the group
@@ -605,7 +605,11 @@ RECEIVER = textwrap.dedent("""
     os.environ["GPUFDS"] = ",".join(f"{n}={fd}" for n, fd in zip(names, fds))
     for fd in fds:
         os.set_inheritable(fd, True)
-    os.execvp(burn[0], burn)
+    child = os.fork()
+    if child == 0:
+        os.execvp(burn[0], burn)
+    print(child, flush=True)
+    signal.pause()  # the holder: it uses no GPU itself, so NVML never lists it
 """)
 
 SENDER = textwrap.dedent("""
@@ -617,13 +621,15 @@ SENDER = textwrap.dedent("""
 """)
 
 
-def test_device_descriptors_a_job_hands_out_are_found_by_the_patrol_and_their_holder_killed(
+def test_device_descriptors_a_job_hands_out_are_found_by_the_patrol_and_their_holders_killed(
         gated_daemon, users, group, outside, tmp_path):
     """The kernel checks a device at open only: a job that opens the files and passes the
     descriptors (SCM_RIGHTS) to its user's process outside colo gives it the GPU, gate or not.
     On a gated node the patrol kills a process of no job that holds GPU memory (by default,
-    without waiting out a grace) and logs its owner. (Plain files here: a character device of
-    no driver opens nothing to pass.)"""
+    without waiting out a grace) and logs its owner; and with it every process outside colo's
+    folders that holds the files open: the holder that got them and uses no GPU itself (it could
+    hand them to one short-lived process after another, each gone before a second sample).
+    (Plain files here: a character device of no driver opens nothing to pass.)"""
     d, state, fn, _ = gated_daemon
     fn.make_nodes(gid=group, mode=0o660)
     pw = users[0]
@@ -647,13 +653,17 @@ def test_device_descriptors_a_job_hands_out_are_found_by_the_patrol_and_their_ho
         j = submit_as(d, pw, [PY, str(home / "send.py"), str(sock), str(fn.node_dir)], gpu_ids=[0])
         job, out = ended(d, j)
         assert job["state"] == "succeeded", out
+        burner = int(p.stdout.readline())
         assert p.wait(90) == -9  # SIGKILL, by the patrol
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
     text = d.log.read_text()
-    assert text.count(f"(uid {pw.pw_uid}), in no job, holds") == 1  # told once, with its owner
+    assert text.count(f"process {burner} (uid {pw.pw_uid}), in no job, holds") == 1  # told once, with its owner
     assert "it will be killed (patrol_kill_foreign)" in text
-    assert f"(uid {pw.pw_uid}), in no job, held 1.0GiB" in text
-    assert "the GPUs are gated to colo's jobs (gpu_group): killed (patrol_kill_foreign)" in text
+    held = "in no job, held the GPUs' device files open on a gated node (a descriptor from a job: the gate checks " \
+           "at open only): killed (patrol_kill_foreign)"
+    assert f"process {p.pid} (uid {pw.pw_uid}), {held}" in text, text[-3000:]  # the holder, never on a GPU
+    assert f"process {burner} (uid {pw.pw_uid}), {held}" in text or \
+        f"process {burner} (uid {pw.pw_uid}), in no job, held 1.0GiB" in text

@@ -24,7 +24,10 @@ a subtree to each), so neither counts: such a process is outside every budget.
   user but root, is killed (seen two samples running, so that a job's process that started
   between the runtime's listing and NVML's is not taken for one): on a gated node at once (it got
   past the gate, e.g. with a device descriptor a job handed out), elsewhere by the jobs' rules; by
-  pid checked against its start time and uid through a pidfd (colo/node/procs.py).
+  pid checked against its start time and uid through a pidfd (colo/node/procs.py). On a gated
+  node the first sight of one also has every process outside colo's folders that holds the
+  GPUs' files open killed (colo/node/gate.py descriptor_holders): a descriptor passed out of a
+  job, held by a process that uses no GPU itself and hands it to short-lived ones.
 
 Owns: `over` (running jobs over their budget now), the time each job and stray process was over
 within the window, and `foreign` (processes of no job, last sample). What is unbudgeted it
@@ -43,7 +46,7 @@ from typing import Awaitable, Callable
 
 from ..config import Config
 from ..jobs import ACTIVE, Job
-from ..node import cgroup, procs
+from ..node import cgroup, gate, procs
 from ..node.gpu import GpuInfo
 from ..units import format_size
 from .engines import Engines
@@ -117,6 +120,10 @@ class Patrol:
         self._strays: dict[tuple[int, int], Tally] = {}  # (pid, start) of a process of no job -> the same
         self._containers: dict[str, dict[str, str]] = {}  # container handle -> its cgroup (it never moves)
         self._last: float | None = None  # the previous check
+        # set by the daemon when the node's gate is up (colo/node/gate.py): the cgroup folders, as
+        # /proc/PID/cgroup names them, where a process may hold the GPUs' files open
+        self.gate_spared: list[tuple[str, str]] | None = None
+        self._sweeping = False
 
     @property
     def window(self) -> float:
@@ -285,6 +292,9 @@ class Patrol:
             seen.add(key)
             t = self._strays.get(key)
             if t is None:  # told once per process, with its owner
+                if cfg.kill_foreign and ident[1] != 0 and self.gate_spared is not None and not self._sweeping:
+                    self._sweeping = True  # who else holds the files it got past the gate with
+                    asyncio.get_running_loop().create_task(self._sweep())
                 t = self._strays[key] = Tally()
                 log.warning("process %d (uid %d), in no job, holds %s on %s outside any budget%s", f["pid"], ident[1],
                             format_size(f["used"] or 0), self.gpus.name_of(f["gpu"]),
@@ -329,6 +339,21 @@ class Patrol:
         log.error("job %d: %s; %s: killing it", job_id, o.text, why)
         if not await self.stop(job_id, by, o.pids):
             o.killing = False  # still starting: the next sample tries again
+
+    async def _sweep(self) -> None:
+        """A process of no job uses a GPU on a gated node: it got past the gate with a descriptor
+        opened in a job (the kernel checks devices at open). Kill every process outside colo's
+        folders that holds the GPUs' files open: that one, and whoever passes it descriptors
+        without using a GPU itself (never seen in NVML's list)."""
+        try:
+            found = await asyncio.to_thread(gate.descriptor_holders, self.engines.gpu_nodes, self.gate_spared or [])
+            for pid, start, uid in found:
+                if await asyncio.to_thread(procs.kill_exact, pid, start, uid):
+                    log.error("process %d (uid %d), in no job, held the GPUs' device files open on a gated node (a "
+                              "descriptor from a job: the gate checks at open only): killed (patrol_kill_foreign)",
+                              pid, uid)
+        finally:
+            self._sweeping = False
 
     async def _kill_stray(self, f: dict, ident: tuple[int, int], why: str) -> None:
         if await asyncio.to_thread(procs.kill_exact, f["pid"], *ident):

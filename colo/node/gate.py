@@ -23,11 +23,12 @@ node stays shut (its jobs run on in the folder it allows).
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cgroup, native
+from . import cgroup, native, procs
 from .devices import GpuNodes
 
 
@@ -121,6 +122,12 @@ def mps_folder(cg: cgroup.Cgroups) -> Path | None:
     return d
 
 
+def spared(cg: cgroup.Cgroups, allow: list[str]) -> list[tuple[str, str]]:
+    """Where a process may hold the GPUs' files open under the gate, as /proc/PID/cgroup names it:
+    colo's jobs' folder (and its MPS leaf) and gpu_gate_allow's folders (descriptor_holders)."""
+    return ([cg.contain_at] if cg.contain_at else []) + [("", "/" + p.strip("/")) for p in allow]
+
+
 def setup(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list[str]) -> tuple[bool, str]:
     """The daemon's start on a gated node: (True, what is gated) or (False, why there is no gate)."""
     if at == []:
@@ -133,3 +140,51 @@ def setup(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list
         return True, g.describe()
     except GateError as e:
         return False, f"no gate: {e}"
+
+
+def _beneath(path: str | None, folder: str) -> bool:
+    return path is not None and (folder == "/" or path == folder or path.startswith(folder.rstrip("/") + "/"))
+
+
+def descriptor_holders(nodes: GpuNodes, spared: list[tuple[str, str]]) -> list[tuple[int, int, int]]:
+    """(pid, start, uid) of every process but root's that holds one of the GPUs' files open and is
+    beneath none of the `spared` cgroup folders ((hierarchy, path) as /proc/PID/cgroup names
+    them: colo's jobs' folder, gpu_gate_allow's). On a gated node such a process holds a descriptor
+    opened in a job and handed out (SCM_RIGHTS, pidfd_getfd), or inherited from one: the gate
+    checks at open, so this is where it shows. The file is named by what the descriptor's stat
+    says (a character device's numbers, a plain file's device and inode), not by its path text,
+    which a mount namespace of the user's own could make up."""
+    want: set[tuple] = set()
+    for n in nodes.nodes():
+        try:
+            st = os.stat(n.path)
+        except OSError:
+            continue
+        want.add(("c", st.st_rdev) if n.char is not None else ("f", st.st_dev, st.st_ino))
+    if not want:
+        return []
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        ident = procs.identity(pid)
+        if ident is None or ident[1] == 0 or pid == os.getpid():
+            continue
+        place = cgroup.places(pid)
+        if any(_beneath(place.get(key), path) for key, path in spared):
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            key = ("c", st.st_rdev) if stat.S_ISCHR(st.st_mode) else ("f", st.st_dev, st.st_ino)
+            if key in want:
+                out.append((pid, *ident))
+                break
+    return out
