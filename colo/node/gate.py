@@ -53,10 +53,18 @@ class Gate:
 NAME = "colo_gate"  # the program's (15 characters at most, the kernel's limit)
 
 
+NVIDIA_MAJOR = 195  # the driver's fixed major: nvidiactl, nvidiaN, nvidia-modeset
+
+
 def rules(nodes: GpuNodes) -> list[str]:
     """Every minor of each major the GPUs' files are character devices of (nvidia-modeset and the
-    GPUs added later share 195); none when the files are plain (a simulation without --char)."""
-    return [f"c:{m}:*" for m in sorted({n.char[0] for n in nodes.nodes() if n.char is not None})]
+    GPUs added later share 195; on a real node 195 even before the driver made its files, whose
+    nvidia-uvm major is then found at the next start); none when the files are plain (a
+    simulation without --char)."""
+    majors = {n.char[0] for n in nodes.nodes() if n.char is not None}
+    if nodes.folder == Path("/dev"):
+        majors.add(NVIDIA_MAJOR)
+    return [f"c:{m}:*" for m in sorted(majors)]
 
 
 def plan(cg: cgroup.Cgroups, nodes: GpuNodes, at: list[str] | None, allow: list[str]) -> Gate | None:
