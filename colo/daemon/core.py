@@ -34,7 +34,7 @@ import time
 
 from ..config import Config
 from ..jobs import State
-from ..node import native
+from ..node import gate, native
 from ..node.cgroup import Cgroups
 from ..sched import policy
 from ..store import Store
@@ -99,6 +99,14 @@ class Daemon:
                                    "devices": "jobs are not held to their own GPUs' device files"}[what], why)
         self.gpus = Gpus(c, native_dir)
         self.engines = Engines(c, instance, native_dir, self.cgroups)
+        gate_spared = None
+        if self.engines.gpu_gid is not None:  # a gated node: shut to every cgroup but colo's jobs'
+            ok, what = gate.setup(self.cgroups, self.engines.gpu_nodes, c.gpu_gate_at, c.gpu_gate_allow)
+            (log.info if ok else log.error)("gate: %s", what)
+            if ok:  # the users' MPS servers open the GPUs too: they start beneath the folder it allows
+                self.gpus.mps.cgroup = gate.mps_folder(self.cgroups)
+                if self.gpus.mps.cgroup is not None:  # (else MPS servers hold the files outside it)
+                    gate_spared = gate.spared(self.cgroups, c.gpu_gate_allow)
         mps_here = self.gpus.open()  # always: the devices are read here, before the first request
         self.cfg_policy = dataclasses.replace(policy.config_of(c), use_mps=c.use_mps and mps_here)
         self.learner = Learner(c, self.table, self.gpus, self.cfg_policy)
@@ -110,6 +118,7 @@ class Daemon:
                                    start=self.launcher.start, start_wait=self.launcher.start_wait)
         self.engines.add("slurm", SlurmRuntime(c, self.table))  # jobs Slurm started here (external.py)
         self.patrol = Patrol(c, self.table, self.gpus, self.engines, stop=self.launcher.stop_for_patrol)
+        self.patrol.gate_spared = gate_spared
         self.sampler = Sampler(c, self.table, self.gpus, self.engines, self.launcher, self.patrol,
                                wake=self.scheduler.wake)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
