@@ -117,8 +117,8 @@ class Daemon:
         self.scheduler = Scheduler(c, self.cfg_policy, self.table, self.gpus, self.engines, self.learner,
                                    start=self.launcher.start, start_wait=self.launcher.start_wait)
         self.engines.add("slurm", SlurmRuntime(c, self.table))  # jobs Slurm started here (external.py)
-        self.patrol = Patrol(c, self.table, self.gpus, self.engines, stop=self.launcher.stop_for_patrol)
-        self.patrol.gate_spared = gate_spared
+        self.patrol = Patrol(c, self.table, self.gpus, self.engines, stop=self.launcher.stop_for_patrol,
+                             gate_spared=gate_spared)
         self.sampler = Sampler(c, self.table, self.gpus, self.engines, self.launcher, self.patrol,
                                wake=self.scheduler.wake)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
