@@ -208,6 +208,9 @@ class Job:
     cancel_by: str | None = None  # a cancel was asked for (by this user) and is under way
     held_by: str | None = None  # `colo hold`: a queued job that is not started until released
     paused_by: str | None = None  # `colo pause`: a running job frozen (cgroup freezer, docker pause)
+    # `colo suspend`: a running job's GPU memory held in host memory by the driver's checkpoint
+    # (JSON: colo.daemon.suspend.Record); None: not suspended
+    suspended: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

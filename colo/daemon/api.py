@@ -22,6 +22,7 @@ from ..store import NotFound
 from ..units import format_size_exact
 from . import deps, logread, onend as mail, pin, session
 from .external import External, Refused
+from .suspend import SuspendRefused
 from .validate import Caller, Forbidden, Invalid, check_spec, is_admin, parse_array
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class Api:
         out = {
             "id": job.id, "name": job.spec.name, "held_by": job.held_by if job.state == State.QUEUED else None, "user": job.user, "uid": job.uid, "state": str(job.state),
             "paused_by": job.paused_by if job.state == State.RUNNING else None,
+            "suspended": self.d.suspender.note(job.id),  # colo suspend: what it holds in host memory
             "gpus": job.gpus, "gpu_index": self._indices(job.gpus), "mode": self.mode(job), "budget": job.spec.gpu_mem,
             "ngpus": job.spec.gpus, "image": job.spec.image, "argv": job.spec.argv,
             "submitted_at": job.submitted_at, "started_at": job.started_at, "ended_at": job.ended_at,
@@ -122,6 +124,8 @@ class Api:
             return job.reason if decided is None else decided
         if job.state == State.RUNNING and job.paused_by:
             return f"paused by {job.paused_by} (colo resume {job.id})"
+        if job.state == State.RUNNING and (note := self.d.suspender.note(job.id)):
+            return note
         notes = [n for n in (self.d.patrol.note(job.id), self.d.sampler.idle_note(job.id)) if n] \
             if job.state in ACTIVE else []
         return "; ".join([job.reason, *notes])
@@ -575,6 +579,8 @@ class Api:
                 out.append(self.mode(j))
             elif f == "state" and j.paused_by and j.state == State.RUNNING:
                 out.append("paused")
+            elif f == "state" and j.suspended and j.state == State.RUNNING:
+                out.append("suspended")
             else:
                 out.append(_LIVE[f](j))
         return out
@@ -599,6 +605,8 @@ class Api:
             held = f"held by {job.held_by} (colo release {job.id})"
             return {"id": job.id, "state": str(job.state), "reason": held,
                     "decision": {**(dec or {}), "action": "wait", "reason": held}}
+        if job.state == State.RUNNING and (note := self.d.suspender.note(job.id)):
+            return {"id": job.id, "state": "suspended", "decision": dec, "reason": note}
         if note := self.d.patrol.note(job.id):
             reason = f"{reason}; {note}"
             if dec is not None:
@@ -662,8 +670,21 @@ class Api:
                            f"other job on that GPU); colo cancel {job.id} stops it", protocol.INVALID)
         return self.summary(await self._engine(job, self.d.launcher.pause(job.id, caller.user)))
 
+    async def suspend(self, caller: Caller, args: dict) -> dict:
+        """Its GPU memory to host memory (colo/daemon/suspend.py)."""
+        job = self._own(self._job(args), caller, "suspend")
+        try:
+            return self.summary(await self.d.suspender.suspend(job, caller.user))
+        except SuspendRefused as e:
+            raise ApiError(str(e), protocol.INVALID) from None
+
     async def resume(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "resume")
+        if job.state == State.RUNNING and job.suspended:
+            try:
+                return self.summary(await self.d.suspender.want_resume(job, caller.user))
+            except SuspendRefused as e:
+                raise ApiError(str(e), protocol.INVALID) from None
         if job.state != State.RUNNING or not job.paused_by:
             raise ApiError(f"job {job.id} is not paused ({job.state})", protocol.INVALID)
         return self.summary(await self._engine(job, self.d.launcher.resume(job.id, caller.user)))

@@ -18,6 +18,7 @@ wired below, never through each other's fields:
   retention  retention.Retention removing ended jobs (colo clean, history_keep_days)
   metrics    metrics.Metrics     Prometheus figures, a snapshot of the others' state (opt-in)
   onend      onend.OnEnd         what a job asked to run as its owner when it ends (--on-end, mail)
+  suspender  suspend.Suspender   colo suspend/resume: GPU memory to host memory and back (colo-ckpt)
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ from .recovery import Recovery
 from .retention import Retention
 from .sampler import Sampler
 from .scheduler import Scheduler
+from .suspend import Suspender
 
 log = logging.getLogger("colo")
 
@@ -114,6 +116,8 @@ class Daemon:
             self.metrics.update()  # a scrape before the first tick has figures
             self.metrics.serve()
         self.onend = OnEnd(c, native_dir)
+        self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
+                                   lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake)
         self.table.on_change.append(self.onend.job_changed)
 
     def wake(self) -> None:
@@ -122,6 +126,7 @@ class Daemon:
 
     async def run(self) -> None:
         await self.recovery.recover()
+        await self.suspender.recover()  # no job left locked by a suspend or resume cut short
         ticker = asyncio.create_task(self._tick())
         purge = asyncio.create_task(self.retention.purge())  # history_keep_days
         try:
@@ -136,6 +141,7 @@ class Daemon:
             try:
                 await self.recovery.watch_docker()
                 await self.sampler.sample()
+                await self.suspender.resume_waiting()
                 if self.learner.tick(self.table.jobs_in(State.RUNNING), time.time()):
                     self.scheduler.wake()  # a provisional profile: its family may be placed beside it
                 if self.metrics is not None:

@@ -32,6 +32,7 @@ from .engines import Engines
 from .gpus import Gpus
 from .jobtable import JobTable
 from .learner import Learner
+from .suspend import releases_budget
 
 log = logging.getLogger("colo")
 
@@ -479,7 +480,7 @@ class Scheduler:
             active = self.table.active(*ACTIVE)
         out = []
         for j in active:
-            if not j.gpus:
+            if not j.gpus or releases_budget(j):  # suspended: its GPU memory is in host memory
                 continue
             e, alone = self.learner.expect_of(j)  # where its predictions put it in its profile
             out.append(policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),

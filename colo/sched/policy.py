@@ -870,6 +870,21 @@ def free_budget(gpus: Sequence[GpuView], placed: Sequence[Placed]) -> dict[str, 
     return free
 
 
+def resume_refusal(budget: int, gpus: Sequence[str], views: Sequence[GpuView],
+                   placed: Sequence[Placed]) -> str | None:
+    """Why a suspended job cannot be restored now, or None. Only on its own GPUs: its device
+    addresses must stay valid, so the driver restores it where it was (`placed`: the others)."""
+    free = free_budget(views, placed)
+    for u in gpus:
+        if u not in free:
+            return f"its GPU {u[:12]} is no longer here"
+        if free[u] < budget:
+            idx = next((g.index for g in views if g.uuid == u), "?")
+            return (f"waits for GPU {idx} to have its {format_size(budget)} free again "
+                    f"({format_size(max(free[u], 0))} free now)")
+    return None
+
+
 def gpu_allowed(g: GpuView, ids: Sequence[int] = (), kind: str | None = None) -> bool:
     """May a job with --gpu-id `ids` / --gpu-type `kind` use this GPU? (empty/None: any)"""
     return (not ids or g.index in ids) and (not kind or kind.casefold() in g.name.casefold())

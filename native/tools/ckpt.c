@@ -47,10 +47,16 @@ static void report(int pid, const char *step, CUresult r)
     printf("error %d %s %d %s: %s\n", pid, step, r, name ? name : "CUDA_ERROR", text ? text : "unknown");
 }
 
-static int state_of(int pid)
+#define NOT_FOUND 500 /* CUDA_ERROR_NOT_FOUND: no CUDA process of that pid */
+
+/* The pid's state, NONE for no CUDA process; another error is reported (as "state" failing). */
+static int state_of(int pid, CUresult *err)
 {
     int s = NONE;
-    return cu.GetState(pid, &s) == 0 ? s : NONE;
+    CUresult r = cu.GetState(pid, &s);
+    if (err)
+        *err = r == NOT_FOUND ? 0 : r;
+    return r == 0 ? s : NONE;
 }
 
 static CUresult step(int pid, const char *what)
@@ -77,9 +83,20 @@ static int all_or_none(int *pids, int n, const char *fwd[2], const int from[2], 
     int *st = calloc((size_t)n, sizeof *st), *moved = calloc((size_t)n, sizeof *moved);
     if (!st || !moved)
         return 2;
-    for (int i = 0; i < n; i++)
-        st[i] = state_of(pids[i]);
     int rc = 0;
+    for (int i = 0; i < n; i++) {
+        CUresult r;
+        st[i] = state_of(pids[i], &r);
+        if (r != 0) {
+            report(pids[i], "state", r); /* e.g. not permitted, not supported (an MPS client) */
+            rc = 1;
+        }
+    }
+    if (rc) {
+        free(st);
+        free(moved);
+        return rc;
+    }
     for (int k = 0; k < 2 && !rc; k++)
         for (int i = 0; i < n && !rc; i++) {
             if (st[i] != from[k])
@@ -164,8 +181,13 @@ int main(int argc, char **argv)
     int rc = 0;
     if (!strcmp(cmd, "state")) {
         for (int i = 0; i < n; i++) {
-            int s = state_of(pids[i]);
-            printf("%d %s\n", pids[i], s >= 0 && s <= FAILED ? NAMES[s] : "none");
+            int s = state_of(pids[i], &r);
+            if (r != 0) {
+                report(pids[i], "state", r);
+                rc = 1;
+            } else {
+                printf("%d %s\n", pids[i], s >= 0 && s <= FAILED ? NAMES[s] : "none");
+            }
         }
     } else if (!strcmp(cmd, "suspend")) {
         const char *fwd[2] = {"lock", "checkpoint"}, *back[2] = {"unlock", "restore"};
@@ -188,7 +210,7 @@ int main(int argc, char **argv)
     }
     if (rc == 0 && strcmp(cmd, "state"))
         for (int i = 0; i < n; i++) {
-            int s = state_of(pids[i]);
+            int s = state_of(pids[i], NULL);
             printf("%d %s\n", pids[i], s >= 0 && s <= FAILED ? NAMES[s] : "none");
         }
     return rc;

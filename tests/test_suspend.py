@@ -1,0 +1,190 @@
+"""colo suspend / resume (issue 40): a running job's GPU memory moved to host memory through the
+driver's checkpoint API (native/fakegpu/checkpoint.c simulates it) and back, through real
+processes of real users: the driver's calls from outside, the daemon's commands, a restart."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from typer.testing import CliRunner
+
+from colo.cli.app import app
+from colo.client import Client
+from daemon_util import DaemonProc, as_user, gpu_node, wait_for
+
+GiB = 1024**3
+HOLDER = Path(__file__).with_name("suspend_holder.py")
+
+
+def _holder(folder: Path, gib: int, env: dict) -> subprocess.Popen:
+    folder.mkdir(mode=0o777, exist_ok=True)
+    os.chmod(folder, 0o777)
+    p = subprocess.Popen([sys.executable, str(HOLDER), str(gib), str(folder)], env=env)
+    wait_for(lambda: (folder / "ready").exists() or p.poll() is not None, 60, "the holder to allocate")
+    assert p.poll() is None
+    return p
+
+
+def _ckpt(native_dir: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(native_dir / "colo-ckpt"), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def _device(fakegpu) -> dict:
+    return fakegpu.read()["devices"][0]
+
+
+def test_the_simulated_driver_locks_checkpoints_restores_and_unlocks_a_process_from_outside(tmp_path, fakegpu,
+                                                                                           native_dir):
+    env = {**os.environ, **fakegpu.env}
+    p = _holder(tmp_path / "a", 8, env)
+    try:
+        pid = str(p.pid)
+        assert _ckpt(native_dir, env, "state", pid).stdout.split() == [pid, "running"]
+        r = _ckpt(native_dir, env, "suspend", pid)
+        assert r.returncode == 0 and r.stdout.split() == [pid, "checkpointed"], r
+        dev = _device(fakegpu)
+        assert dev["used"] == 0 and dev["processes"] == []  # NVML: nothing held, the process not listed
+        (tmp_path / "a" / "poke-1").touch()  # its next CUDA call blocks until it is unlocked
+        # another process takes the memory: the restore is refused, the process stays checkpointed
+        q = _holder(tmp_path / "b", 12, env)
+        r = _ckpt(native_dir, env, "resume", pid)
+        assert r.returncode == 1 and "restore 2 CUDA_ERROR_OUT_OF_MEMORY" in r.stdout, r
+        assert _ckpt(native_dir, env, "state", pid).stdout.split() == [pid, "checkpointed"]
+        assert not (tmp_path / "a" / "done-1").exists()
+        q.kill()
+        q.wait()
+        r = _ckpt(native_dir, env, "resume", pid)
+        assert r.returncode == 0 and r.stdout.split() == [pid, "running"], r
+        done = wait_for(lambda: (tmp_path / "a" / "done-1").exists() and (tmp_path / "a" / "done-1").read_text(),
+                        60, "the blocked call to return")
+        assert done.split()[0] == "0" and int(done.split()[1]) == 8 * GiB  # its 8 GiB are its own again
+        assert _device(fakegpu)["used"] == 8 * GiB
+        # steps out of order are the driver's ILLEGAL_STATE; a pid with no CUDA is no CUDA process
+        r = _ckpt(native_dir, env, "unlock", pid)
+        assert r.returncode == 1 and "CUDA_ERROR_ILLEGAL_STATE" in r.stdout
+        assert _ckpt(native_dir, env, "state", str(os.getpid())).stdout.split() == [str(os.getpid()), "none"]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_lock_times_out_while_a_kernel_runs_and_leaves_the_process_running(fakegpu, native_dir):
+    env = {**os.environ, **fakegpu.env}
+    code = ("import ctypes,sys; cu=ctypes.CDLL('libcuda.so.1'); assert cu.cuInit(0)==0; "
+            "assert cu.fakegpuKernel(600000)==0; print('k', flush=True); sys.stdin.read()")
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "k\n"
+        r = _ckpt(native_dir, env, "-t", "200", "suspend", str(p.pid))
+        assert r.returncode == 1 and "lock 909 CUDA_ERROR_TIMEOUT" in r.stdout, r
+        assert _ckpt(native_dir, env, "state", str(p.pid)).stdout.split() == [str(p.pid), "running"]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_another_user_cannot_checkpoint_a_process_that_is_not_theirs(native_dir, other_user):
+    from colo.node.fakegpu import FakeNode
+
+    root, state, _ = gpu_node("colo-ckpt-")  # a state other users reach
+    env = {**os.environ, **FakeNode(state).env}
+    p = _holder(root / "a", 1, env)  # root's
+    try:
+        r = subprocess.run([str(native_dir / "colo-ckpt"), "suspend", str(p.pid)], capture_output=True, text=True,
+                           env=env, timeout=120, user=other_user.pw_uid, group=other_user.pw_gid)
+        assert r.returncode == 1 and "CUDA_ERROR_NOT_PERMITTED" in r.stdout, r
+    finally:
+        p.kill()
+        p.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def node():
+    root, state, _ = gpu_node("colo-suspend-", count=1, mem=16 * GiB)
+    d = DaemonProc(root, state, {"suspend_host_max": "12GiB"}).start()
+    os.chmod(d.socket.parent, 0o755)
+    yield d
+    d.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _colo(pw, d: DaemonProc, *args: str) -> tuple[int, str]:
+    """`colo ARGS` run in-process by another user: (exit code, output)."""
+    def run():
+        r = CliRunner().invoke(app, [*args, "--socket", str(d.socket)])
+        return r.exit_code, r.output
+    kind, out = as_user(pw, run)
+    assert kind == "ok", out
+    return out
+
+
+def _submit(pw, d: DaemonProc, name: str, gpu_mem: int, argv: list[str]) -> int:
+    spec = {"argv": argv, "gpus": 1, "gpu_mem": gpu_mem, "name": name, "workdir": "/tmp"}
+    kind, out = as_user(pw, lambda: Client(d.socket).submit(spec)["id"])
+    assert kind == "ok", out
+    return out
+
+
+def _ls(pw, d: DaemonProc) -> dict:
+    code, out = _colo(pw, d, "ls", "--json")
+    assert code == 0, out
+    return {r["id"]: r for r in json.loads(out)}
+
+
+def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it_fits(node, users):
+    d = node
+    alice, bob = users[0], users[1]
+    work = d.root / "work"
+    work.mkdir(mode=0o777, exist_ok=True)
+    os.chmod(work, 0o777)
+    go = work / "go"
+    prog = shutil.copy(HOLDER, d.root / HOLDER.name)  # where the job's user can read it
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin")  # one a job's user may run
+    holder = _submit(alice, d, "holder", 10 * GiB, [python, str(prog), "8", str(work)])
+    wait_for(lambda: (work / "ready").exists() or d.job(holder)["state"] not in ("queued", "starting", "running"),
+             60, "the holder to allocate")
+    assert (work / "ready").exists(), d.cli("logs", str(holder)).stdout
+    waiter = _submit(bob, d, "waiter", 10 * GiB, ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"])
+    wait_for(lambda: "GPU" in d.job(waiter)["reason"], 60, "the waiter to wait for memory")
+    # bob may not suspend alice's job; a job that is not running cannot be suspended
+    code, out = _colo(bob, d, "suspend", str(holder))
+    assert code != 0 and "belongs to" in out, out
+    code, out = _colo(bob, d, "suspend", str(waiter))
+    assert code != 0 and "only a running job can be suspended" in out, out
+    code, out = _colo(alice, d, "suspend", str(holder))
+    assert code == 0 and "suspended by colotest1" in out and "in host memory" in out, out
+    row = _ls(alice, d)[holder]
+    assert row["state"] == "running" and "suspended by colotest1" in row["suspended"], row
+    code, out = _colo(alice, d, "ls")
+    assert any(line.split()[:1] == [str(holder)] and "suspended" in line.split() for line in out.splitlines()), out
+    d.wait_state(waiter, "running", timeout=60)  # its budget went to the queue
+    (work / "poke-1").touch()  # the holder's next CUDA call: blocks while it is suspended
+    code, out = _colo(alice, d, "resume", str(holder))
+    assert code == 0 and "resume asked" in out and "waits for GPU 0" in out, out
+    code, out = _colo(alice, d, "explain", str(holder), "--json")
+    explained = json.loads(out)
+    assert explained["state"] == "suspended" and "waits for GPU 0" in explained["reason"], explained
+    assert not (work / "done-1").exists()
+    go.touch()  # the waiter ends: the holder fits again and is restored
+    wait_for(lambda: (work / "done-1").exists(), 60, "the holder's call to return after its resume")
+    assert (work / "done-1").read_text().split()[0] == "0"
+    wait_for(lambda: _ls(alice, d)[holder]["suspended"] is None, 30, "the holder to show running")
+    events = [e["reason"] for e in d.job(holder)["events"]]
+    assert any(e.startswith("suspended by") for e in events) and any(e.startswith("resumed") for e in events)
+    # suspended again, then the daemon killed -9 and started: the job is still suspended, and resumable
+    assert _colo(alice, d, "suspend", str(holder))[0] == 0
+    d.kill9()
+    d.start()
+    assert _ls(alice, d)[holder]["suspended"].startswith("suspended by colotest1")
+    (work / "poke-2").touch()
+    assert _colo(alice, d, "resume", str(holder))[0] == 0
+    wait_for(lambda: (work / "done-2").exists(), 60, "the holder's call to return after the restart's resume")
+    assert _colo(alice, d, "cancel", str(holder))[0] == 0
+    d.wait_state(holder, "cancelled", "failed", "succeeded", timeout=60)
