@@ -165,11 +165,10 @@ def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it
     code, out = _colo(alice, d, "ls")
     assert any(line.split()[:1] == [str(holder)] and "suspended" in line.split() for line in out.splitlines()), out
     d.wait_state(waiter, "running", timeout=60)  # its budget went to the queue
-    (work / "poke-1").touch()  # the holder's next CUDA call: blocks while it is suspended
-    code, out = _colo(alice, d, "resume", str(holder))
-    assert code == 0 and "resume asked" in out and "waits for GPU 0" in out, out
-    code, out = _colo(alice, d, "explain", str(holder), "--json")
-    explained = json.loads(out)
+    # its next CUDA call waits at the interposer's gate and asks for the resume itself; its GPU is full
+    (work / "poke-1").touch()
+    explained = wait_for(lambda: "resume asked" in (e := json.loads(_colo(alice, d, "explain", str(holder), "--json")[1]))
+                         ["reason"] and e, 60, "the holder's call to ask for its resume")
     assert explained["state"] == "suspended" and "waits for GPU 0" in explained["reason"], explained
     assert not (work / "done-1").exists()
     go.touch()  # the waiter ends: the holder fits again and is restored
@@ -183,8 +182,10 @@ def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it
     d.kill9()
     d.start()
     assert _ls(alice, d)[holder]["suspended"].startswith("suspended by colotest1")
+    code, out = _colo(alice, d, "resume", str(holder))  # asked by its owner: its GPU has room
+    assert code == 0 and "resume asked" in out, out
+    wait_for(lambda: _ls(alice, d)[holder]["suspended"] is None, 60, "the holder to be restored")
     (work / "poke-2").touch()
-    assert _colo(alice, d, "resume", str(holder))[0] == 0
     wait_for(lambda: (work / "done-2").exists(), 60, "the holder's call to return after the restart's resume")
     assert _colo(alice, d, "cancel", str(holder))[0] == 0
     d.wait_state(holder, "cancelled", "failed", "succeeded", timeout=60)

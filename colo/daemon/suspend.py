@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..config import Config
 from ..jobs import Job, Mode, State
+from ..node import interposer
 from ..sched import policy
 from ..units import format_size
 from .gpus import Gpus
@@ -121,6 +122,17 @@ class Suspender:
     async def _ckpt(self, what: str, pids: list[int]) -> tuple[int, str]:
         return await asyncio.to_thread(self._run, what, *map(str, pids))
 
+    def _word(self, job_id: int, value: int | None = None) -> int:
+        """The job's ledger's suspend word (native/interpose/gate.c), blocking (worker threads)."""
+        try:
+            return interposer.suspend_word(self.config.run_dir(job_id) / "ledger", value)
+        except OSError as e:
+            log.warning("job %d: its ledger's suspend word: %s", job_id, e)
+            return 0
+
+    async def _tell_gate(self, job_id: int, value: int) -> None:
+        await asyncio.to_thread(self._word, job_id, value)
+
     def _store(self, job_id: int, rec: Record | None) -> Job:
         return self.table.set_fields(job_id, suspended=rec.dump() if rec else None)
 
@@ -195,15 +207,20 @@ class Suspender:
             self.counts["refused"] += 1
             raise SuspendRefused(why)
         self._store(job.id, Record("suspending", by, time.time(), pids, nbytes))  # stored first: see recover
+        # the job's interposers hold its calls before the driver from now on (else one that came
+        # after the lock would wait inside the driver, where nothing asks for the resume)
+        await self._tell_gate(job.id, interposer.SUSPENDED)
         rc, out = await self._ckpt("suspend", pids)
         if rc != 0:
             self._store(job.id, None)
+            await self._tell_gate(job.id, 0)
             self.counts["refused"] += 1
             raise SuspendRefused(f"job {job.id} was not suspended: {_driver_reason(out) or out.strip()}; nothing of it changed")
         held = [int(p) for p, s in (line.split(" ", 1) for line in out.splitlines() if " " in line)
                 if p.isdigit() and s.strip() == "checkpointed"]
         if not held:
             self._store(job.id, None)
+            await self._tell_gate(job.id, 0)
             self.counts["refused"] += 1
             raise SuspendRefused(f"job {job.id} has no CUDA process to suspend")
         job = self._store(job.id, Record("suspended", by, time.time(), held, nbytes))
@@ -232,6 +249,15 @@ class Suspender:
     async def resume_waiting(self) -> None:
         """Restores the suspended jobs whose resume is wanted and whose budget fits again, the
         longest waiting first (the tick, a request)."""
+        held = [(j.id, r) for j in self.table.jobs_in(State.RUNNING)
+                if (r := record_of(j)) and r.phase == "suspended" and r.wanted is None and j.id not in self._busy]
+        if held:  # a CUDA call of theirs waits at the gate: it asks for the resume
+            words = await asyncio.to_thread(lambda: [self._word(i) for i, _ in held])
+            for (job_id, rec), word in zip(held, words):
+                if word & interposer.RESUME_WANTED and record_of(self.table.job(job_id)) == rec:
+                    rec.wanted = time.time()
+                    self._store(job_id, rec)
+                    log.info("job %d: resume asked by its next CUDA call", job_id)
         wanted = sorted((r.wanted, j.id) for j in self.table.jobs_in(State.RUNNING)
                         if (r := record_of(j)) and r.phase == "suspended" and r.wanted is not None)
         for j in set(self.waits) - {i for _, i in wanted}:
@@ -268,6 +294,7 @@ class Suspender:
                 log.warning("job %d: %s", job.id, self.waits[job.id])
                 return
             self._store(job.id, None)
+            await self._tell_gate(job.id, 0)  # its calls waiting at the gate go on
             dt = time.monotonic() - t0
             self.counts["resumes"] += 1
             self.counts["resume_seconds"] += dt
@@ -299,6 +326,7 @@ class Suspender:
             if rec is None:
                 continue
             if rec.phase == "suspended":
+                await self._tell_gate(job.id, interposer.SUSPENDED | (self._word(job.id) & interposer.RESUME_WANTED))
                 rc, out = await self._ckpt("suspend", rec.pids)  # idempotent: finishes a half-done step
                 if rc != 0:
                     log.warning("job %d: its suspend could not be made whole again: %s", job.id, out.strip())
@@ -308,6 +336,7 @@ class Suspender:
             rc, out = await self._ckpt("resume", rec.pids)
             if rc == 0:
                 self._store(job.id, None)
+                await self._tell_gate(job.id, 0)
                 self._note(job, f"{'suspend' if rec.phase == 'suspending' else 'resume'} cut short by the daemon's "
                                 "restart: resumed")
             else:

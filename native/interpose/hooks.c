@@ -129,6 +129,7 @@ static void *real_slow(int id);
 /* The driver's function: one load once resolved (every wrapper starts here). */
 static inline __attribute__((always_inline)) void *real(int id)
 {
+    colo_gate(); /* colo suspend: waits here, before the driver, while the job is suspended */
     void *p = LOAD(&reals[id]);
     return __builtin_expect(p != NULL, 1) ? p : real_slow(id);
 }

@@ -345,6 +345,7 @@ static const char *open_ledger(void)
     void *m = mmap(NULL, g_len, PROT_READ | PROT_WRITE, MAP_SHARED, g_fd, 0);
     if (m == MAP_FAILED) return strerror(errno);
     g_hdr = m;
+    __atomic_store_n(&colo_gate_hdr, g_hdr, __ATOMIC_RELEASE); /* gate.c: the suspend word */
     if (h.budget < g_budget) g_budget = h.budget;
     if (claim_slot() != 0) return "no free process slot (too many live processes in this job)";
     /* Weak (libpthread's before glibc 2.34): without it, lanes of exited threads are not reused. */
