@@ -13,7 +13,8 @@ class ConfigError(ValueError):
     pass
 
 
-IDLE_SESSIONS = ("off", "notify", "end")
+IDLE_SESSIONS = ("off", "notify", "end", "suspend")
+SUSPEND_POLICIES = ("off", "suspend")  # idle_jobs, preempt
 
 
 @dataclass
@@ -93,6 +94,12 @@ class Config:
     suspend_host_max: int = 0
     # How long a suspend waits for the job's running GPU work (the driver's lock timeout), seconds.
     suspend_lock_timeout: float = 10.0
+    # idle_jobs = "suspend": a batch job marked idle is suspended when a queued job waits for its
+    # memory (idle_sessions = "suspend" does so for sessions, after telling them), the longest
+    # idle first. preempt = "suspend": a job that cannot fit may suspend time-sliced jobs of a lower
+    # priority. Never a job submitted with --no-suspend, never an MPS client. Both off by default.
+    idle_jobs: str = "off"
+    preempt: str = "off"
 
     @property
     def db_path(self) -> Path:
@@ -163,6 +170,9 @@ class Config:
             v = values.get(k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9):
                 raise ConfigError(f"{k}: {v!r} is not a number of seconds from 0")
+        for k in ("idle_jobs", "preempt"):
+            if values.get(k, "off") not in SUSPEND_POLICIES:
+                raise ConfigError(f"{k}: {values[k]!r} is not one of {', '.join(SUSPEND_POLICIES)}")
         if values.get("idle_sessions", "notify") not in IDLE_SESSIONS:
             raise ConfigError(f"idle_sessions: {values['idle_sessions']!r} is not one of {', '.join(IDLE_SESSIONS)}")
         gg = values.get("gpu_group")

@@ -109,6 +109,7 @@ class JobSpec:
     # policy may end. A submitter may say so; `tty` only the daemon sets (op `session`): the job runs
     # on a terminal colo made for it, whose other end went to the submitter's client.
     interactive: bool = False
+    no_suspend: bool = False  # --no-suspend: colo's policies never suspend it (colo suspend still may)
     tty: bool = False
     begin: float | None = None  # --begin/--delay: not started before this (epoch seconds)
     # --output/--error: files the job's stdout (and stderr, or its stderr apart) also go to, opened

@@ -107,6 +107,8 @@ SUBMIT = Cmd(
      Opt(("--follow", "-f"), "follow", "print its output until it ends (implies --wait)", bool),
      Opt(("--grow",), "grow", "may run with more than --gpu-mem: lent, learned from your runs, or requeued once "
          "when refused", bool),
+     Opt(("--no-suspend",), "no_suspend", "never suspended by colo's policies (idle_jobs, idle_sessions, preempt: "
+         "docs/suspend.md); `colo suspend` by you or an admin still may", bool),
      Opt(("--cpus",), "cpus", "CPU limit in cores, e.g. 2 or 0.5", float),
      Opt(("--mem",), "mem", "host memory limit, e.g. 8GiB"),
      Opt(("--time",), "time_limit", "wall-time limit as Slurm reads it: minutes, MM:SS, HH:MM:SS, D-HH:MM:SS "

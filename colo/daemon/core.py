@@ -117,7 +117,8 @@ class Daemon:
             self.metrics.serve()
         self.onend = OnEnd(c, native_dir)
         self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
-                                   lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake)
+                                   lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake,
+                                   lambda: self.scheduler.decisions)
         self.table.on_change.append(self.onend.job_changed)
 
     def wake(self) -> None:
@@ -142,6 +143,7 @@ class Daemon:
                 await self.recovery.watch_docker()
                 await self.sampler.sample()
                 await self.suspender.resume_waiting()
+                await self.suspender.reclaim()  # idle_jobs / idle_sessions / preempt = "suspend"
                 if self.learner.tick(self.table.jobs_in(State.RUNNING), time.time()):
                     self.scheduler.wake()  # a provisional profile: its family may be placed beside it
                 if self.metrics is not None:

@@ -86,7 +86,7 @@ def _driver_reason(out: str) -> str:
 
 class Suspender:
     def __init__(self, config: Config, table: JobTable, gpus: Gpus, native_dir: Path, runtime_for, stats,
-                 placed, wake):
+                 placed, wake, decisions=dict):
         self.config = config
         self.table = table
         self.gpus = gpus
@@ -95,6 +95,8 @@ class Suspender:
         self._stats = stats  # () -> the sampler's stats per job (its last sample)
         self._placed = placed  # Scheduler.placed: the jobs on GPUs as plan() sees them
         self._wake = wake
+        self._decisions = decisions  # () -> the scheduler's latest decision per queued job
+        self._skip: dict[int, float] = {}  # a policy's suspend refused: not tried again before then
         self._busy: set[int] = set()  # jobs with a driver step under way
         self.waits: dict[int, str] = {}  # a wanted resume that waits: why
         self.counts = {"suspends": 0, "resumes": 0, "refused": 0, "suspend_seconds": 0.0, "resume_seconds": 0.0}
@@ -301,6 +303,46 @@ class Suspender:
             self._note(job, f"resumed: {format_size(rec.bytes)} back on its GPU ({dt:.2f} s)")
         finally:
             self._busy.discard(job.id)
+
+    # policies -----------------------------------------------------------------------------------
+    def _holders(self, now: float) -> list[policy.Holder]:
+        cfg, stats, out = self.config, self._stats(), []
+        for j in self.table.jobs_in(State.RUNNING):
+            if (len(j.gpus) != 1 or j.suspended or j.paused_by or j.cancel_by or j.mode == Mode.MPS
+                    or j.spec.no_suspend or j.spec.slurm_job is not None or self._skip.get(j.id, 0) > now):
+                continue
+            idle_on = (cfg.idle_sessions if j.spec.interactive else cfg.idle_jobs) == "suspend"
+            out.append(policy.Holder(j.id, j.gpus[0], j.spec.gpu_mem, j.spec.priority,
+                                     (stats.get(j.id) or {}).get("idle_since"), idle_on, cfg.preempt == "suspend"))
+        return out
+
+    async def reclaim(self) -> None:
+        """idle_jobs, idle_sessions = "suspend" and preempt = "suspend": when the queue's front job
+        waits for memory (its latest decision is the policy's wait), the holders policy.suspend_victims
+        names are suspended, one tick at a time (the tick)."""
+        cfg = self.config
+        if "suspend" not in (cfg.idle_jobs, cfg.idle_sessions, cfg.preempt) or self._busy:
+            return
+        now = time.time()
+        waiting = [self.table.open.get(i) for i, d in self._decisions().items()
+                   if d.action == policy.WAIT and d.details]  # a placement's wait, not a dependency's or a hold's
+        waiting = [j for j in waiting if j is not None and j.state == State.QUEUED and j.spec.gpus == 1]
+        if not waiting:
+            return
+        front = max(waiting, key=lambda j: (j.spec.priority, -j.submitted_at, -j.id))
+        views = [g for g in self.gpus.views(in_use=True)
+                 if policy.gpu_allowed(g, front.spec.gpu_ids, front.spec.gpu_type) and g.error is None]
+        free = policy.free_budget(views, self._placed(now))
+        for victim in policy.suspend_victims(front.spec.gpu_mem, front.spec.priority, self._holders(now), free):
+            job = self.table.open.get(victim)
+            if job is None:
+                return
+            try:
+                await self.suspend(job, f"colo (job {front.id} waits for its memory)")
+            except SuspendRefused as e:
+                self._skip[victim] = now + 300.0
+                log.info("job %d: not suspended for job %d: %s", victim, front.id, e)
+                return
 
     def note(self, job_id: int) -> str | None:
         """What `ls`, `show` and `explain` say of a suspended job."""

@@ -885,6 +885,41 @@ def resume_refusal(budget: int, gpus: Sequence[str], views: Sequence[GpuView],
     return None
 
 
+@dataclass(frozen=True)
+class Holder:
+    """A running job that a suspend could take GPU memory from (colo suspend's policies)."""
+    job_id: int
+    gpu: str  # its one GPU (jobs on several are not suspended by a policy)
+    budget: int
+    priority: int = 0
+    idle_since: float | None = None  # idle (idle_after) since then, or None
+    idle_policy: bool = False  # idle_jobs / idle_sessions say `suspend` for it
+    preemptible: bool = False  # preempt = suspend, time-sliced, not --no-suspend, not an MPS client
+
+
+def suspend_victims(budget: int, priority: int, holders: Sequence[Holder], free: dict[str, int]) -> list[int]:
+    """Whom to suspend so that a waiting job (budget per GPU, one GPU, priority) fits, or []: on
+    the GPU that needs the fewest suspends, the longest-idle holders first, then (preempt) holders
+    of a lower priority, the lowest first. Never more than it takes; nothing when no set suffices."""
+    best: list[int] | None = None
+    for gpu, room in free.items():
+        if room >= budget:
+            return []  # it fits already: the scheduler places it
+        idle = sorted((h for h in holders if h.gpu == gpu and h.idle_policy and h.idle_since is not None),
+                      key=lambda h: (h.idle_since, h.job_id))
+        low = sorted((h for h in holders if h.gpu == gpu and h.preemptible and h.priority < priority
+                      and h not in idle), key=lambda h: (h.priority, h.job_id))
+        chosen: list[int] = []
+        for h in [*idle, *low]:
+            if room >= budget:
+                break
+            chosen.append(h.job_id)
+            room += h.budget
+        if room >= budget and (best is None or len(chosen) < len(best)):
+            best = chosen
+    return best or []
+
+
 def gpu_allowed(g: GpuView, ids: Sequence[int] = (), kind: str | None = None) -> bool:
     """May a job with --gpu-id `ids` / --gpu-type `kind` use this GPU? (empty/None: any)"""
     return (not ids or g.index in ids) and (not kind or kind.casefold() in g.name.casefold())

@@ -545,6 +545,7 @@ void ledger_atfork_child(void)
     /* The inherited descriptor shares the parent's lock: let go of it (the parent keeps its
      * slot and its allocations) and take a slot of our own when the child first needs one. */
     pthread_mutex_init(&g_init_mu, NULL);
+    colo_gate_hdr = NULL; /* gate.c: the mapping goes; the child's own ledger open sets it again */
     if (g_fd >= 0) close(g_fd);
     if (g_hdr) munmap(g_hdr, g_len);
     g_fd = -1;
