@@ -189,3 +189,60 @@ def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it
     wait_for(lambda: (work / "done-2").exists(), 60, "the holder's call to return after the restart's resume")
     assert _colo(alice, d, "cancel", str(holder))[0] == 0
     d.wait_state(holder, "cancelled", "failed", "succeeded", timeout=60)
+
+
+def test_suspend_victims_are_the_fewest_longest_idle_then_lowest_priority_holders_of_one_gpu():
+    from colo.sched.policy import Holder, suspend_victims
+
+    hs = [Holder(1, "g0", 4 * GiB, idle_since=100.0, idle_policy=True),
+          Holder(2, "g0", 4 * GiB, idle_since=50.0, idle_policy=True),
+          Holder(3, "g1", 12 * GiB, priority=-5, preemptible=True),
+          Holder(4, "g1", 2 * GiB, idle_since=10.0, idle_policy=False)]  # idle, but its policy is off
+    free = {"g0": 2 * GiB, "g1": 2 * GiB}
+    assert suspend_victims(6 * GiB, 0, hs, free) == [2]  # the longest idle on g0 is enough
+    assert suspend_victims(10 * GiB, 0, hs, free) == [2, 1]  # two idle ones before one busy job preempted
+    assert suspend_victims(10 * GiB, 0, [h for h in hs if h.gpu == "g1"], free) == [3]  # preempted: lower priority
+    assert suspend_victims(10 * GiB, -5, [h for h in hs if h.gpu == "g1"], free) == []  # not below its own
+    assert suspend_victims(2 * GiB, 0, hs, free) == []  # it fits: nothing suspended
+    assert suspend_victims(40 * GiB, 0, hs, free) == []  # no set suffices: nothing suspended
+
+
+def test_the_suspend_keys_are_checked_at_load(tmp_path):
+    from colo.config import Config, ConfigError
+
+    for text, msg in (('idle_jobs = "end"', "idle_jobs: 'end' is not one of off, suspend"),
+                      ('preempt = "kill"', "preempt: 'kill' is not one of off, suspend"),
+                      ("suspend_host_share = 2", "suspend_host_share: 2 is not a share from 0 to 1")):
+        (tmp_path / "c.toml").write_text(text + "\n")
+        with pytest.raises(ConfigError, match=msg):
+            Config.load(tmp_path / "c.toml")
+
+
+def test_an_idle_job_is_suspended_for_a_waiting_one_and_a_no_suspend_job_never(users):
+    root, state, _ = gpu_node("colo-idle-suspend-", count=2, mem=16 * GiB)
+    d = DaemonProc(root, state, {"idle_jobs": "suspend", "idle_after": 1.0}).start()
+    os.chmod(d.socket.parent, 0o755)
+    try:
+        alice, bob = users
+        prog = shutil.copy(HOLDER, root / HOLDER.name)
+        python = shutil.which("python3", path="/usr/local/bin:/usr/bin")
+        ids = {}
+        for name in ("keep", "idle"):
+            work = root / name
+            work.mkdir(mode=0o777)
+            os.chmod(work, 0o777)
+            spec = {"argv": [python, str(prog), "8", str(work)], "gpus": 1, "gpu_mem": 10 * GiB, "name": name,
+                    "workdir": "/tmp", **({"no_suspend": True} if name == "keep" else {})}
+            kind, ids[name] = as_user(alice, lambda spec=spec: Client(d.socket).submit(spec)["id"])
+            assert kind == "ok", ids[name]
+            wait_for(lambda work=work: (work / "ready").exists(), 60, f"{name} to allocate")
+        wait_for(lambda: all("idle" in d.job(i)["reason"] for i in ids.values()), 60, "both to be marked idle")
+        waiter = _submit(bob, d, "waiter", 10 * GiB, ["sleep", "600"])
+        d.wait_state(waiter, "running", timeout=60)  # it took the idle job's memory
+        idle, keep = d.job(ids["idle"]), d.job(ids["keep"])
+        assert idle["suspended"] and f"suspended by colo (job {waiter} waits for its memory)" in idle["suspended"], idle
+        assert keep["suspended"] is None and keep["state"] == "running"
+        assert d.job(waiter)["gpus"] == idle["gpus"]
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)

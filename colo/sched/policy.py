@@ -899,9 +899,10 @@ class Holder:
 
 def suspend_victims(budget: int, priority: int, holders: Sequence[Holder], free: dict[str, int]) -> list[int]:
     """Whom to suspend so that a waiting job (budget per GPU, one GPU, priority) fits, or []: on
-    the GPU that needs the fewest suspends, the longest-idle holders first, then (preempt) holders
-    of a lower priority, the lowest first. Never more than it takes; nothing when no set suffices."""
-    best: list[int] | None = None
+    the GPU that needs the fewest busy jobs preempted, then the fewest suspends; there the
+    longest-idle holders first, then (preempt) holders of a lower priority, the lowest first.
+    Never more than it takes; nothing when no set suffices."""
+    best: tuple[int, int, list[int]] | None = None
     for gpu, room in free.items():
         if room >= budget:
             return []  # it fits already: the scheduler places it
@@ -915,9 +916,10 @@ def suspend_victims(budget: int, priority: int, holders: Sequence[Holder], free:
                 break
             chosen.append(h.job_id)
             room += h.budget
-        if room >= budget and (best is None or len(chosen) < len(best)):
-            best = chosen
-    return best or []
+        rank = (max(len(chosen) - len(idle), 0), len(chosen), chosen)
+        if room >= budget and (best is None or rank[:2] < best[:2]):
+            best = rank
+    return best[2] if best else []
 
 
 def gpu_allowed(g: GpuView, ids: Sequence[int] = (), kind: str | None = None) -> bool:
