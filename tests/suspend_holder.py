@@ -1,19 +1,19 @@
-"""A CUDA program for the suspend tests (run as a job, as its user): holds GIB GiB of device memory
+"""A CUDA program for the suspend tests (run as a job, as its user): holds MIB MiB of device memory
 through the driver API (ctypes), writes DIR/ready, then for each DIR/poke-N that appears makes one
-CUDA call and writes its answer to DIR/done-N. Usage: suspend_holder.py GIB DIR"""
+CUDA call and writes its answer to DIR/done-N. Usage: suspend_holder.py MIB DIR"""
 import ctypes
 import os
 import sys
 import time
 
-gib, folder = int(sys.argv[1]), sys.argv[2]
+mib, folder = int(sys.argv[1]), sys.argv[2]
 cu = ctypes.CDLL("libcuda.so.1")
 assert cu.cuInit(0) == 0
 dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_ulonglong()
 assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
 assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
 assert cu.cuCtxSetCurrent(ctx) == 0
-assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(gib << 30)) == 0
+assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(mib << 20)) == 0
 
 
 def put(name: str, text: str) -> None:

@@ -19,13 +19,14 @@ from colo.client import Client
 from daemon_util import DaemonProc, as_user, gpu_node, wait_for
 
 GiB = 1024**3
+MiB = 1024**2
 HOLDER = Path(__file__).with_name("suspend_holder.py")
 
 
-def _holder(folder: Path, gib: int, env: dict) -> subprocess.Popen:
+def _holder(folder: Path, mib: int, env: dict) -> subprocess.Popen:
     folder.mkdir(mode=0o777, exist_ok=True)
     os.chmod(folder, 0o777)
-    p = subprocess.Popen([sys.executable, str(HOLDER), str(gib), str(folder)], env=env)
+    p = subprocess.Popen([sys.executable, str(HOLDER), str(mib), str(folder)], env=env)
     wait_for(lambda: (folder / "ready").exists() or p.poll() is not None, 60, "the holder to allocate")
     assert p.poll() is None
     return p
@@ -42,7 +43,7 @@ def _device(fakegpu) -> dict:
 def test_the_simulated_driver_locks_checkpoints_restores_and_unlocks_a_process_from_outside(tmp_path, fakegpu,
                                                                                            native_dir):
     env = {**os.environ, **fakegpu.env}
-    p = _holder(tmp_path / "a", 8, env)
+    p = _holder(tmp_path / "a", 8192, env)
     try:
         pid = str(p.pid)
         assert _ckpt(native_dir, env, "state", pid).stdout.split() == [pid, "running"]
@@ -52,7 +53,7 @@ def test_the_simulated_driver_locks_checkpoints_restores_and_unlocks_a_process_f
         assert dev["used"] == 0 and dev["processes"] == []  # NVML: nothing held, the process not listed
         (tmp_path / "a" / "poke-1").touch()  # its next CUDA call blocks until it is unlocked
         # another process takes the memory: the restore is refused, the process stays checkpointed
-        q = _holder(tmp_path / "b", 12, env)
+        q = _holder(tmp_path / "b", 12288, env)
         r = _ckpt(native_dir, env, "resume", pid)
         assert r.returncode == 1 and "restore 2 CUDA_ERROR_OUT_OF_MEMORY" in r.stdout, r
         assert _ckpt(native_dir, env, "state", pid).stdout.split() == [pid, "checkpointed"]
@@ -94,7 +95,7 @@ def test_another_user_cannot_checkpoint_a_process_that_is_not_theirs(native_dir,
 
     root, state, _ = gpu_node("colo-ckpt-")  # a state other users reach
     env = {**os.environ, **FakeNode(state).env}
-    p = _holder(root / "a", 1, env)  # root's
+    p = _holder(root / "a", 64, env)  # root's
     try:
         r = subprocess.run([str(native_dir / "colo-ckpt"), "suspend", str(p.pid)], capture_output=True, text=True,
                            env=env, timeout=120, user=other_user.pw_uid, group=other_user.pw_gid)
@@ -105,10 +106,27 @@ def test_another_user_cannot_checkpoint_a_process_that_is_not_theirs(native_dir,
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _scrape(port: int) -> dict:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
 @pytest.fixture(scope="module")
 def node():
-    root, state, _ = gpu_node("colo-suspend-", count=1, mem=16 * GiB)
-    d = DaemonProc(root, state, {"suspend_host_max": "12GiB"}).start()
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root, state, _ = gpu_node("colo-suspend-", count=1, mem=4 * GiB)
+    # the share of MemAvailable at 1: what a busy CI machine has free must not refuse a test's suspend
+    d = DaemonProc(root, state, {"suspend_host_max": "2560MiB", "suspend_host_share": 1.0,
+                                 "metrics_listen": f"127.0.0.1:{port}"}).start()
+    d.metrics_port = port
     os.chmod(d.socket.parent, 0o755)
     yield d
     d.stop()
@@ -147,17 +165,18 @@ def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it
     go = work / "go"
     prog = shutil.copy(HOLDER, d.root / HOLDER.name)  # where the job's user can read it
     python = shutil.which("python3", path="/usr/local/bin:/usr/bin")  # one a job's user may run
-    holder = _submit(alice, d, "holder", 10 * GiB, [python, str(prog), "8", str(work)])
+    holder = _submit(alice, d, "holder", 3 * GiB, [python, str(prog), "2048", str(work)])
     wait_for(lambda: (work / "ready").exists() or d.job(holder)["state"] not in ("queued", "starting", "running"),
              60, "the holder to allocate")
     assert (work / "ready").exists(), d.cli("logs", str(holder)).stdout
-    waiter = _submit(bob, d, "waiter", 10 * GiB, ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"])
+    waiter = _submit(bob, d, "waiter", 3 * GiB, ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"])
     wait_for(lambda: "GPU" in d.job(waiter)["reason"], 60, "the waiter to wait for memory")
     # bob may not suspend alice's job; a job that is not running cannot be suspended
     code, out = _colo(bob, d, "suspend", str(holder))
     assert code != 0 and "belongs to" in out, out
     code, out = _colo(bob, d, "suspend", str(waiter))
     assert code != 0 and "only a running job can be suspended" in out, out
+    wait_for(lambda: (d.job(holder).get("used") or 0) >= 2 * GiB, 30, "the sampler to see what it holds")
     code, out = _colo(alice, d, "suspend", str(holder))
     assert code == 0 and "suspended by colotest1" in out and "in host memory" in out, out
     row = _ls(alice, d)[holder]
@@ -165,6 +184,9 @@ def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it
     code, out = _colo(alice, d, "ls")
     assert any(line.split()[:1] == [str(holder)] and "suspended" in line.split() for line in out.splitlines()), out
     d.wait_state(waiter, "running", timeout=60)  # its budget went to the queue
+    figures = wait_for(lambda: (m := _scrape(d.metrics_port)).get("colo_gpu_suspended_bytes") and m, 30,
+                       "the metrics to count the suspend")
+    assert figures["colo_gpu_suspended_bytes"] >= 2 * GiB and figures["colo_suspends_total"] == 1
     # its next CUDA call waits at the interposer's gate and asks for the resume itself; its GPU is full
     (work / "poke-1").touch()
     explained = wait_for(lambda: "resume asked" in (e := json.loads(_colo(alice, d, "explain", str(holder), "--json")[1]))
@@ -189,6 +211,22 @@ def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it
     wait_for(lambda: (work / "done-2").exists(), 60, "the holder's call to return after the restart's resume")
     assert _colo(alice, d, "cancel", str(holder))[0] == 0
     d.wait_state(holder, "cancelled", "failed", "succeeded", timeout=60)
+    # more than the node lets suspended jobs hold in host memory (suspend_host_max 2.5GiB): refused,
+    # with the reason, and nothing of the job changed
+    big_work = d.root / "big"
+    big_work.mkdir(mode=0o777)
+    os.chmod(big_work, 0o777)
+    big = _submit(alice, d, "big", 3584 * MiB, [python, str(prog), "3072", str(big_work)])
+    wait_for(lambda: (big_work / "ready").exists(), 60, "the big one to allocate")
+    wait_for(lambda: (d.job(big).get("nvml_used") or 0) >= 3 * GiB, 30, "the sampler to see its memory")
+    code, out = _colo(alice, d, "suspend", str(big))
+    assert code != 0 and "passes suspend_host_max (2.5GiB)" in out, out
+    j = d.job(big)
+    assert j["state"] == "running" and j["suspended"] is None
+    from colo.node.fakegpu import FakeNode
+
+    assert FakeNode(d.fake_state).read()["devices"][0]["used"] >= 3 * GiB  # still on the GPU
+    assert _colo(alice, d, "cancel", str(big))[0] == 0
 
 
 def test_suspend_victims_are_the_fewest_longest_idle_then_lowest_priority_holders_of_one_gpu():
@@ -219,8 +257,8 @@ def test_the_suspend_keys_are_checked_at_load(tmp_path):
 
 
 def test_an_idle_job_is_suspended_for_a_waiting_one_and_a_no_suspend_job_never(users):
-    root, state, _ = gpu_node("colo-idle-suspend-", count=2, mem=16 * GiB)
-    d = DaemonProc(root, state, {"idle_jobs": "suspend", "idle_after": 1.0}).start()
+    root, state, _ = gpu_node("colo-idle-suspend-", count=2, mem=4 * GiB)
+    d = DaemonProc(root, state, {"idle_jobs": "suspend", "idle_after": 1.0, "suspend_host_share": 1.0}).start()
     os.chmod(d.socket.parent, 0o755)
     try:
         alice, bob = users
@@ -231,13 +269,13 @@ def test_an_idle_job_is_suspended_for_a_waiting_one_and_a_no_suspend_job_never(u
             work = root / name
             work.mkdir(mode=0o777)
             os.chmod(work, 0o777)
-            spec = {"argv": [python, str(prog), "8", str(work)], "gpus": 1, "gpu_mem": 10 * GiB, "name": name,
+            spec = {"argv": [python, str(prog), "2048", str(work)], "gpus": 1, "gpu_mem": 3 * GiB, "name": name,
                     "workdir": "/tmp", **({"no_suspend": True} if name == "keep" else {})}
             kind, ids[name] = as_user(alice, lambda spec=spec: Client(d.socket).submit(spec)["id"])
             assert kind == "ok", ids[name]
             wait_for(lambda work=work: (work / "ready").exists(), 60, f"{name} to allocate")
         wait_for(lambda: all("idle" in d.job(i)["reason"] for i in ids.values()), 60, "both to be marked idle")
-        waiter = _submit(bob, d, "waiter", 10 * GiB, ["sleep", "600"])
+        waiter = _submit(bob, d, "waiter", 3 * GiB, ["sleep", "600"])
         d.wait_state(waiter, "running", timeout=60)  # it took the idle job's memory
         idle, keep = d.job(ids["idle"]), d.job(ids["keep"])
         assert idle["suspended"] and f"suspended by colo (job {waiter} waits for its memory)" in idle["suspended"], idle

@@ -111,14 +111,15 @@ class Daemon:
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
                                  wake=self.scheduler.wake)
         self.retention = Retention(c, self.table, self.launcher, wake=self.scheduler.wake)
-        self.metrics = Metrics(c, self.table, self.gpus, self.sampler, self.patrol) if c.metrics_listen else None
+        self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
+                                   lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake,
+                                   lambda: self.scheduler.decisions, self.sampler.usage)
+        self.metrics = Metrics(c, self.table, self.gpus, self.sampler, self.patrol,
+                               self.suspender.figures) if c.metrics_listen else None
         if self.metrics is not None:
             self.metrics.update()  # a scrape before the first tick has figures
             self.metrics.serve()
         self.onend = OnEnd(c, native_dir)
-        self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
-                                   lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake,
-                                   lambda: self.scheduler.decisions)
         self.table.on_change.append(self.onend.job_changed)
 
     def wake(self) -> None:

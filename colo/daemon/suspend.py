@@ -86,13 +86,14 @@ def _driver_reason(out: str) -> str:
 
 class Suspender:
     def __init__(self, config: Config, table: JobTable, gpus: Gpus, native_dir: Path, runtime_for, stats,
-                 placed, wake, decisions=dict):
+                 placed, wake, decisions=dict, usage=lambda job: None):
         self.config = config
         self.table = table
         self.gpus = gpus
         self.tool = native_dir / TOOL
         self._runtime_for = runtime_for  # Engines.runtime_for
         self._stats = stats  # () -> the sampler's stats per job (its last sample)
+        self._usage = usage  # Sampler.usage: a job's ledger read now (before its first sample)
         self._placed = placed  # Scheduler.placed: the jobs on GPUs as plan() sees them
         self._wake = wake
         self._decisions = decisions  # () -> the scheduler's latest decision per queued job
@@ -203,7 +204,7 @@ class Suspender:
     async def _suspend(self, job: Job, by: str) -> Job:
         t0 = time.monotonic()
         pids = await asyncio.to_thread(self._runtime_for(job).pids, job.handle)
-        st = self._stats().get(job.id) or {}
+        st = self._stats().get(job.id) or await asyncio.to_thread(self._usage, job) or {}
         nbytes = max(st.get("nvml_used") or 0, st.get("used") or 0) or job.spec.gpu_mem * len(job.gpus)
         if why := self._host_refusal(job, nbytes):
             self.counts["refused"] += 1
@@ -386,5 +387,11 @@ class Suspender:
                 self._store(job.id, rec)
                 log.warning("job %d: left suspended after a restart (its resume waits): %s", job.id, out.strip())
 
-    def held_bytes(self) -> int:
-        return sum(r.bytes for j in self.table.jobs_in(State.RUNNING) if (r := record_of(j)) and r.phase != "suspending")
+    def figures(self) -> tuple[dict[str, int], dict]:
+        """For the metrics: bytes held in host memory per GPU, and the counts since the start."""
+        per_gpu: dict[str, int] = {}
+        for j in self.table.jobs_in(State.RUNNING):
+            if (r := record_of(j)) and r.phase != "suspending":
+                for u in j.gpus:
+                    per_gpu[u] = per_gpu.get(u, 0) + r.bytes // max(len(j.gpus), 1)
+        return per_gpu, dict(self.counts)
