@@ -329,6 +329,18 @@ static CUresult ask(int pid, int op, uint32_t from, unsigned timeout_ms)
         return r;
     struct fg_ck *c = &g_ck[slot];
     turn(slot, F_WRLCK);
+    /* An asker that died left its request: taken back if the target has not taken it, else
+     * waited for, so that its answer never reads as ours. */
+    for (uint32_t rq; (rq = ld(&c->rq)) == RQ_POSTED || rq == RQ_TAKEN;) {
+        if (rq == RQ_POSTED &&
+            __atomic_compare_exchange_n(&c->rq, &rq, RQ_CANCELLED, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            break;
+        if (!alive(slot, gen)) {
+            turn(slot, F_UNLCK);
+            return CUDA_ERROR_NOT_FOUND;
+        }
+        wait_while(&c->rq, rq, 100);
+    }
     if (ld(&c->state) != from) {
         turn(slot, F_UNLCK);
         return ERR_ILLEGAL_STATE;

@@ -12,6 +12,8 @@
  * the exit status is 1, with "error PID STEP CODE NAME: TEXT" on stdout (the driver's reason).
  * Both skip pids already where they lead, so a rerun after an interruption finishes the work. */
 #include <dlfcn.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,6 +135,9 @@ static void *sym(void *h, const char *name)
 
 int main(int argc, char **argv)
 {
+    /* colo's daemon runs this: when the daemon is killed, its restart finishes or undoes the step,
+     * and must not race an orphaned helper still acting on the same pids */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     int a = 1;
     if (a + 1 < argc && !strcmp(argv[a], "-t")) {
         g_timeout_ms = (unsigned)strtoul(argv[a + 1], NULL, 10);
