@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -283,4 +284,28 @@ def test_an_idle_job_is_suspended_for_a_waiting_one_and_a_no_suspend_job_never(u
         assert d.job(waiter)["gpus"] == idle["gpus"]
     finally:
         d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_driver_refuses_to_checkpoint_an_mps_client(fakegpu, native_dir):
+    from colo.node.mps import MpsManager
+
+    root = Path(tempfile.mkdtemp(prefix="cs", dir="/tmp"))  # short: the MPS pipe's socket path must fit
+    root.chmod(0o755)
+    env = {**os.environ, **fakegpu.env}
+    mgr = MpsManager(root / "mps", fakegpu.mps_control, env, idle_stop_s=10)
+    try:
+        u0 = fakegpu.uuids()[0]
+        d = mgr.ensure(u0, 0)
+        client = {**env, "CUDA_VISIBLE_DEVICES": u0, "COLO_FAKEGPU_MPS_WAIT_S": "3", **d.client_env(4 * GiB, None)}
+        p = _holder(root / "a", 512, client)
+        try:
+            r = _ckpt(native_dir, env, "suspend", str(p.pid))
+            assert r.returncode == 1 and "state 801 CUDA_ERROR_NOT_SUPPORTED" in r.stdout, r
+            assert fakegpu.read()["devices"][0]["used"] == 512 * MiB  # nothing moved
+        finally:
+            p.kill()
+            p.wait()
+    finally:
+        mgr.stop_all()
         shutil.rmtree(root, ignore_errors=True)
