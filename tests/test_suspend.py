@@ -309,3 +309,49 @@ def test_the_driver_refuses_to_checkpoint_an_mps_client(fakegpu, native_dir):
     finally:
         mgr.stop_all()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_suspended_notebook_kernel_answers_and_its_next_cuda_call_resumes_it(node, tmp_path, monkeypatch):
+    """A real ipykernel started through jupyter_client with colo's provisioner (as in test_jupyter.py;
+    as root: this interpreter is under /root)."""
+    pytest.importorskip("jupyter_client")
+    pytest.importorskip("ipykernel")
+    from jupyter_client import KernelManager
+
+    d = node
+    prefix = tmp_path / "prefix"
+    r = d.cli("kernelspec", "install", "--gpu-mem", "256MiB", "--name", "colo-susp", "--python", sys.executable,
+              "--prefix", str(prefix), "--socket", str(d.socket))
+    assert r.returncode == 0, r.stderr
+    monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    km = KernelManager(kernel_name="colo-susp")
+    km.start_kernel(cwd=str(tmp_path))
+    kc = km.client()
+
+    def cell(code: str) -> str:
+        out: list[str] = []
+        reply = kc.execute_interactive(code, timeout=120, output_hook=lambda m: out.append(
+            m["content"]["text"]) if m["msg_type"] == "stream" else None)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(out)
+
+    try:
+        kc.start_channels()
+        kc.wait_for_ready(timeout=120)
+        job = km.provisioner.job_id
+        assert cell("import ctypes\ncu = ctypes.CDLL('libcuda.so.1')\nctx, p = ctypes.c_void_p(), ctypes.c_uint64()\n"
+                    "assert cu.cuInit(0) == 0 and cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0\n"
+                    "print(cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(128 << 20)))").strip() == "0"
+        wait_for(lambda: (d.job(job).get("used") or 0) >= 128 * MiB, 30, "the kernel's memory to be seen")
+        d.cli("suspend", str(job), check=True)
+        assert cell("print(6 * 7)").strip() == "42"  # its CPU side answers while suspended
+        assert d.job(job)["suspended"].startswith("suspended by root")
+        out = cell("f, t = ctypes.c_size_t(), ctypes.c_size_t()\nprint(cu.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t)))")
+        assert out.strip() == "0"  # it waited at the gate, was restored, and answered
+        assert d.job(job)["suspended"] is None
+        assert any(e["reason"].startswith("resumed") for e in d.job(job)["events"])
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel()
