@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..config import Config
-from ..jobs import Job, Mode, State
+from ..jobs import ACTIVE, Job, Mode, State
 from ..node import interposer
 from ..sched import policy
 from ..units import format_size
@@ -100,6 +100,8 @@ class Suspender:
         self._skip: dict[int, float] = {}  # a policy's suspend refused: not tried again before then
         self._busy: set[int] = set()  # jobs with a driver step under way
         self.waits: dict[int, str] = {}  # a wanted resume that waits: why
+        self._soon: asyncio.Task | None = None
+        table.on_change.append(self._job_changed)
         self.counts = {"suspends": 0, "resumes": 0, "refused": 0, "suspend_seconds": 0.0, "resume_seconds": 0.0}
 
     # the helper --------------------------------------------------------------------------------
@@ -248,6 +250,13 @@ class Suspender:
             log.info("job %d: resume asked by %s", job.id, by)
         await self.resume_waiting()
         return self.table.job(job.id)
+
+    def _job_changed(self, prev: Job | None, job: Job) -> None:
+        """A job that held budget ended: a wanted resume may fit now, before the next tick."""
+        if prev is None or prev.state not in ACTIVE or job.state in ACTIVE or not prev.gpus:
+            return
+        if self._soon is None or self._soon.done():
+            self._soon = asyncio.get_running_loop().create_task(self.resume_waiting())
 
     async def resume_waiting(self) -> None:
         """Restores the suspended jobs whose resume is wanted and whose budget fits again, the
