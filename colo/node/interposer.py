@@ -29,7 +29,7 @@ DEFAULT_SLOTS = 1024
 SNAPSHOT_SLOTS = 16               # a ledger read takes up to this many slots whole, in one pread
 
 # magic, version, header_size, nslots, slot_size, max_devices, devices, budget, refused,
-# resync, hwm, reclaims (begun, ever), spare, lanes, lane_size
+# resync, hwm, reclaims (begun, ever), suspend (colo suspend: SUSPEND_AT), lanes, lane_size
 _HEAD = struct.Struct("<8s6IQQ6I")
 DEV_AT = 256                      # device d's line: used (the admission counter), peak
 _DEVLINE = struct.Struct(f"<{MAX_DEVICES * 8}Q")  # 8 u64 a device: used, peak, 6 spare
