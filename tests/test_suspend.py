@@ -238,12 +238,13 @@ def test_suspend_victims_are_the_fewest_longest_idle_then_lowest_priority_holder
           Holder(3, "g1", 12 * GiB, priority=-5, preemptible=True),
           Holder(4, "g1", 2 * GiB, idle_since=10.0, idle_policy=False)]  # idle, but its policy is off
     free = {"g0": 2 * GiB, "g1": 2 * GiB}
-    assert suspend_victims(6 * GiB, 0, hs, free) == [2]  # the longest idle on g0 is enough
-    assert suspend_victims(10 * GiB, 0, hs, free) == [2, 1]  # two idle ones before one busy job preempted
-    assert suspend_victims(10 * GiB, 0, [h for h in hs if h.gpu == "g1"], free) == [3]  # preempted: lower priority
-    assert suspend_victims(10 * GiB, -5, [h for h in hs if h.gpu == "g1"], free) == []  # not below its own
-    assert suspend_victims(2 * GiB, 0, hs, free) == []  # it fits: nothing suspended
-    assert suspend_victims(40 * GiB, 0, hs, free) == []  # no set suffices: nothing suspended
+    assert suspend_victims(6 * GiB, 0, hs, free) == ("g0", [2])  # the longest idle on g0 is enough
+    assert suspend_victims(10 * GiB, 0, hs, free) == ("g0", [2, 1])  # two idle ones before one busy job preempted
+    g1 = [h for h in hs if h.gpu == "g1"]
+    assert suspend_victims(10 * GiB, 0, g1, free) == ("g1", [3])  # preempted: a lower priority
+    assert suspend_victims(10 * GiB, -5, g1, free) == (None, [])  # never one of its own priority
+    assert suspend_victims(2 * GiB, 0, hs, free) == ("g0", [])  # it fits: nothing suspended
+    assert suspend_victims(40 * GiB, 0, hs, free) == (None, [])  # no set suffices: nothing suspended
 
 
 def test_the_suspend_keys_are_checked_at_load(tmp_path):

@@ -32,6 +32,7 @@ from .jobtable import JobTable
 log = logging.getLogger("colo")
 
 TOOL = "colo-ckpt"
+RECLAIM_FRONT = 16  # queued jobs a policy makes room for in one tick, from the queue's front
 
 
 class SuspendRefused(Exception):
@@ -327,32 +328,46 @@ class Suspender:
         return out
 
     async def reclaim(self) -> None:
-        """idle_jobs, idle_sessions = "suspend" and preempt = "suspend": when the queue's front job
-        waits for memory (its latest decision is the policy's wait), the holders policy.suspend_victims
-        names are suspended, one tick at a time (the tick)."""
+        """idle_jobs, idle_sessions = "suspend" and preempt = "suspend": for the queued jobs that
+        wait for memory (their latest decision is the planner's wait), from the front, the holders
+        policy.suspend_victims names are suspended; memory made room for one is not counted again
+        for the next (the tick)."""
         cfg = self.config
         if "suspend" not in (cfg.idle_jobs, cfg.idle_sessions, cfg.preempt) or self._busy:
             return
         now = time.time()
         waiting = [self.table.open.get(i) for i, d in self._decisions().items()
                    if d.action == policy.WAIT and d.details]  # a placement's wait, not a dependency's or a hold's
-        waiting = [j for j in waiting if j is not None and j.state == State.QUEUED and j.spec.gpus == 1]
+        waiting = sorted((j for j in waiting if j is not None and j.state == State.QUEUED and j.spec.gpus == 1),
+                         key=lambda j: (-j.spec.priority, j.submitted_at, j.id))[:RECLAIM_FRONT]
         if not waiting:
             return
-        front = max(waiting, key=lambda j: (j.spec.priority, -j.submitted_at, -j.id))
-        views = [g for g in self.gpus.views(in_use=True)
-                 if policy.gpu_allowed(g, front.spec.gpu_ids, front.spec.gpu_type) and g.error is None]
+        views = [g for g in self.gpus.views(in_use=True) if g.error is None]
         free = policy.free_budget(views, self._placed(now))
-        for victim in policy.suspend_victims(front.spec.gpu_mem, front.spec.priority, self._holders(now), free):
-            job = self.table.open.get(victim)
-            if job is None:
-                return
-            try:
-                await self.suspend(job, f"colo (job {front.id} waits for its memory)")
-            except SuspendRefused as e:
-                self._skip[victim] = now + 300.0
-                log.info("job %d: not suspended for job %d: %s", victim, front.id, e)
-                return
+        holders = self._holders(now)
+        plan: list[tuple[Job, list[int]]] = []
+        for front in waiting:
+            allowed = {g.uuid for g in views if policy.gpu_allowed(g, front.spec.gpu_ids, front.spec.gpu_type)}
+            gpu, victims = policy.suspend_victims(front.spec.gpu_mem, front.spec.priority, holders,
+                                                  {u: v for u, v in free.items() if u in allowed})
+            if gpu is None:
+                continue
+            budgets = {h.job_id: h.budget for h in holders}
+            free[gpu] += sum(budgets[v] for v in victims) - front.spec.gpu_mem  # as if it were placed there
+            holders = [h for h in holders if h.job_id not in victims]
+            if victims:
+                plan.append((front, victims))
+        for front, victims in plan:
+            for victim in victims:
+                job = self.table.open.get(victim)
+                if job is None:
+                    continue
+                try:
+                    await self.suspend(job, f"colo (job {front.id} waits for its memory)")
+                except SuspendRefused as e:
+                    self._skip[victim] = now + 300.0
+                    log.info("job %d: not suspended for job %d: %s", victim, front.id, e)
+                    return
 
     def note(self, job_id: int) -> str | None:
         """What `ls`, `show` and `explain` say of a suspended job."""

@@ -897,15 +897,16 @@ class Holder:
     preemptible: bool = False  # preempt = suspend, time-sliced, not --no-suspend, not an MPS client
 
 
-def suspend_victims(budget: int, priority: int, holders: Sequence[Holder], free: dict[str, int]) -> list[int]:
-    """Whom to suspend so that a waiting job (budget per GPU, one GPU, priority) fits, or []: on
-    the GPU that needs the fewest busy jobs preempted, then the fewest suspends; there the
+def suspend_victims(budget: int, priority: int, holders: Sequence[Holder],
+                    free: dict[str, int]) -> tuple[str | None, list[int]]:
+    """Where a waiting job (budget per GPU, one GPU, priority) can go and whom to suspend for it
+    there: the GPU that needs the fewest busy jobs preempted, then the fewest suspends; there the
     longest-idle holders first, then (preempt) holders of a lower priority, the lowest first.
-    Never more than it takes; nothing when no set suffices."""
-    best: tuple[int, int, list[int]] | None = None
+    Never more than it takes. (gpu, []) when it fits already; (None, []) when no set suffices."""
+    best: tuple[int, int, list[int], str] | None = None
     for gpu, room in free.items():
         if room >= budget:
-            return []  # it fits already: the scheduler places it
+            return gpu, []  # it fits already: the scheduler places it
         idle = sorted((h for h in holders if h.gpu == gpu and h.idle_policy and h.idle_since is not None),
                       key=lambda h: (h.idle_since, h.job_id))
         low = sorted((h for h in holders if h.gpu == gpu and h.preemptible and h.priority < priority
@@ -916,10 +917,10 @@ def suspend_victims(budget: int, priority: int, holders: Sequence[Holder], free:
                 break
             chosen.append(h.job_id)
             room += h.budget
-        rank = (max(len(chosen) - len(idle), 0), len(chosen), chosen)
+        rank = (max(len(chosen) - len(idle), 0), len(chosen), chosen, gpu)
         if room >= budget and (best is None or rank[:2] < best[:2]):
             best = rank
-    return best[2] if best else []
+    return (best[3], best[2]) if best else (None, [])
 
 
 def gpu_allowed(g: GpuView, ids: Sequence[int] = (), kind: str | None = None) -> bool:
