@@ -86,6 +86,7 @@ struct ledger_slot {
 enum { LEDGER_SUSPENDED = 1, LEDGER_RESUME_WANTED = 2 };
 extern struct ledger_header *colo_gate_hdr;
 void colo_gate_wait(void);
+void *colo_gated(void *p); /* a driver function this library does not wrap, behind the gate */
 /* The gate every wrapper passes (hooks.c real()): one load of the shared word when not suspended. */
 static inline __attribute__((always_inline)) void colo_gate(void)
 {
