@@ -1,6 +1,7 @@
 """A CUDA program for the suspend tests (run as a job, as its user): holds MIB MiB of device memory
 through the driver API (ctypes), writes DIR/ready, then for each DIR/poke-N that appears makes one
-CUDA call and writes its answer to DIR/done-N. Usage: suspend_holder.py MIB DIR"""
+CUDA call and writes its answer to DIR/done-N. Usage: suspend_holder.py MIB DIR [SM]: SM, a busy
+job's simulated SM activity in percent (the simulated driver's fakegpuSetActivity)."""
 import ctypes
 import os
 import sys
@@ -14,6 +15,8 @@ assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
 assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
 assert cu.cuCtxSetCurrent(ctx) == 0
 assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(mib << 20)) == 0
+if len(sys.argv) > 3:
+    assert cu.fakegpuSetActivity(int(sys.argv[3]), int(sys.argv[3]) // 2) == 0
 
 
 def put(name: str, text: str) -> None:

@@ -357,3 +357,32 @@ def test_a_suspended_notebook_kernel_answers_and_its_next_cuda_call_resumes_it(n
     finally:
         kc.stop_channels()
         km.shutdown_kernel()
+
+
+def test_a_higher_priority_job_preempts_a_busy_lower_priority_one_but_never_a_no_suspend_one():
+    root, state, _ = gpu_node("colo-preempt-", count=2, mem=4 * GiB)
+    d = DaemonProc(root, state, {"preempt": "suspend", "suspend_host_share": 1.0}).start()
+    try:
+        ids = {}
+        for gpu, name in ((0, "low"), (1, "keep")):
+            work = root / name
+            work.mkdir(mode=0o777)
+            spec = {"argv": [sys.executable, str(HOLDER), "2048", str(work), "60"], "gpus": 1, "gpu_mem": 3 * GiB,
+                    "name": name, "workdir": "/tmp", "priority": -5, "gpu_ids": [gpu],
+                    **({"no_suspend": True} if name == "keep" else {})}
+            ids[name] = d.client.submit(spec)["id"]
+            wait_for(lambda work=work: (work / "ready").exists(), 60, f"{name} to allocate")
+        wait_for(lambda: all((d.job(i).get("sm_util") or 0) > 0 for i in ids.values()), 60, "both to be busy")
+        same = d.client.submit({"argv": ["sleep", "600"], "gpus": 1, "gpu_mem": 3 * GiB, "name": "same",
+                                "workdir": "/tmp", "priority": -5})["id"]
+        wait_for(lambda: "GPU" in d.job(same)["reason"], 60, "a job of the same priority to wait")
+        urgent = d.client.submit({"argv": ["sleep", "600"], "gpus": 1, "gpu_mem": 3 * GiB, "name": "urgent",
+                                  "workdir": "/tmp", "priority": 5})["id"]
+        d.wait_state(urgent, "running", timeout=60)  # it took the low-priority job's memory
+        low, keep = d.job(ids["low"]), d.job(ids["keep"])
+        assert low["suspended"] and f"suspended by colo (job {urgent} waits for its memory)" in low["suspended"], low
+        assert keep["suspended"] is None
+        assert d.job(same)["state"] == "queued"  # nothing was preempted for a job of the same priority
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
