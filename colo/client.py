@@ -190,6 +190,10 @@ class Client:
         """Freeze a running job (the cgroup freezer, docker pause); it keeps its budget."""
         return self.call("pause", id=job_id)
 
+    def suspend(self, job_id: int) -> dict:
+        """A running job's GPU memory to host memory (the driver's checkpoint); its budget freed."""
+        return self.call("suspend", id=job_id)
+
     def resume(self, job_id: int) -> dict:
         return self.call("resume", id=job_id)
 

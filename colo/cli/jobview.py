@@ -52,6 +52,8 @@ def show(job: str, sock: str | None = None, as_json: bool = False) -> int:
     state = j["state"] + (f", exit code {j['exit_code']}" if j["exit_code"] is not None else "")
     if j.get("paused_by"):
         state += f", paused by {j['paused_by']}"  # and the reason says who may resume it
+    if j.get("suspended"):
+        state += f", {j['suspended']}"
     lines = [f"job {j['id']}" + (f" ({j['name']})" if j["name"] else ""),
              f"  user:      {j['user']} (uid {j['uid']})",
              f"  state:     {state}",
@@ -286,9 +288,15 @@ def pause(jobs: list[str], sock: str | None = None, as_json: bool = False) -> in
     return _each(c, [], as_json, c.pause, lambda j: f"job {j['id']}: paused (colo resume {j['id']})", jobs)
 
 
+def suspend(jobs: list[str], sock: str | None = None, as_json: bool = False) -> int:
+    c = Client(sock)
+    return _each(c, [], as_json, c.suspend, lambda j: f"job {j['id']}: {j.get('suspended') or 'suspended'}", jobs)
+
+
 def resume(jobs: list[str], sock: str | None = None, as_json: bool = False) -> int:
     c = Client(sock)
-    return _each(c, [], as_json, c.resume, lambda j: f"job {j['id']}: resumed", jobs)
+    return _each(c, [], as_json, c.resume,
+                 lambda j: f"job {j['id']}: {j['suspended'] if j.get('suspended') else 'resumed'}", jobs)
 
 
 def edit(job: str, gpu_mem: str | None = None, priority: int | None = None, name: str | None = None,

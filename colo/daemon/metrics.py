@@ -34,12 +34,14 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 class Metrics:
-    def __init__(self, config: Config, table: JobTable, gpus: Gpus, sampler: Sampler, patrol: Patrol):
+    def __init__(self, config: Config, table: JobTable, gpus: Gpus, sampler: Sampler, patrol: Patrol,
+                 suspended=None):
         self.config = config
         self.table = table
         self.gpus = gpus
         self.sampler = sampler
         self.patrol = patrol
+        self._suspended = suspended  # () -> Suspender.figures(): colo suspend's bytes and counts
         self._families: list = []
         self._report: dict | None = None
         self._report_at = -REPORT_EVERY
@@ -165,4 +167,16 @@ class Metrics:
             c = CounterMetricFamily(name, doc)
             c.add_metric([], rep[key])
             fams.append(c)
+        if self._suspended is not None:
+            per_gpu, counts = self._suspended()
+            gauge("colo_gpu_suspended_bytes", "GPU memory of suspended jobs, held in host memory (colo suspend)",
+                  ["gpu", "uuid"], [(k[:2], per_gpu.get(d.uuid, 0)) for k, d in zip(gpu_rows, devices)])
+            for name, doc, key in (("colo_suspends", "jobs suspended (colo suspend, its policies)", "suspends"),
+                                   ("colo_resumes", "suspended jobs restored", "resumes"),
+                                   ("colo_suspends_refused", "suspends refused (host memory, the driver)", "refused"),
+                                   ("colo_suspend_seconds", "time the driver took to suspend", "suspend_seconds"),
+                                   ("colo_resume_seconds", "time the driver took to restore", "resume_seconds")):
+                c = CounterMetricFamily(name, doc)
+                c.add_metric([], counts[key])
+                fams.append(c)
         self._families = fams  # swapped whole: a scrape sees this snapshot or the last

@@ -106,6 +106,9 @@ void fg_pool_return(struct fg_pool *p, uint64_t bytes, void *stream); /* NULL st
 void fg_async_drop_ctx(struct fg_ctx *c);      /* the context's pending frees complete */
 void fg_async_reset(void);
 void fg_async_complete_all(void);              /* every stream reaches the end of its work */
+/* checkpoint.c: the cuCheckpointProcess* API's thread in every CUDA process */
+void fg_ckpt_start(void);                      /* cuInit, under g_mu */
+int fg_ckpt_held(void);                        /* 1: LOCKED or CHECKPOINTED (g_mu is held for it) */
 int fg_mps_attach(CUresult *err);              /* 1 client, 0 no daemon reachable, -1 *err set */
 void fg_mps_detach(void);
 

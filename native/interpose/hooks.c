@@ -129,6 +129,7 @@ static void *real_slow(int id);
 /* The driver's function: one load once resolved (every wrapper starts here). */
 static inline __attribute__((always_inline)) void *real(int id)
 {
+    colo_gate(); /* colo suspend: waits here, before the driver, while the job is suspended */
     void *p = LOAD(&reals[id]);
     return __builtin_expect(p != NULL, 1) ? p : real_slow(id);
 }
@@ -1849,7 +1850,7 @@ static void *substitute(const char *sym, void *p, int ver, cuuint64_t flags, con
         return w[id];
     }
     if (unknown_counted_version(sym)) return refused_symbol(sym, ver);
-    return p; /* not an entry point we count: pass through */
+    return colo_gated(p); /* not an entry point we count: through colo suspend's gate (gate.c) */
 }
 
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags)
@@ -1921,6 +1922,12 @@ static void *refused_symbol(const char *name, int ver);
 static void *dlsym_wrapped(void *handle, const char *name) { return dlsym_hooked(handle, name, hook_id(name)); }
 static void *dlsym_refused(void *handle, const char *name) { (void)handle; return refused_symbol(name, 0); }
 static void *dlsym_none(void *handle, const char *name) { (void)handle; (void)name; return NULL; }
+/* Another driver function from the driver's handle: through colo suspend's gate (gate.c). */
+static void *dlsym_gated(void *handle, const char *name)
+{
+    void *p = next_dlsym(handle, name);
+    return p && !is_ours(p) ? colo_gated(p) : p;
+}
 
 /* dlsym and dlopen are exported as small trampolines that ask which function answers (the *_target
  * below), then *jump* to it with the program's own return address still on the stack: glibc's
@@ -1957,6 +1964,9 @@ __attribute__((used)) void *colo_dlsym_target(void *handle, const char *name)
     if (ledger_enabled()) {
         if (hook_id(name) >= 0) return (void *)dlsym_wrapped;
         if (unknown_counted_version(name)) return (void *)dlsym_refused;
+        /* an explicit handle only: RTLD_NEXT and RTLD_DEFAULT depend on the caller's address */
+        if (name && name[0] == 'c' && name[1] == 'u' && handle != RTLD_DEFAULT && handle != RTLD_NEXT)
+            return (void *)dlsym_gated;
     }
     if (!LOAD(&next_dlsym_fn)) resolve_dlsym();
     return next_dlsym_fn ? (void *)next_dlsym_fn : (void *)dlsym_none;

@@ -345,6 +345,7 @@ static const char *open_ledger(void)
     void *m = mmap(NULL, g_len, PROT_READ | PROT_WRITE, MAP_SHARED, g_fd, 0);
     if (m == MAP_FAILED) return strerror(errno);
     g_hdr = m;
+    __atomic_store_n(&colo_gate_hdr, g_hdr, __ATOMIC_RELEASE); /* gate.c: the suspend word */
     if (h.budget < g_budget) g_budget = h.budget;
     if (claim_slot() != 0) return "no free process slot (too many live processes in this job)";
     /* Weak (libpthread's before glibc 2.34): without it, lanes of exited threads are not reused. */
@@ -544,6 +545,7 @@ void ledger_atfork_child(void)
     /* The inherited descriptor shares the parent's lock: let go of it (the parent keeps its
      * slot and its allocations) and take a slot of our own when the child first needs one. */
     pthread_mutex_init(&g_init_mu, NULL);
+    colo_gate_hdr = NULL; /* gate.c: the mapping goes; the child's own ledger open sets it again */
     if (g_fd >= 0) close(g_fd);
     if (g_hdr) munmap(g_hdr, g_len);
     g_fd = -1;

@@ -58,7 +58,7 @@ struct ledger_header {
     uint32_t resync;           /* >0: a process died mid-operation; totals to be recomputed */
     uint32_t hwm;              /* slots [0, hwm) have ever been owned: scans stop there */
     uint32_t reclaims;         /* dead-slot reclaims begun: a resync needs it unchanged */
-    uint32_t spare0;
+    uint32_t suspend;          /* LEDGER_SUSPENDED | LEDGER_RESUME_WANTED (gate.c; colo suspend) */
     uint32_t lanes;            /* LEDGER_LANES */
     uint32_t lane_size;        /* LEDGER_LANE_SIZE */
     char pad[LEDGER_DEV_AT - 72];
@@ -80,6 +80,20 @@ struct ledger_slot {
     char pad[64 - 24];
     struct ledger_lane lane[LEDGER_LANES];
 };
+
+/* `colo suspend` (gate.c): the daemon sets SUSPENDED while the job's processes are checkpointed;
+ * a call that meets it sets RESUME_WANTED and waits for SUSPENDED to clear. */
+enum { LEDGER_SUSPENDED = 1, LEDGER_RESUME_WANTED = 2 };
+extern struct ledger_header *colo_gate_hdr;
+void colo_gate_wait(void);
+void *colo_gated(void *p); /* a driver function this library does not wrap, behind the gate */
+/* The gate every wrapper passes (hooks.c real()): one load of the shared word when not suspended. */
+static inline __attribute__((always_inline)) void colo_gate(void)
+{
+    struct ledger_header *h = colo_gate_hdr;
+    if (__builtin_expect(h != 0, 1) && __builtin_expect(__atomic_load_n(&h->suspend, __ATOMIC_RELAXED) != 0, 0))
+        colo_gate_wait();
+}
 
 /* Set up from the environment once per process (constructor); nothing touches the ledger yet. */
 void ledger_env_init(void);
