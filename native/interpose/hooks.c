@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "cuda_types.h"
@@ -27,7 +29,10 @@
     X(cuMemAllocFromPoolAsync, c) X(cuMemAllocFromPoolAsync_ptsz, c)                               \
     X(cuMemFree, c) X(cuMemFree_v2, c) X(cuMemFreeAsync, c) X(cuMemFreeAsync_ptsz, c)              \
     X(cuMemCreate, c) X(cuMemRelease, c) X(cuMemMap, c) X(cuMemUnmap, c)                           \
-    X(cuMemRetainAllocationHandle, c)                                                              \
+    X(cuMemRetainAllocationHandle, c) X(cuMemExportToShareableHandle, c)                           \
+    X(cuMemImportFromShareableHandle, c) X(cuModuleLoad, c) X(cuModuleLoadData, c)                  \
+    X(cuModuleLoadDataEx, c) X(cuModuleLoadFatBinary, c) X(cuModuleUnload, c) X(cuLibraryLoadData, c) \
+    X(cuLibraryLoadFromFile, c) X(cuLibraryUnload, c)                                              \
     X(cuArrayCreate, c) X(cuArrayCreate_v2, c) X(cuArray3DCreate, c) X(cuArray3DCreate_v2, c)      \
     X(cuMipmappedArrayCreate, c) X(cuArrayDestroy, c) X(cuMipmappedArrayDestroy, c)                \
     X(cuMemGetInfo, c) X(cuMemGetInfo_v2, c) X(cuDeviceTotalMem, c) X(cuDeviceTotalMem_v2, c)      \
@@ -51,7 +56,7 @@
     X(cuDeviceGetGraphMemAttribute, c) X(cuStreamGetCaptureInfo, c) X(cuStreamGetCaptureInfo_ptsz, c) \
     X(cuGraphGetNodes, c) X(cuGraphNodeGetType, c) X(cuGraphMemAllocNodeGetParams, c)             \
     X(cuGraphMemFreeNodeGetParams, c) X(cuGraphChildGraphNodeGetGraph, c) X(cuPointerGetAttribute, c)     \
-    X(cuArrayGetDescriptor_v2, c) X(cuMipmappedArrayGetLevel, c)
+    X(cuArrayGetDescriptor_v2, c) X(cuMipmappedArrayGetLevel, c) X(cuMemGetAllocationPropertiesFromHandle, c)
 
 #define AS_ENUM(n, f) H_##n,
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
@@ -287,20 +292,51 @@ static uint64_t mul_sat(uint64_t a, uint64_t b)
     return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
-static uint64_t texel_bytes(int format)
+/* Half-bytes per texel of a CUarray_format (0: not a per-texel format). Plain formats are per
+ * channel (times NumChannels); the normalised ones carry their channel count (X1/X2/X4); the
+ * video formats are per pixel over all their planes (4:2:0 has a quarter-size chroma pair: 1.5
+ * bytes a pixel at 8 bits). */
+static uint64_t texel_halves(int format, unsigned ch)
 {
+    ch = ch ? ch : 1;
     switch (format) {
-    case 0x01: case 0x08: return 1;            /* (UN)SIGNED_INT8 */
-    case 0x02: case 0x09: case 0x10: return 2; /* (UN)SIGNED_INT16, HALF */
-    case 0x03: case 0x0a: case 0x20: return 4; /* (UN)SIGNED_INT32, FLOAT */
-    default: return 8;                         /* newer packed formats: err on the large side */
+    case 0x01: case 0x08: return 2 * ch;                  /* (UN)SIGNED_INT8 */
+    case 0x02: case 0x09: case 0x10: return 4 * ch;       /* (UN)SIGNED_INT16, HALF */
+    case 0x03: case 0x0a: case 0x20: return 8 * ch;       /* (UN)SIGNED_INT32, FLOAT */
+    case 0xc0: case 0xc6: return 2;                       /* UNORM/SNORM_INT8X1 */
+    case 0xc1: case 0xc7: case 0xc3: case 0xc9: return 4; /* INT8X2, INT16X1 */
+    case 0xc2: case 0xc8: case 0xc4: case 0xca: return 8; /* INT8X4, INT16X2 */
+    case 0xc5: case 0xcb: return 16;                      /* INT16X4 */
+    case 0xb0: case 0x53: case 0x59: return 3;            /* 8-bit 4:2:0: NV12, semi-planar, planar */
+    case 0x9f: case 0xa1: case 0x54: case 0x5a: return 6; /* 16-bit 4:2:0: P010, P016, ... */
+    case 0xa2: case 0xa5: case 0x51: case 0x55: case 0x5b: return 4; /* 8-bit 4:2:2: NV16, YUY2, ... */
+    case 0xa3: case 0xa4: case 0xa6: case 0xa7: case 0x56: case 0x5c: return 8; /* 16-bit 4:2:2 */
+    case 0xb2: case 0xb4: case 0x57: case 0x5d: return 6; /* 8-bit 4:4:4, three planes or two */
+    case 0xb3: case 0xb5: case 0x58: case 0x5e: return 12; /* 16-bit (10 in 16) 4:4:4 */
+    case 0xa8: case 0xa9: case 0x50: case 0x52: return 8; /* AYUV, Y410, 10:10:10:2, packed 4:4:4 (padded) */
+    case 0xb1: return 16;                                 /* Y416 */
+    default: return 0;
     }
+}
+
+static uint64_t mul3(uint64_t a, uint64_t b, uint64_t c) { return mul_sat(mul_sat(a, b), c); }
+
+/* Block-compressed formats: bytes per 4x4 block (BC1, BC4: 8; BC2, BC3, BC5, BC6H, BC7: 16). */
+static uint64_t block_bytes(int format)
+{
+    if (format < 0x91 || format > 0x9e) return 0;
+    return format <= 0x92 || format == 0x97 || format == 0x98 ? 8 : 16;
 }
 
 static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, int fmt, unsigned ch)
 {
-    uint64_t n = mul_sat(mul_sat(w ? w : 1, h ? h : 1), d ? d : 1);
-    return mul_sat(n, mul_sat(texel_bytes(fmt), ch ? ch : 1));
+    w = w ? w : 1, h = h ? h : 1, d = d ? d : 1;
+    uint64_t b = block_bytes(fmt);
+    if (b) return mul_sat(mul3((w + 3) / 4, (h + 3) / 4, d), b);
+    uint64_t halves = texel_halves(fmt, ch);
+    if (!halves) return mul_sat(mul3(w, h, d), mul_sat(16, ch ? ch : 1)); /* unknown: err on the large side */
+    uint64_t n = mul_sat(mul3(w, h, d), halves);
+    return n == UINT64_MAX ? n : (n + 1) / 2;
 }
 
 /* ---- allocation wrappers ---------------------------------------------------------------------- */
@@ -423,8 +459,55 @@ EXPORT CUresult cuMemFree(CUdeviceptr_v1 p)
     COUNTED_FREE(K_PTR, p, f(p));
 }
 
-/* ---- virtual memory management: physical memory lives until the handle is released AND every
- * mapping of it is unmapped, so a handle's bytes leave the ledger only when both happened. ---- */
+/* ---- virtual memory management: physical memory lives until its last handle is released AND
+ * every mapping of it is unmapped. The handles may be many: cuMemRetainAllocationHandle, and
+ * cuMemImportFromShareableHandle of an fd exported from it (cuMemExportToShareableHandle), which
+ * makes a new handle to the same memory. So the memory is one entry (K_VOBJ, keyed by an id of
+ * ours: a released handle's value may be handed out again while an import keeps the memory), counted
+ * once and given back when the last handle reference or mapping of it goes. An import of memory this
+ * process did not export (another process's, of this job or not) is counted to the importer from
+ * its first mapping, at the mapping's size (the driver has no call that says a handle's size). ---- */
+
+static uint64_t g_next_obj;
+#define OBJ_TAG (1ULL << 63) /* never a handle, pointer or context value */
+
+static void obj_unref(uint64_t obj)
+{
+    struct alloc a, e;
+    if (table_ref(K_VOBJ, obj, -1, &a) != 1) return;
+    if (a.aux && table_get(K_VEXP, a.aux, &e) && e.aux == obj) table_take(K_VEXP, a.aux, &e);
+    if (a.size) ledger_release(a.dev, a.size);
+}
+
+/* One more reference of handle h to object obj (a new K_VMM entry, or one more on it). -1: no host
+ * memory to keep it (nothing changed). */
+static int handle_ref(uint64_t h, uint64_t obj)
+{
+    struct alloc o, a, old;
+    if (table_ref(K_VOBJ, obj, +1, &o) < 0) return -1;
+    if (table_ref(K_VMM, h, +1, &a) >= 0) {
+        if (a.aux != obj) obj_unref(obj); /* the same handle value answers for the same memory */
+        return 0;
+    }
+    struct alloc v = {.key = h, .aux = obj, .kind = K_VMM, .dev = o.dev, .refs = 1};
+    int r = table_put(&v, &old);
+    if (r < 0) { obj_unref(obj); return -1; }
+    if (r == 1) obj_unref(old.aux);
+    return 0;
+}
+
+/* A new object of `size` bytes already reserved in the ledger (0: an unsized import), held by h. */
+static int obj_new(uint64_t h, int dev, uint64_t size)
+{
+    uint64_t obj = OBJ_TAG | __atomic_add_fetch(&g_next_obj, 1, __ATOMIC_RELAXED);
+    struct alloc o = {.key = obj, .size = size, .kind = K_VOBJ, .dev = (uint16_t)dev, .refs = 1}, old;
+    if (table_put(&o, &old) < 0) return -1;
+    struct alloc v = {.key = h, .aux = obj, .kind = K_VMM, .dev = (uint16_t)dev, .refs = 1};
+    int r = table_put(&v, &old);
+    if (r < 0) { table_take(K_VOBJ, obj, &o); return -1; }
+    if (r == 1) obj_unref(old.aux); /* a handle value whose release we did not see */
+    return 0;
+}
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                             unsigned long long flags)
@@ -434,31 +517,49 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
          CUDA_ERROR_NOT_FOUND);
     if (!ON || !h || !prop || !size || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return f(h, size, prop, flags); /* host memory, or the driver's own error */
-    COUNTED_ALLOC(prop->location.id, size, K_VMM, f(h, size, prop, flags), *h, release_raw(*h));
+    int dev = prop->location.id, e = admit(dev, size);
+    if (e) return e;
+    CUresult rc = f(h, size, prop, flags);
+    if (rc == CUDA_SUCCESS && obj_new(*h, dev, size) != 0) {
+        release_raw(*h);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc != CUDA_SUCCESS) ledger_release(dev, size);
+    return rc;
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
     REAL(cuMemRelease, CUresult(*)(CUmemGenericAllocationHandle), f, CUDA_ERROR_NOT_FOUND);
     if (!ON) return f(h);
-    struct alloc a;
-    int r = table_ref(h, -1, &a); /* -1: imported or foreign, never counted */
+    struct alloc a, o;
+    int r = table_ref(K_VMM, h, -1, &a); /* -1: a handle we do not count (host memory) */
     CUresult rc = f(h);
+    if (r < 0) return rc;
     if (rc == CUDA_SUCCESS) {
-        if (r == 1) ledger_release(a.dev, a.size);
-    } else if (r == 1) {
-        struct alloc o;
-        if (table_put(&a, &o) == 1) ledger_release(o.dev, o.size);
-    } else if (r == 0) {
-        table_ref(h, +1, &a);
+        obj_unref(a.aux); /* the bytes go when nothing else holds the memory */
+    } else if (r == 1) { /* still the program's */
+        a.refs = 1;
+        if (table_put(&a, &o) == 1) obj_unref(o.aux);
+    } else {
+        table_ref(K_VMM, h, +1, &a);
     }
     return rc;
 }
 
-static void unmapped(const struct alloc *m)
+static void unmapped(const struct alloc *m) { obj_unref(m->aux); }
+
+static int set_aux(struct alloc *o, uint64_t aux)
 {
-    struct alloc a;
-    if (table_ref(m->aux, -1, &a) == 1) ledger_release(a.dev, a.size);
+    o->aux = aux;
+    return 1;
+}
+
+static int size_if_unsized(struct alloc *o, uint64_t size)
+{
+    if (o->size) return 0;
+    o->size = size;
+    return 1;
 }
 
 EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
@@ -466,18 +567,25 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
 {
     REAL(cuMemMap, CUresult(*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long), f,
          CUDA_ERROR_NOT_FOUND);
+    struct alloc v, o;
+    if (!ON || !table_get(K_VMM, h, &v) || !table_get(K_VOBJ, v.aux, &o)) return f(ptr, size, offset, h, flags);
+    /* An import from elsewhere is charged at its first mapping, before the driver maps it. */
+    uint64_t charge = o.size ? 0 : offset + size;
+    int e = charge ? admit(v.dev, charge) : 0;
+    if (e) return e;
     CUresult rc = f(ptr, size, offset, h, flags);
-    struct alloc a;
-    if (ON && rc == CUDA_SUCCESS && table_ref(h, +1, &a) == 0) {
-        struct alloc m = {.key = ptr, .size = size, .aux = h, .kind = K_MAP, .refs = 1}, old;
-        int r = table_put(&m, &old);
-        if (r == 1) unmapped(&old); /* a mapping we missed the end of */
-        if (r < 0) {                /* no host memory to track it: undo the mapping */
-            CUresult (*unmap)(CUdeviceptr, size_t) = (CUresult(*)(CUdeviceptr, size_t))real(H_cuMemUnmap);
-            if (unmap) unmap(ptr, size);
-            unmapped(&m);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
+    if (charge && (rc != CUDA_SUCCESS || table_update(K_VOBJ, v.aux, size_if_unsized, charge) != 1))
+        ledger_release(v.dev, charge); /* failed, or sized by another thread's mapping meanwhile */
+    if (rc != CUDA_SUCCESS) return rc;
+    if (table_ref(K_VOBJ, v.aux, +1, &o) < 0) return rc; /* released meanwhile: nothing to hold */
+    struct alloc m = {.key = ptr, .size = size, .aux = v.aux, .kind = K_MAP, .refs = 1}, old;
+    int r = table_put(&m, &old);
+    if (r == 1) unmapped(&old); /* a mapping we missed the end of */
+    if (r < 0) {                /* no host memory to track it: undo the mapping */
+        CUresult (*unmap)(CUdeviceptr, size_t) = (CUresult(*)(CUdeviceptr, size_t))real(H_cuMemUnmap);
+        if (unmap) unmap(ptr, size);
+        unmapped(&m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return rc;
 }
@@ -498,8 +606,174 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, voi
          CUDA_ERROR_NOT_FOUND);
     CUresult rc = f(h, addr);
     struct alloc a;
-    if (ON && rc == CUDA_SUCCESS && h) table_ref(*h, +1, &a);
+    if (!ON || rc != CUDA_SUCCESS || !h) return rc;
+    /* The handle of the memory mapped at addr: a value we know, or a new one for it. */
+    if (table_ref(K_VMM, *h, 0, &a) >= 0 || table_get(K_MAP, (uint64_t)(uintptr_t)addr, &a))
+        handle_ref(*h, a.aux);
     return rc;
+}
+
+/* An exported fd names the memory by its file only when the file is a regular one of its own (the
+ * simulated driver's memfd); a device node or anonymous inode (as a real driver's fds may be) is
+ * shared by every export, so it says nothing, and an import of it is counted as from elsewhere. */
+static uint64_t fd_key(int fd)
+{
+    struct stat st; /* the system call: glibc's fstat symbol is GLIBC_2.33 (glibc_compat.h) */
+    if (fd < 0 || syscall(SYS_fstat, fd, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+    uint64_t k = ((uint64_t)st.st_dev * 0x9E3779B97F4A7C15ULL) ^ (uint64_t)st.st_ino;
+    return k ? k : 1;
+}
+
+EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
+                                             unsigned long long flags)
+{
+    REAL(cuMemExportToShareableHandle, CUresult(*)(void *, CUmemGenericAllocationHandle, int, unsigned long long),
+         f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(out, h, type, flags);
+    struct alloc v, e, old;
+    uint64_t key;
+    if (!ON || rc != CUDA_SUCCESS || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !out ||
+        !table_get(K_VMM, h, &v) || !(key = fd_key(*(int *)out)))
+        return rc;
+    struct alloc x = {.key = key, .aux = v.aux, .kind = K_VEXP, .refs = 1};
+    if (table_get(K_VEXP, key, &e) && e.aux != v.aux && table_get(K_VOBJ, e.aux, &old))
+        x.aux = 0; /* another live allocation's fd had this file: the file names neither */
+    if (table_put(&x, &old) >= 0 && x.aux) table_update(K_VOBJ, v.aux, set_aux, key);
+    return rc;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type)
+{
+    REAL(cuMemImportFromShareableHandle, CUresult(*)(CUmemGenericAllocationHandle *, void *, int), f,
+         CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(h, os, type);
+    if (!ON || rc != CUDA_SUCCESS || !h) return rc;
+    struct alloc e;
+    uint64_t key = type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ? fd_key((int)(intptr_t)os) : 0;
+    /* Exported by this process: the same memory, already counted. */
+    if (key && table_get(K_VEXP, key, &e) && e.aux && handle_ref(*h, e.aux) == 0) return rc;
+    /* From elsewhere: counted to us from its first mapping, on the device the driver says. */
+    CUmemAllocationProp p = {0};
+    CUresult (*props)(CUmemAllocationProp *, CUmemGenericAllocationHandle) =
+        (CUresult(*)(CUmemAllocationProp *, CUmemGenericAllocationHandle))real(H_cuMemGetAllocationPropertiesFromHandle);
+    int dev = cur_dev();
+    if (props && props(&p, *h) == CUDA_SUCCESS) {
+        if (p.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return rc; /* host memory */
+        dev = p.location.id;
+    }
+    if (obj_new(*h, dev, 0) != 0) { /* could not keep it: its mappings would go uncounted */
+        release_raw(*h);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return rc;
+}
+
+/* ---- modules and libraries: their globals (`__device__` variables) take device memory at load.
+ * No call says how much, so it is what the driver's free memory lost across the load (loads of a
+ * process one at a time); a load that does not fit is undone and refused. A module is freed with
+ * its context, a library when unloaded. ---- */
+
+static pthread_mutex_t g_load_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int real_free(size_t *fr)
+{
+    size_t t;
+    CUresult (*f)(size_t *, size_t *) = (CUresult(*)(size_t *, size_t *))real(H_cuMemGetInfo_v2);
+    return f && f(fr, &t) == CUDA_SUCCESS;
+}
+
+static CUresult module_unload_raw(void *m)
+{
+    CUresult (*f)(void *) = (CUresult(*)(void *))real(H_cuModuleUnload);
+    return f ? f(m) : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult library_unload_raw(void *l)
+{
+    CUresult (*f)(void *) = (CUresult(*)(void *))real(H_cuLibraryUnload);
+    return f ? f(l) : CUDA_ERROR_NOT_FOUND;
+}
+
+#define COUNTED_LOAD(out, call, library)                                                           \
+    do {                                                                                           \
+        if (!ON || !(out)) return (call);                                                          \
+        int dev_ = cur_dev();                                                                      \
+        size_t f0_ = 0, f1_ = 0;                                                                   \
+        pthread_mutex_lock(&g_load_mu);                                                            \
+        int ok_ = real_free(&f0_);                                                                 \
+        CUresult rc_ = (call);                                                                     \
+        ok_ = ok_ && rc_ == CUDA_SUCCESS && real_free(&f1_);                                       \
+        pthread_mutex_unlock(&g_load_mu);                                                          \
+        if (rc_ != CUDA_SUCCESS) return rc_;                                                       \
+        return loaded(*(void **)(out), library, dev_, ok_ && f1_ < f0_ ? f0_ - f1_ : 0);           \
+    } while (0)
+
+static CUresult loaded(void *h, int library, int dev, uint64_t size)
+{
+    CUresult rc = size ? admit(dev, size) : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS && keep(K_MODULE, (uint64_t)(uintptr_t)h, dev, size, library ? 0 : cur_ctx()) != 0) {
+        ledger_release(dev, size);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc != CUDA_SUCCESS) (void)(library ? library_unload_raw(h) : module_unload_raw(h));
+    return rc;
+}
+
+EXPORT CUresult cuModuleLoad(CUmodule *m, const char *path)
+{
+    REAL(cuModuleLoad, CUresult(*)(CUmodule *, const char *), f, CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(m, f(m, path), 0);
+}
+
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *img)
+{
+    REAL(cuModuleLoadData, CUresult(*)(CUmodule *, const void *), f, CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(m, f(m, img), 0);
+}
+
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *img, unsigned n, void *opts, void **vals)
+{
+    REAL(cuModuleLoadDataEx, CUresult(*)(CUmodule *, const void *, unsigned, void *, void **), f,
+         CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(m, f(m, img, n, opts, vals), 0);
+}
+
+EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *img)
+{
+    REAL(cuModuleLoadFatBinary, CUresult(*)(CUmodule *, const void *), f, CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(m, f(m, img), 0);
+}
+
+EXPORT CUresult cuLibraryLoadData(CUlibrary *l, const void *img, void *jo, void **jv, unsigned nj, void *lo,
+                                  void **lv, unsigned nl)
+{
+    REAL(cuLibraryLoadData,
+         CUresult(*)(CUlibrary *, const void *, void *, void **, unsigned, void *, void **, unsigned), f,
+         CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(l, f(l, img, jo, jv, nj, lo, lv, nl), 1);
+}
+
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *path, void *jo, void **jv, unsigned nj, void *lo,
+                                      void **lv, unsigned nl)
+{
+    REAL(cuLibraryLoadFromFile,
+         CUresult(*)(CUlibrary *, const char *, void *, void **, unsigned, void *, void **, unsigned), f,
+         CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(l, f(l, path, jo, jv, nj, lo, lv, nl), 1);
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule m)
+{
+    REAL(cuModuleUnload, CUresult(*)(CUmodule), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !m) return f(m);
+    COUNTED_FREE(K_MODULE, (uintptr_t)m, f(m));
+}
+
+EXPORT CUresult cuLibraryUnload(CUlibrary l)
+{
+    REAL(cuLibraryUnload, CUresult(*)(CUlibrary), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !l) return f(l);
+    COUNTED_FREE(K_MODULE, (uintptr_t)l, f(l));
 }
 
 /* ---- arrays: sized from the descriptor (texel size x extent), recorded by handle ---------------- */
@@ -766,6 +1040,7 @@ static void settle_pool(uint64_t h, int graph, int dev)
 /* An entry the table replaced (the driver handed its address out again: it is gone). */
 static void forgotten(const struct alloc *old)
 {
+    if (old->kind == K_VMM || old->kind == K_VOBJ || old->kind == K_VEXP) return; /* ours: never replaced */
     if (old->kind != K_MAP && old->kind != K_EXECW && old->kind != K_EXECB) gone(old, 0, NULL);
 }
 
@@ -1720,6 +1995,16 @@ static const struct rule {
     {"cuMemMap", 0, H_cuMemMap, H_cuMemMap, -1},
     {"cuMemUnmap", 0, H_cuMemUnmap, H_cuMemUnmap, -1},
     {"cuMemRetainAllocationHandle", 0, H_cuMemRetainAllocationHandle, H_cuMemRetainAllocationHandle, -1},
+    {"cuMemExportToShareableHandle", 0, H_cuMemExportToShareableHandle, H_cuMemExportToShareableHandle, -1},
+    {"cuMemImportFromShareableHandle", 0, H_cuMemImportFromShareableHandle, H_cuMemImportFromShareableHandle, -1},
+    {"cuModuleLoad", 0, H_cuModuleLoad, H_cuModuleLoad, -1},
+    {"cuModuleLoadData", 0, H_cuModuleLoadData, H_cuModuleLoadData, -1},
+    {"cuModuleLoadDataEx", 0, H_cuModuleLoadDataEx, H_cuModuleLoadDataEx, -1},
+    {"cuModuleLoadFatBinary", 0, H_cuModuleLoadFatBinary, H_cuModuleLoadFatBinary, -1},
+    {"cuModuleUnload", 0, H_cuModuleUnload, H_cuModuleUnload, -1},
+    {"cuLibraryLoadData", 0, H_cuLibraryLoadData, H_cuLibraryLoadData, -1},
+    {"cuLibraryLoadFromFile", 0, H_cuLibraryLoadFromFile, H_cuLibraryLoadFromFile, -1},
+    {"cuLibraryUnload", 0, H_cuLibraryUnload, H_cuLibraryUnload, -1},
     {"cuMipmappedArrayCreate", 0, H_cuMipmappedArrayCreate, H_cuMipmappedArrayCreate, -1},
     {"cuArrayDestroy", 0, H_cuArrayDestroy, H_cuArrayDestroy, -1},
     {"cuMipmappedArrayDestroy", 0, H_cuMipmappedArrayDestroy, H_cuMipmappedArrayDestroy, -1},

@@ -189,20 +189,33 @@ int table_take_if(int kind, uint64_t key, uint64_t ctx, struct alloc *out)
     return took;
 }
 
-int table_ref(uint64_t handle, int delta, struct alloc *out)
+int table_ref(int kind, uint64_t key, int delta, struct alloc *out)
 {
     int gone = -1;
-    uint64_t h = hash(K_VMM, handle);
+    uint64_t h = hash(kind, key);
     struct shard *s = shard_of(h);
     lock_mu(&s->mu);
-    long i = find(s, h, K_VMM, handle);
+    long i = find(s, h, kind, key);
     if (i >= 0) {
         gone = 0;
         s->tab[i].refs += (uint32_t)delta;
-        if (s->tab[i].refs == 0) { *out = s->tab[i]; remove_at(s, (size_t)i); gone = 1; }
+        *out = s->tab[i];
+        if (s->tab[i].refs == 0) { remove_at(s, (size_t)i); gone = 1; }
     }
     unlock_mu(&s->mu);
     return gone;
+}
+
+int table_update(int kind, uint64_t key, int (*fn)(struct alloc *, uint64_t), uint64_t arg)
+{
+    int r = -1;
+    uint64_t h = hash(kind, key);
+    struct shard *s = shard_of(h);
+    lock_mu(&s->mu);
+    long i = find(s, h, kind, key);
+    if (i >= 0) r = fn(&s->tab[i], arg);
+    unlock_mu(&s->mu);
+    return r;
 }
 
 int table_take_maps(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *))
