@@ -120,3 +120,30 @@ def test_array_formats_are_counted_at_their_real_size(share_probe, job, family):
     fmt, w, h, size = FORMATS[family]
     rc, counted, held = map(int, run(share_probe, env, "array", fmt, w, h)[0].split()[1:])
     assert (rc, counted, held) == (0, size, size)
+
+
+@pytest.fixture(scope="module")
+def early_program(native_dir, tmp_path_factory):
+    """A program whose linked library (DT_NEEDED) allocates and caches the driver's functions in
+    its own constructor (tests/native_helpers/early_lib.c, early_main.c)."""
+    out = tmp_path_factory.mktemp("early")
+    cuda = str(native_dir / "fakegpu" / "libcuda.so.1")
+    cc = ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", f"-I{NATIVE}/interpose"]
+    subprocess.run([*cc, "-shared", "-fPIC", "-o", str(out / "libearly.so"), str(HERE / "native_helpers" / "early_lib.c"),
+                    cuda, "-ldl", "-lpthread"], check=True, timeout=120)
+    subprocess.run([*cc, "-o", str(out / "early_main"), str(HERE / "native_helpers" / "early_main.c"),
+                    f"-L{out}", "-learly", f"-Wl,-rpath,{out}", cuda], check=True, timeout=120)
+    return out / "early_main"
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_a_library_using_the_driver_before_our_constructor_is_held_to_the_budget(early_program, job, thread):
+    env, ledger = job
+    env = {**env, "EARLY_BYTES": str(BUDGET // 2), "LATE_BYTES": str(BUDGET // 2 + MiB)}
+    if thread:
+        env["EARLY_THREAD"] = "1"
+    r = subprocess.run([str(early_program)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    # the constructor's allocation counted; the pointers it cached are ours: both refused
+    assert fields(r.stdout) == {"early": 0, "dlsym": 2, "gpa": 2, "free": BUDGET // 2}
+    assert interposer.read_ledger(ledger).refused == 2

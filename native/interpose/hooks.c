@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2371,14 +2372,32 @@ static void after_fork_child(void)
     ledger_atfork_child();
 }
 
-__attribute__((constructor)) static void colo_interpose_init(void)
+/* Set up once, by the first thread to need it; others wait for it (a yield loop: pthread_once is
+ * libpthread's before glibc 2.34). What the setup itself calls passes through unchanged. */
+static int g_setup; /* 0: not begun, 1: under way, 2: done */
+static __thread int t_in_setup __attribute__((tls_model("initial-exec")));
+
+int colo_interpose_setup(void)
 {
-    resolve_dlsym();
-    ledger_env_init();
-    table_env_init();
-    const char *m = getenv("COLO_GPU_MANAGED");
-    if (m && !strcmp(m, "none")) g_managed_none = 1;
-    else if (m && *m && strcmp(m, "full") && ledger_enabled())
-        fprintf(stderr, "colo: COLO_GPU_MANAGED=%s is not full or none: managed memory is charged in full\n", m);
-    if (ledger_enabled()) pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    int s = 0;
+    if (__atomic_compare_exchange_n(&g_setup, &s, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        t_in_setup = 1;
+        resolve_dlsym();
+        int on = ledger_env_init();
+        table_env_init();
+        const char *m = getenv("COLO_GPU_MANAGED");
+        if (m && !strcmp(m, "none")) g_managed_none = 1;
+        else if (m && *m && strcmp(m, "full") && on)
+            fprintf(stderr, "colo: COLO_GPU_MANAGED=%s is not full or none: managed memory is charged in full\n", m);
+        if (on) pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+        t_in_setup = 0;
+        __atomic_store_n(&colo_ledger_on, on, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_setup, 2, __ATOMIC_RELEASE);
+    } else if (s == 1) {
+        if (t_in_setup) return 0;
+        while (__atomic_load_n(&g_setup, __ATOMIC_ACQUIRE) != 2) sched_yield();
+    }
+    return __atomic_load_n(&colo_ledger_on, __ATOMIC_ACQUIRE);
 }
+
+__attribute__((constructor)) static void colo_interpose_init(void) { (void)ledger_enabled(); }
