@@ -93,8 +93,8 @@ extern int colo_ledger_on;
 int colo_interpose_setup(void);
 static inline int ledger_enabled(void)
 {
-    int v = __atomic_load_n(&colo_ledger_on, __ATOMIC_ACQUIRE);
-    return __builtin_expect(v >= 0, 1) ? v : colo_interpose_setup();
+    int v = colo_ledger_on; /* written once, before anything it guards is used */
+    return __builtin_expect(v > 0, 1) ? 1 : v == 0 ? 0 : colo_interpose_setup();
 }
 /* Budget per device in bytes (0 when it could not be read: everything is refused). */
 uint64_t ledger_budget(void);
