@@ -147,3 +147,18 @@ def test_a_library_using_the_driver_before_our_constructor_is_held_to_the_budget
     # the constructor's allocation counted; the pointers it cached are ours: both refused
     assert fields(r.stdout) == {"early": 0, "dlsym": 2, "gpa": 2, "free": BUDGET // 2}
     assert interposer.read_ledger(ledger).refused == 2
+
+
+def test_frees_on_a_stream_are_reclaimed_when_an_event_after_them_is_reached(share_probe, job):
+    env, ledger = job
+    # randomised sizes; the event recorded after the free (or before it: then it says nothing of
+    # it), synchronised or queried; then an allocation that fits only once the free is done
+    got = fields(run(share_probe, env, "events", 1000)[0])
+    assert got == {"rounds": 1000, "refused_fitting": 0, "over": 0, "uncounted": 0, "ledger": 0}
+    assert interposer.read_ledger(ledger).refused == 0
+
+
+def test_at_the_edge_frees_on_a_stream_that_finished_are_reclaimed(share_probe, job):
+    env, _ = job
+    got = fields(run(share_probe, {**env, "COLO_FAKEGPU_STREAMS_RUN": "1"}, "edge")[0])
+    assert got == {"edge": 0, "refused_fitting": 0, "uncounted": 0}

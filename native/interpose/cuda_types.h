@@ -24,6 +24,7 @@ typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef int CUdriverProcAddressQueryResult;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUmod_st *CUmodule;
+typedef struct CUevent_st *CUevent;
 typedef struct CUlib_st *CUlibrary;
 
 typedef struct {

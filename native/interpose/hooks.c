@@ -33,7 +33,9 @@
     X(cuMemRetainAllocationHandle, c) X(cuMemExportToShareableHandle, c)                           \
     X(cuMemImportFromShareableHandle, c) X(cuModuleLoad, c) X(cuModuleLoadData, c)                  \
     X(cuModuleLoadDataEx, c) X(cuModuleLoadFatBinary, c) X(cuModuleUnload, c) X(cuLibraryLoadData, c) \
-    X(cuLibraryLoadFromFile, c) X(cuLibraryUnload, c)                                              \
+    X(cuLibraryLoadFromFile, c) X(cuLibraryUnload, c) X(cuEventRecord, c) X(cuEventRecord_ptsz, c) \
+    X(cuEventRecordWithFlags, c) X(cuEventRecordWithFlags_ptsz, c) X(cuEventSynchronize, c)         \
+    X(cuEventQuery, c) X(cuEventDestroy, c) X(cuEventDestroy_v2, c)                                \
     X(cuArrayCreate, c) X(cuArrayCreate_v2, c) X(cuArray3DCreate, c) X(cuArray3DCreate_v2, c)      \
     X(cuMipmappedArrayCreate, c) X(cuArrayDestroy, c) X(cuMipmappedArrayDestroy, c)                \
     X(cuMemGetInfo, c) X(cuMemGetInfo_v2, c) X(cuDeviceTotalMem, c) X(cuDeviceTotalMem_v2, c)      \
@@ -984,6 +986,7 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
  * (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), with no allocations of its own counted. */
 
 static int g_npend;  /* K_PEND entries: frees of plain memory waiting for their stream */
+static uint32_t g_free_seq; /* numbers the K_PEND entries in the order their frees were enqueued */
 
 enum { MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5, GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
        GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2 };
@@ -1063,8 +1066,13 @@ static void gone(const struct alloc *a, int async, CUstream s)
         return;
     }
     if (async && a->kind == K_PTR) {
-        /* Plain memory freed on a stream: counted until that stream (or its context) is synchronised. */
-        if (keep_aux(K_PEND, a->key, a->dev, a->size, a->ctx, (uint64_t)(uintptr_t)s) == 0) {
+        /* Plain memory freed on a stream: counted until that stream (or its context) is synchronised,
+         * or an event recorded on it after the free is. */
+        struct alloc p = {.key = a->key, .size = a->size, .aux = (uint64_t)(uintptr_t)s, .ctx = a->ctx, .kind = K_PEND,
+                          .dev = a->dev, .refs = __atomic_add_fetch(&g_free_seq, 1, __ATOMIC_SEQ_CST)}, old;
+        int r = table_put(&p, &old);
+        if (r == 1) forgotten(&old);
+        if (r >= 0) {
             ADD_RELAXED(&g_npend, 1);
             return;
         }
@@ -1128,9 +1136,24 @@ static void trim_idle(int dev)
 /* Reserve size on dev. At the edge of the budget, what pools keep idle (below their release
  * threshold, or freed but not yet trimmed) is given back to the device first: the driver would
  * hold it while refusing. */
+/* At the edge: the frees pending on streams the driver says have finished their work are done (a
+ * real GPU gets there without any call of ours seeing it). */
+static void reach_finished_streams(void)
+{
+    uint64_t streams[64];
+    CUresult (*query)(CUstream) = (CUresult(*)(CUstream))real(H_cuStreamQuery);
+    int n = query ? table_pending_streams(streams, 64) : 0;
+    for (int i = 0; i < n; i++)
+        if (query((CUstream)(uintptr_t)streams[i]) == CUDA_SUCCESS) stream_reached((CUstream)(uintptr_t)streams[i], 0);
+}
+
 static int admit(int dev, uint64_t size)
 {
     if (ledger_try(dev, size)) return 0;
+    if (LOAD(&g_npend)) {
+        reach_finished_streams();
+        if (ledger_try(dev, size)) return 0;
+    }
     if (pools_count()) trim_idle(dev);
     return ledger_reserve(dev, size);
 }
@@ -1377,6 +1400,54 @@ AFTER_SUCCESS(cuStreamSynchronize_ptsz, CUstream, stream_reached(x, 0); settle_a
 /* A stream that answers "all done" has reached its frees (pools trim only at synchronisation). */
 AFTER_SUCCESS(cuStreamQuery, CUstream, stream_reached(x, 0))
 AFTER_SUCCESS(cuStreamQuery_ptsz, CUstream, stream_reached(x, 0))
+
+/* ---- events: once an event is reached, so is every free enqueued on its stream before it was
+ * recorded. Followed only while frees are pending (two loads a record otherwise). ---- */
+
+static int g_nevents; /* K_EVENT entries */
+
+#define EVENT_RECORD(name, params, args, ev, stream)                                               \
+    EXPORT CUresult name params                                                                    \
+    {                                                                                              \
+        REAL(name, CUresult(*) params, f, CUDA_ERROR_NOT_FOUND);                                   \
+        /* read before the record: every free numbered up to here was enqueued before it */       \
+        uint32_t seq = __atomic_load_n(&g_free_seq, __ATOMIC_SEQ_CST);                             \
+        CUresult rc = f args;                                                                      \
+        if (rc == CUDA_SUCCESS && ON && (LOAD(&g_npend) || LOAD(&g_nevents))) event_recorded(ev, stream, seq); \
+        return rc;                                                                                 \
+    }
+
+static void event_recorded(CUevent ev, CUstream s, uint32_t seq)
+{
+    struct alloc e = {.key = (uint64_t)(uintptr_t)ev, .aux = (uint64_t)(uintptr_t)s, .kind = K_EVENT, .refs = seq}, old;
+    if (LOAD(&g_npend)) {
+        if (table_put(&e, &old) == 0) ADD_RELAXED(&g_nevents, 1);
+    } else if (table_take(K_EVENT, e.key, &old)) { /* its earlier record says nothing of this one */
+        ADD_RELAXED(&g_nevents, -1);
+    }
+}
+
+static void event_reached(CUevent ev)
+{
+    struct alloc e;
+    if (LOAD(&g_npend) && LOAD(&g_nevents) && table_get(K_EVENT, (uint64_t)(uintptr_t)ev, &e))
+        table_take_pending_upto(e.aux, e.refs, pend_done);
+}
+
+static void event_gone(CUevent ev)
+{
+    struct alloc e;
+    if (LOAD(&g_nevents) && table_take(K_EVENT, (uint64_t)(uintptr_t)ev, &e)) ADD_RELAXED(&g_nevents, -1);
+}
+
+EVENT_RECORD(cuEventRecord, (CUevent e, CUstream s), (e, s), e, s)
+EVENT_RECORD(cuEventRecord_ptsz, (CUevent e, CUstream s), (e, s), e, s)
+EVENT_RECORD(cuEventRecordWithFlags, (CUevent e, CUstream s, unsigned fl), (e, s, fl), e, s)
+EVENT_RECORD(cuEventRecordWithFlags_ptsz, (CUevent e, CUstream s, unsigned fl), (e, s, fl), e, s)
+AFTER_SUCCESS(cuEventSynchronize, CUevent, event_reached(x))
+AFTER_SUCCESS(cuEventQuery, CUevent, event_reached(x))
+AFTER_SUCCESS(cuEventDestroy, CUevent, event_gone(x))
+AFTER_SUCCESS(cuEventDestroy_v2, CUevent, event_gone(x))
 
 EXPORT CUresult cuCtxSynchronize(void)
 {
@@ -2015,6 +2086,11 @@ static const struct rule {
     {"cuDevicePrimaryCtxReset", 11000, H_cuDevicePrimaryCtxReset, H_cuDevicePrimaryCtxReset_v2, -1},
     {"cuCtxDestroy", 4000, H_cuCtxDestroy, H_cuCtxDestroy_v2, -1},
     {"cuCtxSetLimit", 0, H_cuCtxSetLimit, H_cuCtxSetLimit, -1},
+    {"cuEventRecord", 0, H_cuEventRecord, H_cuEventRecord, H_cuEventRecord_ptsz},
+    {"cuEventRecordWithFlags", 0, H_cuEventRecordWithFlags, H_cuEventRecordWithFlags, H_cuEventRecordWithFlags_ptsz},
+    {"cuEventSynchronize", 0, H_cuEventSynchronize, H_cuEventSynchronize, -1},
+    {"cuEventQuery", 0, H_cuEventQuery, H_cuEventQuery, -1},
+    {"cuEventDestroy", 4000, H_cuEventDestroy, H_cuEventDestroy_v2, -1},
     {"cuMemPoolCreate", 0, H_cuMemPoolCreate, H_cuMemPoolCreate, -1},
     {"cuMemPoolDestroy", 0, H_cuMemPoolDestroy, H_cuMemPoolDestroy, -1},
     {"cuDeviceGetDefaultMemPool", 0, H_cuDeviceGetDefaultMemPool, H_cuDeviceGetDefaultMemPool, -1},

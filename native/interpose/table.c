@@ -266,7 +266,35 @@ static int in_ctx(const struct alloc *a, uint64_t ctx, uint64_t unused)
 {
     (void)unused;
     return a->ctx == ctx && (a->kind == K_PTR || a->kind == K_ARRAY || a->kind == K_MIPMAP || a->kind == K_LIMIT ||
-                             a->kind == K_PEND);
+                             a->kind == K_PEND || a->kind == K_MODULE);
+}
+
+/* K_PEND of stream x enqueued up to sequence number y (refs; wrapping). */
+static int of_stream_upto(const struct alloc *a, uint64_t stream, uint64_t seq)
+{
+    return a->kind == K_PEND && a->aux == stream && (int32_t)(a->refs - (uint32_t)seq) <= 0;
+}
+
+void table_take_pending_upto(uint64_t stream, uint32_t seq, void (*fn)(const struct alloc *))
+{
+    take_where(of_stream_upto, stream, seq, fn);
+}
+
+int table_pending_streams(uint64_t *out, int max)
+{
+    int n = 0;
+    for (unsigned k = 0; k < NSHARD && n < max; k++) {
+        struct shard *s = &shards[k];
+        lock_mu(&s->mu);
+        for (size_t i = 0; i < s->cap && n < max; i++) {
+            if (s->tab[i].kind != K_PEND) continue;
+            int seen = 0;
+            for (int j = 0; j < n && !seen; j++) seen = out[j] == s->tab[i].aux;
+            if (!seen) out[n++] = s->tab[i].aux;
+        }
+        unlock_mu(&s->mu);
+    }
+    return n;
 }
 
 static int of_stream(const struct alloc *a, uint64_t stream, uint64_t ctx_or_any)

@@ -14,9 +14,11 @@
  * imported from elsewhere, not sized until mapped; aux: its export's K_VEXP key). K_VMM: a handle
  * value (refs: its references; aux: its K_VOBJ). K_VEXP: an exported fd's file (key: device and
  * inode; aux: the K_VOBJ, 0 when two live allocations shared the file). K_MODULE: a loaded module
- * or library, its globals' size. */
+ * or library, its globals' size. K_PEND's refs: the free's sequence number (hooks.c: g_free_seq).
+ * K_EVENT: an event recorded while frees were pending (aux: its stream; refs: the last free's
+ * sequence number before the record). */
 enum { K_PTR = 1, K_VMM = 2, K_MAP = 3, K_ARRAY = 4, K_MIPMAP = 5, K_POOL = 6, K_LIMIT = 7, K_PEND = 8,
-       K_EXECW = 11, K_EXECB = 12, K_VOBJ = 13, K_VEXP = 14, K_MODULE = 15 };
+       K_EXECW = 11, K_EXECB = 12, K_VOBJ = 13, K_VEXP = 14, K_MODULE = 15, K_EVENT = 16 };
 
 struct alloc {
     uint64_t key;
@@ -53,6 +55,11 @@ void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *)
 void table_take_ctx(uint64_t ctx, void (*fn)(const struct alloc *));
 /* Remove the K_PEND entries of stream `stream` (all: of every stream of context ctx). */
 void table_take_pending(uint64_t stream, int all, uint64_t ctx, void (*fn)(const struct alloc *));
+/* Remove the K_PEND entries of stream `stream` whose sequence number (refs) is not after seq: the
+ * frees enqueued before an event recorded there. */
+void table_take_pending_upto(uint64_t stream, uint32_t seq, void (*fn)(const struct alloc *));
+/* Up to max distinct streams that K_PEND entries wait for (a scan: at the budget's edge only). */
+int table_pending_streams(uint64_t *out, int max);
 void table_atfork_prepare(void);
 void table_atfork_parent(void);
 void table_atfork_child(void);

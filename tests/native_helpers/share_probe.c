@@ -11,6 +11,11 @@
  *   array F W H  one array of format F (hex), printed: code, bytes the ledger counts, bytes the
  *                driver took
  *   module PATH G  every load path with a module declaring G bytes of globals
+ *   events N     N randomised rounds of allocations freed on a stream (cuMemFreeAsync) and an event
+ *                recorded there before or after the free, synchronised or queried; then a fitting
+ *                allocation; printed: rounds, fitting allocations refused, over, uncounted
+ *   edge         3B/4 freed on a stream nobody synchronises, then 3B/4 again (with
+ *                COLO_FAKEGPU_STREAMS_RUN=1 the stream has done its work when asked)
  *
  * Every checkpoint compares what the device holds (the simulated driver's own count, all
  * processes) with the budget and with what the job's ledger counts (budget - free as the
@@ -50,6 +55,16 @@ CUresult cuModuleUnload(CUmodule);
 CUresult cuLibraryLoadData(CUlibrary *, const void *, void *, void **, unsigned, void *, void **, unsigned);
 CUresult cuLibraryLoadFromFile(CUlibrary *, const char *, void *, void **, unsigned, void *, void **, unsigned);
 CUresult cuLibraryUnload(CUlibrary);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuEventCreate(CUevent *, unsigned);
+CUresult cuEventRecord(CUevent, CUstream);
+CUresult cuEventSynchronize(CUevent);
+CUresult cuEventQuery(CUevent);
+CUresult cuEventDestroy_v2(CUevent);
 
 static struct fg_header *fake;
 static uint64_t budget, over, uncounted;
@@ -285,21 +300,82 @@ static int modules(const char *path, uint64_t globals)
     return 0;
 }
 
+/* A fitting allocation (the device holds room for it within the budget) must not be refused. */
+static int refused_fitting;
+static CUresult alloc_checked(CUdeviceptr *p, uint64_t n)
+{
+    uint64_t d = device_used();
+    CUresult rc = cuMemAlloc_v2(p, n);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY && d + n <= budget) refused_fitting++;
+    checkpoint();
+    return rc;
+}
+
+static int events(int rounds)
+{
+    CUstream s;
+    CUevent e;
+    CHECK(cuStreamCreate(&s, 0));
+    CHECK(cuEventCreate(&e, 0));
+    srand(46);
+    uint64_t mib = 1 << 20, q = budget / mib;
+    for (int i = 0; i < rounds; i++) {
+        CUdeviceptr p, p2;
+        uint64_t n = (q / 4 + (uint64_t)rand() % (q / 2)) * mib;
+        int before = rand() % 4 == 0, query = rand() % 2;
+        if (alloc_checked(&p, n)) continue;
+        if (before) CHECK(cuEventRecord(e, s)); /* recorded before the free: says nothing of it */
+        CHECK(cuMemFreeAsync(p, s));
+        checkpoint();
+        if (!before) CHECK(cuEventRecord(e, s));
+        if (query) {
+            CUresult rc = cuEventQuery(e);
+            if (rc && rc != 600 /* NOT_READY */) die("cuEventQuery", rc);
+            if (rc) CHECK(cuEventSynchronize(e));
+        } else {
+            CHECK(cuEventSynchronize(e));
+        }
+        checkpoint();
+        if (before) CHECK(cuStreamSynchronize(s));
+        if (!alloc_checked(&p2, budget - budget / 4)) CHECK(cuMemFree_v2(p2));
+        checkpoint();
+    }
+    CHECK(cuEventDestroy_v2(e));
+    printf("rounds %d refused_fitting %d over %llu uncounted %llu ledger %llu\n", rounds, refused_fitting,
+           (unsigned long long)over, (unsigned long long)uncounted, (unsigned long long)ledger_used());
+    return 0;
+}
+
+static int edge(void)
+{
+    CUstream s;
+    CUdeviceptr p, p2;
+    uint64_t n = budget - budget / 4;
+    CHECK(cuStreamCreate(&s, 0));
+    CHECK(cuMemAlloc_v2(&p, n));
+    CHECK(cuMemFreeAsync(p, s));
+    CUresult rc = alloc_checked(&p2, n);
+    printf("edge %d refused_fitting %d uncounted %llu\n", rc, refused_fitting, (unsigned long long)uncounted);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *b = getenv("COLO_GPU_BUDGET");
     budget = b ? strtoull(b, NULL, 10) : 0;
-    if (argc < 3 || !budget) {
+    if (argc < 2 || !budget) {
         fprintf(stderr, "usage: share_probe same|keep|cross|crosskeep N | array F W H | module PATH G\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IONBF, 0);
     const char *c = argv[1];
-    if (!strcmp(c, "cross") || !strcmp(c, "crosskeep")) return cross(atoi(argv[2]), !strcmp(c, "crosskeep"));
+    if (argc >= 3 && (!strcmp(c, "cross") || !strcmp(c, "crosskeep"))) return cross(atoi(argv[2]), !strcmp(c, "crosskeep"));
     init();
-    if (!strcmp(c, "same") || !strcmp(c, "keep")) return same(atoi(argv[2]), !strcmp(c, "keep"));
+    if (argc >= 3 && (!strcmp(c, "same") || !strcmp(c, "keep"))) return same(atoi(argv[2]), !strcmp(c, "keep"));
     if (!strcmp(c, "array") && argc == 5)
         return array((int)strtol(argv[2], NULL, 16), strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
     if (!strcmp(c, "module") && argc == 4) return modules(argv[2], strtoull(argv[3], NULL, 10));
+    if (!strcmp(c, "events") && argc == 3) return events(atoi(argv[2]));
+    if (!strcmp(c, "edge")) return edge();
     return 2;
 }
