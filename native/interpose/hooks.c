@@ -2445,7 +2445,10 @@ static void after_fork_child(void)
     /* The child has no CUDA context of the parent's: none of its pools, pending frees or graphs. */
     pools_atfork_child();
     g_npend = 0;
+    g_nevents = 0;
     g_gstream = 0;
+    /* a thread of the parent may have been inside a load: the child would wait on its lock for good */
+    pthread_mutex_init(&g_load_mu, NULL);
     table_atfork_child();
     ledger_atfork_child();
 }
