@@ -162,3 +162,9 @@ def test_at_the_edge_frees_on_a_stream_that_finished_are_reclaimed(share_probe, 
     env, _ = job
     got = fields(run(share_probe, {**env, "COLO_FAKEGPU_STREAMS_RUN": "1"}, "edge")[0])
     assert got == {"edge": 0, "refused_fitting": 0, "uncounted": 0}
+
+
+def test_a_module_is_given_back_with_its_context(share_probe, job):
+    env, _ = job
+    got = fields(run(share_probe, env, "modctx", 40 * MiB)[0])
+    assert got == {"loaded": 40 * MiB, "ledger": 0, "device": 0}

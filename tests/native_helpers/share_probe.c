@@ -11,6 +11,8 @@
  *   array F W H  one array of format F (hex), printed: code, bytes the ledger counts, bytes the
  *                driver took
  *   module PATH G  every load path with a module declaring G bytes of globals
+ *   modctx G     a module of G bytes of globals, then the primary context reset: printed what the
+ *                ledger and the device hold after
  *   events N     N randomised rounds of allocations freed on a stream (cuMemFreeAsync) and an event
  *                recorded there before or after the free, synchronised or queried; then a fitting
  *                allocation; printed: rounds, fitting allocations refused, over, uncounted
@@ -56,6 +58,7 @@ CUresult cuLibraryLoadData(CUlibrary *, const void *, void *, void **, unsigned,
 CUresult cuLibraryLoadFromFile(CUlibrary *, const char *, void *, void **, unsigned, void *, void **, unsigned);
 CUresult cuLibraryUnload(CUlibrary);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
 CUresult cuStreamCreate(CUstream *, unsigned);
@@ -346,6 +349,22 @@ static int events(int rounds)
     return 0;
 }
 
+static int modctx(uint64_t globals)
+{
+    char img[96];
+    CUmodule m;
+    CUcontext ctx;
+    snprintf(img, sizeof img, "FAKEGPU-MODULE globals=%llu\n", (unsigned long long)globals);
+    CHECK(cuModuleLoadData(&m, img));
+    uint64_t held = ledger_used();
+    CHECK(cuDevicePrimaryCtxReset_v2(0)); /* frees the module with its context */
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, 0));
+    CHECK(cuCtxSetCurrent(ctx));
+    printf("loaded %llu ledger %llu device %llu\n", (unsigned long long)held, (unsigned long long)ledger_used(),
+           (unsigned long long)device_used());
+    return 0;
+}
+
 static int edge(void)
 {
     CUstream s;
@@ -377,5 +396,6 @@ int main(int argc, char **argv)
     if (!strcmp(c, "module") && argc == 4) return modules(argv[2], strtoull(argv[3], NULL, 10));
     if (!strcmp(c, "events") && argc == 3) return events(atoi(argv[2]));
     if (!strcmp(c, "edge")) return edge();
+    if (!strcmp(c, "modctx") && argc == 3) return modctx(strtoull(argv[2], NULL, 10));
     return 2;
 }
