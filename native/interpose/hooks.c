@@ -223,7 +223,7 @@ static int record(int kind, uint64_t key, int dev, uint64_t size)
     return keep(kind, key, dev, size, kind == K_VMM ? 0 : cur_ctx());
 }
 
-static int admit(int dev, uint64_t size);
+static inline int admit(int dev, uint64_t size);
 
 /* A context torn down while an allocation in it is between the driver and the table: the teardown
  * frees it but does not find it to forget, and it would stay counted for good. Teardowns are
@@ -1147,15 +1147,20 @@ static void reach_finished_streams(void)
         if (query((CUstream)(uintptr_t)streams[i]) == CUDA_SUCCESS) stream_reached((CUstream)(uintptr_t)streams[i], 0);
 }
 
-static int admit(int dev, uint64_t size)
+/* Out of line: only an allocation that does not fit at once comes here (admit stays one call). */
+static __attribute__((noinline)) int admit_slow(int dev, uint64_t size)
 {
-    if (ledger_try(dev, size)) return 0;
     if (LOAD(&g_npend)) {
         reach_finished_streams();
         if (ledger_try(dev, size)) return 0;
     }
     if (pools_count()) trim_idle(dev);
     return ledger_reserve(dev, size);
+}
+
+static inline __attribute__((always_inline)) int admit(int dev, uint64_t size)
+{
+    return __builtin_expect(ledger_try(dev, size), 1) ? 0 : admit_slow(dev, size);
 }
 
 /* At the edge of the budget, a stream-ordered allocation first lets its stream reach the frees
