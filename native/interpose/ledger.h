@@ -95,12 +95,21 @@ static inline __attribute__((always_inline)) void colo_gate(void)
         colo_gate_wait();
 }
 
-/* Set up from the environment once per process (constructor); nothing touches the ledger yet. */
-void ledger_env_init(void);
-/* 1 when COLO_GPU_BUDGET is set: only then does the interposer change anything (read on every
- * call: inline). */
+/* Set up from the environment once per process (hooks.c: colo_interpose_setup); nothing touches
+ * the ledger yet. Returns 1 when a budget applies. */
+int ledger_env_init(void);
+/* 1 when a budget applies (COLO_GPU_BUDGET, or colo's budget file): only then does the interposer
+ * change anything; -1 until the library is set up. Read on every call: inline, one load. */
 extern int colo_ledger_on;
-static inline int ledger_enabled(void) { return colo_ledger_on; }
+/* Sets the library up on its first use from any thread, whichever comes first: a wrapper, a
+ * dlsym or cuGetProcAddress answer, or our constructor (a library the program links runs its own
+ * constructor, which may use the driver, before a preloaded library's). Returns colo_ledger_on. */
+int colo_interpose_setup(void);
+static inline int ledger_enabled(void)
+{
+    int v = colo_ledger_on; /* written once, before anything it guards is used */
+    return __builtin_expect(v > 0, 1) ? 1 : v == 0 ? 0 : colo_interpose_setup();
+}
 /* Budget per device in bytes (0 when it could not be read: everything is refused). */
 uint64_t ledger_budget(void);
 
