@@ -115,6 +115,8 @@ def daemon(
     """
     import asyncio
     import logging
+    import os
+    import sys
 
     from ..config import Config, ConfigError
     from ..daemon.core import AlreadyRunning
@@ -125,6 +127,9 @@ def daemon(
                         format="%(asctime)s colo %(levelname)s %(message)s")
     try:
         cfg = Config.load(config, socket=socket, state_dir=state_dir, fakegpu_state=fake_gpus)
+        if os.geteuid() != 0 and socket is None:  # clients look for the system daemon unless told
+            print(f"colo: a private daemon on {cfg.socket}: its clients need COLO_SOCKET={cfg.socket}",
+                  file=sys.stderr)
         asyncio.run(serve(cfg))
     except (ConfigError, AlreadyRunning, StoreError, RuntimeError, PermissionError) as e:
         fail(str(e))
