@@ -114,6 +114,7 @@ def test_a_taken_port_costs_the_metrics_only_and_is_tried_again(tmp_path, fakegp
             threads = _threads(d.proc.pid)
             assert threads < base + 20, (base, threads)
             assert d.client.hello()  # the daemon answers meanwhile
+            assert _scrape(port)[("colo_queue_jobs", ())] == 0  # and a scrape: idle ones make room for it
         finally:
             for s in idle:
                 s.close()

@@ -3,8 +3,9 @@ dashboards admins of GPU servers already run beside DCGM's exporter (9400: not t
 
 Owns: the last snapshot of the figures, and the counters. The snapshot is built on the event loop
 after each tick (the parts' state is the loop's) and swapped in whole. The endpoint is served on
-the loop too (no thread per connection): at most MAX_CONNECTIONS at once, each given
-REQUEST_TIMEOUT seconds to ask and to be answered. A port that cannot be had (taken, no such
+the loop too (no thread per connection): at most MAX_CONNECTIONS waiting for their request at
+once (a new one makes the longest-waiting go), each given REQUEST_TIMEOUT seconds to ask and to be
+answered. A port that cannot be had (taken, no such
 address) costs the metrics only: logged once, tried again every RETRY_EVERY seconds.
 
 The counters (`*_seconds_total`) only go up: GPU-seconds are added each tick for the jobs running
@@ -32,7 +33,7 @@ log = logging.getLogger("colo")
 REPORT_EVERY = 60.0  # seconds between sums over ended jobs (SQL over the whole history) ...
 REPORT_SOONEST = 5.0  # ... or this soon after a job ended
 RETRY_EVERY = 10.0  # seconds between tries of a port that could not be had
-MAX_CONNECTIONS = 256  # connections served at once (an asyncio task each, no thread); more are closed
+MAX_CONNECTIONS = 256  # connections waiting for their request (an asyncio task each, no thread)
 REQUEST_TIMEOUT = 10.0  # seconds a connection has to send its request, and to take the answer
 MAX_REQUEST = 8192  # bytes of request line and headers
 FLUSH_EVERY = 30.0  # seconds between writes of the counters to the store
@@ -58,7 +59,9 @@ class Metrics:
         self._ended = True  # a job ended since the last sums
         self._server = None
         self._listener: asyncio.Task | None = None
-        self._conns = 0
+        # connections that have not sent their request yet, oldest first: a scrape is never kept
+        # out by idle ones, which make room for it
+        self._waiting: dict = {}
         self.error: str | None = None  # why the endpoint is not up (None: it is, or is about to be)
         self._totals: dict[tuple[str, str], float] = defaultdict(float, table.store.counters())
         self._pending: dict[tuple[str, str], float] = defaultdict(float)
@@ -104,12 +107,14 @@ class Metrics:
         """One scrape: GET /metrics, answered and closed (no keep-alive: nothing is held between)."""
         from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-        if self._conns >= MAX_CONNECTIONS:
-            writer.transport.abort()
-            return
-        self._conns += 1
+        if len(self._waiting) >= MAX_CONNECTIONS:  # make room: the one that has waited longest goes
+            oldest = next(iter(self._waiting))
+            del self._waiting[oldest]
+            oldest.transport.abort()
+        self._waiting[writer] = None
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+            self._waiting.pop(writer, None)
             method, target = (head.split(b"\r\n", 1)[0].split(b" ") + [b"", b""])[:2]
             if method not in (b"GET", b"HEAD"):
                 status, body, ctype = b"405 Method Not Allowed", b"GET only\n", b"text/plain"
@@ -124,7 +129,7 @@ class Metrics:
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass  # a slow, silent or oversized client: dropped
         finally:
-            self._conns -= 1
+            self._waiting.pop(writer, None)
             writer.transport.abort()
 
     def close(self) -> None:
