@@ -54,6 +54,7 @@ find "$ROOT$PREFIX" -name __pycache__ -prune -exec rm -rf {} +
 "$VPY" -m compileall -q -j 0 -s "$ROOT" -p / "$ROOT$PREFIX/lib" >/dev/null
 # colo's own binaries stripped (debug symbols are for a build tree); the dependencies' wheels are
 # left as PyPI ships them: some are patched by auditwheel, which strip can break
+find "$ROOT$PREFIX" -type f -name '*.so*' -exec chmod a-x {} +  # libraries are loaded, not run
 find "$ROOT$PREFIX" -path '*/colo/_native/*' -type f | while read -r f; do
   if head -c 4 "$f" | grep -q 'ELF'; then strip --strip-unneeded --remove-section=.comment --remove-section=.note "$f"; fi
 done
@@ -76,7 +77,9 @@ install -m 0644 "$WORK/src/packaging/colo-etc.toml" "$ROOT/etc/colo/colo.toml"
 install -m 0644 "$WORK/src/packaging/colo.toml" "$ROOT/usr/share/colo/colo.toml"
 install -m 0644 "$WORK/src/packaging/debian/lintian-overrides" "$ROOT/usr/share/lintian/overrides/colo-gpu"
 install -m 0644 "$WORK/src/README.md" "$WORK/src/docs/install.md" "$WORK/src/docs/slurm.md" "$ROOT/usr/share/doc/colo-gpu/"
-printf 'colo (colo-gpu on PyPI)\nLicense: MIT\nPython dependencies in %s: see %s/bin/pip list\n' "$PREFIX" "$PREFIX" \
+YEARS=$(git -C "$REPO" log --format=%cd --date=format:%Y 2>/dev/null | sort -u | sed -n '1p;$p' | uniq | paste -sd- || true)
+printf 'colo (colo-gpu on PyPI)\nCopyright (c) %s the colo authors\nLicense: MIT\nPython dependencies in %s: see %s/bin/pip list\n' \
+  "${YEARS:-$(date +%Y)}" "$PREFIX" "$PREFIX" \
   > "$ROOT/usr/share/doc/colo-gpu/copyright"
 
 # 5. Package metadata: the wheel's tag says the newest glibc its binaries need.
@@ -93,9 +96,10 @@ Depends: python$PYVER, libc6${GLIBC:+ (>= $GLIBC)}
 Suggests: docker.io | docker-ce, slurmd
 Installed-Size: $(du -sk "$ROOT" | cut -f1)
 Description: share one node's GPUs safely: budgets, MPS or time-slicing, a queue
- colo queues container and process jobs with a GPU-memory budget and starts each as soon as it
- fits, as an MPS client or time-sliced, from stored profiles of what jobs do; a compiled
- interposer holds every job to its budget. Its own Python environment is in $PREFIX.
+ colo queues container and process jobs with a GPU-memory budget and starts
+ each as soon as it fits, as an MPS client or time-sliced, from stored profiles
+ of what jobs do; a compiled interposer holds every job to its budget. Its own
+ Python environment is in $PREFIX.
 EOF
 echo /etc/colo/colo.toml > "$ROOT/DEBIAN/conffiles"
 # the changelog Debian packages carry (here: the commit it was built from)
