@@ -67,9 +67,9 @@ class Metrics:
         self._pending: dict[tuple[str, str], float] = defaultdict(float)
         self._counted_at: float | None = None
         self._flushed_at = time.monotonic()
-        table.on_change.append(self._job_changed)
 
-    def _job_changed(self, prev, job) -> None:
+    def job_changed(self, prev, job) -> None:
+        """The table's on_change (wired in core.open())."""
         if job.state in TERMINAL:
             self._ended = True
 

@@ -216,7 +216,7 @@ async def serve(config: Config) -> None:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="colo"))
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: (setattr(daemon, "stopping", True), daemon.wake()))
+            loop.add_signal_handler(sig, daemon.stop)
         log.info("colo daemon listening on %s, state in %s", config.socket, config.state_dir)
         systemd.notify("READY=1")  # the unit's Type=notify: `systemctl start` returns now, not before
         try:
