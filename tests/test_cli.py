@@ -59,7 +59,8 @@ def test_doctor_reports_each_piece(tmp_path):
     r = subprocess.run([sys.executable, "-m", "colo", "doctor", "--socket", str(tmp_path / "none.sock")],
                        capture_output=True, text=True, timeout=60)
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("--") and lines[0].split()[1] == "daemon" and "daemon is not running" in lines[0]
+    assert lines[0].startswith("FAIL") and lines[0].split()[1] == "daemon" and "daemon is not running" in lines[0]
+    assert r.returncode == 1  # a check failed: the exit code says so
     assert lines[1] == "this machine:"
     assert [ln.split()[1] for ln in lines[2:]] == ["interposer", "driver", "gating", "devices", "mps", "docker"]
     assert lines[2].startswith("ok") and "preloads cleanly" in lines[2]
