@@ -75,7 +75,7 @@ def test_doctor_describes_the_daemon_it_reaches_not_only_this_machine(daemon):
     by = {ln.split()[1]: ln for ln in head.splitlines()[1:]}
     assert by["gpus"].startswith("ok") and "simulated GPUs" in by["gpus"] and "GPU0" in by["gpus"] and "GPU1" in by["gpus"]
     assert by["mps"].startswith("ok") and "MPS clients" in by["mps"], out
-    assert "per user: none" in by["limits"] and "patrol kills after 30 s" in by["limits"]
+    assert "per user: queued 10000" in by["limits"] and "patrol kills after 30 s" in by["limits"]  # the default queue limit
     assert "NVML" in local or "driver" in local  # the local machine's own lines follow
     assert r.returncode == 0, out
 
