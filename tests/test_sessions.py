@@ -58,11 +58,15 @@ def bob():
 class Term:
     """`colo ARGS` on a terminal of its own (rows x cols), as user `pw`, driven with pexpect."""
 
-    def __init__(self, d: DaemonProc, pw, *args: str, rows: int = 24, cols: int = 80):
+    def __init__(self, d: DaemonProc, pw, *args: str, rows: int = 24, cols: int = 80, sighup: str = "default"):
         pid, fd = pty.fork()
         if pid == 0:  # pragma: no cover - the client
             code = 99
             try:
+                if sighup == "ignored":  # as under nohup, or a CI runner that ignores it
+                    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                elif sighup == "blocked":  # inherited through fork and exec as the signal mask
+                    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
                 fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
                 os.setgroups([])
                 os.setgid(pw.pw_gid)
@@ -237,8 +241,11 @@ def test_ctrl_c_ctrl_z_and_the_window_size_reach_the_job(node, alice):
     assert node.wait_state(job["id"], "succeeded")["exit_code"] == 0
 
 
-def test_a_hung_up_client_ends_the_session(node, alice):
-    t = Term(node, alice, "shell", *SHELL)
+@pytest.mark.parametrize("sighup", ["default", "ignored", "blocked"])
+def test_a_hung_up_client_ends_the_session(node, alice, sighup):
+    """Its terminal closes: the client ends as SIGHUP ends it, whatever it inherited for SIGHUP (it
+    sees the hang-up on the terminal itself), and the daemon cancels the job."""
+    t = Term(node, alice, "shell", *SHELL, sighup=sighup)
     try:
         t.prompt()
         job = _session_job(node, alice)
