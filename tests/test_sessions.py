@@ -333,6 +333,27 @@ def test_a_session_outlives_a_daemon_restart(alice):
         d.stop()
 
 
+def test_an_orphaned_session_ends_after_a_daemon_restart(node, alice):
+    """`colo run` of a program that ignores SIGHUP; the daemon restarts (its connection is gone);
+    then the client is killed: the job's terminal hangs up with no one on it, and the restarted
+    daemon, which has no connection to see close, ends the job all the same."""
+    t = Term(node, alice, "run", "--gpus", "0", "--", "sh", "-c", "trap '' HUP; echo ready; while :; do sleep 1; done")
+    try:
+        t.expect("ready")
+        job = _session_job(node, alice)
+        node.proc.send_signal(signal.SIGTERM)  # a restart (colo's unit: KillMode=process)
+        node.proc.wait(30)
+        node.start()
+        os.chmod(node.socket.parent, 0o755)
+        assert node.job(job["id"])["state"] == "running"
+        os.kill(t.pid, signal.SIGKILL)  # the client goes: the only holder of the job's terminal
+        assert t.wait() == -signal.SIGKILL
+    finally:
+        t.close()
+    ended = node.wait_state(job["id"], "cancelled", "failed", "succeeded", timeout=60)
+    assert ended["state"] == "cancelled" and "the session's client went away" in ended["reason"], ended
+
+
 def test_signal_takes_a_running_jobs_own_signals_only(node):
     c = node.client
     running = c.submit({"argv": ["sleep", "600"], "gpus": 0, "workdir": "/tmp"})["id"]
