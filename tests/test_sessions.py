@@ -15,7 +15,6 @@ import signal
 import struct
 import sys
 import termios
-import time
 import traceback
 
 import pytest
@@ -91,9 +90,9 @@ class Term:
                 finally:
                     os._exit(code)
         self.pid, self.fd, self.status = pid, fd, None
-        self.p = fdpexpect.fdspawn(fd, timeout=30, encoding="utf-8", codec_errors="replace")
+        self.p = fdpexpect.fdspawn(fd, timeout=60, encoding="utf-8", codec_errors="replace")
 
-    def expect(self, pattern, timeout: float = 30):
+    def expect(self, pattern, timeout: float = 60):
         return self.p.expect(pattern, timeout=timeout)
 
     def prompt(self, timeout: float = 60):
@@ -126,6 +125,27 @@ class Term:
                 os.waitpid(self.pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
+
+
+def _in_the_foreground(pw, command: str) -> None:
+    """Until a process of user `pw` running `command` is its terminal's foreground process group
+    (a key typed before would reach the shell instead, and flush the line it had not read yet)."""
+    def there() -> bool:
+        for d in os.listdir("/proc"):
+            try:
+                if not d.isdigit() or os.stat(f"/proc/{d}").st_uid != pw.pw_uid:
+                    continue
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[:-1] != command.encode().split():
+                        continue
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+            except OSError:
+                continue
+            if fields[2] == fields[5]:  # pgrp == tpgid
+                return True
+        return False
+    wait_for(there, 60, f"{command} to run in the foreground")
 
 
 def _session_job(d: DaemonProc, pw) -> dict:
@@ -216,15 +236,15 @@ def test_ctrl_c_ctrl_z_and_the_window_size_reach_the_job(node, alice):
         t.send("stty size")
         t.expect("40 100")
         t.prompt()
-        t.send("sleep 300")
-        time.sleep(0.5)
+        t.send("sleep 301")
+        _in_the_foreground(alice, "sleep 301")
         t.p.send("\x03")  # to the shell's foreground job: the sleep, not the session
         t.prompt()
         t.send("echo status=$?")
         t.expect("status=130")
         t.prompt()
-        t.send("sleep 300")
-        time.sleep(0.5)
+        t.send("sleep 302")
+        _in_the_foreground(alice, "sleep 302")
         t.p.send("\x1a")  # the shell's job control: the sleep is stopped, the shell answers
         t.expect("Stopped")
         t.prompt()
