@@ -26,6 +26,7 @@ import shutil
 import signal
 import sys
 import threading
+import traceback  # noqa: F401 - loaded before the peers setuid (they cannot read this interpreter's files)
 import time
 from pathlib import Path
 
@@ -54,6 +55,7 @@ class Soak:
         self.sessions: dict[int, tuple[int, bool]] = {}  # client pid -> (pty master, to be killed)
         self.paused: dict[int, float] = {}  # job -> when to resume it
         self.kills = 0
+        self.killed_down = 0  # session clients killed while the daemon was down
         self.lock = threading.Lock()
 
     # the queue ------------------------------------------------------------------------------------
@@ -73,7 +75,7 @@ class Soak:
     def act(self, sock: Path) -> None:
         """One action of the queue, as a random user."""
         pw = self.rng.choice(self.users)
-        kinds = ["process"] * 4 + ["gpu"] * 3 + ["array", "session", "cancel", "pause"] + (["container"] * 2 if self.image else [])
+        kinds = ["process"] * 4 + ["gpu"] * 3 + ["array", "session", "session", "cancel", "pause"] + (["container"] * 2 if self.image else [])
         kind = self.rng.choice(kinds)
         if kind == "session":
             self.session(pw, sock)
@@ -148,13 +150,24 @@ class Soak:
                 with self.lock:
                     del self.sessions[pid]
 
+    def kill_sessions(self) -> None:
+        """Kill the session clients picked to be killed, now."""
+        with self.lock:
+            picked = [pid for pid, (_, kill) in self.sessions.items() if kill]
+        for pid in picked:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.killed_down += len(picked)
+
     def resume_due(self, d: DaemonProc, every: bool = False) -> None:
         now = time.monotonic()
         with self.lock:
             due = [j for j, t in self.paused.items() if every or t <= now]
         for j in due:
             try:
-                if d.job(j)["state"] == "paused":
+                if d.job(j).get("paused_by"):
                     d.client.resume(j)  # root, as an admin would
                 with self.lock:
                     self.paused.pop(j, None)
@@ -215,6 +228,7 @@ def main() -> None:
                 cpu_before += daemon_cpu_s(d.proc.pid)
                 d.kill9()
                 s.kills += 1
+                s.kill_sessions()  # their jobs must end all the same: the restarted daemon sees no client
                 time.sleep(rng.uniform(0, 3))  # the queue's clients meet a dead socket meanwhile
                 for _ in range(rng.randint(0, 3)):
                     s.act(d.socket)
@@ -281,7 +295,8 @@ def main() -> None:
           f"{', with containers' if image else ', no containers'})")
     print(f"submitted (acknowledged) {len(s.acked)} {kinds}; stored {len(rows)} (sessions included); "
           f"actions refused (the daemon down, or the job moved on) {s.refused}")
-    print(f"ended {sum(states.get(x, 0) for x in TERMINAL)} {states}")
+    print(f"ended {sum(states.get(x, 0) for x in TERMINAL)} {states}; session clients killed while the daemon "
+          f"was down {s.killed_down}")
     print(f"lost {len(lost)} {lost[:5]}; stuck {len(stuck)} {stuck[:5]}; acknowledged but not stored {len(missing)}")
     if readings:
         print("daemon over time (minute, RSS MiB, CPU % of one core): "
