@@ -56,6 +56,7 @@ class Soak:
         self.paused: dict[int, float] = {}  # job -> when to resume it
         self.kills = 0
         self.killed_down = 0  # session clients killed while the daemon was down
+        self.orphans = 0
         self.lock = threading.Lock()
 
     # the queue ------------------------------------------------------------------------------------
@@ -107,9 +108,13 @@ class Soak:
         rows = run_as(pw, lambda: Client(sock, timeout=30).ls(all=False))
         return [r["id"] for r in rows if r["uid"] == pw.pw_uid and r["state"] in states]
 
-    def session(self, pw, sock: Path) -> None:
-        """`colo run -- sleep N` on a pty of its own as `pw`; a third of them are killed later."""
-        secs = round(self.rng.uniform(2, 20), 1)
+    def session(self, pw, sock: Path, secs: float | None = None, kill: bool | None = None,
+                name: str = "soak-session") -> None:
+        """`colo run -- sleep N` on a pty of its own as `pw`, half of them ignoring SIGHUP (so only
+        colo ends them when their client goes); a third are picked to have their client killed."""
+        secs = round(self.rng.uniform(2, 20), 1) if secs is None else secs
+        argv = ["sleep", str(secs)] if self.rng.random() < 0.5 and name == "soak-session" else \
+            ["sh", "-c", f"trap '' HUP; sleep {secs}"]
         pid, fd = pty.fork()
         if pid == 0:  # pragma: no cover - the client
             code = 99
@@ -118,15 +123,26 @@ class Soak:
                 os.setgid(pw.pw_gid)
                 os.setuid(pw.pw_uid)
                 os.chdir("/tmp")
-                code = colo.cli.attach.run(Client(sock), {"argv": ["sleep", str(secs)], "gpus": 0, "workdir": "/tmp",
-                                                         "name": "soak-session"})
+                code = colo.cli.attach.run(Client(sock), {"argv": argv, "gpus": 0, "workdir": "/tmp", "name": name})
             except BaseException:  # noqa: BLE001
                 pass
             finally:
                 os._exit(code if isinstance(code, int) else 1)
         os.set_blocking(fd, False)
         with self.lock:
-            self.sessions[pid] = (fd, self.rng.random() < 1 / 3)
+            self.sessions[pid] = (fd, self.rng.random() < 1 / 3 if kill is None else kill)
+
+    def orphan(self, d: DaemonProc) -> None:
+        """A session that ignores SIGHUP, running when the daemon is killed: its client is killed
+        while the daemon is down (kill_sessions), so only the restarted daemon can end it."""
+        self.orphans += 1
+        name = f"soak-orphan-{self.orphans}"
+        self.session(self.rng.choice(self.users), d.socket, secs=600, kill=True, name=name)
+        try:
+            wait_for(lambda: any(j["name"] == name and j["state"] == "running" for j in d.client.ls(all=False)),
+                     60, f"session {name} to run")
+        except AssertionError:
+            print(f"soak.py: {name} did not start within 60 s")
 
     def tend(self) -> None:
         """Drain the session clients' terminals, kill the ones picked to be killed, reap the ended;
@@ -225,6 +241,7 @@ def main() -> None:
         while time.monotonic() < end:
             now = time.monotonic()
             if now >= next_kill:
+                s.orphan(d)
                 cpu_before += daemon_cpu_s(d.proc.pid)
                 d.kill9()
                 s.kills += 1
@@ -287,6 +304,7 @@ def main() -> None:
     stored = {i for i, _, _ in rows}
     lost = [(i, r) for i, st, r in rows if st == "lost"]
     stuck = [(i, st) for i, st, _ in rows if st not in TERMINAL]
+    orphans_ended = sum(1 for _, st, r in rows if st == "cancelled" and "went away while colo was restarting" in r)
     missing = sorted(set(s.acked) - stored)
     kinds: dict[str, int] = {}
     for k in s.acked.values():
@@ -298,15 +316,19 @@ def main() -> None:
     print(f"ended {sum(states.get(x, 0) for x in TERMINAL)} {states}; session clients killed while the daemon "
           f"was down {s.killed_down}")
     print(f"lost {len(lost)} {lost[:5]}; stuck {len(stuck)} {stuck[:5]}; acknowledged but not stored {len(missing)}")
+    print(f"sessions whose client went away while the daemon was down, ended by the restarted daemon: "
+          f"{orphans_ended} (of {s.orphans} started for that)")
     if readings:
         print("daemon over time (minute, RSS MiB, CPU % of one core): "
               + ", ".join(f"({m:.1f}, {r / 1024:.1f}, {c:.1f})" for m, r, c in readings))
     rep.check(not lost, f"{len(lost)} jobs lost: {lost[:5]}")
     rep.check(not stuck, f"{len(stuck)} jobs not ended {a.drain:.0f} s after the queue stopped: {stuck[:5]}")
+    rep.check(orphans_ended == s.orphans, f"{s.orphans - orphans_ended} orphaned sessions not ended by the restarted daemon")
     rep.check(not missing, f"{len(missing)} acknowledged jobs not stored: {missing[:5]}")
     rep.figure("submitted", "jobs submitted (acknowledged)", len(s.acked), "")
     rep.figure("lost", "jobs lost", len(lost), "")
     rep.figure("stuck", "jobs stuck", len(stuck), "")
+    rep.figure("orphans", "orphaned sessions ended after a restart", orphans_ended, "")
     if readings:
         rep.figure("rss_max", "daemon RSS, highest reading", max(r for _, r, _ in readings) * 1024, "B")
         rep.figure("cpu_mean", "daemon CPU, mean of the readings", sum(c for _, _, c in readings) / len(readings), "%")
