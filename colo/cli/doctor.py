@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..config import Config, ConfigError
 from ..client import Client, ClientError
-from ..node import cgroup, devices, interposer, native
+from ..node import cgroup, devices, gate, interposer, native
 from ..node.gpu import NoDriver, Nvml
 from ..textsafe import safe
 from ..units import format_size
@@ -33,6 +33,78 @@ def _gating(line: Callable[[bool | None, str, str], None]) -> None:
         line(None, "gating", st.driver)
     ok, how = cgroup.device_rules_here()
     line(True if ok else False if cfg.gpu_group is not None else None, "devices", how)
+    if cfg.gpu_group is not None:
+        _gate(cfg, line)
+
+
+def _gate(cfg: Config, line: Callable[[bool | None, str, str], None]) -> None:
+    """On a gated node: the gate against a job's own user (docs/gating.md "The gate") and the
+    patrol's answer to a descriptor handed out of a job."""
+    nodes = devices.GpuNodes.of(cfg.fakegpu_state)
+    mount = cgroup.v2_mount()
+    if not gate.rules(nodes):
+        line(None, "gate", f"the GPUs' files in {nodes.folder} are not character devices: no device program applies")
+    elif cfg.gpu_gate_at == []:
+        line(False, "gate", "gpu_gate_at = []: the group alone gates, and a job's user can carry it away "
+                            "(a setgid copy made in a job)")
+    elif mount is None:
+        line(False, "gate", "no cgroup2 here: the group alone gates, and a job's user can carry it away")
+    elif os.geteuid() != 0:
+        line(None, "gate", "whether colo's device program is attached is seen as root (colo doctor as root)")
+    else:
+        for at in cfg.gpu_gate_at or ["/"]:
+            d = mount / at.strip("/")
+            names = gate.attached(d)
+            mine = [n for n in names or [] if n.startswith("colo_")]
+            line(bool(mine), "gate", f"the GPUs' devices are refused beneath {d} but to colo's jobs and root "
+                 f"({', '.join(mine)})" if mine else f"no device program of colo's on {d} (is the daemon "
+                 "running?): a job's user can carry the GPU group out of colo (a setgid copy)")
+    if cfg.kill_foreign:
+        line(True, "patrol", "a process of no job holding GPU memory is killed, its uid logged "
+                             "(patrol_kill_foreign, on by default on a gated node)")
+    else:
+        line(False, "patrol", "patrol_kill_foreign = false on a gated node: a device descriptor a job hands "
+                              "out keeps a GPU outside colo")
+
+
+def _who(uid: int) -> str:
+    import pwd
+
+    try:
+        return "root" if uid == 0 else "you" if uid == os.geteuid() else pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _why_trusted(client: Client) -> str:
+    """What the client proved before it sent anything (colo/client.py)."""
+    t = client.trusted or {}
+    kind = "the system daemon" if t.get("uid") == 0 else "a private daemon of yours"
+    return (f"{kind}: pid {t.get('pid')} runs as {_who(t.get('uid', -1))} (the kernel's peer credentials), "
+            f"its folder {t.get('folder')} belongs to {_who(t.get('folder_uid', -1))} and no other user may write it")
+
+
+def _metrics(line: Callable[[bool | None, str, str], None], listen: str) -> None:
+    """Does the endpoint answer (a taken port costs the metrics only: the daemon logs it and retries)."""
+    import urllib.request
+
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    everywhere = host in ("", "0.0.0.0", "::")
+    url = f"http://{'127.0.0.1' if everywhere else host}:{port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            answers = r.status == 200
+    except OSError:
+        answers = False
+    if not answers:
+        line(False, "metrics", f"nothing answers on {safe(url)} (metrics_listen = {safe(listen)}): "
+             "is the port taken? the daemon's log says")
+    elif everywhere:
+        line(None, "metrics", f"Prometheus metrics on EVERY address, port {safe(port)}, without authentication "
+             "(metrics_listen): whoever reaches this node reads users' names and jobs")
+    else:
+        line(True, "metrics", f"Prometheus metrics on {safe(url)}")
 
 
 def run_checks(sock: Path | None) -> bool:
@@ -49,10 +121,11 @@ def run_checks(sock: Path | None) -> bool:
         h = client.hello(detail=True)
     except ClientError as e:
         h = None
-        line(None, "daemon", safe(str(e)))
+        line(False, "daemon", safe(str(e)))
     if h is not None:
         print("the daemon:")
         line(True, "daemon", f"colo {h['version']} answers on {client.path} (you are {safe(h['user'])})")
+        line(True, "trust", _why_trusted(client))
         node = h.get("node") or {}
         kind = "simulated GPUs (colo's fake driver)" if node.get("simulated") else "NVIDIA GPUs"
         if h.get("gpu_error"):
@@ -86,7 +159,7 @@ def run_checks(sock: Path | None) -> bool:
                  f"slowdown bound {lim['slowdown_bound']}x; patrol kills "
                  + (f"after {lim['patrol_grace']:g} s over budget" if lim["patrol_kill"] else "off"))
         if node.get("metrics"):
-            line(True, "metrics", f"Prometheus metrics on {safe(node['metrics'])}")
+            _metrics(line, str(node["metrics"]))
     print("this machine:")
     try:
         lib = interposer.library_path()

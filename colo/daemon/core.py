@@ -19,6 +19,11 @@ wired below, never through each other's fields:
   retention  retention.Retention removing ended jobs (colo clean, history_keep_days)
   metrics    metrics.Metrics     Prometheus figures, a snapshot of the others' state (opt-in)
   onend      onend.OnEnd         what a job asked to run as its owner when it ends (--on-end, mail)
+  listing    listing.Listing     the rows `ls`, `top` and `gpus` send, and their caches
+  admission  admission.Admission every check a job passes before it is stored
+  suspender  suspend.Suspender   colo suspend/resume: GPU memory to host memory and back (colo-ckpt)
+
+Every subscription (the table's on_change and on_edit, the learner's on_forget) is made in open().
 """
 from __future__ import annotations
 
@@ -31,17 +36,19 @@ import time
 
 from ..config import Config
 from ..jobs import State
-from ..node import native
+from ..node import gate, native
 from ..node.cgroup import Cgroups
 from ..sched import policy
 from ..store import Store
 from . import pin
+from .admission import Admission
 from .engines import Engines, instance_id
 from .external import SlurmRuntime
 from .gpus import Gpus
 from .jobtable import JobTable
 from .launcher import Launcher
 from .learner import Learner
+from .listing import Listing
 from .metrics import Metrics
 from .onend import OnEnd
 from .patrol import Patrol
@@ -50,6 +57,7 @@ from .retention import Retention
 from .sampler import Sampler
 from .scheduler import Scheduler
 from .session import Watch
+from .suspend import Suspender
 
 log = logging.getLogger("colo")
 
@@ -95,6 +103,14 @@ class Daemon:
                                    "devices": "jobs are not held to their own GPUs' device files"}[what], why)
         self.gpus = Gpus(c, native_dir)
         self.engines = Engines(c, instance, native_dir, self.cgroups)
+        gate_spared = None
+        if self.engines.gpu_gid is not None:  # a gated node: shut to every cgroup but colo's jobs'
+            ok, what = gate.setup(self.cgroups, self.engines.gpu_nodes, c.gpu_gate_at, c.gpu_gate_allow)
+            (log.info if ok else log.error)("gate: %s", what)
+            if ok:  # the users' MPS servers open the GPUs too: they start beneath the folder it allows
+                self.gpus.mps.cgroup = gate.mps_folder(self.cgroups)
+                if self.gpus.mps.cgroup is not None:  # (else MPS servers hold the files outside it)
+                    gate_spared = gate.spared(self.cgroups, c.gpu_gate_allow)
         mps_here = self.gpus.open()  # always: the devices are read here, before the first request
         self.cfg_policy = dataclasses.replace(policy.config_of(c), use_mps=c.use_mps and mps_here)
         self.learner = Learner(c, self.table, self.gpus, self.cfg_policy)
@@ -105,19 +121,37 @@ class Daemon:
         self.scheduler = Scheduler(c, self.cfg_policy, self.table, self.gpus, self.engines, self.learner,
                                    start=self.launcher.start, start_wait=self.launcher.start_wait)
         self.engines.add("slurm", SlurmRuntime(c, self.table))  # jobs Slurm started here (external.py)
-        self.patrol = Patrol(c, self.table, self.gpus, self.engines, stop=self.launcher.stop_for_patrol)
+        self.patrol = Patrol(c, self.table, self.gpus, self.engines, stop=self.launcher.stop_for_patrol,
+                             gate_spared=gate_spared)
         self.sampler = Sampler(c, self.table, self.gpus, self.engines, self.launcher, self.patrol,
                                wake=self.scheduler.wake)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
                                  wake=self.scheduler.wake)
         self.sessions = Watch(self.table, self.engines, cancel=self.launcher.cancel)
         self.retention = Retention(c, self.table, self.launcher, wake=self.scheduler.wake)
-        self.metrics = Metrics(c, self.table, self.gpus, self.sampler, self.patrol) if c.metrics_listen else None
+        self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
+                                   lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake,
+                                   lambda: self.scheduler.decisions, self.sampler.usage)
+        self.metrics = Metrics(c, self.table, self.gpus, self.sampler, self.patrol,
+                               self.suspender.figures) if c.metrics_listen else None
         if self.metrics is not None:
             self.metrics.update()  # a scrape before the first tick has figures
             self.metrics.serve()
         self.onend = OnEnd(c, native_dir)
-        self.table.on_change.append(self.onend.job_changed)
+        self.listing = Listing(c, self.table, self.store, self.scheduler, self.gpus, self.patrol, self.sampler,
+                               self.suspender)
+        self.admission = Admission(c, self.store, self.gpus, self.engines, self.scheduler, native_dir)
+        # who hears of what, in this order: the table's watchers run after each change
+        self.table.on_change.extend([self.launcher.job_changed, self.scheduler.queue_changed,
+                                     *([self.metrics.job_changed] if self.metrics is not None else []),
+                                     self.onend.job_changed, self.listing.queue_changed])
+        self.table.on_edit.extend([self.scheduler.queue_edited, self.listing.queue_changed])
+        self.learner.on_forget.append(self.scheduler.profiles_forgotten)
+
+    def stop(self) -> None:
+        """Stop serving (op `shutdown`, a signal): the scheduler's loop ends, the jobs run on."""
+        self.stopping = True
+        self.wake()
 
     def wake(self) -> None:
         """Run the scheduler soon (a signal, a request that changed what it may start)."""
@@ -125,6 +159,7 @@ class Daemon:
 
     async def run(self) -> None:
         await self.recovery.recover()
+        await self.suspender.recover()  # no job left locked by a suspend or resume cut short
         ticker = asyncio.create_task(self._tick())
         purge = asyncio.create_task(self.retention.purge())  # history_keep_days
         try:
@@ -140,6 +175,8 @@ class Daemon:
                 await self.recovery.watch_docker()
                 await self.sampler.sample()
                 await self.sessions.sweep()  # sessions whose client went away while colo restarted
+                await self.suspender.resume_waiting()
+                await self.suspender.reclaim()  # idle_jobs / idle_sessions / preempt = "suspend"
                 if self.learner.tick(self.table.jobs_in(State.RUNNING), time.time()):
                     self.scheduler.wake()  # a provisional profile: its family may be placed beside it
                 if self.metrics is not None:

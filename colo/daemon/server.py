@@ -17,6 +17,7 @@ from ..config import Config
 from ..runtimes.base import Unavailable
 from ..store import StoreError
 from .api import ATTACHED, STREAMS, Api, ApiError
+from . import systemd
 from .core import Daemon
 from .validate import Caller
 
@@ -215,8 +216,9 @@ async def serve(config: Config) -> None:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="colo"))
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: (setattr(daemon, "stopping", True), daemon.wake()))
+            loop.add_signal_handler(sig, daemon.stop)
         log.info("colo daemon listening on %s, state in %s", config.socket, config.state_dir)
+        systemd.notify("READY=1")  # the unit's Type=notify: `systemctl start` returns now, not before
         try:
             await daemon.run()
         finally:

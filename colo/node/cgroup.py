@@ -381,6 +381,11 @@ class Cgroups:
 
     def close(self) -> None:
         """The daemon's own folders, when no job is left in them (jobs outlive a daemon stop)."""
+        if self.contain is not None:  # the MPS control daemons' (colo/node/gate.py), when they are gone
+            try:
+                (self.contain / "mps").rmdir()
+            except OSError:
+                pass
         for root in {self.contain, *self.limits.values()} - {None}:
             try:
                 root.rmdir()
