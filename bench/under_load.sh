@@ -32,8 +32,13 @@ fi
 
 stress-ng --cpu "$cpu" --timeout 0 >/dev/null 2>&1 &
 stress=$!
-stop_stress() { kill "$stress" 2>/dev/null || true; wait "$stress" 2>/dev/null || true; }
-trap stop_stress EXIT
+tests=
+stop_all() {
+  [ -n "$tests" ] && kill "$tests" 2>/dev/null
+  kill "$stress" 2>/dev/null
+  wait 2>/dev/null || true
+}
+trap stop_all EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -42,7 +47,10 @@ passed=0
 for i in $(seq 1 "$runs"); do
   start=$(date +%s)
   rc=0
-  .venv/bin/python -m pytest -q "$@" || rc=$?
+  .venv/bin/python -m pytest -q "$@" &  # waited for with `wait`, which a signal interrupts
+  tests=$!
+  wait "$tests" || rc=$?
+  tests=
   [ "$rc" = 0 ] && passed=$((passed + 1))
   echo "under_load.sh: run $i of $runs beside stress-ng --cpu $cpu: exit $rc after $(($(date +%s) - start)) s" \
        "(load average $(cut -d' ' -f1-3 /proc/loadavg))"
