@@ -40,7 +40,7 @@ def burn(d: "DaemonProc", *args: str) -> list[str]:
     return ["--", burn_path(d), *args]
 
 
-def wait_for(cond, timeout: float = 20.0, what: str = "condition", interval: float = 0.05):
+def wait_for(cond, timeout: float = 60.0, what: str = "condition", interval: float = 0.05):
     """Poll `cond` until it returns something truthy; fail with `what` after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -93,7 +93,7 @@ class DaemonProc:
             except ClientError:
                 return None
 
-        wait_for(up, 30, "daemon to answer")
+        wait_for(up, 60, "daemon to answer")
         return self
 
     def kill9(self) -> None:
@@ -142,7 +142,7 @@ class DaemonProc:
     def job(self, job_id: int) -> dict:
         return self.client.show(job_id)
 
-    def wait_state(self, job_id: int, *states: str, timeout: float = 30) -> dict:
+    def wait_state(self, job_id: int, *states: str, timeout: float = 60) -> dict:
         return wait_for(lambda: (j := self.job(job_id))["state"] in states and j, timeout,
                         f"job {job_id} to reach {states}")
 

@@ -301,6 +301,33 @@ def test_logs_tail_since_and_timestamps(daemon, tmp_path):
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "malformed --since 'yesterday'" in r.stderr
 
 
+def test_every_view_of_a_lines_time_is_the_one_stored(tmp_path, fakegpu):
+    """A line the sampler has not noted (it samples once an hour here) is noted by the first view
+    that stamps it: --timestamps now, --json later and after the job's end give that one time."""
+    from datetime import datetime
+
+    d = DaemonProc(tmp_path, fakegpu.state, {"sample_interval": 3600.0}).start()
+    try:
+        done = tmp_path / "done"
+        j = d.submit("--process", "--gpus", "0", "--", "sh", "-c",
+                     f"echo one; while [ ! -e {done} ]; do sleep 0.05; done")
+        wait_for(lambda: d.cli("logs", str(j)).stdout == "one\n", 30, "the line")
+        out = d.cli("logs", "--timestamps", str(j), check=True).stdout
+        at = datetime.fromisoformat(out.split(" ", 1)[0]).timestamp()
+        assert out.endswith(" one\n"), out
+
+        def as_json() -> list:
+            return [json.loads(ln) for ln in d.cli("logs", "--json", str(j), check=True).stdout.splitlines()]
+        assert as_json() == [{"at": pytest.approx(at, abs=0.001), "line": "one\n"}]
+        done.touch()
+        d.wait_state(j, "succeeded")
+        assert as_json() == [{"at": pytest.approx(at, abs=0.001), "line": "one\n"}]
+        since = datetime.fromtimestamp(at + 0.01).isoformat()  # after the line: it is not shown
+        assert d.cli("logs", "--since", since, str(j), check=True).stdout == ""
+    finally:
+        d.stop()
+
+
 def test_hold_release_edit_and_requeue(shared, other_user):
     d = shared
     gate = d.root / "go"

@@ -94,7 +94,7 @@ def test_pause_freezes_a_job_whole_and_resume_thaws_it(lab, other_user):
     assert "paused by root" in d.cli("show", str(job), check=True).stdout
     assert d.job(job)["budget"] == GiB and [job] in [g["jobs"] for g in d.client.gpus()["gpus"]]  # it keeps its budget
     d.cli("resume", str(job), check=True)
-    wait_for(lambda: count.read_text() != frozen, 10, "the job to count again")
+    wait_for(lambda: count.read_text() != frozen, 60, "the job to count again")
     assert d.job(job)["paused_by"] is None
     r = d.cli("resume", str(job))
     assert r.returncode == 1 and f"job {job} is not paused" in r.stderr
@@ -109,11 +109,10 @@ def test_pause_freezes_a_job_whole_and_resume_thaws_it(lab, other_user):
 def test_cancel_s_sends_a_signal_and_the_job_runs_on(lab, other_user):
     d = lab
     job = d.submit("--process", "--gpus", "0", "--", "sh", "-c",
-                   f"trap 'echo got usr1' USR1; while [ ! -e {d.root / 'go'} ]; do sleep 0.05; done; echo done")
-    d.wait_state(job, "running")
-    time.sleep(0.2)  # the trap is set
+                   f"trap 'echo got usr1' USR1; echo ready; while [ ! -e {d.root / 'go'} ]; do sleep 0.05; done; echo done")
+    wait_for(lambda: "ready" in d.cli("logs", str(job)).stdout, 60, "the job to set its trap")
     assert d.cli("cancel", "-s", "USR1", str(job), check=True).stdout == f"job {job}: sent SIGUSR1\n"
-    wait_for(lambda: "got usr1" in d.cli("logs", str(job)).stdout, 10, "the job to get SIGUSR1")
+    wait_for(lambda: "got usr1" in d.cli("logs", str(job)).stdout, 60, "the job to get SIGUSR1")
     assert d.job(job)["state"] == "running" and not d.job(job)["cancel_by"]
     for bad, said in [("queued", "for jobs in a state use -t/--state queued"),
                       ("SIGBOGUS", "colo sends a job HUP, INT, QUIT, USR1, USR2 or TERM")]:
@@ -208,7 +207,7 @@ def test_on_end_runs_as_the_owner_with_how_the_job_ended(lab, other_user):
     wait_for(told.exists, 30, "the --on-end command")
     assert told.read_text() == f"{job} fails failed 3 {other_user.pw_uid}\n"  # as the owner, never root
     assert told.stat().st_uid == other_user.pw_uid
-    wait_for(lambda: "said" in d.cli("logs", str(job)).stdout, 10, "its output in the job's log")
+    wait_for(lambda: "said" in d.cli("logs", str(job)).stdout, 60, "its output in the job's log")
     assert "[colo: --on-end:" in d.cli("logs", str(job)).stdout
     r = d.cli("submit", "--process", "--gpus", "0", "--mail-type", "END", "--", "true")
     assert r.returncode == 1 and "no mail transfer agent" in r.stderr and "--on-end" in r.stderr, r.stderr
@@ -350,8 +349,9 @@ def test_an_mps_client_is_neither_paused_nor_killed_by_a_signal(native_dir):
 def test_a_container_is_paused_with_docker_pause(daemon, test_image, docker_client):
     d = daemon
     job = d.submit("--image", test_image, "--gpus", "0", "--", "sh", "-c",
-                   "trap 'echo got int' INT; while true; do sleep 0.05; done")
+                   "trap 'echo got int' INT; echo ready; while true; do sleep 0.05; done")
     d.wait_state(job, "running", timeout=60)
+    wait_for(lambda: "ready" in d.cli("logs", str(job)).stdout, 60, "the container to set its trap")
     from colo.daemon.engines import instance_id
     from colo.runtimes.docker import LABEL_INSTANCE, LABEL_JOB
 
@@ -363,7 +363,6 @@ def test_a_container_is_paused_with_docker_pause(daemon, test_image, docker_clie
     d.cli("resume", str(job), check=True)
     container.reload()
     assert container.attrs["State"]["Paused"] is False
-    time.sleep(0.3)
     d.cli("cancel", "-s", "INT", str(job), check=True)
     wait_for(lambda: "got int" in d.cli("logs", str(job)).stdout, 20, "the container's main process to get SIGINT")
     d.cli("pause", str(job), check=True)

@@ -252,6 +252,32 @@ def test_engine_failing_during_recovery_leaves_container_jobs_to_be_found_again(
         proxy.close()
 
 
+def test_a_slow_container_listing_holds_up_no_other_jobs_recovery(tmp_path, fakegpu, make_dockerd):
+    """After a restart, a process job is found again while the engine sits on the container
+    listing (Slurm's jobs likewise): only container jobs wait for the engine's answer."""
+    engine, proxy, d = _behind_proxy(tmp_path, fakegpu, make_dockerd)
+    gate = tmp_path / "p"
+    slow = None
+    try:
+        p = d.submit("--process", "--gpus", "0", "--", "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done")
+        d.wait_state(p, "running")
+        d.kill9()
+        said = len(d.log.read_text().splitlines())
+        slow = proxy.hold(LISTING)
+        d.start()
+        wait_for(lambda: f"job {p} found again after restart" in "\n".join(d.log.read_text().splitlines()[said:]),
+                 60, "the process job to be found again")
+        slow.release.set()
+        gate.touch()
+        assert d.wait_state(p, "succeeded", "failed", "lost", timeout=60)["state"] == "succeeded"
+    finally:
+        gate.touch()
+        if slow is not None:
+            slow.release.set()
+        d.stop()
+        proxy.close()
+
+
 def test_engine_answering_500_about_a_recovered_job_leaves_it_running_and_serves_everyone(
         fakegpu, make_dockerd, other_user):
     root = _shared_root()

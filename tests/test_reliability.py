@@ -265,9 +265,9 @@ def test_job_ending_on_a_full_disk_is_recorded_when_space_returns(tmp_path, tiny
         shim = _shim_pid(d, j)
         _fill(tiny_state / "filler")
         gate.touch()  # it ends while its end cannot be stored
-        wait_for(lambda: not crash_trials._alive(shim), 10, "the job to end")
+        wait_for(lambda: not crash_trials._alive(shim), 60, "the job to end")
         (tiny_state / "filler").unlink()
-        d.wait_state(j, "succeeded", "failed", "lost", timeout=10)
+        d.wait_state(j, "succeeded", "failed", "lost", timeout=60)
     finally:
         d.kill9()
 
@@ -293,13 +293,13 @@ def test_mps_control_daemon_killed(short_daemon):
     if job["mode"] != "mps":
         pytest.skip(f"the policy placed the job {job['mode']}, not under MPS")
     # attached to its server (past cuInit's handshake with the control daemon) before the kill
-    wait_for(lambda: "allocated" in daemon.cli("logs", str(j)).stdout, 15, "the client to allocate")
+    wait_for(lambda: "allocated" in daemon.cli("logs", str(j)).stdout, 60, "the client to allocate")
     pidfiles = list((daemon.state_dir / "mps").glob("*/pipe/nvidia-cuda-mps-control.pid")) or \
         list((daemon.state_dir / "mps").rglob("nvidia-cuda-mps-control.pid"))
     assert pidfiles, "no MPS control daemon pid file"
     os.kill(int(pidfiles[0].read_text().split()[0]), signal.SIGKILL)
     # colo notices, says so, and starts a new control daemon; the running client is not harmed
-    wait_for(lambda: "died; restarted" in daemon.log.read_text(), 15, "the MPS daemon to be restarted")
+    wait_for(lambda: "died; restarted" in daemon.log.read_text(), 60, "the MPS daemon to be restarted")
     job = daemon.job(j)
     assert job["state"] == "running" and daemon.proc.poll() is None, (job, daemon.log.read_text()[-3000:])
     other = daemon.submit("--process", "--gpu-mem", "1GiB", "--profile", "alexnet", "--", str(burn), "--mem", "64MiB")
@@ -429,7 +429,7 @@ def test_many_running_jobs_do_not_block_new_starts(shared):
     for j in held:
         shared.wait_state(j, "running")
     quick = shared.client.submit({"argv": ["true"], "gpus": 0})["id"]
-    assert shared.wait_state(quick, "succeeded", timeout=10)
+    assert shared.wait_state(quick, "succeeded", timeout=60)
     gate.touch()
     for j in held:
         shared.wait_state(j, "succeeded")

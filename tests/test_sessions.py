@@ -15,7 +15,6 @@ import signal
 import struct
 import sys
 import termios
-import time
 import traceback
 
 import pytest
@@ -58,11 +57,15 @@ def bob():
 class Term:
     """`colo ARGS` on a terminal of its own (rows x cols), as user `pw`, driven with pexpect."""
 
-    def __init__(self, d: DaemonProc, pw, *args: str, rows: int = 24, cols: int = 80):
+    def __init__(self, d: DaemonProc, pw, *args: str, rows: int = 24, cols: int = 80, sighup: str = "default"):
         pid, fd = pty.fork()
         if pid == 0:  # pragma: no cover - the client
             code = 99
             try:
+                if sighup == "ignored":  # as under nohup, or a CI runner that ignores it
+                    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                elif sighup == "blocked":  # inherited through fork and exec as the signal mask
+                    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
                 fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
                 os.setgroups([])
                 os.setgid(pw.pw_gid)
@@ -87,9 +90,9 @@ class Term:
                 finally:
                     os._exit(code)
         self.pid, self.fd, self.status = pid, fd, None
-        self.p = fdpexpect.fdspawn(fd, timeout=30, encoding="utf-8", codec_errors="replace")
+        self.p = fdpexpect.fdspawn(fd, timeout=60, encoding="utf-8", codec_errors="replace")
 
-    def expect(self, pattern, timeout: float = 30):
+    def expect(self, pattern, timeout: float = 60):
         return self.p.expect(pattern, timeout=timeout)
 
     def prompt(self, timeout: float = 60):
@@ -122,6 +125,27 @@ class Term:
                 os.waitpid(self.pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
+
+
+def _in_the_foreground(pw, command: str) -> None:
+    """Until a process of user `pw` running `command` is its terminal's foreground process group
+    (a key typed before would reach the shell instead, and flush the line it had not read yet)."""
+    def there() -> bool:
+        for d in os.listdir("/proc"):
+            try:
+                if not d.isdigit() or os.stat(f"/proc/{d}").st_uid != pw.pw_uid:
+                    continue
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[:-1] != command.encode().split():
+                        continue
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+            except OSError:
+                continue
+            if fields[2] == fields[5]:  # pgrp == tpgid
+                return True
+        return False
+    wait_for(there, 60, f"{command} to run in the foreground")
 
 
 def _session_job(d: DaemonProc, pw) -> dict:
@@ -212,15 +236,15 @@ def test_ctrl_c_ctrl_z_and_the_window_size_reach_the_job(node, alice):
         t.send("stty size")
         t.expect("40 100")
         t.prompt()
-        t.send("sleep 300")
-        time.sleep(0.5)
+        t.send("sleep 301")
+        _in_the_foreground(alice, "sleep 301")
         t.p.send("\x03")  # to the shell's foreground job: the sleep, not the session
         t.prompt()
         t.send("echo status=$?")
         t.expect("status=130")
         t.prompt()
-        t.send("sleep 300")
-        time.sleep(0.5)
+        t.send("sleep 302")
+        _in_the_foreground(alice, "sleep 302")
         t.p.send("\x1a")  # the shell's job control: the sleep is stopped, the shell answers
         t.expect("Stopped")
         t.prompt()
@@ -237,8 +261,11 @@ def test_ctrl_c_ctrl_z_and_the_window_size_reach_the_job(node, alice):
     assert node.wait_state(job["id"], "succeeded")["exit_code"] == 0
 
 
-def test_a_hung_up_client_ends_the_session(node, alice):
-    t = Term(node, alice, "shell", *SHELL)
+@pytest.mark.parametrize("sighup", ["default", "ignored", "blocked"])
+def test_a_hung_up_client_ends_the_session(node, alice, sighup):
+    """Its terminal closes: the client ends as SIGHUP ends it, whatever it inherited for SIGHUP (it
+    sees the hang-up on the terminal itself), and the daemon cancels the job."""
+    t = Term(node, alice, "shell", *SHELL, sighup=sighup)
     try:
         t.prompt()
         job = _session_job(node, alice)
@@ -324,6 +351,27 @@ def test_a_session_outlives_a_daemon_restart(alice):
     finally:
         t.close()
         d.stop()
+
+
+def test_an_orphaned_session_ends_after_a_daemon_restart(node, alice):
+    """`colo run` of a program that ignores SIGHUP; the daemon restarts (its connection is gone);
+    then the client is killed: the job's terminal hangs up with no one on it, and the restarted
+    daemon, which has no connection to see close, ends the job all the same."""
+    t = Term(node, alice, "run", "--gpus", "0", "--", "sh", "-c", "trap '' HUP; echo ready; while :; do sleep 1; done")
+    try:
+        t.expect("ready")
+        job = _session_job(node, alice)
+        node.proc.send_signal(signal.SIGTERM)  # a restart (colo's unit: KillMode=process)
+        node.proc.wait(30)
+        node.start()
+        os.chmod(node.socket.parent, 0o755)
+        assert node.job(job["id"])["state"] == "running"
+        os.kill(t.pid, signal.SIGKILL)  # the client goes: the only holder of the job's terminal
+        assert t.wait() == -signal.SIGKILL
+    finally:
+        t.close()
+    ended = node.wait_state(job["id"], "cancelled", "failed", "succeeded", timeout=60)
+    assert ended["state"] == "cancelled" and "the session's client went away" in ended["reason"], ended
 
 
 def test_signal_takes_a_running_jobs_own_signals_only(node):

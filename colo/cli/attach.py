@@ -8,6 +8,11 @@ between it and the job's terminal; keys such as Ctrl-C and Ctrl-Z are the job's 
 on, as a window size change is (copied to it on SIGWINCH). The job's terminal reads EIO when the
 job has ended; its end (state, exit code) comes as the stream's final reply, and this terminal is
 put back as it was.
+
+When this terminal hangs up, the kernel's SIGHUP ends this client, and so the session (the
+daemon cancels the job of a connection that closed). A client that was started with SIGHUP
+ignored or blocked (inherited from whatever started it) would wait on: so a hang-up seen on the
+terminal itself (a read of 0 bytes in raw mode, EIO, POLLHUP) ends it as SIGHUP would.
 """
 from __future__ import annotations
 
@@ -28,11 +33,26 @@ from ..textsafe import safe
 
 
 def say(text: str) -> None:
-    sys.stderr.write(f"colo: {safe(text)}\r\n" if _raw else f"colo: {safe(text)}\n")
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(f"colo: {safe(text)}\r\n" if _raw else f"colo: {safe(text)}\n")
+        sys.stderr.flush()
+    except OSError:  # a terminal that hung up (EIO): its hang-up is seen where the terminal is read
+        pass
 
 
 _raw = False  # this terminal is raw now (lines need their \r)
+
+
+class _HungUp(Exception):
+    """This terminal hung up."""
+
+
+def _hang_up() -> None:
+    """End as SIGHUP ends a process, whatever this one inherited for it (ignored, blocked)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+    os.kill(os.getpid(), signal.SIGHUP)
+    os._exit(128 + signal.SIGHUP)  # (not reached)
 
 
 class _Conn:
@@ -56,11 +76,18 @@ class _Conn:
                 raise ClientError(msg.get("error", "unknown error"), msg.get("code", "error"))
             yield msg
 
-    def next(self) -> dict:
-        """The next message, waiting for it."""
+    def next(self, term: int | None = None) -> dict:
+        """The next message, waiting for it (and watching terminal `term` for a hang-up)."""
         while True:
             for msg in self.messages():
                 return msg
+            if term is not None:
+                p = select.poll()
+                p.register(self.sock, select.POLLIN)
+                p.register(term, 0)  # (hang-ups and errors only: typed keys stay for the job)
+                while not (ready := dict(p.poll())).get(self.sock.fileno()):
+                    if ready.get(term):
+                        raise _HungUp()
             if not self.fill():
                 raise DaemonUnavailable("colo daemon closed the connection (did it stop or restart?)", "unavailable")
 
@@ -109,10 +136,10 @@ def run(client: Client, spec: dict) -> int:
         sock.sendall(protocol.request("session", spec=spec))
         waited = False
         while True:  # until it starts (or ends first)
-            msg = conn.next()
+            msg = conn.next(0 if stdin_tty else None)
             if "ok" in msg:  # it ended before the stream said it started: what it wrote is still there
                 if master is not None:
-                    _relay(master, conn, stdin_tty, msg["result"])
+                    _relay(master, conn, stdin_tty, stdout_tty, msg["result"])
                 return _ended(msg["result"])
             ev = msg.get("event") or {}
             if "job" in ev:
@@ -131,7 +158,7 @@ def run(client: Client, spec: dict) -> int:
                 break
         if master is None:
             raise ClientError("the daemon sent no terminal")
-        end = _relay(master, conn, stdin_tty)
+        end = _relay(master, conn, stdin_tty, stdout_tty)
         if end is None:
             say(f"the daemon went away; how job {job_id} ended is not known here: colo show {job_id}")
             return 1
@@ -140,12 +167,16 @@ def run(client: Client, spec: dict) -> int:
         if job_id is not None:
             say(f"job {job_id} cancelled")
         return 130
+    except _HungUp:  # the connection and the job's terminal close below: the daemon cancels the job
+        pass
     finally:
         sock.close()
         if master is not None:
             os.close(master)
         for fd in conn.fds:
             os.close(fd)
+    _hang_up()  # (only a hang-up gets here: every other way out returns above)
+    return 128 + signal.SIGHUP
 
 
 def _ended(job: dict) -> int:
@@ -156,7 +187,7 @@ def _ended(job: dict) -> int:
     return code if code is not None else 1
 
 
-def _relay(master: int, conn: _Conn, stdin_tty: bool, end: dict | None = None) -> dict | None:
+def _relay(master: int, conn: _Conn, stdin_tty: bool, stdout_tty: bool, end: dict | None = None) -> dict | None:
     """Copy between this terminal and the job's until the job's closes and its end is known (`end`,
     when it already is): the job's summary, or None when the daemon went away (the job runs on: its
     terminal is here)."""
@@ -205,9 +236,21 @@ def _relay(master: int, conn: _Conn, stdin_tty: bool, end: dict | None = None) -
                 if data == b"":
                     master_open = False  # every holder of the job's terminal has gone
                 elif data:
-                    _write_all(1, data)
+                    try:
+                        _write_all(1, data)
+                    except OSError as e:
+                        if e.errno == errno.EIO and stdout_tty:
+                            raise _HungUp() from None
+                        raise
             if 0 in r:
-                data = os.read(0, 1 << 16)
+                try:
+                    data = os.read(0, 1 << 16)
+                except OSError as e:
+                    if e.errno == errno.EIO and old is not None:
+                        raise _HungUp() from None
+                    raise
+                if not data and old is not None:  # raw mode: only a hang-up reads as the end
+                    raise _HungUp()
                 if data:
                     pending += data
                 else:
@@ -235,7 +278,10 @@ def _relay(master: int, conn: _Conn, stdin_tty: bool, end: dict | None = None) -
         os.close(wake_r)
         os.close(wake_w)
         if old is not None:
-            termios.tcsetattr(0, termios.TCSADRAIN, old)
+            try:
+                termios.tcsetattr(0, termios.TCSADRAIN, old)
+            except termios.error:  # it hung up: nothing to put back
+                pass
             _raw = False
     return end
 

@@ -516,6 +516,20 @@ class Api:
             raise ApiError(f"malformed tail {tail!r}: a number of lines, 0 or more", protocol.BAD_REQUEST)
         if since is not None and (not isinstance(since, (int, float)) or isinstance(since, bool)):
             raise ApiError(f"malformed since {since!r}: seconds since the epoch", protocol.BAD_REQUEST)
+        seen = logtimes.Seen(path) if (since is not None or stamps) else None
+
+        async def noted(size: int) -> tuple[tuple[list[int], list[float]], float]:
+            """The notes, reaching `size` bytes, and the time of lines past them: a live job's
+            lines not noted yet are noted as seen now, before they are stamped, so every view of
+            a line gives the one time stored for it (colo/logtimes.py); an ended job's, its end."""
+            if job.id in self.d.table.open:
+                return (await asyncio.to_thread(seen.cover, size)).index, time.time()
+            try:
+                end = self.d.table.job(job.id).ended_at
+            except NotFound:  # removed meanwhile (colo clean)
+                end = None
+            return (await asyncio.to_thread(seen.read)).index, end or time.time()
+
         # Never the whole log in memory: it is the job's to fill (colo/daemon/logread.py).
         pos, line_start, fd = 0, True, None
         dec = logread.decoder()  # one for the whole stream: a character may span two reads
@@ -523,10 +537,8 @@ class Api:
             if path.exists():
                 fd = await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
             if fd is not None and (tail is not None or since is not None or stamps):
-                now = job if job.state in TERMINAL else self.d.table.job(job.id)
-                fallback = now.ended_at if now.state in TERMINAL and now.ended_at else time.time()
-                index = await asyncio.to_thread(logtimes.load, path) if (since is not None or stamps) else ([], [])
                 pos = os.fstat(fd).st_size
+                index, fallback = await noted(pos) if seen is not None else (([], []), time.time())
 
                 def bounds() -> tuple[int, int]:
                     start, stop = (logread.since_range(fd, pos, index, since, fallback) if since is not None
@@ -545,7 +557,8 @@ class Api:
                 size = os.fstat(fd).st_size if fd is not None else 0
                 if size > pos:  # read now: written at or before now
                     stop = min(size, pos + (1 << 20))
-                    for ev in logread.pieces(fd, pos, stop, ([], []), time.time(), stamps, dec, line_start):
+                    index, at = await noted(stop) if stamps else (([], []), time.time())
+                    for ev in logread.pieces(fd, pos, stop, index, at, stamps, dec, line_start):
                         yield ev
                     line_start, pos = logread.ends_line(fd, stop), stop
                     continue

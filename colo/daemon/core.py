@@ -15,6 +15,7 @@ wired below, never through each other's fields:
   patrol     patrol.Patrol       NVML per process against the budgets
   sampler    sampler.Sampler     each tick's readings (GPUs, usage, MPS health, the patrol's look)
   recovery   recovery.Recovery   finding jobs again (restart, the engine coming back)
+  sessions   session.Watch       session jobs whose client it cannot see (after a restart)
   retention  retention.Retention removing ended jobs (colo clean, history_keep_days)
   metrics    metrics.Metrics     Prometheus figures, a snapshot of the others' state (opt-in)
   onend      onend.OnEnd         what a job asked to run as its owner when it ends (--on-end, mail)
@@ -55,6 +56,7 @@ from .recovery import Recovery
 from .retention import Retention
 from .sampler import Sampler
 from .scheduler import Scheduler
+from .session import Watch
 from .suspend import Suspender
 
 log = logging.getLogger("colo")
@@ -125,6 +127,7 @@ class Daemon:
                                wake=self.scheduler.wake)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
                                  wake=self.scheduler.wake)
+        self.sessions = Watch(self.table, self.engines, cancel=self.launcher.cancel)
         self.retention = Retention(c, self.table, self.launcher, wake=self.scheduler.wake)
         self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
                                    lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake,
@@ -171,6 +174,7 @@ class Daemon:
             try:
                 await self.recovery.watch_docker()
                 await self.sampler.sample()
+                await self.sessions.sweep()  # sessions whose client went away while colo restarted
                 await self.suspender.resume_waiting()
                 await self.suspender.reclaim()  # idle_jobs / idle_sessions / preempt = "suspend"
                 if self.learner.tick(self.table.jobs_in(State.RUNNING), time.time()):

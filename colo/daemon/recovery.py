@@ -61,7 +61,9 @@ class Recovery:
         (watch_docker); 404 for a container colo knows is its end (Gone), not an error."""
         found: dict[int, str] = {}
         listed = False
-        unsure = 0  # jobs left for want of an answer
+        # Jobs of other runtimes first: none waits on the Docker engine's listing (a busy engine
+        # answers in up to a minute), so Slurm's and process jobs are found again at once.
+        unsure = await self._recover_each([j for j in jobs if j.spec.runtime != "docker"], found, listed)
         docker = self.engines.get("docker")
         if docker is not None:
             try:
@@ -74,12 +76,7 @@ class Recovery:
                 if self._listing_said != str(e):  # said once
                     self._listing_said = str(e)
                     log.warning("cannot list colo's containers: %s; looked for again later", e)
-        for job in jobs:
-            try:
-                unsure += await self._recover_one(job, found, listed)
-            except Exception as e:  # noqa: BLE001 - one job's trouble must not stop the daemon for all
-                log.exception("job %d: could not be looked at (%s); looked at again later", job.id, e)
-                unsure += job.spec.runtime == "docker"
+        unsure += await self._recover_each([j for j in jobs if j.spec.runtime == "docker"], found, listed)
         self.launcher.forget_engine_said()
         if docker is not None and docker.down is None:
             if listed:
@@ -89,6 +86,17 @@ class Recovery:
                 self._engine_retry.failed(time.monotonic())
             else:
                 self._engine_retry.clear()
+
+    async def _recover_each(self, jobs: list[Job], found: dict[int, str], listed: bool) -> int:
+        """_recover_one for each of `jobs`; how many were left for want of an answer."""
+        unsure = 0
+        for job in jobs:
+            try:
+                unsure += await self._recover_one(job, found, listed)
+            except Exception as e:  # noqa: BLE001 - one job's trouble must not stop the daemon for all
+                log.exception("job %d: could not be looked at (%s); looked at again later", job.id, e)
+                unsure += job.spec.runtime == "docker"
+        return unsure
 
     async def _recover_one(self, job: Job, found: dict[int, str], listed: bool) -> bool:
         """Follow one active job again, or record its end. True: left for want of an answer."""

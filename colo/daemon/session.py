@@ -12,15 +12,27 @@ itself. The stream then says why the job waits and when it started, and ends wit
 The session ends with its client: when the connection closes (the client hung up or was killed)
 the job is cancelled, queued or running; and closing the master hangs the terminal up, which
 sends SIGHUP to the job's session. When the job ends, its terminal closes (the client reads EIO).
+
+A daemon that restarted holds no connection of a session that runs on (its client keeps the
+terminal and relays on). `Watch` looks at each such job at every tick: once its terminal has
+hung up (the client, the master end's only holder, went away; the kernel then takes the
+terminal from the job's session, whether or not it ignores SIGHUP), and still so HANGUP_GRACE
+later, the job is cancelled as if its connection had closed.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import time
 from typing import Any, AsyncIterator
 
 from .. import protocol
 from ..jobs import TERMINAL, State
 from .validate import Caller
+
+log = logging.getLogger("colo")
+HANGUP_GRACE = 3.0  # seconds a session job's terminal stays hung up, seen twice, before it is cancelled
 
 
 class Refused(ValueError):
@@ -50,6 +62,7 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
     job_id = job["id"]
     # No await since the job was stored: the scheduler has not seen it without its terminal.
     d.launcher.give_terminal(job_id, slave)
+    d.sessions.attached.add(job_id)
     try:
         yield {"job": job}
         if job["uid"] != caller.uid:  # the terminal goes to the job's owner (SO_PEERCRED) only
@@ -77,9 +90,54 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
                 yield {"started": {"gpus": j.gpus, "mode": str(j.mode) if j.mode else None}}
             await d.table.changed.wait(1.0)  # (a reason may change without a job changing)
     finally:
+        d.sessions.attached.discard(job_id)
         if master is not None:
             os.close(master)
         d.launcher.drop_terminal(job_id)
         # the client went away: so does its session (not the daemon stopping: the session runs on)
         if not d.stopping and d.table.job(job_id).state not in TERMINAL:
             api.stop_later(d.launcher.cancel(job_id, f"{caller.user} (the session's client hung up)"))
+
+
+class Watch:
+    """Session jobs whose client this daemon cannot see. Owns `attached` (the jobs whose session
+    stream this daemon serves: attach() adds and drops them) and when each unattached session's
+    terminal was first seen hung up. Calls the engines (the job's terminal, as its runtime sees
+    it) and `cancel` (the launcher's)."""
+
+    def __init__(self, table, engines, cancel):
+        self.table, self.engines, self.cancel = table, engines, cancel
+        self.attached: set[int] = set()
+        self._hung: dict[int, float] = {}  # job -> when its terminal was first seen hung up
+        self._stops: set[asyncio.Task] = set()
+
+    async def sweep(self, now: float | None = None) -> None:
+        """Cancel the unattached session jobs whose terminal hung up HANGUP_GRACE ago or more."""
+        now = time.monotonic() if now is None else now
+        jobs = [j for j in self.table.jobs_in(State.RUNNING)
+                if j.spec.tty and j.handle and j.id not in self.attached and not j.cancel_by]
+        hung = await asyncio.to_thread(self._hung_up, jobs) if jobs else set()
+        self._hung = {i: self._hung.get(i, now) for i in hung}
+        for i in [i for i, since in self._hung.items() if now - since >= HANGUP_GRACE]:
+            del self._hung[i]
+            log.info("job %d: its session's terminal hung up with no client attached: cancelled", i)
+            task = asyncio.create_task(self.cancel(i, "colo (the session's client went away while colo was "
+                                                      "restarting)"))
+            self._stops.add(task)
+            task.add_done_callback(self._stop_done)
+
+    def _stop_done(self, task: asyncio.Task) -> None:
+        self._stops.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("cancelling a session whose client went away failed: %s", task.exception())
+
+    def _hung_up(self, jobs) -> set[int]:
+        out = set()
+        for j in jobs:
+            try:
+                rt = self.engines.runtime_for(j)
+                if getattr(rt, "lost_terminal", None) and rt.lost_terminal(j.handle):
+                    out.add(j.id)
+            except Exception as e:  # noqa: BLE001 - it may be ending right now; looked at again next tick
+                log.debug("job %d: its terminal could not be looked at: %s", j.id, e)
+        return out

@@ -498,6 +498,29 @@ class ProcessRuntime:
         except psutil.NoSuchProcess:
             raise Gone("the job's process has ended") from None
 
+    def lost_terminal(self, handle: str) -> bool | None:
+        """Does the job's command (the shim's child, which leads a session of its own) have no
+        controlling terminal? A session's terminal hanging up (its master end closed: the client
+        that held it went away) takes it from every process of the session. None: cannot tell
+        (the shim has ended or has no child). Also True for a moment while the command starts
+        (before it takes its terminal): the caller looks twice."""
+        p = self._proc(handle)
+        if p is None:
+            return None
+        try:
+            kids = p.children()
+        except psutil.NoSuchProcess:
+            return None
+        for c in kids:
+            try:
+                with open(f"/proc/{c.pid}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+            except OSError:
+                continue
+            if len(fields) > 4 and fields[3] == str(c.pid).encode():  # it leads its session: the command
+                return fields[4] == b"0"  # tty_nr
+        return None
+
     @staticmethod
     def _descendants(p: psutil.Process) -> list[psutil.Process]:
         try:
