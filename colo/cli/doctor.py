@@ -85,6 +85,11 @@ def run_checks(sock: Path | None) -> bool:
             line(True, "limits", f"per user: {per_user}; reserve {format_size(lim['reserve'])} a GPU; "
                  f"slowdown bound {lim['slowdown_bound']}x; patrol kills "
                  + (f"after {lim['patrol_grace']:g} s over budget" if lim["patrol_kill"] else "off"))
+            if "open_files" in lim:  # (what one user can hold of them: max_connections_per_user)
+                n = lim["open_files"]
+                line(n < 0 or n >= 4096 or None, "descriptors",
+                     f"the daemon may open {'any number of' if n < 0 else n} files (RLIMIT_NOFILE)"
+                     + ("" if n < 0 or n >= 4096 else "; raise LimitNOFILE in its unit: each client holds one"))
         if node.get("metrics"):
             line(True, "metrics", f"Prometheus metrics on {safe(node['metrics'])}")
     print("this machine:")

@@ -8,6 +8,7 @@ import logging
 import json
 import os
 import pwd
+import resource
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, AsyncIterator
@@ -168,7 +169,10 @@ class Api:
                            "max_running_per_user": c.max_running_per_user,
                            "max_gpu_mem_per_user": c.max_gpu_mem_per_user, "max_user_priority": c.max_user_priority,
                            "slowdown_bound": c.slowdown_bound, "patrol_kill": c.patrol_kill,
-                           "patrol_grace": c.patrol_grace},
+                           "patrol_grace": c.patrol_grace, "max_connections_per_user": c.max_connections_per_user,
+                           "max_streams_per_user": c.max_streams_per_user, "job_tasks": c.job_tasks,
+                           "max_job_tasks": c.max_job_tasks,
+                           "open_files": resource.getrlimit(resource.RLIMIT_NOFILE)[0]},  # (RLIM_INFINITY: -1)
                 "metrics": c.metrics_listen}
 
     async def submit(self, caller: Caller, args: dict, tty: bool = False) -> dict:
@@ -215,6 +219,9 @@ class Api:
             raise ApiError(f"--priority {spec.priority} is above {top}, the most a user may set here "
                            f"(max_user_priority); members of {d.config.admin_group or 'no admin group'} and root "
                            "may set more", protocol.FORBIDDEN)
+        if (n := spec.tasks) and n > (most := d.config.max_job_tasks) > 0 and not is_admin(caller, d.config.admin_group):
+            raise ApiError(f"--tasks {n} is above {most}, the most a job may have here (max_job_tasks); members of "
+                           f"{d.config.admin_group or 'no admin group'} and root may ask for more", protocol.FORBIDDEN)
         if not queued and (why := fairshare.submit_refusal(d.scheduler.limits, user,
                                                              d.scheduler.queued_count(uid) + tasks - 1)):
             raise ApiError(why, protocol.FORBIDDEN)
@@ -876,7 +883,7 @@ class Api:
         dec = logread.decoder()  # one for the whole stream: a character may span two reads
         try:
             if path.exists():
-                fd = await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # (not in a thread: a stream ended then would lose it)
             if fd is not None and (tail is not None or since is not None or stamps):
                 now = job if job.state in TERMINAL else self.d.table.job(job.id)
                 fallback = now.ended_at if now.state in TERMINAL and now.ended_at else time.time()
@@ -890,7 +897,7 @@ class Api:
                         start = logread.tail_start(fd, start, stop, tail)
                     return start, stop
 
-                start, stop = await asyncio.to_thread(bounds)  # a scan back over up to the whole log
+                start, stop = await logread.settled(bounds)  # a scan back over up to the whole log
                 line_start = logread.ends_line(fd, pos)
                 for ev in logread.pieces(fd, start, stop, index, fallback, stamps, dec):
                     yield ev

@@ -113,7 +113,7 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.update()  # a scrape before the first tick has figures
             self.metrics.serve()
-        self.onend = OnEnd(c, native_dir)
+        self.onend = OnEnd(c, native_dir, self.cgroups)
         self.table.on_change.append(self.onend.job_changed)
 
     def wake(self) -> None:
