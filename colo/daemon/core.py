@@ -90,6 +90,7 @@ class Daemon:
         for what, why in self.cgroups.missing.items():
             log.warning("%s: %s", {"contain": "process jobs run without a cgroup of their own",
                                    "cpu": "--cpus is refused", "memory": "--mem is refused",
+                                   "pids": "jobs' tasks are not bounded (--tasks, job_tasks)",
                                    "devices": "jobs are not held to their own GPUs' device files"}[what], why)
         self.gpus = Gpus(c, native_dir)
         self.engines = Engines(c, instance, native_dir, self.cgroups)
