@@ -36,6 +36,7 @@ REPLY_TIMEOUT = 60.0  # a reply not taken in this long: the connection is droppe
 # connections took gigabytes of the root daemon's memory. A stream (logs -f) holds one event at most.
 MAX_UNREAD = 64 << 20
 UNREAD_FRESH = 0.5  # seconds a user's unread sum is reused: summing is O(their connections)
+PRIVILEGE_FRESH = 10.0  # seconds whether a user is an admin is reused
 # Unfinished requests: a request line of most ops is at most SMALL_LINE bytes; only the ops that
 # carry a job's spec or a profile may take protocol.MAX_LINE. What one user's connections hold of
 # requests not yet ended with their newline is at most MAX_PENDING together (1,000 connections each
@@ -82,12 +83,23 @@ class Server:
         self.total = 0  # connections open
         self.room = max(64, fd_limit - RESERVED_FDS - 64)  # (64: the daemon's own files, jobs' pipes)
         self._unread: dict[int, tuple[float, int]] = {}
+        self._privileged: dict[int, tuple[float, bool]] = {}
         self.refused = 0  # connections refused for a limit (hello detail, tests)
         self.acceptor = None  # accept.Acceptor, once serving
 
     def privileged(self, caller: Caller) -> bool:
-        """Root, the daemon's own user and admins: served past the per-user bounds."""
-        return caller.uid in (0, os.geteuid()) or is_admin(caller, self.d.config.admin_group)
+        """Root, the daemon's own user and admins: served past the per-user bounds. An admin's
+        membership is looked up again after PRIVILEGE_FRESH seconds, not for each refusal."""
+        if caller.uid in (0, os.geteuid()):
+            return True
+        now = time.monotonic()
+        at, yes = self._privileged.get(caller.uid, (-PRIVILEGE_FRESH, False))
+        if now - at >= PRIVILEGE_FRESH:
+            if len(self._privileged) > 4096:
+                self._privileged.clear()
+            yes = is_admin(caller, self.d.config.admin_group)
+            self._privileged[caller.uid] = (now, yes)
+        return yes
 
     def privileged_uid(self, uid: int) -> bool:
         try:
