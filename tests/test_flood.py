@@ -58,7 +58,7 @@ def _hold(sock: str, n: int, ready: str, done: str) -> tuple[int, int, int]:
     while live and time.monotonic() < deadline:  # each one ends: refused at once, or closed as idle
         for s in select.select(live, [], [], 1)[0]:
             data = s.recv(4096)
-            told += b"max_connections_per_user" in data
+            told += bool(data)  # (one line: the limit it met)
             closed += not data
             live.remove(s)
     for s in kept:
@@ -300,3 +300,60 @@ def test_tasks_option_is_checked_and_capped(d, users):
     assert err is not None and "--tasks must be" in err[0], err
     j = d.client.submit({**spec, "tasks": 500})["id"]  # root may ask for more
     d.wait_state(j, "succeeded")
+
+
+def test_the_daemon_stays_reachable_at_its_descriptor_limit(d, users):
+    """With the daemon's descriptor limit lowered to 360 (prlimit), four users holding connections
+    get at most the limit less the share kept for root and admins, and root is answered; root's
+    own flood then meets EMFILE: the daemon says so a few times (not once per attempt) and serves
+    everyone again once it ends."""
+    import resource
+
+    from colo.daemon import server
+
+    users4 = load_bench.ensure_users(4)
+    soft, hard = resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE)
+    fds = lambda: len(os.listdir(f"/proc/{d.proc.pid}/fd"))  # noqa: E731
+    limit = 360
+    room = limit - server.RESERVED_FDS - 64  # 40: less than the 4 x CONNS asked for
+    talk = d.root / "talk-fds"
+    talk.mkdir(mode=0o777)
+    os.chmod(talk, 0o777)
+    ready, done = str(talk / "ready-"), str(talk / "done")
+    log0 = _log_size(d)
+    resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, (limit, hard))
+    flood = []
+    try:
+        base = fds()
+        peers = [Peer(u, lambda: _hold(str(d.socket), CONNS, ready, done)) for u in users4]
+        for p in peers:
+            p.go()
+        wait_for(lambda: len(list(talk.glob("ready-*"))) == 4, 120, "the users' connections")
+        wait_for(lambda: fds() <= base + room + 4, 60, f"the daemon to hold at most {room} of theirs")
+        assert d.client.hello()["uid"] == 0  # root: from the share kept for it
+        Path(done).touch()
+        results = [p.result() for p in peers]
+        assert sum(r[0] for r in results) >= 4 * CONNS - room, results  # told, at once
+        text = d.log.read_text()[log0:]
+        assert "near the daemon's descriptor limit" in text
+        # root's own flood, past the limit
+        for _ in range(limit + 40):
+            s = socket.socket(socket.AF_UNIX)
+            s.setblocking(False)
+            try:
+                s.connect(str(d.socket))
+            except BlockingIOError:  # the backlog is full: the daemon accepts no more now
+                s.close()
+                break
+            flood.append(s)
+        wait_for(lambda: "out of descriptors" in d.log.read_text()[log0:], 60, "the daemon to meet EMFILE")
+    finally:
+        for s in flood:
+            s.close()
+        Path(done).touch()
+        resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
+    assert run_as(users[1], lambda: len(Client(d.socket, timeout=60).ls())) >= 0
+    text = d.log.read_text()[log0:]
+    print(f"EMFILE said {text.count('out of descriptors')} times")
+    assert text.count("out of descriptors") <= 2 * 10 + 2, text[-3000:]
+    assert "Traceback" not in text

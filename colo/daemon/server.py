@@ -56,6 +56,14 @@ WORKER_THREADS = 64
 _OP = re.compile(rb'"op"\s*:\s*"([a-z_]{1,32})"')
 
 
+def _room() -> int:
+    """Connections other users may have open: the descriptor limit (read again each time: it can be
+    changed from outside, prlimit) less those kept for root and admins and 64 for the daemon's own
+    files and jobs' pipes."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (1 << 30) if soft == resource.RLIM_INFINITY else max(16, soft - RESERVED_FDS - 64)
+
+
 class Refused(Exception):
     """A request not taken: one line to its client, then the connection is closed."""
 
@@ -74,14 +82,13 @@ class Server:
     """Connections, and what each user's hold: their number, their streams, their unfinished
     requests' bytes and their unread replies' (all bounded; root and admins past the first two)."""
 
-    def __init__(self, daemon: Daemon, fd_limit: int = 1024):
+    def __init__(self, daemon: Daemon):
         self.d = daemon
         self.api = Api(daemon)
         self.conns: dict[int, set[asyncio.StreamWriter]] = {}  # uid -> its open connections
         self.streams: dict[int, int] = {}  # uid -> its streams running
         self.pending: dict[int, int] = {}  # uid -> bytes of its requests read but not yet whole
         self.total = 0  # connections open
-        self.room = max(64, fd_limit - RESERVED_FDS - 64)  # (64: the daemon's own files, jobs' pipes)
         self._unread: dict[int, tuple[float, int]] = {}
         self._privileged: dict[int, tuple[float, bool]] = {}
         self.refused = 0  # connections refused for a limit (hello detail, tests)
@@ -136,7 +143,7 @@ class Server:
         cfg = self.d.config
         limit = cfg.max_connections_per_user
         over = limit and len(mine) >= limit
-        if (over or self.total >= self.room) and not self.privileged(caller):
+        if (over or self.total >= _room()) and not self.privileged(caller):
             self.refused += 1
             if over:
                 log.warning("user %s has %d connections open: one more refused (max_connections_per_user)",
@@ -261,9 +268,9 @@ class Server:
                 if mine is not None and writer in mine:
                     mine.discard(writer)
                     self.total -= 1
+                self._unread.pop(caller.uid, None)  # (what it held is gone: summed afresh next time)
                 if not mine:
                     self.conns.pop(caller.uid, None)
-                    self._unread.pop(caller.uid, None)
 
     async def _stream(self, events, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       attached: bool) -> None:
@@ -390,7 +397,7 @@ async def serve(config: Config) -> None:
     daemon.open()
     try:
         _prepare_socket(config)
-        server = Server(daemon, fd_limit)
+        server = Server(daemon)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(str(config.socket))
         sock.listen(1024)  # bursts of clients wait here, not refused
