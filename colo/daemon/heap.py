@@ -2,9 +2,10 @@
 threshold each time a large block is freed, so after one flood of large requests the next ones
 land in the heap, and a heap with a few live blocks at its top is never trimmed: 1,000 half-sent
 1 MiB requests left the daemon 250 MiB larger after they closed. A fixed threshold keeps large
-blocks in mmap (returned at free); trim() gives back what the heap freed. No-ops off glibc."""
+blocks in mmap (returned at free); trim() gives back what the heap freed (on the event loop). No-ops off glibc."""
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import time
@@ -15,6 +16,7 @@ TRIM_EVERY = 2.0  # seconds between trims at most (a trim walks the heap)
 
 _libc = None
 _last = 0.0
+_pending = False  # a trim is due (call_later)
 
 
 def _lib():
@@ -37,9 +39,22 @@ def fix_thresholds() -> None:
 
 
 def trim() -> None:
-    """Give freed heap memory back to the system, at most once per TRIM_EVERY seconds."""
-    global _last
-    lib, now = _lib(), time.monotonic()
-    if lib and now - _last >= TRIM_EVERY:
-        _last = now
+    """Give freed heap memory back to the system: now, or TRIM_EVERY seconds after the last trim
+    (one trim then for everything freed meanwhile, the last of a flood included)."""
+    global _last, _pending
+    lib = _lib()
+    if not lib or _pending:
+        return
+    wait = _last + TRIM_EVERY - time.monotonic()
+    if wait <= 0:
+        _last = time.monotonic()
         lib.malloc_trim(0)
+        return
+    _pending = True
+    asyncio.get_running_loop().call_later(wait, _later)
+
+
+def _later() -> None:
+    global _pending
+    _pending = False
+    trim()

@@ -72,12 +72,6 @@ class Refused(Exception):
         self.code = code
 
 
-def peer(writer: asyncio.StreamWriter) -> Caller:
-    sock = writer.get_extra_info("socket")
-    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    return Caller(pid, uid, gid)
-
-
 class Server:
     """Connections, and what each user's hold: their number, their streams, their unfinished
     requests' bytes and their unread replies' (all bounded; root and admins past the first two)."""
@@ -85,7 +79,8 @@ class Server:
     def __init__(self, daemon: Daemon):
         self.d = daemon
         self.api = Api(daemon)
-        self.conns: dict[int, set[asyncio.StreamWriter]] = {}  # uid -> its open connections
+        self.conns: dict[int, set[asyncio.StreamWriter]] = {}  # uid -> its open connections' writers
+        self.count: dict[int, int] = {}  # uid -> its connections open (counted from their accept)
         self.streams: dict[int, int] = {}  # uid -> its streams running
         self.pending: dict[int, int] = {}  # uid -> bytes of its requests read but not yet whole
         self.total = 0  # connections open
@@ -126,34 +121,59 @@ class Server:
         return held
 
     def connected(self, conn: socket.socket) -> None:
-        """The acceptor's hand-off: the connection as a stream pair, served by handle()."""
+        """The acceptor's hand-off. A connection past its user's bounds is told so and closed here,
+        before asyncio makes anything for it (a flood of them costs an accept, a send and a close
+        each); the others are served by handle()."""
+        try:
+            pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        except OSError:
+            conn.close()
+            return
+        caller = Caller(pid, uid, gid)
+        why = self._refusal(caller)
+        if why is not None:
+            self.refused += 1
+            try:
+                conn.setblocking(False)
+                conn.send(protocol.error(why, protocol.UNAVAILABLE))
+            except OSError:
+                pass
+            conn.close()
+            return
+        self.count[uid] = self.count.get(uid, 0) + 1
+        self.total += 1
         reader = asyncio.StreamReader(limit=READ_LIMIT)
-        proto = asyncio.StreamReaderProtocol(reader, self.handle)
-        asyncio.ensure_future(self._attach(conn, proto))
+        proto = asyncio.StreamReaderProtocol(reader, lambda r, w: self.handle(r, w, caller))
+        asyncio.ensure_future(self._attach(conn, proto, uid))
 
-    @staticmethod
-    async def _attach(conn: socket.socket, proto: asyncio.StreamReaderProtocol) -> None:
+    async def _attach(self, conn: socket.socket, proto: asyncio.StreamReaderProtocol, uid: int) -> None:
         try:
             await asyncio.get_running_loop().connect_accepted_socket(lambda: proto, sock=conn)
         except OSError as e:
             log.warning("a new connection could not be set up: %s", e)
             conn.close()
+            self._release(uid)
 
-    def _admit(self, caller: Caller, mine: set) -> None:
-        cfg = self.d.config
-        limit = cfg.max_connections_per_user
-        over = limit and len(mine) >= limit
-        if (over or self.total >= _room()) and not self.privileged(caller):
-            self.refused += 1
-            if over:
-                log.warning("user %s has %d connections open: one more refused (max_connections_per_user)",
-                            caller.user, len(mine))
-                raise Refused(f"you have {len(mine)} connections to the colo daemon open, the most allowed "
-                              "(max_connections_per_user); close some (unfinished `colo wait`, `logs -f`) and "
-                              "try again", protocol.UNAVAILABLE)
-            log.warning("%d connections open, near the daemon's descriptor limit: user %s refused",
-                        self.total, caller.user)
-            raise Refused("the colo daemon is near its descriptor limit; try again shortly", protocol.UNAVAILABLE)
+    def _release(self, uid: int) -> None:
+        self.total -= 1
+        n = self.count.get(uid, 1) - 1
+        if n > 0:
+            self.count[uid] = n
+        else:
+            self.count.pop(uid, None)
+
+    def _refusal(self, caller: Caller) -> str | None:
+        """Why a new connection of `caller` is not taken (one line), or None."""
+        limit, n = self.d.config.max_connections_per_user, self.count.get(caller.uid, 0)
+        over = limit and n >= limit
+        if not (over or self.total >= _room()) or self.privileged(caller):
+            return None
+        if over:  # (by uid: a name would be looked up for each one refused)
+            log.warning("uid %d has %d connections open: more refused (max_connections_per_user)", caller.uid, n)
+            return (f"you have {n} connections to the colo daemon open, the most allowed (max_connections_per_user); "
+                    "close some (unfinished `colo wait`, `logs -f`) and try again")
+        log.warning("%d connections open, near the daemon's descriptor limit: uid %d refused", self.total, caller.uid)
+        return "the colo daemon is near its descriptor limit; try again shortly"
 
     async def _request(self, reader: asyncio.StreamReader, caller: Caller) -> bytes:
         """The request line (or what came before EOF), read piece by piece so that its bytes are
@@ -194,14 +214,12 @@ class Server:
                 del buf
                 heap.trim()
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        caller, mine, streaming = None, None, False
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, caller: Caller) -> None:
+        """One connection of `caller` (admitted by connected()): its request and the reply."""
+        streaming = False
+        mine = self.conns.setdefault(caller.uid, set())
+        mine.add(writer)
         try:
-            caller = peer(writer)
-            mine = self.conns.setdefault(caller.uid, set())
-            self._admit(caller, mine)
-            mine.add(writer)
-            self.total += 1
             try:
                 line = await asyncio.wait_for(self._request(reader, caller), REQUEST_TIMEOUT)
             except asyncio.TimeoutError:
@@ -249,7 +267,7 @@ class Server:
         except Refused as e:
             writer.write(protocol.error(str(e), e.code))
         except ConnectionError as e:  # BrokenPipe, ConnectionReset: a client that went away
-            log.debug("client pid %s hung up (%s)", caller.pid if caller else "?", e.__class__.__name__)
+            log.debug("client pid %s hung up (%s)", caller.pid, e.__class__.__name__)
         finally:
             try:
                 await asyncio.wait_for(writer.drain(), REPLY_TIMEOUT)
@@ -258,19 +276,17 @@ class Server:
                 writer.transport.abort()
             except (ConnectionError, BrokenPipeError, RuntimeError):
                 writer.transport.abort()
-            if caller is not None:
-                if streaming:
-                    n = self.streams.get(caller.uid, 1) - 1
-                    if n > 0:
-                        self.streams[caller.uid] = n
-                    else:
-                        self.streams.pop(caller.uid, None)
-                if mine is not None and writer in mine:
-                    mine.discard(writer)
-                    self.total -= 1
-                self._unread.pop(caller.uid, None)  # (what it held is gone: summed afresh next time)
-                if not mine:
-                    self.conns.pop(caller.uid, None)
+            if streaming:
+                n = self.streams.get(caller.uid, 1) - 1
+                if n > 0:
+                    self.streams[caller.uid] = n
+                else:
+                    self.streams.pop(caller.uid, None)
+            mine.discard(writer)
+            self._release(caller.uid)
+            self._unread.pop(caller.uid, None)  # (what it held is gone: summed afresh next time)
+            if not mine:
+                self.conns.pop(caller.uid, None)
 
     async def _stream(self, events, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       attached: bool) -> None:
