@@ -189,12 +189,19 @@ def main() -> int:
         f1, secs = figures(pid), time.monotonic() - t0
         Path(stop).touch()
         kept, refused = p.result()
-        time.sleep(3)  # (heap.TRIM_EVERY)
-        Client(d.socket).hello()  # a request after they closed: what a trim would follow
+        closed = time.monotonic()
+        back = None
+        while time.monotonic() - closed < 90:  # pymalloc's arenas go once the timers that pin them do
+            time.sleep(1)
+            Client(d.socket).hello()
+            if figures(pid)["rss_mib"] <= base["rss_mib"] + 2:
+                back = time.monotonic() - closed
+                break
         after = figures(pid)
         print(row("half", f0, f1, secs, d.log.stat().st_size - log0, other, mine, quiet)
               + f"  ({kept} kept, {refused} refused; rss {base['rss_mib']:.1f} -> peak {max(peak, f1['rss_mib']):.1f}"
-              f" -> {after['rss_mib']:.1f} MiB after they closed)")
+              f" -> {after['rss_mib']:.1f} MiB " + (f"{back:.0f} s after they closed)" if back is not None
+                                                    else "90 s after they closed: not back)"))
 
         # abandoned streams
         j = d.client.submit({"argv": ["sh", "-c", "while :; do echo tick; sleep 0.2; done"], "gpus": 0,
