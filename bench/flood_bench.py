@@ -173,7 +173,12 @@ def main() -> int:
             mine += ls_times(d.socket, None, 5)
         Path(stop).touch()
         made = sum(p.result() for p in peers)
-        print(row("conns", f0, f1, secs, log1 - log0, other, mine, quiet) + f"  ({made} attempts)")
+        for _ in range(max(1, a.ls // 5)):  # quiet again: the machine's load drifts (others share it)
+            q_other += ls_times(d.socket, users[1], 5)
+            q_root += ls_times(d.socket, None, 5)
+        quiet = (statistics.median(q_other), statistics.median(q_root))
+        print(row("conns", f0, f1, secs, log1 - log0, other, mine, quiet) + f"  ({made} attempts; quiet before and "
+              f"after: other {quiet[0] * 1e3:.1f} ms, root {quiet[1] * 1e3:.1f} ms)")
 
         # half-sent requests
         stop = str(talk / "stop-half")

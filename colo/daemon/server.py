@@ -270,7 +270,8 @@ class Server:
             log.debug("client pid %s hung up (%s)", caller.pid, e.__class__.__name__)
         finally:
             try:
-                await asyncio.wait_for(writer.drain(), REPLY_TIMEOUT)
+                if writer.transport.get_write_buffer_size():  # (else no task and timer for each one)
+                    await asyncio.wait_for(writer.drain(), REPLY_TIMEOUT)
                 writer.close()
             except asyncio.TimeoutError:  # it does not read: what it was sent is dropped with it
                 writer.transport.abort()
