@@ -93,6 +93,12 @@ def run_checks(sock: Path | None) -> bool:
                      f"the daemon may open {'any number of' if n < 0 else n} files (RLIMIT_NOFILE); a user's "
                      f"clients may hold {each}"
                      + ("" if n < 0 or n >= 4096 else "; raise LimitNOFILE in its unit: each client holds one"))
+            if "tasks_bounded" in lim:
+                n, most = lim.get("job_tasks"), lim.get("max_job_tasks")
+                line(True if lim["tasks_bounded"] else None, "tasks",
+                     (f"each job at most {n or 'any number of'} processes and threads unless --tasks (up to "
+                      f"{most or 'any number'}; pids.max)") if lim["tasks_bounded"]
+                     else "jobs' tasks are not bounded here: no pids cgroup controller for colo")
         if node.get("metrics"):
             line(True, "metrics", f"Prometheus metrics on {safe(node['metrics'])}")
     print("this machine:")

@@ -171,7 +171,7 @@ class Api:
                            "slowdown_bound": c.slowdown_bound, "patrol_kill": c.patrol_kill,
                            "patrol_grace": c.patrol_grace, "max_connections_per_user": c.max_connections_per_user,
                            "max_streams_per_user": c.max_streams_per_user, "job_tasks": c.job_tasks,
-                           "max_job_tasks": c.max_job_tasks,
+                           "max_job_tasks": c.max_job_tasks, "tasks_bounded": "pids" in getattr(d.cgroups, "limits", {}),
                            "open_files": resource.getrlimit(resource.RLIMIT_NOFILE)[0]},  # (RLIM_INFINITY: -1)
                 "metrics": c.metrics_listen}
 
