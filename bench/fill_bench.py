@@ -89,7 +89,7 @@ def main() -> int:
     root = shared_root("colo-fill-")
     fakegpu.create(root / "gpus", count=GPUS, mem=GPU_MEM)
     os.chmod(root / "gpus", 0o666)
-    d = DaemonProc(root, root / "gpus", {"sample_interval": 1.0}).start()
+    d = DaemonProc(root, root / "gpus", {"sample_interval": 1.0, "max_queued_per_user": 0}).start()
     os.chmod(d.socket.parent, 0o755)
     handles = []
     try:

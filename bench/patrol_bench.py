@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from benchlib import Report  # noqa: E402
 
-from daemon_util import DaemonProc, gpu_node, wait_for  # noqa: E402
+from daemon_util import DaemonProc, burn_path, gpu_node, wait_for  # noqa: E402
 
 from colo.node import fakegpu  # noqa: E402
 
@@ -77,13 +77,9 @@ def ended_by_patrol(d: DaemonProc, j: int) -> bool:
     return job["state"] == "cancelled" and "GPU memory patrol" in (job["reason"] or "")
 
 
-def burn(d: DaemonProc) -> str:
-    return str(next(d.state_dir.glob("native-*")) / "colo-burn")
-
-
 def hold(d: DaemonProc, gpu: int, mem: str) -> int:
     """A well-behaved job on GPU `gpu` holding `mem` through the interposer."""
-    j = d.submit("--process", "--gpu-mem", "4GiB", "--gpu-id", str(gpu), "--", burn(d), "--mem", mem, "--duty", "0",
+    j = d.submit("--process", "--gpu-mem", "4GiB", "--gpu-id", str(gpu), "--", burn_path(d), "--mem", mem, "--duty", "0",
                  "--seconds", "600")
     d.wait_state(j, "running", timeout=60)
     return j
@@ -113,13 +109,13 @@ def main() -> int:
                 a = hold(d, 0, "1GiB")
                 wait_for(lambda: g.held(0)[1] >= GiB, 30, "the first job's 1 GiB")
                 b = d.submit("--process", "--gpu-mem", "1GiB", "--gpu-id", "1", "--", "sh", "-c",
-                             f"CUDA_VISIBLE_DEVICES={g.uuids[0]} env -u LD_PRELOAD {burn(d)} --mem 2GiB --duty 0 "
+                             f"CUDA_VISIBLE_DEVICES={g.uuids[0]} env -u LD_PRELOAD {burn_path(d)} --mem 2GiB --duty 0 "
                              "--seconds 600")
                 s, e = lifetime(g, 0, 3 * GiB, 2 * GiB, 120)
                 rep.check(ended_by_patrol(d, b), f"job {b} (on another job's GPU) was not ended by the patrol")
                 other.append(e - s)
                 b = d.submit("--process", "--gpu-mem", "4GiB", "--gpu-id", "0", "--", "sh", "-c",
-                             f"env -u LD_PRELOAD {burn(d)} --mem 14GiB --duty 0 --seconds 600")
+                             f"env -u LD_PRELOAD {burn_path(d)} --mem 14GiB --duty 0 --seconds 600")
                 s, e = lifetime(g, 0, 15 * GiB, 2 * GiB, 120)
                 rep.check(ended_by_patrol(d, b), f"job {b} (its neighbour short) was not ended by the patrol")
                 short.append(e - s)
@@ -144,12 +140,12 @@ def main() -> int:
         try:
             for _ in range(args.trials):
                 b = d.submit("--process", "--gpu-mem", "1GiB", "--gpu-id", "1", "--", "sh", "-c",
-                             f"env -u LD_PRELOAD {burn(d)} --mem 3GiB --duty 0 --seconds 600")
+                             f"env -u LD_PRELOAD {burn_path(d)} --mem 3GiB --duty 0 --seconds 600")
                 s, e = lifetime(g, 1, 3 * GiB, GiB, 10 * args.grace + 60)
                 rep.check(ended_by_patrol(d, b), f"job {b} (steady over) was not ended by the patrol")
                 steady.append(e - s)
                 b = d.submit("--process", "--gpu-mem", "1GiB", "--gpu-id", "1", "--", "sh", "-c",
-                             f"while :; do env -u LD_PRELOAD {burn(d)} --mem 3GiB --duty 0 --seconds 2.4 "
+                             f"while :; do env -u LD_PRELOAD {burn_path(d)} --mem 3GiB --duty 0 --seconds 2.4 "
                              ">/dev/null; sleep 0.6; done")
                 first = last = None
                 over = 0.0

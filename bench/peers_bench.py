@@ -151,7 +151,7 @@ COLO = [sys.executable, "-m", "colo"]  # (--colo)
 def bench_colo(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
     fakegpu.create(root / "gpus", count=1, mem=16 * GiB)
     (root / "colo").mkdir()
-    d = DaemonProc(root / "colo", root / "gpus", {"sample_interval": 1.0}).start()
+    d = DaemonProc(root / "colo", root / "gpus", {"sample_interval": 1.0, "max_queued_per_user": 0}).start()
     hold = None
     try:
         env = d.env()

@@ -157,7 +157,8 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: in
     state = root / f"fake-{n}-{k}.state"
     fakegpu.create(state, count=8, mem=16 * GiB)
     (root / f"d{n}-{k}").mkdir()
-    d = DaemonProc(root / f"d{n}-{k}", state, config={"sample_interval": 1.0, "hold_after": 0}).start()
+    d = DaemonProc(root / f"d{n}-{k}", state, config={"sample_interval": 1.0, "hold_after": 0,
+                                                         "max_queued_per_user": 0}).start()
     c = d.client
     try:
         hogs = [c.submit({"argv": ["sleep", "3600"], "gpus": 1, "gpu_mem": 16 * GiB,

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, Iterator
 
+    from .replies import GpusReply, JobSummary, TopReply  # the shapes the daemon sends (listing.py)
+
 
 def _filters(users, states, names, refs) -> dict:
     return {k: list(v) for k, v in (("users", users), ("states", states), ("names", names), ("refs", refs)) if v}
@@ -143,12 +145,12 @@ class Client:
         """Who the daemon is and who you are; detail: also what it runs on (`colo doctor`)."""
         return self.call("hello", detail=True) if detail else self.call("hello")
 
-    def submit(self, spec: dict) -> dict:
+    def submit(self, spec: dict) -> JobSummary:
         return self.call("submit", spec=spec)
 
     def ls(self, all: bool = True, limit: int | None = None, users: list[str] | None = None,
            states: list[str] | None = None, names: list[str] | None = None,
-           refs: list[str] | None = None) -> list[dict]:
+           refs: list[str] | None = None) -> list[JobSummary]:
         """Every listed job's summary, oldest first: the open ones, or with `all` every one; only
         `states`, `users`, `names` and the jobs `refs` name (ids, names, arrays, ARRAY_INDEX) where
         given (filtered by the daemon); the newest `limit`."""
@@ -207,10 +209,10 @@ class Client:
         return self._result("clean", None, refs=refs or None, before=before, users=users or None,
                             states=states or None)
 
-    def gpus(self) -> dict:
+    def gpus(self) -> GpusReply:
         return self.call("gpus")
 
-    def top(self) -> dict:
+    def top(self) -> TopReply:
         return self.call("top")
 
     def history(self, since: float | None = None, users: list[str] | None = None, limit: int | None = None,

@@ -36,10 +36,12 @@ class Config:
     lend: float = 1.25  # a --grow job may start with up to this x its budget out of memory no queued job fits in (1: never)
     hold_after: float = 1800.0  # seconds a job may be passed by smaller ones before GPUs are held for it (0: never)
     max_user_priority: int = 0  # the highest --priority a user may set; admins and root may set up to 1000
-    # Per-user limits (0: none): jobs queued at once (refused at submit past it), jobs running at
-    # once, GPU memory budgeted at once (over all GPUs). Fair share: users with the least recent
-    # GPU use (GiB of budget x hours, decaying with this half-life in seconds) go first.
-    max_queued_per_user: int = 0
+    # Per-user limits (0: none): jobs queued at once (refused at submit past it; an array counts
+    # its tasks; 10,000 by default, as Slurm's MaxJobCount, so that one user cannot fill the
+    # daemon's memory and disk with queued jobs), jobs running at once, GPU memory budgeted at once
+    # (over all GPUs). Fair share: users with the least recent GPU use (GiB of budget x hours,
+    # decaying with this half-life in seconds) go first.
+    max_queued_per_user: int = 10_000
     max_running_per_user: int = 0
     max_gpu_mem_per_user: int = 0
     # What one user's clients may hold open (root and admin_group members are not held to these):
@@ -61,10 +63,11 @@ class Config:
     patrol_grace: float = 30.0
     patrol_window: float = 0.0
     patrol_kill: bool = True
-    # On a node whose GPUs are not gated to colo's jobs: kill processes of no job (any user's but
-    # root's) that hold GPU memory, by the same rules. Off: they are reported, and their memory is
-    # given to no job. Graphics sessions are not compute processes and are never seen.
-    patrol_kill_foreign: bool = False
+    # Kill processes of no job (any user's but root's) that hold GPU memory, by the same rules, and
+    # log each once with its owner's uid. Off: they are reported, and their memory is given to no
+    # job. Unset: on for a gated node (gpu_group set: such a process got past the gate, e.g. with a
+    # device descriptor a job handed out), off elsewhere. Graphics sessions are never seen.
+    patrol_kill_foreign: bool | None = None
     multi_user_mps: bool = False
     use_mps: bool = True
     set_default_compute_mode: bool = False
@@ -88,6 +91,12 @@ class Config:
     # jobs get it from the engine; its members can use the GPUs outside colo, so it has none.
     # Unset: colo grants no group (the files are then open to all, or only to their group's members).
     gpu_group: str | None = None
+    # The gate on a gated node (docs/gating.md): a device program attached to these cgroup2 folders
+    # (paths below the cgroup2 mount) refuses the GPUs' character devices to every process beneath
+    # them but root's and those of colo's jobs (and of gpu_gate_allow: the container engine's own
+    # cgroup parent). Unset: ["/"], the whole node; []: no gate (the group alone gates).
+    gpu_gate_at: list[str] | None = None
+    gpu_gate_allow: list[str] = field(default_factory=lambda: ["/docker"])
     # Idle holders: a running job that holds GPU memory with no GPU activity (SM 0 in every sample)
     # for this many seconds is marked idle in ls, top and report (0: never).
     idle_after: float = 1800.0
@@ -96,6 +105,11 @@ class Config:
     # idle idle_grace seconds later). Batch jobs are only marked.
     idle_sessions: str = "notify"
     idle_grace: float = 900.0
+
+    @property
+    def kill_foreign(self) -> bool:
+        """patrol_kill_foreign as it applies: unset, on exactly when the node is gated."""
+        return self.gpu_group is not None if self.patrol_kill_foreign is None else self.patrol_kill_foreign
 
     @property
     def db_path(self) -> Path:
@@ -172,6 +186,11 @@ class Config:
         gg = values.get("gpu_group")
         if gg is not None and (not isinstance(gg, str) or not gg or gg.strip() != gg):
             raise ConfigError(f"gpu_group: {gg!r} is not a group name")
+        for k in ("gpu_gate_at", "gpu_gate_allow"):
+            v = values.get(k)
+            if v is not None and (not isinstance(v, list) or not all(
+                    isinstance(p, str) and p.startswith("/") and ".." not in p.split("/") for p in v)):
+                raise ConfigError(f"{k}: {v!r} is not a list of cgroup2 folders below its mount (e.g. [\"/\"])")
         for k in ("state_dir", "socket", "fakegpu_state", "shared_profiles"):
             if values.get(k) is not None:
                 values[k] = Path(values[k])

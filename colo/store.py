@@ -9,14 +9,17 @@ import json
 import os
 import sqlite3
 import time
+from collections import OrderedDict
+from dataclasses import replace
 from sys import intern
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .jobs import TERMINAL, Job, JobSpec, Mode, State, check_transition
 
-# Each entry moves the schema from version i to i+1; never edit one that has shipped.
-MIGRATIONS: list[str] = [
+# Each entry moves the schema from version i to i+1 (SQL, or a function of the connection run in
+# one transaction); never edit one that has shipped.
+MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     """
     CREATE TABLE jobs (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -105,6 +108,9 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE jobs ADD COLUMN paused_by TEXT;
     """,
+    # 9: an array's spec once (array_specs), each task's row only what differs (_slim): a 1,000-task
+    # array of a 120 KiB spec was 1,000 copies of it; arrays stored before are slimmed here
+    lambda db: _migrate_arrays(db),
 ]
 
 # Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
@@ -114,7 +120,43 @@ CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(json_extract(spec, '$.name'));
 CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(ended_at);
 CREATE INDEX IF NOT EXISTS jobs_copy_of ON jobs(json_extract(spec, '$.copy_of'));
+CREATE INDEX IF NOT EXISTS jobs_array ON jobs(json_extract(spec, '$.array_job'));
 """
+
+# An array task's row keeps these (what the SQL here reads of a spec, and what differs per task) and
+# whatever of its own differs from its array's spec (an edit, a --grow restart); the rest is read
+# from array_specs. _SLIM marks such a row.
+_TASK_OWN = frozenset({"name", "gpus", "gpu_mem", "priority", "array_job", "array_index", "copy_of"})
+_SLIM = "_array_spec"
+_ABSENT = object()
+_SPEC_FIELDS = frozenset(JobSpec.__dataclass_fields__)
+
+
+def _slim(full: dict, shared: dict) -> dict:
+    """An array task's row: its own keys and those that differ from the array's spec `shared`."""
+    return {_SLIM: 1, **{k: v for k, v in full.items() if k in _TASK_OWN or shared.get(k, _ABSENT) != v}}
+
+
+def _shared_part(full: dict) -> dict:
+    return {k: v for k, v in full.items() if k not in _TASK_OWN}
+
+
+def _migrate_arrays(db: sqlite3.Connection) -> None:
+    """Schema 9: array_specs, and the arrays stored before slimmed (their first task still here
+    gives the spec they share; a task that differs keeps what differs). One array at a time."""
+    db.execute("CREATE TABLE array_specs (array_job INTEGER PRIMARY KEY, spec TEXT NOT NULL)")
+    arrays = [r[0] for r in db.execute("SELECT DISTINCT json_extract(spec, '$.array_job') FROM jobs "
+                                       "WHERE json_extract(spec, '$.array_job') IS NOT NULL")]
+    for a in arrays:
+        ids = [r[0] for r in db.execute("SELECT id FROM jobs WHERE json_extract(spec, '$.array_job') = ? "
+                                        "ORDER BY id", (a,))]
+        shared: dict | None = None
+        for i in ids:  # a task at a time: never a whole array's copies in memory
+            full = json.loads(db.execute("SELECT spec FROM jobs WHERE id=?", (i,)).fetchone()[0])
+            if shared is None:
+                shared = _shared_part(full)
+                db.execute("INSERT INTO array_specs(array_job, spec) VALUES (?, ?)", (a, json.dumps(shared)))
+            db.execute("UPDATE jobs SET spec=? WHERE id=?", (json.dumps(_slim(full, shared)), i))
 
 # What `colo ls` may ask for by field (protocol.LS_FIELDS), as SQL; the name expression is the
 # jobs_name index's, so that a filter on it uses the index.
@@ -122,7 +164,9 @@ _LS_SQL = {
     "id": "id", "name": "json_extract(spec, '$.name')", "user": "user", "state": "state", "gpus": "gpus",
     "mode": "mode", "budget": "json_extract(spec, '$.gpu_mem')", "submitted_at": "submitted_at",
     "started_at": "started_at", "ended_at": "ended_at", "exit_code": "exit_code", "priority": "priority",
-    "reason": "reason", "argv": "json_extract(spec, '$.argv')",
+    "reason": "reason",
+    "argv": "coalesce(json_extract(spec, '$.argv'), (SELECT json_extract(a.spec, '$.argv') FROM array_specs a "
+            "WHERE a.array_job = json_extract(jobs.spec, '$.array_job')))",
     "array": "json_extract(spec, '$.array_job') || '_' || json_extract(spec, '$.array_index')",  # NULL: none
     "array_job": "json_extract(spec, '$.array_job')",
     "uid": "uid",  # not an ls field (protocol.LS_FIELDS): for the daemon's own checks (clean)
@@ -150,10 +194,10 @@ def _is_full(e: BaseException | None) -> bool:
         getattr(e, "sqlite_errorcode", None) == 13 or "disk is full" in str(e))  # SQLITE_FULL
 
 
-def _row_to_job(r: tuple) -> Job:
+def _row_to_job(r: tuple, spec: JobSpec) -> Job:
     # user names and reasons repeat across a queue of thousands: one copy of each (sys.intern)
     return Job(
-        id=r[0], spec=JobSpec.from_dict(json.loads(r[1])), uid=r[2], gid=r[3], user=intern(r[4]),
+        id=r[0], spec=spec, uid=r[2], gid=r[3], user=intern(r[4]),
         state=State(r[5]), reason=intern(r[6]), submitted_at=r[7], started_at=r[8], ended_at=r[9],
         exit_code=r[10], gpus=json.loads(r[11]) if r[11] != "[]" else (), mode=Mode(r[12]) if r[12] else None,
         handle=r[13], attempts=r[14], cancel_by=r[15], held_by=r[16], paused_by=r[17])
@@ -188,6 +232,7 @@ class Store:
             if os.stat(self.path).st_uid == os.geteuid():  # else SQLite says what it cannot do
                 os.chmod(self.path, 0o600)
             self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            self._arrays: OrderedDict[int, tuple[dict, JobSpec]] = OrderedDict()
             self.db.execute("PRAGMA journal_mode=WAL")
             for side in ("-wal", "-shm"):  # made by an older colo with the default mode
                 if os.path.exists(f"{self.path}{side}"):
@@ -225,11 +270,60 @@ class Store:
         elif self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
             raise StoreError(f"{self.path} is not a colo state database")
         for i in range(version, len(MIGRATIONS)):
+            step = MIGRATIONS[i]
+            if callable(step):  # one that SQL alone cannot say, in one transaction as well
+                with self.tx():
+                    step(self.db)
+                    self.db.execute(f"PRAGMA user_version={i + 1}")
+                continue
             # executescript commits first, so the migration carries its own transaction.
-            self.db.executescript(f"BEGIN IMMEDIATE;{MIGRATIONS[i]};PRAGMA user_version={i + 1};COMMIT;")
+            self.db.executescript(f"BEGIN IMMEDIATE;{step};PRAGMA user_version={i + 1};COMMIT;")
 
     def tx(self):
         return _Tx(self.db, self.path)
+
+    # array tasks' specs: one copy of what they share, on disk and in memory ------------------------
+    def _shared(self, array_job: int) -> tuple[dict, JobSpec] | None:
+        """An array's stored spec (None: an array of none stored, as no slim row names), as read
+        and as a spec its tasks' specs share their lists, texts and environment with. A few arrays
+        are kept (ids are never reused, so a kept one is never stale)."""
+        hit = self._arrays.get(array_job)
+        if hit is not None:
+            self._arrays.move_to_end(array_job)
+            return hit
+        r = self.db.execute("SELECT spec FROM array_specs WHERE array_job=?", (array_job,)).fetchone()
+        if r is None:
+            return None
+        d = json.loads(r[0])
+        hit = self._arrays[array_job] = (d, JobSpec.from_dict({"array_job": array_job, **d}))
+        if len(self._arrays) > 64:
+            self._arrays.popitem(last=False)
+        return hit
+
+    def _spec(self, text: str) -> JobSpec:
+        d = json.loads(text)
+        if d.pop(_SLIM, None) is None or (shared := self._shared(d["array_job"])) is None:
+            return JobSpec.from_dict(d)
+        base = shared[1]
+        own = JobSpec.from_dict({"argv": (), **d})  # only d's keys are taken from it
+        return replace(base, **{k: getattr(own, k) for k in d if k in _SPEC_FIELDS})
+
+    def _full(self, text: str) -> dict:
+        """A stored spec as a dict, an array task's with its array's."""
+        d = json.loads(text)
+        if d.pop(_SLIM, None) is None or (shared := self._shared(d["array_job"])) is None:
+            return d
+        return {**shared[0], **d}
+
+    def _spec_text(self, spec: JobSpec | dict | str) -> str:
+        """A spec as its row stores it: an array task's slim (its own keys and what differs)."""
+        d = json.loads(spec) if isinstance(spec, str) else spec if isinstance(spec, dict) else spec.to_dict()
+        a = d.get("array_job")
+        shared = self._shared(a) if a is not None else None
+        return json.dumps(d if shared is None else _slim(d, shared[0]))
+
+    def _job(self, r: tuple) -> Job:
+        return _row_to_job(r, self._spec(r[1]))
 
     def close(self) -> None:
         self.db.close()
@@ -253,28 +347,30 @@ class Store:
     def add_array(self, spec: JobSpec, indices: list[int], limit: int | None, uid: int, gid: int, user: str,
                   now: float | None = None, held_by: str | None = None) -> list[Job]:
         """The tasks of a job array in one transaction: all or none. The array's id is its first
-        task's job id, known once that row is in, and written into every task's spec."""
-        from dataclasses import replace
-
+        task's job id, known once that row is in. What the tasks share is stored once (array_specs),
+        each task's row holds its own keys (_slim)."""
         now = time.time() if now is None else now
         reason = f"submitted by {user}"
+        full = replace(spec, array_job=0, array_index=indices[0], array_size=len(indices),
+                       array_limit=limit).to_dict()
+        shared = _shared_part(full)
         ids: list[int] = []
         with self.tx():
             for i in indices:
-                s = replace(spec, array_job=ids[0] if ids else 0, array_index=i, array_size=len(indices),
-                            array_limit=limit)
+                row = _slim({**full, "array_job": ids[0] if ids else 0, "array_index": i}, shared)
                 cur = self.db.execute(
                     "INSERT INTO jobs(spec, uid, gid, user, state, reason, priority, submitted_at, held_by) "
                     "VALUES (?,?,?,?,?,?,?,?,?)",
-                    (json.dumps(s.to_dict()), uid, gid, user, State.QUEUED.value, reason, spec.priority, now,
-                     held_by))
+                    (json.dumps(row), uid, gid, user, State.QUEUED.value, reason, spec.priority, now, held_by))
                 ids.append(cur.lastrowid)
                 if len(ids) == 1:
                     self.db.execute("UPDATE jobs SET spec=? WHERE id=?",
-                                    (json.dumps(replace(s, array_job=ids[0]).to_dict()), ids[0]))
+                                    (json.dumps({**row, "array_job": ids[0]}), ids[0]))
+                    self.db.execute("INSERT INTO array_specs(array_job, spec) VALUES (?,?)",
+                                    (ids[0], json.dumps(shared)))
             self.db.executemany("INSERT INTO events(job_id, at, old_state, new_state, reason) VALUES (?,?,?,?,?)",
                                 [(i, now, None, State.QUEUED.value, reason) for i in ids])
-        return [self.get(i) for i in ids]
+        return self.jobs_by_id(ids, ordered=True)
 
     def change_queued(self, job_id: int, reason: str, spec: JobSpec | None = None, held_by: Any = ...,
                       now: float | None = None) -> Job:
@@ -283,7 +379,7 @@ class Store:
         now = time.time() if now is None else now
         sets: dict[str, Any] = {}
         if spec is not None:
-            sets.update(spec=json.dumps(spec.to_dict()), priority=spec.priority)
+            sets.update(spec=self._spec_text(spec), priority=spec.priority)
         if held_by is not ...:
             sets["held_by"] = held_by
         with self.tx():
@@ -299,7 +395,7 @@ class Store:
         r = self.db.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE id=?", (job_id,)).fetchone()
         if r is None:
             raise NotFound(job_id)
-        return _row_to_job(r)
+        return self._job(r)
 
     def jobs(self, states: Iterable[State] | None = None, limit: int | None = None,
              newest_first: bool = False) -> list[Job]:
@@ -313,7 +409,7 @@ class Store:
         if limit:
             q += " LIMIT ?"
             args.append(limit)
-        return [_row_to_job(r) for r in self.db.execute(q, args)]
+        return [self._job(r) for r in self.db.execute(q, args)]
 
     def _where(self, states: Iterable[State], users: Iterable[str] | None, names: Iterable[str] | None,
                refs: Iterable[str] | None = None) -> tuple[str, list[Any]]:
@@ -361,13 +457,15 @@ class Store:
                                    f"WHERE id IN ({','.join('?' * len(part))})", part).fetchall()
         return _decoded(out, fields)
 
-    def jobs_by_id(self, ids: list[int]) -> list[Job]:
-        """The jobs `ids`, in no order."""
+    def jobs_by_id(self, ids: list[int], ordered: bool = False) -> list[Job]:
+        """The jobs `ids`, in no order (`ordered`: by id)."""
         out: list[Job] = []
         for k in range(0, len(ids), 500):
             part = ids[k:k + 500]
-            out += [_row_to_job(r) for r in self.db.execute(
+            out += [self._job(r) for r in self.db.execute(
                 f"SELECT {_JOB_COLS} FROM jobs WHERE id IN ({','.join('?' * len(part))})", part)]
+        if ordered:
+            out.sort(key=lambda j: j.id)
         return out
 
     def listing_counts(self, states: Iterable[State], users: Iterable[str] | None = None,
@@ -412,7 +510,8 @@ class Store:
         for r in reversed(rows):
             row = dict(zip(keys, r))
             row["gpus"] = loads(r[10])
-            row["spec"], row["alone_s"], row["predicted_slowdown"] = loads(r[13]), r[14], r[15]
+            row["spec"] = self._full(r[13]) if full else loads(r[13])
+            row["alone_s"], row["predicted_slowdown"] = r[14], r[15]
             out.append(row)
         return out, more
 
@@ -503,6 +602,8 @@ class Store:
             for k in ("gpus",):
                 if k in sets and not isinstance(sets[k], str):
                     sets[k] = json.dumps(list(sets[k]))
+            if "spec" in sets:
+                sets["spec"] = self._spec_text(sets["spec"])
             if isinstance(sets.get("mode"), Mode):
                 sets["mode"] = sets["mode"].value
             cols = ", ".join(f"{k}=?" for k in sets)
@@ -634,7 +735,12 @@ class Store:
             self.db.execute("DELETE FROM cleaned_use WHERE ended_at <= ?", (keep_use_since,))
             for table in ("samples", "events", "decisions", "job_neighbours"):
                 self.db.execute(f"DELETE FROM {table} WHERE job_id IN ({marks})", gone)
+            arrays = [r[0] for r in self.db.execute(
+                f"SELECT DISTINCT json_extract(spec, '$.array_job') FROM jobs WHERE id IN ({marks}) "
+                "AND json_extract(spec, '$.array_job') IS NOT NULL", gone)]
             self.db.execute(f"DELETE FROM jobs WHERE id IN ({marks})", gone)
+            self.db.executemany("DELETE FROM array_specs WHERE array_job=? AND NOT EXISTS (SELECT 1 FROM jobs "
+                                "WHERE json_extract(spec, '$.array_job') = ?)", [(a, a) for a in arrays])
         return gone
 
     # learning -------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 colo-profile 1
 name alexnet
-gpu NVIDIA TITAN Xp (12 GB) - from DESIGN.md figures
+gpu NVIDIA TITAN Xp (12 GB) - from the study figures in docs/invariants.md
 step 2
 runtime 45.000
 runs 1

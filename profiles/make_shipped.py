@@ -1,7 +1,8 @@
-"""Generate the shipped profiles from the figures in DESIGN.md ("Workloads from the studies").
+"""Generate the shipped profiles from the study figures in docs/invariants.md ("Figures from the
+studies").
 
 Deterministic (no randomness): run `python profiles/make_shipped.py` to rewrite profiles/*.profile.
-The study ran these 11 applications alone on a 12 GB NVIDIA TITAN Xp. What DESIGN.md states is
+The study ran these 11 applications alone on a 12 GB NVIDIA TITAN Xp. What that page states is
 used as given; what it does not state (exact run times, SM levels inside a class, bandwidth) is
 chosen to agree with it, and marked "chosen" below:
 - class GPU-heavy (>= 40 % average use): vgg11, vgg16, resnet50/101/152, QMCPACK, HOOMD, LAMMPS;
@@ -14,7 +15,7 @@ chosen to agree with it, and marked "chosen" below:
 - GROMACS: little memory, runs long; up to three fit at once.
 - Run times (chosen) make the 30-job mixes' exclusive makespans match the study: GPU-heavy mean
   160 s (30 jobs ~ 4,807 s), GPU-light mean 76.5 s (30 jobs ~ 2,295 s).
-MB in DESIGN.md are read as MiB (as nvidia-smi prints them).
+MB in the study are read as MiB (as nvidia-smi prints them).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from colo.profiles import Profile, save  # noqa: E402
 
-GPU = "NVIDIA TITAN Xp (12 GB) - from DESIGN.md figures"
+GPU = "NVIDIA TITAN Xp (12 GB) - from the study figures in docs/invariants.md"
 STEP = 2.0
 MiB = 1024**2
 

@@ -1,6 +1,6 @@
 colo-profile 1
 name qmcpack
-gpu NVIDIA TITAN Xp (12 GB) - from DESIGN.md figures
+gpu NVIDIA TITAN Xp (12 GB) - from the study figures in docs/invariants.md
 step 2
 runtime 200.000
 runs 1

@@ -165,12 +165,50 @@ def users():
     return load_bench.ensure_users(2)
 
 
+# What makes a test not pure (mark `daemon`, set here): a fixture that builds native parts, reaches
+# Docker or makes Unix users (the daemon, fakegpu and the rest depend on one of them), or code of
+# the test, of its fixtures or of its module's functions (followed by name) that starts processes
+# or calls the helpers that start daemons, Slurm or Debian containers.
+NOT_PURE_FIXTURES = {"native_dir", "docker_client", "users", "other_user", "make_dockerd"}
+NOT_PURE_NAMES = {"subprocess", "Popen", "fork", "forkpty", "execv", "ensure_built"}
+NOT_PURE_HELPERS = {"daemon_util", "slurm_util", "debian_util", "load_bench"}
+SLOW_FIXTURES = {"mix_results"}  # pure but long (mark `slow`; others carry the mark themselves)
+
+
+def _starts_processes(item) -> bool:
+    mod = getattr(item, "module", None)
+    if mod is None:
+        return False
+    ns = vars(mod)
+    bad = NOT_PURE_NAMES | {k for k, v in ns.items() if getattr(v, "__module__", getattr(v, "__name__", None))
+                            in NOT_PURE_HELPERS}
+    fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    todo = [item.function.__code__] + [d.func.__code__ for defs in fixtures.values() for d in defs
+                                       if getattr(d.func, "__module__", None) == mod.__name__]
+    seen = set()
+    while todo:
+        code = todo.pop()
+        if code in seen:
+            continue
+        seen.add(code)
+        if bad & set(code.co_names):
+            return True
+        todo += [c for c in code.co_consts if hasattr(c, "co_names")]
+        todo += [ns[n].__code__ for n in code.co_names if callable(ns.get(n)) and hasattr(ns[n], "__code__")
+                 and getattr(ns[n], "__module__", None) == mod.__name__]
+    return False
+
+
 def pytest_collection_modifyitems(config, items):
     have_gpu = shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidiactl")
     skip_gpu = pytest.mark.skip(reason="needs a real NVIDIA GPU")
     for item in items:
         if "gpu" in item.keywords and not have_gpu:
             item.add_marker(skip_gpu)
+        if NOT_PURE_FIXTURES & set(getattr(item, "fixturenames", ())) or _starts_processes(item):
+            item.add_marker(pytest.mark.daemon)
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
@@ -184,20 +222,46 @@ def daemon(tmp_path, fakegpu):
 
 
 @pytest.fixture
-def shared_daemon(fakegpu):
-    """A daemon whose state dir and socket other users can reach (pytest's tmp dirs are private)."""
+def reachable_daemon(native_dir):
+    """make(prefix, state, config=None, env=None): a started daemon in a temporary folder other
+    users can traverse, its socket theirs to reach (pytest's tmp dirs are private). At the end the
+    `go` file gated jobs wait for is made, the daemon stopped and its folder removed."""
     import tempfile
     from pathlib import Path
 
     from daemon_util import DaemonProc
 
-    root = Path(tempfile.mkdtemp(prefix="colo-shared-"))
-    os.chmod(root, 0o755)
-    d = DaemonProc(root, fakegpu.state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    made = []
+
+    def make(prefix: str, state, config: dict | None = None, env: dict | None = None):
+        root = Path(tempfile.mkdtemp(prefix=prefix))
+        os.chmod(root, 0o755)
+        made.append(root)
+        d = DaemonProc(root, state, config, env)
+        made.append(d)
+        d.start()
+        os.chmod(d.socket.parent, 0o755)
+        return d
+
+    yield make
+    for x in reversed(made):
+        if isinstance(x, DaemonProc):
+            (x.root / "go").touch()
+            x.stop()
+        else:
+            shutil.rmtree(x, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_daemon(fakegpu, reachable_daemon):
+    """A daemon whose state dir and socket other users can reach, on two simulated GPUs."""
+    return reachable_daemon("colo-shared-", fakegpu.state)
+
+
+@pytest.fixture
+def shared(shared_daemon):
+    """The name most modules give shared_daemon."""
+    return shared_daemon
 
 
 @pytest.fixture

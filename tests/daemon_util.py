@@ -30,6 +30,16 @@ def gpu_node(prefix: str, count: int = 1, mem: int = 16 * 1024**3) -> tuple[Path
     return root, state, prof
 
 
+def burn_path(d: "DaemonProc") -> str:
+    """colo-burn (the simulated load tool) as the daemon's world-readable copy: other users' jobs run it."""
+    return str(next(d.state_dir.glob("native-*")) / "colo-burn")
+
+
+def burn(d: "DaemonProc", *args: str) -> list[str]:
+    """`colo submit`'s command part that runs colo-burn with `args`."""
+    return ["--", burn_path(d), *args]
+
+
 def wait_for(cond, timeout: float = 20.0, what: str = "condition", interval: float = 0.05):
     """Poll `cond` until it returns something truthy; fail with `what` after `timeout`."""
     deadline = time.monotonic() + timeout

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -40,18 +38,6 @@ def ids(d: DaemonProc) -> set[int]:
 
 def logs_of(d: DaemonProc, job_id: int) -> list[str]:
     return sorted(p.name for p in (d.state_dir / "logs").glob(f"{job_id}.*"))
-
-
-@pytest.fixture
-def shared(fakegpu):
-    root = Path(tempfile.mkdtemp(prefix="colo-clean-"))
-    os.chmod(root, 0o755)
-    d = DaemonProc(root, fakegpu.state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    (root / "go").touch()
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_clean_removes_only_ended_jobs_of_their_owner_with_their_logs(shared, other_user):

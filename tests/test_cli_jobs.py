@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import redirect_stdout
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -27,17 +23,10 @@ GiB = 1024**3
 
 
 @pytest.fixture
-def shared(fakegpu):
-    """A daemon other users can reach, with colo's default reserve and a long grace period."""
-    root = Path(tempfile.mkdtemp(prefix="colo-cli-"))
-    os.chmod(root, 0o755)
-    d = DaemonProc(root, fakegpu.state, {"reserve": "256MiB", "stop_grace": 60.0}).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    for j in d.client.ls(all=False):  # a grace of 60 s: let the gated jobs end by themselves
-        (root / "go").touch()
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+def shared(fakegpu, reachable_daemon):
+    """A daemon other users can reach, with colo's default reserve and a long grace period (at
+    the end its gated jobs are let end by themselves: reachable_daemon makes their `go`)."""
+    return reachable_daemon("colo-cli-", fakegpu.state, {"reserve": "256MiB", "stop_grace": 60.0})
 
 
 def invoke_as(pw, d: DaemonProc, *args: str):

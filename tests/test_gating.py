@@ -8,14 +8,16 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 from pathlib import Path
 
 import pytest
 
-from colo.node import devices, fakegpu
+from colo.node import cgroup, devices, fakegpu
 from colo.node.cgroup import Cgroups, CgroupError
+from colo.node.mps import MpsDaemon
 from daemon_util import gpu_node
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users and gate files")
@@ -170,6 +172,27 @@ def test_a_symlink_to_the_state_does_not_bring_its_own_device_files(node, users,
     assert probe(link, users[0]) == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}
 
 
+def test_a_hard_link_to_the_state_does_not_bring_its_own_device_files(node, users, group):
+    """Issue 52: the state file is 0666, so a user may hard-link it into a folder of their own, and
+    the link's path is the one the process opened: beside it, a folder of open files of theirs, or
+    none (the "made before nodes existed" case, where every node opened). Either is refused; the
+    state itself still serves the group colo grants its jobs."""
+    root, state, fn = node
+    fn.make_nodes(gid=group, mode=0o660)
+    assert os.stat(state).st_mode & 0o777 == 0o666
+    mine = root / "mine"
+    mine.mkdir(mode=0o777)
+    os.chmod(mine, 0o777)
+    pw = users[0]
+    sh = "ln {s} {d}/bare && ln {s} {d}/state && mkdir {d}/state.dev && cd {d}/state.dev && " \
+         "touch nvidiactl nvidia-uvm nvidia0 nvidia1 && chmod 0666 *"
+    subprocess.run(["sh", "-c", sh.format(s=state, d=mine)], check=True, preexec_fn=as_user(pw))
+    assert os.stat(mine / "state.dev" / "nvidiactl").st_uid == pw.pw_uid and os.stat(state).st_nlink == 3
+    for link in (mine / "state", mine / "bare"):
+        assert probe(link, pw) == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}, link
+    assert probe(state, pw, groups=[group])["cuda_count"] == 2
+
+
 def _free_majors() -> bool:
     text = Path("/proc/devices").read_text().split("Block devices")[0]
     used = {int(line.split()[0]) for line in text.splitlines()[1:] if line.strip()}
@@ -265,6 +288,31 @@ def test_the_v2_device_program_holds_a_cgroup_to_its_gpu(char_node, users, group
         leaf.rmdir()
 
 
+def test_the_gate_keys_are_checked_at_load_and_the_patrol_default_follows_the_gate(tmp_path):
+    from colo.config import Config, ConfigError
+
+    for text in ('gpu_gate_at = "/"', 'gpu_gate_at = ["user.slice"]', 'gpu_gate_allow = ["/a/../b"]',
+                 "gpu_gate_allow = [1]"):
+        (tmp_path / "c.toml").write_text(text + "\n")
+        key = text.split()[0]
+        with pytest.raises(ConfigError, match=f"^{key}: .* is not a list of cgroup2 folders below its mount"):
+            Config.load(tmp_path / "c.toml")
+    assert not Config().kill_foreign and Config(gpu_group="g").kill_foreign
+    assert not Config(gpu_group="g", patrol_kill_foreign=False).kill_foreign
+    assert Config(patrol_kill_foreign=True).kill_foreign
+
+
+def test_devcg_gate_refuses_malformed_arguments(native_dir):
+    tool = str(native_dir / "colo-devcg")
+    for bad in (["--gate", "/sys/fs/cgroup", "colo_gate", "1:1", "--"],  # no rule
+                ["--gate", "/sys/fs/cgroup", "colo_gate", "1:0", "--", "c:195:*"],  # level 0: the root itself
+                ["--gate", "/sys/fs/cgroup", "colo_gate", "x:1", "--", "c:195:*"],
+                ["--gate", "/sys/fs/cgroup", "a_name_too_long_x", "1:1", "--", "c:195:*"],
+                ["--gate", "/sys/fs/cgroup", "colo_gate", "1:1", "--", "c:195"]):
+        r = subprocess.run([tool, *bad], capture_output=True, text=True)
+        assert r.returncode == 2 and "usage" in r.stderr, bad
+
+
 def test_devcg_refuses_malformed_rules(native_dir):
     tool = str(native_dir / "colo-devcg")
     for bad in (["/sys/fs/cgroup"], ["/sys/fs/cgroup", "x:1:2"], ["/sys/fs/cgroup", "c:195"],
@@ -283,16 +331,64 @@ def test_no_device_rules_is_an_error_a_gated_start_can_refuse():
 
 # -- through colo: a real daemon, jobs of a real user outside the GPU group ------------------------
 @pytest.fixture
-def gated_daemon(char_node, group):
+def gate_root():
+    """A cgroup2 folder standing for the node's root in miniature: the daemons here start in it
+    (so their jobs' folders are beneath it) and gate it, never the machine's root, where the
+    other tests' daemons and their jobs are (a gate outlives its daemon)."""
+    mount = cgroup.v2_mount()
+    if mount is None:
+        pytest.skip("no cgroup2 mounted")
+    d = mount / f"colo-gateroot-{uuid.uuid4().hex[:6]}"
+    d.mkdir()
+    yield d
+    from daemon_util import wait_for
+
+    def procs() -> list[int]:
+        return [int(p) for f in d.rglob("cgroup.procs") for p in f.read_text().split()]
+
+    for pid in procs():
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    wait_for(lambda: not procs(), 30, "the gate's folder to empty")
+    for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        sub.rmdir()
+    d.rmdir()
+
+
+@pytest.fixture
+def outside(gate_root):
+    """Where the users' own processes live under the gate (user.slice on a systemd node)."""
+    d = gate_root / "users"
+    d.mkdir()
+    return d
+
+
+def start_in(d, folder: Path):
+    """Start daemon `d` in cgroup2 `folder` (it makes its jobs' folder beneath its own): this
+    process goes there for the fork, and back."""
+    home = cgroup.v2_mount() / cgroup.places("self")[""].lstrip("/")
+    (folder / "cgroup.procs").write_text(str(os.getpid()))
+    try:
+        return d.start()
+    finally:
+        (home / "cgroup.procs").write_text(str(os.getpid()))
+
+
+@pytest.fixture
+def gated_daemon(char_node, group, gate_root):
     """A daemon granting GROUP on a node whose simulated files are 0660 root:GROUP character
-    devices; the probe written where jobs read it: (daemon, state, FakeNode, probe path)."""
+    devices, started in and gating `gate_root`; the probe written where jobs read it: (daemon,
+    state, FakeNode, probe path)."""
     from daemon_util import DaemonProc
 
     root, state, fn = char_node
     (root / "probe.py").write_text(PROBE)
     os.chmod(root / "probe.py", 0o644)
     (root / "d").mkdir(mode=0o755)
-    d = DaemonProc(root / "d", state, {"gpu_group": GROUP}).start()
+    d = start_in(DaemonProc(root / "d", state, {"gpu_group": GROUP, "gpu_gate_at": [f"/{gate_root.name}"]}),
+                 gate_root)
     os.chmod(d.socket.parent, 0o755)
     yield d, state, fn, root / "probe.py"
     d.stop()
@@ -366,15 +462,21 @@ def test_a_container_job_gets_its_gpus_files_from_the_engine_and_no_other(gated_
     assert job["state"] == "failed" and "nvidia1: Operation not permitted" in out, out
 
 
+def doctor_lines(tmp_path: Path, config: str) -> list[str]:
+    """`colo doctor`'s lines about gating, with this config and no daemon."""
+    cfg = tmp_path / "colo.toml"
+    cfg.write_text(config)
+    r = subprocess.run([sys.executable, "-m", "colo", "doctor"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLO_CONFIG": str(cfg), "COLO_SOCKET": str(tmp_path / "none.sock")})
+    return [ln for ln in r.stdout.splitlines() if ln[6:].startswith(("gating", "devices", "gate", "patrol"))]
+
+
 def test_doctor_says_whether_the_node_is_gated_for_the_group_colo_grants(node, group, tmp_path):
     root, state, fn = node
-    cfg = tmp_path / "colo.toml"
 
     def doctor(gpu_group: str | None) -> list[str]:
-        cfg.write_text(f'fakegpu_state = "{state}"\n' + (f'gpu_group = "{gpu_group}"\n' if gpu_group else ""))
-        r = subprocess.run([sys.executable, "-m", "colo", "doctor"], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "COLO_CONFIG": str(cfg), "COLO_SOCKET": str(tmp_path / "none.sock")})
-        return [ln for ln in r.stdout.splitlines() if ln[6:].startswith(("gating", "devices"))]
+        return doctor_lines(tmp_path, f'fakegpu_state = "{state}"\n' + (f'gpu_group = "{gpu_group}"\n' if gpu_group
+                                                                          else ""))
 
     assert doctor(None)[0].startswith("--    gating       not gated: nvidia-uvm, nvidia0, nvidia1, nvidiactl open to "
                                       "every user (0o666): a process outside colo can use the GPUs")
@@ -384,3 +486,205 @@ def test_doctor_says_whether_the_node_is_gated_for_the_group_colo_grants(node, g
                                 f"to every user; colo's GPU jobs get the group {GROUP}")
     assert doctor("root")[0].startswith("FAIL  gating       gated") and "cannot open them" in doctor("root")[0]
     assert doctor(GROUP)[1].startswith("ok    devices      per job")
+    # plain files: no device program applies; the patrol kills processes of no job by default
+    assert doctor(GROUP)[2:] == ["--    gate         the GPUs' files in " f"{fn.node_dir} are not character devices: "
+                                 "no device program applies",
+                                 "ok    patrol       a process of no job holding GPU memory is killed, its uid logged "
+                                 "(patrol_kill_foreign, on by default on a gated node)"]
+    assert [ln[6:18] for ln in doctor(None)] == ["gating      ", "devices     "]  # no gpu_group: no gate asked of it
+
+
+
+# -- the gate against the job's own user (docs/gating.md "The gate") ------------------------------
+def _home(root: Path, pw) -> Path:
+    h = root / f"home-{pw.pw_name}"
+    h.mkdir(mode=0o755)
+    os.chown(h, pw.pw_uid, pw.pw_gid)
+    return h
+
+
+@needs_free_majors
+def test_a_setgid_copy_of_the_gpu_group_made_in_a_job_opens_no_gpu_outside_colo(gated_daemon, users, group,
+                                                                                   gate_root, outside, tmp_path):
+    """The job holds the GPU group, so its user can give it to a file of their own (chgrp, then
+    chmod 2755): the copy carries the group out of colo for good. The gate refuses the devices by
+    where the process is, not by its groups: outside a job the copy opens nothing."""
+    d, state, fn, probe_py = gated_daemon
+    assert "gate: the GPUs' devices (c:120:*, c:195:*) are refused beneath" in d.log.read_text()
+    pw = users[0]
+    home = _home(state.parent.parent, pw)
+    gpy = home / "gpy"
+    j = submit_as(d, pw, ["sh", "-c", f"cp {PY} {gpy} && chgrp {GROUP} {gpy} && chmod 2755 {gpy}"], gpu_ids=[0])
+    job, out = ended(d, j)
+    assert job["state"] == "succeeded", out
+    st = os.stat(gpy)
+    assert st.st_gid == group and st.st_mode & 0o7777 == 0o2755  # the group, carried out of the job
+    lib = next(d.state_dir.glob("native-*")) / "fakegpu"
+    env = {"PATH": "/usr/bin:/bin", "COLO_FAKEGPU_STATE": str(state)}
+    opener = (f"import os\nprint(os.getegid())\nos.setregid({group}, {group})\n"
+              f"try:\n os.open('{fn.node_dir}/nvidiactl', os.O_RDWR)\nexcept OSError as e:\n print(e.strerror)\n")
+    r = subprocess.run([str(gpy), "-c", opener], capture_output=True, text=True, timeout=60, env=env,
+                       preexec_fn=as_user(pw, (), [outside]))
+    egid, err = r.stdout.split("\n")[:2]
+    assert int(egid) == group, r.stderr  # it runs with the group (the mount honours setgid)...
+    assert err == "Operation not permitted"  # ...and the gate refuses it: not the file's mode (EACCES)
+    r = subprocess.run([str(gpy), str(probe_py), str(lib)], capture_output=True, text=True, timeout=60, env=env,
+                       preexec_fn=as_user(pw, (), [outside]))
+    assert json.loads(r.stdout) == {"cuInit": NO_DEVICE, "nvmlInit": NO_PERMISSION}, r.stderr
+    # the same user's job opens its GPU as before (a job's folder is allowed beneath a gated root)
+    j = submit_as(d, pw, [PY, str(probe_py), str(lib)], gpu_ids=[1])
+    job, out = ended(d, j)
+    assert json.loads(out.splitlines()[-1])["cuda_count"] == 1, out
+    # MPS control daemons start beneath colo's folder, which the gate allows (the users' servers
+    # they start open the GPUs)
+    folder = gate_root / f"colo-{(d.state_dir / 'instance').read_text().strip()}" / "mps"
+    short = Path(tempfile.mkdtemp(prefix="cg", dir="/tmp"))  # a Unix socket's path is short
+    ctl = MpsDaemon(short, fn.uuids()[0], 0, fn.mps_control, {**os.environ, **fn.env}, cgroup=folder)
+    try:
+        ctl.start()
+        assert cgroup.places(ctl.pid)[""].endswith(f"/{folder.parent.name}/mps")
+    finally:
+        ctl.stop()
+        shutil.rmtree(short, ignore_errors=True)
+    # a restarted daemon makes its jobs' folder anew (a new cgroup id) and replaces its program:
+    # had the old one stayed, it would refuse the new folder's jobs
+    before = (gate_root / f"colo-{(d.state_dir / 'instance').read_text().strip()}").stat().st_ino
+    d.stop()
+    start_in(d, gate_root)
+    assert (gate_root / f"colo-{(d.state_dir / 'instance').read_text().strip()}").stat().st_ino != before
+    j = submit_as(d, pw, [PY, str(probe_py), str(lib)], gpu_ids=[0])
+    job, out = ended(d, j)
+    assert json.loads(out.splitlines()[-1])["cuda_count"] == 1, out
+    # colo doctor sees the gate (one program), and says when there is none or the patrol would
+    # spare a holder
+    base = f'fakegpu_state = "{state}"\ngpu_group = "{GROUP}"\n'
+    lines = doctor_lines(tmp_path, base + f'gpu_gate_at = ["/{gate_root.name}"]\n')
+    assert lines[2] == (f"ok    gate         the GPUs' devices are refused beneath {gate_root} but to colo's "
+                        "jobs and root (colo_gate)"), lines
+    assert lines[3].startswith("ok    patrol")
+    lines = doctor_lines(tmp_path, base + 'gpu_gate_at = []\npatrol_kill_foreign = false\n')
+    assert lines[2].startswith("FAIL  gate         gpu_gate_at = []: the group alone gates") and \
+        lines[3].startswith("FAIL  patrol       patrol_kill_foreign = false on a gated node")
+
+
+HOOK = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+/* The descriptor-passing attack's other half: the driver's files "opened" from descriptors a job
+ * handed out (GPUFDS="nvidiactl=3,nvidia-uvm=4,nvidia0=5"), as a user would hook a real CUDA. */
+static int passed(const char *path)
+{
+    const char *b = strrchr(path, '/'), *m = getenv("GPUFDS"), *p;
+    char key[64];
+    if (!b || !m || !strstr(path, ".dev/"))
+        return -1;
+    snprintf(key, sizeof key, "%s=", b + 1);
+    for (p = strstr(m, key); p; p = strstr(p + 1, key))
+        if (p == m || p[-1] == ',')
+            return dup(atoi(p + strlen(key)));
+    return -1;
+}
+int open(const char *path, int flags, ...)
+{
+    static int (*real)(const char *, int, ...);
+    va_list ap;
+    va_start(ap, flags);
+    int mode = va_arg(ap, int);
+    va_end(ap);
+    int fd = passed(path);
+    if (fd >= 0)
+        return fd;
+    if (!real)
+        real = dlsym(RTLD_NEXT, "open");
+    return real(path, flags, mode);
+}
+int open64(const char *path, int flags, ...) __attribute__((alias("open")));
+"""
+
+RECEIVER = textwrap.dedent("""
+    import os, signal, socket, sys
+    sock_path, burn = sys.argv[1], sys.argv[2:]
+    names = ["nvidiactl", "nvidia-uvm", "nvidia0"]
+    for n in names:  # by path it opens nothing: not in the group
+        try:
+            os.open(os.environ["NODES"] + "/" + n, os.O_RDWR)
+            sys.exit("opened " + n)
+        except PermissionError:
+            pass
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sock_path)
+    s.listen(1)
+    print("listening", flush=True)
+    c, _ = s.accept()
+    _, fds, _, _ = socket.recv_fds(c, 16, 8)
+    os.environ["GPUFDS"] = ",".join(f"{n}={fd}" for n, fd in zip(names, fds))
+    for fd in fds:
+        os.set_inheritable(fd, True)
+    child = os.fork()
+    if child == 0:
+        os.execvp(burn[0], burn)
+    print(child, flush=True)
+    signal.pause()  # the holder: it uses no GPU itself, so NVML never lists it
+""")
+
+SENDER = textwrap.dedent("""
+    import os, socket, sys
+    fds = [os.open(sys.argv[2] + "/" + n, os.O_RDWR) for n in ("nvidiactl", "nvidia-uvm", "nvidia0")]
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    socket.send_fds(s, [b"gpu"], fds)
+""")
+
+
+def test_device_descriptors_a_job_hands_out_are_found_by_the_patrol_and_their_holders_killed(
+        gated_daemon, users, group, outside, tmp_path):
+    """The kernel checks a device at open only: a job that opens the files and passes the
+    descriptors (SCM_RIGHTS) to its user's process outside colo gives it the GPU, gate or not.
+    On a gated node the patrol kills a process of no job that holds GPU memory (by default,
+    without waiting out a grace) and logs its owner; and with it every process outside colo's
+    folders that holds the files open: the holder that got them and uses no GPU itself (it could
+    hand them to one short-lived process after another, each gone before a second sample).
+    (Plain files here: a character device of no driver opens nothing to pass.)"""
+    d, state, fn, _ = gated_daemon
+    fn.make_nodes(gid=group, mode=0o660)
+    pw = users[0]
+    home = _home(state.parent.parent, pw)
+    hook = home / "hook.so"
+    (tmp_path / "hook.c").write_text(HOOK)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(hook), str(tmp_path / "hook.c"), "-ldl"], check=True)
+    os.chmod(hook, 0o755)
+    for name, text in (("recv.py", RECEIVER), ("send.py", SENDER)):
+        (home / name).write_text(text)
+        os.chmod(home / name, 0o644)
+    lib = next(d.state_dir.glob("native-*"))
+    sock = home / "gpu.sock"
+    env = {"PATH": "/usr/bin:/bin", "COLO_FAKEGPU_STATE": str(state), "NODES": str(fn.node_dir),
+           "LD_LIBRARY_PATH": str(lib / "fakegpu"), "LD_PRELOAD": str(hook)}
+    p = subprocess.Popen([PY, str(home / "recv.py"), str(sock), str(lib / "colo-burn"), "--mem", "1GiB",
+                          "--duty", "0", "--seconds", "600"], env=env, stdout=subprocess.PIPE, text=True,
+                         preexec_fn=as_user(pw, (), [outside]))
+    try:
+        assert p.stdout.readline() == "listening\n"
+        j = submit_as(d, pw, [PY, str(home / "send.py"), str(sock), str(fn.node_dir)], gpu_ids=[0])
+        job, out = ended(d, j)
+        assert job["state"] == "succeeded", out
+        burner = int(p.stdout.readline())
+        assert p.wait(90) == -9  # SIGKILL, by the patrol
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    text = d.log.read_text()
+    assert text.count(f"process {burner} (uid {pw.pw_uid}), in no job, holds") == 1  # told once, with its owner
+    assert "it will be killed (patrol_kill_foreign)" in text
+    held = "in no job, held the GPUs' device files open on a gated node (a descriptor from a job: the gate checks " \
+           "at open only): killed (patrol_kill_foreign)"
+    assert f"process {p.pid} (uid {pw.pw_uid}), {held}" in text, text[-3000:]  # the holder, never on a GPU
+    assert f"process {burner} (uid {pw.pw_uid}), {held}" in text or \
+        f"process {burner} (uid {pw.pw_uid}), in no job, held 1.0GiB" in text

@@ -12,7 +12,7 @@ import pytest
 
 from colo import profiles
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, gpu_node, wait_for
+from daemon_util import DaemonProc, as_user, burn_path, gpu_node, wait_for
 
 GiB, MiB = 1024**3, 1024**2
 
@@ -41,10 +41,6 @@ def node(native_dir):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def burn(d: DaemonProc) -> str:
-    return str(next(d.state_dir.glob("native-*")) / "colo-burn")
-
-
 def explain(d: DaemonProc, job_id: int) -> dict:
     return json.loads(d.cli("explain", str(job_id), "--json", check=True).stdout)
 
@@ -52,12 +48,12 @@ def explain(d: DaemonProc, job_id: int) -> dict:
 def test_a_grow_job_is_lent_what_it_needs_and_the_lent_budget_counts_across_a_restart(node):
     d = node()
     over = ["--process", "--gpu-mem", "1GiB", "--profile", "under"]
-    plain = d.submit(*over, "--", burn(d), "--mem", "1100MiB", "--seconds", "1")
+    plain = d.submit(*over, "--", burn_path(d), "--mem", "1100MiB", "--seconds", "1")
     j = d.wait_state(plain, "failed", timeout=60)  # without --grow: refused, its failure as before
     assert "refused by its budget of 1.0GiB" in j["reason"] and j["spec"]["asked_mem"] is None, j
 
     gate = d.root / "go"
-    grown = d.submit(*over, "--grow", "--", "sh", "-c", f"{burn(d)} --mem 1100MiB --seconds 600 --quiet & b=$!; "
+    grown = d.submit(*over, "--grow", "--", "sh", "-c", f"{burn_path(d)} --mem 1100MiB --seconds 600 --quiet & b=$!; "
                      f"while [ ! -e {gate} ]; do sleep 0.05; done; kill $b; wait $b; exit 0")
     j = d.wait_state(grown, "running", timeout=60)
     assert j["budget"] == 1280 * MiB and j["spec"]["asked_mem"] == GiB, j  # 1.25x: no queued job fits in 3 GiB
@@ -98,12 +94,12 @@ def test_a_grow_job_is_lent_what_it_needs_and_the_lent_budget_counts_across_a_re
 def test_a_grow_job_starts_with_what_its_users_earlier_runs_used(node, other_user):
     d = node(lend=1.0)  # no lending: the learned budget alone
     over = ["--process", "--profile", "under"]
-    first = d.submit(*over, "--gpu-mem", "2GiB", "--", burn(d), "--mem", "1100MiB", "--duty", "30", "--seconds", "2")
+    first = d.submit(*over, "--gpu-mem", "2GiB", "--", burn_path(d), "--mem", "1100MiB", "--duty", "30", "--seconds", "2")
     d.wait_state(first, "succeeded", timeout=60)
     wait_for(lambda: json.loads(d.cli("profile", "show", "under", "--json", check=True).stdout)["learned"]
              .get("suggested_budget") == 1280 * MiB, 30, "the learned budget")  # 1100 MiB + 10 %, 256 MiB steps
 
-    again = ["--gpu-mem", "1GiB", "--", burn(d), "--mem", "1100MiB", "--seconds", "1"]
+    again = ["--gpu-mem", "1GiB", "--", burn_path(d), "--mem", "1100MiB", "--seconds", "1"]
     grown = d.submit(*over, "--grow", *again)
     j = d.wait_state(grown, "succeeded", timeout=60)
     assert j["budget"] == 1280 * MiB and j["spec"]["asked_mem"] == GiB, j

@@ -22,15 +22,8 @@ ROOT_ONLY = "/root/colo-only-bin"  # stands for root's own tool folders in the d
 
 
 @pytest.fixture
-def shared(fakegpu):
-    root = Path(tempfile.mkdtemp(prefix="colo-hold-"))
-    os.chmod(root, 0o755)
-    d = DaemonProc(root, fakegpu.state, env={"PATH": f"{ROOT_ONLY}:{os.environ['PATH']}"}).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    (root / "go").touch()
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+def shared(fakegpu, reachable_daemon):
+    return reachable_daemon("colo-hold-", fakegpu.state, env={"PATH": f"{ROOT_ONLY}:{os.environ['PATH']}"})
 
 
 def _submit(d: DaemonProc, pw, argv: list[str], **more) -> int:

@@ -36,16 +36,6 @@ def users():
     return load_bench.ensure_users(2)
 
 
-@pytest.fixture
-def shared(fakegpu):
-    root = load_bench.shared_root("colo-hostile-")
-    d = DaemonProc(root, fakegpu.state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
-
-
 def raw(path: Path, data: bytes, timeout: float = 10.0, shut: bool = True) -> list[dict]:
     """Send bytes as they are; the reply lines, parsed (a line that is not JSON fails the test)."""
     s = socket.socket(socket.AF_UNIX)

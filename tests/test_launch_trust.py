@@ -26,16 +26,6 @@ def users():
     return load_bench.ensure_users(2)  # alice, bob
 
 
-@pytest.fixture
-def shared(fakegpu):
-    root = load_bench.shared_root("colo-trust-")
-    d = DaemonProc(root, fakegpu.state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
-
-
 def _submit(d: DaemonProc, pw, spec: dict) -> int:
     return run_as(pw, lambda: Client(d.socket).submit(spec)["id"])
 

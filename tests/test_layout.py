@@ -2,6 +2,7 @@
 that nothing imports upward, that no import circle exists, and that the daemon's parts use each
 other's public interfaces, not each other's private fields."""
 import ast
+import re
 from pathlib import Path
 
 import colo
@@ -118,3 +119,54 @@ def test_daemon_parts_use_each_others_interfaces():
                     and node.value.value.id in ("self", "d")):
                 reach.append(f"{p.name}:{node.lineno} {node.value.value.id}.{node.value.attr}.{node.attr}")
     assert reach == []
+
+
+REPO = ROOT.parent
+CITED = re.compile(r"\b[Ii]nvariants?[ _](\d+(?:(?:,| and|, and) \d+)*)")
+
+
+def test_every_invariant_cited_is_in_docs_invariants():
+    """colo's code, tests and docs cite "invariant N": docs/invariants.md must have each N, and
+    ARCHITECTURE.md must lead there."""
+    doc = (REPO / "docs" / "invariants.md").read_text()
+    have = {int(n) for n in re.findall(r"^### (\d+)\. ", doc, re.M)}
+    assert have == set(range(1, max(have) + 1)), sorted(have)
+    assert "docs/invariants.md" in (REPO / "ARCHITECTURE.md").read_text()
+    files = [p for d in ("colo", "tests", "docs", "bench", "profiles", "workloads", "packaging")
+             for p in (REPO / d).rglob("*") if p.suffix in (".py", ".md", ".c", ".h", ".txt", ".sh")]
+    files += [p for p in (REPO / "native").rglob("*") if p.suffix in (".c", ".h") and "build" not in p.parts]
+    files += [REPO / "README.md", REPO / "ARCHITECTURE.md"]
+    cited = {}
+    for p in files:
+        for m in CITED.finditer(p.read_text(errors="replace")):
+            for n in re.findall(r"\d+", m.group(1)):
+                cited.setdefault(int(n), f"{p.relative_to(REPO)}: {m.group(0)}")
+    assert len(cited) >= 10  # the pattern finds what the tree cites
+    assert {n: where for n, where in cited.items() if n not in have} == {}
+
+
+# the daemon's parts as core.Daemon names them (and as a part names another it holds)
+PARTS = {"d", "daemon", "table", "gpus", "engines", "learner", "launcher", "scheduler", "patrol", "sampler",
+         "recovery", "retention", "metrics", "onend", "listing", "admission", "store", "cgroups", "external"}
+
+
+def test_daemon_parts_write_only_their_own_state():
+    """`self.part.field = ...` (or `gpus.field = ...` through a local name) writes another part's
+    state: a part changes its own fields and others call its methods."""
+    wrote = []
+    for p in (ROOT / "daemon").glob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                for x in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    while isinstance(x, ast.Subscript):  # gpus.unbudgeted[u] = ... writes it too
+                        x = x.value
+                    if not isinstance(x, ast.Attribute):
+                        continue
+                    owner = x.value
+                    if ((isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name)
+                         and owner.value.id in ("self", "d") and owner.attr in PARTS)
+                            or (isinstance(owner, ast.Name) and owner.id in PARTS)):
+                        wrote.append(f"{p.name}:{node.lineno} {ast.unparse(x)}")
+    assert wrote == []

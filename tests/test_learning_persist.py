@@ -12,7 +12,7 @@ import pytest
 from colo import profiles
 from colo.jobs import JobSpec, State
 from colo.store import MIGRATIONS, Store
-from daemon_util import DaemonProc, gpu_node, wait_for
+from daemon_util import DaemonProc, burn, gpu_node, wait_for
 
 GiB, MiB = 1024**3, 1024**2
 
@@ -29,10 +29,6 @@ def node(native_dir):
     yield d
     d.stop()
     shutil.rmtree(root, ignore_errors=True)
-
-
-def burn(d: DaemonProc, *args: str) -> list[str]:
-    return ["--", str(next(d.state_dir.glob("native-*")) / "colo-burn"), *args]
 
 
 def test_what_was_learned_survives_a_sigkill_of_the_daemon(node):

@@ -11,7 +11,7 @@ import sqlite3
 import subprocess
 import sys
 
-from colo import protocol
+from colo import protocol, replies
 from colo.client import Client, ClientError
 from colo.jobs import JobSpec, State
 from colo.cli.lsview import TTY_ROWS
@@ -19,11 +19,6 @@ from colo.store import Store
 from daemon_util import as_user, on_tty
 
 import pytest
-
-
-@pytest.fixture
-def shared(shared_daemon):
-    return shared_daemon
 
 
 def test_ls_filters_in_the_daemon_and_bounds_a_terminal(shared, other_user):
@@ -86,6 +81,12 @@ def test_ls_filters_in_the_daemon_and_bounds_a_terminal(shared, other_user):
     assert set(rows[0]) >= {"id", "name", "user", "uid", "state", "gpus", "mode", "budget", "argv", "reason",
                             "submitted_at", "started_at", "ended_at", "exit_code", "priority", "held_by"}
     assert rows[0] == c.ls(names=["prep"])[0]
+    # what the daemon sends has the shapes colo/replies.py declares for the client
+    top, summary = c.top(), replies.keys(replies.JobSummary)
+    assert set(top) == replies.keys(replies.TopReply) and top["gpus"]
+    assert all(set(g) == replies.keys(replies.GpuRow) for g in top["gpus"])
+    for j in [*top["jobs"], *rows]:
+        assert replies.JobSummary.__required_keys__ <= set(j) <= summary, set(j) ^ summary
 
 
 def test_ls_arguments_are_checked(daemon):

@@ -14,7 +14,7 @@ import pytest
 from colo.node import fakegpu
 from colo import profiles
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, gpu_node, wait_for
+from daemon_util import DaemonProc, as_user, burn, gpu_node, wait_for
 
 GiB = 1024**3
 
@@ -42,11 +42,6 @@ def start(node, **cfg) -> DaemonProc:
     home.mkdir(mode=0o755)
     os.chmod(home, 0o755)
     return DaemonProc(home, state, {"profile_dirs": [str(prof)], "mps_idle_stop": 600.0, **cfg}).start()
-
-
-def burn(d: DaemonProc, *args: str) -> list[str]:
-    native = next(d.state_dir.glob("native-*"))  # the daemon's world-readable copy
-    return ["--", str(native / "colo-burn"), *args]
 
 
 def procs(state: Path) -> dict[int, str]:

@@ -1,5 +1,5 @@
-"""colo sim: calibration against DESIGN.md, hand-built cases with known answers, the bar on the
-shipped mixes, determinism, history replay, and the CLI."""
+"""colo sim: calibration against the study figures (docs/invariants.md), hand-built cases with
+known answers, the bar on the shipped mixes, determinism, history replay, and the CLI."""
 from __future__ import annotations
 
 import json
@@ -90,6 +90,7 @@ def test_colo_in_sim_is_policy_plan(monkeypatch):
     assert calls
 
 
+@pytest.mark.slow
 def test_mixes_are_deterministic_and_match_the_shipped_files():
     for kind in sim.MIXES:
         a, b = sim.make_mix(kind, 7), sim.make_mix(kind, 7)
@@ -278,6 +279,7 @@ def test_grow_requeues_a_job_refused_by_its_budget_once_with_a_larger_one():
     assert (r.oom, r.lost) == (0, 0) and r.jobs[0]["budget"] == int(4.5 * GiB)
 
 
+@pytest.mark.slow
 def test_cli_sim_truth_and_seeds(cli):
     r = cli("sim", "light", "--truth", "noisy", "--seeds", "2", "--json", "-p", "colo", "-p", "tetris", "--grow")
     assert r.exit_code == 0, r.output
@@ -328,6 +330,7 @@ def test_colo_in_sim_orders_the_queue_by_fair_share_as_the_daemon_does():
     assert [j["id"] for j in sorted(fifo.jobs, key=lambda j: j["start"])] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_oracle_bound_keeps_every_job_within_the_bound_by_the_truth_it_reads():
     """Two jobs that would pay off together (1.8x each under MPS, sooner than one after the
     other) break the 1.5x bound: the reference overlaps them only as far as the bound allows; jobs that do not slow each

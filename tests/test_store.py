@@ -124,3 +124,52 @@ def test_history_and_report_in_sql_give_report_py_figures(tmp_path):
             assert newest == rows[-10:] and more == len(rows) - 10
     plan = " ".join(r[-1] for r in st.db.execute("EXPLAIN QUERY PLAN SELECT count(*) FROM jobs WHERE ended_at >= 1"))
     assert "jobs_ended" in plan, plan
+
+
+def test_an_array_stores_its_spec_once_and_arrays_stored_before_are_slimmed_keeping_every_task(tmp_path):
+    """Issue 52: a 1,000-task array copied its whole spec into every task. Its spec is stored once
+    (array_specs), each task's row only what is its own; an edited task keeps what differs; a
+    schema-8 database's arrays are slimmed when opened, every task read back as it was stored."""
+    from dataclasses import replace
+
+    from colo.jobs import JobSpec, State
+
+    big = JobSpec(argv=["run", *["a" * 200] * 100], env={f"V{i}": "x" * 200 for i in range(100)}, name="sweep",
+                  gpu_mem=2**30)
+    path = tmp_path / "colo.db"
+    db = sqlite3.connect(path)
+    for i, step in enumerate(MIGRATIONS[:8]):  # schema 8: each task a whole copy
+        db.executescript(f"BEGIN;{step};PRAGMA user_version={i + 1};COMMIT;")
+    old = [replace(big, array_job=1, array_index=i, array_size=3) for i in range(3)]
+    old[2] = replace(old[2], env={"ONLY": "mine"}, gpu_mem=2**31)  # one that differs
+    for s in [*old, big]:
+        db.execute("INSERT INTO jobs(spec, uid, gid, user, state, submitted_at) VALUES (?, 1000, 1000, 'ada', "
+                   "'queued', 1.0)", (json.dumps(s.to_dict()),))
+    db.commit()
+    db.close()
+    st = Store(path)
+    assert [j.spec.to_dict() for j in st.jobs()] == [s.to_dict() for s in [*old, big]]
+    size = dict(st.db.execute("SELECT id, length(spec) FROM jobs"))
+    assert size[1] < 500 and size[2] < 500 and size[4] > 40_000, size  # the lone job keeps its own
+
+    tasks = st.add_array(big, [4, 7, 9], 2, 1000, 1000, "ada", held_by="ada")
+    a = tasks[0].id
+    assert [(t.spec.array_job, t.spec.array_index, t.held_by) for t in tasks] == [(a, 4, "ada"), (a, 7, "ada"),
+                                                                                  (a, 9, "ada")]
+    assert tasks[1].spec.to_dict() == replace(big, array_job=a, array_index=7, array_size=3, array_limit=2).to_dict()
+    assert tasks[1].spec.env is tasks[2].spec.env  # one copy in memory too
+    assert max(length for (length,) in st.db.execute("SELECT length(spec) FROM jobs WHERE id >= ?", (a,))) < 500
+    rows = st.listing(["id", "argv", "array", "name", "budget"], list(State))
+    assert rows[-1] == (tasks[2].id, big.argv, f"{a}_9", "sweep", 2**30)
+    st.change_queued(tasks[1].id, "edited", spec=replace(tasks[1].spec, name="renamed", env={"E": "1"}))
+    again = Store(path)  # as a restarted daemon reads them
+    assert [j.spec.to_dict() for j in again.jobs()] == [j.spec.to_dict() for j in st.jobs()]
+    assert again.get(tasks[1].id).spec.env == {"E": "1"} and again.get(tasks[2].id).spec.env == big.env
+    for t in tasks:
+        st.transition(t.id, State.CANCELLED, "x")
+    hist, _ = st.history([State.CANCELLED], full=True)
+    assert [h["spec"]["env"] for h in hist] == [big.env, {"E": "1"}, big.env]
+    assert sorted(st.remove_jobs([t.id for t in tasks], 0.0)) == [t.id for t in tasks]
+    assert st.db.execute("SELECT array_job FROM array_specs").fetchall() == [(1,)]  # the removed array's went
+    again.close()
+    st.close()

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from colo.textsafe import safe, safe_all, safe_tree
 from colo.client import Client
 from daemon_util import as_user
@@ -33,11 +31,6 @@ def test_safe_escapes_controls_and_keeps_plain_text():
     plain = ["train-1", "root", "queued"]
     assert safe_all(plain) is plain  # a column with nothing to escape is checked in one go
     assert safe_all(["ok", EVIL_NAME, "日本"]) == ["ok", safe(EVIL_NAME), "日本"]
-
-
-@pytest.fixture
-def shared(shared_daemon):
-    return shared_daemon
 
 
 def test_another_users_job_cannot_forge_rows_or_clear_the_screen(shared, other_user):

@@ -1,5 +1,5 @@
 """Fit the `study` truth's interference (colo/simtruth.py: KNEE, K_INTERFERE) to the placement
-study's table (DESIGN.md "Workloads from the studies"), and print the residuals for docs/sim.md.
+study's table (docs/invariants.md "Figures from the studies"), and print the residuals for docs/sim.md.
 
 Fitted on: random mix, Tetris 1.294 and mean-usage packing 1.346 x exclusive SJF; heavy mix,
 mean-usage packing 5,530 / 4,807 = 1.150 x SJF. Held out (not used in the fit, reported):

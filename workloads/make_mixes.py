@@ -1,4 +1,4 @@
-"""Write the five shipped 30-job mixes (DESIGN.md "Workloads from the studies") with a fixed seed.
+"""Write the five shipped 30-job mixes (docs/invariants.md "Figures from the studies") with a fixed seed.
 
 Run `python workloads/make_mixes.py` after changing the shipped profiles; same seed, same files.
 """

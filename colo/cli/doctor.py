@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..config import Config, ConfigError
 from ..client import Client, ClientError
-from ..node import cgroup, devices, interposer, native
+from ..node import cgroup, devices, gate, interposer, native
 from ..node.gpu import NoDriver, Nvml
 from ..textsafe import safe
 from ..units import format_size
@@ -34,6 +34,38 @@ def _gating(line: Callable[[bool | None, str, str], None]) -> None:
         line(None, "gating", st.driver)
     ok, how = cgroup.device_rules_here()
     line(True if ok else False if cfg.gpu_group is not None else None, "devices", how)
+    if cfg.gpu_group is not None:
+        _gate(cfg, line)
+
+
+def _gate(cfg: Config, line: Callable[[bool | None, str, str], None]) -> None:
+    """On a gated node: the gate against a job's own user (docs/gating.md "The gate") and the
+    patrol's answer to a descriptor handed out of a job."""
+    nodes = devices.GpuNodes.of(cfg.fakegpu_state)
+    mount = cgroup.v2_mount()
+    if not gate.rules(nodes):
+        line(None, "gate", f"the GPUs' files in {nodes.folder} are not character devices: no device program applies")
+    elif cfg.gpu_gate_at == []:
+        line(False, "gate", "gpu_gate_at = []: the group alone gates, and a job's user can carry it away "
+                            "(a setgid copy made in a job)")
+    elif mount is None:
+        line(False, "gate", "no cgroup2 here: the group alone gates, and a job's user can carry it away")
+    elif os.geteuid() != 0:
+        line(None, "gate", "whether colo's device program is attached is seen as root (colo doctor as root)")
+    else:
+        for at in cfg.gpu_gate_at or ["/"]:
+            d = mount / at.strip("/")
+            names = gate.attached(d)
+            mine = [n for n in names or [] if n.startswith("colo_")]
+            line(bool(mine), "gate", f"the GPUs' devices are refused beneath {d} but to colo's jobs and root "
+                 f"({', '.join(mine)})" if mine else f"no device program of colo's on {d} (is the daemon "
+                 "running?): a job's user can carry the GPU group out of colo (a setgid copy)")
+    if cfg.kill_foreign:
+        line(True, "patrol", "a process of no job holding GPU memory is killed, its uid logged "
+                             "(patrol_kill_foreign, on by default on a gated node)")
+    else:
+        line(False, "patrol", "patrol_kill_foreign = false on a gated node: a device descriptor a job hands "
+                              "out keeps a GPU outside colo")
 
 
 def run_checks(sock: Path | None) -> bool:

@@ -51,7 +51,7 @@ def show(job: str, sock: str | None = None, as_json: bool = False) -> int:
     spec = j["spec"]
     state = j["state"] + (f", exit code {j['exit_code']}" if j["exit_code"] is not None else "")
     if j.get("paused_by"):
-        state += f", paused by {j['paused_by']} (colo resume {j['id']})"
+        state += f", paused by {j['paused_by']}"  # and the reason says who may resume it
     lines = [f"job {j['id']}" + (f" ({j['name']})" if j["name"] else ""),
              f"  user:      {j['user']} (uid {j['uid']})",
              f"  state:     {state}",

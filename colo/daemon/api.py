@@ -1,40 +1,35 @@
-"""One handler per request op. Each checks who is asking (SO_PEERCRED) before it looks."""
+"""One handler per request op: dispatch and the job operations. Each checks who is asking
+(SO_PEERCRED) before it looks. What a submit must pass is admission.py's; what `ls`, `top` and
+`gpus` send is listing.py's."""
 from __future__ import annotations
 
 import asyncio
-import bisect
-import heapq
 import logging
-import json
 import os
 import pwd
 import resource
 import time
-from collections import Counter
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from .. import __version__, logtimes, protocol
-from ..sched import fairshare
 from .. import report as rp
-from ..jobs import ACTIVE, ARRAY_FIELDS, TERMINAL, Job, JobSpec, Mode, State
-from ..sched.policy import can_ever_fit, gpu_allowed, gpu_filter_refusal
+from ..jobs import ARRAY_FIELDS, TERMINAL, Job, JobSpec, Mode, State
 from ..runtimes.base import EngineError, Gone, Unavailable
 from ..store import NotFound
 from ..units import format_size_exact
-from . import deps, logread, onend as mail, pin, session
+from . import logread, session, validate
+from .errors import ApiError
 from .external import External, Refused
-from .validate import Caller, Forbidden, Invalid, check_spec, is_admin, parse_array
+from .listing import ENDED
+from .validate import Caller, is_admin
 
 if TYPE_CHECKING:
+    from ..replies import GpusReply, JobSummary
     from .core import Daemon
 
+__all__ = ["ATTACHED", "STREAMS", "Api", "ApiError"]
+
 log = logging.getLogger("colo")
-
-
-class ApiError(Exception):
-    def __init__(self, message: str, code: str = protocol.INVALID):
-        super().__init__(message)
-        self.code = code
 
 
 def job_id_arg(args: dict) -> int:
@@ -47,23 +42,17 @@ def job_id_arg(args: dict) -> int:
 
 
 class Api:
+    """Dispatch and the job operations. Owns the cancels whose stop goes on in the background and
+    which jobs `requeue` copied (for `wait`); the listings and the admission checks are the
+    daemon's parts `listing` and `admission`."""
+
     def __init__(self, daemon: "Daemon"):
         self.d = daemon
         self.external = External(daemon)
         self._copies = 0  # copies `requeue` made: a wait looks for new ones when this changes
         self._copied: set[int] = set()  # jobs `requeue` made a copy of (since the daemon started)
         self._stops: set[asyncio.Task] = set()  # cancels whose stop is under way (kept referenced)
-        # job id -> (the Job it was made from, its reason, its summary as JSON): a queued or ended
-        # job's row changes only with the job or its reason, so `ls` of 10,000 re-encodes none
-        self._rows: dict[int, tuple[Job, str | None, bytes]] = {}
-        # the same for ls's compact rows, per (fields, cut) asked for (Api._live_rows, _ended_rows)
-        self._ls_rows: dict[tuple, dict[int, tuple[Job, str | None, bytes]]] = {}
-        self._ls_ended: dict[tuple, dict[int, bytes]] = {}
-        # the queue's ls rows per kind of listing, as of (_queue_version, the scheduler's version)
-        self._blocks: dict[tuple, tuple[tuple, list]] = {}
-        self._queue_version = 0  # any queued job added, changed or gone
-        daemon.table.on_change.append(self._queue_changed)
-        daemon.table.on_edit.append(self._queue_changed)
+        self.listing, self.admission = daemon.listing, daemon.admission
 
     def _job(self, args: dict) -> Job:
         job_id = job_id_arg(args)
@@ -77,65 +66,14 @@ class Api:
             raise ApiError(f"job {job.id} belongs to {job.user}; you may not {verb} it", protocol.FORBIDDEN)
         return job
 
-    def summary(self, job: Job, reasons: dict[int, str] | None = None) -> dict:
-        out = {
-            "id": job.id, "name": job.spec.name, "held_by": job.held_by if job.state == State.QUEUED else None, "user": job.user, "uid": job.uid, "state": str(job.state),
-            "paused_by": job.paused_by if job.state == State.RUNNING else None,
-            "gpus": job.gpus, "gpu_index": self._indices(job.gpus), "mode": self.mode(job), "budget": job.spec.gpu_mem,
-            "ngpus": job.spec.gpus, "image": job.spec.image, "argv": job.spec.argv,
-            "submitted_at": job.submitted_at, "started_at": job.started_at, "ended_at": job.ended_at,
-            "exit_code": job.exit_code, "priority": job.spec.priority, "reason": job.reason,
-            "cancel_by": job.cancel_by if job.state in ACTIVE else None,
-            "slurm_job": job.spec.slurm_job,
-            "array_job": job.spec.array_job, "array_index": job.spec.array_index,
-        }
-        out["reason"] = self.reason(job, reasons.get(job.id) if reasons is not None else None)
-        if job.state in ACTIVE:
-            u = self.d.sampler.stats.get(job.id) or self.d.sampler.usage(job)  # the sampler's, or read now
-            if u:
-                out["used"] = u.get("used")
-                out["refused"] = u.get("refused")
-                out["sm_util"] = u.get("sm_util")
-                out["nvml_used"] = u.get("nvml_used")  # its processes, as NVML sees them (the patrol)
-                out["idle_since"] = u.get("idle_since")  # holding GPU memory with no GPU activity since (idle_after)
-        return out
-
-    def _indices(self, uuids: list[str]) -> list[int | None]:
-        """GPUs by index, as `colo gpus` numbers them (None: one no longer here)."""
-        if not uuids:
-            return []
-        index = {g.uuid: g.index for g in self.d.gpus.devices}
-        return [index.get(u) for u in uuids]
-
-    def _gpus_text(self, uuids: list[str]) -> str:
-        """ls's GPU column: indices (a UUID's start for a GPU no longer here)."""
-        return ",".join(u[:12] if i is None else str(i) for i, u in zip(self._indices(uuids), uuids))
-
-    def mode(self, job: Job) -> str | None:
-        return self.d.table.mode_shown(job, {f["gpu"] for f in self.d.patrol.foreign})
+    def summary(self, job: Job, reasons: dict[int, str] | None = None) -> JobSummary:
+        return self.listing.summary(job, reasons)
 
     def reason(self, job: Job, decided: str | None = None) -> str:
-        """The reason listings show: a queued job's latest decision (`decided`) unless it is held, a
-        running job's with what the patrol says of it, or who paused it."""
-        if job.state == State.QUEUED:
-            if job.held_by:  # said at once, before a pass has looked at it
-                return f"held by {job.held_by} (colo release {job.id})"
-            return job.reason if decided is None else decided
-        if job.state == State.RUNNING and job.paused_by:
-            return f"paused by {job.paused_by} (colo resume {job.id})"
-        notes = [n for n in (self.d.patrol.note(job.id), self.d.sampler.idle_note(job.id)) if n] \
-            if job.state in ACTIVE else []
-        return "; ".join([job.reason, *notes])
+        return self.listing.reason(job, decided)
 
     def reasons(self, jobs: list[Job]) -> dict[int, str]:
-        """Why each queued job waits: the scheduler's latest word."""
-        out = {}
-        for j in jobs:
-            if j.state == State.QUEUED:
-                d = self.d.scheduler.decisions.get(j.id)
-                if d is not None:
-                    out[j.id] = d.reason
-        return out
+        return self.listing.reasons(jobs)
 
     # ops ----------------------------------------------------------------------------------------
     async def hello(self, caller: Caller, args: dict) -> dict:
@@ -177,89 +115,12 @@ class Api:
 
     async def submit(self, caller: Caller, args: dict, tty: bool = False) -> dict:
         """tty: a session's job (op `session`), which starts on the terminal the daemon made for it."""
-        d = self.d
-        protected = [d.config.state_dir, d.config.socket.parent]
-        raw = args.get("spec")
-        try:
-            # --after 12_3, --after prep: made job ids here (deps.py), before the spec is checked
-            spec = check_spec(deps.resolved(d.store, raw, caller.user) if isinstance(raw, dict) else raw,
-                              caller, protected)
-            spec.tty = tty
-            array = raw.get("array")
-            indices, limit = parse_array(array) if array is not None else (None, None)
-            if spec.mail_type and not mail.transfer_agent():
-                raise Invalid(f"--mail-type: this node has no mail transfer agent ({mail.WHERE}); ask for a "
-                              "command instead: --on-end 'notify-send done' (or any command, run as you)")
-        except Invalid as e:
-            raise ApiError(str(e), protocol.INVALID) from None
-        except Forbidden as e:
-            raise ApiError(str(e), protocol.FORBIDDEN) from None
-        if spec.mounts:  # opened as the caller now, to say no at once (pinned again at start)
-            try:
-                await asyncio.to_thread(pin.verify, spec.mounts, caller, d.native / pin.HELPER, protected)
-            except Invalid as e:
-                raise ApiError(str(e), protocol.INVALID) from None
-            except Forbidden as e:
-                raise ApiError(str(e), protocol.FORBIDDEN) from None
-        await self._admit(spec, caller, caller.user, caller.uid, tasks=len(indices) if indices else 1)
-        held = caller.user if raw.get("hold") else None  # submit --hold (sbatch -H)
-        if indices is None:
-            return self.summary(d.table.add(spec, caller.uid, caller.gid, caller.user, held_by=held))
-        jobs = d.table.add_array(spec, indices, limit, caller.uid, caller.gid, caller.user, held_by=held)
+        s = await self.admission.submission(caller, args.get("spec"), tty)
+        if s.indices is None:
+            return self.summary(self.d.table.add(s.spec, caller.uid, caller.gid, caller.user, held_by=s.held_by))
+        jobs = self.d.table.add_array(s.spec, s.indices, s.limit, caller.uid, caller.gid, caller.user,
+                                      held_by=s.held_by)
         return {**self.summary(jobs[0]), "tasks": [j.id for j in jobs]}  # the array's id is its first task's
-
-    async def _admit(self, spec: JobSpec, caller: Caller, user: str, uid: int, queued: bool = False,
-                     tasks: int = 1) -> None:
-        """What submit checks beyond the spec's own form, for `user`'s job asked for by `caller` (a
-        submit, a requeue, or an edit: `queued`, the job is already counted and its dependencies and
-        image were checked)."""
-        d = self.d
-        top = d.config.max_user_priority
-        if spec.priority > top and caller.uid != os.geteuid() and not is_admin(caller, d.config.admin_group):
-            raise ApiError(f"--priority {spec.priority} is above {top}, the most a user may set here "
-                           f"(max_user_priority); members of {d.config.admin_group or 'no admin group'} and root "
-                           "may set more", protocol.FORBIDDEN)
-        if (n := spec.tasks) and n > (most := d.config.max_job_tasks) > 0 and not is_admin(caller, d.config.admin_group):
-            raise ApiError(f"--tasks {n} is above {most}, the most a job may have here (max_job_tasks); members of "
-                           f"{d.config.admin_group or 'no admin group'} and root may ask for more", protocol.FORBIDDEN)
-        if not queued and (why := fairshare.submit_refusal(d.scheduler.limits, user,
-                                                             d.scheduler.queued_count(uid) + tasks - 1)):
-            raise ApiError(why, protocol.FORBIDDEN)
-        if spec.gpus:
-            if d.gpus.error:
-                raise ApiError(d.gpus.error, protocol.INVALID)
-            views = [v for v in d.gpus.views() if gpu_allowed(v, spec.gpu_ids, spec.gpu_type)]
-            why = (gpu_filter_refusal(spec.gpu_ids, spec.gpu_type, spec.gpus, d.gpus.views())
-                   or self._too_big(spec.gpu_mem, spec.gpus, views) or can_ever_fit(spec.gpu_mem, spec.gpus, views))
-            if why:
-                raise ApiError(f"job can never run here: {why}", protocol.INVALID)
-        if queued:
-            return
-        if spec.image is not None:
-            rt = d.engines.get("docker")
-            if rt is None:
-                raise ApiError(d.engines.docker_error or "no Docker engine", protocol.UNAVAILABLE)
-            try:
-                here = await asyncio.to_thread(rt.has_image, spec.image)
-            except Unavailable as e:
-                raise ApiError(f"{e}: container jobs cannot be submitted until it answers again",
-                               protocol.UNAVAILABLE) from None
-            except EngineError as e:  # it answers, but failed the look (500): nothing is stored
-                raise ApiError(f"{e}; try again", protocol.UNAVAILABLE) from None
-            if not here:
-                raise ApiError(f"image {spec.image!r} not found locally (colo does not pull; "
-                               "build or load it first)", protocol.NOT_FOUND)
-            if spec.gpus and d.config.fakegpu_state is None and (why := await asyncio.to_thread(rt.gpu_refusal)):
-                raise ApiError(why, protocol.INVALID)  # no CDI device, no nvidia runtime: refused now, not at start
-        # Last, with no await after it: the caller stores the job before `colo clean` can run, and
-        # clean keeps the jobs an open job depends on (retention.py).
-        for key in ("after", "after_any", "after_fail"):
-            for a in getattr(spec, key):
-                try:
-                    d.store.get(a)
-                except NotFound:
-                    raise ApiError(f"--{key.replace('_', '-')} {a}: no such job (never submitted, or removed by "
-                                   "colo clean or history_keep_days)", protocol.NOT_FOUND) from None
 
     def _queued(self, args: dict, caller: Caller, verb: str, done: str) -> Job:
         job = self._own(self._job(args), caller, verb)
@@ -270,7 +131,7 @@ class Api:
     async def hold(self, caller: Caller, args: dict) -> dict:
         """Keep a queued job from starting until it is released (as Slurm's scontrol hold)."""
         job = self._queued(args, caller, "hold", "held")
-        if job.held_by:
+        if job.held_by and not validate.takes_over(job.user, job.held_by, caller):
             return self.summary(job)
         return self.summary(self.d.table.change_queued(job.id, f"held by {caller.user}", held_by=caller.user))
 
@@ -278,6 +139,8 @@ class Api:
         job = self._queued(args, caller, "release", "released")
         if not job.held_by:
             raise ApiError(f"job {job.id} is not held", protocol.INVALID)
+        if why := validate.lift_refusal(job.id, job.user, job.held_by, caller, self.d.config.admin_group, "held"):
+            raise ApiError(why, protocol.FORBIDDEN)
         return self.summary(self.d.table.change_queued(job.id, f"released by {caller.user}", held_by=None))
 
     async def edit(self, caller: Caller, args: dict) -> dict:
@@ -293,14 +156,11 @@ class Api:
         raw.pop("slurm_job", None)
         raw.pop("asked_mem", None)  # the daemon's (None while queued)
         kept = {k: raw.pop(k, None) for k in (*ARRAY_FIELDS, "copy_of", "tty")}  # the daemon's, not the submitter's
-        try:
-            spec = check_spec(raw, caller, [self.d.config.state_dir, self.d.config.socket.parent])
-        except (Invalid, Forbidden) as e:
-            raise ApiError(str(e), protocol.INVALID) from None
+        spec = self.admission.edited(caller, raw)
         spec.mounts = job.spec.mounts
         for k, v in kept.items():
             setattr(spec, k, v)
-        await self._admit(spec, caller, job.user, job.uid, queued=True)
+        await self.admission.admit(spec, caller, job.user, job.uid, queued=True)
         job = self.d.table.job(job.id)  # the checks may have waited: is it still queued?
         if job.state != State.QUEUED:
             raise ApiError(f"job {job.id} is {job.state}: only a queued job may be changed", protocol.INVALID)
@@ -322,7 +182,7 @@ class Api:
             raise ApiError(f"job {job.id} was a session on a terminal that is gone: start it again with colo shell "
                            "or colo run", protocol.INVALID)
         spec = JobSpec.from_dict({**job.spec.to_dict(), "copy_of": job.id}).as_asked()  # not what --grow gave the last run
-        await self._admit(spec, caller, job.user, job.uid)
+        await self.admission.admit(spec, caller, job.user, job.uid)
         new = self.d.table.add(spec, job.uid, job.gid, job.user,
                              reason=f"requeued by {caller.user} as a copy of job {job.id}")
         self._copies += 1  # waits on the ended job follow the copy
@@ -360,7 +220,7 @@ class Api:
         for job_id, uid, user, state, array_job, ended_at, _, _ in rows:
             if uid != caller.uid and not admin:
                 raise ApiError(f"job {job_id} belongs to {user}; you may not clean it", protocol.FORBIDDEN)
-            if state not in _ENDED:
+            if state not in ENDED:
                 raise ApiError(f"job {job_id} is {state}: only ended jobs are cleaned (colo cancel it first); "
                                "nothing was removed", protocol.INVALID)
             if why := d.retention.why_kept(job_id, array_job, kept_now):
@@ -371,220 +231,9 @@ class Api:
         removed, kept = await d.retention.remove_ended(sorted(picked.items()))
         return {"removed": removed, "kept": kept}
 
-    def _too_big(self, budget: int, ngpus: int, views: list) -> str | None:
-        """A budget above what any GPU (the job may use) can give, said with exact sizes: usable vs
-        asked (issue 16)."""
-        views = {v.uuid: v for v in views}
-        gpus = sorted(((views[g.uuid].usable, g.total) for g in self.d.gpus.devices if g.uuid in views),
-                      reverse=True)
-        if not ngpus or len(gpus) < ngpus or gpus[ngpus - 1][0] >= budget:
-            return None
-        usable, total = gpus[ngpus - 1]
-        kept = total - usable
-        return (f"--gpu-mem {format_size_exact(budget)} is more than a GPU here can give: "
-                f"{format_size_exact(usable)} is usable on the largest ({format_size_exact(total)} total"
-                + (f", less the {format_size_exact(kept)} colo keeps back, `reserve` in its config)" if kept else ")")
-                + f"; ask for {format_size_exact(usable)} or less")
-
-    def rows(self, jobs: list[Job]) -> protocol.Raw:
-        """The summaries of `jobs` as one JSON array; rows of jobs that are not running are cached."""
-        cache, decisions, parts = self._rows, self.d.scheduler.decisions, []
-        dumps = json.dumps
-        for j in jobs:
-            if j.state in ACTIVE:  # live figures: made afresh
-                parts.append(dumps(self.summary(j), separators=(",", ":"), default=str).encode())
-                continue
-            d = decisions.get(j.id) if j.state == State.QUEUED else None
-            reason = d.reason if d is not None else None
-            hit = cache.get(j.id)
-            if hit is None or hit[1] != reason or (hit[0] is not j and (j.state not in TERMINAL or hit[0].state != j.state)):
-                row = dumps(self.summary(j, {j.id: reason} if reason is not None else None),
-                            separators=(",", ":"), default=str).encode()
-                hit = (j, reason, row)
-                if len(cache) < ROWS_CACHED or j.id in cache:  # bounded: `ls --json` of 50,000 is rare
-                    cache[j.id] = hit
-            parts.append(hit[2])
-        if len(cache) > 2 * len(self.d.table.open) + 20000:  # rows of jobs gone from every listing
-            keep = {j.id for j in jobs}
-            self._rows = {k: v for k, v in cache.items() if k in keep}
-        return protocol.Raw(b"[" + b",".join(parts) + b"]")
-
     async def ls(self, caller: Caller, args: dict) -> protocol.Raw:
-        """Jobs oldest first: those in `states` (default: every job with `all`, else the queued and
-        running ones) of `users` named one of `names` that one of `refs` names (ids, names, arrays'
-        ids, ARRAY_INDEX); only the newest `limit`. Open jobs are the daemon's own (with live
-        reasons), ended ones are read with the filters in SQL.
-
-        Without `fields`: each job's summary (`colo ls --json`). With `fields` (protocol.LS_FIELDS):
-        {"fields", "rows": each job's fields in a list, "left": {state: jobs not sent}}, made to be cheap
-        to send and read: times in whole seconds, gpus as one comma-separated text, argv as one line,
-        texts cut to `cut` characters; with `head` (a terminal's bound; not with `limit`), at most that many jobs:
-        every starting and running one, then queued ones from the front, then the newest ended."""
-        d = self.d
-        users = set(args["users"]) if args.get("users") is not None else None
-        names = set(args["names"]) if args.get("names") is not None else None
-        if args.get("states") is not None:
-            want = set(args["states"])
-        else:
-            want = set(_ALL_STATES) if args.get("all", True) else {"queued", "starting", "running"}
-        limit = args.get("limit") or None
-        head = None if limit else args.get("head") or None
-        ended = [State(s) for s in want & _ENDED]
-        refs = args.get("refs")
-        # which open jobs refs name: asked of the store, which holds the one rule (Store._where)
-        named = None if refs is None else {r[0] for r in d.store.listing(["id"], _OPEN, refs=refs)}
-        fields, cut, collapse = args.get("fields"), args.get("cut") or None, args.get("tasks") is False
-        if fields is not None and users is None and names is None and named is None and "queued" in want:
-            # the common `colo ls`: the queue's rows as the last such listing made them, while no
-            # queued job and no decision changed since; the active jobs' rows afresh
-            live = [j for j in d.table.active(*ACTIVE) if j.state._value_ in want]
-            rows = _merged(self._queued_rows(fields, cut, collapse), self._live_rows(live, fields, cut))
-        else:
-            # State is a str enum whose hash is a Python call: its _value_ (the plain str) is compared
-            live = [j for j in d.table.open.values() if j.state._value_ in want and (users is None or j.user in users)
-                    and (names is None or j.spec.name in names) and (named is None or j.id in named)]
-            if any(live[i].id > live[i + 1].id for i in range(len(live) - 1)):
-                live.sort(key=lambda j: j.id)
-            rows = None
-        if fields is None:
-            jobs = live
-            if ended:
-                jobs = sorted([*live, *self._ended_jobs(ended, users, names, limit, refs)], key=lambda j: j.id)
-            return self.rows(jobs[-limit:] if limit else jobs)
-        if rows is None:
-            rows = self._live_rows(live, fields, cut, collapse)
-        n_ended: dict[str, int] = {}
-        if ended:
-            past = d.store.listing(["id", "state"], ended, users, names, limit or head, refs)
-            more = self._ended_rows(past, fields, cut)
-            rows = sorted([*rows, *more]) if rows and past and past[0][0] < rows[-1][0] else [*rows, *more]
-            if head and len(past) == head:  # more may be stored: how many, for `left`
-                n_ended = d.store.listing_counts(ended, users, names, refs)
-        if limit:
-            rows = rows[-limit:]
-        left: dict[str, int] = {}
-        if head and (len(rows) > head or n_ended):
-            rows, left = _bounded(rows, head, n_ended)
-        return protocol.Raw(_encode({"fields": fields, "left": left})[:-1] + b',"rows":['
-                            + b",".join([r[2] for r in rows]) + b"]}")
-
-    def _queued_rows(self, fields: list[str], cut: int | None, collapse: bool) -> list[tuple[int, str, bytes]]:
-        """_live_rows of every queued job, kept while no queued job and no decision changed (the
-        table's watchers and the scheduler's `version` say): `colo ls` of 50,000 then walks none."""
-        key = (tuple(fields), cut, collapse)
-        stamp = (self._queue_version, self.d.scheduler.version)
-        hit = self._blocks.get(key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        queued = [j for j in self.d.table.open.values() if j.state._value_ == "queued"]
-        if any(queued[i].id > queued[i + 1].id for i in range(len(queued) - 1)):
-            queued.sort(key=lambda j: j.id)
-        rows = self._live_rows(queued, fields, cut, collapse)
-        self._blocks.pop(key, None)
-        while len(self._blocks) >= 4:  # the kinds of listing asked for lately
-            self._blocks.pop(next(iter(self._blocks)))
-        self._blocks[key] = (stamp, rows)
-        return rows
-
-    def _queue_changed(self, prev: Job | None, job: Job) -> None:
-        if job.state == State.QUEUED or (prev is not None and prev.state == State.QUEUED):
-            self._queue_version += 1
-
-    def _live_rows(self, jobs: list[Job], fields: list[str], cut: int | None,
-                   collapse: bool = False) -> list[tuple[int, str, bytes]]:
-        """(id, state, the row ls sends, encoded) of open jobs. A queued job's row changes only with
-        the job (a new Job) or the reason it waits: kept, so that `ls` of 10,000 encodes few.
-        collapse: the queued tasks of an array as one row, its first's, whose id (and ARRAY_INDEX)
-        says which, as squeue shows them: 12_[3-9,11]."""
-        if collapse:
-            rows, groups = [], {}
-            for j in jobs:
-                if j.state._value_ == "queued" and j.spec.array_job is not None:
-                    g = groups.get(j.spec.array_job)
-                    if g is not None:
-                        g.append(j.spec.array_index)
-                        continue
-                    groups[j.spec.array_job] = [j.spec.array_index]
-                rows.append(j)
-            out = self._live_rows(rows, fields, cut)
-            for k, (i, st, row) in enumerate(out):
-                j = self.d.table.open.get(i)
-                g = groups.get(j.spec.array_job) if j is not None and st == "queued" else None
-                if g is not None and len(g) > 1:
-                    text = f"{j.spec.array_job}_[{_ranges(sorted(g))}]"
-                    why = self.d.scheduler.decisions.get(i)
-                    out[k] = (i, st, _encode([text if f in ("id", "array") else v for f, v in
-                                              zip(fields, self._row(j, fields, cut, why and why.reason))]))
-            return out
-        if fields == ["id"]:  # `colo ls -q`: nothing to keep
-            return [(j.id, j.state._value_, b"[%d]" % j.id) for j in jobs]
-        key = (tuple(fields), cut)
-        cache = self._ls_rows.pop(key, None)
-        if cache is None:
-            cache = {}
-            while len(self._ls_rows) >= 4:  # each kind of listing asked for lately (-q, the default, ...)
-                self._ls_rows.pop(next(iter(self._ls_rows)))
-        self._ls_rows[key] = cache  # the newest last
-        decisions, out = self.d.scheduler.decisions, []
-        for j in jobs:
-            st = j.state._value_  # State is a str enum whose hash and value are Python calls
-            if st != "queued":
-                out.append((j.id, st, _encode(self._row(j, fields, cut))))
-                continue
-            dec = decisions.get(j.id)
-            why = None if dec is None else dec.reason
-            hit = cache.get(j.id)
-            if hit is None or hit[0] is not j or hit[1] != why:
-                hit = cache[j.id] = (j, why, _encode(self._row(j, fields, cut, why)))
-            out.append((j.id, st, hit[2]))
-        if len(cache) > len(self.d.table.open) + 1000:  # rows of jobs no longer queued
-            self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.d.table.open}
-        return out
-
-    def _ended_jobs(self, ended: list[State], users, names, limit: int | None, refs) -> list[Job]:
-        """Stored ended jobs for ls's filters. An ended job never changes: those whose summary rows()
-        holds are not read again."""
-        ids = [r[0] for r in self.d.store.listing(["id"], ended, users, names, limit, refs)]
-        cache = self._rows
-        miss = [i for i in ids if (h := cache.get(i)) is None or h[0].state not in TERMINAL]
-        got = {j.id: j for j in self.d.store.jobs_by_id(miss)} if miss else {}
-        return [got[i] if i in got else cache[i][0] for i in ids]
-
-    def _ended_rows(self, past: list[tuple[int, str]], fields: list[str], cut: int | None) -> list[tuple]:
-        """(id, state, the row ls sends, encoded) of the stored ended jobs `past` (id, state); an ended
-        job's row never changes: kept (up to 100,000 a kind of listing), only the others are read."""
-        key = (tuple(fields), cut)
-        cache = self._ls_ended.pop(key, None)
-        if cache is None or len(cache) > 100_000:
-            cache = {}
-            while len(self._ls_ended) >= 4:
-                self._ls_ended.pop(next(iter(self._ls_ended)))
-        self._ls_ended[key] = cache
-        miss = [i for i, _ in past if i not in cache]
-        if miss:
-            index = {g.uuid: g.index for g in self.d.gpus.devices}
-            for r in self.d.store.listing_by_id(["id", *fields], miss):
-                cache[r[0]] = _encode(_as_sent(r[1:], fields, cut, index))
-        return [(i, st, cache[i]) for i, st in past]
-
-    def _row(self, j: Job, fields: list[str], cut: int | None, why: str | None = None) -> list:
-        """One open job's `fields` as ls sends them (see ls): its GPUs by index, a lone time-sliced
-        job "exclusive", a paused one's state "paused"."""
-        out = []
-        for f in fields:
-            if f == "reason":
-                out.append(self.reason(j, why)[:cut])
-            elif f == "argv":
-                out.append(" ".join(j.spec.argv)[:cut])
-            elif f == "gpus":
-                out.append(self._gpus_text(j.gpus))
-            elif f == "mode":
-                out.append(self.mode(j))
-            elif f == "state" and j.paused_by and j.state == State.RUNNING:
-                out.append("paused")
-            else:
-                out.append(_LIVE[f](j))
-        return out
+        """Jobs oldest first, filtered as `args` say (listing.Listing.ls)."""
+        return self.listing.ls(args)
 
     async def show(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "see the details of")
@@ -603,7 +252,7 @@ class Api:
         dec = self.d.scheduler.explain(job.id)
         reason = job.reason
         if job.state == State.QUEUED and job.held_by:
-            held = f"held by {job.held_by} (colo release {job.id})"
+            held = self.listing.reason(job)
             return {"id": job.id, "state": str(job.state), "reason": held,
                     "decision": {**(dec or {}), "action": "wait", "reason": held}}
         if note := self.d.patrol.note(job.id):
@@ -661,10 +310,12 @@ class Api:
         """Freeze a running job (the launcher's runtime: cgroup freezer, docker pause). Not an MPS
         client: frozen in the middle of a kernel it could stall the GPU's MPS server for the others."""
         job = self._running(args, caller, "pause", "paused")
+        if job.paused_by and validate.takes_over(job.user, job.paused_by, caller):  # already frozen
+            return self.summary(self.d.table.set_fields(job.id, paused_by=caller.user))
         if job.paused_by:
             return self.summary(job)
         if job.mode == Mode.MPS:
-            raise ApiError(f"job {job.id} is an MPS client of GPU {self._gpus_text(job.gpus)}: colo does not pause "
+            raise ApiError(f"job {job.id} is an MPS client of GPU {self.listing.gpus_text(job.gpus)}: colo does not pause "
                            "MPS clients (one frozen in the middle of a kernel could stall the MPS server for every "
                            f"other job on that GPU); colo cancel {job.id} stops it", protocol.INVALID)
         return self.summary(await self._engine(job, self.d.launcher.pause(job.id, caller.user)))
@@ -673,40 +324,16 @@ class Api:
         job = self._own(self._job(args), caller, "resume")
         if job.state != State.RUNNING or not job.paused_by:
             raise ApiError(f"job {job.id} is not paused ({job.state})", protocol.INVALID)
+        if why := validate.lift_refusal(job.id, job.user, job.paused_by, caller, self.d.config.admin_group, "paused"):
+            raise ApiError(why, protocol.FORBIDDEN)
         return self.summary(await self._engine(job, self.d.launcher.resume(job.id, caller.user)))
 
-    async def gpus(self, caller: Caller, args: dict) -> dict:
-        d = self.d
-        active = d.table.jobs_in(*ACTIVE)
-        views = {v.uuid: v for v in d.gpus.views()}
-        out = []
-        for g in d.gpus.devices:
-            placed = [j for j in active if g.uuid in j.gpus]
-            out.append({**g.to_dict(), "usable": views[g.uuid].usable, "mps": views[g.uuid].mps,
-                        "budgeted": sum(j.spec.gpu_mem for j in placed), "jobs": [j.id for j in placed],
-                        # held outside any budget (processes of no job, jobs past their budgets): not given out
-                        "unbudgeted": d.gpus.unbudgeted.get(g.uuid, 0),
-                        "over": [j.id for j in placed if j.id in d.patrol.over]})
-        return {"gpus": out, "error": d.gpus.error, "fake": d.config.fakegpu_state is not None}
+    async def gpus(self, caller: Caller, args: dict) -> GpusReply:
+        return self.listing.gpu_rows()
 
-    async def top(self, caller: Caller, args: dict) -> dict:
-        """Everything `colo top` shows, in one snapshot."""
-        d = self.d
-        gpus = await self.gpus(caller, args)
-        # the running jobs, and the front of the queue as `colo top` shows it (its total apart)
-        live = sorted(d.table.active(*ACTIVE) + heapq.nsmallest(
-            TOP_QUEUED, (j for j in d.table.open.values() if j.state._value_ == "queued"),
-            key=lambda j: (-j.spec.priority, j.submitted_at, j.id)), key=lambda j: j.id)
-        # ended jobs only briefly, the last few: the panel is for what runs (history: colo history)
-        recent = [j for j in d.store.jobs(TERMINAL, limit=TOP_ENDED, newest_first=True)
-                  if (j.ended_at or 0) > time.time() - TOP_ENDED_FOR]
-        # processes of no job, as the patrol mapped them at the last sample (colo's MPS servers excluded)
-        foreign = [{"gpu": f["gpu"], "pid": f["pid"], "used": f["used"], "command": _cmd(f["pid"]),
-                    "user": _user(f["pid"])} for f in d.patrol.foreign]
-        head = json.dumps({"at": time.time(), "gpus": gpus["gpus"], "gpu_error": gpus["error"], "fake": gpus["fake"],
-                           "foreign": foreign, "you": caller.user, "queued": d.scheduler.queued_total()},
-                          separators=(",", ":"), default=str).encode()
-        return protocol.Raw(head[:-1] + b',"jobs":' + self.rows(live + recent) + b"}")
+    async def top(self, caller: Caller, args: dict) -> protocol.Raw:
+        """Everything `colo top` shows, in one snapshot (replies.TopReply)."""
+        return self.listing.top(caller.user)
 
     async def history(self, caller: Caller, args: dict) -> dict:
         """Ended jobs for `colo history` and `sim --from-history`, filtered and bounded in SQL (a
@@ -720,7 +347,7 @@ class Api:
         if full and not is_admin(caller, self.d.config.admin_group):
             for row in rows:
                 if row["uid"] != caller.uid:
-                    row["spec"].update(env={}, mounts=[], workdir=None)
+                    row["spec"].update(validate.PRIVATE_SPEC)
         return {"jobs": rows, "left": left}
 
     async def report(self, caller: Caller, args: dict) -> dict:
@@ -836,8 +463,7 @@ class Api:
     async def shutdown(self, caller: Caller, args: dict) -> dict:
         if not is_admin(caller, self.d.config.admin_group) and caller.uid != os.geteuid():
             raise ApiError("only root or the daemon's owner may stop the daemon", protocol.FORBIDDEN)
-        self.d.stopping = True
-        self.d.wake()
+        self.d.stop()
         return {"stopping": True}
 
     async def signal(self, caller: Caller, args: dict) -> dict:
@@ -961,95 +587,9 @@ class Api:
         return job
 
 
-def _as_sent(r: tuple, fields: list[str], cut: int | None, index: dict[str, int]) -> list:
-    """A stored job's fields (Store.listing) as ls sends them (see ls); GPUs by `index`."""
-    out = list(r)
-    for k, f in enumerate(fields):
-        v = out[k]
-        if f == "argv":
-            out[k] = " ".join(v)[:cut]
-        elif f == "gpus":
-            out[k] = ",".join(str(index[u]) if u in index else u[:12] for u in v)
-        elif f == "reason":
-            out[k] = v[:cut]
-        elif f.endswith("_at") and v is not None:
-            out[k] = int(v)
-    return out
-
-
-def _merged(a: list[tuple], b: list[tuple]) -> list[tuple]:
-    """Two lists of rows sorted by id, as one (b is short: the active jobs)."""
-    if not b:
-        return a
-    out = list(a)
-    for r in b:
-        bisect.insort(out, r, key=lambda x: x[0])
-    return out
-
-
-def _ranges(ix: list[int]) -> str:
-    """3,4,5,7 as Slurm writes a set of array indices: 3-5,7."""
-    out, start = [], 0
-    for k in range(1, len(ix) + 1):
-        if k == len(ix) or ix[k] != ix[k - 1] + 1:
-            out.append(str(ix[start]) if start == k - 1 else f"{ix[start]}-{ix[k - 1]}")
-            start = k
-    return ",".join(out)
-
-
-def _encode(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
-
-def _bounded(rows: list[tuple[int, str, bytes]], head: int, n_ended: dict[str, int]) -> tuple[list, dict[str, int]]:
-    """At most `head` of ls's (id, state, row) rows: the starting and running ones, then queued
-    ones from the front, then the newest ended ones; and how many of each state were left out
-    (`n_ended`: how many ended jobs matched, where more did than were read)."""
-    keep = [r for r in rows if r[1] == "starting" or r[1] == "running"][:head]
-    keep += [r for r in rows if r[1] == "queued"][:head - len(keep)]
-    room = head - len(keep)
-    keep += [r for r in rows if r[1] in _ENDED][-room:] if room else []
-    left = Counter(r[1] for r in rows)
-    for st, n in n_ended.items():
-        left[st] = n
-    left.subtract(r[1] for r in keep)
-    keep.sort()
-    return keep, {k: v for k, v in left.items() if v > 0}
-
-
-# What ls sends of an open job, by field (reason, argv, gpus, mode and a paused job's state: Api._row)
-_LIVE = {
-    "id": lambda j: j.id, "name": lambda j: j.spec.name, "user": lambda j: j.user, "state": lambda j: j.state._value_,
-    "budget": lambda j: j.spec.gpu_mem, "submitted_at": lambda j: int(j.submitted_at),
-    "started_at": lambda j: j.started_at and int(j.started_at), "ended_at": lambda j: j.ended_at and int(j.ended_at),
-    "exit_code": lambda j: j.exit_code, "priority": lambda j: j.spec.priority, "array": lambda j: j.spec.array_ref,
-}
-_ALL_STATES = frozenset(s.value for s in State)
-_OPEN = (State.QUEUED, *ACTIVE)
-_ENDED = frozenset(s.value for s in TERMINAL)
-
-
 def _shown(field: str, v: Any) -> str:
     return format_size_exact(v) if field == "gpu_mem" else repr(v) if field == "name" else str(v)
 
 
-def _cmd(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:80]
-    except OSError:
-        return "?"
-
-
-def _user(pid: int) -> str:
-    try:
-        return pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
-    except (OSError, KeyError):
-        return "?"
-
-
 STREAMS = {"logs", "wait", "session"}
 ATTACHED = {"session"}  # streams that end when their client hangs up (server.py)
-TOP_ENDED, TOP_ENDED_FOR = 5, 300.0  # `colo top` shows the newest 5 ended jobs, for 5 minutes after their end
-TOP_QUEUED = 500  # and the front of the queue (a terminal shows less); the number queued apart
-ROWS_CACHED = 20000  # job summaries (`ls --json`, top) kept encoded

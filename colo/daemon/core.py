@@ -18,6 +18,10 @@ wired below, never through each other's fields:
   retention  retention.Retention removing ended jobs (colo clean, history_keep_days)
   metrics    metrics.Metrics     Prometheus figures, a snapshot of the others' state (opt-in)
   onend      onend.OnEnd         what a job asked to run as its owner when it ends (--on-end, mail)
+  listing    listing.Listing     the rows `ls`, `top` and `gpus` send, and their caches
+  admission  admission.Admission every check a job passes before it is stored
+
+Every subscription (the table's on_change and on_edit, the learner's on_forget) is made in open().
 """
 from __future__ import annotations
 
@@ -30,17 +34,19 @@ import time
 
 from ..config import Config
 from ..jobs import State
-from ..node import native
+from ..node import gate, native
 from ..node.cgroup import Cgroups
 from ..sched import policy
 from ..store import Store
 from . import pin
+from .admission import Admission
 from .engines import Engines, instance_id
 from .external import SlurmRuntime
 from .gpus import Gpus
 from .jobtable import JobTable
 from .launcher import Launcher
 from .learner import Learner
+from .listing import Listing
 from .metrics import Metrics
 from .onend import OnEnd
 from .patrol import Patrol
@@ -94,6 +100,14 @@ class Daemon:
                                    "devices": "jobs are not held to their own GPUs' device files"}[what], why)
         self.gpus = Gpus(c, native_dir)
         self.engines = Engines(c, instance, native_dir, self.cgroups)
+        gate_spared = None
+        if self.engines.gpu_gid is not None:  # a gated node: shut to every cgroup but colo's jobs'
+            ok, what = gate.setup(self.cgroups, self.engines.gpu_nodes, c.gpu_gate_at, c.gpu_gate_allow)
+            (log.info if ok else log.error)("gate: %s", what)
+            if ok:  # the users' MPS servers open the GPUs too: they start beneath the folder it allows
+                self.gpus.mps.cgroup = gate.mps_folder(self.cgroups)
+                if self.gpus.mps.cgroup is not None:  # (else MPS servers hold the files outside it)
+                    gate_spared = gate.spared(self.cgroups, c.gpu_gate_allow)
         mps_here = self.gpus.open()  # always: the devices are read here, before the first request
         self.cfg_policy = dataclasses.replace(policy.config_of(c), use_mps=c.use_mps and mps_here)
         self.learner = Learner(c, self.table, self.gpus, self.cfg_policy)
@@ -105,6 +119,7 @@ class Daemon:
                                    start=self.launcher.start, start_wait=self.launcher.start_wait)
         self.engines.add("slurm", SlurmRuntime(c, self.table))  # jobs Slurm started here (external.py)
         self.patrol = Patrol(c, self.table, self.gpus, self.engines, stop=self.launcher.stop_for_patrol)
+        self.patrol.gate_spared = gate_spared
         self.sampler = Sampler(c, self.table, self.gpus, self.engines, self.launcher, self.patrol,
                                wake=self.scheduler.wake)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
@@ -114,8 +129,21 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.update()  # a scrape before the first tick has figures
             self.metrics.serve()
-        self.onend = OnEnd(c, native_dir, self.cgroups)
-        self.table.on_change.append(self.onend.job_changed)
+        nodes = self.engines.gpu_nodes
+        self.onend = OnEnd(c, native_dir, self.cgroups, (lambda: nodes.deny_rules([])) if nodes is not None else None)
+        self.listing = Listing(c, self.table, self.store, self.scheduler, self.gpus, self.patrol, self.sampler)
+        self.admission = Admission(c, self.store, self.gpus, self.engines, self.scheduler, native_dir)
+        # who hears of what, in this order: the table's watchers run after each change
+        self.table.on_change.extend([self.launcher.job_changed, self.scheduler.queue_changed,
+                                     *([self.metrics.job_changed] if self.metrics is not None else []),
+                                     self.onend.job_changed, self.listing.queue_changed])
+        self.table.on_edit.extend([self.scheduler.queue_edited, self.listing.queue_changed])
+        self.learner.on_forget.append(self.scheduler.profiles_forgotten)
+
+    def stop(self) -> None:
+        """Stop serving (op `shutdown`, a signal): the scheduler's loop ends, the jobs run on."""
+        self.stopping = True
+        self.wake()
 
     def wake(self) -> None:
         """Run the scheduler soon (a signal, a request that changed what it may start)."""

@@ -2,8 +2,9 @@
 
 Owns: the NVML handle, `devices` (as last read), `error` (why no GPU can be used: no driver),
 `unbudgeted` (bytes per GPU held outside any budget, as the patrol last saw it: plan() gives none
-of it out) and `mps` (one control daemon per GPU, colo/node/mps.py). The sampler refreshes the
-devices, the patrol reports what is unbudgeted; everyone else reads `views()`.
+of it out) and `mps` (one control daemon per GPU, colo/node/mps.py). Only its own methods change
+them: the sampler has it read the devices at each tick (`refresh` in a thread, `adopt` on the loop),
+the patrol reports what is unbudgeted (`note_unbudgeted`); everyone else reads `views()`.
 """
 from __future__ import annotations
 
@@ -66,6 +67,16 @@ class Gpus:
             except NoDriver as e:
                 self.error = str(e)
         return self.devices
+
+    def adopt(self, devices: list[GpuInfo]) -> list[GpuInfo]:
+        """Keep `devices` (what refresh read, handed back to the loop) as the devices; those before."""
+        before, self.devices = self.devices, devices
+        return before
+
+    def note_unbudgeted(self, per_gpu: dict[str, int]) -> bool:
+        """Bytes per GPU held outside any budget, as the patrol just saw them; whether they changed."""
+        changed, self.unbudgeted = per_gpu != self.unbudgeted, per_gpu
+        return changed
 
     def views(self, in_use: bool = False) -> list[policy.GpuView]:
         """The GPUs as plan() sees them. in_use: less the memory the patrol saw held outside any

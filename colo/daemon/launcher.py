@@ -105,9 +105,9 @@ class Launcher:
         # sessions' jobs (op `session`) -> the slave end of the pty the daemon made, until the start
         # hands it to the job (colo/daemon/session.py)
         self._terminals: dict[int, int] = {}
-        table.on_change.append(self._on_change)
 
-    def _on_change(self, prev: Job | None, job: Job) -> None:
+    def job_changed(self, prev: Job | None, job: Job) -> None:
+        """The table's on_change (wired in core.open())."""
         if job.state in TERMINAL:
             self._start_retry.pop(job.id, None)  # e.g. cancelled while it waited to start again
             self.drop_terminal(job.id)

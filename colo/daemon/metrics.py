@@ -45,9 +45,9 @@ class Metrics:
         self._report_at = -REPORT_EVERY
         self._ended = True  # a job ended since the last sums
         self._server = None
-        table.on_change.append(self._job_changed)
 
-    def _job_changed(self, prev, job) -> None:
+    def job_changed(self, prev, job) -> None:
+        """The table's on_change (wired in core.open())."""
         if job.state in TERMINAL:
             self._ended = True
 

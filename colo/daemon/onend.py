@@ -120,10 +120,14 @@ def mail_text(job: Job, to: str) -> bytes:
 
 
 class OnEnd:
-    def __init__(self, config: Config, native_dir: Path, cgroups: Cgroups | None = None):
+    def __init__(self, config: Config, native_dir: Path, cgroups: Cgroups | None = None,
+                 no_gpus: Callable[[], list[str]] | None = None):
         self.config = config
         self.native = native_dir
         self.cgroups = cgroups if cgroups is not None and cgroups.contain is not None else None
+        # the device rules that keep a command from every GPU: its leaf is beneath colo's folder,
+        # which a gated node's device program lets reach the GPUs (docs/gating.md)
+        self.no_gpus = no_gpus
         self.folder = config.state_dir / "onend"  # the shims' exit files: root's alone
         self.turns = Turns()
 
@@ -162,6 +166,12 @@ class OnEnd:
                          for a in ("--cgroup", str(d))]
             except (CgroupError, OSError) as e:  # its limits cannot be had: it does not run without them
                 raise RuntimeError(f"no cgroup for it: {e}") from None
+            try:  # and no GPU: it runs after its job, outside any budget
+                self.cgroups.restrict_devices(job.id, self.no_gpus() if self.no_gpus else [], leaf)
+            except (CgroupError, LookupError) as e:
+                if self.config.gpu_group is not None:  # a gated node: GPU files are open to colo's folders
+                    self._drop(leaf, job.id)
+                    raise RuntimeError(str(e)) from None
         logf = os.open(self.config.log_path(job.id), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                        | os.O_CLOEXEC, 0o600)  # root's, in the root-only logs/ folder
         try:

@@ -19,11 +19,15 @@ a subtree to each), so neither counts: such a process is outside every budget.
   still take within their budgets (their in-budget allocations would fail there).
 - Memory held by processes of no job, and what jobs hold past their budgets, is unbudgeted: it
   is taken from what plan() may give out on that GPU (GpuView.usable), so nobody is placed into
-  memory that is in use, and `colo gpus` / `colo top` show it. With `patrol_kill_foreign` (for a
-  node whose GPUs are not gated to colo's jobs) such a process, of any user but root, is killed
-  by the same rules (seen two samples running, so that a job's process that started between the
-  runtime's listing and NVML's is not taken for one), by pid checked against its start time and
-  uid through a pidfd (colo/node/procs.py).
+  memory that is in use, and `colo gpus` / `colo top` show it; each is logged once, with its
+  owner's uid. With `patrol_kill_foreign` (on by default on a gated node) such a process, of any
+  user but root, is killed (seen two samples running, so that a job's process that started
+  between the runtime's listing and NVML's is not taken for one): on a gated node at once (it got
+  past the gate, e.g. with a device descriptor a job handed out), elsewhere by the jobs' rules; by
+  pid checked against its start time and uid through a pidfd (colo/node/procs.py). On a gated
+  node the first sight of one also has every process outside colo's folders that holds the
+  GPUs' files open killed (colo/node/gate.py descriptor_holders): a descriptor passed out of a
+  job, held by a process that uses no GPU itself and hands it to short-lived ones.
 
 Owns: `over` (running jobs over their budget now), the time each job and stray process was over
 within the window, and `foreign` (processes of no job, last sample). What is unbudgeted it
@@ -42,7 +46,7 @@ from typing import Awaitable, Callable
 
 from ..config import Config
 from ..jobs import ACTIVE, Job
-from ..node import cgroup, procs
+from ..node import cgroup, gate, procs
 from ..node.gpu import GpuInfo
 from ..units import format_size
 from .engines import Engines
@@ -116,6 +120,10 @@ class Patrol:
         self._strays: dict[tuple[int, int], Tally] = {}  # (pid, start) of a process of no job -> the same
         self._containers: dict[str, dict[str, str]] = {}  # container handle -> its cgroup (it never moves)
         self._last: float | None = None  # the previous check
+        # set by the daemon when the node's gate is up (colo/node/gate.py): the cgroup folders, as
+        # /proc/PID/cgroup names them, where a process may hold the GPUs' files open
+        self.gate_spared: list[tuple[str, str]] | None = None
+        self._sweeping = False
 
     @property
     def window(self) -> float:
@@ -232,8 +240,7 @@ class Patrol:
                 o = over_now.get(job_id)
                 if o is None or (at_once and not o.at_once):
                     over_now[job_id] = Over(text, set(report.pids.get(job_id, ())), at_once)
-        changed = unbudgeted != self.gpus.unbudgeted
-        self.gpus.unbudgeted = unbudgeted
+        changed = self.gpus.note_unbudgeted(unbudgeted)
         self.foreign = report.foreign
         self._judge_jobs(over_now, now, dt)
         self._judge_strays(report, now, dt, short)
@@ -282,13 +289,24 @@ class Patrol:
             if key in seen:  # the same process on a second GPU: counted once a sample
                 continue
             seen.add(key)
-            t = self._strays.setdefault(key, Tally())
+            t = self._strays.get(key)
+            if t is None:  # told once per process, with its owner
+                if cfg.kill_foreign and ident[1] != 0 and self.gate_spared is not None and not self._sweeping:
+                    self._sweeping = True  # who else holds the files it got past the gate with
+                    asyncio.get_running_loop().create_task(self._sweep())
+                t = self._strays[key] = Tally()
+                log.warning("process %d (uid %d), in no job, holds %s on %s outside any budget%s", f["pid"], ident[1],
+                            format_size(f["used"] or 0), self.gpus.name_of(f["gpu"]),
+                            "" if ident[1] == 0 else "; it will be killed (patrol_kill_foreign)" if cfg.kill_foreign
+                            else "; left running (patrol_kill_foreign is off)")
             t.add(now, dt)
             spent = t.spent(now, window)
-            if not (cfg.patrol_kill_foreign and report.sure and ident[1] != 0 and t.seen >= 2):
+            if not (cfg.kill_foreign and report.sure and ident[1] != 0 and t.seen >= 2):
                 continue
-            why = short(f["gpu"]) or (f"over it for {spent:.0f} s of the last {window:g} s"
-                                      if spent >= cfg.patrol_grace else None)
+            # on a gated node no process outside colo's jobs may use a GPU at all: it got past the gate
+            why = ("the GPUs are gated to colo's jobs (gpu_group)" if cfg.gpu_group is not None else None) \
+                or short(f["gpu"]) or (f"over it for {spent:.0f} s of the last {window:g} s"
+                                       if spent >= cfg.patrol_grace else None)
             if why:
                 asyncio.get_running_loop().create_task(self._kill_stray(f, ident, why))
         for key in list(self._strays):
@@ -320,6 +338,21 @@ class Patrol:
         log.error("job %d: %s; %s: killing it", job_id, o.text, why)
         if not await self.stop(job_id, by, o.pids):
             o.killing = False  # still starting: the next sample tries again
+
+    async def _sweep(self) -> None:
+        """A process of no job uses a GPU on a gated node: it got past the gate with a descriptor
+        opened in a job (the kernel checks devices at open). Kill every process outside colo's
+        folders that holds the GPUs' files open: that one, and whoever passes it descriptors
+        without using a GPU itself (never seen in NVML's list)."""
+        try:
+            found = await asyncio.to_thread(gate.descriptor_holders, self.engines.gpu_nodes, self.gate_spared or [])
+            for pid, start, uid in found:
+                if await asyncio.to_thread(procs.kill_exact, pid, start, uid):
+                    log.error("process %d (uid %d), in no job, held the GPUs' device files open on a gated node (a "
+                              "descriptor from a job: the gate checks at open only): killed (patrol_kill_foreign)",
+                              pid, uid)
+        finally:
+            self._sweeping = False
 
     async def _kill_stray(self, f: dict, ident: tuple[int, int], why: str) -> None:
         if await asyncio.to_thread(procs.kill_exact, f["pid"], *ident):

@@ -96,8 +96,7 @@ class Sampler:
         if gpus.error is None:
             devices = await asyncio.to_thread(gpus.refresh)
             if gpus.error is None:
-                self._note_gpu_errors(gpus.devices, devices)
-                gpus.devices = devices
+                self._note_gpu_errors(gpus.adopt(devices), devices)
         m = gpus.mps
         if m.available():
             report = await asyncio.to_thread(m.check)

@@ -32,6 +32,7 @@ from .engines import Engines
 from .gpus import Gpus
 from .jobtable import JobTable
 from .learner import Learner
+from .validate import stopped_text
 
 log = logging.getLogger("colo")
 
@@ -159,9 +160,6 @@ class Scheduler:
         since = time.time() - 20 * config.fair_share_half_life  # older use counts < 1e-6
         for uid, budget, gpus_n, start_at, end in table.store.gpu_use(since):
             self.fair_ledger.add(uid, fairshare.weight(budget, gpus_n), start_at, end)
-        table.on_change.append(self._queue_changed)
-        table.on_edit.append(self._queue_edited)
-        learner.on_forget.append(self._cands.clear)
         gc.collect()  # the open jobs, loaded: long-lived (see _settle); before any request is served
         gc.freeze()
 
@@ -189,7 +187,7 @@ class Scheduler:
             await asyncio.sleep(0.005)  # a burst of submits lands in one pass
 
     # what changed -----------------------------------------------------------------------------
-    def _queue_changed(self, prev: Job | None, job: Job) -> None:
+    def queue_changed(self, prev: Job | None, job: Job) -> None:
         """Called for every new job and state change (JobTable.add, JobTable.transition)."""
         was_q = prev is not None and prev.state == State.QUEUED
         is_q = job.state == State.QUEUED
@@ -247,7 +245,7 @@ class Scheduler:
                                  and j.state == State.QUEUED and j.id != job.id]
             self._uq_stale[job.uid] = 0
 
-    def _queue_edited(self, prev: Job, job: Job) -> None:
+    def queue_edited(self, prev: Job, job: Job) -> None:
         """A queued job's budget, priority or hold changed: filed again under its new key."""
         self._leave_queue(prev)
         if lst := self._uq.get(prev.uid):
@@ -256,6 +254,10 @@ class Scheduler:
         self._cands.pop(job.id, None)
         self._holders.discard(job.id)
         self.wake()
+
+    def profiles_forgotten(self) -> None:
+        """The learner's on_forget: every candidate is made again, with the profiles as they are now."""
+        self._cands.clear()
 
     def _user_queue(self, uid: int):
         """A user's queued jobs in their own order (skipping entries of jobs that left)."""
@@ -504,7 +506,8 @@ class Scheduler:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=why))
                 continue
             if j.held_by:
-                waits.append(policy.Decision(j.id, policy.WAIT, reason=f"held by {j.held_by} (colo release {j.id})"))
+                waits.append(policy.Decision(j.id, policy.WAIT, reason=stopped_text(j.user, j.held_by, "held",
+                                                                                  f"colo release {j.id}")))
                 continue
             if j.spec.begin and j.spec.begin > time.time():
                 at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.spec.begin))

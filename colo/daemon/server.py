@@ -426,7 +426,7 @@ async def serve(config: Config) -> None:
         acceptor.start()
         loop.set_default_executor(ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="colo"))
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: (setattr(daemon, "stopping", True), daemon.wake()))
+            loop.add_signal_handler(sig, daemon.stop)
         flush = loop.call_later(logflood.WINDOW, _every, loop, logflood.WINDOW, summary.flush)
         log.info("colo daemon listening on %s, state in %s (%d descriptors)", config.socket, config.state_dir,
                  fd_limit)

@@ -53,6 +53,40 @@ def is_admin(caller: Caller, admin_group: str | None) -> bool:
         return False
 
 
+def by_admin(owner: str, by: str | None) -> bool:
+    """A hold or pause set by someone other than the job's owner: an admin's (only the owner and
+    admins may set one), which only an admin lifts (`colo release`, `colo resume`)."""
+    return by is not None and by != owner
+
+
+def stopped_text(owner: str, by: str, what: str, undo: str) -> str:
+    """Who holds (`what` "held") or paused a job, as its owner and everyone sees it: an admin's
+    says so, and that only an admin may undo it."""
+    if by_admin(owner, by):
+        return f"{what} by {by}, an admin (only an admin may {undo})"
+    return f"{what} by {by} ({undo})"
+
+
+def lift_refusal(job_id: int, owner: str, by: str, caller: Caller, admin_group: str | None, what: str) -> str | None:
+    """Why `caller` may not lift a hold or pause set by `by` (an admin's), or None."""
+    if by_admin(owner, by) and not is_admin(caller, admin_group):
+        return f"job {job_id} was {what} by {by}, an admin: only an admin may undo it"
+    return None
+
+
+def takes_over(owner: str, by: str | None, caller: Caller) -> bool:
+    """A hold or pause by `caller` of a job already held or paused by `by`: an admin's replaces its
+    owner's own (so that the owner can no longer lift it); anything else changes nothing."""
+    return by is not None and not by_admin(owner, by) and caller.user != owner
+
+
+# What of another user's spec `colo history` shows (as ls does: its command, name, GPUs, budget,
+# priority, profile, array), these blanked: environments, mounts, paths and commands may hold
+# secrets (a token in an --on-end command, a path that names a project).
+PRIVATE_SPEC = {"env": {}, "mounts": [], "workdir": None, "on_end": None, "output": None, "error": None,
+                "mail_user": None, "mail_type": None}
+
+
 MAX_TASKS = 1 << 22  # Linux's PID_MAX_LIMIT: more tasks than a node can have at all
 SPEC_FIELDS = {"argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "workdir", "after", "after_any",
                "after_fail", "priority", "profile", "retries", "grow", "cpus", "mem", "time", "gpu_ids", "gpu_type",

@@ -230,12 +230,13 @@ class Cgroups:
         else:
             self.missing["devices"] = why
 
-    def restrict_devices(self, job_id: int, deny: list[str]) -> None:
+    def restrict_devices(self, job_id: int, deny: list[str], leaf: str | None = None) -> None:
         """Refuse the job the devices `deny` names (`c:195:1`: /dev/nvidia1) before anything of
-        it runs; CgroupError when this host has no way to (missing["devices"] says why)."""
+        it runs; CgroupError when this host has no way to (missing["devices"] says why). `leaf`:
+        another leaf of the job's (its --on-end command's)."""
         if not deny:
             return
-        leaf = f"job-{job_id}"
+        leaf = leaf or f"job-{job_id}"
         try:
             if "devices" in self.limits:
                 for rule in deny:
@@ -393,6 +394,11 @@ class Cgroups:
 
     def close(self) -> None:
         """The daemon's own folders, when no job is left in them (jobs outlive a daemon stop)."""
+        if self.contain is not None:  # the MPS control daemons' (colo/node/gate.py), when they are gone
+            try:
+                (self.contain / "mps").rmdir()
+            except OSError:
+                pass
         for root in {self.contain, *self.limits.values()} - {None}:
             try:
                 root.rmdir()

@@ -3,7 +3,7 @@
 Why one control daemon per GPU: each daemon is pinned to its GPU (CUDA_VISIBLE_DEVICES=<uuid>),
 so a fault, a per-uid server switch or a stop on one GPU never touches the others, and a job's
 pipe directory names exactly the GPU it was placed on. Time-sliced jobs get a pipe directory with
-no daemon behind it, so they can never attach to MPS by accident (DESIGN.md invariant 4).
+no daemon behind it, so they can never attach to MPS by accident (invariant 4, docs/invariants.md).
 
 The control daemon outlives colo on purpose (it daemonizes): a colo restart finds it again by the
 pid file in its pipe directory and its running clients keep their server (invariant 7).
@@ -178,8 +178,9 @@ class MpsDaemon:
 
     def __init__(self, root: Path, gpu_uuid: str, gpu_index: int,
                  control: Path | str = "nvidia-cuda-mps-control", env: dict | None = None,
-                 multi_user: bool = False, start_timeout: float = 10.0):
+                 multi_user: bool = False, start_timeout: float = 10.0, cgroup: Path | None = None):
         self.root = Path(root)
+        self.cgroup = cgroup  # a cgroup2 folder of colo's the control daemon (and so its servers) starts in
         self.uuid = gpu_uuid
         self.index = gpu_index
         self.control = str(control)
@@ -248,7 +249,12 @@ class MpsDaemon:
             with open(self.log_dir / "colo-start.log", "ab") as out:
                 # -d forks and the parent returns; its output goes to a file, not a pipe, because
                 # the daemon child may keep inherited descriptors open for its whole life.
-                proc = subprocess.Popen([self.control, "-d"], env=self._env,
+                # in colo's own folder when it has one: a gated node lets its jobs' folder open the
+                # GPUs, and the servers (the users' uids) must (colo/node/gate.py); joined by the
+                # shell before the exec, so that no fork of the daemon is left behind
+                argv = [self.control, "-d"] if self.cgroup is None else \
+                    ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$1" -d', str(self.cgroup), self.control]
+                proc = subprocess.Popen(argv, env=self._env,
                                         stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                         start_new_session=True, close_fds=True)
             deadline = time.monotonic() + self.start_timeout
@@ -560,6 +566,7 @@ class MpsManager:
         self.env = env
         self.multi_user = multi_user
         self.idle_stop_s = idle_stop_s
+        self.cgroup: Path | None = None  # where control daemons start (MpsDaemon.cgroup), set by the daemon
         self._daemons: dict[str, MpsDaemon] = {}
         self._states: dict[str, str] = {}
         self._idle_since: dict[str, float] = {}
@@ -595,7 +602,7 @@ class MpsManager:
             d = self._daemons.get(uuid)
             if d is None:
                 d = self._daemons[uuid] = MpsDaemon(self.root, uuid, index, self._binary, self.env,
-                                                    self.multi_user)
+                                                    self.multi_user, cgroup=self.cgroup)
             self._idle_since.pop(uuid, None)
             if not d.running():
                 d.start()
@@ -620,7 +627,7 @@ class MpsManager:
             d = self._daemons.get(uuid)
             if d is None:
                 d = self._daemons[uuid] = MpsDaemon(self.root, uuid, index, self._binary, self.env,
-                                                    self.multi_user)
+                                                    self.multi_user, cgroup=self.cgroup)
             with d._lock:
                 new = frozenset(int(u) for u in (uids() if callable(uids) else uids))
                 if new == d.users:
@@ -655,7 +662,7 @@ class MpsManager:
             return False
         with self._lock:
             d = self._daemons.setdefault(uuid, MpsDaemon(self.root, uuid, index, self._binary,
-                                                         self.env, self.multi_user))
+                                                         self.env, self.multi_user, cgroup=self.cgroup))
             try:
                 d.set_users(d.users)  # the mode an older colo left (0755) closed at once
             except MpsError as e:

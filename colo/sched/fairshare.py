@@ -97,12 +97,15 @@ class UserLoad:
     gpu_mem: int = 0  # bytes budgeted, over all GPUs
 
 
-def submit_refusal(limits: Limits, user: str, queued: int) -> str | None:
-    """Why a user with `queued` jobs waiting may not queue one more, or None."""
-    if limits.queued and queued >= limits.queued:
+def submit_refusal(limits: Limits, user: str, queued: int, tasks: int = 1) -> str | None:
+    """Why a user with `queued` jobs waiting may not queue `tasks` more (an array's tasks), or None."""
+    if not limits.queued or queued + tasks <= limits.queued:
+        return None
+    if tasks == 1:
         return (f"{user} has {queued} jobs queued, the most one user may queue here (max_queued_per_user); "
                 "wait for some to start or cancel some")
-    return None
+    return (f"{user} has {queued} jobs queued and asks for {tasks} more, past {limits.queued}, the most one user "
+            "may queue here (max_queued_per_user; an array counts its tasks); wait for some to start or cancel some")
 
 
 def start_refusal(limits: Limits, user: str, load: UserLoad, budget: int, gpus: int) -> str | None:

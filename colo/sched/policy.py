@@ -31,7 +31,7 @@ import gc
 import math
 from operator import attrgetter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -223,20 +223,35 @@ class _Res:
     alone: bool = False  # a check of its alone time: nothing starts beside it
 
 
+class _Rows(NamedTuple):
+    """A GPU's residents' profiles aligned on now (each from the grid point it has reached), zero
+    padded, one row per resident; unpacked in this order where it is read (_assess)."""
+    version: int  # the _Gpu's version they were made for
+    sm: np.ndarray  # SM share per grid step
+    membw: np.ndarray  # memory bandwidth share per grid step
+    cache_bound: np.ndarray  # per resident
+    mps: np.ndarray  # per resident: an MPS client
+    ids: list  # job ids
+    names: list  # profile names
+    group_sm: np.ndarray  # the MPS group's summed SM per step
+    group_bw: np.ndarray  # its summed bandwidth
+    all_mps: bool  # every resident is an MPS client
+    wait_cum: np.ndarray  # each resident's accumulated rate if nothing starts
+    left: np.ndarray  # each one's rest of its profile in grid points
+    whole: np.ndarray  # each one's whole run in grid points
+
+
 @dataclass
 class _Gpu:
     view: GpuView
     free: int
     res: list[_Res]
     version: int = 0  # bumped at every start in the pass: what is cached below is for one version
-    rows: tuple | None = None  # (version, resident rows...): see _rows
+    rows: _Rows | None = None  # see _rows
 
 
-def _rows(g: _Gpu, cfg: PolicyConfig) -> tuple:
-    """The residents' profiles aligned on now (each from the grid point it has reached), zero
-    padded: (version, sm, membw, cache_bound, mps, ids, names, MPS group's summed SM, its summed
-    bandwidth, whether every resident is an MPS client, each resident's accumulated rate if nothing
-    starts, each one's whole run in grid points). Kept on the GPU until a start changes it."""
+def _rows(g: _Gpu, cfg: PolicyConfig) -> _Rows:
+    """The GPU's _Rows. Kept on the GPU until a start changes it."""
     segs, whole = [], []
     for r in g.res:
         ra = r.arr if r.arr is not None else _unknown(cfg)
@@ -260,9 +275,9 @@ def _rows(g: _Gpu, cfg: PolicyConfig) -> tuple:
     # the residents' summed rate if nothing starts, accumulated: waiting's throughput over any
     # stretch from now is one lookup
     wait_cum = np.cumsum(interference.rates(sm, bw, cb, mps), axis=1)
-    g.rows = (g.version, sm, bw, cb, mps, [r.job_id for r in g.res], [ra.name for ra, _, _ in segs],
-              sm[mps].sum(axis=0), bw[mps].sum(axis=0), bool(mps.all()), wait_cum,
-              np.array([len(s) for _, s, _ in segs]), np.array(whole))
+    g.rows = _Rows(g.version, sm, bw, cb, mps, [r.job_id for r in g.res], [ra.name for ra, _, _ in segs],
+                   sm[mps].sum(axis=0), bw[mps].sum(axis=0), bool(mps.all()), wait_cum,
+                   np.array([len(s) for _, s, _ in segs]), np.array(whole))
     return g.rows
 
 
@@ -342,7 +357,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
 
     # Everyone aligned on the candidate's future, from the GPU's resident rows (built once per
     # change of the GPU, not per candidate).
-    rows = g.rows if g.rows is not None and g.rows[0] == g.version else _rows(g, cfg)
+    rows = g.rows if g.rows is not None and g.rows.version == g.version else _rows(g, cfg)
     _, r_sm, r_bw, r_cb, r_mps, ids, names, g_sm, g_bw, all_mps, wait_cum, r_left, r_whole = rows
     overlap = min(len(arr.sm), r_sm.shape[1])
     c_sm, c_bw = arr.sm[:overlap], arr.membw[:overlap]
@@ -502,7 +517,7 @@ ALONE_DOUBT = 1.25  # how far a profile's alone run time may be off (runs on oth
 MIN_SHARED = 0.1  # a run beside others for less of its wall time than this teaches nothing of sharing
 EXPLORE_WORST = 3.0  # how much slower than predicted a share into unexplored bandwidth is allowed to be
 # Summed bandwidth known to cost nothing before any run here showed it: the MPS study's light pair
-# (two jobs of 0.3 each under MPS, 0.74 s as alone; DESIGN.md). Past it, shares explore.
+# (two jobs of 0.3 each under MPS, 0.74 s as alone; docs/invariants.md). Past it, shares explore.
 KNOWN_BW = 0.6
 KEEP_RUNS = 8  # a learned mean counts at most this many runs: newer runs move it
 FADE = 60.0  # observations (job ends) after which unconfirmed evidence counts half as far from 1

@@ -329,19 +329,42 @@ int fg_parse_visible(fg_state *s, const char *env, int *map, uint32_t usable)
     return n;
 }
 
-/* "<state file>.dev" from the file this process opened, not from the name it was given: a
- * symlink or /proc/self/fd path to someone's state cannot bring a folder of its own along. */
-static int node_dir(fg_state *s, char *out, size_t n)
+/* The folder "<state file>.dev" (an fd of it), found from the file this process opened, not from
+ * the name it was given: a symlink or /proc/self/fd path to someone's state cannot bring a folder
+ * of its own along. A hard link could (the state is 0666, so anyone may link it beside a folder of
+ * their own), so the folder must be beside that very file (its folder, opened, holds the state's
+ * inode under that name: no path swapped in meanwhile), belong to the state's owner and be
+ * writable by no one else. -ENOENT: no folder, a state made before nodes existed, where every node
+ * opens; never for a state with other links (a link is no old state). -1: no node opens. */
+static int node_dir(fg_state *s)
 {
-    char fdp[64], real[PATH_MAX];
+    char fdp[64], real[PATH_MAX], *slash;
+    struct stat st, at, dst;
     snprintf(fdp, sizeof fdp, "/proc/self/fd/%d", s->fd);
-    ssize_t len = readlink(fdp, real, sizeof real - 1);
-    if (len <= 0)
+    ssize_t len = readlink(fdp, real, sizeof real - 8);
+    if (len <= 0 || fstat(s->fd, &st) != 0)
         return -1;
     real[len] = 0;
-    if (strstr(real, " (deleted)"))
+    if (strstr(real, " (deleted)") || !(slash = strrchr(real, '/')) || !slash[1])
         return -1;
-    return snprintf(out, n, "%s.dev", real) < (int)n ? 0 : -1;
+    *slash = 0;
+    int parent = open(slash == real ? "/" : real, O_PATH | O_DIRECTORY | O_CLOEXEC); /* search, not read */
+    if (parent < 0)
+        return -1;
+    int dfd = -1;
+    if (fstatat(parent, slash + 1, &at, AT_SYMLINK_NOFOLLOW) == 0 && at.st_dev == st.st_dev &&
+        at.st_ino == st.st_ino) {
+        strcat(slash + 1, ".dev");
+        dfd = openat(parent, slash + 1, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dfd < 0)
+            dfd = errno == ENOENT && st.st_nlink == 1 ? -ENOENT : -1;
+        else if (fstat(dfd, &dst) != 0 || dst.st_uid != st.st_uid || (dst.st_mode & 022)) {
+            close(dfd);
+            dfd = -1;
+        }
+    }
+    close(parent);
+    return dfd;
 }
 
 /* dir/nvidiactl, dir/nvidia-uvm or dir/nvidiaN */
@@ -357,14 +380,14 @@ static void node_path(char *out, size_t n, const char *dir, int which)
 
 int fg_node_open(fg_state *s, int which)
 {
-    char dir[PATH_MAX], p[PATH_MAX + 32];
-    struct stat st;
-    if (node_dir(s, dir, sizeof dir) != 0)
-        return 0;
-    if (stat(dir, &st) != 0 && errno == ENOENT)
-        return 1; /* no nodes: a state file made before they existed */
-    node_path(p, sizeof p, dir, which);
-    int fd = open(p, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    char p[64];
+    int dir = node_dir(s);
+    if (dir < 0)
+        return dir == -ENOENT; /* no folder beside an unlinked state: nodes made before they existed */
+    node_path(p, sizeof p, ".", which);
+    int fd = openat(dir, p, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    int e = errno;
+    close(dir);
     if (fd >= 0) {
         close(fd);
         return 1;
@@ -372,7 +395,7 @@ int fg_node_open(fg_state *s, int which)
     /* A character device of a major no driver serves here (e.g. 195 with no NVIDIA driver): the
      * devices cgroup (EPERM) and the file's mode (EACCES) were checked before the kernel found no
      * driver, so this process may open it. */
-    return errno == ENXIO || errno == ENODEV;
+    return e == ENXIO || e == ENODEV;
 }
 
 uint32_t fg_usable(fg_state *s)

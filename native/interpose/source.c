@@ -1,4 +1,4 @@
-/* Where a job's budget comes from (DESIGN.md invariant 14).
+/* Where a job's budget comes from (invariant 14, docs/invariants.md).
  *
  * COLO_GPU_BUDGET, COLO_LEDGER and COLO_GPU_MANAGED are the job's to change: a job script could
  * point COLO_LEDGER at a ledger it made itself, with a larger budget. So colo (root) writes the

@@ -3,6 +3,14 @@
  *
  *   colo-devcg CGROUP_DIR RULE...   attach a device program refusing the devices RULEs name
  *   colo-devcg --check              exit 0 when this kernel lets a device program be loaded
+ *   colo-devcg --gate CGROUP_DIR NAME ID:LEVEL... -- RULE...
+ *                                   the node's gate (docs/gating.md): attach to CGROUP_DIR a program
+ *                                   called NAME that refuses the RULE devices to every process but
+ *                                   root's and those beneath the cgroup2 folders ID:LEVEL name (colo's
+ *                                   jobs: the folder's cgroup id, its inode, at its depth LEVEL below
+ *                                   the mount); programs of that NAME attached there before go
+ *   colo-devcg --check-gate         exit 0 when this kernel loads such a program
+ *   colo-devcg --list CGROUP_DIR    the names of the device programs attached there, one a line
  *
  * RULE is TYPE:MAJOR:MINOR, TYPE c (character) or b (block), MINOR a number or * (every minor):
  * `c:195:1` is /dev/nvidia1. Every other device stays as the cgroup's parents decide.
@@ -39,6 +47,20 @@
 #define JNE_IMM(dst, imm, off) INSN(BPF_JMP | BPF_JNE | BPF_K, dst, 0, off, imm)
 #define MOV_IMM(dst, imm) INSN(BPF_ALU64 | BPF_MOV | BPF_K, dst, 0, 0, imm)
 #define EXIT() INSN(BPF_JMP | BPF_EXIT, 0, 0, 0, 0)
+#define JEQ_IMM(dst, imm, off) INSN(BPF_JMP | BPF_JEQ | BPF_K, dst, 0, off, imm)
+#define JEQ_REG(dst, src, off) INSN(BPF_JMP | BPF_JEQ | BPF_X, dst, src, off, 0)
+#define JA(off) INSN(BPF_JMP | BPF_JA, 0, 0, off, 0)
+#define MOV32_REG(dst, src) INSN(BPF_ALU | BPF_MOV | BPF_X, dst, src, 0, 0)
+#define CALL(fn) INSN(BPF_JMP | BPF_CALL, 0, 0, 0, fn)
+#define LD_IMM64_LO(dst, v) INSN(BPF_LD | BPF_DW | BPF_IMM, dst, 0, 0, (int32_t)(uint32_t)(v))
+#define LD_IMM64_HI(v) INSN(0, 0, 0, 0, (int32_t)(uint32_t)((uint64_t)(v) >> 32))
+#define MAX_ALLOW 16
+#define GATE_NAME_MAX 15 /* BPF_OBJ_NAME_LEN less its NUL */
+
+struct allow {
+    uint64_t id;  /* a cgroup2 folder's id (its inode number) */
+    int level;    /* its depth below the mount: 1 for /colo-x */
+};
 
 struct rule {
     int type;     /* BPF_DEVCG_DEV_CHAR or BPF_DEVCG_DEV_BLOCK */
@@ -49,7 +71,10 @@ struct rule {
 static int usage(void)
 {
     fprintf(stderr, "usage: colo-devcg CGROUP_DIR TYPE:MAJOR:MINOR...   (e.g. c:195:1, c:195:*)\n"
-                    "       colo-devcg --check\n");
+                    "       colo-devcg --check\n"
+                    "       colo-devcg --gate CGROUP_DIR NAME ID:LEVEL... -- TYPE:MAJOR:MINOR...\n"
+                    "       colo-devcg --check-gate\n"
+                    "       colo-devcg --list CGROUP_DIR\n");
     return 2;
 }
 
@@ -101,15 +126,63 @@ static int build(const struct rule *rules, int n, struct bpf_insn *out)
     return k;
 }
 
-static int load(const struct rule *rules, int n)
+/* The gate: for a listed device, 1 (leave to the others) when the process is root's (real uid 0) or
+ * beneath an allowed folder (bpf_get_current_ancestor_cgroup_id at its level is its id), else 0;
+ * every other device 1. A process above an allowed folder's level gets ancestor id 0: no match. */
+static int build_gate(const struct rule *rules, int n, const struct allow *allow, int na, struct bpf_insn *out)
 {
-    static struct bpf_insn prog[4 + MAX_RULES * 5 + 2];
-    static char log[8192];
-    int len = build(rules, n, prog);
+    int k = 0;
+    out[k++] = LDX_W(BPF_REG_2, BPF_REG_1, offsetof(struct bpf_cgroup_dev_ctx, access_type));
+    out[k++] = AND_IMM(BPF_REG_2, 0xFFFF);
+    out[k++] = LDX_W(BPF_REG_4, BPF_REG_1, offsetof(struct bpf_cgroup_dev_ctx, major));
+    out[k++] = LDX_W(BPF_REG_5, BPF_REG_1, offsetof(struct bpf_cgroup_dev_ctx, minor));
+    int judge = 0; /* where the rules' matches jump: after them and the "not listed" exit */
+    for (int i = 0; i < n; i++)
+        judge += (rules[i].minor < 0 ? 2 : 3) + 1;
+    judge += 2;
+    int at = 0; /* the offset of the rules' blocks so far */
+    for (int i = 0; i < n; i++) {
+        int tests = rules[i].minor < 0 ? 2 : 3, len = tests + 1;
+        out[k++] = JNE_IMM(BPF_REG_2, rules[i].type, len - 1);
+        out[k++] = JNE_IMM(BPF_REG_4, rules[i].major, len - 2);
+        if (rules[i].minor >= 0)
+            out[k++] = JNE_IMM(BPF_REG_5, rules[i].minor, len - 3);
+        at += len;
+        out[k++] = JA(judge - at); /* a listed device */
+    }
+    out[k++] = MOV_IMM(BPF_REG_0, 1);
+    out[k++] = EXIT();
+    /* judge: root's process, or one beneath an allowed folder */
+    int allowed = 5 * na + 2; /* from the uid test to the last "allow" */
+    out[k++] = CALL(BPF_FUNC_get_current_uid_gid);
+    out[k++] = MOV32_REG(BPF_REG_0, BPF_REG_0); /* the uid: the low 32 bits */
+    out[k++] = JEQ_IMM(BPF_REG_0, 0, allowed);
+    for (int i = 0; i < na; i++) {
+        out[k++] = MOV_IMM(BPF_REG_1, allow[i].level);
+        out[k++] = CALL(BPF_FUNC_get_current_ancestor_cgroup_id);
+        out[k++] = LD_IMM64_LO(BPF_REG_6, allow[i].id);
+        out[k++] = LD_IMM64_HI(allow[i].id);
+        out[k++] = JEQ_REG(BPF_REG_0, BPF_REG_6, allowed - 5 * (i + 1));
+    }
+    out[k++] = MOV_IMM(BPF_REG_0, 0);
+    out[k++] = EXIT();
+    out[k++] = MOV_IMM(BPF_REG_0, 1);
+    out[k++] = EXIT();
+    return k;
+}
+
+static struct bpf_insn prog[4 + MAX_RULES * 5 + 2 + 5 + MAX_ALLOW * 5 + 4];
+
+static int load_insns(int len, const char *name)
+{
+    static char log[65536];
     union bpf_attr a;
     memset(&a, 0, sizeof a);
+    if (name)
+        strncpy(a.prog_name, name, sizeof a.prog_name - 1);
     a.prog_type = BPF_PROG_TYPE_CGROUP_DEVICE;
     a.insns = (uint64_t)(uintptr_t)prog;
+    log[0] = '\0';
     a.insn_cnt = (uint32_t)len;
     a.license = (uint64_t)(uintptr_t)"GPL";
     a.log_buf = (uint64_t)(uintptr_t)log;
@@ -125,6 +198,169 @@ static int load(const struct rule *rules, int n)
     return fd;
 }
 
+static int load(const struct rule *rules, int n)
+{
+    return load_insns(build(rules, n, prog), NULL);
+}
+
+/* Detach every program called `name` from the cgroup `cg` but the one of id `keep` (an earlier
+ * daemon's gate). */
+static int detach_named_but(int cg, const char *name, uint32_t keep)
+{
+    uint32_t ids[64];
+    union bpf_attr q;
+    memset(&q, 0, sizeof q);
+    q.query.target_fd = (uint32_t)cg;
+    q.query.attach_type = BPF_CGROUP_DEVICE;
+    q.query.prog_ids = (uint64_t)(uintptr_t)ids;
+    q.query.prog_cnt = 64;
+    if (sys_bpf(BPF_PROG_QUERY, &q) != 0) {
+        fprintf(stderr, "colo-devcg: cannot list the device programs there: %s\n", strerror(errno));
+        return -1;
+    }
+    for (uint32_t i = 0; i < q.query.prog_cnt && i < 64; i++) {
+        if (ids[i] == keep)
+            continue;
+        union bpf_attr g;
+        memset(&g, 0, sizeof g);
+        g.prog_id = ids[i];
+        int fd = (int)sys_bpf(BPF_PROG_GET_FD_BY_ID, &g);
+        if (fd < 0)
+            continue;
+        struct bpf_prog_info info;
+        memset(&info, 0, sizeof info);
+        union bpf_attr inf;
+        memset(&inf, 0, sizeof inf);
+        inf.info.bpf_fd = (uint32_t)fd;
+        inf.info.info_len = sizeof info;
+        inf.info.info = (uint64_t)(uintptr_t)&info;
+        if (sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &inf) == 0 && !strncmp(info.name, name, sizeof info.name)) {
+            union bpf_attr d;
+            memset(&d, 0, sizeof d);
+            d.target_fd = (uint32_t)cg;
+            d.attach_bpf_fd = (uint32_t)fd;
+            d.attach_type = BPF_CGROUP_DEVICE;
+            if (sys_bpf(BPF_PROG_DETACH, &d) != 0) {
+                fprintf(stderr, "colo-devcg: cannot detach the earlier %s: %s\n", name, strerror(errno));
+                close(fd);
+                return -1;
+            }
+        }
+        close(fd);
+    }
+    return 0;
+}
+
+static int attach(int cg, int prog_fd, const char *where)
+{
+    union bpf_attr a;
+    memset(&a, 0, sizeof a);
+    a.target_fd = (uint32_t)cg;
+    a.attach_bpf_fd = (uint32_t)prog_fd;
+    a.attach_type = BPF_CGROUP_DEVICE;
+    a.attach_flags = BPF_F_ALLOW_MULTI;
+    if (sys_bpf(BPF_PROG_ATTACH, &a) != 0) {
+        fprintf(stderr, "colo-devcg: cannot attach the device program to %s: %s\n", where, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static int list(const char *dir)
+{
+    uint32_t ids[64];
+    int cg = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (cg < 0) {
+        fprintf(stderr, "colo-devcg: cannot open %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    union bpf_attr q;
+    memset(&q, 0, sizeof q);
+    q.query.target_fd = (uint32_t)cg;
+    q.query.attach_type = BPF_CGROUP_DEVICE;
+    q.query.prog_ids = (uint64_t)(uintptr_t)ids;
+    q.query.prog_cnt = 64;
+    if (sys_bpf(BPF_PROG_QUERY, &q) != 0) {
+        fprintf(stderr, "colo-devcg: cannot list the device programs of %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    for (uint32_t i = 0; i < q.query.prog_cnt && i < 64; i++) {
+        union bpf_attr g;
+        memset(&g, 0, sizeof g);
+        g.prog_id = ids[i];
+        int fd = (int)sys_bpf(BPF_PROG_GET_FD_BY_ID, &g);
+        struct bpf_prog_info info;
+        memset(&info, 0, sizeof info);
+        union bpf_attr inf;
+        memset(&inf, 0, sizeof inf);
+        inf.info.bpf_fd = (uint32_t)fd;
+        inf.info.info_len = sizeof info;
+        inf.info.info = (uint64_t)(uintptr_t)&info;
+        if (fd >= 0 && sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &inf) == 0)
+            printf("%s\n", info.name[0] ? info.name : "-");
+        if (fd >= 0)
+            close(fd);
+    }
+    return 0;
+}
+
+static int parse_allow(const char *text, struct allow *a)
+{
+    unsigned long long id;
+    int level, used = 0;
+    if (sscanf(text, "%llu:%d%n", &id, &level, &used) != 2 || text[used] != '\0' || level < 1 || level > 1000)
+        return -1;
+    a->id = id;
+    a->level = level;
+    return 0;
+}
+
+static int gate(int argc, char **argv)
+{
+    /* --gate CGROUP_DIR NAME ID:LEVEL... -- RULE... */
+    static struct rule rules[MAX_RULES];
+    static struct allow allow[MAX_ALLOW];
+    int n = 0, na = 0, i = 4;
+    const char *dir = argv[2], *name = argv[3];
+    if (!name[0] || strlen(name) > GATE_NAME_MAX)
+        return usage();
+    for (; i < argc && strcmp(argv[i], "--"); i++)
+        if (na == MAX_ALLOW || parse_allow(argv[i], &allow[na++]) != 0)
+            return usage();
+    if (i >= argc - 1 || argc - i - 1 > MAX_RULES)
+        return usage();
+    for (i++; i < argc; i++)
+        if (parse_rule(argv[i], &rules[n++]) != 0) {
+            fprintf(stderr, "colo-devcg: malformed rule %s\n", argv[i]);
+            return usage();
+        }
+    int cg = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (cg < 0) {
+        fprintf(stderr, "colo-devcg: cannot open %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    int fd = load_insns(build_gate(rules, n, allow, na, prog), name);
+    /* the new gate first, then the old ones go: never a moment without one */
+    if (fd < 0 || attach(cg, fd, dir) != 0)
+        return 1;
+    uint32_t keep;
+    {
+        struct bpf_prog_info info;
+        union bpf_attr inf;
+        memset(&info, 0, sizeof info);
+        memset(&inf, 0, sizeof inf);
+        inf.info.bpf_fd = (uint32_t)fd;
+        inf.info.info_len = sizeof info;
+        inf.info.info = (uint64_t)(uintptr_t)&info;
+        if (sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &inf) != 0) {
+            fprintf(stderr, "colo-devcg: cannot read back the gate: %s\n", strerror(errno));
+            return 1;
+        }
+        keep = info.id;
+    }
+    return detach_named_but(cg, name, keep) == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "--check")) {
@@ -134,6 +370,19 @@ int main(int argc, char **argv)
         close(fd);
         return 0;
     }
+    if (argc == 2 && !strcmp(argv[1], "--check-gate")) {
+        static const struct rule r = {BPF_DEVCG_DEV_CHAR, 195, -1};
+        static const struct allow a = {1, 1};
+        int fd = load_insns(build_gate(&r, 1, &a, 1, prog), "colo_check");
+        if (fd < 0)
+            return 1;
+        close(fd);
+        return 0;
+    }
+    if (argc == 3 && !strcmp(argv[1], "--list"))
+        return list(argv[2]);
+    if (argc >= 6 && !strcmp(argv[1], "--gate"))
+        return gate(argc, argv);
     if (argc < 3 || argv[1][0] == '-' || argc - 2 > MAX_RULES)
         return usage();
     static struct rule rules[MAX_RULES];

@@ -1,0 +1,439 @@
+"""What `colo ls` and `colo top` are sent: each job's summary and ls's compact rows, with the
+caches that keep a listing of 10,000 jobs from re-encoding them, and the GPUs' rows.
+
+Built from the parts it reads (the job table, the store, the scheduler's decisions, the GPUs, the
+patrol's and the sampler's word on running jobs); it changes none of them. The shape of a summary
+and of `top`'s reply is declared in colo/replies.py, which the client reads too.
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+import json
+import os
+import pwd
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from .. import protocol
+from ..jobs import ACTIVE, TERMINAL, Job, State
+from ..replies import GpusReply, JobSummary
+from . import validate
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..store import Store
+    from .gpus import Gpus
+    from .jobtable import JobTable
+    from .patrol import Patrol
+    from .sampler import Sampler
+    from .scheduler import Scheduler
+
+TOPENDED, TOPENDED_FOR = 5, 300.0  # `colo top` shows the newest 5 ended jobs, for 5 minutes after their end
+TOP_QUEUED = 500  # and the front of the queue (a terminal shows less); the number queued apart
+ROWS_CACHED = 20000  # job summaries (`ls --json`, top) kept encoded
+# A row longer than this (a long command, uncut) is made afresh at each listing, never kept: kept,
+# one user's 1,000-task array of a 60 KiB command held 70 MB of rows after one `ls --json`.
+ROW_KEPT_MAX = 4096
+
+
+class Listing:
+    """Owns the listing caches: encoded summaries of queued and ended jobs, ls's rows per kind of
+    listing, the queue's rows as of the last change of a queued job or decision."""
+
+    def __init__(self, config: "Config", table: "JobTable", store: "Store", scheduler: "Scheduler", gpus: "Gpus",
+                 patrol: "Patrol", sampler: "Sampler"):
+        self.config, self.table, self.store, self.scheduler = config, table, store, scheduler
+        self.gpus, self.patrol, self.sampler = gpus, patrol, sampler
+        # job id -> (the Job it was made from, its reason, its summary as JSON): a queued or ended
+        # job's row changes only with the job or its reason, so `ls` of 10,000 re-encodes none
+        self._rows: dict[int, tuple[Job, str | None, bytes]] = {}
+        # the same for ls's compact rows, per (fields, cut) asked for (_live_rows, _ended_rows)
+        self._ls_rows: dict[tuple, dict[int, tuple[Job, str | None, bytes]]] = {}
+        self._ls_ended: dict[tuple, dict[int, bytes]] = {}
+        # the queue's ls rows per kind of listing, as of (_queue_version, the scheduler's version)
+        self._blocks: dict[tuple, tuple[tuple, list]] = {}
+        self._queue_version = 0  # any queued job added, changed or gone (queue_changed)
+
+    def summary(self, job: Job, reasons: dict[int, str] | None = None) -> JobSummary:
+        out: JobSummary = {
+            "id": job.id, "name": job.spec.name, "held_by": job.held_by if job.state == State.QUEUED else None, "user": job.user, "uid": job.uid, "state": str(job.state),
+            "paused_by": job.paused_by if job.state == State.RUNNING else None,
+            "gpus": job.gpus, "gpu_index": self._indices(job.gpus), "mode": self.mode(job), "budget": job.spec.gpu_mem,
+            "ngpus": job.spec.gpus, "image": job.spec.image, "argv": job.spec.argv,
+            "submitted_at": job.submitted_at, "started_at": job.started_at, "ended_at": job.ended_at,
+            "exit_code": job.exit_code, "priority": job.spec.priority, "reason": job.reason,
+            "cancel_by": job.cancel_by if job.state in ACTIVE else None,
+            "slurm_job": job.spec.slurm_job,
+            "array_job": job.spec.array_job, "array_index": job.spec.array_index,
+        }
+        out["reason"] = self.reason(job, reasons.get(job.id) if reasons is not None else None)
+        if job.state in ACTIVE:
+            u = self.sampler.stats.get(job.id) or self.sampler.usage(job)  # the sampler's, or read now
+            if u:
+                out["used"] = u.get("used")
+                out["refused"] = u.get("refused")
+                out["sm_util"] = u.get("sm_util")
+                out["nvml_used"] = u.get("nvml_used")  # its processes, as NVML sees them (the patrol)
+                out["idle_since"] = u.get("idle_since")  # holding GPU memory with no GPU activity since (idle_after)
+        return out
+
+    def _indices(self, uuids: list[str]) -> list[int | None]:
+        """GPUs by index, as `colo gpus` numbers them (None: one no longer here)."""
+        if not uuids:
+            return []
+        index = {g.uuid: g.index for g in self.gpus.devices}
+        return [index.get(u) for u in uuids]
+
+    def gpus_text(self, uuids: list[str]) -> str:
+        """ls's GPU column: indices (a UUID's start for a GPU no longer here)."""
+        return ",".join(u[:12] if i is None else str(i) for i, u in zip(self._indices(uuids), uuids))
+
+    def mode(self, job: Job) -> str | None:
+        return self.table.mode_shown(job, {f["gpu"] for f in self.patrol.foreign})
+
+    def reason(self, job: Job, decided: str | None = None) -> str:
+        """The reason listings show: a queued job's latest decision (`decided`) unless it is held, a
+        running job's with what the patrol says of it, or who paused it."""
+        if job.state == State.QUEUED:
+            if job.held_by:  # said at once, before a pass has looked at it
+                return validate.stopped_text(job.user, job.held_by, "held", f"colo release {job.id}")
+            return job.reason if decided is None else decided
+        if job.state == State.RUNNING and job.paused_by:
+            return validate.stopped_text(job.user, job.paused_by, "paused", f"colo resume {job.id}")
+        notes = [n for n in (self.patrol.note(job.id), self.sampler.idle_note(job.id)) if n] \
+            if job.state in ACTIVE else []
+        return "; ".join([job.reason, *notes])
+
+    def reasons(self, jobs: list[Job]) -> dict[int, str]:
+        """Why each queued job waits: the scheduler's latest word."""
+        out = {}
+        for j in jobs:
+            if j.state == State.QUEUED:
+                d = self.scheduler.decisions.get(j.id)
+                if d is not None:
+                    out[j.id] = d.reason
+        return out
+
+    def rows(self, jobs: list[Job]) -> protocol.Raw:
+        """The summaries of `jobs` as one JSON array; rows of jobs that are not running are cached."""
+        cache, decisions, parts = self._rows, self.scheduler.decisions, []
+        dumps = json.dumps
+        for j in jobs:
+            if j.state in ACTIVE:  # live figures: made afresh
+                parts.append(dumps(self.summary(j), separators=(",", ":"), default=str).encode())
+                continue
+            d = decisions.get(j.id) if j.state == State.QUEUED else None
+            reason = d.reason if d is not None else None
+            hit = cache.get(j.id)
+            if hit is None or hit[1] != reason or (hit[0] is not j and (j.state not in TERMINAL or hit[0].state != j.state)):
+                row = dumps(self.summary(j, {j.id: reason} if reason is not None else None),
+                            separators=(",", ":"), default=str).encode()
+                hit = (j, reason, row)
+                if len(row) <= ROW_KEPT_MAX and (len(cache) < ROWS_CACHED or j.id in cache):  # bounded: `ls --json` of 50,000 is rare
+                    cache[j.id] = hit
+            parts.append(hit[2])
+        if len(cache) > 2 * len(self.table.open) + 20000:  # rows of jobs gone from every listing
+            keep = {j.id for j in jobs}
+            self._rows = {k: v for k, v in cache.items() if k in keep}
+        return protocol.Raw(b"[" + b",".join(parts) + b"]")
+
+    def ls(self, args: dict) -> protocol.Raw:
+        """Jobs oldest first: those in `states` (default: every job with `all`, else the queued and
+        running ones) of `users` named one of `names` that one of `refs` names (ids, names, arrays'
+        ids, ARRAY_INDEX); only the newest `limit`. Open jobs are the daemon's own (with live
+        reasons), ended ones are read with the filters in SQL.
+
+        Without `fields`: each job's summary (`colo ls --json`). With `fields` (protocol.LS_FIELDS):
+        {"fields", "rows": each job's fields in a list, "left": {state: jobs not sent}}, made to be cheap
+        to send and read: times in whole seconds, gpus as one comma-separated text, argv as one line,
+        texts cut to `cut` characters; with `head` (a terminal's bound; not with `limit`), at most that many jobs:
+        every starting and running one, then queued ones from the front, then the newest ended."""
+        users = set(args["users"]) if args.get("users") is not None else None
+        names = set(args["names"]) if args.get("names") is not None else None
+        if args.get("states") is not None:
+            want = set(args["states"])
+        else:
+            want = set(_ALL_STATES) if args.get("all", True) else {"queued", "starting", "running"}
+        limit = args.get("limit") or None
+        head = None if limit else args.get("head") or None
+        ended = [State(s) for s in want & ENDED]
+        refs = args.get("refs")
+        # which open jobs refs name: asked of the store, which holds the one rule (Store._where)
+        named = None if refs is None else {r[0] for r in self.store.listing(["id"], _OPEN, refs=refs)}
+        fields, cut, collapse = args.get("fields"), args.get("cut") or None, args.get("tasks") is False
+        if fields is not None and users is None and names is None and named is None and "queued" in want:
+            # the common `colo ls`: the queue's rows as the last such listing made them, while no
+            # queued job and no decision changed since; the active jobs' rows afresh
+            live = [j for j in self.table.active(*ACTIVE) if j.state._value_ in want]
+            rows = _merged(self._queued_rows(fields, cut, collapse), self._live_rows(live, fields, cut))
+        else:
+            # State is a str enum whose hash is a Python call: its _value_ (the plain str) is compared
+            live = [j for j in self.table.open.values() if j.state._value_ in want and (users is None or j.user in users)
+                    and (names is None or j.spec.name in names) and (named is None or j.id in named)]
+            if any(live[i].id > live[i + 1].id for i in range(len(live) - 1)):
+                live.sort(key=lambda j: j.id)
+            rows = None
+        if fields is None:
+            jobs = live
+            if ended:
+                jobs = sorted([*live, *self._ended_jobs(ended, users, names, limit, refs)], key=lambda j: j.id)
+            return self.rows(jobs[-limit:] if limit else jobs)
+        if rows is None:
+            rows = self._live_rows(live, fields, cut, collapse)
+        n_ended: dict[str, int] = {}
+        if ended:
+            past = self.store.listing(["id", "state"], ended, users, names, limit or head, refs)
+            more = self._ended_rows(past, fields, cut)
+            rows = sorted([*rows, *more]) if rows and past and past[0][0] < rows[-1][0] else [*rows, *more]
+            if head and len(past) == head:  # more may be stored: how many, for `left`
+                n_ended = self.store.listing_counts(ended, users, names, refs)
+        if limit:
+            rows = rows[-limit:]
+        left: dict[str, int] = {}
+        if head and (len(rows) > head or n_ended):
+            rows, left = _bounded(rows, head, n_ended)
+        return protocol.Raw(_encode({"fields": fields, "left": left})[:-1] + b',"rows":['
+                            + b",".join([r[2] for r in rows]) + b"]}")
+
+    def _queued_rows(self, fields: list[str], cut: int | None, collapse: bool) -> list[tuple[int, str, bytes]]:
+        """_live_rows of every queued job, kept while no queued job and no decision changed (the
+        table's watchers and the scheduler's `version` say): `colo ls` of 50,000 then walks none."""
+        key = (tuple(fields), cut, collapse)
+        stamp = (self._queue_version, self.scheduler.version)
+        hit = self._blocks.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        queued = [j for j in self.table.open.values() if j.state._value_ == "queued"]
+        if any(queued[i].id > queued[i + 1].id for i in range(len(queued) - 1)):
+            queued.sort(key=lambda j: j.id)
+        rows = self._live_rows(queued, fields, cut, collapse)
+        self._blocks.pop(key, None)
+        if any(len(r[2]) > ROW_KEPT_MAX for r in rows):
+            return rows
+        while len(self._blocks) >= 4:  # the kinds of listing asked for lately
+            self._blocks.pop(next(iter(self._blocks)))
+        self._blocks[key] = (stamp, rows)
+        return rows
+
+    def queue_changed(self, prev: Job | None, job: Job) -> None:
+        """The table's on_change and on_edit (wired in core.open())."""
+        if job.state == State.QUEUED or (prev is not None and prev.state == State.QUEUED):
+            self._queue_version += 1
+
+    def _live_rows(self, jobs: list[Job], fields: list[str], cut: int | None,
+                   collapse: bool = False) -> list[tuple[int, str, bytes]]:
+        """(id, state, the row ls sends, encoded) of open jobs. A queued job's row changes only with
+        the job (a new Job) or the reason it waits: kept, so that `ls` of 10,000 encodes few.
+        collapse: the queued tasks of an array as one row, its first's, whose id (and ARRAY_INDEX)
+        says which, as squeue shows them: 12_[3-9,11]."""
+        if collapse:
+            rows, groups = [], {}
+            for j in jobs:
+                if j.state._value_ == "queued" and j.spec.array_job is not None:
+                    g = groups.get(j.spec.array_job)
+                    if g is not None:
+                        g.append(j.spec.array_index)
+                        continue
+                    groups[j.spec.array_job] = [j.spec.array_index]
+                rows.append(j)
+            out = self._live_rows(rows, fields, cut)
+            for k, (i, st, row) in enumerate(out):
+                j = self.table.open.get(i)
+                g = groups.get(j.spec.array_job) if j is not None and st == "queued" else None
+                if g is not None and len(g) > 1:
+                    text = f"{j.spec.array_job}_[{_ranges(sorted(g))}]"
+                    why = self.scheduler.decisions.get(i)
+                    out[k] = (i, st, _encode([text if f in ("id", "array") else v for f, v in
+                                              zip(fields, self._row(j, fields, cut, why and why.reason))]))
+            return out
+        if fields == ["id"]:  # `colo ls -q`: nothing to keep
+            return [(j.id, j.state._value_, b"[%d]" % j.id) for j in jobs]
+        key = (tuple(fields), cut)
+        cache = self._ls_rows.pop(key, None)
+        if cache is None:
+            cache = {}
+            while len(self._ls_rows) >= 4:  # each kind of listing asked for lately (-q, the default, ...)
+                self._ls_rows.pop(next(iter(self._ls_rows)))
+        self._ls_rows[key] = cache  # the newest last
+        decisions, out = self.scheduler.decisions, []
+        for j in jobs:
+            st = j.state._value_  # State is a str enum whose hash and value are Python calls
+            if st != "queued":
+                out.append((j.id, st, _encode(self._row(j, fields, cut))))
+                continue
+            dec = decisions.get(j.id)
+            why = None if dec is None else dec.reason
+            hit = cache.get(j.id)
+            if hit is None or hit[0] is not j or hit[1] != why:
+                hit = (j, why, _encode(self._row(j, fields, cut, why)))
+                if len(hit[2]) <= ROW_KEPT_MAX:
+                    cache[j.id] = hit
+            out.append((j.id, st, hit[2]))
+        if len(cache) > len(self.table.open) + 1000:  # rows of jobs no longer queued
+            self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.table.open}
+        return out
+
+    def _ended_jobs(self, ended: list[State], users, names, limit: int | None, refs) -> list[Job]:
+        """Stored ended jobs for ls's filters. An ended job never changes: those whose summary rows()
+        holds are not read again."""
+        ids = [r[0] for r in self.store.listing(["id"], ended, users, names, limit, refs)]
+        cache = self._rows
+        miss = [i for i in ids if (h := cache.get(i)) is None or h[0].state not in TERMINAL]
+        got = {j.id: j for j in self.store.jobs_by_id(miss)} if miss else {}
+        return [got[i] if i in got else cache[i][0] for i in ids]
+
+    def _ended_rows(self, past: list[tuple[int, str]], fields: list[str], cut: int | None) -> list[tuple]:
+        """(id, state, the row ls sends, encoded) of the stored ended jobs `past` (id, state); an ended
+        job's row never changes: kept (up to 100,000 a kind of listing), only the others are read."""
+        key = (tuple(fields), cut)
+        cache = self._ls_ended.pop(key, None)
+        if cache is None or len(cache) > 100_000:
+            cache = {}
+            while len(self._ls_ended) >= 4:
+                self._ls_ended.pop(next(iter(self._ls_ended)))
+        self._ls_ended[key] = cache
+        miss = [i for i, _ in past if i not in cache]
+        if miss:
+            index = {g.uuid: g.index for g in self.gpus.devices}
+            big = {}
+            for r in self.store.listing_by_id(["id", *fields], miss):
+                row = _encode(_as_sent(r[1:], fields, cut, index))
+                (cache if len(row) <= ROW_KEPT_MAX else big)[r[0]] = row
+            return [(i, st, cache[i] if i in cache else big[i]) for i, st in past]
+        return [(i, st, cache[i]) for i, st in past]
+
+    def _row(self, j: Job, fields: list[str], cut: int | None, why: str | None = None) -> list:
+        """One open job's `fields` as ls sends them (see ls): its GPUs by index, a lone time-sliced
+        job "exclusive", a paused one's state "paused"."""
+        out = []
+        for f in fields:
+            if f == "reason":
+                out.append(self.reason(j, why)[:cut])
+            elif f == "argv":
+                out.append(" ".join(j.spec.argv)[:cut])
+            elif f == "gpus":
+                out.append(self.gpus_text(j.gpus))
+            elif f == "mode":
+                out.append(self.mode(j))
+            elif f == "state" and j.paused_by and j.state == State.RUNNING:
+                out.append("paused")
+            else:
+                out.append(_LIVE[f](j))
+        return out
+
+    def gpu_rows(self) -> GpusReply:
+        """Each GPU with what is placed on it (op `gpus`, and `top`'s)."""
+        active = self.table.jobs_in(*ACTIVE)
+        views = {v.uuid: v for v in self.gpus.views()}
+        out = []
+        for g in self.gpus.devices:
+            placed = [j for j in active if g.uuid in j.gpus]
+            out.append({**g.to_dict(), "usable": views[g.uuid].usable, "mps": views[g.uuid].mps,
+                        "budgeted": sum(j.spec.gpu_mem for j in placed), "jobs": [j.id for j in placed],
+                        # held outside any budget (processes of no job, jobs past their budgets): not given out
+                        "unbudgeted": self.gpus.unbudgeted.get(g.uuid, 0),
+                        "over": [j.id for j in placed if j.id in self.patrol.over]})
+        return {"gpus": out, "error": self.gpus.error, "fake": self.config.fakegpu_state is not None}
+
+    def top(self, you: str) -> protocol.Raw:
+        """Everything `colo top` shows, in one snapshot (a replies.TopReply, encoded)."""
+        gpus = self.gpu_rows()
+        # the running jobs, and the front of the queue as `colo top` shows it (its total apart)
+        live = sorted(self.table.active(*ACTIVE) + heapq.nsmallest(
+            TOP_QUEUED, (j for j in self.table.open.values() if j.state._value_ == "queued"),
+            key=lambda j: (-j.spec.priority, j.submitted_at, j.id)), key=lambda j: j.id)
+        # ended jobs only briefly, the last few: the panel is for what runs (history: colo history)
+        recent = [j for j in self.store.jobs(TERMINAL, limit=TOPENDED, newest_first=True)
+                  if (j.ended_at or 0) > time.time() - TOPENDED_FOR]
+        # processes of no job, as the patrol mapped them at the last sample (colo's MPS servers excluded)
+        foreign = [{"gpu": f["gpu"], "pid": f["pid"], "used": f["used"], "command": _cmd(f["pid"]),
+                    "user": _user(f["pid"])} for f in self.patrol.foreign]
+        head = json.dumps({"at": time.time(), "gpus": gpus["gpus"], "gpu_error": gpus["error"], "fake": gpus["fake"],
+                           "foreign": foreign, "you": you, "queued": self.scheduler.queued_total()},
+                          separators=(",", ":"), default=str).encode()
+        return protocol.Raw(head[:-1] + b',"jobs":' + self.rows(live + recent) + b"}")
+
+def _as_sent(r: tuple, fields: list[str], cut: int | None, index: dict[str, int]) -> list:
+    """A stored job's fields (Store.listing) as ls sends them (see ls); GPUs by `index`."""
+    out = list(r)
+    for k, f in enumerate(fields):
+        v = out[k]
+        if f == "argv":
+            out[k] = " ".join(v)[:cut]
+        elif f == "gpus":
+            out[k] = ",".join(str(index[u]) if u in index else u[:12] for u in v)
+        elif f == "reason":
+            out[k] = v[:cut]
+        elif f.endswith("_at") and v is not None:
+            out[k] = int(v)
+    return out
+
+
+def _merged(a: list[tuple], b: list[tuple]) -> list[tuple]:
+    """Two lists of rows sorted by id, as one (b is short: the active jobs)."""
+    if not b:
+        return a
+    out = list(a)
+    for r in b:
+        bisect.insort(out, r, key=lambda x: x[0])
+    return out
+
+
+def _ranges(ix: list[int]) -> str:
+    """3,4,5,7 as Slurm writes a set of array indices: 3-5,7."""
+    out, start = [], 0
+    for k in range(1, len(ix) + 1):
+        if k == len(ix) or ix[k] != ix[k - 1] + 1:
+            out.append(str(ix[start]) if start == k - 1 else f"{ix[start]}-{ix[k - 1]}")
+            start = k
+    return ",".join(out)
+
+
+def _encode(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _bounded(rows: list[tuple[int, str, bytes]], head: int, n_ended: dict[str, int]) -> tuple[list, dict[str, int]]:
+    """At most `head` of ls's (id, state, row) rows: the starting and running ones, then queued
+    ones from the front, then the newest ended ones; and how many of each state were left out
+    (`n_ended`: how many ended jobs matched, where more did than were read)."""
+    keep = [r for r in rows if r[1] == "starting" or r[1] == "running"][:head]
+    keep += [r for r in rows if r[1] == "queued"][:head - len(keep)]
+    room = head - len(keep)
+    keep += [r for r in rows if r[1] in ENDED][-room:] if room else []
+    left = Counter(r[1] for r in rows)
+    for st, n in n_ended.items():
+        left[st] = n
+    left.subtract(r[1] for r in keep)
+    keep.sort()
+    return keep, {k: v for k, v in left.items() if v > 0}
+
+
+# What ls sends of an open job, by field (reason, argv, gpus, mode and a paused job's state: Api._row)
+_LIVE = {
+    "id": lambda j: j.id, "name": lambda j: j.spec.name, "user": lambda j: j.user, "state": lambda j: j.state._value_,
+    "budget": lambda j: j.spec.gpu_mem, "submitted_at": lambda j: int(j.submitted_at),
+    "started_at": lambda j: j.started_at and int(j.started_at), "ended_at": lambda j: j.ended_at and int(j.ended_at),
+    "exit_code": lambda j: j.exit_code, "priority": lambda j: j.spec.priority, "array": lambda j: j.spec.array_ref,
+}
+_ALL_STATES = frozenset(s.value for s in State)
+_OPEN = (State.QUEUED, *ACTIVE)
+ENDED = frozenset(s.value for s in TERMINAL)
+
+
+def _cmd(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:80]
+    except OSError:
+        return "?"
+
+
+def _user(pid: int) -> str:
+    try:
+        return pwd.getpwuid(os.stat(f"/proc/{pid}").st_uid).pw_name
+    except (OSError, KeyError):
+        return "?"
+
