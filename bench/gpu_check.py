@@ -17,6 +17,8 @@ Parts, in the order they run (budget in seconds):
   colocation (160)  the co-location gain with real PyTorch jobs (MPS only if part mps passed)
   cost (40)         interposer overhead per alloc/free pair, PyTorch allocator churn
   mps_faults (30)   terminate_client and a fault in one client
+  suspend (60)      the driver's checkpoint (colo suspend): 8 GiB of known tensors released, used by
+                    another process, restored bit-identical; seconds per GiB (bench/gpu_suspend.py)
 
 Figures from --simulated describe the simulated driver, not a GPU: they check that this command
 works, and never go into docs/gpu.md.
@@ -45,8 +47,10 @@ sys.path[:0] = [str(ROOT), str(HERE)]  # colo from this checkout: a lent GPU mac
 from gpu_partlib import GiB, MiB, Part, kill_group, sh  # noqa: E402
 
 DEPS_DIR = ROOT / ".gpu-deps"  # colo's dependencies for Python 3.12 (--prepare); the image's own copies win
-PARTS = {"machine": 40, "frameworks": 90, "mps": 40, "colocation": 160, "cost": 40, "mps_faults": 30}
-DEADLINE = 420  # seconds; the parts' budgets add up to 400
+PARTS = {"machine": 40, "frameworks": 90, "mps": 40, "colocation": 160, "cost": 40, "mps_faults": 30,
+         "suspend": 60}
+DEADLINE = 420  # seconds; the parts' budgets but suspend's add up to 400 (it runs last, on what is left,
+#                 or alone: --parts suspend)
 FINISH_S, MIN_PART_S = 3.0, 5.0  # kept for the last report; a part given less is not started
 LOG_CAP = 6000  # characters kept of each part's own output
 SUMMARY_CAP = 10_000  # the printed summary, so that one whole copy fits in 12,000 characters of output
@@ -58,10 +62,11 @@ CARRY_LIMIT = 64 * MiB  # what travels to the lent machine: the tree and the car
 def part_fn(name: str):
     import gpu_facts
     import gpu_parts
+    import gpu_suspend
 
     return {"machine": gpu_facts.part_machine, "frameworks": gpu_parts.part_frameworks, "mps": gpu_parts.part_mps,
             "colocation": gpu_parts.part_colocation, "cost": gpu_parts.part_cost,
-            "mps_faults": gpu_parts.part_mps_faults}[name]
+            "mps_faults": gpu_parts.part_mps_faults, "suspend": gpu_suspend.part_suspend}[name]
 
 
 # --- what travels: native/build and .gpu-deps ------------------------------------------------------

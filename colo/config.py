@@ -13,7 +13,8 @@ class ConfigError(ValueError):
     pass
 
 
-IDLE_SESSIONS = ("off", "notify", "end")
+IDLE_SESSIONS = ("off", "notify", "end", "suspend")
+SUSPEND_POLICIES = ("off", "suspend")  # idle_jobs, preempt
 
 
 @dataclass
@@ -80,11 +81,12 @@ class Config:
     log_cap: int = 256 * 1024**2  # bytes of output kept per job; then one marked line, the rest dropped (0: no cap)
     log_reserve: int = 512 * 1024**2  # free bytes on the state disk below which job output is dropped
     # Ended jobs (their rows, decisions, samples and logs) are removed this many days after they
-    # ended, as Slurm's PurgeJobAfter; fractions allowed. 0 (the default): kept until `colo clean`.
-    # Off by default: removing users' history unasked would surprise them (docs: README).
-    history_keep_days: float = 0.0
-    # Prometheus metrics on this ADDRESS:PORT (e.g. "127.0.0.1:9400"; ":9400" every address).
-    # Unset: no endpoint (the figures name users and their jobs' sizes: open it on purpose).
+    # ended, as Slurm's PurgeJobAfter; fractions allowed; 0: kept until `colo clean`. 90 days by
+    # default: a node's disk is not filled by logs no one reads (a quarter covers a report).
+    history_keep_days: float = 90.0
+    # Prometheus metrics on this ADDRESS:PORT (e.g. "127.0.0.1:9824"; every address only when
+    # written so: "0.0.0.0:9824" or "[::]:9824"). Unset: no endpoint (the figures name users and
+    # their jobs' sizes: open it on purpose).
     metrics_listen: str | None = None
     # A gated node (docs/gating.md): the group that owns the GPUs' device files (NVreg_DeviceFileGID
     # or a udev rule, with mode 0660). The root shim adds it to every GPU job's groups, and container
@@ -105,6 +107,19 @@ class Config:
     # idle idle_grace seconds later). Batch jobs are only marked.
     idle_sessions: str = "notify"
     idle_grace: float = 900.0
+    # `colo suspend` (docs/suspend.md): a suspended job's GPU memory is held in host memory. A
+    # suspend is refused when its bytes are more than this share of MemAvailable at that moment,
+    # or would take the bytes all suspended jobs hold past suspend_host_max (0: no such cap).
+    suspend_host_share: float = 0.5
+    suspend_host_max: int = 0
+    # How long a suspend waits for the job's running GPU work (the driver's lock timeout), seconds.
+    suspend_lock_timeout: float = 10.0
+    # idle_jobs = "suspend": a batch job marked idle is suspended when a queued job waits for its
+    # memory (idle_sessions = "suspend" does so for sessions, after telling them), the longest
+    # idle first. preempt = "suspend": a job that cannot fit may suspend time-sliced jobs of a lower
+    # priority. Never a job submitted with --no-suspend, never an MPS client. Both off by default.
+    idle_jobs: str = "off"
+    preempt: str = "off"
 
     @property
     def kill_foreign(self) -> bool:
@@ -151,7 +166,7 @@ class Config:
         unknown = set(values) - known
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
-        for k in ("reserve", "max_gpu_mem_per_user", "log_cap", "log_reserve"):
+        for k in ("reserve", "max_gpu_mem_per_user", "log_cap", "log_reserve", "suspend_host_max"):
             if k in values:
                 r = values[k]
                 try:
@@ -166,17 +181,23 @@ class Config:
             values["history_keep_days"] = float(v)
         if values.get("metrics_listen") is not None:
             host, sep, port = str(values["metrics_listen"]).rpartition(":")
-            if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host.strip("[]"):
                 raise ConfigError(f"metrics_listen: {values['metrics_listen']!r} is not ADDRESS:PORT "
-                                  "(e.g. 127.0.0.1:9400)")
+                                  "(e.g. 127.0.0.1:9824; every address only when written: 0.0.0.0:9824)")
         grace, window = values.get("patrol_grace", cls.patrol_grace), values.get("patrol_window", cls.patrol_window)
         if window and window < grace:
             raise ConfigError(f"patrol_window ({window:g} s) is shorter than patrol_grace ({grace:g} s): no job "
                               "could ever be over its budget that long within it")
-        for k in ("idle_after", "idle_grace"):
+        v = values.get("suspend_host_share")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1):
+            raise ConfigError(f"suspend_host_share: {v!r} is not a share from 0 to 1 (0: no suspends)")
+        for k in ("idle_after", "idle_grace", "suspend_lock_timeout"):
             v = values.get(k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9):
                 raise ConfigError(f"{k}: {v!r} is not a number of seconds from 0")
+        for k in ("idle_jobs", "preempt"):
+            if values.get(k, "off") not in SUSPEND_POLICIES:
+                raise ConfigError(f"{k}: {values[k]!r} is not one of {', '.join(SUSPEND_POLICIES)}")
         if values.get("idle_sessions", "notify") not in IDLE_SESSIONS:
             raise ConfigError(f"idle_sessions: {values['idle_sessions']!r} is not one of {', '.join(IDLE_SESSIONS)}")
         for k in ("max_connections_per_user", "max_streams_per_user", "job_tasks", "max_job_tasks"):

@@ -110,6 +110,7 @@ class JobSpec:
     # policy may end. A submitter may say so; `tty` only the daemon sets (op `session`): the job runs
     # on a terminal colo made for it, whose other end went to the submitter's client.
     interactive: bool = False
+    no_suspend: bool = False  # --no-suspend: colo's policies never suspend it (colo suspend still may)
     tty: bool = False
     begin: float | None = None  # --begin/--delay: not started before this (epoch seconds)
     # --output/--error: files the job's stdout (and stderr, or its stderr apart) also go to, opened
@@ -209,6 +210,9 @@ class Job:
     cancel_by: str | None = None  # a cancel was asked for (by this user) and is under way
     held_by: str | None = None  # `colo hold`: a queued job that is not started until released
     paused_by: str | None = None  # `colo pause`: a running job frozen (cgroup freezer, docker pause)
+    # `colo suspend`: a running job's GPU memory held in host memory by the driver's checkpoint
+    # (JSON: colo.daemon.suspend.Record); None: not suspended
+    suspended: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -24,6 +24,7 @@ OPS = frozenset({
     "session",  # a job on a terminal colo made for it, attached (colo shell, colo run; issue 32)
     "signal",  # a signal to a running job's main process (a notebook kernel's interrupt)
     "pause", "resume",  # a running job frozen and thawed (issue 36)
+    "suspend",  # a running job's GPU memory moved to host memory (issue 40; `resume` brings it back)
 })
 # An event that carries a file descriptor (a session's terminal): sent with SCM_RIGHTS on its line's
 # first byte. The daemon's streams name it with this key; the JSON sent says {"tty": true}.
@@ -279,7 +280,7 @@ ARGS: dict[str, dict[str, Any]] = {
     "logs": {"id": _job_id, "follow": _flag("follow"), "tail": _count("logs --tail"), "since": _time("logs --since"),
              "timestamps": _flag("timestamps")},
     "hold": {"id": _job_id}, "release": {"id": _job_id}, "requeue": {"id": _job_id},
-    "pause": {"id": _job_id}, "resume": {"id": _job_id},
+    "pause": {"id": _job_id}, "resume": {"id": _job_id}, "suspend": {"id": _job_id},
     "edit": {"id": _job_id, "changes": _changes},
     "wait": {"ids": _ids},
     "session": {"spec": _spec},

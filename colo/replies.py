@@ -17,6 +17,7 @@ class _JobSummaryBase(TypedDict):
     uid: int
     state: str  # jobs.State's value
     paused_by: str | None  # who paused a running job
+    suspended: str | None  # colo suspend: what a running job holds in host memory
     gpus: list[str]  # UUIDs
     gpu_index: list[int | None]  # as `colo gpus` numbers them; None: a GPU no longer here
     mode: str | None  # "exclusive", "mps", "timesliced" (a lone time-sliced job shows exclusive)

@@ -111,6 +111,11 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     # 9: an array's spec once (array_specs), each task's row only what differs (_slim): a 1,000-task
     # array of a 120 KiB spec was 1,000 copies of it; arrays stored before are slimmed here
     lambda db: _migrate_arrays(db),
+    # 10: `colo suspend`: a running job's checkpoint record (JSON), so a restarted daemon finishes
+    # or undoes what it was doing and never leaves a job locked
+    """
+    ALTER TABLE jobs ADD COLUMN suspended TEXT;
+    """,
 ]
 
 # Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
@@ -121,6 +126,15 @@ CREATE INDEX IF NOT EXISTS jobs_name ON jobs(json_extract(spec, '$.name'));
 CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(ended_at);
 CREATE INDEX IF NOT EXISTS jobs_copy_of ON jobs(json_extract(spec, '$.copy_of'));
 CREATE INDEX IF NOT EXISTS jobs_array ON jobs(json_extract(spec, '$.array_job'));
+"""
+
+# Counters that only go up (the metrics' *_seconds_total): added to as jobs run, never summed
+# from the jobs retention keeps. Made at every open (IF NOT EXISTS), as a database of any version
+# may have the table or not; it holds nothing a migration would need to carry.
+_COUNTERS = """
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT NOT NULL, label TEXT NOT NULL, value REAL NOT NULL, PRIMARY KEY (name, label)
+);
 """
 
 # An array task's row keeps these (what the SQL here reads of a spec, and what differs per task) and
@@ -174,7 +188,7 @@ _LS_SQL = {
 _LS_JSON = ("gpus", "argv")  # stored as JSON text
 
 _JOB_COLS = ("id, spec, uid, gid, user, state, reason, submitted_at, started_at, ended_at, "
-             "exit_code, gpus, mode, handle, attempts, cancel_by, held_by, paused_by")
+             "exit_code, gpus, mode, handle, attempts, cancel_by, held_by, paused_by, suspended")
 
 
 class StoreError(RuntimeError):
@@ -200,7 +214,8 @@ def _row_to_job(r: tuple, spec: JobSpec) -> Job:
         id=r[0], spec=spec, uid=r[2], gid=r[3], user=intern(r[4]),
         state=State(r[5]), reason=intern(r[6]), submitted_at=r[7], started_at=r[8], ended_at=r[9],
         exit_code=r[10], gpus=json.loads(r[11]) if r[11] != "[]" else (), mode=Mode(r[12]) if r[12] else None,
-        handle=r[13], attempts=r[14], cancel_by=r[15], held_by=r[16], paused_by=r[17])
+        handle=r[13], attempts=r[14], cancel_by=r[15], held_by=r[16], paused_by=r[17],
+        suspended=r[18])
 
 
 def _decoded(rows: list[tuple], fields: list[str]) -> list[tuple]:
@@ -245,6 +260,7 @@ class Store:
                 raise StoreError(f"state database {self.path} is damaged ({ok}); move it aside to start afresh")
             self._migrate()
             self.db.executescript(_INDEXES)
+            self.db.executescript(_COUNTERS)
             self._check_writable()
         except (sqlite3.DatabaseError, OSError) as e:
             raise StoreError(f"state database {self.path} cannot be used: {e}") from e
@@ -571,6 +587,17 @@ class Store:
             f"SELECT user, s.job_id, max(json_array_length(jobs.gpus), 1), s.at, s.sm, s.mem "
             f"FROM jobs JOIN samples s ON s.job_id = jobs.id{where} ORDER BY s.job_id, s.at", args)
 
+    def counters(self) -> dict[tuple[str, str], float]:
+        """{(name, label): value} of the counters (colo/daemon/metrics.py)."""
+        return {(n, lb): v for n, lb, v in self.db.execute("SELECT name, label, value FROM counters")}
+
+    def add_counters(self, deltas: dict[tuple[str, str], float]) -> None:
+        """Add each delta (>= 0) to its counter, all in one transaction."""
+        with self.tx():
+            self.db.executemany("INSERT INTO counters (name, label, value) VALUES (?, ?, ?) ON CONFLICT "
+                                "(name, label) DO UPDATE SET value = value + excluded.value",
+                                [(n, lb, v) for (n, lb), v in deltas.items() if v > 0])
+
     def newest_copy(self, job_id: int) -> int | None:
         """The newest job `colo requeue` made as a copy of `job_id` (the jobs_copy_of index), if any."""
         return self.db.execute("SELECT max(id) FROM jobs WHERE json_extract(spec, '$.copy_of') = ?",
@@ -599,6 +626,7 @@ class Store:
                 sets.update(started_at=None, handle=None, gpus="[]", mode=None)
             if new != State.RUNNING:
                 sets.setdefault("paused_by", None)  # only a running job is paused
+                sets.setdefault("suspended", None)  # or suspended
             for k in ("gpus",):
                 if k in sets and not isinstance(sets[k], str):
                     sets[k] = json.dumps(list(sets[k]))
@@ -621,6 +649,15 @@ class Store:
         cols = ", ".join(f"{k}=?" for k in fields)
         with self.tx():
             self.db.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
+
+    def add_event(self, job_id: int, reason: str, now: float | None = None) -> None:
+        """An event that is no state change (a suspend, a resume): in the job's history all the same."""
+        with self.tx():
+            r = self.db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
+            if r is None:
+                raise NotFound(job_id)
+            self.db.execute("INSERT INTO events(job_id, at, old_state, new_state, reason) VALUES (?,?,?,?,?)",
+                            (job_id, time.time() if now is None else now, r[0], r[0], reason))
 
     def events(self, job_id: int) -> list[dict]:
         return [dict(at=r[0], old=r[1], new=r[2], reason=r[3]) for r in self.db.execute(

@@ -605,6 +605,32 @@ int open(const char *path, int flags, ...)
     return real(path, flags, mode);
 }
 int open64(const char *path, int flags, ...) __attribute__((alias("open")));
+/* the simulated driver opens its nodes relative to the ".dev" folder it found (openat) */
+int openat(int dirfd, const char *path, int flags, ...)
+{
+    static int (*real)(int, const char *, int, ...);
+    char link[64], dir[4096];
+    va_list ap;
+    va_start(ap, flags);
+    int mode = va_arg(ap, int);
+    va_end(ap);
+    snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
+    ssize_t n = dirfd >= 0 ? readlink(link, dir, sizeof dir - 1) : -1;
+    if (n > 4) {
+        dir[n] = 0;
+        if (!strcmp(dir + n - 4, ".dev")) {
+            char full[4200];
+            snprintf(full, sizeof full, "%s/%s", dir, path);
+            int fd = passed(full);
+            if (fd >= 0)
+                return fd;
+        }
+    }
+    if (!real)
+        real = dlsym(RTLD_NEXT, "openat");
+    return real(dirfd, path, flags, mode);
+}
+int openat64(int dirfd, const char *path, int flags, ...) __attribute__((alias("openat")));
 """
 
 RECEIVER = textwrap.dedent("""

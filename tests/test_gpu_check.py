@@ -41,7 +41,7 @@ def test_every_simulated_part_passes_in_two_files_and_the_summary_is_printed(tmp
     assert r.returncode == 0 and not failing(report), (failing(report), r.stdout[-2000:], r.stderr[-2000:])
     assert files(tmp_path) == ["gpu-report.json", "gpu-report.md"]
     assert report["simulated"] and report["verdict"] == "passed"
-    assert list(report["parts"]) == ["machine", "frameworks", "mps", "colocation", "cost", "mps_faults"]
+    assert list(report["parts"]) == ["machine", "frameworks", "mps", "colocation", "cost", "mps_faults", "suspend"]
     machine = report["parts"]["machine"]["results"]
     assert machine["nvml"]["driver"] and machine["system"]["kernel"] == os.uname().release
     assert machine["procaddr"]["summary"]["cuMemAlloc@13020_is_dlsym_cuMemAlloc_v2"] is True
@@ -65,7 +65,7 @@ def test_a_deadline_cuts_a_part_and_the_report_keeps_every_check_that_finished(t
     cut = parts["colocation"]
     assert cut["status"] == "timeout" and "deadline" in cut["error"]
     assert [c["ok"] for c in cut["checks"]] == [True]  # the check it made before it hung is kept
-    assert parts["cost"]["status"] == parts["mps_faults"]["status"] == "not run"
+    assert parts["cost"]["status"] == parts["mps_faults"]["status"] == parts["suspend"]["status"] == "not run"
     assert "colocation: **timeout**" in md and "cost: **not run**" in md
 
 

@@ -52,6 +52,8 @@ def show(job: str, sock: str | None = None, as_json: bool = False) -> int:
     state = j["state"] + (f", exit code {j['exit_code']}" if j["exit_code"] is not None else "")
     if j.get("paused_by"):
         state += f", paused by {j['paused_by']}"  # and the reason says who may resume it
+    if j.get("suspended"):
+        state += f", {j['suspended']}"
     lines = [f"job {j['id']}" + (f" ({j['name']})" if j["name"] else ""),
              f"  user:      {j['user']} (uid {j['uid']})",
              f"  state:     {state}",
@@ -245,7 +247,8 @@ def _open_jobs(c: Client, users: list[str], states: list[str], names: list[str])
 
 
 def cancel(jobs: list[str], signal: str | None = None, users: list[str] = (), states: list[str] = (),
-           names: list[str] = (), all_: bool = False, sock: str | None = None, as_json: bool = False) -> int:
+           names: list[str] = (), all_: bool = False, all_users: bool = False, sock: str | None = None,
+           as_json: bool = False) -> int:
     if signal is not None and signal.lower() in OPEN_STATES + ENDED:
         raise Fail(_STATE_NOT_SIGNAL.format(signal))
     sig = None
@@ -259,7 +262,15 @@ def cancel(jobs: list[str], signal: str | None = None, users: list[str] = (), st
         said = "SIG" + next((k for k, v in SIGNAL_NAMES.items() if v == sig), str(sig))
     c = Client(sock)
     ids: list[int] = []
-    if users or states or names or all_:
+    if all_users:
+        if users or all_ or jobs:
+            raise Fail("--all-users is every user's open jobs: name no jobs, --user or --all with it")
+        if not c.hello()["admin"]:  # the daemon refuses each job too: this says it once
+            raise Fail("--all-users is for root and members of the admin group (admin_group)")
+        ids = [j["id"] for j in _open_jobs(c, [], list(states), list(names))]
+        if not ids and not as_json:
+            echo("no open jobs")
+    elif users or states or names or all_:
         me = c.hello()["user"] if all_ else None
         ids = [j["id"] for j in _open_jobs(c, list(users) + ([me] if me else []), list(states), list(names))]
     elif not jobs:
@@ -286,9 +297,15 @@ def pause(jobs: list[str], sock: str | None = None, as_json: bool = False) -> in
     return _each(c, [], as_json, c.pause, lambda j: f"job {j['id']}: paused (colo resume {j['id']})", jobs)
 
 
+def suspend(jobs: list[str], sock: str | None = None, as_json: bool = False) -> int:
+    c = Client(sock)
+    return _each(c, [], as_json, c.suspend, lambda j: f"job {j['id']}: {j.get('suspended') or 'suspended'}", jobs)
+
+
 def resume(jobs: list[str], sock: str | None = None, as_json: bool = False) -> int:
     c = Client(sock)
-    return _each(c, [], as_json, c.resume, lambda j: f"job {j['id']}: resumed", jobs)
+    return _each(c, [], as_json, c.resume,
+                 lambda j: f"job {j['id']}: {j['suspended'] if j.get('suspended') else 'resumed'}", jobs)
 
 
 def edit(job: str, gpu_mem: str | None = None, priority: int | None = None, name: str | None = None,

@@ -107,6 +107,8 @@ SUBMIT = Cmd(
      Opt(("--follow", "-f"), "follow", "print its output until it ends (implies --wait)", bool),
      Opt(("--grow",), "grow", "may run with more than --gpu-mem: lent, learned from your runs, or requeued once "
          "when refused", bool),
+     Opt(("--no-suspend",), "no_suspend", "never suspended by colo's policies (idle_jobs, idle_sessions, preempt: "
+         "docs/suspend.md); `colo suspend` by you or an admin still may", bool),
      Opt(("--cpus",), "cpus", "CPU limit in cores, e.g. 2 or 0.5", float),
      Opt(("--tasks",), "tasks", "most processes and threads the job may have at once (default: the node's "
          "job_tasks); a fork past it fails inside the job", int),
@@ -185,6 +187,8 @@ CANCEL = Cmd(
          many=True),
      Opt(("--name", "-n"), "names", "every open job of this name", many=True),
      Opt(("--all",), "all_", "every open job of your own", bool),
+     Opt(("--all-users",), "all_users", "every open job of every user (root and admin_group only: before "
+         "removing colo, say)", bool),
      SOCKET, JSON])
 
 HOLD = Cmd("hold", "colo.cli.jobview:hold", "Keep queued jobs from starting until `colo release`.",
@@ -201,10 +205,21 @@ PAUSE = Cmd(
     "memory, its GPU memory and its budget: nothing else is placed in it meanwhile. `colo resume` thaws it. An "
     "MPS client is not paused: frozen in the middle of a kernel it could stall the GPU's MPS server for every "
     "other job on it. A --time limit goes on counting.\n\nExample: colo pause 7   ·   colo pause sweep",
-    [_jobs("ids or names of running jobs", "open"), SOCKET, JSON], aliases=("suspend",))
+    [_jobs("ids or names of running jobs", "open"), SOCKET, JSON])
 
-RESUME = Cmd("resume", "colo.cli.jobview:resume", "Thaw paused jobs: they go on where they stopped.",
-             "Example: colo resume 7", [_jobs("ids or names of paused jobs", "open"), SOCKET, JSON])
+SUSPEND = Cmd(
+    "suspend", "colo.cli.jobview:suspend", "Give a running job's GPU memory back: it is held in host memory.",
+    "The driver's checkpoint (driver 570 or later) locks the job's CUDA processes, copies their GPU memory to "
+    "host memory and frees it on the GPU: its budget is given to the queue. Its CPU side runs on (a notebook "
+    "still answers); a CUDA call waits until `colo resume` restores it on the same GPU, as soon as its budget "
+    "fits there again. Refused for MPS clients, for what the driver cannot checkpoint (with its reason), and "
+    "when the host memory it would take passes the node's limit (docs/suspend.md).\n\nExample: colo suspend 7",
+    [_jobs("ids or names of running jobs", "open"), SOCKET, JSON])
+
+RESUME = Cmd("resume", "colo.cli.jobview:resume", "Thaw paused jobs, restore suspended ones: they go on where they "
+             "stopped.", "A suspended job is restored as soon as its budget fits on its GPU again; until then it "
+             "waits at the front of the queue (colo explain says for what).\n\nExample: colo resume 7",
+             [_jobs("ids or names of paused or suspended jobs", "open"), SOCKET, JSON])
 
 EDIT = Cmd(
     "edit", "colo.cli.jobview:edit", "Change a queued job's budget, priority or name.",
@@ -283,6 +298,6 @@ TOP = Cmd("top", "colo.cli.jobview:top", "Live view of GPUs, jobs, budgets and t
            SOCKET])
 
 # In the order `colo --help` lists them.
-COMMANDS = [SUBMIT, LS, SHOW, EXPLAIN, LOGS, WAIT, CANCEL, HOLD, RELEASE, PAUSE, RESUME, EDIT, REQUEUE, CLEAN,
+COMMANDS = [SUBMIT, LS, SHOW, EXPLAIN, LOGS, WAIT, CANCEL, HOLD, RELEASE, PAUSE, SUSPEND, RESUME, EDIT, REQUEUE, CLEAN,
             GPUS, HISTORY, REPORT, TOP]
 BY_NAME = {n: c for c in COMMANDS for n in (c.name, *c.aliases)}

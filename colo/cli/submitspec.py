@@ -95,6 +95,7 @@ def submit(command: list[str], image: str | None = None, process: bool = False, 
            hold: bool = False, begin: str | None = None, delay: str | None = None, output: str | None = None,
            error: str | None = None, on_end: str | None = None, mail_type: str | None = None,
            mail_user: str | None = None, wait_: bool = False, follow: bool = False, grow: bool = False,
+           no_suspend: bool = False,
            cpus: float | None = None, mem: str | None = None, time_limit: str | None = None, array: str | None = None,
            gpu_id: list[str] = (), gpu_type: str | None = None, sock: str | None = None, as_json: bool = False,
            tasks: int | None = None) -> int:
@@ -115,6 +116,8 @@ def submit(command: list[str], image: str | None = None, process: bool = False, 
         raise Fail("--follow shows one job's output: with --array use --wait, then colo logs ARRAY_INDEX")
     if grow:  # sent only when asked for: a daemon of before --grow takes the spec unchanged
         spec["grow"] = True
+    if no_suspend:  # likewise
+        spec["no_suspend"] = True
     from ..client import Client
 
     c = Client(sock)

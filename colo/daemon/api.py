@@ -21,6 +21,7 @@ from . import logread, session, validate
 from .errors import ApiError
 from .external import External, Refused
 from .listing import ENDED
+from .suspend import SuspendRefused
 from .validate import Caller, is_admin
 
 if TYPE_CHECKING:
@@ -255,6 +256,8 @@ class Api:
             held = self.listing.reason(job)
             return {"id": job.id, "state": str(job.state), "reason": held,
                     "decision": {**(dec or {}), "action": "wait", "reason": held}}
+        if job.state == State.RUNNING and (note := self.d.suspender.note(job.id)):
+            return {"id": job.id, "state": "suspended", "decision": dec, "reason": note}
         if note := self.d.patrol.note(job.id):
             reason = f"{reason}; {note}"
             if dec is not None:
@@ -320,8 +323,21 @@ class Api:
                            f"other job on that GPU); colo cancel {job.id} stops it", protocol.INVALID)
         return self.summary(await self._engine(job, self.d.launcher.pause(job.id, caller.user)))
 
+    async def suspend(self, caller: Caller, args: dict) -> dict:
+        """Its GPU memory to host memory (colo/daemon/suspend.py)."""
+        job = self._own(self._job(args), caller, "suspend")
+        try:
+            return self.summary(await self.d.suspender.suspend(job, caller.user))
+        except SuspendRefused as e:
+            raise ApiError(str(e), protocol.INVALID) from None
+
     async def resume(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "resume")
+        if job.state == State.RUNNING and job.suspended:
+            try:
+                return self.summary(await self.d.suspender.want_resume(job, caller.user))
+            except SuspendRefused as e:
+                raise ApiError(str(e), protocol.INVALID) from None
         if job.state != State.RUNNING or not job.paused_by:
             raise ApiError(f"job {job.id} is not paused ({job.state})", protocol.INVALID)
         if why := validate.lift_refusal(job.id, job.user, job.paused_by, caller, self.d.config.admin_group, "paused"):

@@ -20,6 +20,7 @@ wired below, never through each other's fields:
   onend      onend.OnEnd         what a job asked to run as its owner when it ends (--on-end, mail)
   listing    listing.Listing     the rows `ls`, `top` and `gpus` send, and their caches
   admission  admission.Admission every check a job passes before it is stored
+  suspender  suspend.Suspender   colo suspend/resume: GPU memory to host memory and back (colo-ckpt)
 
 Every subscription (the table's on_change and on_edit, the learner's on_forget) is made in open().
 """
@@ -54,6 +55,7 @@ from .recovery import Recovery
 from .retention import Retention
 from .sampler import Sampler
 from .scheduler import Scheduler
+from .suspend import Suspender
 
 log = logging.getLogger("colo")
 
@@ -118,20 +120,25 @@ class Daemon:
         self.scheduler = Scheduler(c, self.cfg_policy, self.table, self.gpus, self.engines, self.learner,
                                    start=self.launcher.start, start_wait=self.launcher.start_wait)
         self.engines.add("slurm", SlurmRuntime(c, self.table))  # jobs Slurm started here (external.py)
-        self.patrol = Patrol(c, self.table, self.gpus, self.engines, stop=self.launcher.stop_for_patrol)
-        self.patrol.gate_spared = gate_spared
+        self.patrol = Patrol(c, self.table, self.gpus, self.engines, stop=self.launcher.stop_for_patrol,
+                             gate_spared=gate_spared)
         self.sampler = Sampler(c, self.table, self.gpus, self.engines, self.launcher, self.patrol,
                                wake=self.scheduler.wake)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
                                  wake=self.scheduler.wake)
         self.retention = Retention(c, self.table, self.launcher, wake=self.scheduler.wake)
-        self.metrics = Metrics(c, self.table, self.gpus, self.sampler, self.patrol) if c.metrics_listen else None
+        self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
+                                   lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake,
+                                   lambda: self.scheduler.decisions, self.sampler.usage)
+        self.metrics = Metrics(c, self.table, self.gpus, self.sampler, self.patrol,
+                               self.suspender.figures) if c.metrics_listen else None
         if self.metrics is not None:
             self.metrics.update()  # a scrape before the first tick has figures
             self.metrics.serve()
         nodes = self.engines.gpu_nodes
         self.onend = OnEnd(c, native_dir, self.cgroups, (lambda: nodes.deny_rules([])) if nodes is not None else None)
-        self.listing = Listing(c, self.table, self.store, self.scheduler, self.gpus, self.patrol, self.sampler)
+        self.listing = Listing(c, self.table, self.store, self.scheduler, self.gpus, self.patrol, self.sampler,
+                               self.suspender)
         self.admission = Admission(c, self.store, self.gpus, self.engines, self.scheduler, native_dir)
         # who hears of what, in this order: the table's watchers run after each change
         self.table.on_change.extend([self.launcher.job_changed, self.scheduler.queue_changed,
@@ -151,6 +158,7 @@ class Daemon:
 
     async def run(self) -> None:
         await self.recovery.recover()
+        await self.suspender.recover()  # no job left locked by a suspend or resume cut short
         ticker = asyncio.create_task(self._tick())
         purge = asyncio.create_task(self.retention.purge())  # history_keep_days
         try:
@@ -165,6 +173,8 @@ class Daemon:
             try:
                 await self.recovery.watch_docker()
                 await self.sampler.sample()
+                await self.suspender.resume_waiting()
+                await self.suspender.reclaim()  # idle_jobs / idle_sessions / preempt = "suspend"
                 if self.learner.tick(self.table.jobs_in(State.RUNNING), time.time()):
                     self.scheduler.wake()  # a provisional profile: its family may be placed beside it
                 if self.metrics is not None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .patrol import Patrol
     from .sampler import Sampler
     from .scheduler import Scheduler
+    from .suspend import Suspender
 
 TOPENDED, TOPENDED_FOR = 5, 300.0  # `colo top` shows the newest 5 ended jobs, for 5 minutes after their end
 TOP_QUEUED = 500  # and the front of the queue (a terminal shows less); the number queued apart
@@ -43,9 +44,9 @@ class Listing:
     listing, the queue's rows as of the last change of a queued job or decision."""
 
     def __init__(self, config: "Config", table: "JobTable", store: "Store", scheduler: "Scheduler", gpus: "Gpus",
-                 patrol: "Patrol", sampler: "Sampler"):
+                 patrol: "Patrol", sampler: "Sampler", suspender: "Suspender"):
         self.config, self.table, self.store, self.scheduler = config, table, store, scheduler
-        self.gpus, self.patrol, self.sampler = gpus, patrol, sampler
+        self.gpus, self.patrol, self.sampler, self.suspender = gpus, patrol, sampler, suspender
         # job id -> (the Job it was made from, its reason, its summary as JSON): a queued or ended
         # job's row changes only with the job or its reason, so `ls` of 10,000 re-encodes none
         self._rows: dict[int, tuple[Job, str | None, bytes]] = {}
@@ -60,6 +61,7 @@ class Listing:
         out: JobSummary = {
             "id": job.id, "name": job.spec.name, "held_by": job.held_by if job.state == State.QUEUED else None, "user": job.user, "uid": job.uid, "state": str(job.state),
             "paused_by": job.paused_by if job.state == State.RUNNING else None,
+            "suspended": self.suspender.note(job.id),  # colo suspend: what it holds in host memory
             "gpus": job.gpus, "gpu_index": self._indices(job.gpus), "mode": self.mode(job), "budget": job.spec.gpu_mem,
             "ngpus": job.spec.gpus, "image": job.spec.image, "argv": job.spec.argv,
             "submitted_at": job.submitted_at, "started_at": job.started_at, "ended_at": job.ended_at,
@@ -102,6 +104,8 @@ class Listing:
             return job.reason if decided is None else decided
         if job.state == State.RUNNING and job.paused_by:
             return validate.stopped_text(job.user, job.paused_by, "paused", f"colo resume {job.id}")
+        if job.state == State.RUNNING and (note := self.suspender.note(job.id)):
+            return note
         notes = [n for n in (self.patrol.note(job.id), self.sampler.idle_note(job.id)) if n] \
             if job.state in ACTIVE else []
         return "; ".join([job.reason, *notes])
@@ -319,6 +323,8 @@ class Listing:
                 out.append(self.mode(j))
             elif f == "state" and j.paused_by and j.state == State.RUNNING:
                 out.append("paused")
+            elif f == "state" and j.suspended and j.state == State.RUNNING:
+                out.append("suspended")
             else:
                 out.append(_LIVE[f](j))
         return out

@@ -108,7 +108,8 @@ def uid_of(pid: int) -> int | None:
 
 class Patrol:
     def __init__(self, config: Config, table: JobTable, gpus: Gpus, engines: Engines,
-                 stop: Callable[[int, str, set[int]], Awaitable[bool]]):
+                 stop: Callable[[int, str, set[int]], Awaitable[bool]],
+                 gate_spared: list[tuple[str, str]] | None = None):
         self.config = config
         self.table = table
         self.gpus = gpus
@@ -122,7 +123,7 @@ class Patrol:
         self._last: float | None = None  # the previous check
         # set by the daemon when the node's gate is up (colo/node/gate.py): the cgroup folders, as
         # /proc/PID/cgroup names them, where a process may hold the GPUs' files open
-        self.gate_spared: list[tuple[str, str]] | None = None
+        self.gate_spared = gate_spared  # a gated node's folders spared by its gate (None: not gated)
         self._sweeping = False
 
     @property

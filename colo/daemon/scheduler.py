@@ -33,6 +33,7 @@ from .gpus import Gpus
 from .jobtable import JobTable
 from .learner import Learner
 from .validate import stopped_text
+from .suspend import releases_budget
 
 log = logging.getLogger("colo")
 
@@ -481,7 +482,7 @@ class Scheduler:
             active = self.table.active(*ACTIVE)
         out = []
         for j in active:
-            if not j.gpus:
+            if not j.gpus or releases_budget(j):  # suspended: its GPU memory is in host memory
                 continue
             e, alone = self.learner.expect_of(j)  # where its predictions put it in its profile
             out.append(policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),

@@ -21,6 +21,7 @@ from ..store import StoreError
 from . import heap, logflood
 from .accept import Acceptor
 from .api import ATTACHED, STREAMS, Api, ApiError
+from . import systemd
 from .core import Daemon
 from .validate import Caller, is_admin
 
@@ -430,6 +431,7 @@ async def serve(config: Config) -> None:
         flush = loop.call_later(logflood.WINDOW, _every, loop, logflood.WINDOW, summary.flush)
         log.info("colo daemon listening on %s, state in %s (%d descriptors)", config.socket, config.state_dir,
                  fd_limit)
+        systemd.notify("READY=1")  # the unit's Type=notify: `systemctl start` returns now, not before
         try:
             await daemon.run()
         finally:

@@ -89,7 +89,7 @@ PRIVATE_SPEC = {"env": {}, "mounts": [], "workdir": None, "on_end": None, "outpu
 
 MAX_TASKS = 1 << 22  # Linux's PID_MAX_LIMIT: more tasks than a node can have at all
 SPEC_FIELDS = {"argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "workdir", "after", "after_any",
-               "after_fail", "priority", "profile", "retries", "grow", "cpus", "mem", "time", "gpu_ids", "gpu_type",
+               "after_fail", "priority", "profile", "retries", "grow", "no_suspend", "cpus", "mem", "time", "gpu_ids", "gpu_type",
                "array", "interactive", "hold", "begin", "output", "error", "on_end", "mail_type", "mail_user", "tasks"}
 # colo's own plumbing: a job that could set these could escape its budget or reach MPS.
 # NVIDIA_*: what the NVIDIA container runtime's hook reads to hand a container devices (GPUs, MIG
@@ -265,8 +265,8 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     for label, v in (("--name", name), ("--profile", profile)):
         if v is not None and (not isinstance(v, str) or not NAME.fullmatch(v)):
             raise Invalid(f"{label} must be 1-64 letters, digits, '.', '_' or '-'")
-    grow, interactive = raw.get("grow", False), raw.get("interactive", False)
-    for label, v in (("grow", grow), ("interactive", interactive)):
+    grow, interactive, no_suspend = raw.get("grow", False), raw.get("interactive", False), raw.get("no_suspend", False)
+    for label, v in (("grow", grow), ("interactive", interactive), ("no_suspend", no_suspend)):
         if not isinstance(v, bool):
             raise Invalid(f"{label} must be true or false")
     retries = raw.get("retries", 0)
@@ -296,7 +296,7 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
     return JobSpec(argv=argv, image=image, name=name, gpu_mem=gpu_mem, gpus=gpus, env=env, mounts=mounts,
                    workdir=workdir, **deps, priority=priority, profile=profile, retries=retries,
                    grow=grow, cpus=float(cpus) if cpus is not None else None, mem=mem, tasks=tasks, time=limit,
-                   gpu_ids=gpu_ids, gpu_type=gpu_type, interactive=interactive, begin=_begin(raw.get("begin")),
+                   gpu_ids=gpu_ids, gpu_type=gpu_type, interactive=interactive, no_suspend=no_suspend, begin=_begin(raw.get("begin")),
                    **_outputs(raw, image), **_on_end(raw))
 
 

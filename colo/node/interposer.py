@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import struct
 import subprocess
 import tempfile
@@ -28,7 +29,7 @@ DEFAULT_SLOTS = 1024
 SNAPSHOT_SLOTS = 16               # a ledger read takes up to this many slots whole, in one pread
 
 # magic, version, header_size, nslots, slot_size, max_devices, devices, budget, refused,
-# resync, hwm, reclaims (begun, ever), spare, lanes, lane_size
+# resync, hwm, reclaims (begun, ever), suspend (colo suspend: SUSPEND_AT), lanes, lane_size
 _HEAD = struct.Struct("<8s6IQQ6I")
 DEV_AT = 256                      # device d's line: used (the admission counter), peak
 _DEVLINE = struct.Struct(f"<{MAX_DEVICES * 8}Q")  # 8 u64 a device: used, peak, 6 spare
@@ -111,6 +112,30 @@ def write_budget(run_dir: Path, budget: int, uid: int, job: int, managed: str = 
         os.close(fd)
     os.replace(tmp, run_dir / BUDGET_FILE)
     return run_dir / BUDGET_FILE
+
+
+SUSPEND_AT = 60  # the header's suspend word (ledger.h): what colo suspend tells the job's interposers
+SUSPENDED, RESUME_WANTED = 1, 2
+
+
+def suspend_word(path: Path, value: int | None = None) -> int:
+    """The ledger's suspend word (gate.c), read, or written first when `value` is given. The
+    ledger lies in the job's root-owned run folder, so it cannot be swapped; it is opened without
+    following links and must be a plain file all the same. 0 when there is no ledger."""
+    try:
+        fd = os.open(path, (os.O_RDWR if value is not None else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a plain file")
+        if value is not None:
+            os.pwrite(fd, struct.pack("<I", value), SUSPEND_AT)
+        raw = os.pread(fd, 4, SUSPEND_AT)
+        return struct.unpack("<I", raw)[0] if len(raw) == 4 else 0
+    finally:
+        os.close(fd)
 
 
 def _lock_holder(fd: int, cmd: int, start: int) -> tuple[bool, int]:

@@ -885,6 +885,59 @@ def free_budget(gpus: Sequence[GpuView], placed: Sequence[Placed]) -> dict[str, 
     return free
 
 
+def resume_refusal(budget: int, gpus: Sequence[str], views: Sequence[GpuView],
+                   placed: Sequence[Placed]) -> str | None:
+    """Why a suspended job cannot be restored now, or None. Only on its own GPUs: its device
+    addresses must stay valid, so the driver restores it where it was (`placed`: the others)."""
+    free = free_budget(views, placed)
+    for u in gpus:
+        if u not in free:
+            return f"its GPU {u[:12]} is no longer here"
+        if free[u] < budget:
+            idx = next((g.index for g in views if g.uuid == u), "?")
+            return (f"waits for GPU {idx} to have its {format_size(budget)} free again "
+                    f"({format_size(max(free[u], 0))} free now)")
+    return None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A running job that a suspend could take GPU memory from (colo suspend's policies)."""
+    job_id: int
+    gpu: str  # its one GPU (jobs on several are not suspended by a policy)
+    budget: int
+    priority: int = 0
+    idle_since: float | None = None  # idle (idle_after) since then, or None
+    idle_policy: bool = False  # idle_jobs / idle_sessions say `suspend` for it
+    preemptible: bool = False  # preempt = suspend, time-sliced, not --no-suspend, not an MPS client
+
+
+def suspend_victims(budget: int, priority: int, holders: Sequence[Holder],
+                    free: dict[str, int]) -> tuple[str | None, list[int]]:
+    """Where a waiting job (budget per GPU, one GPU, priority) can go and whom to suspend for it
+    there: the GPU that needs the fewest busy jobs preempted, then the fewest suspends; there the
+    longest-idle holders first, then (preempt) holders of a lower priority, the lowest first.
+    Never more than it takes. (gpu, []) when it fits already; (None, []) when no set suffices."""
+    best: tuple[int, int, list[int], str] | None = None
+    for gpu, room in free.items():
+        if room >= budget:
+            return gpu, []  # it fits already: the scheduler places it
+        idle = sorted((h for h in holders if h.gpu == gpu and h.idle_policy and h.idle_since is not None),
+                      key=lambda h: (h.idle_since, h.job_id))
+        low = sorted((h for h in holders if h.gpu == gpu and h.preemptible and h.priority < priority
+                      and h not in idle), key=lambda h: (h.priority, h.job_id))
+        chosen: list[int] = []
+        for h in [*idle, *low]:
+            if room >= budget:
+                break
+            chosen.append(h.job_id)
+            room += h.budget
+        rank = (max(len(chosen) - len(idle), 0), len(chosen), chosen, gpu)
+        if room >= budget and (best is None or rank[:2] < best[:2]):
+            best = rank
+    return (best[3], best[2]) if best else (None, [])
+
+
 def gpu_allowed(g: GpuView, ids: Sequence[int] = (), kind: str | None = None) -> bool:
     """May a job with --gpu-id `ids` / --gpu-type `kind` use this GPU? (empty/None: any)"""
     return (not ids or g.index in ids) and (not kind or kind.casefold() in g.name.casefold())

@@ -103,7 +103,8 @@ def job_rows(snap: dict, now: float, gpu: str | None = None) -> list[Row]:
             (f"{sm}" if sm is not None else "-", ""),
             (format_duration(secs), ""),
             # a job holding GPU memory with no GPU activity for idle_after (the daemon's mark)
-            ("idle", "bold yellow") if j.get("idle_since") and j["state"] == "running"
+            ("suspended", "bold cyan") if j.get("suspended") and j["state"] == "running"  # colo suspend
+            else ("idle", "bold yellow") if j.get("idle_since") and j["state"] == "running"
             else (j["state"], STATE_STYLE.get(j["state"], "")),
         )
         rows.append(Row(

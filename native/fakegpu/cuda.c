@@ -56,6 +56,8 @@ __attribute__((constructor)) static void fg_cuda_load(void)
 
 __attribute__((destructor)) static void fg_cuda_unload(void)
 {
+    if (fg_ckpt_held())
+        return; /* locked by a checkpoint: the slot is reaped once the process is gone */
     pthread_mutex_lock(&g_mu);
     if (g_inited && getpid() == g_pid) {
         fg_lock(&S);
@@ -122,6 +124,7 @@ static CUresult do_init(unsigned flags)
         return err;
     }
     g_inited = 1;
+    fg_ckpt_start();
     return CUDA_SUCCESS;
 }
 
@@ -624,9 +627,11 @@ static const struct { int code; const char *name, *text; } ERRS[] = {
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {304, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {401, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {709, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {805, "CUDA_ERROR_MPS_CONNECTION_FAILED", "MPS client failed to connect to the MPS control daemon or the MPS server"},
     {806, "CUDA_ERROR_MPS_RPC_FAILURE", "the remote procedural call between the MPS server and the MPS client failed"},
@@ -634,6 +639,7 @@ static const struct { int code; const char *name, *text; } ERRS[] = {
     {808, "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED", "the hardware resources required to create MPS client have been exhausted"},
     {809, "CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED", "the hardware resources required to support device connections have been exhausted"},
     {810, "CUDA_ERROR_MPS_CLIENT_TERMINATED", "the MPS client has been terminated by the server"},
+    {909, "CUDA_ERROR_TIMEOUT", "wait operation timed out"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 

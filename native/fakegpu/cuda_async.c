@@ -41,6 +41,7 @@ struct pend {
     struct alloc *a;
     uint64_t bytes;
     struct fg_ctx *ctx;
+    uint64_t seq;         /* order of enqueueing: an event recorded after it is reached after it */
     struct pend *next;
 };
 
@@ -77,6 +78,7 @@ static struct fg_stream g_null_stream = {.magic = STREAM_MAGIC};
 static unsigned long long g_syncs, g_trims;
 static struct fg_stream *g_streams;
 static struct pend *g_pend;
+static uint64_t g_pend_seq;
 static struct fg_pool g_defpool[FG_MAX_DEV], g_graphpool[FG_MAX_DEV];
 static struct fg_pool *g_curpool[FG_MAX_DEV];
 static struct fg_pool *g_pools;
@@ -132,12 +134,13 @@ static void apply_thresholds(void)
         pool_shrink(p, p->dead ? 0 : p->threshold);
 }
 
-/* The frees pending on stream s (NULL: any) made in context c (NULL: any) are reached. */
-static void reach(struct fg_stream *s, struct fg_ctx *c)
+/* The frees pending on stream s (NULL: any) made in context c (NULL: any), enqueued up to
+ * sequence number upto (0: all), are reached. */
+static void reach_upto(struct fg_stream *s, struct fg_ctx *c, uint64_t upto)
 {
     for (struct pend **pp = &g_pend; *pp;) {
         struct pend *e = *pp;
-        if ((s && e->stream != s) || (c && e->ctx != c)) {
+        if ((s && e->stream != s) || (c && e->ctx != c) || (upto && e->seq > upto)) {
             pp = &e->next;
             continue;
         }
@@ -149,6 +152,8 @@ static void reach(struct fg_stream *s, struct fg_ctx *c)
         free(e);
     }
 }
+
+static void reach(struct fg_stream *s, struct fg_ctx *c) { reach_upto(s, c, 0); }
 
 /* The stream (NULL: every stream) reaches the end of its work. */
 static void complete(struct fg_stream *s)
@@ -292,12 +297,24 @@ static CUresult stream_sync(CUstream h)
 FG_API CUresult cuStreamSynchronize(CUstream h) { LOCKED(stream_sync(h)); }
 FG_API CUresult cuStreamSynchronize_ptsz(CUstream h) { LOCKED(stream_sync(h)); }
 
+/* COLO_FAKEGPU_STREAMS_RUN=1: a stream has done its work whenever it is queried (tests of callers
+ * that must ask; by default streams get there only when synchronised). */
+static int g_streams_run = -1;
+
 static CUresult stream_query(CUstream h)
 {
     struct fg_stream *s;
+    if (g_streams_run < 0) {
+        const char *v = getenv("COLO_FAKEGPU_STREAMS_RUN");
+        g_streams_run = v && !strcmp(v, "1");
+    }
     CUresult r = current_stream(h, &s);
     if (r)
         return r;
+    if (g_streams_run) { /* as a GPU that ran the work meanwhile: the query finds it done */
+        complete(s);
+        return CUDA_SUCCESS;
+    }
     for (struct pend *e = g_pend; e; e = e->next)
         if (e->stream == s)
             return CUDA_ERROR_NOT_READY;
@@ -305,6 +322,90 @@ static CUresult stream_query(CUstream h)
 }
 FG_API CUresult cuStreamQuery(CUstream h) { LOCKED(stream_query(h)); }
 FG_API CUresult cuStreamQuery_ptsz(CUstream h) { LOCKED(stream_query(h)); }
+
+/* ---- events: reached when synchronised, with every free enqueued on their stream before the
+ * record (streams get nowhere by themselves here: cuEventQuery says ready only once that is so) */
+
+#define EVENT_MAGIC 0x45564e54u
+struct fg_event {
+    uint32_t magic;
+    struct fg_stream *stream; /* NULL: never recorded */
+    uint64_t seq;             /* the last pending free enqueued before the record */
+};
+
+static struct fg_event *event_of(void *h)
+{
+    struct fg_event *e = h;
+    return e && e->magic == EVENT_MAGIC ? e : NULL; /* handles are never freed memory: see destroy */
+}
+
+static CUresult event_create(void **out, unsigned flags)
+{
+    (void)flags;
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    struct fg_event *e = out ? calloc(1, sizeof *e) : NULL;
+    if (!e)
+        return out ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+    e->magic = EVENT_MAGIC;
+    *out = e;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuEventCreate(void **out, unsigned flags) { LOCKED(event_create(out, flags)); }
+
+static CUresult event_record(void *h, CUstream sh)
+{
+    struct fg_event *e = event_of(h);
+    struct fg_stream *s;
+    CUresult r = current_stream(sh, &s);
+    if (r)
+        return r;
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    e->stream = s;
+    e->seq = g_pend_seq;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuEventRecord(void *e, CUstream s) { LOCKED(event_record(e, s)); }
+FG_API CUresult cuEventRecord_ptsz(void *e, CUstream s) { LOCKED(event_record(e, s)); }
+FG_API CUresult cuEventRecordWithFlags(void *e, CUstream s, unsigned f) { (void)f; LOCKED(event_record(e, s)); }
+FG_API CUresult cuEventRecordWithFlags_ptsz(void *e, CUstream s, unsigned f) { (void)f; LOCKED(event_record(e, s)); }
+
+static CUresult event_sync(void *h, int query)
+{
+    struct fg_event *e = event_of(h);
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!e->stream || !e->seq)
+        return CUDA_SUCCESS;
+    if (query) {
+        for (struct pend *p = g_pend; p; p = p->next)
+            if (p->stream == e->stream && p->seq <= e->seq)
+                return CUDA_ERROR_NOT_READY;
+        return CUDA_SUCCESS;
+    }
+    g_syncs++;
+    reach_upto(e->stream, NULL, e->seq);
+    apply_thresholds();
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuEventSynchronize(void *e) { LOCKED(event_sync(e, 0)); }
+FG_API CUresult cuEventQuery(void *e) { LOCKED(event_sync(e, 1)); }
+
+static CUresult event_destroy(void *h)
+{
+    struct fg_event *e = event_of(h);
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    e->magic = 0; /* kept (a few bytes each): a destroyed handle stays recognisably invalid */
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuEventDestroy(void *e) { LOCKED(event_destroy(e)); }
+FG_API CUresult cuEventDestroy_v2(void *e) { LOCKED(event_destroy(e)); }
 
 /* ---- pools -------------------------------------------------------------------------------- */
 
@@ -381,7 +482,7 @@ void fg_pool_return(struct fg_pool *p, uint64_t bytes, void *stream)
     if (stream) {
         struct pend *e = calloc(1, sizeof *e);
         if (e) {
-            *e = (struct pend){.stream = stream, .pool = p, .bytes = bytes, .next = g_pend};
+            *e = (struct pend){.stream = stream, .pool = p, .bytes = bytes, .seq = ++g_pend_seq, .next = g_pend};
             g_pend = e;
             return;
         }
@@ -476,7 +577,7 @@ static CUresult free_async(CUdeviceptr p, CUstream h)
         fg_release_alloc(a);
         return CUDA_SUCCESS;
     }
-    *e = (struct pend){.stream = s, .a = a, .ctx = a->ctx, .next = g_pend};
+    *e = (struct pend){.stream = s, .a = a, .ctx = a->ctx, .seq = ++g_pend_seq, .next = g_pend};
     g_pend = e;
     return CUDA_SUCCESS;
 }

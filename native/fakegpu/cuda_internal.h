@@ -69,7 +69,7 @@ extern int g_nvis;
 
 /* One allocation of this process. Stream-ordered ones (pool != NULL) hold no device bytes of their
  * own: their pool does. */
-enum { K_MEM = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_VA, K_LIMIT };
+enum { K_MEM = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_VA, K_LIMIT, K_MODULE };
 struct fg_pool;
 struct alloc {
     uint64_t ptr, size;
@@ -77,6 +77,7 @@ struct alloc {
     int fixed;        /* a graph allocation's address: never handed out to another allocation */
     struct fg_ctx *ctx;
     struct fg_pool *pool;
+    struct fg_shared *shared; /* K_HANDLE exported or imported: the physical memory's shared record */
     struct alloc *next;
 };
 
@@ -101,11 +102,17 @@ CUresult fg_record(int ord, uint64_t size, int kind, struct fg_ctx *ctx, struct 
 struct alloc *fg_find(uint64_t p);
 struct alloc *fg_unlink(uint64_t p, int kind);
 void fg_release_alloc(struct alloc *a);        /* bytes back to the device or the pool; frees a */
+/* cuda_share.c: a K_HANDLE's reference to memory shared through a shareable handle goes; the
+ * bytes go back to the device with the last reference in any process. Frees a. Under g_mu. */
+void fg_share_release(struct alloc *a);
 /* cuda_async.c (streams, pools, graphs), all under g_mu */
 void fg_pool_return(struct fg_pool *p, uint64_t bytes, void *stream); /* NULL stream: done now */
 void fg_async_drop_ctx(struct fg_ctx *c);      /* the context's pending frees complete */
 void fg_async_reset(void);
 void fg_async_complete_all(void);              /* every stream reaches the end of its work */
+/* checkpoint.c: the cuCheckpointProcess* API's thread in every CUDA process */
+void fg_ckpt_start(void);                      /* cuInit, under g_mu */
+int fg_ckpt_held(void);                        /* 1: LOCKED or CHECKPOINTED (g_mu is held for it) */
 int fg_mps_attach(CUresult *err);              /* 1 client, 0 no daemon reachable, -1 *err set */
 void fg_mps_detach(void);
 

@@ -321,22 +321,43 @@ FG_API CUresult cuMemsetD32_v2_ptds(CUdeviceptr p, unsigned v, size_t n) __attri
 typedef struct { size_t Width, Height; int Format; unsigned NumChannels; } ARRAY_DESC;
 typedef struct { size_t Width, Height, Depth; int Format; unsigned NumChannels, Flags; } ARRAY3D_DESC;
 
-static uint64_t fmt_bytes(int f)
+/* Bits per texel of a plain format's channel (times NumChannels), or of a whole texel of the
+ * others (-bits); block-compressed formats answer 0 (sized by 4x4 blocks). -1: not a format. */
+static int fmt_bits(int f)
 {
     switch (f) {
-    case 0x01: case 0x08: return 1;
-    case 0x02: case 0x09: case 0x10: return 2;
-    case 0x03: case 0x0a: case 0x20: return 4;
-    default: return 0;
+    case 0x01: case 0x08: return 8;
+    case 0x02: case 0x09: case 0x10: return 16;
+    case 0x03: case 0x0a: case 0x20: return 32;
+    case 0xc0: case 0xc6: return -8;
+    case 0xc1: case 0xc7: case 0xc3: case 0xc9: return -16;
+    case 0xc2: case 0xc8: case 0xc4: case 0xca: return -32;
+    case 0xc5: case 0xcb: return -64;
+    case 0xb0: case 0x53: case 0x59: return -12;                       /* 8-bit 4:2:0 */
+    case 0x9f: case 0xa1: case 0x54: case 0x5a: return -24;            /* 16-bit 4:2:0 */
+    case 0xa2: case 0xa5: case 0x51: case 0x55: case 0x5b: return -16; /* 8-bit 4:2:2 */
+    case 0xa3: case 0xa4: case 0xa6: case 0xa7: case 0x56: case 0x5c: return -32;
+    case 0xb2: case 0xb4: case 0x57: case 0x5d: return -24;            /* 8-bit 4:4:4 */
+    case 0xb3: case 0xb5: case 0x58: case 0x5e: return -48;
+    case 0xa8: case 0xa9: case 0x50: case 0x52: return -32;
+    case 0xb1: return -64;
+    default: return f >= 0x91 && f <= 0x9e ? 0 : -1;
     }
 }
 
 static CUresult array_bytes(size_t w, size_t h, size_t d, int fmt, unsigned ch, uint64_t *out)
 {
-    uint64_t e = fmt_bytes(fmt);
-    if (!e || (ch != 1 && ch != 2 && ch != 4) || w == 0)
+    int bits = fmt_bits(fmt);
+    if (bits == -1 || (bits > 0 && ch != 1 && ch != 2 && ch != 4) || w == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    *out = (uint64_t)w * (h ? h : 1) * (d ? d : 1) * e * ch;
+    uint64_t hh = h ? h : 1, dd = d ? d : 1;
+    if (bits == 0) { /* BC1, BC4: 8 bytes a 4x4 block; BC2, BC3, BC5, BC6H, BC7: 16 */
+        uint64_t block = fmt <= 0x92 || fmt == 0x97 || fmt == 0x98 ? 8 : 16;
+        *out = (uint64_t)((w + 3) / 4) * ((hh + 3) / 4) * dd * block;
+    } else {
+        uint64_t texel_bits = bits > 0 ? (uint64_t)bits * ch : (uint64_t)-bits;
+        *out = ((uint64_t)w * hh * dd * texel_bits + 7) / 8;
+    }
     return CUDA_SUCCESS;
 }
 
@@ -503,7 +524,10 @@ static CUresult mem_release(CUmemGenericAllocationHandle h)
     struct alloc *a = fg_unlink(h, K_HANDLE);
     if (!a)
         return CUDA_ERROR_INVALID_VALUE;
-    give_back(a);
+    if (a->shared)
+        fg_share_release(a); /* exported or imported: the last reference anywhere frees it */
+    else
+        give_back(a);
     return CUDA_SUCCESS;
 }
 FG_API CUresult cuMemRelease(CUmemGenericAllocationHandle h) { LOCKED(mem_release(h)); }

@@ -5,7 +5,7 @@ FG_DIR  := $(BUILD)/fakegpu
 FG_HDR  := fakegpu/fakegpu.h
 FG_LIB  := -shared -fvisibility=hidden -Wl,-Bsymbolic -Wl,--no-undefined
 
-FG_CUDA_SRC := fakegpu/cuda.c fakegpu/cuda_mem.c fakegpu/cuda_async.c fakegpu/procaddr.c fakegpu/mps_client.c fakegpu/state.c
+FG_CUDA_SRC := fakegpu/cuda.c fakegpu/cuda_mem.c fakegpu/cuda_async.c fakegpu/procaddr.c fakegpu/cuda_share.c fakegpu/cuda_module.c fakegpu/mps_client.c fakegpu/checkpoint.c fakegpu/state.c
 
 $(FG_DIR)/libcuda.so.1: $(FG_CUDA_SRC) $(FG_HDR) fakegpu/cuda_internal.h | $(FG_DIR)
 	$(CC) $(CFLAGS) $(FG_LIB) -Wl,-soname,libcuda.so.1 -o $@ $(FG_CUDA_SRC) $(LDLIBS)

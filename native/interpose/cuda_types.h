@@ -23,6 +23,9 @@ typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef int CUdriverProcAddressQueryResult;
 typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUevent_st *CUevent;
+typedef struct CUlib_st *CUlibrary;
 
 typedef struct {
     size_t Width, Height;
@@ -48,7 +51,7 @@ typedef struct {
     unsigned int NumChannels, Flags;
 } CUDA_ARRAY3D_DESCRIPTOR_v1;
 
-enum { CU_MEM_LOCATION_TYPE_DEVICE = 1 };
+enum { CU_MEM_LOCATION_TYPE_DEVICE = 1, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 };
 typedef struct {
     int type;                    /* CUmemAllocationType */
     int requestedHandleTypes;

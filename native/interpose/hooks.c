@@ -5,10 +5,13 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "cuda_types.h"
@@ -27,7 +30,12 @@
     X(cuMemAllocFromPoolAsync, c) X(cuMemAllocFromPoolAsync_ptsz, c)                               \
     X(cuMemFree, c) X(cuMemFree_v2, c) X(cuMemFreeAsync, c) X(cuMemFreeAsync_ptsz, c)              \
     X(cuMemCreate, c) X(cuMemRelease, c) X(cuMemMap, c) X(cuMemUnmap, c)                           \
-    X(cuMemRetainAllocationHandle, c)                                                              \
+    X(cuMemRetainAllocationHandle, c) X(cuMemExportToShareableHandle, c)                           \
+    X(cuMemImportFromShareableHandle, c) X(cuModuleLoad, c) X(cuModuleLoadData, c)                  \
+    X(cuModuleLoadDataEx, c) X(cuModuleLoadFatBinary, c) X(cuModuleUnload, c) X(cuLibraryLoadData, c) \
+    X(cuLibraryLoadFromFile, c) X(cuLibraryUnload, c) X(cuEventRecord, c) X(cuEventRecord_ptsz, c) \
+    X(cuEventRecordWithFlags, c) X(cuEventRecordWithFlags_ptsz, c) X(cuEventSynchronize, c)         \
+    X(cuEventQuery, c) X(cuEventDestroy, c) X(cuEventDestroy_v2, c)                                \
     X(cuArrayCreate, c) X(cuArrayCreate_v2, c) X(cuArray3DCreate, c) X(cuArray3DCreate_v2, c)      \
     X(cuMipmappedArrayCreate, c) X(cuArrayDestroy, c) X(cuMipmappedArrayDestroy, c)                \
     X(cuMemGetInfo, c) X(cuMemGetInfo_v2, c) X(cuDeviceTotalMem, c) X(cuDeviceTotalMem_v2, c)      \
@@ -51,7 +59,7 @@
     X(cuDeviceGetGraphMemAttribute, c) X(cuStreamGetCaptureInfo, c) X(cuStreamGetCaptureInfo_ptsz, c) \
     X(cuGraphGetNodes, c) X(cuGraphNodeGetType, c) X(cuGraphMemAllocNodeGetParams, c)             \
     X(cuGraphMemFreeNodeGetParams, c) X(cuGraphChildGraphNodeGetGraph, c) X(cuPointerGetAttribute, c)     \
-    X(cuArrayGetDescriptor_v2, c) X(cuMipmappedArrayGetLevel, c)
+    X(cuArrayGetDescriptor_v2, c) X(cuMipmappedArrayGetLevel, c) X(cuMemGetAllocationPropertiesFromHandle, c)
 
 #define AS_ENUM(n, f) H_##n,
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
@@ -129,6 +137,7 @@ static void *real_slow(int id);
 /* The driver's function: one load once resolved (every wrapper starts here). */
 static inline __attribute__((always_inline)) void *real(int id)
 {
+    colo_gate(); /* colo suspend: waits here, before the driver, while the job is suspended */
     void *p = LOAD(&reals[id]);
     return __builtin_expect(p != NULL, 1) ? p : real_slow(id);
 }
@@ -192,7 +201,9 @@ static uint64_t cur_ctx(void)
  * allocation: a pointer we could not subtract at its free would stay counted for ever). */
 static void forgotten(const struct alloc *old);
 
-static int keep_aux(int kind, uint64_t key, int dev, uint64_t size, uint64_t ctx, uint64_t aux)
+/* Not inlined: inlined into every allocation wrapper (as gcc chose once more callers of table_put
+ * came), it cost an alloc+free pair 4-6 ns more on the stub driver (bench/interposer_bench.py 1b). */
+static __attribute__((noinline)) int keep_aux(int kind, uint64_t key, int dev, uint64_t size, uint64_t ctx, uint64_t aux)
 {
     struct alloc a = {.key = key, .size = size, .aux = aux, .ctx = ctx, .kind = (uint16_t)kind, .dev = (uint16_t)dev,
                       .refs = 1};
@@ -213,7 +224,7 @@ static int record(int kind, uint64_t key, int dev, uint64_t size)
     return keep(kind, key, dev, size, kind == K_VMM ? 0 : cur_ctx());
 }
 
-static int admit(int dev, uint64_t size);
+static inline int admit(int dev, uint64_t size);
 
 /* A context torn down while an allocation in it is between the driver and the table: the teardown
  * frees it but does not find it to forget, and it would stay counted for good. Teardowns are
@@ -287,20 +298,51 @@ static uint64_t mul_sat(uint64_t a, uint64_t b)
     return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
 }
 
-static uint64_t texel_bytes(int format)
+/* Half-bytes per texel of a CUarray_format (0: not a per-texel format). Plain formats are per
+ * channel (times NumChannels); the normalised ones carry their channel count (X1/X2/X4); the
+ * video formats are per pixel over all their planes (4:2:0 has a quarter-size chroma pair: 1.5
+ * bytes a pixel at 8 bits). */
+static uint64_t texel_halves(int format, unsigned ch)
 {
+    ch = ch ? ch : 1;
     switch (format) {
-    case 0x01: case 0x08: return 1;            /* (UN)SIGNED_INT8 */
-    case 0x02: case 0x09: case 0x10: return 2; /* (UN)SIGNED_INT16, HALF */
-    case 0x03: case 0x0a: case 0x20: return 4; /* (UN)SIGNED_INT32, FLOAT */
-    default: return 8;                         /* newer packed formats: err on the large side */
+    case 0x01: case 0x08: return 2 * ch;                  /* (UN)SIGNED_INT8 */
+    case 0x02: case 0x09: case 0x10: return 4 * ch;       /* (UN)SIGNED_INT16, HALF */
+    case 0x03: case 0x0a: case 0x20: return 8 * ch;       /* (UN)SIGNED_INT32, FLOAT */
+    case 0xc0: case 0xc6: return 2;                       /* UNORM/SNORM_INT8X1 */
+    case 0xc1: case 0xc7: case 0xc3: case 0xc9: return 4; /* INT8X2, INT16X1 */
+    case 0xc2: case 0xc8: case 0xc4: case 0xca: return 8; /* INT8X4, INT16X2 */
+    case 0xc5: case 0xcb: return 16;                      /* INT16X4 */
+    case 0xb0: case 0x53: case 0x59: return 3;            /* 8-bit 4:2:0: NV12, semi-planar, planar */
+    case 0x9f: case 0xa1: case 0x54: case 0x5a: return 6; /* 16-bit 4:2:0: P010, P016, ... */
+    case 0xa2: case 0xa5: case 0x51: case 0x55: case 0x5b: return 4; /* 8-bit 4:2:2: NV16, YUY2, ... */
+    case 0xa3: case 0xa4: case 0xa6: case 0xa7: case 0x56: case 0x5c: return 8; /* 16-bit 4:2:2 */
+    case 0xb2: case 0xb4: case 0x57: case 0x5d: return 6; /* 8-bit 4:4:4, three planes or two */
+    case 0xb3: case 0xb5: case 0x58: case 0x5e: return 12; /* 16-bit (10 in 16) 4:4:4 */
+    case 0xa8: case 0xa9: case 0x50: case 0x52: return 8; /* AYUV, Y410, 10:10:10:2, packed 4:4:4 (padded) */
+    case 0xb1: return 16;                                 /* Y416 */
+    default: return 0;
     }
+}
+
+static uint64_t mul3(uint64_t a, uint64_t b, uint64_t c) { return mul_sat(mul_sat(a, b), c); }
+
+/* Block-compressed formats: bytes per 4x4 block (BC1, BC4: 8; BC2, BC3, BC5, BC6H, BC7: 16). */
+static uint64_t block_bytes(int format)
+{
+    if (format < 0x91 || format > 0x9e) return 0;
+    return format <= 0x92 || format == 0x97 || format == 0x98 ? 8 : 16;
 }
 
 static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, int fmt, unsigned ch)
 {
-    uint64_t n = mul_sat(mul_sat(w ? w : 1, h ? h : 1), d ? d : 1);
-    return mul_sat(n, mul_sat(texel_bytes(fmt), ch ? ch : 1));
+    w = w ? w : 1, h = h ? h : 1, d = d ? d : 1;
+    uint64_t b = block_bytes(fmt);
+    if (b) return mul_sat(mul3((w + 3) / 4, (h + 3) / 4, d), b);
+    uint64_t halves = texel_halves(fmt, ch);
+    if (!halves) return mul_sat(mul3(w, h, d), mul_sat(16, ch ? ch : 1)); /* unknown: err on the large side */
+    uint64_t n = mul_sat(mul3(w, h, d), halves);
+    return n == UINT64_MAX ? n : (n + 1) / 2;
 }
 
 /* ---- allocation wrappers ---------------------------------------------------------------------- */
@@ -423,8 +465,55 @@ EXPORT CUresult cuMemFree(CUdeviceptr_v1 p)
     COUNTED_FREE(K_PTR, p, f(p));
 }
 
-/* ---- virtual memory management: physical memory lives until the handle is released AND every
- * mapping of it is unmapped, so a handle's bytes leave the ledger only when both happened. ---- */
+/* ---- virtual memory management: physical memory lives until its last handle is released AND
+ * every mapping of it is unmapped. The handles may be many: cuMemRetainAllocationHandle, and
+ * cuMemImportFromShareableHandle of an fd exported from it (cuMemExportToShareableHandle), which
+ * makes a new handle to the same memory. So the memory is one entry (K_VOBJ, keyed by an id of
+ * ours: a released handle's value may be handed out again while an import keeps the memory), counted
+ * once and given back when the last handle reference or mapping of it goes. An import of memory this
+ * process did not export (another process's, of this job or not) is counted to the importer from
+ * its first mapping, at the mapping's size (the driver has no call that says a handle's size). ---- */
+
+static uint64_t g_next_obj;
+#define OBJ_TAG (1ULL << 63) /* never a handle, pointer or context value */
+
+static void obj_unref(uint64_t obj)
+{
+    struct alloc a, e;
+    if (table_ref(K_VOBJ, obj, -1, &a) != 1) return;
+    if (a.aux && table_get(K_VEXP, a.aux, &e) && e.aux == obj) table_take(K_VEXP, a.aux, &e);
+    if (a.size) ledger_release(a.dev, a.size);
+}
+
+/* One more reference of handle h to object obj (a new K_VMM entry, or one more on it). -1: no host
+ * memory to keep it (nothing changed). */
+static int handle_ref(uint64_t h, uint64_t obj)
+{
+    struct alloc o, a, old;
+    if (table_ref(K_VOBJ, obj, +1, &o) < 0) return -1;
+    if (table_ref(K_VMM, h, +1, &a) >= 0) {
+        if (a.aux != obj) obj_unref(obj); /* the same handle value answers for the same memory */
+        return 0;
+    }
+    struct alloc v = {.key = h, .aux = obj, .kind = K_VMM, .dev = o.dev, .refs = 1};
+    int r = table_put(&v, &old);
+    if (r < 0) { obj_unref(obj); return -1; }
+    if (r == 1) obj_unref(old.aux);
+    return 0;
+}
+
+/* A new object of `size` bytes already reserved in the ledger (0: an unsized import), held by h. */
+static int obj_new(uint64_t h, int dev, uint64_t size)
+{
+    uint64_t obj = OBJ_TAG | __atomic_add_fetch(&g_next_obj, 1, __ATOMIC_RELAXED);
+    struct alloc o = {.key = obj, .size = size, .kind = K_VOBJ, .dev = (uint16_t)dev, .refs = 1}, old;
+    if (table_put(&o, &old) < 0) return -1;
+    struct alloc v = {.key = h, .aux = obj, .kind = K_VMM, .dev = (uint16_t)dev, .refs = 1};
+    int r = table_put(&v, &old);
+    if (r < 0) { table_take(K_VOBJ, obj, &o); return -1; }
+    if (r == 1) obj_unref(old.aux); /* a handle value whose release we did not see */
+    return 0;
+}
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                             unsigned long long flags)
@@ -434,31 +523,49 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
          CUDA_ERROR_NOT_FOUND);
     if (!ON || !h || !prop || !size || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return f(h, size, prop, flags); /* host memory, or the driver's own error */
-    COUNTED_ALLOC(prop->location.id, size, K_VMM, f(h, size, prop, flags), *h, release_raw(*h));
+    int dev = prop->location.id, e = admit(dev, size);
+    if (e) return e;
+    CUresult rc = f(h, size, prop, flags);
+    if (rc == CUDA_SUCCESS && obj_new(*h, dev, size) != 0) {
+        release_raw(*h);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc != CUDA_SUCCESS) ledger_release(dev, size);
+    return rc;
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
     REAL(cuMemRelease, CUresult(*)(CUmemGenericAllocationHandle), f, CUDA_ERROR_NOT_FOUND);
     if (!ON) return f(h);
-    struct alloc a;
-    int r = table_ref(h, -1, &a); /* -1: imported or foreign, never counted */
+    struct alloc a, o;
+    int r = table_ref(K_VMM, h, -1, &a); /* -1: a handle we do not count (host memory) */
     CUresult rc = f(h);
+    if (r < 0) return rc;
     if (rc == CUDA_SUCCESS) {
-        if (r == 1) ledger_release(a.dev, a.size);
-    } else if (r == 1) {
-        struct alloc o;
-        if (table_put(&a, &o) == 1) ledger_release(o.dev, o.size);
-    } else if (r == 0) {
-        table_ref(h, +1, &a);
+        obj_unref(a.aux); /* the bytes go when nothing else holds the memory */
+    } else if (r == 1) { /* still the program's */
+        a.refs = 1;
+        if (table_put(&a, &o) == 1) obj_unref(o.aux);
+    } else {
+        table_ref(K_VMM, h, +1, &a);
     }
     return rc;
 }
 
-static void unmapped(const struct alloc *m)
+static void unmapped(const struct alloc *m) { obj_unref(m->aux); }
+
+static int set_aux(struct alloc *o, uint64_t aux)
 {
-    struct alloc a;
-    if (table_ref(m->aux, -1, &a) == 1) ledger_release(a.dev, a.size);
+    o->aux = aux;
+    return 1;
+}
+
+static int size_if_unsized(struct alloc *o, uint64_t size)
+{
+    if (o->size) return 0;
+    o->size = size;
+    return 1;
 }
 
 EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
@@ -466,18 +573,25 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
 {
     REAL(cuMemMap, CUresult(*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long), f,
          CUDA_ERROR_NOT_FOUND);
+    struct alloc v, o;
+    if (!ON || !table_get(K_VMM, h, &v) || !table_get(K_VOBJ, v.aux, &o)) return f(ptr, size, offset, h, flags);
+    /* An import from elsewhere is charged at its first mapping, before the driver maps it. */
+    uint64_t charge = o.size ? 0 : offset + size;
+    int e = charge ? admit(v.dev, charge) : 0;
+    if (e) return e;
     CUresult rc = f(ptr, size, offset, h, flags);
-    struct alloc a;
-    if (ON && rc == CUDA_SUCCESS && table_ref(h, +1, &a) == 0) {
-        struct alloc m = {.key = ptr, .size = size, .aux = h, .kind = K_MAP, .refs = 1}, old;
-        int r = table_put(&m, &old);
-        if (r == 1) unmapped(&old); /* a mapping we missed the end of */
-        if (r < 0) {                /* no host memory to track it: undo the mapping */
-            CUresult (*unmap)(CUdeviceptr, size_t) = (CUresult(*)(CUdeviceptr, size_t))real(H_cuMemUnmap);
-            if (unmap) unmap(ptr, size);
-            unmapped(&m);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
+    if (charge && (rc != CUDA_SUCCESS || table_update(K_VOBJ, v.aux, size_if_unsized, charge) != 1))
+        ledger_release(v.dev, charge); /* failed, or sized by another thread's mapping meanwhile */
+    if (rc != CUDA_SUCCESS) return rc;
+    if (table_ref(K_VOBJ, v.aux, +1, &o) < 0) return rc; /* released meanwhile: nothing to hold */
+    struct alloc m = {.key = ptr, .size = size, .aux = v.aux, .kind = K_MAP, .refs = 1}, old;
+    int r = table_put(&m, &old);
+    if (r == 1) unmapped(&old); /* a mapping we missed the end of */
+    if (r < 0) {                /* no host memory to track it: undo the mapping */
+        CUresult (*unmap)(CUdeviceptr, size_t) = (CUresult(*)(CUdeviceptr, size_t))real(H_cuMemUnmap);
+        if (unmap) unmap(ptr, size);
+        unmapped(&m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return rc;
 }
@@ -498,8 +612,174 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, voi
          CUDA_ERROR_NOT_FOUND);
     CUresult rc = f(h, addr);
     struct alloc a;
-    if (ON && rc == CUDA_SUCCESS && h) table_ref(*h, +1, &a);
+    if (!ON || rc != CUDA_SUCCESS || !h) return rc;
+    /* The handle of the memory mapped at addr: a value we know, or a new one for it. */
+    if (table_ref(K_VMM, *h, 0, &a) >= 0 || table_get(K_MAP, (uint64_t)(uintptr_t)addr, &a))
+        handle_ref(*h, a.aux);
     return rc;
+}
+
+/* An exported fd names the memory by its file only when the file is a regular one of its own (the
+ * simulated driver's memfd); a device node or anonymous inode (as a real driver's fds may be) is
+ * shared by every export, so it says nothing, and an import of it is counted as from elsewhere. */
+static uint64_t fd_key(int fd)
+{
+    struct stat st; /* the system call: glibc's fstat symbol is GLIBC_2.33 (glibc_compat.h) */
+    if (fd < 0 || syscall(SYS_fstat, fd, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+    uint64_t k = ((uint64_t)st.st_dev * 0x9E3779B97F4A7C15ULL) ^ (uint64_t)st.st_ino;
+    return k ? k : 1;
+}
+
+EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
+                                             unsigned long long flags)
+{
+    REAL(cuMemExportToShareableHandle, CUresult(*)(void *, CUmemGenericAllocationHandle, int, unsigned long long),
+         f, CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(out, h, type, flags);
+    struct alloc v, e, old;
+    uint64_t key;
+    if (!ON || rc != CUDA_SUCCESS || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !out ||
+        !table_get(K_VMM, h, &v) || !(key = fd_key(*(int *)out)))
+        return rc;
+    struct alloc x = {.key = key, .aux = v.aux, .kind = K_VEXP, .refs = 1};
+    if (table_get(K_VEXP, key, &e) && e.aux != v.aux && table_get(K_VOBJ, e.aux, &old))
+        x.aux = 0; /* another live allocation's fd had this file: the file names neither */
+    if (table_put(&x, &old) >= 0 && x.aux) table_update(K_VOBJ, v.aux, set_aux, key);
+    return rc;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type)
+{
+    REAL(cuMemImportFromShareableHandle, CUresult(*)(CUmemGenericAllocationHandle *, void *, int), f,
+         CUDA_ERROR_NOT_FOUND);
+    CUresult rc = f(h, os, type);
+    if (!ON || rc != CUDA_SUCCESS || !h) return rc;
+    struct alloc e;
+    uint64_t key = type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ? fd_key((int)(intptr_t)os) : 0;
+    /* Exported by this process: the same memory, already counted. */
+    if (key && table_get(K_VEXP, key, &e) && e.aux && handle_ref(*h, e.aux) == 0) return rc;
+    /* From elsewhere: counted to us from its first mapping, on the device the driver says. */
+    CUmemAllocationProp p = {0};
+    CUresult (*props)(CUmemAllocationProp *, CUmemGenericAllocationHandle) =
+        (CUresult(*)(CUmemAllocationProp *, CUmemGenericAllocationHandle))real(H_cuMemGetAllocationPropertiesFromHandle);
+    int dev = cur_dev();
+    if (props && props(&p, *h) == CUDA_SUCCESS) {
+        if (p.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return rc; /* host memory */
+        dev = p.location.id;
+    }
+    if (obj_new(*h, dev, 0) != 0) { /* could not keep it: its mappings would go uncounted */
+        release_raw(*h);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return rc;
+}
+
+/* ---- modules and libraries: their globals (`__device__` variables) take device memory at load.
+ * No call says how much, so it is what the driver's free memory lost across the load (loads of a
+ * process one at a time); a load that does not fit is undone and refused. A module is freed with
+ * its context, a library when unloaded. ---- */
+
+static pthread_mutex_t g_load_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int real_free(size_t *fr)
+{
+    size_t t;
+    CUresult (*f)(size_t *, size_t *) = (CUresult(*)(size_t *, size_t *))real(H_cuMemGetInfo_v2);
+    return f && f(fr, &t) == CUDA_SUCCESS;
+}
+
+static CUresult module_unload_raw(void *m)
+{
+    CUresult (*f)(void *) = (CUresult(*)(void *))real(H_cuModuleUnload);
+    return f ? f(m) : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult library_unload_raw(void *l)
+{
+    CUresult (*f)(void *) = (CUresult(*)(void *))real(H_cuLibraryUnload);
+    return f ? f(l) : CUDA_ERROR_NOT_FOUND;
+}
+
+#define COUNTED_LOAD(out, call, library)                                                           \
+    do {                                                                                           \
+        if (!ON || !(out)) return (call);                                                          \
+        int dev_ = cur_dev();                                                                      \
+        size_t f0_ = 0, f1_ = 0;                                                                   \
+        pthread_mutex_lock(&g_load_mu);                                                            \
+        int ok_ = real_free(&f0_);                                                                 \
+        CUresult rc_ = (call);                                                                     \
+        ok_ = ok_ && rc_ == CUDA_SUCCESS && real_free(&f1_);                                       \
+        pthread_mutex_unlock(&g_load_mu);                                                          \
+        if (rc_ != CUDA_SUCCESS) return rc_;                                                       \
+        return loaded(*(void **)(out), library, dev_, ok_ && f1_ < f0_ ? f0_ - f1_ : 0);           \
+    } while (0)
+
+static CUresult loaded(void *h, int library, int dev, uint64_t size)
+{
+    CUresult rc = size ? admit(dev, size) : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS && keep(K_MODULE, (uint64_t)(uintptr_t)h, dev, size, library ? 0 : cur_ctx()) != 0) {
+        ledger_release(dev, size);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc != CUDA_SUCCESS) (void)(library ? library_unload_raw(h) : module_unload_raw(h));
+    return rc;
+}
+
+EXPORT CUresult cuModuleLoad(CUmodule *m, const char *path)
+{
+    REAL(cuModuleLoad, CUresult(*)(CUmodule *, const char *), f, CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(m, f(m, path), 0);
+}
+
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *img)
+{
+    REAL(cuModuleLoadData, CUresult(*)(CUmodule *, const void *), f, CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(m, f(m, img), 0);
+}
+
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *img, unsigned n, void *opts, void **vals)
+{
+    REAL(cuModuleLoadDataEx, CUresult(*)(CUmodule *, const void *, unsigned, void *, void **), f,
+         CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(m, f(m, img, n, opts, vals), 0);
+}
+
+EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *img)
+{
+    REAL(cuModuleLoadFatBinary, CUresult(*)(CUmodule *, const void *), f, CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(m, f(m, img), 0);
+}
+
+EXPORT CUresult cuLibraryLoadData(CUlibrary *l, const void *img, void *jo, void **jv, unsigned nj, void *lo,
+                                  void **lv, unsigned nl)
+{
+    REAL(cuLibraryLoadData,
+         CUresult(*)(CUlibrary *, const void *, void *, void **, unsigned, void *, void **, unsigned), f,
+         CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(l, f(l, img, jo, jv, nj, lo, lv, nl), 1);
+}
+
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *path, void *jo, void **jv, unsigned nj, void *lo,
+                                      void **lv, unsigned nl)
+{
+    REAL(cuLibraryLoadFromFile,
+         CUresult(*)(CUlibrary *, const char *, void *, void **, unsigned, void *, void **, unsigned), f,
+         CUDA_ERROR_NOT_FOUND);
+    COUNTED_LOAD(l, f(l, path, jo, jv, nj, lo, lv, nl), 1);
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule m)
+{
+    REAL(cuModuleUnload, CUresult(*)(CUmodule), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !m) return f(m);
+    COUNTED_FREE(K_MODULE, (uintptr_t)m, f(m));
+}
+
+EXPORT CUresult cuLibraryUnload(CUlibrary l)
+{
+    REAL(cuLibraryUnload, CUresult(*)(CUlibrary), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON || !l) return f(l);
+    COUNTED_FREE(K_MODULE, (uintptr_t)l, f(l));
 }
 
 /* ---- arrays: sized from the descriptor (texel size x extent), recorded by handle ---------------- */
@@ -707,6 +987,7 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
  * (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), with no allocations of its own counted. */
 
 static int g_npend;  /* K_PEND entries: frees of plain memory waiting for their stream */
+static uint32_t g_free_seq; /* numbers the K_PEND entries in the order their frees were enqueued */
 
 enum { MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5, GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
        GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2 };
@@ -766,6 +1047,7 @@ static void settle_pool(uint64_t h, int graph, int dev)
 /* An entry the table replaced (the driver handed its address out again: it is gone). */
 static void forgotten(const struct alloc *old)
 {
+    if (old->kind == K_VMM || old->kind == K_VOBJ || old->kind == K_VEXP) return; /* ours: never replaced */
     if (old->kind != K_MAP && old->kind != K_EXECW && old->kind != K_EXECB) gone(old, 0, NULL);
 }
 
@@ -785,8 +1067,13 @@ static void gone(const struct alloc *a, int async, CUstream s)
         return;
     }
     if (async && a->kind == K_PTR) {
-        /* Plain memory freed on a stream: counted until that stream (or its context) is synchronised. */
-        if (keep_aux(K_PEND, a->key, a->dev, a->size, a->ctx, (uint64_t)(uintptr_t)s) == 0) {
+        /* Plain memory freed on a stream: counted until that stream (or its context) is synchronised,
+         * or an event recorded on it after the free is. */
+        struct alloc p = {.key = a->key, .size = a->size, .aux = (uint64_t)(uintptr_t)s, .ctx = a->ctx, .kind = K_PEND,
+                          .dev = a->dev, .refs = __atomic_add_fetch(&g_free_seq, 1, __ATOMIC_SEQ_CST)}, old;
+        int r = table_put(&p, &old);
+        if (r == 1) forgotten(&old);
+        if (r >= 0) {
             ADD_RELAXED(&g_npend, 1);
             return;
         }
@@ -850,11 +1137,31 @@ static void trim_idle(int dev)
 /* Reserve size on dev. At the edge of the budget, what pools keep idle (below their release
  * threshold, or freed but not yet trimmed) is given back to the device first: the driver would
  * hold it while refusing. */
-static int admit(int dev, uint64_t size)
+/* At the edge: the frees pending on streams the driver says have finished their work are done (a
+ * real GPU gets there without any call of ours seeing it). */
+static void reach_finished_streams(void)
 {
-    if (ledger_try(dev, size)) return 0;
+    uint64_t streams[64];
+    CUresult (*query)(CUstream) = (CUresult(*)(CUstream))real(H_cuStreamQuery);
+    int n = query ? table_pending_streams(streams, 64) : 0;
+    for (int i = 0; i < n; i++)
+        if (query((CUstream)(uintptr_t)streams[i]) == CUDA_SUCCESS) stream_reached((CUstream)(uintptr_t)streams[i], 0);
+}
+
+/* Out of line: only an allocation that does not fit at once comes here (admit stays one call). */
+static __attribute__((noinline)) int admit_slow(int dev, uint64_t size)
+{
+    if (LOAD(&g_npend)) {
+        reach_finished_streams();
+        if (ledger_try(dev, size)) return 0;
+    }
     if (pools_count()) trim_idle(dev);
     return ledger_reserve(dev, size);
+}
+
+static inline __attribute__((always_inline)) int admit(int dev, uint64_t size)
+{
+    return __builtin_expect(ledger_try(dev, size), 1) ? 0 : admit_slow(dev, size);
 }
 
 /* At the edge of the budget, a stream-ordered allocation first lets its stream reach the frees
@@ -1099,6 +1406,54 @@ AFTER_SUCCESS(cuStreamSynchronize_ptsz, CUstream, stream_reached(x, 0); settle_a
 /* A stream that answers "all done" has reached its frees (pools trim only at synchronisation). */
 AFTER_SUCCESS(cuStreamQuery, CUstream, stream_reached(x, 0))
 AFTER_SUCCESS(cuStreamQuery_ptsz, CUstream, stream_reached(x, 0))
+
+/* ---- events: once an event is reached, so is every free enqueued on its stream before it was
+ * recorded. Followed only while frees are pending (two loads a record otherwise). ---- */
+
+static int g_nevents; /* K_EVENT entries */
+
+#define EVENT_RECORD(name, params, args, ev, stream)                                               \
+    EXPORT CUresult name params                                                                    \
+    {                                                                                              \
+        REAL(name, CUresult(*) params, f, CUDA_ERROR_NOT_FOUND);                                   \
+        /* read before the record: every free numbered up to here was enqueued before it */       \
+        uint32_t seq = __atomic_load_n(&g_free_seq, __ATOMIC_SEQ_CST);                             \
+        CUresult rc = f args;                                                                      \
+        if (rc == CUDA_SUCCESS && ON && (LOAD(&g_npend) || LOAD(&g_nevents))) event_recorded(ev, stream, seq); \
+        return rc;                                                                                 \
+    }
+
+static void event_recorded(CUevent ev, CUstream s, uint32_t seq)
+{
+    struct alloc e = {.key = (uint64_t)(uintptr_t)ev, .aux = (uint64_t)(uintptr_t)s, .kind = K_EVENT, .refs = seq}, old;
+    if (LOAD(&g_npend)) {
+        if (table_put(&e, &old) == 0) ADD_RELAXED(&g_nevents, 1);
+    } else if (table_take(K_EVENT, e.key, &old)) { /* its earlier record says nothing of this one */
+        ADD_RELAXED(&g_nevents, -1);
+    }
+}
+
+static void event_reached(CUevent ev)
+{
+    struct alloc e;
+    if (LOAD(&g_npend) && LOAD(&g_nevents) && table_get(K_EVENT, (uint64_t)(uintptr_t)ev, &e))
+        table_take_pending_upto(e.aux, e.refs, pend_done);
+}
+
+static void event_gone(CUevent ev)
+{
+    struct alloc e;
+    if (LOAD(&g_nevents) && table_take(K_EVENT, (uint64_t)(uintptr_t)ev, &e)) ADD_RELAXED(&g_nevents, -1);
+}
+
+EVENT_RECORD(cuEventRecord, (CUevent e, CUstream s), (e, s), e, s)
+EVENT_RECORD(cuEventRecord_ptsz, (CUevent e, CUstream s), (e, s), e, s)
+EVENT_RECORD(cuEventRecordWithFlags, (CUevent e, CUstream s, unsigned fl), (e, s, fl), e, s)
+EVENT_RECORD(cuEventRecordWithFlags_ptsz, (CUevent e, CUstream s, unsigned fl), (e, s, fl), e, s)
+AFTER_SUCCESS(cuEventSynchronize, CUevent, event_reached(x))
+AFTER_SUCCESS(cuEventQuery, CUevent, event_reached(x))
+AFTER_SUCCESS(cuEventDestroy, CUevent, event_gone(x))
+AFTER_SUCCESS(cuEventDestroy_v2, CUevent, event_gone(x))
 
 EXPORT CUresult cuCtxSynchronize(void)
 {
@@ -1720,6 +2075,16 @@ static const struct rule {
     {"cuMemMap", 0, H_cuMemMap, H_cuMemMap, -1},
     {"cuMemUnmap", 0, H_cuMemUnmap, H_cuMemUnmap, -1},
     {"cuMemRetainAllocationHandle", 0, H_cuMemRetainAllocationHandle, H_cuMemRetainAllocationHandle, -1},
+    {"cuMemExportToShareableHandle", 0, H_cuMemExportToShareableHandle, H_cuMemExportToShareableHandle, -1},
+    {"cuMemImportFromShareableHandle", 0, H_cuMemImportFromShareableHandle, H_cuMemImportFromShareableHandle, -1},
+    {"cuModuleLoad", 0, H_cuModuleLoad, H_cuModuleLoad, -1},
+    {"cuModuleLoadData", 0, H_cuModuleLoadData, H_cuModuleLoadData, -1},
+    {"cuModuleLoadDataEx", 0, H_cuModuleLoadDataEx, H_cuModuleLoadDataEx, -1},
+    {"cuModuleLoadFatBinary", 0, H_cuModuleLoadFatBinary, H_cuModuleLoadFatBinary, -1},
+    {"cuModuleUnload", 0, H_cuModuleUnload, H_cuModuleUnload, -1},
+    {"cuLibraryLoadData", 0, H_cuLibraryLoadData, H_cuLibraryLoadData, -1},
+    {"cuLibraryLoadFromFile", 0, H_cuLibraryLoadFromFile, H_cuLibraryLoadFromFile, -1},
+    {"cuLibraryUnload", 0, H_cuLibraryUnload, H_cuLibraryUnload, -1},
     {"cuMipmappedArrayCreate", 0, H_cuMipmappedArrayCreate, H_cuMipmappedArrayCreate, -1},
     {"cuArrayDestroy", 0, H_cuArrayDestroy, H_cuArrayDestroy, -1},
     {"cuMipmappedArrayDestroy", 0, H_cuMipmappedArrayDestroy, H_cuMipmappedArrayDestroy, -1},
@@ -1727,6 +2092,11 @@ static const struct rule {
     {"cuDevicePrimaryCtxReset", 11000, H_cuDevicePrimaryCtxReset, H_cuDevicePrimaryCtxReset_v2, -1},
     {"cuCtxDestroy", 4000, H_cuCtxDestroy, H_cuCtxDestroy_v2, -1},
     {"cuCtxSetLimit", 0, H_cuCtxSetLimit, H_cuCtxSetLimit, -1},
+    {"cuEventRecord", 0, H_cuEventRecord, H_cuEventRecord, H_cuEventRecord_ptsz},
+    {"cuEventRecordWithFlags", 0, H_cuEventRecordWithFlags, H_cuEventRecordWithFlags, H_cuEventRecordWithFlags_ptsz},
+    {"cuEventSynchronize", 0, H_cuEventSynchronize, H_cuEventSynchronize, -1},
+    {"cuEventQuery", 0, H_cuEventQuery, H_cuEventQuery, -1},
+    {"cuEventDestroy", 4000, H_cuEventDestroy, H_cuEventDestroy_v2, -1},
     {"cuMemPoolCreate", 0, H_cuMemPoolCreate, H_cuMemPoolCreate, -1},
     {"cuMemPoolDestroy", 0, H_cuMemPoolDestroy, H_cuMemPoolDestroy, -1},
     {"cuDeviceGetDefaultMemPool", 0, H_cuDeviceGetDefaultMemPool, H_cuDeviceGetDefaultMemPool, -1},
@@ -1849,7 +2219,7 @@ static void *substitute(const char *sym, void *p, int ver, cuuint64_t flags, con
         return w[id];
     }
     if (unknown_counted_version(sym)) return refused_symbol(sym, ver);
-    return p; /* not an entry point we count: pass through */
+    return colo_gated(p); /* not an entry point we count: through colo suspend's gate (gate.c) */
 }
 
 EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int ver, cuuint64_t flags)
@@ -1921,6 +2291,12 @@ static void *refused_symbol(const char *name, int ver);
 static void *dlsym_wrapped(void *handle, const char *name) { return dlsym_hooked(handle, name, hook_id(name)); }
 static void *dlsym_refused(void *handle, const char *name) { (void)handle; return refused_symbol(name, 0); }
 static void *dlsym_none(void *handle, const char *name) { (void)handle; (void)name; return NULL; }
+/* Another driver function from the driver's handle: through colo suspend's gate (gate.c). */
+static void *dlsym_gated(void *handle, const char *name)
+{
+    void *p = next_dlsym(handle, name);
+    return p && !is_ours(p) ? colo_gated(p) : p;
+}
 
 /* dlsym and dlopen are exported as small trampolines that ask which function answers (the *_target
  * below), then *jump* to it with the program's own return address still on the stack: glibc's
@@ -1957,6 +2333,9 @@ __attribute__((used)) void *colo_dlsym_target(void *handle, const char *name)
     if (ledger_enabled()) {
         if (hook_id(name) >= 0) return (void *)dlsym_wrapped;
         if (unknown_counted_version(name)) return (void *)dlsym_refused;
+        /* an explicit handle only: RTLD_NEXT and RTLD_DEFAULT depend on the caller's address */
+        if (name && name[0] == 'c' && name[1] == 'u' && handle != RTLD_DEFAULT && handle != RTLD_NEXT)
+            return (void *)dlsym_gated;
     }
     if (!LOAD(&next_dlsym_fn)) resolve_dlsym();
     return next_dlsym_fn ? (void *)next_dlsym_fn : (void *)dlsym_none;
@@ -2081,19 +2460,40 @@ static void after_fork_child(void)
     /* The child has no CUDA context of the parent's: none of its pools, pending frees or graphs. */
     pools_atfork_child();
     g_npend = 0;
+    g_nevents = 0;
     g_gstream = 0;
+    /* a thread of the parent may have been inside a load: the child would wait on its lock for good */
+    pthread_mutex_init(&g_load_mu, NULL);
     table_atfork_child();
     ledger_atfork_child();
 }
 
-__attribute__((constructor)) static void colo_interpose_init(void)
+/* Set up once, by the first thread to need it; others wait for it (a yield loop: pthread_once is
+ * libpthread's before glibc 2.34). What the setup itself calls passes through unchanged. */
+static int g_setup; /* 0: not begun, 1: under way, 2: done */
+static __thread int t_in_setup __attribute__((tls_model("initial-exec")));
+
+int colo_interpose_setup(void)
 {
-    resolve_dlsym();
-    ledger_env_init();
-    table_env_init();
-    const char *m = getenv("COLO_GPU_MANAGED");
-    if (m && !strcmp(m, "none")) g_managed_none = 1;
-    else if (m && *m && strcmp(m, "full") && ledger_enabled())
-        fprintf(stderr, "colo: COLO_GPU_MANAGED=%s is not full or none: managed memory is charged in full\n", m);
-    if (ledger_enabled()) pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+    int s = 0;
+    if (__atomic_compare_exchange_n(&g_setup, &s, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        t_in_setup = 1;
+        resolve_dlsym();
+        int on = ledger_env_init();
+        table_env_init();
+        const char *m = getenv("COLO_GPU_MANAGED");
+        if (m && !strcmp(m, "none")) g_managed_none = 1;
+        else if (m && *m && strcmp(m, "full") && on)
+            fprintf(stderr, "colo: COLO_GPU_MANAGED=%s is not full or none: managed memory is charged in full\n", m);
+        if (on) pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+        t_in_setup = 0;
+        __atomic_store_n(&colo_ledger_on, on, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_setup, 2, __ATOMIC_RELEASE);
+    } else if (s == 1) {
+        if (t_in_setup) return 0;
+        while (__atomic_load_n(&g_setup, __ATOMIC_ACQUIRE) != 2) sched_yield();
+    }
+    return __atomic_load_n(&colo_ledger_on, __ATOMIC_ACQUIRE);
 }
+
+__attribute__((constructor)) static void colo_interpose_init(void) { (void)ledger_enabled(); }

@@ -40,7 +40,7 @@ _Static_assert(LEDGER_LANES <= 32, "lanes are a 32-bit mask");
 
 enum { ST_UNOPENED = 0, ST_READY = 1, ST_FAILED = 2 };
 
-int colo_ledger_on; /* read inline by ledger_enabled() (ledger.h) */
+int colo_ledger_on = -1; /* read inline by ledger_enabled() (ledger.h); set by colo_interpose_setup */
 static uint64_t g_budget;          /* min(COLO_GPU_BUDGET, the ledger's budget) */
 static const char *g_env_error;    /* why the environment alone already fails closed */
 static const char *g_path;
@@ -103,15 +103,12 @@ static void human(uint64_t b, char *out, size_t n)
     else snprintf(out, n, "%llu B", (unsigned long long)b);
 }
 
-void ledger_env_init(void)
+int ledger_env_init(void)
 {
-    if (budget_source(&g_budget, &g_path, &g_env_error)) { /* a colo job's: colo's file, not the env */
-        colo_ledger_on = 1;
-        return;
-    }
+    if (budget_source(&g_budget, &g_path, &g_env_error)) /* a colo job's: colo's file, not the env */
+        return 1;
     const char *b = getenv("COLO_GPU_BUDGET");
-    if (!b || !*b) return;
-    colo_ledger_on = 1;
+    if (!b || !*b) return 0;
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(b, &end, 10);
@@ -127,6 +124,7 @@ void ledger_env_init(void)
         for (unsigned i = 0; i < sizeof names / sizeof *names; i++)
             if (strstr(t, names[i])) g_test_stop |= 1u << i;
     }
+    return 1;
 }
 
 uint64_t ledger_budget(void) { return g_budget; }
@@ -345,6 +343,7 @@ static const char *open_ledger(void)
     void *m = mmap(NULL, g_len, PROT_READ | PROT_WRITE, MAP_SHARED, g_fd, 0);
     if (m == MAP_FAILED) return strerror(errno);
     g_hdr = m;
+    __atomic_store_n(&colo_gate_hdr, g_hdr, __ATOMIC_RELEASE); /* gate.c: the suspend word */
     if (h.budget < g_budget) g_budget = h.budget;
     if (claim_slot() != 0) return "no free process slot (too many live processes in this job)";
     /* Weak (libpthread's before glibc 2.34): without it, lanes of exited threads are not reused. */
@@ -544,6 +543,7 @@ void ledger_atfork_child(void)
     /* The inherited descriptor shares the parent's lock: let go of it (the parent keeps its
      * slot and its allocations) and take a slot of our own when the child first needs one. */
     pthread_mutex_init(&g_init_mu, NULL);
+    colo_gate_hdr = NULL; /* gate.c: the mapping goes; the child's own ledger open sets it again */
     if (g_fd >= 0) close(g_fd);
     if (g_hdr) munmap(g_hdr, g_len);
     g_fd = -1;

@@ -58,7 +58,7 @@ struct ledger_header {
     uint32_t resync;           /* >0: a process died mid-operation; totals to be recomputed */
     uint32_t hwm;              /* slots [0, hwm) have ever been owned: scans stop there */
     uint32_t reclaims;         /* dead-slot reclaims begun: a resync needs it unchanged */
-    uint32_t spare0;
+    uint32_t suspend;          /* LEDGER_SUSPENDED | LEDGER_RESUME_WANTED (gate.c; colo suspend) */
     uint32_t lanes;            /* LEDGER_LANES */
     uint32_t lane_size;        /* LEDGER_LANE_SIZE */
     char pad[LEDGER_DEV_AT - 72];
@@ -81,12 +81,35 @@ struct ledger_slot {
     struct ledger_lane lane[LEDGER_LANES];
 };
 
-/* Set up from the environment once per process (constructor); nothing touches the ledger yet. */
-void ledger_env_init(void);
-/* 1 when COLO_GPU_BUDGET is set: only then does the interposer change anything (read on every
- * call: inline). */
+/* `colo suspend` (gate.c): the daemon sets SUSPENDED while the job's processes are checkpointed;
+ * a call that meets it sets RESUME_WANTED and waits for SUSPENDED to clear. */
+enum { LEDGER_SUSPENDED = 1, LEDGER_RESUME_WANTED = 2 };
+extern struct ledger_header *colo_gate_hdr;
+void colo_gate_wait(void);
+void *colo_gated(void *p); /* a driver function this library does not wrap, behind the gate */
+/* The gate every wrapper passes (hooks.c real()): one load of the shared word when not suspended. */
+static inline __attribute__((always_inline)) void colo_gate(void)
+{
+    struct ledger_header *h = colo_gate_hdr;
+    if (__builtin_expect(h != 0, 1) && __builtin_expect(__atomic_load_n(&h->suspend, __ATOMIC_RELAXED) != 0, 0))
+        colo_gate_wait();
+}
+
+/* Set up from the environment once per process (hooks.c: colo_interpose_setup); nothing touches
+ * the ledger yet. Returns 1 when a budget applies. */
+int ledger_env_init(void);
+/* 1 when a budget applies (COLO_GPU_BUDGET, or colo's budget file): only then does the interposer
+ * change anything; -1 until the library is set up. Read on every call: inline, one load. */
 extern int colo_ledger_on;
-static inline int ledger_enabled(void) { return colo_ledger_on; }
+/* Sets the library up on its first use from any thread, whichever comes first: a wrapper, a
+ * dlsym or cuGetProcAddress answer, or our constructor (a library the program links runs its own
+ * constructor, which may use the driver, before a preloaded library's). Returns colo_ledger_on. */
+int colo_interpose_setup(void);
+static inline int ledger_enabled(void)
+{
+    int v = colo_ledger_on; /* written once, before anything it guards is used */
+    return __builtin_expect(v > 0, 1) ? 1 : v == 0 ? 0 : colo_interpose_setup();
+}
 /* Budget per device in bytes (0 when it could not be read: everything is refused). */
 uint64_t ledger_budget(void);
 

@@ -189,20 +189,33 @@ int table_take_if(int kind, uint64_t key, uint64_t ctx, struct alloc *out)
     return took;
 }
 
-int table_ref(uint64_t handle, int delta, struct alloc *out)
+int table_ref(int kind, uint64_t key, int delta, struct alloc *out)
 {
     int gone = -1;
-    uint64_t h = hash(K_VMM, handle);
+    uint64_t h = hash(kind, key);
     struct shard *s = shard_of(h);
     lock_mu(&s->mu);
-    long i = find(s, h, K_VMM, handle);
+    long i = find(s, h, kind, key);
     if (i >= 0) {
         gone = 0;
         s->tab[i].refs += (uint32_t)delta;
-        if (s->tab[i].refs == 0) { *out = s->tab[i]; remove_at(s, (size_t)i); gone = 1; }
+        *out = s->tab[i];
+        if (s->tab[i].refs == 0) { remove_at(s, (size_t)i); gone = 1; }
     }
     unlock_mu(&s->mu);
     return gone;
+}
+
+int table_update(int kind, uint64_t key, int (*fn)(struct alloc *, uint64_t), uint64_t arg)
+{
+    int r = -1;
+    uint64_t h = hash(kind, key);
+    struct shard *s = shard_of(h);
+    lock_mu(&s->mu);
+    long i = find(s, h, kind, key);
+    if (i >= 0) r = fn(&s->tab[i], arg);
+    unlock_mu(&s->mu);
+    return r;
 }
 
 int table_take_maps(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *))
@@ -253,7 +266,35 @@ static int in_ctx(const struct alloc *a, uint64_t ctx, uint64_t unused)
 {
     (void)unused;
     return a->ctx == ctx && (a->kind == K_PTR || a->kind == K_ARRAY || a->kind == K_MIPMAP || a->kind == K_LIMIT ||
-                             a->kind == K_PEND);
+                             a->kind == K_PEND || a->kind == K_MODULE);
+}
+
+/* K_PEND of stream x enqueued up to sequence number y (refs; wrapping). */
+static int of_stream_upto(const struct alloc *a, uint64_t stream, uint64_t seq)
+{
+    return a->kind == K_PEND && a->aux == stream && (int32_t)(a->refs - (uint32_t)seq) <= 0;
+}
+
+void table_take_pending_upto(uint64_t stream, uint32_t seq, void (*fn)(const struct alloc *))
+{
+    take_where(of_stream_upto, stream, seq, fn);
+}
+
+int table_pending_streams(uint64_t *out, int max)
+{
+    int n = 0;
+    for (unsigned k = 0; k < NSHARD && n < max; k++) {
+        struct shard *s = &shards[k];
+        lock_mu(&s->mu);
+        for (size_t i = 0; i < s->cap && n < max; i++) {
+            if (s->tab[i].kind != K_PEND) continue;
+            int seen = 0;
+            for (int j = 0; j < n && !seen; j++) seen = out[j] == s->tab[i].aux;
+            if (!seen) out[n++] = s->tab[i].aux;
+        }
+        unlock_mu(&s->mu);
+    }
+    return n;
 }
 
 static int of_stream(const struct alloc *a, uint64_t stream, uint64_t ctx_or_any)

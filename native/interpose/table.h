@@ -9,18 +9,25 @@
 /* K_PEND: a cuMemFreeAsync of memory not from a pool, still counted until its stream is known to
  * have reached it (aux: the stream). K_EXECW: bytes an instantiated graph's allocations take on
  * one device (hooks.c: exec_key). K_EXECB: the stream and epoch at which an instantiated graph's
- * memory is known to be mapped to it (hooks.c: exec_backed). */
+ * memory is known to be mapped to it (hooks.c: exec_backed). K_VOBJ: one physical VMM allocation,
+ * counted once (key: an id of ours; refs: the handle references and mappings holding it; size 0:
+ * imported from elsewhere, not sized until mapped; aux: its export's K_VEXP key). K_VMM: a handle
+ * value (refs: its references; aux: its K_VOBJ). K_VEXP: an exported fd's file (key: device and
+ * inode; aux: the K_VOBJ, 0 when two live allocations shared the file). K_MODULE: a loaded module
+ * or library, its globals' size. K_PEND's refs: the free's sequence number (hooks.c: g_free_seq).
+ * K_EVENT: an event recorded while frees were pending (aux: its stream; refs: the last free's
+ * sequence number before the record). */
 enum { K_PTR = 1, K_VMM = 2, K_MAP = 3, K_ARRAY = 4, K_MIPMAP = 5, K_POOL = 6, K_LIMIT = 7, K_PEND = 8,
-       K_EXECW = 11, K_EXECB = 12 };
+       K_EXECW = 11, K_EXECB = 12, K_VOBJ = 13, K_VEXP = 14, K_MODULE = 15, K_EVENT = 16 };
 
 struct alloc {
     uint64_t key;
     uint64_t size;   /* bytes counted in the ledger (K_MAP: bytes mapped) */
-    uint64_t aux;    /* K_MAP: the VMM handle that is mapped; K_PTR: its pool (0: none); K_PEND: stream */
+    uint64_t aux;    /* K_MAP: the K_VOBJ that is mapped; K_PTR: its pool (0: none); K_PEND: stream */
     uint64_t ctx;    /* the context it was made in (0: outlives contexts, e.g. VMM handles) */
     uint16_t kind;
     uint16_t dev;
-    uint32_t refs;   /* K_VMM: the handle itself plus each mapping of it */
+    uint32_t refs;   /* K_VMM: references to the handle; K_VOBJ: handle references and mappings */
 };
 
 /* Insert a. Returns 0, or -1 when host memory ran out (nothing stored: the caller must undo the
@@ -33,9 +40,11 @@ int table_get(int kind, uint64_t key, struct alloc *out);
 int table_take(int kind, uint64_t key, struct alloc *out);
 /* table_take, only when the entry was made in context ctx. */
 int table_take_if(int kind, uint64_t key, uint64_t ctx, struct alloc *out);
-/* Add `delta` to a K_VMM entry's refs; when they reach 0 the entry is removed and returned
- * (1); 0 when it stays; -1 for a handle that is not ours (imported). */
-int table_ref(uint64_t handle, int delta, struct alloc *out);
+/* Add `delta` to an entry's refs (K_VMM, K_VOBJ) and copy it out: 1 when they reached 0 and the
+ * entry was removed; 0 when it stays; -1 when there is none (not ours). */
+int table_ref(int kind, uint64_t key, int delta, struct alloc *out);
+/* fn(entry, arg) under the entry's lock; its result, or -1 when there is no such entry. */
+int table_update(int kind, uint64_t key, int (*fn)(struct alloc *, uint64_t), uint64_t arg);
 /* Remove the K_MAP entries that tile [lo, hi) (each mapping starts where the previous ended):
  * one lookup per mapping. Calls fn for each; returns how many. */
 int table_take_maps(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *));
@@ -46,6 +55,11 @@ void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *)
 void table_take_ctx(uint64_t ctx, void (*fn)(const struct alloc *));
 /* Remove the K_PEND entries of stream `stream` (all: of every stream of context ctx). */
 void table_take_pending(uint64_t stream, int all, uint64_t ctx, void (*fn)(const struct alloc *));
+/* Remove the K_PEND entries of stream `stream` whose sequence number (refs) is not after seq: the
+ * frees enqueued before an event recorded there. */
+void table_take_pending_upto(uint64_t stream, uint32_t seq, void (*fn)(const struct alloc *));
+/* Up to max distinct streams that K_PEND entries wait for (a scan: at the budget's edge only). */
+int table_pending_streams(uint64_t *out, int max);
 void table_atfork_prepare(void);
 void table_atfork_parent(void);
 void table_atfork_child(void);

@@ -15,3 +15,9 @@ $(BUILD)/colo-devcg: tools/devcg.c | $(BUILD)
 	$(CC) $(CFLAGS) -o $@ tools/devcg.c
 
 tools: $(BUILD)/colo-devcg
+
+# colo-ckpt: the driver's cuCheckpointProcess* calls on a job's pids (suspend/resume), via dlopen.
+$(BUILD)/colo-ckpt: tools/ckpt.c | $(BUILD)
+	$(CC) $(CFLAGS) -o $@ tools/ckpt.c $(LDLIBS)
+
+tools: $(BUILD)/colo-ckpt
