@@ -45,6 +45,16 @@ class Config:
     max_queued_per_user: int = 10_000
     max_running_per_user: int = 0
     max_gpu_mem_per_user: int = 0
+    # What one user's clients may hold open (root and admin_group members are not held to these):
+    # connections to the daemon (past it a new one is told so and closed), and of them streams
+    # (`wait`, `logs -f`, sessions), so that a user at the limit of streams can still ask and cancel.
+    max_connections_per_user: int = 64
+    max_streams_per_user: int = 48
+    # Tasks (processes and threads) one job may have at once (its cgroup's pids.max): `--tasks`, this
+    # when a job does not say, at most max_job_tasks unless an admin submits (0: no limit). A fork bomb
+    # then fails inside its own job, not in the next job of someone else.
+    job_tasks: int = 4096
+    max_job_tasks: int = 65536
     fair_share_half_life: float = 86400.0
     # The patrol: a job whose processes hold more GPU memory (as NVML sees it) than its budget is
     # reported, and killed once it has been over it for patrol_grace seconds within the last
@@ -190,6 +200,10 @@ class Config:
                 raise ConfigError(f"{k}: {values[k]!r} is not one of {', '.join(SUSPEND_POLICIES)}")
         if values.get("idle_sessions", "notify") not in IDLE_SESSIONS:
             raise ConfigError(f"idle_sessions: {values['idle_sessions']!r} is not one of {', '.join(IDLE_SESSIONS)}")
+        for k in ("max_connections_per_user", "max_streams_per_user", "job_tasks", "max_job_tasks"):
+            v = values.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 31):
+                raise ConfigError(f"{k}: {v!r} is not a whole number from 0 (0: no limit)")
         gg = values.get("gpu_group")
         if gg is not None and (not isinstance(gg, str) or not gg or gg.strip() != gg):
             raise ConfigError(f"gpu_group: {gg!r} is not a group name")

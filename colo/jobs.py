@@ -95,6 +95,7 @@ class JobSpec:
     slurm_job: int | None = None  # started by Slurm on this node (colo/daemon/external.py); never from a submitter
     cpus: float | None = None  # CPU limit in cores (cgroup / Docker nano_cpus)
     mem: int | None = None  # host memory limit in bytes (cgroup / Docker mem_limit)
+    tasks: int | None = None  # --tasks: processes and threads at once (pids.max); None: the node's job_tasks
     time: int | None = None  # wall-time limit in seconds: stopped when it is reached
     gpu_ids: list[int] = field(default_factory=list)  # --gpu-id: only these GPU indices may take it (empty: any)
     gpu_type: str | None = None  # --gpu-type: only GPUs whose name holds this (case-insensitive)

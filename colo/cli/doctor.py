@@ -19,6 +19,7 @@ from ..units import format_size
 
 ETC_CONFIG = Path("/etc/colo/colo.toml")
 
+CLIENTS = ("max_connections_per_user", "max_streams_per_user")  # said with the descriptors, not the jobs' limits
 
 def _gating(line: Callable[[bool | None, str, str], None]) -> None:
     """Is the node gated (docs/gating.md), read from the GPUs' device files here, against the group
@@ -154,10 +155,23 @@ def run_checks(sock: Path | None) -> bool:
         lim = node.get("limits") or {}
         if lim:
             per_user = ", ".join(f"{k.removeprefix('max_').removesuffix('_per_user')} {v}"
-                                 for k, v in lim.items() if k.endswith("_per_user") and v) or "none"
+                                 for k, v in lim.items() if k.endswith("_per_user") and v and k not in CLIENTS) or "none"
             line(True, "limits", f"per user: {per_user}; reserve {format_size(lim['reserve'])} a GPU; "
                  f"slowdown bound {lim['slowdown_bound']}x; patrol kills "
                  + (f"after {lim['patrol_grace']:g} s over budget" if lim["patrol_kill"] else "off"))
+            if "open_files" in lim:  # (what one user can hold of them: max_connections_per_user)
+                n = lim["open_files"]
+                each = ", ".join(f"{lim[k] or 'any number of'} {k.split('_')[1]}" for k in CLIENTS if k in lim)
+                line(n < 0 or n >= 4096 or None, "descriptors",
+                     f"the daemon may open {'any number of' if n < 0 else n} files (RLIMIT_NOFILE); a user's "
+                     f"clients may hold {each}"
+                     + ("" if n < 0 or n >= 4096 else "; raise LimitNOFILE in its unit: each client holds one"))
+            if "tasks_bounded" in lim:
+                n, most = lim.get("job_tasks"), lim.get("max_job_tasks")
+                line(True if lim["tasks_bounded"] else None, "tasks",
+                     (f"each job at most {n or 'any number of'} processes and threads unless --tasks (up to "
+                      f"{most or 'any number'}; pids.max)") if lim["tasks_bounded"]
+                     else "jobs' tasks are not bounded here: no pids cgroup controller for colo")
         if node.get("metrics"):
             _metrics(line, str(node["metrics"]))
     print("this machine:")

@@ -110,6 +110,8 @@ SUBMIT = Cmd(
      Opt(("--no-suspend",), "no_suspend", "never suspended by colo's policies (idle_jobs, idle_sessions, preempt: "
          "docs/suspend.md); `colo suspend` by you or an admin still may", bool),
      Opt(("--cpus",), "cpus", "CPU limit in cores, e.g. 2 or 0.5", float),
+     Opt(("--tasks",), "tasks", "most processes and threads the job may have at once (default: the node's "
+         "job_tasks); a fork past it fails inside the job", int),
      Opt(("--mem",), "mem", "host memory limit, e.g. 8GiB"),
      Opt(("--time",), "time_limit", "wall-time limit as Slurm reads it: minutes, MM:SS, HH:MM:SS, D-HH:MM:SS "
          "(or 90s, 2h)"),

@@ -24,7 +24,8 @@ def build_spec(command: list[str] | None, *, image: str | None = None, process: 
                time: str | None = None, after_any: list[str] = (), after_fail: list[str] = (),
                array: str | None = None, gpu_id: list[str] = (), gpu_type: str | None = None, hold: bool = False,
                begin: float | None = None, output: str | None = None, error: str | None = None,
-               on_end: str | None = None, mail_type: str | None = None, mail_user: str | None = None) -> dict:
+               on_end: str | None = None, mail_type: str | None = None, mail_user: str | None = None,
+               tasks: int | None = None) -> dict:
     if not command:
         raise Fail("missing command: give it after `--`, e.g. colo submit --gpu-mem 1GiB -- python train.py")
     if image and process:
@@ -69,7 +70,7 @@ def build_spec(command: list[str] | None, *, image: str | None = None, process: 
     spec.update({k: v for k, v in (("cpus", cpus), ("mem", mem), ("time", time), ("array", array),
                                    ("gpu_ids", ids or None), ("gpu_type", gpu_type), ("hold", hold or None),
                                    ("begin", begin), ("on_end", on_end), ("mail_type", mail_type),
-                                   ("mail_user", mail_user), *files.items()) if v is not None})
+                                   ("mail_user", mail_user), ("tasks", tasks), *files.items()) if v is not None})
     return spec
 
 
@@ -96,7 +97,8 @@ def submit(command: list[str], image: str | None = None, process: bool = False, 
            mail_user: str | None = None, wait_: bool = False, follow: bool = False, grow: bool = False,
            no_suspend: bool = False,
            cpus: float | None = None, mem: str | None = None, time_limit: str | None = None, array: str | None = None,
-           gpu_id: list[str] = (), gpu_type: str | None = None, sock: str | None = None, as_json: bool = False) -> int:
+           gpu_id: list[str] = (), gpu_type: str | None = None, sock: str | None = None, as_json: bool = False,
+           tasks: int | None = None) -> int:
     """`colo submit`: the spec from the options (build_spec), the daemon's answer, and with --wait or
     --follow how the job ended."""
     from . import when
@@ -109,7 +111,7 @@ def submit(command: list[str], image: str | None = None, process: bool = False, 
                           priority=priority, profile=profile, retries=retries, cpus=cpus, mem=mem, time=time_limit,
                           after_any=after_any, after_fail=after_fail, array=array, gpu_id=gpu_id, gpu_type=gpu_type,
                           hold=hold, begin=at, output=output, error=error, on_end=on_end, mail_type=mail_type,
-                          mail_user=mail_user)
+                          mail_user=mail_user, tasks=tasks)
     if follow and array:
         raise Fail("--follow shows one job's output: with --array use --wait, then colo logs ARRAY_INDEX")
     if grow:  # sent only when asked for: a daemon of before --grow takes the spec unchanged
@@ -136,10 +138,10 @@ def submit(command: list[str], image: str | None = None, process: bool = False, 
         code = jobview.logs(str(job["id"]), follow=True, sock=sock)
         if code:
             return code
-    tasks = [str(i) for i in job.get("tasks") or [job["id"]]]
+    ids = [str(i) for i in job.get("tasks") or [job["id"]]]
     if not as_json:
-        return jobview.wait(tasks, sock=sock)
-    ended = Client(sock, timeout=None).wait([int(t) for t in tasks])  # how it ended, for scripts
+        return jobview.wait(ids, sock=sock)
+    ended = Client(sock, timeout=None).wait([int(t) for t in ids])  # how it ended, for scripts
     from .out import print_json
 
     print_json(ended if job.get("tasks") else ended[0])

@@ -101,6 +101,9 @@ class Admission:
             raise ApiError(f"--priority {spec.priority} is above {top}, the most a user may set here "
                            f"(max_user_priority); members of {self.config.admin_group or 'no admin group'} and root "
                            "may set more", protocol.FORBIDDEN)
+        if (n := spec.tasks) and n > (most := self.config.max_job_tasks) > 0 and not is_admin(caller, self.config.admin_group):
+            raise ApiError(f"--tasks {n} is above {most}, the most a job may have here (max_job_tasks); members of "
+                           f"{self.config.admin_group or 'no admin group'} and root may ask for more", protocol.FORBIDDEN)
         if not queued and (why := fairshare.submit_refusal(self.scheduler.limits, user, self.scheduler.queued_count(uid),
                                                              tasks)):
             raise ApiError(why, protocol.FORBIDDEN)

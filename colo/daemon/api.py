@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import pwd
+import resource
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
@@ -107,7 +108,10 @@ class Api:
                            "max_running_per_user": c.max_running_per_user,
                            "max_gpu_mem_per_user": c.max_gpu_mem_per_user, "max_user_priority": c.max_user_priority,
                            "slowdown_bound": c.slowdown_bound, "patrol_kill": c.patrol_kill,
-                           "patrol_grace": c.patrol_grace},
+                           "patrol_grace": c.patrol_grace, "max_connections_per_user": c.max_connections_per_user,
+                           "max_streams_per_user": c.max_streams_per_user, "job_tasks": c.job_tasks,
+                           "max_job_tasks": c.max_job_tasks, "tasks_bounded": "pids" in getattr(d.cgroups, "limits", {}),
+                           "open_files": resource.getrlimit(resource.RLIMIT_NOFILE)[0]},  # (RLIM_INFINITY: -1)
                 "metrics": c.metrics_listen}
 
     async def submit(self, caller: Caller, args: dict, tty: bool = False) -> dict:
@@ -535,7 +539,7 @@ class Api:
         dec = logread.decoder()  # one for the whole stream: a character may span two reads
         try:
             if path.exists():
-                fd = await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # (not in a thread: a stream ended then would lose it)
             if fd is not None and (tail is not None or since is not None or stamps):
                 pos = os.fstat(fd).st_size
                 index, fallback = await noted(pos) if seen is not None else (([], []), time.time())
@@ -547,7 +551,7 @@ class Api:
                         start = logread.tail_start(fd, start, stop, tail)
                     return start, stop
 
-                start, stop = await asyncio.to_thread(bounds)  # a scan back over up to the whole log
+                start, stop = await logread.settled(bounds)  # a scan back over up to the whole log
                 line_start = logread.ends_line(fd, pos)
                 for ev in logread.pieces(fd, start, stop, index, fallback, stamps, dec):
                     yield ev

@@ -100,6 +100,7 @@ class Daemon:
         for what, why in self.cgroups.missing.items():
             log.warning("%s: %s", {"contain": "process jobs run without a cgroup of their own",
                                    "cpu": "--cpus is refused", "memory": "--mem is refused",
+                                   "pids": "jobs' tasks are not bounded (--tasks, job_tasks)",
                                    "devices": "jobs are not held to their own GPUs' device files"}[what], why)
         self.gpus = Gpus(c, native_dir)
         self.engines = Engines(c, instance, native_dir, self.cgroups)
@@ -137,7 +138,8 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.update()  # a scrape before the first tick has figures
             self.metrics.serve()
-        self.onend = OnEnd(c, native_dir)
+        nodes = self.engines.gpu_nodes
+        self.onend = OnEnd(c, native_dir, self.cgroups, (lambda: nodes.deny_rules([])) if nodes is not None else None)
         self.listing = Listing(c, self.table, self.store, self.scheduler, self.gpus, self.patrol, self.sampler,
                                self.suspender)
         self.admission = Admission(c, self.store, self.gpus, self.engines, self.scheduler, native_dir)

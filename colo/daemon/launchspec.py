@@ -103,5 +103,6 @@ def build_launch(config: Config, gpus: Gpus, native_dir: Path, mps_users: Callab
                   run_dir=run_dir, image=job.spec.image, env=env, mounts=mounts, workdir=job.spec.workdir,
                   gpus=list(dec.gpus), labels={"colo.job": str(job.id), "colo.user": job.user},
                   share_host_shm=share_shm, release=release, cpus=job.spec.cpus, mem=job.spec.mem,
+                  tasks=job.spec.tasks or config.job_tasks or None,
                   output=job.spec.output and job.spec.out_path(job.spec.output, job.id, job.user),
                   error=job.spec.error and job.spec.out_path(job.spec.error, job.id, job.user))

@@ -9,15 +9,29 @@ of at most CHUNK bytes (4096 lines an event). Lines are split as bytes.splitline
 """
 from __future__ import annotations
 
+import asyncio
 import bisect
 import codecs
 import os
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 BLOCK = 1 << 16  # bytes read at a time when scanning back
 CHUNK = 1 << 18  # bytes read at a time when sending
 LINES = 4096  # lines in one event
 _NL, _CR = 0x0A, 0x0D
+
+
+async def settled(fn: Callable[[], T]) -> T:
+    """fn() in a worker thread. A stream whose client goes is cancelled: this then waits for the
+    thread to be done with the log's descriptor before the stream's `finally` closes it."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.gather(task, return_exceptions=True)
+        raise
 
 
 def starts_before(fd: int, lo: int, hi: int) -> Iterator[int]:

@@ -9,7 +9,13 @@ line that says so. It has ON_END_TIMEOUT seconds, then it is stopped. A daemon t
 meanwhile leaves it to run to its end unfollowed; a job that ended while the daemon was away has
 its command run when the daemon records that end.
 
-Owns: nothing that lasts (a thread per command, which waits for it).
+It runs under the job's own limits (--cpus, --mem, --tasks), in a cgroup leaf of its own beside
+the job's (onend-<ID>), never in the daemon's: one command allocated 300 MiB past its job's 64 MiB
+there. Commands wait their turn on a few threads (WORKERS), each user at most PER_USER at once and
+users taken in turn, so that 300 of one user's neither take the daemon to 300 threads nor hold
+everyone else's back.
+
+Owns: the queue of commands to run and the threads that run them.
 """
 from __future__ import annotations
 
@@ -18,10 +24,14 @@ import os
 import signal
 import subprocess
 import threading
+import time
+from collections import deque
 from pathlib import Path
+from typing import Callable
 
 from ..config import Config
 from ..jobs import TERMINAL, Job, State
+from ..node.cgroup import ONEND, CgroupError, Cgroups
 from ..runtimes import process
 
 log = logging.getLogger("colo")
@@ -29,6 +39,65 @@ log = logging.getLogger("colo")
 ON_END_TIMEOUT = 300.0  # seconds an --on-end command (or a mail's hand-over) may take
 SENDMAIL = ("/usr/sbin/sendmail", "/usr/lib/sendmail")
 WHERE = "no sendmail in /usr/sbin or /usr/lib"
+WORKERS = 8  # commands run at once, all users together
+PER_USER = 2  # of them, one user's
+
+
+class Turns:
+    """Work run on at most `workers` threads (made when needed, gone when idle), at most
+    `per_user` of one user's at once, the users with work waiting taken in turn."""
+
+    def __init__(self, workers: int = WORKERS, per_user: int = PER_USER):
+        self.workers, self.per_user = workers, per_user
+        self.lock = threading.Lock()
+        self.queues: dict[int, deque[Callable[[], None]]] = {}
+        self.order: deque[int] = deque()  # users with work waiting, the next one first
+        self.running: dict[int, int] = {}
+        self.threads = 0
+
+    def submit(self, uid: int, fn: Callable[[], None]) -> None:
+        with self.lock:
+            if uid not in self.queues:
+                self.queues[uid] = deque()
+                self.order.append(uid)
+            self.queues[uid].append(fn)
+            if self.threads < self.workers:
+                self.threads += 1
+                threading.Thread(target=self._work, name="colo-onend", daemon=True).start()
+
+    def waiting(self) -> int:
+        with self.lock:
+            return sum(len(q) for q in self.queues.values())
+
+    def _next(self) -> tuple[int, Callable[[], None]] | None:
+        for _ in range(len(self.order)):
+            uid = self.order[0]
+            self.order.rotate(-1)
+            if self.running.get(uid, 0) < self.per_user:
+                q = self.queues[uid]
+                fn = q.popleft()
+                if not q:
+                    del self.queues[uid]
+                    self.order.remove(uid)
+                self.running[uid] = self.running.get(uid, 0) + 1
+                return uid, fn
+        return None
+
+    def _work(self) -> None:
+        while True:
+            with self.lock:
+                pick = self._next()
+                if pick is None:
+                    self.threads -= 1
+                    return
+            uid, fn = pick
+            try:
+                fn()
+            finally:
+                with self.lock:
+                    self.running[uid] -= 1
+                    if not self.running[uid]:
+                        del self.running[uid]
 
 
 def transfer_agent() -> str | None:
@@ -51,19 +120,25 @@ def mail_text(job: Job, to: str) -> bytes:
 
 
 class OnEnd:
-    def __init__(self, config: Config, native_dir: Path):
+    def __init__(self, config: Config, native_dir: Path, cgroups: Cgroups | None = None,
+                 no_gpus: Callable[[], list[str]] | None = None):
         self.config = config
         self.native = native_dir
+        self.cgroups = cgroups if cgroups is not None and cgroups.contain is not None else None
+        # the device rules that keep a command from every GPU: its leaf is beneath colo's folder,
+        # which a gated node's device program lets reach the GPUs (docs/gating.md)
+        self.no_gpus = no_gpus
         self.folder = config.state_dir / "onend"  # the shims' exit files: root's alone
+        self.turns = Turns()
 
     def job_changed(self, prev: Job | None, job: Job) -> None:
-        """JobTable's watcher: a job that just ended runs what it asked for, on a thread of its own."""
+        """JobTable's watcher: a job that just ended runs what it asked for, in its turn (Turns)."""
         if prev is None or prev.state in TERMINAL or job.state not in TERMINAL:
             return
         mail = job.spec.mail_type and wants_mail(job)
         if not (job.spec.on_end or mail):
             return
-        threading.Thread(target=self._run, args=(job, bool(mail)), name=f"colo-onend-{job.id}", daemon=True).start()
+        self.turns.submit(job.uid, lambda: self._run(job, bool(mail)))
 
     def _run(self, job: Job, mail: bool) -> None:
         try:
@@ -83,13 +158,30 @@ class OnEnd:
         env.update(COLO_JOB_ID=str(job.id), COLO_JOB_NAME=job.spec.name or "", COLO_JOB_STATE=str(job.state),
                    COLO_JOB_EXIT="" if job.exit_code is None else str(job.exit_code), COLO_JOB_REASON=job.reason)
         workdir = job.spec.workdir if job.spec.image is None and job.spec.workdir else home
+        leaf, extra = f"{ONEND}{job.id}-{threading.get_ident()}", []
+        if self.cgroups is not None and os.geteuid() == 0:
+            try:  # the job's limits: --cpus, --mem, --tasks (the node's job_tasks when it gave none)
+                extra = [a for d in self.cgroups.create(job.id, job.spec.cpus, job.spec.mem,
+                                                        job.spec.tasks or self.config.job_tasks or None, leaf)
+                         for a in ("--cgroup", str(d))]
+            except (CgroupError, OSError) as e:  # its limits cannot be had: it does not run without them
+                raise RuntimeError(f"no cgroup for it: {e}") from None
+            try:  # and no GPU: it runs after its job, outside any budget
+                self.cgroups.restrict_devices(job.id, self.no_gpus() if self.no_gpus else [], leaf)
+            except (CgroupError, LookupError) as e:
+                if self.config.gpu_group is not None:  # a gated node: GPU files are open to colo's folders
+                    self._drop(leaf, job.id)
+                    raise RuntimeError(str(e)) from None
         logf = os.open(self.config.log_path(job.id), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
                        | os.O_CLOEXEC, 0o600)  # root's, in the root-only logs/ folder
         try:
             os.write(logf, f"\n[colo: {said} (as {job.user})]\n".encode(errors="replace"))
             uid = job.uid if os.geteuid() == 0 else None
             p = process.spawn(str(self.native / "colo-shim"), exit_file, argv, uid, job.gid, groups, workdir, env,
-                              logf, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL)
+                              logf, extra, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL)
+        except BaseException:
+            self._drop(leaf, job.id)
+            raise
         finally:
             os.close(logf)
         try:
@@ -116,6 +208,27 @@ class OnEnd:
         finally:
             for f in (exit_file, exit_file.with_name(exit_file.name + ".tmp")):
                 f.unlink(missing_ok=True)
+            self._drop(leaf, job.id)
+
+    def _drop(self, leaf: str, job_id: int) -> None:
+        """The command's cgroup leaves, emptied (the shim has ended what it started) and removed."""
+        if self.cgroups is None:
+            return
+        for d in self.cgroups.dirs(job_id):
+            d = d.parent / leaf
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:  # its last processes are still going
+                    kill = d / "cgroup.kill"
+                    try:
+                        kill.write_text("1")
+                    except OSError:
+                        pass
+                    time.sleep(0.1)
 
 
 def _tree(pid: int) -> list:

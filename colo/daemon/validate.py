@@ -87,9 +87,10 @@ PRIVATE_SPEC = {"env": {}, "mounts": [], "workdir": None, "on_end": None, "outpu
                 "mail_user": None, "mail_type": None}
 
 
+MAX_TASKS = 1 << 22  # Linux's PID_MAX_LIMIT: more tasks than a node can have at all
 SPEC_FIELDS = {"argv", "image", "name", "gpu_mem", "gpus", "env", "mounts", "workdir", "after", "after_any",
                "after_fail", "priority", "profile", "retries", "grow", "no_suspend", "cpus", "mem", "time", "gpu_ids", "gpu_type",
-               "array", "interactive", "hold", "begin", "output", "error", "on_end", "mail_type", "mail_user"}
+               "array", "interactive", "hold", "begin", "output", "error", "on_end", "mail_type", "mail_user", "tasks"}
 # colo's own plumbing: a job that could set these could escape its budget or reach MPS.
 # NVIDIA_*: what the NVIDIA container runtime's hook reads to hand a container devices (GPUs, MIG
 # capabilities, IMEX channels, GDS/MOFED/NVSwitch/GDRCopy devices); others (NVIDIA_TF32_OVERRIDE) are the job's.
@@ -283,6 +284,9 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
             raise Invalid(f"--mem: {e}") from None
         if mem < 4 << 20:
             raise Invalid("--mem must be at least 4MiB")
+    tasks = raw.get("tasks")
+    if tasks is not None and (not _int(tasks) or not 1 <= tasks <= MAX_TASKS):
+        raise Invalid(f"--tasks must be a number of processes and threads from 1 to {MAX_TASKS}, not {tasks!r}")
     limit = raw.get("time")
     if limit is not None:
         limit = parse_time(limit)
@@ -291,7 +295,7 @@ def check_spec(raw: Any, caller: Caller, protected: list[Path]) -> JobSpec:
         raise Invalid("hold must be true or false")
     return JobSpec(argv=argv, image=image, name=name, gpu_mem=gpu_mem, gpus=gpus, env=env, mounts=mounts,
                    workdir=workdir, **deps, priority=priority, profile=profile, retries=retries,
-                   grow=grow, cpus=float(cpus) if cpus is not None else None, mem=mem, time=limit,
+                   grow=grow, cpus=float(cpus) if cpus is not None else None, mem=mem, tasks=tasks, time=limit,
                    gpu_ids=gpu_ids, gpu_type=gpu_type, interactive=interactive, no_suspend=no_suspend, begin=_begin(raw.get("begin")),
                    **_outputs(raw, image), **_on_end(raw))
 

@@ -35,6 +35,7 @@ from . import native
 SUPERVISOR = "supervisor"
 CPU_PERIOD = 100_000  # microseconds
 DEVCG = "colo-devcg"  # native/tools/devcg.c
+ONEND = "onend-"  # the leaf of a job's --on-end command: onend-<ID>, under the job's limits
 
 
 class CgroupError(RuntimeError):
@@ -156,7 +157,7 @@ class Cgroups:
         own2, own1 = _own()
         if unified is not None and own2 is not None:
             base = _base(unified, own2)
-            want = {"cpu", "memory"} & set(_read(base / "cgroup.controllers").split())
+            want = {"cpu", "memory", "pids"} & set(_read(base / "cgroup.controllers").split())
             if want and base != unified:
                 try:
                     cg._leave_for_leaf(own2, base)
@@ -178,7 +179,7 @@ class Cgroups:
                     cg.limits[c], cg.limit_v2[c] = base / name, True
                 except OSError as e:
                     cg.missing[c] = f"cannot hand the {c} controller down from {base}: {e.strerror}"
-        for c in ("cpu", "memory"):
+        for c in ("cpu", "memory", "pids"):
             if c in cg.limits:
                 continue
             if c in v1 and c in own1:
@@ -229,12 +230,13 @@ class Cgroups:
         else:
             self.missing["devices"] = why
 
-    def restrict_devices(self, job_id: int, deny: list[str]) -> None:
+    def restrict_devices(self, job_id: int, deny: list[str], leaf: str | None = None) -> None:
         """Refuse the job the devices `deny` names (`c:195:1`: /dev/nvidia1) before anything of
-        it runs; CgroupError when this host has no way to (missing["devices"] says why)."""
+        it runs; CgroupError when this host has no way to (missing["devices"] says why). `leaf`:
+        another leaf of the job's (its --on-end command's)."""
         if not deny:
             return
-        leaf = f"job-{job_id}"
+        leaf = leaf or f"job-{job_id}"
         try:
             if "devices" in self.limits:
                 for rule in deny:
@@ -265,7 +267,7 @@ class Cgroups:
     def dirs(self, job_id: int) -> list[Path]:
         """Every leaf of this job, the containing one first (the shim kills and watches that one)."""
         out = [self.contain / f"job-{job_id}"] if self.contain is not None else []
-        for c in ("cpu", "memory", "devices"):
+        for c in ("cpu", "memory", "pids", "devices"):
             d = self.limits.get(c)
             if d is not None and d / f"job-{job_id}" not in out:
                 out.append(d / f"job-{job_id}")
@@ -279,17 +281,23 @@ class Cgroups:
         key, path = self.contain_at
         return {key: f"{path.rstrip('/')}/job-{job_id}"}
 
-    def create(self, job_id: int, cpus: float | None = None, mem: int | None = None) -> list[Path]:
-        """Make the job's leaves with its limits; CgroupError when a limit cannot be had here."""
+    def create(self, job_id: int, cpus: float | None = None, mem: int | None = None,
+               tasks: int | None = None, leaf: str | None = None) -> list[Path]:
+        """Make the job's leaves with its limits; CgroupError when a limit cannot be had here.
+        `tasks` (pids.max) is kept where the pids controller is and skipped where it is not (every
+        job has one by default: `missing["pids"]` says why; colo doctor shows it). `leaf`: another
+        leaf under the job's limits (an --on-end command's), made beside the job's."""
         for what, want in (("cpu", cpus), ("memory", mem)):
             if want and what not in self.limits:
                 flag = "--cpus" if what == "cpu" else "--mem"
                 raise CgroupError(f"{flag} cannot be enforced here: {self.missing.get(what, 'no controller')}")
-        dirs = self.dirs(job_id)
+        leaf = leaf or f"job-{job_id}"
+        dirs = [d.parent / leaf for d in self.dirs(job_id)]
         for d in dirs:
             d.mkdir(exist_ok=True)
-        leaf = f"job-{job_id}"
         try:
+            if tasks and "pids" in self.limits:
+                _write(self.limits["pids"] / leaf / "pids.max", str(int(tasks)))
             if cpus:
                 d = self.limits["cpu"] / leaf
                 quota = max(1000, int(cpus * CPU_PERIOD))
@@ -313,7 +321,11 @@ class Cgroups:
                     except OSError:
                         pass
         except OSError as e:
-            self.remove(job_id)
+            for d in dirs:
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
             raise CgroupError(f"cannot set the job's limits: {e.strerror}") from None
         return dirs
 
@@ -373,7 +385,8 @@ class Cgroups:
             except OSError:
                 continue
             for n in names:
-                if n.startswith("job-") and n[4:].isdigit() and int(n[4:]) not in keep:
+                if (n.startswith("job-") and n[4:].isdigit() and int(n[4:]) not in keep
+                        or n.startswith(ONEND)):  # (an --on-end command's, left by a daemon that stopped)
                     try:
                         (root / n).rmdir()
                     except OSError:

@@ -45,6 +45,7 @@ class Launch:
     release: Callable[[], None] | None = None
     cpus: float | None = None  # CPU limit (cores), None: none
     mem: int | None = None  # host memory limit (bytes), None: none
+    tasks: int | None = None  # processes and threads at once (pids.max), None: none
     # A session's terminal (the slave end of a pty the daemon made): the job's stdin, stdout,
     # stderr and controlling terminal. The runtime owns it: it closes it once the job has it.
     tty: int | None = None

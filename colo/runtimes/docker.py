@@ -328,6 +328,7 @@ class DockerRuntime:
             nano_cpus=int(launch.cpus * 1e9) if launch.cpus else None,
             mem_limit=launch.mem or None,
             memswap_limit=launch.mem or None,  # the limit is on memory, not memory + swap
+            pids_limit=launch.tasks or None,
         )
 
     def _simulated_devices(self, launch: Launch) -> list[str]:

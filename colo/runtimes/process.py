@@ -182,7 +182,7 @@ class ProcessRuntime:
             raise StartError("--cpus/--mem cannot be enforced here: colo has no cgroups")
         if self.cgroups is not None:
             try:
-                for d in self.cgroups.create(launch.job_id, launch.cpus, launch.mem):
+                for d in self.cgroups.create(launch.job_id, launch.cpus, launch.mem, launch.tasks):
                     extra += ["--cgroup", str(d)]
                 self._hold_to_gpus(launch)
             except CgroupError as e:
