@@ -319,6 +319,12 @@ class Api:
                            f"other job on that GPU); colo cancel {job.id} stops it", protocol.INVALID)
         return self.summary(await self._engine(job, self.d.launcher.pause(job.id, caller.user)))
 
+    async def drain(self, caller: Caller, args: dict) -> dict:
+        return await self.d.drains.drain(caller, args)  # colo/daemon/drain.py
+
+    async def undrain(self, caller: Caller, args: dict) -> dict:
+        return await self.d.drains.undrain(caller, args)
+
     async def suspend(self, caller: Caller, args: dict) -> dict:
         """Its GPU memory to host memory (colo/daemon/suspend.py)."""
         job = self._own(self._job(args), caller, "suspend")
