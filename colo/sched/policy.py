@@ -1128,6 +1128,12 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
                                                                                                 c.gpu_type))]
         if len(fitting) < c.gpus:
             among = f" among the GPUs it may use ({_only_text(c.gpu_ids, c.gpu_type)})" if only else ""
+            if only and sum(1 for g in state.values() if gpu_allowed(g.view, c.gpu_ids, c.gpu_type)) < c.gpus:
+                # the GPUs it may use take nothing new (drained, lost, held): that is why, not memory
+                append(Decision(c.job_id, WAIT, reason=f"waiting: the GPUs it may use "
+                                f"({_only_text(c.gpu_ids, c.gpu_type)}) take no new job now{down}",
+                                details={"need": c.budget, "most_free": most_free}))
+                continue
             append(Decision(c.job_id, WAIT, reason=(
                 f"waiting for memory: needs {format_size(c.budget)} on {c.gpus} GPU(s), "
                 f"{len(fitting)} GPU(s){among} have that much free budget{down}"),
