@@ -115,6 +115,7 @@ def test_a_drain_outlasts_a_restart_and_undrain_lets_jobs_in(d):
     d.start()
     assert drained(d)[0] == "drained by root: demo on Friday"
     assert drained_metric(d) == {"0": 1.0, "1": 0.0}
+    assert "drained by root: demo on Friday, colo undrain 0" in d.cli("doctor").stdout
     pinned = d.submit(*gated(d, "go3", "--gpu-id", "0"))
     wait_for(lambda: "GPU 0 drained by root: demo on Friday" in d.cli("explain", str(pinned)).stdout, 60,
              "the pinned job to wait for the drained GPU")

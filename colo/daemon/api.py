@@ -98,7 +98,7 @@ class Api:
             access = await asyncio.to_thread(docker.gpu_access)
             containers = {"via": access.via, "detail": access.detail}
         return {"gpus": [{"index": g.index, "name": g.name, "total": g.total, "compute_mode": g.compute_mode,
-                          "error": g.error} for g in d.gpus.devices],
+                          "error": g.error, "drained": d.gpus.drained.get(g.uuid)} for g in d.gpus.devices],
                 "simulated": c.fakegpu_state is not None,
                 "mps": {"available": m.available(), "why_not": None if m.available() else m.unavailable_reason,
                         "multi_user": c.multi_user_mps, "used": d.cfg_policy.use_mps},
