@@ -25,6 +25,8 @@ def drain(gpus: list[str], reason: str | None = None, now: bool = False, sock: s
         echo(f"GPU {g['index']}: {safe(g['drained'])}")
     if r["requeued"]:
         echo(f"requeued: {', '.join(map(str, r['requeued']))}")
+    for j in r.get("left", []):
+        echo(f"job {j['id']} left running: {safe(j['why'])}")
     return 0
 
 

@@ -4,7 +4,9 @@ Owns nothing of its own: a drain is a row in the store (so that it outlasts a re
 Gpus part's `drained` map, which views() hands plan(); plan() places no new job on a drained GPU
 and tells waiting jobs why ("GPU 0 drained by root: driver update"). Running jobs finish there,
 unless the drain says --now: then they are queued again under their ids (Launcher.requeue_running)
-and start on another GPU. Slurm's jobs are Slurm's to move: they are left running.
+and start on another GPU. Left running, and named in the reply: Slurm's jobs (Slurm's to move),
+suspended ones (a suspend or resume may be under way; their memory is in host memory) and jobs
+still starting.
 """
 from __future__ import annotations
 
@@ -75,20 +77,28 @@ class Drains:
         gpus = self._resolve(args.get("gpus") or [])
         text = drained_text(caller.user, reason)
         requeued: list[int] = []
+        left: list[dict] = []  # jobs --now does not move, and why
         for uuid, index in gpus:
             self.store.set_drain(uuid, index, caller.user, reason)  # stored first: it outlasts a crash from here
             self.gpus.set_drained(uuid, text)
             log.info("GPU %d (%s) %s", index, uuid, text)
         if args.get("now"):
             out = {u for u, _ in gpus}
-            for job in self.table.jobs_in(State.RUNNING):
-                if not out & set(job.gpus) or not job.handle or job.spec.slurm_job is not None:
+            for job in self.table.jobs_in(State.STARTING, State.RUNNING):
+                if not out & set(job.gpus):
+                    continue
+                why = ("Slurm's job: Slurm moves it" if job.spec.slurm_job is not None
+                       else "suspended: its memory is in host memory (colo cancel, or resume it)" if job.suspended
+                       else "still starting" if job.state != State.RUNNING or not job.handle else None)
+                if why:
+                    left.append({"id": job.id, "why": why})
                     continue
                 names = ", ".join(f"GPU {i}" for u, i in gpus if u in job.gpus)
                 await self.launcher.requeue_running(job, f"requeued: {names} {text} (--now)")
                 requeued.append(job.id)
         self.wake()
-        return {"gpus": [{"index": i, "uuid": u, "drained": text} for u, i in gpus], "requeued": requeued}
+        return {"gpus": [{"index": i, "uuid": u, "drained": text} for u, i in gpus], "requeued": requeued,
+                "left": left}
 
     async def undrain(self, caller: Caller, args: dict) -> dict:
         self._admin(caller, "undrain")
