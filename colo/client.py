@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import _socket
 import os
+import sys
 import time
 
 from . import protocol
-from .paths import socket_path
+from .paths import SYSTEM_SOCKET, socket_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,6 +38,12 @@ class DaemonUnavailable(ClientError):
     pass
 
 
+def _how_to_start(path: str) -> str:
+    if path == SYSTEM_SOCKET:
+        return "the system daemon starts with `sudo systemctl start colo` (a private one of yours: `colo daemon &` and COLO_SOCKET)"
+    return "start it with `colo daemon --socket " + path + " &`, or unset COLO_SOCKET for the system daemon"
+
+
 def _lines(s: _socket.socket) -> Iterator[bytes]:
     """The lines the daemon sends (each with its newline; the last without one if cut short).
     Parts are joined once a line is whole, so a reply of many MiB costs linear time."""
@@ -56,12 +63,55 @@ def _lines(s: _socket.socket) -> Iterator[bytes]:
             parts.append(chunk[start:])
 
 
+def _folder_problem(path: str) -> str | None:
+    """Why the socket's folder cannot be trusted (None if it can): it must belong to root or to you
+    and be writable by no one else, or another user could put a socket of their own in its place."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        return None  # no folder, no socket: connect says the daemon is not running
+    except OSError as e:
+        return f"cannot check its folder {folder}: {e.strerror}"
+    me = os.geteuid()
+    if st.st_uid not in (0, me):
+        return f"its folder {folder} belongs to {_user(st.st_uid)}, not root or you"
+    if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid not in (0, os.getegid())):
+        return f"its folder {folder} is writable by other users (mode {st.st_mode & 0o7777:o})"
+    return None
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def peer_of(s: _socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process that listens on the other end (SO_PEERCRED, set by the kernel)."""
+    cred = s.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    return int.from_bytes(cred[0:4], sys.byteorder), int.from_bytes(cred[4:8], sys.byteorder)
+
+
 class Client:
+    """trusted: after a connection, why this daemon was trusted (its pid, its user, its folder's owner)."""
+
     def __init__(self, sock: Path | str | None = None, timeout: float | None = 30.0):
         self.path = os.fspath(sock) if sock else socket_path()
         self.timeout = timeout
+        self.trusted: dict | None = None
+
+    def _untrusted(self, why: str) -> DaemonUnavailable:
+        return DaemonUnavailable(f"refusing the daemon socket {self.path}: {why}; nothing was sent "
+                                 "(a colo daemon runs as root, or as you for a private one)", "untrusted")
 
     def _connect(self, timeout: float | None) -> _socket.socket:
+        problem = _folder_problem(self.path)
+        if problem:
+            raise self._untrusted(problem)
         s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         s.settimeout(timeout)
         deadline = time.monotonic() + (timeout if timeout is not None else 30.0)
@@ -79,15 +129,26 @@ class Client:
         except FileNotFoundError:
             s.close()
             raise DaemonUnavailable(f"colo daemon is not running (no socket at {self.path}); "
-                                    "start it with `colo daemon &` or `systemctl start colo`", "unavailable")
+                                    + _how_to_start(self.path), "unavailable")
         except ConnectionRefusedError:
             s.close()
             raise DaemonUnavailable(f"colo daemon is not running (stale socket {self.path}); "
-                                    "start it with `colo daemon &`", "unavailable")
+                                    + _how_to_start(self.path), "unavailable")
         except PermissionError:
             s.close()
             raise DaemonUnavailable(f"permission denied on {self.path}: ask an admin to add you to the "
                                     "group that may use colo", "forbidden")
+        except OSError:
+            s.close()
+            raise
+        # the proof of who answers, before a byte is sent: the listener's credentials, which the
+        # kernel recorded when it called listen() and no one can forge
+        pid, uid = peer_of(s)
+        if uid not in (0, os.geteuid()):
+            s.close()
+            raise self._untrusted(f"it is served by {_user(uid)} (pid {pid}), not root or you")
+        self.trusted = {"pid": pid, "uid": uid, "folder": os.path.dirname(os.path.abspath(self.path)),
+                        "folder_uid": os.stat(os.path.dirname(os.path.abspath(self.path))).st_uid}
         return s
 
     def connect(self, timeout: float | None = None) -> _socket.socket:

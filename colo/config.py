@@ -84,11 +84,12 @@ class Config:
     log_cap: int = 256 * 1024**2  # bytes of output kept per job; then one marked line, the rest dropped (0: no cap)
     log_reserve: int = 512 * 1024**2  # free bytes on the state disk below which job output is dropped
     # Ended jobs (their rows, decisions, samples and logs) are removed this many days after they
-    # ended, as Slurm's PurgeJobAfter; fractions allowed. 0 (the default): kept until `colo clean`.
-    # Off by default: removing users' history unasked would surprise them (docs: README).
-    history_keep_days: float = 0.0
-    # Prometheus metrics on this ADDRESS:PORT (e.g. "127.0.0.1:9400"; ":9400" every address).
-    # Unset: no endpoint (the figures name users and their jobs' sizes: open it on purpose).
+    # ended, as Slurm's PurgeJobAfter; fractions allowed; 0: kept until `colo clean`. 90 days by
+    # default: a node's disk is not filled by logs no one reads (a quarter covers a report).
+    history_keep_days: float = 90.0
+    # Prometheus metrics on this ADDRESS:PORT (e.g. "127.0.0.1:9824"; every address only when
+    # written so: "0.0.0.0:9824" or "[::]:9824"). Unset: no endpoint (the figures name users and
+    # their jobs' sizes: open it on purpose).
     metrics_listen: str | None = None
     # A gated node (docs/gating.md): the group that owns the GPUs' device files (NVreg_DeviceFileGID
     # or a udev rule, with mode 0660). The root shim adds it to every GPU job's groups, and container
@@ -201,9 +202,9 @@ class Config:
             values["history_keep_days"] = float(v)
         if values.get("metrics_listen") is not None:
             host, sep, port = str(values["metrics_listen"]).rpartition(":")
-            if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host.strip("[]"):
                 raise ConfigError(f"metrics_listen: {values['metrics_listen']!r} is not ADDRESS:PORT "
-                                  "(e.g. 127.0.0.1:9400)")
+                                  "(e.g. 127.0.0.1:9824; every address only when written: 0.0.0.0:9824)")
         grace, window = values.get("patrol_grace", cls.patrol_grace), values.get("patrol_window", cls.patrol_window)
         if window and window < grace:
             raise ConfigError(f"patrol_window ({window:g} s) is shorter than patrol_grace ({grace:g} s): no job "

@@ -136,6 +136,15 @@ CREATE INDEX IF NOT EXISTS jobs_copy_of ON jobs(json_extract(spec, '$.copy_of'))
 CREATE INDEX IF NOT EXISTS jobs_array ON jobs(json_extract(spec, '$.array_job'));
 """
 
+# Counters that only go up (the metrics' *_seconds_total): added to as jobs run, never summed
+# from the jobs retention keeps. Made at every open (IF NOT EXISTS), as a database of any version
+# may have the table or not; it holds nothing a migration would need to carry.
+_COUNTERS = """
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT NOT NULL, label TEXT NOT NULL, value REAL NOT NULL, PRIMARY KEY (name, label)
+);
+"""
+
 # An array task's row keeps these (what the SQL here reads of a spec, and what differs per task) and
 # whatever of its own differs from its array's spec (an edit, a --grow restart); the rest is read
 # from array_specs. _SLIM marks such a row.
@@ -259,6 +268,7 @@ class Store:
                 raise StoreError(f"state database {self.path} is damaged ({ok}); move it aside to start afresh")
             self._migrate()
             self.db.executescript(_INDEXES)
+            self.db.executescript(_COUNTERS)
             self._check_writable()
         except (sqlite3.DatabaseError, OSError) as e:
             raise StoreError(f"state database {self.path} cannot be used: {e}") from e
@@ -584,6 +594,17 @@ class Store:
         return self.db.execute(
             f"SELECT user, s.job_id, max(json_array_length(jobs.gpus), 1), s.at, s.sm, s.mem "
             f"FROM jobs JOIN samples s ON s.job_id = jobs.id{where} ORDER BY s.job_id, s.at", args)
+
+    def counters(self) -> dict[tuple[str, str], float]:
+        """{(name, label): value} of the counters (colo/daemon/metrics.py)."""
+        return {(n, lb): v for n, lb, v in self.db.execute("SELECT name, label, value FROM counters")}
+
+    def add_counters(self, deltas: dict[tuple[str, str], float]) -> None:
+        """Add each delta (>= 0) to its counter, all in one transaction."""
+        with self.tx():
+            self.db.executemany("INSERT INTO counters (name, label, value) VALUES (?, ?, ?) ON CONFLICT "
+                                "(name, label) DO UPDATE SET value = value + excluded.value",
+                                [(n, lb, v) for (n, lb), v in deltas.items() if v > 0])
 
     def newest_copy(self, job_id: int) -> int | None:
         """The newest job `colo requeue` made as a copy of `job_id` (the jobs_copy_of index), if any."""

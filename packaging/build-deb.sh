@@ -6,7 +6,8 @@
 # Writes OUTDIR/colo-gpu_VERSION_ARCH.deb and OUTDIR/colo_gpu-VERSION-py3-none-manylinux_X_Y_ARCH.whl.
 # The package holds colo in an environment of its own, /opt/colo (a venv of Debian's python3 with
 # colo's Python dependencies from PyPI, fetched now), the systemd unit, /etc/colo/colo.toml (a
-# conffile), /usr/bin/colo and colo-fakegpu, and /usr/lib/colo/ (the SPANK plugin, the interposer).
+# conffile that holds only what the admin changes), /usr/share/colo/colo.toml (every key with its
+# default: the reference), /usr/bin/colo and colo-fakegpu, and /usr/lib/colo/ (the SPANK plugin, the interposer).
 # docs/install.md says what each file is. Needs: Debian's python3 with venv (python3-venv), make, a
 # C compiler, dpkg-deb, git, and libslurm-dev for the SPANK plugin (left out without it, with a warning).
 set -euo pipefail
@@ -17,6 +18,7 @@ PY=${COLO_DEB_PYTHON:-/usr/bin/python3}  # the package runs on this Python: Debi
 PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 ARCH=$(dpkg --print-architecture)
 PREFIX=/opt/colo
+MAINTAINER=${COLO_DEB_MAINTAINER:-colo maintainers <colo@localhost>}  # set yours: lintian flags localhost
 
 for tool in make dpkg-deb git "${CC:-cc}"; do
   command -v "$tool" >/dev/null || { echo "build-deb: $tool is missing (apt-get install make gcc dpkg-dev git)" >&2; exit 1; }
@@ -50,11 +52,17 @@ find "$ROOT$PREFIX" -name direct_url.json -delete  # the build's wheel path: not
 find "$ROOT$PREFIX" -name __pycache__ -prune -exec rm -rf {} +
 # compiled now (users cannot write under /opt/colo), naming the installed paths in tracebacks
 "$VPY" -m compileall -q -j 0 -s "$ROOT" -p / "$ROOT$PREFIX/lib" >/dev/null
+# colo's own binaries stripped (debug symbols are for a build tree); the dependencies' wheels are
+# left as PyPI ships them: some are patched by auditwheel, which strip can break
+find "$ROOT$PREFIX" -type f -name '*.so*' -exec chmod a-x {} +  # libraries are loaded, not run
+find "$ROOT$PREFIX" -path '*/colo/_native/*' -type f | while read -r f; do
+  if head -c 4 "$f" | grep -q 'ELF'; then strip --strip-unneeded --remove-section=.comment --remove-section=.note "$f"; fi
+done
 
 # 4. The rest of the layout (docs/install.md lists each file).
 SITE=$PREFIX/lib/python$PYVER/site-packages
 install -d "$ROOT/usr/bin" "$ROOT/usr/lib/colo" "$ROOT/etc/colo" "$ROOT/lib/systemd/system" \
-  "$ROOT/usr/share/doc/colo-gpu"
+  "$ROOT/usr/share/doc/colo-gpu" "$ROOT/usr/share/colo" "$ROOT/usr/share/lintian/overrides"
 ln -s "$PREFIX/bin/colo" "$ROOT/usr/bin/colo"
 ln -s "$PREFIX/bin/colo-fakegpu" "$ROOT/usr/bin/colo-fakegpu"
 ln -s "$SITE/colo/_native/libcolo-interpose.so" "$ROOT/usr/lib/colo/libcolo-interpose.so"
@@ -62,9 +70,16 @@ if [ -e "$ROOT$SITE/colo/_native/colo_spank.so" ]; then
   ln -s "$SITE/colo/_native/colo_spank.so" "$ROOT/usr/lib/colo/colo_spank.so"
 fi
 install -m 0644 "$WORK/src/packaging/colo.service" "$ROOT/lib/systemd/system/colo.service"
-install -m 0644 "$WORK/src/packaging/colo.toml" "$ROOT/etc/colo/colo.toml"
+# /etc holds what the admin changes, and never changes itself: dpkg asks about a conffile only
+# when both the admin and the package changed it, so an upgrade never stops to ask. The defaults
+# are colo's own; the reference of every key is in /usr/share, updated freely.
+install -m 0644 "$WORK/src/packaging/colo-etc.toml" "$ROOT/etc/colo/colo.toml"
+install -m 0644 "$WORK/src/packaging/colo.toml" "$ROOT/usr/share/colo/colo.toml"
+install -m 0644 "$WORK/src/packaging/debian/lintian-overrides" "$ROOT/usr/share/lintian/overrides/colo-gpu"
 install -m 0644 "$WORK/src/README.md" "$WORK/src/docs/install.md" "$WORK/src/docs/slurm.md" "$ROOT/usr/share/doc/colo-gpu/"
-printf 'colo (colo-gpu on PyPI)\nLicense: MIT\nPython dependencies in %s: see %s/bin/pip list\n' "$PREFIX" "$PREFIX" \
+YEARS=$(git -C "$REPO" log --format=%cd --date=format:%Y 2>/dev/null | sort -u | sed -n '1p;$p' | uniq | paste -sd- || true)
+printf 'colo (colo-gpu on PyPI)\nCopyright (c) %s the colo authors\nLicense: MIT\nPython dependencies in %s: see %s/bin/pip list\n' \
+  "${YEARS:-$(date +%Y)}" "$PREFIX" "$PREFIX" \
   > "$ROOT/usr/share/doc/colo-gpu/copyright"
 
 # 5. Package metadata: the wheel's tag says the newest glibc its binaries need.
@@ -74,19 +89,25 @@ cat > "$ROOT/DEBIAN/control" <<EOF
 Package: colo-gpu
 Version: $VERSION
 Architecture: $ARCH
-Maintainer: colo <colo@localhost>
+Maintainer: $MAINTAINER
 Section: admin
 Priority: optional
 Depends: python$PYVER, libc6${GLIBC:+ (>= $GLIBC)}
-Recommends: docker.io | docker-ce
-Suggests: slurmd
+Suggests: docker.io | docker-ce, slurmd
 Installed-Size: $(du -sk "$ROOT" | cut -f1)
 Description: share one node's GPUs safely: budgets, MPS or time-slicing, a queue
- colo queues container and process jobs with a GPU-memory budget and starts each as soon as it
- fits, as an MPS client or time-sliced, from stored profiles of what jobs do; a compiled
- interposer holds every job to its budget. Its own Python environment is in $PREFIX.
+ colo queues container and process jobs with a GPU-memory budget and starts
+ each as soon as it fits, as an MPS client or time-sliced, from stored profiles
+ of what jobs do; a compiled interposer holds every job to its budget. Its own
+ Python environment is in $PREFIX.
 EOF
 echo /etc/colo/colo.toml > "$ROOT/DEBIAN/conffiles"
+# the changelog Debian packages carry (here: the commit it was built from)
+printf 'colo-gpu (%s) unstable; urgency=medium\n\n  * Built from git %s.\n\n -- %s  %s\n' "$VERSION" \
+  "$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)" "$MAINTAINER" \
+  "$(date -R -d "@${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || date +%s)}")" |
+  gzip -9n > "$ROOT/usr/share/doc/colo-gpu/changelog.gz"
+chmod 0644 "$ROOT/usr/share/doc/colo-gpu/changelog.gz"
 install -m 0755 "$WORK/src/packaging/debian/postinst" "$WORK/src/packaging/debian/prerm" \
   "$WORK/src/packaging/debian/postrm" "$ROOT/DEBIAN/"
 

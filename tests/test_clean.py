@@ -213,4 +213,4 @@ def test_history_keep_days_must_be_a_number_of_days(tmp_path):
             Config.load(tmp_path / "c.toml")
     (tmp_path / "c.toml").write_text("history_keep_days = 0.5\n")
     assert Config.load(tmp_path / "c.toml").history_keep_days == 0.5
-    assert Config().history_keep_days == 0  # off unless asked for
+    assert Config().history_keep_days == 90  # a quarter, unless told

@@ -59,7 +59,8 @@ def test_doctor_reports_each_piece(tmp_path):
     r = subprocess.run([sys.executable, "-m", "colo", "doctor", "--socket", str(tmp_path / "none.sock")],
                        capture_output=True, text=True, timeout=60)
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("--") and lines[0].split()[1] == "daemon" and "daemon is not running" in lines[0]
+    assert lines[0].startswith("FAIL") and lines[0].split()[1] == "daemon" and "daemon is not running" in lines[0]
+    assert r.returncode == 1  # a check failed: the exit code says so
     assert lines[1] == "this machine:"
     assert [ln.split()[1] for ln in lines[2:]] == ["interposer", "driver", "gating", "devices", "mps", "docker"]
     assert lines[2].startswith("ok") and "preloads cleanly" in lines[2]
@@ -74,7 +75,7 @@ def test_doctor_describes_the_daemon_it_reaches_not_only_this_machine(daemon):
     by = {ln.split()[1]: ln for ln in head.splitlines()[1:]}
     assert by["gpus"].startswith("ok") and "simulated GPUs" in by["gpus"] and "GPU0" in by["gpus"] and "GPU1" in by["gpus"]
     assert by["mps"].startswith("ok") and "MPS clients" in by["mps"], out
-    assert "per user: none" in by["limits"] and "patrol kills after 30 s" in by["limits"]
+    assert "per user: queued 10000" in by["limits"] and "patrol kills after 30 s" in by["limits"]  # the default queue limit
     assert "NVML" in local or "driver" in local  # the local machine's own lines follow
     assert r.returncode == 0, out
 

@@ -72,7 +72,7 @@ def test_the_command_exits_1_on_errors_and_the_unit_runs_it_first(tmp_path):
                         str(tmp_path / "state"), "--socket", str(tmp_path / "s.sock")],
                        capture_output=True, text=True, timeout=60)
     said = {line.split(": ", 1)[1] for line in check(bad)}
-    assert r.returncode == 1 and r.stderr.removeprefix("colo: ").strip() in said, r.stderr
+    assert r.returncode == 78 and r.stderr.removeprefix("colo: ").strip() in said, r.stderr  # EX_CONFIG
     unit = (REPO / "packaging" / "colo.service").read_text()
     assert "ExecStartPre=/opt/colo/bin/colo config check /etc/colo/colo.toml\n" in unit
     assert "ExecStart=/opt/colo/bin/colo daemon --config /etc/colo/colo.toml\n" in unit

@@ -23,8 +23,9 @@ PACKAGING = REPO / "packaging"
 
 
 def test_the_config_has_every_key_with_its_default():
-    """packaging/colo.toml, uncommented, is colo's defaults as root; keys unset by default are
-    examples, marked so."""
+    """packaging/colo.toml (the reference, /usr/share/colo/colo.toml), uncommented, is colo's
+    defaults as root; keys unset by default are examples, marked so. The /etc file sets none."""
+    assert not [ln for ln in (PACKAGING / "colo-etc.toml").read_text().splitlines() if not ln.startswith("#")]
     text = (PACKAGING / "colo.toml").read_text()
     lines = text.splitlines()
     found = {}
@@ -100,13 +101,13 @@ say() { echo "== $*"; }
 deb=$(ls /pkg/*.deb)
 dpkg -i "$deb" >/dev/null
 say installed $(colo --version)
-for p in /usr/bin/colo /usr/bin/colo-fakegpu /opt/colo/bin/python3 /usr/lib/colo/colo_spank.so /usr/lib/colo/libcolo-interpose.so /etc/colo/colo.toml /lib/systemd/system/colo.service; do
+for p in /usr/bin/colo /usr/bin/colo-fakegpu /opt/colo/bin/python3 /usr/lib/colo/colo_spank.so /usr/lib/colo/libcolo-interpose.so /etc/colo/colo.toml /usr/share/colo/colo.toml /lib/systemd/system/colo.service; do
   test -e "$p" || { echo "missing $p"; exit 1; }
 done
 say layout ok
-# simulated GPUs, set in the conffile as an admin would
+# simulated GPUs, set in the conffile as an admin would (it holds only what the admin changes)
 colo-fakegpu create /var/lib/colo-fake/gpus --count 1 --mem 4GiB >/dev/null
-sed -i 's|^#fakegpu_state = .*|fakegpu_state = "/var/lib/colo-fake/gpus"|' /etc/colo/colo.toml
+echo 'fakegpu_state = "/var/lib/colo-fake/gpus"' >> /etc/colo/colo.toml
 start() {
   # as systemd runs the unit: its RuntimeDirectory and StateDirectory, then its own ExecStart line
   install -d -m 0755 /run/colo; install -d -m 0711 /var/lib/colo
@@ -124,19 +125,39 @@ burn=$(ls /var/lib/colo/native-*/colo-burn)
 j=$(colo submit --process --gpu-mem 256MiB -- "$burn" --mem 128MiB --over 256MiB)
 colo wait $j
 say gpu job: $(colo show $j --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["reason"])')
+# a plain user's first submit, with no setting at all: the system daemon, trusted as root's
+useradd -M alice; useradd -M bob
+cd /tmp
+u=$(env -u COLO_SOCKET -u XDG_RUNTIME_DIR runuser -u alice -- colo submit --process --gpus 0 -- id -un)
+runuser -u alice -- colo wait $u
+say plain user: $(runuser -u alice -- colo logs $u)
 kill $daemon; wait $daemon || true
-dpkg -i --force-confold "$deb" >/dev/null
-say upgraded, config kept: $(grep -c '^fakegpu_state = "/var/lib/colo-fake/gpus"' /etc/colo/colo.toml)
+# an upgrade to a release whose defaults changed, with the config edited: no question asked
+dpkg-deb -R "$deb" /tmp/next
+sed -i 's/^Version: .*/&.1/' /tmp/next/DEBIAN/control
+echo '# a key the next release documents' >> /tmp/next/usr/share/colo/colo.toml
+dpkg-deb -Znone -b /tmp/next /tmp/next.deb >/dev/null  # uncompressed: xz takes minutes here
+dpkg -i /tmp/next.deb </dev/null >/dev/null
+say upgraded unattended, config kept: $(grep -c '^fakegpu_state = "/var/lib/colo-fake/gpus"' /etc/colo/colo.toml)
 start
 colo wait $j
 say after restart $(colo ls --all -q | wc -l) jobs
+# removal strands no job: refused while two users' jobs run, then told to cancel them
+a=$(runuser -u alice -- colo submit --process --gpus 0 -- sleep 600)
+b=$(runuser -u bob -- colo submit --process --gpus 0 -- sleep 600)
+i=0; until [ "$(colo ls --state running -q | wc -l)" = 2 ]; do i=$((i+1)); [ $i -lt 600 ] || { colo ls; exit 1; }; sleep 0.2; done
+dpkg -r colo-gpu >/tmp/remove.log 2>&1 && { echo "removed with jobs running"; exit 1; }
+say refused: $(grep -c 'job(s) of colo are open' /tmp/remove.log) $(dpkg-query -W -f '${Status}' colo-gpu)
+COLO_REMOVE_CANCELS=1 dpkg -r colo-gpu >/dev/null 2>&1
+say jobs left: $(grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l)
 kill $daemon; wait $daemon || true
 dpkg --purge colo-gpu >/dev/null
-say purged: $(ls -d /opt/colo /usr/bin/colo /usr/lib/colo /etc/colo /var/lib/colo /lib/systemd/system/colo.service 2>/dev/null | wc -l) left
+say purged: $(ls -d /opt/colo /usr/bin/colo /usr/lib/colo /etc/colo /var/lib/colo /usr/share/colo /lib/systemd/system/colo.service 2>/dev/null | wc -l) left
 """
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(900)  # the build (fixture), then install, jobs, upgrade, removal: ~5 min on a busy 2-core machine
 def test_installed_in_a_clean_debian_the_units_execstart_serves_jobs(built, docker_client):
     deb, _ = built
     codename = re.search(r"^VERSION_CODENAME=(\w+)", Path("/etc/os-release").read_text(), re.M).group(1)
@@ -149,8 +170,11 @@ def test_installed_in_a_clean_debian_the_units_execstart_serves_jobs(built, dock
     assert said[2] == "ExecStart /opt/colo/bin/colo daemon --config /etc/colo/colo.toml", out
     assert said[3] == "cpu job: hello from 0", out
     assert said[4] == "gpu job: exited with code 0; 1 allocation(s) refused by its budget of 256MiB", out
-    assert said[5:] == ["upgraded, config kept: 1", "ExecStart /opt/colo/bin/colo daemon --config /etc/colo/colo.toml",
-                        "after restart 2 jobs", "purged: 0 left"], out
+    assert said[5] == "plain user: alice", out
+    assert said[6:] == ["upgraded unattended, config kept: 1",
+                        "ExecStart /opt/colo/bin/colo daemon --config /etc/colo/colo.toml",
+                        "after restart 3 jobs", "refused: 1 deinstall ok installed",  # asked to go, still installed
+                        "jobs left: 0", "purged: 0 left"], out
 
 
 def test_the_docs_name_the_packages_paths():

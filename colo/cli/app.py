@@ -114,17 +114,24 @@ def daemon(
     Example: sudo colo daemon --config /etc/colo.toml -v
     """
     import asyncio
-    import logging
+    import os
+    import sys
 
     from ..config import Config, ConfigError
     from ..daemon.core import AlreadyRunning
     from ..daemon.server import serve
+    from ..daemon.systemd import setup_logging
     from ..store import StoreError
 
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s colo %(levelname)s %(message)s")
+    setup_logging(verbose)
     try:
         cfg = Config.load(config, socket=socket, state_dir=state_dir, fakegpu_state=fake_gpus)
+    except ConfigError as e:  # 78 (EX_CONFIG): the unit's RestartPreventExitStatus, no restart loop
+        fail(str(e), 78)
+    try:
+        if os.geteuid() != 0 and socket is None:  # clients look for the system daemon unless told
+            print(f"colo: a private daemon on {cfg.socket}: its clients need COLO_SOCKET={cfg.socket}",
+                  file=sys.stderr)
         asyncio.run(serve(cfg))
     except (ConfigError, AlreadyRunning, StoreError, RuntimeError, PermissionError) as e:
         fail(str(e))

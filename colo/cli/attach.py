@@ -17,6 +17,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import sys
 import termios
 import tty
@@ -64,6 +65,21 @@ class _Conn:
                 raise DaemonUnavailable("colo daemon closed the connection (did it stop or restart?)", "unavailable")
 
 
+def _terminal(fds: list[int]) -> int:
+    """The job's terminal from what the daemon sent: a pty master (/dev/ptmx), nothing else. The
+    connection's peer was proven root (or you) before a byte went (colo/client.py); this also keeps
+    a descriptor of another kind (a file, a socket) from being written every keystroke."""
+    master = fds.pop(0)
+    for extra in fds:  # never more than one is meant: none is kept open
+        os.close(extra)
+    fds.clear()
+    st = os.fstat(master)
+    if not (stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (5, 2)):
+        os.close(master)
+        raise ClientError("the daemon sent a descriptor that is not a terminal's master: refused")
+    return master
+
+
 def _copy_size(src: int, dst: int) -> None:
     try:
         fcntl.ioctl(dst, termios.TIOCSWINSZ, fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8))
@@ -104,7 +120,7 @@ def run(client: Client, spec: dict) -> int:
             elif ev.get("tty"):
                 if not conn.fds:
                     raise ClientError("the daemon sent no terminal")
-                master = conn.fds.pop(0)
+                master = _terminal(conn.fds)
                 _prepare(master, stdin_tty, stdout_tty)
             elif "waiting" in ev:
                 say(f"job {job_id} waits: {ev['waiting']}")

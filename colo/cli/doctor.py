@@ -67,6 +67,46 @@ def _gate(cfg: Config, line: Callable[[bool | None, str, str], None]) -> None:
                               "out keeps a GPU outside colo")
 
 
+def _who(uid: int) -> str:
+    import pwd
+
+    try:
+        return "root" if uid == 0 else "you" if uid == os.geteuid() else pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _why_trusted(client: Client) -> str:
+    """What the client proved before it sent anything (colo/client.py)."""
+    t = client.trusted or {}
+    kind = "the system daemon" if t.get("uid") == 0 else "a private daemon of yours"
+    return (f"{kind}: pid {t.get('pid')} runs as {_who(t.get('uid', -1))} (the kernel's peer credentials), "
+            f"its folder {t.get('folder')} belongs to {_who(t.get('folder_uid', -1))} and no other user may write it")
+
+
+def _metrics(line: Callable[[bool | None, str, str], None], listen: str) -> None:
+    """Does the endpoint answer (a taken port costs the metrics only: the daemon logs it and retries)."""
+    import urllib.request
+
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    everywhere = host in ("", "0.0.0.0", "::")
+    url = f"http://{'127.0.0.1' if everywhere else host}:{port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            answers = r.status == 200
+    except OSError:
+        answers = False
+    if not answers:
+        line(False, "metrics", f"nothing answers on {safe(url)} (metrics_listen = {safe(listen)}): "
+             "is the port taken? the daemon's log says")
+    elif everywhere:
+        line(None, "metrics", f"Prometheus metrics on EVERY address, port {safe(port)}, without authentication "
+             "(metrics_listen): whoever reaches this node reads users' names and jobs")
+    else:
+        line(True, "metrics", f"Prometheus metrics on {safe(url)}")
+
+
 def run_checks(sock: Path | None) -> bool:
     ok = True
 
@@ -81,10 +121,11 @@ def run_checks(sock: Path | None) -> bool:
         h = client.hello(detail=True)
     except ClientError as e:
         h = None
-        line(None, "daemon", safe(str(e)))
+        line(False, "daemon", safe(str(e)))
     if h is not None:
         print("the daemon:")
         line(True, "daemon", f"colo {h['version']} answers on {client.path} (you are {safe(h['user'])})")
+        line(True, "trust", _why_trusted(client))
         node = h.get("node") or {}
         kind = "simulated GPUs (colo's fake driver)" if node.get("simulated") else "NVIDIA GPUs"
         if h.get("gpu_error"):
@@ -119,7 +160,7 @@ def run_checks(sock: Path | None) -> bool:
                  f"slowdown bound {lim['slowdown_bound']}x; patrol kills "
                  + (f"after {lim['patrol_grace']:g} s over budget" if lim["patrol_kill"] else "off"))
         if node.get("metrics"):
-            line(True, "metrics", f"Prometheus metrics on {safe(node['metrics'])}")
+            _metrics(line, str(node["metrics"]))
     print("this machine:")
     try:
         lib = interposer.library_path()

@@ -247,7 +247,8 @@ def _open_jobs(c: Client, users: list[str], states: list[str], names: list[str])
 
 
 def cancel(jobs: list[str], signal: str | None = None, users: list[str] = (), states: list[str] = (),
-           names: list[str] = (), all_: bool = False, sock: str | None = None, as_json: bool = False) -> int:
+           names: list[str] = (), all_: bool = False, all_users: bool = False, sock: str | None = None,
+           as_json: bool = False) -> int:
     if signal is not None and signal.lower() in OPEN_STATES + ENDED:
         raise Fail(_STATE_NOT_SIGNAL.format(signal))
     sig = None
@@ -261,7 +262,15 @@ def cancel(jobs: list[str], signal: str | None = None, users: list[str] = (), st
         said = "SIG" + next((k for k, v in SIGNAL_NAMES.items() if v == sig), str(sig))
     c = Client(sock)
     ids: list[int] = []
-    if users or states or names or all_:
+    if all_users:
+        if users or all_ or jobs:
+            raise Fail("--all-users is every user's open jobs: name no jobs, --user or --all with it")
+        if not c.hello()["admin"]:  # the daemon refuses each job too: this says it once
+            raise Fail("--all-users is for root and members of the admin group (admin_group)")
+        ids = [j["id"] for j in _open_jobs(c, [], list(states), list(names))]
+        if not ids and not as_json:
+            echo("no open jobs")
+    elif users or states or names or all_:
         me = c.hello()["user"] if all_ else None
         ids = [j["id"] for j in _open_jobs(c, list(users) + ([me] if me else []), list(states), list(names))]
     elif not jobs:

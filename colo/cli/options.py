@@ -185,6 +185,8 @@ CANCEL = Cmd(
          many=True),
      Opt(("--name", "-n"), "names", "every open job of this name", many=True),
      Opt(("--all",), "all_", "every open job of your own", bool),
+     Opt(("--all-users",), "all_users", "every open job of every user (root and admin_group only: before "
+         "removing colo, say)", bool),
      SOCKET, JSON])
 
 HOLD = Cmd("hold", "colo.cli.jobview:hold", "Keep queued jobs from starting until `colo release`.",

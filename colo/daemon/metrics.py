@@ -1,15 +1,22 @@
-"""Prometheus metrics, opt-in (`metrics_listen = "127.0.0.1:9400"` in colo.toml), for the
-dashboards admins of GPU servers already run beside DCGM's exporter.
+"""Prometheus metrics, opt-in (`metrics_listen = "127.0.0.1:9824"` in colo.toml), for the
+dashboards admins of GPU servers already run beside DCGM's exporter (9400: not that port).
 
-Owns: the last snapshot of the figures. It is built on the event loop after each tick (the
-parts' state is the loop's) and swapped in whole; the HTTP thread of prometheus_client only
-reads the snapshot, so a scrape never walks state the loop is changing and never waits on it.
-Figures from ended jobs (GPU-hours, waits, what sharing saved) are added up by the store at
-most every REPORT_EVERY seconds. Metric names: `colo_` + what, units in the name (Prometheus'
-conventions); `packaging/grafana-colo.json` is a dashboard of them.
+Owns: the last snapshot of the figures, and the counters. The snapshot is built on the event loop
+after each tick (the parts' state is the loop's) and swapped in whole. The endpoint is served on
+the loop too (no thread per connection): at most MAX_CONNECTIONS waiting for their request at
+once (a new one makes the longest-waiting go), each given REQUEST_TIMEOUT seconds to ask and to be
+answered. A port that cannot be had (taken, no such
+address) costs the metrics only: logged once, tried again every RETRY_EVERY seconds.
+
+The counters (`*_seconds_total`) only go up: GPU-seconds are added each tick for the jobs running
+then, kept in the store (flushed every FLUSH_EVERY seconds and at the stop), never summed from the
+ended jobs retention keeps. The time the daemon is down while jobs run on is not counted.
+Metric names: `colo_` + what, units in the name (Prometheus' conventions);
+`packaging/grafana-colo.json` is a dashboard of them.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import defaultdict
@@ -25,12 +32,18 @@ from .sampler import Sampler
 log = logging.getLogger("colo")
 REPORT_EVERY = 60.0  # seconds between sums over ended jobs (SQL over the whole history) ...
 REPORT_SOONEST = 5.0  # ... or this soon after a job ended
+RETRY_EVERY = 10.0  # seconds between tries of a port that could not be had
+MAX_CONNECTIONS = 256  # connections waiting for their request (an asyncio task each, no thread)
+REQUEST_TIMEOUT = 10.0  # seconds a connection has to send its request, and to take the answer
+MAX_REQUEST = 8192  # bytes of request line and headers
+FLUSH_EVERY = 30.0  # seconds between writes of the counters to the store
+EVERY_ADDRESS = ("0.0.0.0", "::")
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """"127.0.0.1:9400" or ":9400" (every address) -> (address, port); Config.load checked it."""
+    """"127.0.0.1:9824", "0.0.0.0:9824", "[::1]:9824" -> (address, port); Config.load checked it."""
     host, _, port = str(text).rpartition(":")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    return host.strip("[]"), int(port)
 
 
 class Metrics:
@@ -47,6 +60,15 @@ class Metrics:
         self._report_at = -REPORT_EVERY
         self._ended = True  # a job ended since the last sums
         self._server = None
+        self._listener: asyncio.Task | None = None
+        # connections that have not sent their request yet, oldest first: a scrape is never kept
+        # out by idle ones, which make room for it
+        self._waiting: dict = {}
+        self.error: str | None = None  # why the endpoint is not up (None: it is, or is about to be)
+        self._totals: dict[tuple[str, str], float] = defaultdict(float, table.store.counters())
+        self._pending: dict[tuple[str, str], float] = defaultdict(float)
+        self._counted_at: float | None = None
+        self._flushed_at = time.monotonic()
 
     def job_changed(self, prev, job) -> None:
         """The table's on_change (wired in core.open())."""
@@ -54,19 +76,108 @@ class Metrics:
             self._ended = True
 
     def serve(self) -> None:
-        """Start the HTTP endpoint (its own thread, prometheus_client's)."""
-        from prometheus_client import CollectorRegistry, start_http_server
+        """Listen on the loop (from now on, and again until the port can be had)."""
+        from prometheus_client import CollectorRegistry
 
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+        self._listener = asyncio.get_running_loop().create_task(self._listen())
+
+    async def _listen(self) -> None:
         addr, port = parse_listen(self.config.metrics_listen)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)
-        self._server, _ = start_http_server(port, addr, registry=registry)
-        log.info("metrics on http://%s:%d/metrics", addr, port)
+        failed = False
+        while True:
+            try:
+                self._server = await asyncio.start_server(self._handle, addr, port, limit=MAX_REQUEST,
+                                                          reuse_address=True)
+                break
+            except OSError as e:
+                self.error = f"cannot listen on {self.config.metrics_listen}: {e.strerror or e}"
+                if not failed:  # once: a port taken for days must not fill the journal
+                    log.error("metrics: %s; the daemon serves on without them and tries again every %.0f s",
+                              self.error, RETRY_EVERY)
+                    failed = True
+            await asyncio.sleep(RETRY_EVERY)
+        self.error = None
+        log.log(logging.WARNING if failed else logging.INFO, "metrics on http://%s/metrics",
+                self.config.metrics_listen)
+        if addr in EVERY_ADDRESS:
+            log.warning("metrics on every address (%s), without authentication: whoever reaches this node reads "
+                        "users' names and jobs", self.config.metrics_listen)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One scrape: GET /metrics, answered and closed (no keep-alive: nothing is held between)."""
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+        if len(self._waiting) >= MAX_CONNECTIONS:  # make room: the one that has waited longest goes
+            oldest = next(iter(self._waiting))
+            del self._waiting[oldest]
+            oldest.transport.abort()
+        self._waiting[writer] = None
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+            self._waiting.pop(writer, None)
+            method, target = (head.split(b"\r\n", 1)[0].split(b" ") + [b"", b""])[:2]
+            if method not in (b"GET", b"HEAD"):
+                status, body, ctype = b"405 Method Not Allowed", b"GET only\n", b"text/plain"
+            elif target.split(b"?")[0] not in (b"/metrics", b"/"):
+                status, body, ctype = b"404 Not Found", b"see /metrics\n", b"text/plain"
+            else:
+                status, body, ctype = b"200 OK", generate_latest(self.registry), CONTENT_TYPE_LATEST.encode()
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype + b"\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n"
+                         + (body if method != b"HEAD" else b""))
+            await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass  # a slow, silent or oversized client: dropped
+        finally:
+            self._waiting.pop(writer, None)
+            writer.transport.abort()
 
     def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            self._listener = None
         if self._server is not None:
-            self._server.shutdown()
+            self._server.close()
             self._server = None
+        self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, defaultdict(float)
+            try:
+                self.table.store.add_counters(pending)
+            except Exception as e:  # noqa: BLE001 - kept for the next flush
+                for k, v in pending.items():
+                    self._pending[k] += v
+                log.warning("metrics: storing the counters failed: %s", e)
+        self._flushed_at = time.monotonic()
+
+    def _count(self, active) -> None:
+        """Add the GPU-seconds since the last tick: per user (one per GPU held), one job per GPU,
+        and the GPUs' busy time (at least one job on it); saved = their difference, never < 0."""
+        now = time.monotonic()
+        dt, self._counted_at = (now - self._counted_at if self._counted_at is not None else 0.0), now
+        if dt <= 0:
+            return
+        per_gpu = 0
+        busy: set[str] = set()
+        for j in active:
+            if j.state == State.RUNNING and j.gpus:
+                self._add(("colo_user_gpu_seconds", j.user), len(j.gpus) * dt)
+                per_gpu += len(j.gpus)
+                busy.update(j.gpus)
+        self._add(("colo_gpu_seconds_one_per_gpu", ""), per_gpu * dt)
+        self._add(("colo_gpu_seconds_busy", ""), len(busy) * dt)
+        self._add(("colo_gpu_seconds_saved", ""), (per_gpu - len(busy)) * dt)
+        if now - self._flushed_at >= FLUSH_EVERY:
+            self._flush()
+
+    def _add(self, key: tuple[str, str], value: float) -> None:
+        if value > 0:
+            self._pending[key] += value
+            self._totals[key] += value
 
     def collect(self):  # prometheus_client's Collector interface (its thread)
         return list(self._families)
@@ -154,20 +265,21 @@ class Metrics:
                 log.warning("metrics: summing ended jobs failed: %s", e)
             self._report_at = time.monotonic()
         rep = self._report or report.assemble([], [])
-        hours = CounterMetricFamily("colo_user_gpu_hours", "GPU-hours of the user's ended jobs (one per GPU held)",
-                                    labels=["user"])
-        for u in rep["users"]:
-            hours.add_metric([u["user"]], u["gpu_hours"])
-        fams.append(hours)
         gauge("colo_user_wait_median_seconds", "median wait of the user's ended jobs", ["user"],
               [((u["user"],), u["wait_median"] or 0.0) for u in rep["users"]])
-        for name, doc, key in (("colo_gpu_hours_one_per_gpu", "GPU-hours ended jobs would take, one job per GPU",
-                                 "gpu_hours_one_per_gpu"),
-                                ("colo_gpu_hours_busy", "GPU-hours the GPUs were busy with them", "gpu_hours_busy"),
-                                ("colo_gpu_hours_saved", "GPU-hours sharing saved against one job per GPU",
-                                 "gpu_hours_saved")):
+        self._count(active)
+        totals = self._totals
+        user_s = CounterMetricFamily("colo_user_gpu_seconds", "GPU-seconds of the user's jobs while they ran "
+                                     "(one per GPU held)", labels=["user"])
+        for (name, user), v in sorted(totals.items()):
+            if name == "colo_user_gpu_seconds":
+                user_s.add_metric([user], v)
+        fams.append(user_s)
+        for name, doc in (("colo_gpu_seconds_one_per_gpu", "GPU-seconds the jobs would take, one job per GPU"),
+                          ("colo_gpu_seconds_busy", "GPU-seconds the GPUs were busy (at least one job on them)"),
+                          ("colo_gpu_seconds_saved", "GPU-seconds sharing saved against one job per GPU")):
             c = CounterMetricFamily(name, doc)
-            c.add_metric([], rep[key])
+            c.add_metric([], totals.get((name, ""), 0.0))
             fams.append(c)
         if self._suspended is not None:
             per_gpu, counts = self._suspended()

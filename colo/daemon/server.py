@@ -17,6 +17,7 @@ from ..config import Config
 from ..runtimes.base import Unavailable
 from ..store import StoreError
 from .api import ATTACHED, STREAMS, Api, ApiError
+from . import systemd
 from .core import Daemon
 from .validate import Caller
 
@@ -217,6 +218,7 @@ async def serve(config: Config) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.stop)
         log.info("colo daemon listening on %s, state in %s", config.socket, config.state_dir)
+        systemd.notify("READY=1")  # the unit's Type=notify: `systemctl start` returns now, not before
         try:
             await daemon.run()
         finally:
