@@ -277,6 +277,13 @@ class Client:
     def gpus(self) -> GpusReply:
         return self.call("gpus")
 
+    def drain(self, gpus: list[str], reason: str, now: bool = False) -> dict:
+        """Take GPUs (indices or UUIDs) out of service (root and the admin group); now: requeue their jobs."""
+        return self.call("drain", gpus=gpus, reason=reason, now=now)
+
+    def undrain(self, gpus: list[str]) -> dict:
+        return self.call("undrain", gpus=gpus)
+
     def top(self) -> TopReply:
         return self.call("top")
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -10,7 +11,19 @@ from .units import parse_size
 
 
 class ConfigError(ValueError):
-    pass
+    """keys: the config keys at fault (by default the word the message starts with), so that
+    `colo config check` can go on past them and say on which line each is."""
+
+    def __init__(self, msg: str, keys: tuple[str, ...] | None = None):
+        super().__init__(msg)
+        m = re.match(r"\w+", msg)
+        self.keys = keys if keys is not None else ((m.group(0),) if m else ())
+
+
+# What a value of each plain field type may be in the TOML file (a bool is no number here).
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+_TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "text"}
+_SIZES = ("reserve", "max_gpu_mem_per_user", "log_cap", "log_reserve", "suspend_host_max")
 
 
 IDLE_SESSIONS = ("off", "notify", "end", "suspend")
@@ -146,27 +159,45 @@ class Config:
         """A job's output, in the root-only logs/ folder."""
         return self.state_dir / "logs" / f"{job_id}.log"
 
+    @staticmethod
+    def read(path: Path) -> dict:
+        """The TOML file's values, unchecked."""
+        try:  # imported here: `colo submit` reads colo's default paths from this module, never TOML
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
+        try:
+            return tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config {path}: {e}", keys=()) from e
+
     @classmethod
     def load(cls, path: Path | None = None, **overrides) -> "Config":
         values: dict = {}
         path = path or (Path(os.environ["COLO_CONFIG"]) if os.environ.get("COLO_CONFIG") else None)
         if path is not None:
-            try:  # imported here: `colo submit` reads colo's default paths from this module, never TOML
-                import tomllib
-            except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib  # type: ignore[no-redef]
-            try:
-                values = tomllib.loads(Path(path).read_text())
-            except (OSError, tomllib.TOMLDecodeError) as e:
-                raise ConfigError(f"cannot read config {path}: {e}") from e
+            values = cls.read(path)
         if os.environ.get("COLO_FAKEGPU_STATE") and "fakegpu_state" not in values:
             values["fakegpu_state"] = os.environ["COLO_FAKEGPU_STATE"]
         values.update({k: v for k, v in overrides.items() if v is not None})
-        known = {f.name for f in fields(cls)}
-        unknown = set(values) - known
+        return cls(**cls.checked(values))
+
+    @classmethod
+    def checked(cls, values: dict) -> dict:
+        """The daemon's one validator: `values` as Config takes them, or the first ConfigError."""
+        values = dict(values)
+        known = {f.name: f.type for f in fields(cls)}
+        unknown = set(values) - set(known)
         if unknown:
-            raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
-        for k in ("reserve", "max_gpu_mem_per_user", "log_cap", "log_reserve", "suspend_host_max"):
+            raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}", keys=tuple(sorted(unknown)))
+        for k, v in values.items():
+            name = str(known[k]).removesuffix(" | None")
+            kind = _TYPES.get(name)
+            if k in _SIZES or kind is None or (v is None and name != str(known[k])):
+                continue
+            if not isinstance(v, kind) or (bool not in kind and isinstance(v, bool)):
+                raise ConfigError(f"{k}: {v!r} is not {_TYPE_WORDS[name]}")
+        for k in _SIZES:
             if k in values:
                 r = values[k]
                 try:
@@ -217,4 +248,35 @@ class Config:
                 values[k] = Path(values[k])
         if "profile_dirs" in values:
             values["profile_dirs"] = [Path(p) for p in values["profile_dirs"]]
-        return cls(**values)
+        return values
+
+
+def check(path: Path) -> list[str]:
+    """`colo config check`: every error the daemon would stop at in this file, one line each, with
+    the line of the key at fault where the file's text shows it. The validator stops at the first
+    error: the keys at fault are left out and it is asked again, until it passes."""
+    try:
+        values = Config.read(path)
+        text = Path(path).read_text()
+    except ConfigError as e:
+        return [str(e)]
+    errors: list[tuple[int, str]] = []
+    while True:
+        try:
+            Config.checked(values)
+            return [e for _, e in sorted(errors, key=lambda x: x[0])]  # in the file's order
+        except ConfigError as e:
+            at = [_line_of(text, k) for k in e.keys if k in values]
+            lines = ",".join(str(n) for n in at if n)
+            errors.append((min((n for n in at if n), default=0),
+                           f"{path}:{lines}: {e}" if lines else f"{path}: {e}"))
+            left = {k: v for k, v in values.items() if k not in e.keys}
+            if len(left) == len(values):  # nothing to leave out: it would say the same again
+                return [e for _, e in sorted(errors, key=lambda x: x[0])]
+            values = left
+
+
+def _line_of(text: str, key: str) -> int | None:
+    """The line (from 1) where a top-level `key = ...` is set."""
+    pat = re.compile(rf"""^\s*(?:{re.escape(key)}|"{re.escape(key)}"|'{re.escape(key)}')\s*=""")
+    return next((i for i, line in enumerate(text.splitlines(), 1) if pat.match(line)), None)

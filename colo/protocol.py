@@ -25,6 +25,7 @@ OPS = frozenset({
     "signal",  # a signal to a running job's main process (a notebook kernel's interrupt)
     "pause", "resume",  # a running job frozen and thawed (issue 36)
     "suspend",  # a running job's GPU memory moved to host memory (issue 40; `resume` brings it back)
+    "drain", "undrain",  # a GPU taken out of service by an admin, and put back (issue 42)
 })
 # An event that carries a file descriptor (a session's terminal): sent with SCM_RIGHTS on its line's
 # first byte. The daemon's streams name it with this key; the JSON sent says {"tty": true}.
@@ -259,6 +260,14 @@ def _signal(v: Any) -> None:
                             f"not {short(v)}", INVALID)
 
 
+MAX_DRAIN_REASON = 200
+
+
+def _reason(v: Any) -> None:
+    if not isinstance(v, str) or not v.strip() or len(v) > MAX_DRAIN_REASON:
+        raise ProtocolError(f"drain --reason must be text of 1-{MAX_DRAIN_REASON} characters, not {short(v)}")
+
+
 def _spec(v: Any) -> None:
     if not isinstance(v, dict):
         raise ProtocolError("spec must be an object", INVALID)
@@ -289,6 +298,8 @@ ARGS: dict[str, dict[str, Any]] = {
     "profile_share": {"name": _name, "user": _user},
     "profile_put": {"text": _profile_text},  # no user: a user writes only their own
     # refs as ls reads them (ids, an array's id, names, ARRAY_INDEX); without refs, the filters pick
+    "drain": {"gpus": _texts("drain GPU", most=64), "reason": _reason, "now": _flag("now")},
+    "undrain": {"gpus": _texts("undrain GPU", most=64)},
     "clean": {"refs": _texts("clean job", most=MAX_CLEAN_REFS), "before": _time("clean --before"), "users": _texts("clean user"),
               "states": _texts("clean state", ENDED_STATES)},
 }

@@ -60,6 +60,7 @@ class GpuRow(TypedDict):
     error: str | None
     usable: int  # bytes colo may give out on it
     mps: bool  # its MPS control daemon runs
+    drained: str | None  # colo drain: "drained by root: driver update" (no new job is placed on it)
     budgeted: int  # bytes: the budgets of the jobs on it
     jobs: list[int]
     unbudgeted: int  # bytes held outside any budget (processes of no job, jobs past their budgets)

@@ -116,6 +116,14 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     """
     ALTER TABLE jobs ADD COLUMN suspended TEXT;
     """,
+    # 11: `colo drain`: GPUs (by uuid) no new job is placed on, who drained each and why, so that a
+    # restarted daemon keeps them out of service until `colo undrain`
+    """
+    CREATE TABLE drains (
+        uuid TEXT PRIMARY KEY, gpu_index INTEGER NOT NULL, by TEXT NOT NULL, reason TEXT NOT NULL,
+        at REAL NOT NULL
+    );
+    """,
 ]
 
 # Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
@@ -891,6 +899,23 @@ class Store:
                 "DELETE FROM job_neighbours WHERE job_id IN "
                 f"(SELECT job_id FROM job_neighbours JOIN jobs ON jobs.id = job_id "
                 f"WHERE jobs.state IN ({','.join('?' * len(states))}))", states).rowcount
+
+
+    # drained GPUs (colo drain) ------------------------------------------------------------------
+    def drains(self) -> dict[str, dict]:
+        """uuid -> {index, by, reason, at} of every drained GPU."""
+        return {r[0]: dict(index=r[1], by=r[2], reason=r[3], at=r[4]) for r in self.db.execute(
+            "SELECT uuid, gpu_index, by, reason, at FROM drains ORDER BY gpu_index")}
+
+    def set_drain(self, uuid: str, index: int, by: str, reason: str, now: float | None = None) -> None:
+        with self.tx():
+            self.db.execute("INSERT OR REPLACE INTO drains(uuid, gpu_index, by, reason, at) VALUES (?,?,?,?,?)",
+                            (uuid, index, by, reason, time.time() if now is None else now))
+
+    def undrain(self, uuid: str) -> bool:
+        """Whether it was drained."""
+        with self.tx():
+            return self.db.execute("DELETE FROM drains WHERE uuid=?", (uuid,)).rowcount > 0
 
 
 class _Tx:

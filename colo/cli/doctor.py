@@ -134,6 +134,7 @@ def run_checks(sock: Path | None) -> bool:
         else:
             gpus = ", ".join(f"GPU{g['index']} {safe(g['name'])} {format_size(g['total'])} ({g['compute_mode']})"
                              + (f" NOT ANSWERING: {safe(g['error'])}" if g.get("error") else "")
+                             + (f" {safe(g['drained'])}, colo undrain {g['index']}" if g.get("drained") else "")
                              for g in node.get("gpus", []))
             line(bool(node.get("gpus")) or None, "gpus", f"{kind}: {gpus or 'none'}")
         mps = node.get("mps") or {}

@@ -393,6 +393,8 @@ def gpus(sock: str | None = None, as_json: bool = False) -> int:
         if g.get("error"):
             echo(f"GPU{g['index']} is out of service: {g['error']} (no new job is placed on it; "
                  "its running jobs are left alone)")
+        if g.get("drained"):
+            echo(f"GPU{g['index']} is {g['drained']} (no new job is placed on it; colo undrain {g['index']})")
     if r["fake"]:
         echo("(simulated GPUs)")
     return 0

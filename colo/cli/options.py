@@ -263,6 +263,29 @@ CLEAN = Cmd(
 GPUS = Cmd("gpus", "colo.cli.jobview:gpus", "The GPUs as the daemon sees them, with the budgets placed on each.",
            "Exact: what is usable is what a --gpu-mem may ask for.\n\nExample: colo gpus --json", [SOCKET, JSON])
 
+DRAIN = Cmd(
+    "drain", "colo.cli.drainview:drain", "Take GPUs out of service: no new job is placed on them.",
+    "As Slurm's State=DRAIN: running jobs finish where they are (with --now they are queued again and start "
+    "elsewhere); waiting jobs say why in `colo explain`. It lasts across daemon restarts until `colo undrain`; "
+    "`colo gpus` and `colo top` show it. Root and the admin group only.\n\n"
+    "Example: colo drain 0 --reason \"driver update\"   ·   colo drain GPU-5f3c... --reason \"Xid 79\" --now",
+    [Arg("gpus", "GPU indices or UUIDs, as `colo gpus` shows them", many=True),
+     Opt(("--reason",), "reason", "why it is out of service (shown to waiting jobs and in colo gpus)"),
+     Opt(("--now",), "now", "also requeue the jobs running on it now (they start again on another GPU)", bool),
+     SOCKET, JSON])
+
+UNDRAIN = Cmd("undrain", "colo.cli.drainview:undrain", "Put drained GPUs back in service.",
+              "Root and the admin group only.\n\nExample: colo undrain 0",
+              [Arg("gpus", "GPU indices or UUIDs", many=True), SOCKET, JSON])
+
+CONFIG = Cmd(
+    "config", "colo.cli.drainview:config", "Check a daemon config file as the daemon reads it.",
+    "`colo config check [FILE]` (FILE: $COLO_CONFIG, else /etc/colo/colo.toml) prints every error the daemon "
+    "would refuse to start with, one a line with its line number, and exits 1; \"ok\" and 0 when there is none. "
+    "Needs no daemon: the unit runs it before a (re)start, so a bad edit keeps the running daemon.\n\n"
+    "Example: colo config check /etc/colo/colo.toml",
+    [Arg("action", "check"), Arg("file", "the TOML file", required=False)])
+
 _SINCE = Opt(("--since", "-S"), "since", "jobs that ended within this period (90m, 12h, 7d, 2w) or since this "
              "local date or time (2026-11-01, 2026-11-01T08:00)", default="7d")
 _USERS = Opt(("--user", "-u"), "users", "only this user's jobs (repeatable)", many=True)
@@ -299,5 +322,5 @@ TOP = Cmd("top", "colo.cli.jobview:top", "Live view of GPUs, jobs, budgets and t
 
 # In the order `colo --help` lists them.
 COMMANDS = [SUBMIT, LS, SHOW, EXPLAIN, LOGS, WAIT, CANCEL, HOLD, RELEASE, PAUSE, SUSPEND, RESUME, EDIT, REQUEUE, CLEAN,
-            GPUS, HISTORY, REPORT, TOP]
+            GPUS, DRAIN, UNDRAIN, HISTORY, REPORT, TOP, CONFIG]
 BY_NAME = {n: c for c in COMMANDS for n in (c.name, *c.aliases)}

@@ -99,7 +99,7 @@ class Api:
             access = await asyncio.to_thread(docker.gpu_access)
             containers = {"via": access.via, "detail": access.detail}
         return {"gpus": [{"index": g.index, "name": g.name, "total": g.total, "compute_mode": g.compute_mode,
-                          "error": g.error} for g in d.gpus.devices],
+                          "error": g.error, "drained": d.gpus.drained.get(g.uuid)} for g in d.gpus.devices],
                 "simulated": c.fakegpu_state is not None,
                 "mps": {"available": m.available(), "why_not": None if m.available() else m.unavailable_reason,
                         "multi_user": c.multi_user_mps, "used": d.cfg_policy.use_mps},
@@ -322,6 +322,12 @@ class Api:
                            "MPS clients (one frozen in the middle of a kernel could stall the MPS server for every "
                            f"other job on that GPU); colo cancel {job.id} stops it", protocol.INVALID)
         return self.summary(await self._engine(job, self.d.launcher.pause(job.id, caller.user)))
+
+    async def drain(self, caller: Caller, args: dict) -> dict:
+        return await self.d.drains.drain(caller, args)  # colo/daemon/drain.py
+
+    async def undrain(self, caller: Caller, args: dict) -> dict:
+        return await self.d.drains.undrain(caller, args)
 
     async def suspend(self, caller: Caller, args: dict) -> dict:
         """Its GPU memory to host memory (colo/daemon/suspend.py)."""

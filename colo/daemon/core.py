@@ -22,6 +22,7 @@ wired below, never through each other's fields:
   listing    listing.Listing     the rows `ls`, `top` and `gpus` send, and their caches
   admission  admission.Admission every check a job passes before it is stored
   suspender  suspend.Suspender   colo suspend/resume: GPU memory to host memory and back (colo-ckpt)
+  drains     drain.Drains        colo drain/undrain: GPUs an admin took out of service (stored)
 
 Every subscription (the table's on_change and on_edit, the learner's on_forget) is made in open().
 """
@@ -42,6 +43,7 @@ from ..sched import policy
 from ..store import Store
 from . import pin
 from .admission import Admission
+from .drain import Drains
 from .engines import Engines, instance_id
 from .external import SlurmRuntime
 from .gpus import Gpus
@@ -133,6 +135,8 @@ class Daemon:
         self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
                                    lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake,
                                    lambda: self.scheduler.decisions, self.sampler.usage)
+        self.drains = Drains(c, self.store, self.table, self.gpus, self.launcher, self.scheduler.wake)
+        self.drains.load()  # before the first pass and scrape: nothing is placed on a GPU drained before the restart
         self.metrics = Metrics(c, self.table, self.gpus, self.sampler, self.patrol,
                                self.suspender.figures) if c.metrics_listen else None
         if self.metrics is not None:

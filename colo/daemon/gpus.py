@@ -2,9 +2,11 @@
 
 Owns: the NVML handle, `devices` (as last read), `error` (why no GPU can be used: no driver),
 `unbudgeted` (bytes per GPU held outside any budget, as the patrol last saw it: plan() gives none
-of it out) and `mps` (one control daemon per GPU, colo/node/mps.py). Only its own methods change
+of it out), `drained` (uuid -> "drained by USER: REASON", `colo drain`: nothing new is placed
+there) and `mps` (one control daemon per GPU, colo/node/mps.py). Only its own methods change
 them: the sampler has it read the devices at each tick (`refresh` in a thread, `adopt` on the loop),
-the patrol reports what is unbudgeted (`note_unbudgeted`); everyone else reads `views()`.
+the patrol reports what is unbudgeted (`note_unbudgeted`), drain.py what admins drained
+(`set_drained`); everyone else reads `views()`.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class Gpus:
         self.devices: list[GpuInfo] = []
         self.error: str | None = None
         self.unbudgeted: dict[str, int] = {}
+        self.drained: dict[str, str] = {}
         control = (native_dir / native.FAKEGPU_DIR / "nvidia-cuda-mps-control"
                    if config.fakegpu_state else "nvidia-cuda-mps-control")
         self.mps = mps.MpsManager(config.state_dir / "mps", control, self.fake_env() if config.fakegpu_state else {},
@@ -78,6 +81,13 @@ class Gpus:
         changed, self.unbudgeted = per_gpu != self.unbudgeted, per_gpu
         return changed
 
+    def set_drained(self, uuid: str, text: str | None) -> None:
+        """Drain a GPU ("drained by root: driver update"), or with None put it back in service."""
+        if text is None:
+            self.drained.pop(uuid, None)
+        else:
+            self.drained[uuid] = text
+
     def views(self, in_use: bool = False) -> list[policy.GpuView]:
         """The GPUs as plan() sees them. in_use: less the memory the patrol saw held outside any
         budget (what plan() may give)."""
@@ -85,7 +95,8 @@ class Gpus:
         less = self.unbudgeted if in_use else {}
         reserve = self.config.reserve
         return [policy.GpuView(uuid=d.uuid, index=d.index, usable=max(0, d.total - reserve - less.get(d.uuid, 0)),
-                               compute_mode=d.compute_mode, mps=states.get(d.uuid, "off"), name=d.name, error=d.error)
+                               compute_mode=d.compute_mode, mps=states.get(d.uuid, "off"), name=d.name, error=d.error,
+                               drained=self.drained.get(d.uuid))
                 for d in self.devices]
 
     def name_of(self, uuid: str) -> str:

@@ -583,6 +583,37 @@ class Launcher:
             asyncio.get_running_loop().create_task(self._kill_after_fault(job.id, rt, job.handle))
         self.wake()
 
+    async def requeue_running(self, job: Job, reason: str) -> None:
+        """Queue a running job again under its id and end its attempt (`colo drain --now`), as an
+        MPS fault does; it starts again, elsewhere, once the attempt has ended."""
+        live = self.live.setdefault(job.id, Live())
+        if live.task:
+            live.task.cancel()
+        self._ending.add(job.id)
+        self.requeue(job.id, reason)
+        rt = self.engines.runtime_for(job)
+        asyncio.get_running_loop().create_task(self._end_requeued(job, rt))
+
+    async def _end_requeued(self, job: Job, rt) -> None:
+        """Stop a requeued job's attempt as a cancel would (thawed first; invariant 6 for an MPS
+        client), then reap and clean up as after a fault."""
+        def stop() -> None:
+            if job.paused_by:
+                rt.resume(job.handle)
+            rt.stop(job.handle, self.config.stop_grace)
+
+        try:
+            if job.mode == Mode.MPS and job.gpus:
+                pids = await asyncio.to_thread(rt.pids, job.handle)
+                await asyncio.to_thread(self.gpus.mps.terminate_then, job.gpus[0], pids, stop)
+            else:
+                await asyncio.to_thread(stop)
+        except (Gone, Unavailable):
+            pass
+        except EngineError as e:  # the stop after the fault's path tries again
+            log.warning("job %d: stopping its drained attempt: %s", job.id, e)
+        await self._kill_after_fault(job.id, rt, job.handle)
+
     async def _kill_after_fault(self, job_id: int, rt, handle: str) -> None:
         try:
             try:

@@ -337,6 +337,7 @@ class Listing:
         for g in self.gpus.devices:
             placed = [j for j in active if g.uuid in j.gpus]
             out.append({**g.to_dict(), "usable": views[g.uuid].usable, "mps": views[g.uuid].mps,
+                        "drained": views[g.uuid].drained,  # colo drain: "drained by root: driver update"
                         "budgeted": sum(j.spec.gpu_mem for j in placed), "jobs": [j.id for j in placed],
                         # held outside any budget (processes of no job, jobs past their budgets): not given out
                         "unbudgeted": self.gpus.unbudgeted.get(g.uuid, 0),

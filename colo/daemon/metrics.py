@@ -226,6 +226,8 @@ class Metrics:
               ["gpu", "uuid", "state"], [(k[:2] + (states.get(d.uuid, "off"),), 1) for k, d in zip(gpu_rows, devices)])
         gauge("colo_gpu_up", "1 while NVML answers for the GPU", ["gpu", "uuid"],
               [(k[:2], 0 if d.error else 1) for k, d in zip(gpu_rows, devices)])
+        gauge("colo_gpu_drained", "1 while an admin has the GPU drained (colo drain)", ["gpu", "uuid"],
+              [(k[:2], 1 if self.gpus.drained.get(d.uuid) else 0) for k, d in zip(gpu_rows, devices)])
 
         running: dict[str, int] = defaultdict(int)
         waiting: dict[str, int] = defaultdict(int)

@@ -655,7 +655,7 @@ class Scheduler:
         jobs not looked at would all wait: the walk can stop.)"""
         if not self._budgets:
             return True
-        free = policy.free_budget([v for v in views if v.error is None and v.compute_mode != "prohibited"], placed)
+        free = policy.free_budget([v for v in views if v.in_service and v.compute_mode != "prohibited"], placed)
         for d in decisions:
             if d.action == policy.START:
                 for u in d.gpus:

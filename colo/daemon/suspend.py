@@ -342,7 +342,7 @@ class Suspender:
                          key=lambda j: (-j.spec.priority, j.submitted_at, j.id))[:RECLAIM_FRONT]
         if not waiting:
             return
-        views = [g for g in self.gpus.views(in_use=True) if g.error is None]
+        views = [g for g in self.gpus.views(in_use=True) if g.in_service]
         free = policy.free_budget(views, self._placed(now))
         holders = self._holders(now)
         plan: list[tuple[Job, list[int]]] = []

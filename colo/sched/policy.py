@@ -52,6 +52,12 @@ class GpuView:
     mps: str = "off"  # off | active | fault
     name: str = ""
     error: str | None = None  # the driver stopped answering for it: nothing new is placed there
+    drained: str | None = None  # `colo drain`: "drained by root: driver update"; nothing new is placed there
+
+    @property
+    def in_service(self) -> bool:
+        """May new jobs be placed here (it answers and no admin drained it)?"""
+        return self.error is None and self.drained is None
 
 
 @dataclass(frozen=True)
@@ -1007,7 +1013,7 @@ def place_now(c: Candidate, gpus: Sequence[GpuView], placed: Sequence[Placed],
     if d.action == START or c.gpus != 1:
         return d
     free = free_budget(gpus, placed)
-    fits = [g for g in gpus if g.error is None and g.compute_mode == "default" and free[g.uuid] >= c.budget]
+    fits = [g for g in gpus if g.in_service and g.compute_mode == "default" and free[g.uuid] >= c.budget]
     if not fits:
         return d
     g = min(fits, key=lambda g: (free[g.uuid] - c.budget, g.index))
@@ -1047,9 +1053,10 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
     cfg = config
     free = free_budget(gpus, placed)
     state: dict[str, _Gpu] = {g.uuid: _Gpu(g, free[g.uuid], []) for g in gpus
-                              if g.compute_mode != "prohibited" and g.error is None}
+                              if g.compute_mode != "prohibited" and g.in_service}
     # A job that waits while a GPU is out of service is told so: it may be why.
-    down = "".join(f"; GPU{g.index} is out of service ({g.error})" for g in gpus if g.error is not None)
+    down = "".join(f"; GPU{g.index} is out of service ({g.error})" if g.error is not None else
+                   f"; GPU {g.index} {g.drained}" for g in gpus if not g.in_service)
     for p in placed:
         arr = _arrays(p.profile, cfg.step, cfg.horizon) if p.profile is not None else None
         for u in p.gpus:
@@ -1121,6 +1128,12 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
                                                                                                 c.gpu_type))]
         if len(fitting) < c.gpus:
             among = f" among the GPUs it may use ({_only_text(c.gpu_ids, c.gpu_type)})" if only else ""
+            if only and sum(1 for g in state.values() if gpu_allowed(g.view, c.gpu_ids, c.gpu_type)) < c.gpus:
+                # the GPUs it may use take nothing new (drained, lost, held): that is why, not memory
+                append(Decision(c.job_id, WAIT, reason=f"waiting: the GPUs it may use "
+                                f"({_only_text(c.gpu_ids, c.gpu_type)}) take no new job now{down}",
+                                details={"need": c.budget, "most_free": most_free}))
+                continue
             append(Decision(c.job_id, WAIT, reason=(
                 f"waiting for memory: needs {format_size(c.budget)} on {c.gpus} GPU(s), "
                 f"{len(fitting)} GPU(s){among} have that much free budget{down}"),

@@ -186,9 +186,12 @@ def mps_clients(g: dict) -> int:
 
 
 def mps_label(g: dict) -> tuple[str, str]:
-    """The GPU's state word: its MPS server, or that the driver stopped answering for it."""
+    """The GPU's state word: its MPS server, that the driver stopped answering for it, or that an
+    admin drained it."""
     if g.get("error"):
         return "NVML ERR", "bold white on red"
+    if g.get("drained"):  # colo drain: what the admin wrote is in colo gpus
+        return "DRAINED", "bold black on yellow"
     state = g.get("mps") or "off"
     if state == "active":
         return f"MPS {mps_clients(g)}", "green"

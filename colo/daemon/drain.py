@@ -1,0 +1,115 @@
+"""`colo drain` and `colo undrain`: an admin takes GPUs out of service and puts them back.
+
+Owns nothing of its own: a drain is a row in the store (so that it outlasts a restart) and the
+Gpus part's `drained` map, which views() hands plan(); plan() places no new job on a drained GPU
+and tells waiting jobs why ("GPU 0 drained by root: driver update"). Running jobs finish there,
+unless the drain says --now: then they are queued again under their ids (Launcher.requeue_running)
+and start on another GPU. Left running, and named in the reply: Slurm's jobs (Slurm's to move),
+suspended ones (a suspend or resume may be under way; their memory is in host memory) and jobs
+still starting.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .. import protocol
+from ..jobs import State
+from .errors import ApiError
+from .validate import Caller, is_admin
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..store import Store
+    from .gpus import Gpus
+    from .jobtable import JobTable
+    from .launcher import Launcher
+
+log = logging.getLogger("colo")
+
+
+def drained_text(by: str, reason: str) -> str:
+    return f"drained by {by}: {reason}"
+
+
+class Drains:
+    def __init__(self, config: "Config", store: "Store", table: "JobTable", gpus: "Gpus", launcher: "Launcher",
+                 wake):
+        self.config, self.store, self.table, self.gpus, self.launcher, self.wake = (
+            config, store, table, gpus, launcher, wake)
+
+    def load(self) -> None:
+        """The drains stored before this start, back in force (a GPU no longer seen stays drained)."""
+        for uuid, d in self.store.drains().items():
+            self.gpus.set_drained(uuid, drained_text(d["by"], d["reason"]))
+            log.info("GPU %d (%s) is %s", d["index"], uuid, drained_text(d["by"], d["reason"]))
+
+    def _admin(self, caller: Caller, verb: str) -> None:
+        if not is_admin(caller, self.config.admin_group):
+            raise ApiError(f"only root and the admin group may {verb} GPUs", protocol.FORBIDDEN)
+
+    def _resolve(self, refs: list[str], stored: dict[str, dict] | None = None) -> list[tuple[str, int]]:
+        """(uuid, index) for each GPU named by its index or its UUID; `stored`: drained GPUs
+        the driver no longer shows may be named by their UUID too."""
+        if not refs:
+            raise ApiError("name the GPUs, by index or UUID (colo gpus shows both)", protocol.BAD_REQUEST)
+        out: list[tuple[str, int]] = []
+        for ref in refs:
+            dev = next((d for d in self.gpus.devices if (str(d.index) == ref.strip() or d.uuid == ref)), None)
+            if dev is not None:
+                got = (dev.uuid, dev.index)
+            elif stored and ref in stored:
+                got = (ref, stored[ref]["index"])
+            else:
+                here = ", ".join(f"{d.index} ({d.uuid})" for d in self.gpus.devices) or "none"
+                raise ApiError(f"no GPU {ref!r} on this node: give an index or UUID (here: {here})",
+                               protocol.NOT_FOUND)
+            if got not in out:
+                out.append(got)
+        return out
+
+    async def drain(self, caller: Caller, args: dict) -> dict:
+        self._admin(caller, "drain")
+        reason = (args.get("reason") or "").strip()
+        if not reason:
+            raise ApiError("drain needs --reason: why the GPU is out of service (shown to waiting jobs)",
+                           protocol.BAD_REQUEST)
+        gpus = self._resolve(args.get("gpus") or [])
+        text = drained_text(caller.user, reason)
+        requeued: list[int] = []
+        left: list[dict] = []  # jobs --now does not move, and why
+        for uuid, index in gpus:
+            self.store.set_drain(uuid, index, caller.user, reason)  # stored first: it outlasts a crash from here
+            self.gpus.set_drained(uuid, text)
+            log.info("GPU %d (%s) %s", index, uuid, text)
+        if args.get("now"):
+            out = {u for u, _ in gpus}
+            for job in self.table.jobs_in(State.STARTING, State.RUNNING):
+                if not out & set(job.gpus):
+                    continue
+                why = ("Slurm's job: Slurm moves it" if job.spec.slurm_job is not None
+                       else "suspended: its memory is in host memory (colo cancel, or resume it)" if job.suspended
+                       else "still starting" if job.state != State.RUNNING or not job.handle else None)
+                if why:
+                    left.append({"id": job.id, "why": why})
+                    continue
+                names = ", ".join(f"GPU {i}" for u, i in gpus if u in job.gpus)
+                await self.launcher.requeue_running(job, f"requeued: {names} {text} (--now)")
+                requeued.append(job.id)
+        self.wake()
+        return {"gpus": [{"index": i, "uuid": u, "drained": text} for u, i in gpus], "requeued": requeued,
+                "left": left}
+
+    async def undrain(self, caller: Caller, args: dict) -> dict:
+        self._admin(caller, "undrain")
+        stored = self.store.drains()
+        gpus = self._resolve(args.get("gpus") or [], stored)
+        out = []
+        for uuid, index in gpus:
+            was = self.store.undrain(uuid)
+            self.gpus.set_drained(uuid, None)
+            if was:
+                log.info("GPU %d (%s) undrained by %s", index, uuid, caller.user)
+            out.append({"index": index, "uuid": uuid, "was_drained": was})
+        self.wake()
+        return {"gpus": out}

@@ -1,0 +1,134 @@
+"""Issue 42: `colo drain` takes a GPU out of service (root and the admin group only): no new job is
+placed there while the other GPU takes them, running jobs finish (or, with --now, start again
+elsewhere), waiting jobs say why, and the drain outlasts a daemon restart until `colo undrain`.
+One real daemon for the module on two simulated GPUs; the user who tries is a real Unix user.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from colo.client import Client
+from daemon_util import DaemonProc, as_user, gpu_node, wait_for
+
+
+@pytest.fixture(scope="module")
+def d():
+    root, state, _ = gpu_node("colo-drain-", count=2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dp = DaemonProc(root, state, {"metrics_listen": f"127.0.0.1:{port}"}).start()
+    dp.metrics_port = port
+    os.chmod(dp.socket.parent, 0o755)
+    yield dp
+    for go in ("go1", "go2", "go3"):
+        (root / go).touch()
+    dp.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def gated(d: DaemonProc, go: str, *extra: str) -> list[str]:
+    """A process job of 1 GiB that runs until the file `go` exists."""
+    return ["--process", "--gpu-mem", "1GiB", "--workdir", "/tmp", *extra, "--", "sh", "-c",
+            f"while [ ! -e {d.root / go} ]; do sleep 0.05; done"]
+
+
+def uuids(d: DaemonProc) -> dict[int, str]:
+    return {g["index"]: g["uuid"] for g in d.client.gpus()["gpus"]}
+
+
+def drained(d: DaemonProc) -> dict[int, str | None]:
+    return {g["index"]: g["drained"] for g in d.client.gpus()["gpus"]}
+
+
+def drained_metric(d: DaemonProc) -> dict[str, float]:
+    """colo_gpu_drained per GPU index, as scraped."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10).read().decode()
+    return {s.labels["gpu"]: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == "colo_gpu_drained"}
+
+
+def test_a_user_may_not_drain_or_undrain(d, users):
+    alice = users[0]
+    for op, args in (("drain", {"gpus": ["0"], "reason": "mine now"}), ("undrain", {"gpus": ["0"]})):
+        kind, why = as_user(alice, lambda: Client(d.socket).call(op, **args))
+        assert kind == "err" and why[2] == "forbidden", why
+        assert f"only root and the admin group may {op} GPUs" in why[1]
+    assert drained(d) == {0: None, 1: None}
+
+
+def test_a_drained_gpu_gets_no_new_job_while_the_other_does(d):
+    first = d.submit(*gated(d, "go1"))
+    on = d.wait_state(first, "running")["gpus"]
+    by_uuid = {u: i for i, u in uuids(d).items()}
+    g = by_uuid[on[0]]
+    other = 1 - g
+    r = d.cli("drain", str(g), "--reason", "driver update", check=True)
+    assert f"GPU {g}: drained by root: driver update" in r.stdout
+    later = [d.submit(*gated(d, "go1")) for _ in range(4)]
+    for j in later:
+        assert d.wait_state(j, "running")["gpus"] == [uuids(d)[other]], j
+    pinned = d.submit(*gated(d, "go1", "--gpu-id", str(g)))
+    wait_for(lambda: f"GPU {g} drained by root: driver update" in d.cli("explain", str(pinned)).stdout, 60,
+             "the pinned job to say the GPU is drained")
+    assert d.job(pinned)["state"] == "queued"
+    assert f"GPU{g} is drained by root: driver update" in d.cli("gpus", check=True).stdout
+    assert d.job(first)["state"] == "running"  # running jobs finish where they are
+    (d.root / "go1").touch()
+    assert d.wait_state(first, "succeeded")["gpus"] == on
+    for j in later:
+        d.wait_state(j, "succeeded")
+    assert d.job(pinned)["state"] == "queued" and drained(d)[g] == "drained by root: driver update"
+    d.client.cancel(pinned)
+    d.cli("undrain", str(g), check=True)
+    assert drained(d) == {0: None, 1: None}
+
+
+def test_drain_now_requeues_the_running_jobs_elsewhere(d):
+    j = d.submit(*gated(d, "go2"))
+    on = d.wait_state(j, "running")["gpus"]
+    by_uuid = {u: i for i, u in uuids(d).items()}
+    g = by_uuid[on[0]]
+    r = d.cli("drain", str(g), "--reason", "Xid 79", "--now", "--json", check=True)
+    assert json.loads(r.stdout)["requeued"] == [j]
+    wait_for(lambda: (x := d.job(j))["state"] == "running" and x["gpus"] == [uuids(d)[1 - g]], 120,
+             "the requeued job to run on the other GPU")
+    assert any("Xid 79 (--now)" in e["reason"] and e["new"] == "queued" for e in d.client.show(j)["events"])
+    (d.root / "go2").touch()
+    d.wait_state(j, "succeeded")
+    d.cli("undrain", str(g), check=True)
+
+
+def test_a_drain_outlasts_a_restart_and_undrain_lets_jobs_in(d):
+    u0 = uuids(d)[0]
+    d.cli("drain", u0, "--reason", "demo on Friday", check=True)  # by UUID
+    d.proc.send_signal(signal.SIGTERM)
+    d.proc.wait(60)
+    d.start()
+    assert drained(d)[0] == "drained by root: demo on Friday"
+    assert drained_metric(d) == {"0": 1.0, "1": 0.0}
+    assert "drained by root: demo on Friday, colo undrain 0" in d.cli("doctor").stdout
+    pinned = d.submit(*gated(d, "go3", "--gpu-id", "0"))
+    wait_for(lambda: "GPU 0 drained by root: demo on Friday" in d.cli("explain", str(pinned)).stdout, 60,
+             "the pinned job to wait for the drained GPU")
+    free = d.submit(*gated(d, "go3"))
+    assert d.wait_state(free, "running")["gpus"] == [uuids(d)[1]]
+    r = d.cli("undrain", "0", check=True)
+    assert "GPU 0: back in service" in r.stdout
+    assert d.wait_state(pinned, "running", timeout=60)["gpus"] == [u0]
+    wait_for(lambda: drained_metric(d) == {"0": 0.0, "1": 0.0}, 60, "colo_gpu_drained to drop to 0")
+    assert d.cli("undrain", "0", check=True).stdout.strip() == "GPU 0: was not drained"
+    bad = d.cli("drain", "7", "--reason", "x")
+    assert bad.returncode == 1 and "no GPU '7' on this node" in bad.stderr
+    assert d.cli("drain", "0").returncode != 0  # no --reason
+    (d.root / "go3").touch()
+    d.wait_state(pinned, "succeeded")
+    d.wait_state(free, "succeeded")
