@@ -44,8 +44,13 @@ def test_colo_shares_two_light_jobs_under_mps():
     r = sim.simulate(pair(LIGHT), "colo", learned=knows)
     assert [j["mode"] for j in r.jobs] == ["mps", "mps"] and [j["start"] for j in r.jobs] == [0.0, 0.0]
     assert r.makespan == pytest.approx(0.74, abs=0.005) and r.oom == 0
-    # a colo that has not seen it run alone here runs the first alone once (policy: check_alone)
+    # the daemon's default no longer runs a profile never seen alone here alone once (Config.check_alone
+    # off: in the world fitted to the H200 that check was most of the cold gap, docs/sim.md); with it on,
+    # the first runs alone
     r = sim.simulate(pair(LIGHT), "colo")
+    assert [j["start"] for j in r.jobs] == [0.0, 0.0]
+    import dataclasses
+    r = sim.simulate(pair(LIGHT), "colo", config=dataclasses.replace(sim.DAEMON_CONFIG, check_alone=True))
     assert [j["start"] for j in r.jobs] == [0.0, pytest.approx(0.74)]
 
 
@@ -506,3 +511,43 @@ def test_nvml_gives_mps_clients_their_servers_activity_split_unless_told():
                            nvml_per_client=per_client, sample_noise=0.0)
         sim.simulate(jobs, "mps-all", truth=t, profiles=got)  # the baselines learn as colo does
         assert got["quiet"].mean_sm == pytest.approx(want, abs=0.01), per_client
+
+
+def test_the_daemon_and_the_simulator_learn_the_same_from_the_same_runs(monkeypatch):
+    """One end-of-job rule (colo/sched/learning.py): every end the simulator taught, fed again as
+    the daemon's learner feeds it (its stored decision through JSON, the job's Mode, its start and
+    end, sorted neighbour names; then the profile's merged alone time), gives the same learned
+    state, field by field."""
+    import copy
+
+    from colo.jobs import Mode
+    from colo.sched import learning
+
+    events, end_of_job, profile_learned = [], learning.end_of_job, learning.profile_learned
+
+    def spy_end(learned, *args):
+        events.append(("end", copy.deepcopy(args)))
+        return end_of_job(learned, *args)
+
+    def spy_profile(learned, *args):
+        events.append(("profile", args))
+        return profile_learned(learned, *args)
+
+    monkeypatch.setattr(learning, "end_of_job", spy_end)
+    monkeypatch.setattr(learning, "profile_learned", spy_profile)
+    w = sim.make_mix("memory-light", 3)
+    learned = policy.Learned()
+    sim.simulate(w.jobs[:12], "colo", 1, w.gpu_mem, truth=simtruth.Truth("h200", 3), grow=True, learned=learned,
+                 profiles={})
+    ends = [a for k, a in events if k == "end"]
+    assert len(ends) >= 5 and any(a[1] for a in ends) and any(not a[1] for a in ends)
+    daemon = policy.Learned()
+    for kind, args in events:
+        if kind == "profile":
+            profile_learned(daemon, *args)
+            continue
+        name, nb, mode, decision, start, end, runtime, peak = args
+        stored = json.loads(json.dumps(decision))  # as store.decision() gives it back
+        end_of_job(daemon, name, sorted(set(nb)), Mode(mode), stored, start, end, runtime, peak)
+    for f in ("corun", "alone", "errors", "errors_seen", "bw", "max_mem", "clock"):
+        assert getattr(daemon, f) == getattr(learned, f), f
