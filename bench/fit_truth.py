@@ -2,11 +2,11 @@
 
     python bench/fit_truth.py bench/results/gpu-2026-11-28/run*.json [--write]
 
-Reads each report's part `colocation` (bench/gpu_parts.py): the light jobs one after another
+Reads each report's parts `colocation` and `groups` (bench/gpu_parts.py): the light jobs one after another
 (per-job alone times, their NVML SM), all at once time-sliced, colo's runs of them (each job's
 start, end and mode: jobs that overlapped are a group), the saturating pair back to back,
-time-sliced and under MPS; and, where the check measured them, its `groups` (n like jobs at once
-in a mode against one after another) and `pairs`. Each is an observation: n jobs with an SM
+time-sliced and under MPS; and, where the check ran part `groups`, n like jobs at once in a mode
+against one of them alone times n. Each is an observation: n jobs with an SM
 reading, their alone times, a mode, and the measured throughput over one after another. The
 physics' four constants are fitted by grid search (coarse, then twice finer) on the squared log
 error of throughput; the context memories are read from the reports as measured. Prints every
@@ -68,12 +68,14 @@ def observations(report: dict, source: str) -> list[Obs]:
     for mode, key in (("timesliced", "timesliced_s"), ("mps", "mps_s")):
         if ex and pair.get(key):
             out.append(Obs(f"saturating pair, {mode}", 2, heavy_sm, mode, [ex / 2, ex / 2], ex / pair[key], source))
-    for g in res.get("groups") or []:  # the check's groups: n like jobs at once vs one after another
+    groups = ((report.get("parts", {}).get("groups") or {}).get("results") or {}).get("groups") or []
+    for g in groups:  # part groups: n like jobs at once vs one alone times n
         if g.get("together_s") and g.get("serial_s") and g.get("n"):
             n = int(g["n"])
             a = g.get("per_job_s") or [g["serial_s"] / n] * n
-            out.append(Obs(f"{n} {g.get('kind', '?')}, {g['mode']}", n, float(g.get("mean_sm") or HEAVY_SM),
-                           g["mode"], a, g["serial_s"] / g["together_s"], source))
+            sm_g = g.get("mean_sm")
+            out.append(Obs(f"{n} {g.get('kind', '?')}, {g['mode']}", n, HEAVY_SM if sm_g is None else float(sm_g),
+                           g["mode"], a, g["serial_s"] / g["together_s"], f"{source} groups"))
     return out
 
 
