@@ -515,7 +515,7 @@ MARGIN_CAP = 0.4  # the most the learned margin grows to: below the bound's 0.5,
 # and with no share nothing would ever bring it down)
 ALONE_DOUBT = 1.25  # how far a profile's alone run time may be off (runs on other data, drivers, clocks)
 MIN_SHARED = 0.1  # a run beside others for less of its wall time than this teaches nothing of sharing
-EXPLORE_WORST = 2.0  # how much slower than predicted a share into unexplored bandwidth is allowed to be
+EXPLORE_WORST = 3.0  # how much slower than predicted a share into unexplored bandwidth is allowed to be
 # Summed bandwidth known to cost nothing before any run here showed it: the MPS study's light pair
 # (two jobs of 0.3 each under MPS, 0.74 s as alone; docs/invariants.md). Past it, shares explore.
 KNOWN_BW = 0.6
