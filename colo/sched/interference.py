@@ -17,7 +17,7 @@ Model.
   are cache/bandwidth-bound (they evict each other's working sets), else K_BW.
 - A job that uses no GPU at this moment (sm = 0, e.g. loading data) is not slowed.
 
-Calibration (DESIGN.md, "The problem it solves"):
+Calibration (docs/invariants.md, "Why share at all"):
 - "MPS halves the time of two co-running jobs when they leave the GPU unsaturated (0.74 s vs
   1.50 s)": two jobs of sm 0.35, membw 0.3, 0.74 s alone. MPS: D = 0.7, both at rate 1: 0.74 s.
   Time-sliced: both contexts busy (u = 1), each gets (1 - SWITCH_COST) / 2, so
