@@ -557,6 +557,14 @@ for _ in range(int(sys.argv[1])):
 torch.cuda.synchronize()
 say(event="done", rc=0)
 """
+MEDIUM_TORCH = """
+import torch
+a = torch.randn(2048, 2048, device="cuda")
+for _ in range(int(sys.argv[1])):
+    b = a @ a
+    torch.cuda.synchronize()  # a kernel, then the host: busy part of the time, as a medium job
+say(event="done", rc=0)
+"""
 SEEDED = "gpucheck-light"  # the profile the seeded run's jobs name
 ENDED = ("succeeded", "failed", "cancelled", "lost")
 
@@ -568,9 +576,11 @@ def job_argv(part: Part, kind: str) -> list[str]:
         return [sys.executable, str(PROBE), "--mem", str(64 * MiB), "--work", "50" if kind == "light" else "200"]
     script = part.tmp / f"{kind}.py"
     script.write_text(PRELUDE.replace('B = int(os.environ["COLO_GPU_BUDGET"])', "") + textwrap.dedent(
-        LIGHT_TORCH if kind == "light" else HEAVY_TORCH))
+        {"light": LIGHT_TORCH, "medium": MEDIUM_TORCH}.get(kind, HEAVY_TORCH)))
     os.chmod(script, 0o644)
-    return [sys.executable, str(script), str(part.ctx["light_steps"] if kind == "light" else part.ctx["heavy_iters"])]
+    steps = {"light": part.ctx["light_steps"] // 2, "medium": 3000}.get(kind, part.ctx["heavy_iters"]) \
+        if part.ctx.get("group_sizes") else (part.ctx["light_steps"] if kind == "light" else part.ctx["heavy_iters"])
+    return [sys.executable, str(script), str(steps)]
 
 
 def run_one(argv: list[str], env: dict, timeout: float) -> int:
@@ -710,6 +720,52 @@ def end_mps(part: Part, root: Path) -> None:
             m.stop_all()
     except Exception:  # noqa: BLE001 - the runner ends whatever is left
         pass
+
+
+GROUPS = (("light", (2, 4, 8, 16)), ("medium", (2, 4)))
+
+
+def part_groups(part: Part) -> None:
+    """What the h200 truth's fit needs (bench/fit_truth.py reads results["groups"]): n like jobs at
+    once, time-sliced and under MPS (where part mps passed), against one of them alone times n;
+    light jobs (half part colocation's steps) in groups of 2 to 16, medium ones (2048² matmuls,
+    synchronised each step) in 2 and 4. Each group is recorded as it ends: a cut part keeps them."""
+    from colo.node import mps
+
+    part.ctx["group_sizes"] = True
+    null = mps.timesliced_env(part.tmp / "ts")
+    m = md = None
+    if part.ctx.get("mps_ok"):
+        m = mps.MpsManager(part.tmp / "mps", shutil.which("nvidia-cuda-mps-control", path=part.env.get("PATH")),
+                           env=part.env)
+    groups: list = part.results.setdefault("groups", [])
+    try:
+        if m is not None:
+            md = m.ensure(gpu0(part.ctx)["uuid"], 0)
+        for kind, sizes in GROUPS:
+            argv = job_argv(part, kind)
+            sampler = Sampler(part.ctx)
+            t0 = time.monotonic()
+            rc = run_one(argv, part.env, part.left())
+            alone = time.monotonic() - t0
+            sampler.close()
+            sms = [x[1] for x in sampler.samples if t0 <= x[0] <= t0 + alone] or [0.0]
+            part.check(f"one {kind} job alone: succeeds", rc == 0, rc)
+            modes = [("timesliced", {**part.env, **null})] + ([("mps", {**part.env, **md.client_env(2 * GiB, None)})]
+                                                               if md is not None else [])
+            for n in sizes:
+                for mode, env in modes:
+                    if part.left() < alone * 1.5 + 3:
+                        part.put("cut", f"no time left for {n} {kind} {mode}")
+                        return
+                    wall, rcs, errs = run_together([argv] * n, [env] * n, part.left())
+                    groups.append({"kind": kind, "n": n, "mode": mode, "serial_s": round(alone * n, 3),
+                                   "together_s": round(wall, 3), "alone_s": round(alone, 3),
+                                   "mean_sm": round(sum(sms) / len(sms), 4), "throughput": round(alone * n / wall, 3)})
+                    part.check(f"{n} {kind} jobs at once, {mode}: all succeed", rcs == [0] * n, [rcs, errs[:1]])
+    finally:
+        if m is not None:
+            m.stop_all()
 
 
 def part_colocation(part: Part) -> None:

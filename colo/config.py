@@ -44,9 +44,11 @@ class Config:
     min_gain: float = 0.25  # sharing past saturation must beat waiting by this much throughput
     slowdown_bound: float = 1.5  # no job is knowingly placed where it is predicted to run slower than this x alone
     unprofiled_share: bool = False  # jobs with no profile share time-sliced with anyone (else: alone or beside one well-known job)
-    # A profile no run has shown alone on this node runs alone once, so that its alone time here
-    # is learned (its untested alone time otherwise hides real slowdowns: docs/sim.md)
-    check_alone: bool = True
+    # True: a profile no run has shown alone on this node runs alone once, so that its alone time
+    # here is learned (its untested alone time otherwise hides real slowdowns). Off by default: in
+    # the world fitted to the H200 it serialises the first run of every family and is most of the
+    # cold gap (docs/sim.md "Cold placement"); ALONE_DOUBT's margin covers an untested alone time
+    check_alone: bool = False
     lend: float = 1.25  # a --grow job may start with up to this x its budget out of memory no queued job fits in (1: never)
     hold_after: float = 1800.0  # seconds a job may be passed by smaller ones before GPUs are held for it (0: never)
     max_user_priority: int = 0  # the highest --priority a user may set; admins and root may set up to 1000

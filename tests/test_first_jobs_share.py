@@ -21,7 +21,7 @@ def big_node():
 
 def test_three_light_unprofiled_jobs_of_a_family_end_up_running_at_once(big_node):
     root, state = big_node
-    d = DaemonProc(root, state, {"unprofiled_share": False, "check_alone": True, "mps_idle_stop": 600.0}).start()  # the defaults
+    d = DaemonProc(root, state, {"unprofiled_share": False, "check_alone": True, "mps_idle_stop": 600.0}).start()  # the defaults, but check_alone (off by default since issue 39)
     try:
         native = next(d.state_dir.glob("native-*"))
         burn = str(native / "colo-burn")

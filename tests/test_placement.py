@@ -85,7 +85,7 @@ def test_light_pair_shares_under_mps_and_explains_why(node):
 
 
 def test_a_profile_never_run_alone_here_runs_alone_once_then_shares(node):
-    """check_alone (the default): a configured profile no run has shown alone on this node runs
+    """check_alone (on here; off by default since issue 39): a configured profile no run has shown alone on this node runs
     alone once, so that its alone time here is learned; after that run its jobs share."""
     d = start(node, check_alone=True)
     try:

@@ -28,7 +28,8 @@ sim = _Lazy("colo.sched.sim")
 truths = _Lazy("colo.sched.truth")
 prof = _Lazy("colo.profiles")
 
-TRUTH_TEXT = {"noisy": "jobs really run off their profiles and pay a co-run cost colo's model lacks",
+TRUTH_TEXT = {"h200": "jobs run off their profiles under a physics fitted to what an H200 measured",
+              "noisy": "jobs really run off their profiles and pay a co-run cost colo's model lacks",
               "study": "jobs run off their profiles under an interference fitted to the placement study",
               "smooth": "jobs run off their profiles under a contention with no knee fitted to the published MPS pairs",
               "exact": "jobs do exactly what colo's model predicts (calibration only, not evidence)"}
@@ -106,7 +107,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="results as JSON"),
         plot: bool = typer.Option(False, "--plot", help="text plot of GPU occupancy per policy"),
         from_history: bool = typer.Option(False, "--from-history", help="replay the jobs the daemon ran"),
-        truth: str = typer.Option("noisy", "--truth", help="what jobs really do: noisy (drawn around their profiles, with a co-run cost colo's model lacks), study (fitted to the placement study), smooth (contention with no knee, fitted to the published MPS pairs), exact (colo's own model: calibration only, not evidence)"),
+        truth: str = typer.Option("h200", "--truth", help="what jobs really do: h200 (the default: drawn around their profiles, moved by a physics fitted to an H200's measurements), and stress worlds: noisy (drawn around their profiles, with a co-run cost colo's model lacks), study (fitted to the placement study), smooth (contention with no knee, fitted to the published MPS pairs), exact (colo's own model: calibration only, not evidence)"),
         seeds: int = typer.Option(1, "--seeds", min=1, max=1000, help="runs with truth seeds SEED .. SEED+N-1"),
         seed: int = typer.Option(0, "--seed", min=0, help="first truth seed"),
         grow: bool = typer.Option(True, "--grow/--no-grow", help="colo's jobs as `colo submit --grow` runs them (the default here): one refused by its budget is requeued once with a larger one; --no-grow: budgets exactly as asked, so a budget a little short of what a job really uses fails it, as under the daemon"),
@@ -119,7 +120,7 @@ def register(app: typer.Typer) -> None:
         if truth not in truths.TRUTHS:
             _fail(f"unknown truth {truth!r}: one of {', '.join(truths.TRUTHS)}")
         if truth == "exact" and seeds > 1:
-            _fail("--truth exact has no randomness: --seeds needs noisy or study")
+            _fail("--truth exact has no randomness: --seeds needs another truth")
         try:
             if from_history:
                 if load_history_rows is None:

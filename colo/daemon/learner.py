@@ -63,7 +63,7 @@ from .. import profiles
 from ..config import Config
 from ..jobs import ACTIVE, Job, Mode
 from ..units import format_size
-from ..sched import policy
+from ..sched import learning, policy
 from .gpus import Gpus
 from .jobtable import JobTable
 
@@ -262,10 +262,9 @@ class Learner:
         except (profiles.ProfileError, OSError) as e:
             log.warning("could not learn profile for job %d: %s", job.id, e)
             return
-        if old is not None:  # what runs showed of its real alone time, against the merged profile's
-            self._learning(job.uid, lambda mine: mine.rebase(name, old.runtime, new.runtime))
-        elif not neighbours:  # a first profile made from a run alone: its alone time is its own
-            self._learning(job.uid, lambda mine: mine.checked(name))
+        if old is not None or not neighbours:  # (learning.profile_learned: the simulator's rule too)
+            self._learning(job.uid, lambda mine: learning.profile_learned(
+                mine, name, None if old is None else old.runtime, new.runtime, bool(neighbours)))
 
     def grown_budget(self, job: Job) -> int | None:
         """--grow: the budget a job refused by its budget is requeued with (once): 1.25x its budget,
@@ -542,17 +541,12 @@ class Learner:
         if prof is None or prof.provisional or dec is None or dec.get("action") != "start" or not job.started_at or not job.ended_at:
             return
         details = dict(dec.get("details") or {})
-        # what its start predicted, and the starts beside it later (policy.joined), as colo sim
-        e = details.get("expect") or policy.expectation(details, dec.get("mode") or "", job.started_at)
-        predicted, factor = policy.expected(e, job.started_at, job.ended_at)
-        shared = policy.shared(e, job.started_at, job.ended_at)
         wall = job.ended_at - job.started_at
         peak = max((r[2] or 0 for r in rows), default=0)
-        group_bw = details.get("peak_membw")
-        residual = self._learning(job.uid, lambda mine: mine.observe(
-            self.profile_name(job), neighbours, str(job.mode or "timesliced"), predicted, wall, prof.runtime, peak, factor,
-            float(e["group_bw"]) if isinstance(group_bw, (int, float)) else None, e.get("unseen"),
-            shared if neighbours else 1.0))
+        # what its start predicted, and the starts beside it later (policy.joined): the one rule
+        # colo sim applies too (learning.end_of_job)
+        residual = self._learning(job.uid, lambda mine: learning.end_of_job(
+            mine, self.profile_name(job), neighbours, job.mode, dec, job.started_at, job.ended_at, prof.runtime, peak))
         mine = self.learned_for(job.uid)
         details.update(observed_slowdown=wall / prof.runtime, profile_runtime=prof.runtime, shared_with=neighbours,
                        observed_vs_predicted=residual, suggested_budget=mine.suggest_budget(self.profile_name(job)))

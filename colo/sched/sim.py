@@ -15,7 +15,6 @@ With `grow`, colo requeues a job refused by its budget once with a larger budget
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from .. import profiles as profs
 from ..config import Config
 from ..profiles import Profile, ProfileStore, shipped_dir
 from ..units import format_size, parse_size
-from . import fairshare
+from . import fairshare, learning
 from . import policy as pol
 from . import truth as simtruth
 
@@ -42,9 +41,9 @@ WORKLOAD_VERSION = 1
 DEFAULT_GPU_MEM = 12 * GiB  # the study's TITAN Xp
 GROW_FACTOR = 1.25
 FAIR_HALF_LIFE = Config.fair_share_half_life  # the daemon's default
-# colo places as a daemon with the default configuration does, and runs a profile never seen
-# alone here alone once (it passes Placed.alone: the daemon does not yet)
-DAEMON_CONFIG = dataclasses.replace(pol.config_of(Config()), check_alone=True)
+# colo places as a daemon with the default configuration does (a profile never seen alone here is
+# run alone once only where Config.check_alone is on: Placed.alone is passed as the daemon does)
+DAEMON_CONFIG = pol.config_of(Config())
 
 
 class SimError(ValueError):
@@ -142,11 +141,11 @@ def workloads_dir() -> Path:
     return packaged if packaged.is_dir() else pkg.parent / "workloads"
 
 
-MIXES = ("heavy", "light", "memory-heavy", "memory-light", "random")
+MIXES = ("heavy", "light", "memory-heavy", "memory-light", "random", "fits")
 
 
 def load_workload(name_or_path: str, store: ProfileStore | None = None) -> Workload:
-    """A path, or the name of a shipped mix (heavy, light, memory-heavy, memory-light, random)."""
+    """A path, or the name of a shipped mix (heavy, light, memory-heavy, memory-light, random, fits)."""
     store = store or ProfileStore([shipped_dir()])
     p = Path(name_or_path)
     if not p.is_file():
@@ -166,14 +165,20 @@ CLASSES = {
     "memory-light": ["alexnet", "googlenet", "qmcpack", "hoomd", "gromacs"],
     "random": ["vgg11", "vgg16", "resnet50", "resnet101", "resnet152", "alexnet", "googlenet",
                "lammps", "qmcpack", "hoomd", "gromacs"],
+    # not the study's: a queue whose memory all fits (12 memory-light jobs on an 80 GiB GPU), where
+    # plain sharing (naive) loses no job, as the H200's 6 light jobs (docs/gpu.md)
+    "fits": ["alexnet", "googlenet", "qmcpack", "hoomd", "gromacs"],
 }
+SIZES = {"fits": (12, 80 * GiB)}  # (jobs, GPU memory) where a class is not 30 jobs on DEFAULT_GPU_MEM
 
 
-def make_mix(kind: str, seed: int, store: ProfileStore | None = None, n: int = 30) -> Workload:
+def make_mix(kind: str, seed: int, store: ProfileStore | None = None, n: int | None = None) -> Workload:
     """n jobs drawn at random from a class, all arriving at once (as in the study)."""
     store = store or ProfileStore([shipped_dir()])
     if kind not in CLASSES:
         raise SimError(f"unknown mix {kind!r}: one of {', '.join(CLASSES)}")
+    size, gpu_mem = SIZES.get(kind, (30, DEFAULT_GPU_MEM))
+    n = n or size
     rng = np.random.default_rng(seed)
     names = [CLASSES[kind][i] for i in rng.integers(0, len(CLASSES[kind]), n)]
     jobs = []
@@ -182,7 +187,7 @@ def make_mix(kind: str, seed: int, store: ProfileStore | None = None, n: int = 3
         if p is None:
             raise SimError(f"mix {kind}: profile {nm!r} missing")
         jobs.append(SimJob(i, p, 0.0, budget_for(p), name=nm))
-    return Workload(kind, jobs, DEFAULT_GPU_MEM, seed)
+    return Workload(kind, jobs, gpu_mem, seed)
 
 
 def jobs_from_history(rows: list[dict], store: ProfileStore | None = None) -> list[SimJob]:
@@ -564,10 +569,10 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                     if seen is not None and seen.provisional:
                         seen = None  # its run time was a guess: nothing to compare with
                     if learned is not None and seen is not None and is_colo:
-                        predicted, factor = pol.expected(r.expect, r.start, t)
-                        learned.observe(r.job.profile.name, sorted(r.neighbours), r.mode, predicted,
-                                        t - r.start, seen.runtime, r.peak, factor, r.expect["group_bw"],
-                                        r.expect["unseen"], pol.shared(r.expect, r.start, t))
+                        learning.end_of_job(learned, r.job.profile.name, r.neighbours, r.mode,
+                                            {"action": pol.START, "mode": r.mode,
+                                             "details": dict(r.decision[0], expect=r.expect)},
+                                            r.start, t, seen.runtime, r.peak)
                     if profiles is not None and (is_colo or seen is None):
                         learn_profile(profiles, r, seen, t - r.start, learned)
                 elif r.segment() != before and r.alloc[r.segment()] > r.alloc[before]:
@@ -617,10 +622,9 @@ def learn_profile(profiles: dict[str, Profile], r: _Run, seen: Profile | None, w
     new = Profile(name=r.job.profile.name, step=step, sm=sm, mem=mem, membw=bw, runtime=wall,
                   cache_bound=bool(bw.mean() >= profs.CACHE_BOUND_MEMBW), runs=1)
     profiles[new.name] = profs.merge(seen, new) if seen is not None else new
-    if learned is not None and seen is not None:
-        learned.rebase(new.name, seen.runtime, profiles[new.name].runtime)
-    elif learned is not None and not r.neighbours:
-        learned.checked(new.name)
+    if learned is not None:
+        learning.profile_learned(learned, new.name, None if seen is None else seen.runtime,
+                                 profiles[new.name].runtime, bool(r.neighbours))
 
 
 def _result(label, runs, t_end, sm_area, mem_area, oom, gpus, timeline, bound: float = 1.5) -> Result:

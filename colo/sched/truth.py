@@ -27,6 +27,15 @@ each job from a *realisation* of its profile and moves it with a *physics*; both
   pair 3.6x slower (223.6 s vs 61.5 s). A world where light jobs share well and heavy ones must
   not.
 
+- `h200`: the world aims are judged in. The `noisy` realisation (no hidden co-run penalty; peak
+  memory drawn afresh for every run) moved by a physics fitted to what one H200 measured
+  (colo/sched/fitted.py, constants in truth_h200.json, fitted by bench/fit_truth.py from the GPU
+  check's reports): a job needs 0.83 x its SM reading of the GPU's time, contexts share time
+  max-min fairly, MPS gets 10 % more done than time slices; light jobs barely meet. Its node's
+  context memories are the measured ones. The other three truths reproduce none of the H200's
+  figures (docs/sim.md): `noisy`, `study` and `smooth` are kept as named stress worlds (`study`:
+  a GPU where bandwidth interference is severe; `smooth`: one where cache-bound pairs thrash).
+
 Besides the jobs, what the node does (every truth but `exact`, which is the stored profiles as
 they are): each CUDA context holds device memory outside any budget (CTX_MEM for a time-sliced
 job, MPS_CLIENT_MEM for an MPS client, and MPS_SERVER_MEM once per GPU while it has clients; a
@@ -43,9 +52,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from . import interference
+from . import fitted, interference
 
-TRUTHS = ("exact", "noisy", "study", "smooth")
+TRUTHS = ("exact", "noisy", "study", "smooth", "h200")
+H200 = fitted.load()
 MiB = 1024**2
 # what a context costs in device memory, outside the budgets (assumptions, stated: an ordinary
 # CUDA context with the runtime loaded takes a few hundred MiB on recent GPUs; an MPS client
@@ -203,7 +213,7 @@ def smooth_rates(sm, membw, cache_bound, mps):
 
 @dataclass
 class Truth:
-    kind: str = "exact"  # exact | noisy | study | smooth
+    kind: str = "exact"  # exact | noisy | study | smooth | h200
     seed: int = 0
     spreads: Spreads = field(default_factory=Spreads)
     knee: float = KNEE
@@ -220,8 +230,11 @@ class Truth:
         if self.kind not in TRUTHS:
             raise ValueError(f"unknown truth {self.kind!r}: one of {', '.join(TRUTHS)}")
         real = self.kind != "exact"
-        for name, value in (("ctx_mem", CTX_MEM), ("mps_client_mem", MPS_CLIENT_MEM),
-                            ("mps_server_mem", MPS_SERVER_MEM), ("sample_noise", SAMPLE_NOISE)):
+        measured = self.kind == "h200"
+        for name, value in (("ctx_mem", H200.ctx_mem if measured else CTX_MEM),
+                            ("mps_client_mem", H200.mps_client_mem if measured else MPS_CLIENT_MEM),
+                            ("mps_server_mem", H200.mps_server_mem if measured else MPS_SERVER_MEM),
+                            ("sample_noise", SAMPLE_NOISE)):
             if getattr(self, name) is None:
                 setattr(self, name, value if real else type(value)(0))
 
@@ -240,7 +253,7 @@ class Truth:
         u = lambda lo_hi: float(rng.uniform(*lo_hi)) if lo_hi[1] > lo_hi[0] else float(lo_hi[0])  # noqa: E731
         f_sm, f_bw, f_dur, f_mem, corun = u(s.sm), u(s.membw), u(s.duration), u(s.peak_mem), u(s.corun)
         run = np.random.default_rng([self.seed, _stable(profile.name), job_id])  # per run
-        if self.kind == "smooth":  # peak memory drawn afresh for every run (inputs differ run to run)
+        if self.kind in ("smooth", "h200"):  # peak memory drawn afresh for every run (inputs differ run to run)
             f_mem = float(run.uniform(*s.peak_mem)) if s.peak_mem[1] > s.peak_mem[0] else float(s.peak_mem[0])
         shift = int(round(run.uniform(-s.phase, s.phase) * len(sm))) if s.phase > 0 else 0
         if shift:  # a phase comes earlier or later; the ends hold their level
@@ -257,6 +270,8 @@ class Truth:
             return noisy_rates(sm, membw, cache_bound, mps, corun)
         if self.kind == "smooth":
             return smooth_rates(sm, membw, cache_bound, mps)
+        if self.kind == "h200":
+            return fitted.rates(sm, membw, cache_bound, mps, H200)
         return study_rates(sm, membw, cache_bound, mps, None, self.knee, self.k_int)
 
     def with_seed(self, seed: int) -> "Truth":
