@@ -573,6 +573,9 @@ def test_the_docs_say_what_the_test_cluster_runs(cluster):
                                                                          doc, re.M)}
     assert shapes == documented, (shapes, documented)
     assert "ConstrainDevices=yes" in doc and "multi_user_mps" in doc and "DenyOnLimit" in doc
+    # the health check script runs what the tests run as slurmd would
+    assert "-I -m colo.cli.slurm healthcheck --socket=/run/colo/colo.sock --timeout=10" in doc
+    assert "HealthCheckProgram=/usr/lib/colo/slurm-healthcheck" in doc
 
 
 def test_place_now_never_waits_when_memory_fits_and_never_overcommits():
