@@ -5,6 +5,7 @@ the interposer bypassed (`env -u LD_PRELOAD`), as a job that wants more than its
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -82,3 +83,43 @@ def test_memory_held_by_a_process_of_no_job_is_not_given_out(daemon, fakegpu):
     finally:
         os.killpg(hog.pid, signal.SIGKILL)
         hog.wait()
+
+
+def test_memory_of_a_job_that_just_ended_is_not_outside_any_budget_within_the_grace(tmp_path, fakegpu, native_dir):
+    """NVML may list a process of a job that just ended while the driver releases its memory: for
+    patrol_grace seconds it is neither unbudgeted (the next job, one Slurm put into the shards
+    just freed, would be requeued for it) nor a stray; after that it is both."""
+    from colo.config import Config
+    from colo.daemon.gpus import Gpus
+    from colo.daemon.jobtable import JobTable
+    from colo.daemon.patrol import Patrol, PatrolReport
+    from colo.jobs import JobSpec, State
+    from colo.store import Store
+
+    cfg = Config(state_dir=tmp_path / "state", fakegpu_state=fakegpu.state, patrol_grace=5.0)
+    gpus = Gpus(cfg, native_dir)
+    gpus.open()
+    uuid = gpus.devices[0].uuid
+    table = JobTable(Store(tmp_path / "colo.db"))
+
+    async def never(*_):
+        raise AssertionError("nothing here is over its budget")
+
+    async def run() -> None:  # the table tells its waiters on the daemon's loop
+        patrol = Patrol(cfg, table, gpus, None, stop=never)
+        j = table.add(JobSpec(argv=["x"], gpu_mem=GiB), 1000, 1000, "u").id
+        table.transition(j, State.STARTING, "placed", gpus=[uuid])
+        table.transition(j, State.RUNNING, "running")
+        patrol.check(PatrolReport({j: {uuid: GiB}}, {j: {4242}}, [], {}), 100.0)
+        assert gpus.unbudgeted == {}
+        left = [{"gpu": uuid, "pid": 4242, "used": GiB, "uid": 1000}]
+        # still running, the same pid outside its job is another matter: counted at once
+        patrol.check(PatrolReport({}, {}, list(left), {uuid: GiB}), 101.0)
+        assert gpus.unbudgeted == {uuid: GiB}
+        table.transition(j, State.SUCCEEDED, "done")
+        patrol.check(PatrolReport({}, {}, list(left), {uuid: GiB}), 104.0)
+        assert gpus.unbudgeted == {} and patrol.foreign == []
+        patrol.check(PatrolReport({}, {}, list(left), {uuid: GiB}), 106.0)  # 6 s after it was last seen in its job
+        assert gpus.unbudgeted == {uuid: GiB} and [f["pid"] for f in patrol.foreign] == [4242]
+
+    asyncio.run(run())

@@ -248,6 +248,8 @@ def test_parsing_slurms_records():
     assert reference(rec) == "7_1" and reference("JobId=12 HetJobId=11 HetJobOffset=1 JobName=z") == "11+1"
     assert reference("JobId=5 JobName=z") == "5"
     assert job_exit(rec) == (0, 15)
+    # a batch shell whose child died of scancel's SIGTERM exits 143: cancelled, not failed
+    assert job_exit("ExitCode=143:0") == (0, 15) and job_exit("ExitCode=1:0") == (1, 0)
     assert profile_key(rec) == "slurm-x"
     assert profile_key("JobId=3 JobName=my train (v2).sh\n   UserId=a") == "slurm-my-train-v2-.sh"
 
@@ -260,6 +262,10 @@ def test_a_request_no_gpu_can_hold_and_a_bad_profile_are_refused_at_submit(clust
     assert r.returncode != 0 and "QOSMaxGRESPerNode" in r.stderr, r.stderr
     j = node.sbatch(s, f"--gres=shard:{USABLE}", "-H", "-o", "/dev/null", user=other_user)  # held: only submitted
     node.run("scancel", str(j))
+    # A bare `--gres=shard` is one shard, 1 MiB: refused with the reason, not given a 1 MiB budget.
+    b = node.sbatch(s, "--gres=shard", "-w", "n2", "-o", f"{node.shared}/bare.out", user=other_user)
+    ended(node, b)
+    assert "less than colo's least budget of 64MiB: one shard is one MiB" in out(node, "bare"), out(node, "bare")
     # The profile name is checked where sbatch parses the option, not when the step starts.
     r = node.run("sbatch", "--colo-profile=../../etc/x", "--gres=shard:64", str(s), user=other_user)
     assert r.returncode != 0 and "--colo-profile=../../etc/x: a profile name is" in r.stderr, r.stderr
@@ -437,11 +443,44 @@ def test_a_node_whose_colo_does_not_answer_is_drained_and_its_jobs_requeued(clus
                                             "running (stale socket"), f
         r = node.run("sinfo", "-h", "-R", "-n", "n2", "-o", "%T|%E").stdout.strip()
         assert r.startswith(("drained|", "draining|")) and "|colo: its daemon on n2 does not answer" in r, r
+        # colo's health check (HealthCheckProgram) drains it too, before any GPU job comes
+        assert node.run("scontrol", "update", "nodename=n2", "state=resume").returncode == 0
+        hc = healthcheck(node, "n2")
+        assert hc.returncode == 1 and hc.stdout.strip().endswith("; n2 drained"), hc
+        r = node.run("sinfo", "-h", "-R", "-n", "n2", "-o", "%T|%E").stdout.strip()
+        assert r.startswith(("drained", "draining")) and "|colo: its daemon on n2 does not answer: colo daemon " \
+            "is not running" in r, r
     finally:
         d.start()
-    assert node.run("scontrol", "update", "nodename=n2", "state=resume").returncode == 0
+    # once colo answers, the health check resumes the node it drained (no admin needed) ...
+    hc = healthcheck(node, "n2")
+    assert hc.returncode == 0 and "resumed" in hc.stdout, hc
+    assert "drain" not in node.run("sinfo", "-h", "-n", "n2", "-o", "%T").stdout
     ended(node, g, 90)
+    # ... but never a node an admin drained for a reason of their own
+    assert node.run("scontrol", "update", "nodename=n2", "state=drain", "reason=site: maintenance").returncode == 0
+    hc = healthcheck(node, "n2")
+    assert hc.returncode == 0 and "resumed" not in hc.stdout, hc
+    assert node.run("sinfo", "-h", "-R", "-n", "n2", "-o", "%E").stdout.strip() == "site: maintenance"
+    assert node.run("scontrol", "update", "nodename=n2", "state=resume").returncode == 0
     assert node.show(g)["JobState"] == "COMPLETED" and result(node, "orphan").startswith("alloc 0")
+
+
+def healthcheck(node, name: str) -> subprocess.CompletedProcess:
+    """colo's health check as slurmd runs it (HealthCheckProgram: root, SLURMD_NODENAME set)."""
+    return subprocess.run([sys.executable, "-I", "-m", "colo.cli.slurm", "healthcheck", "--timeout=10",
+                           f"--socket={node.root}/colo-%n/run/colo.sock"], capture_output=True, text=True, cwd="/",
+                          env={"SLURMD_NODENAME": name, "SLURM_CONF": str(node.conf), "PATH": os.environ["PATH"]})
+
+
+def restart_slurmctld(node) -> None:
+    """slurmctld stopped and started again from its saved state (running jobs go on)."""
+    ctld = next(p for p in node.procs if p.args[0] == "slurmctld")
+    ctld.terminate()
+    ctld.wait(60)
+    node.procs.remove(ctld)
+    node._daemon("slurmctld", "-D", "-i", log="slurmctld-again.err")
+    wait_for(lambda: "is UP" in node.run("scontrol", "ping").stdout, 60, "slurmctld to answer again")
 
 
 def test_array_tasks_het_components_and_nodes_each_have_their_own_record(cluster, other_user):
@@ -494,9 +533,15 @@ def test_array_tasks_het_components_and_nodes_each_have_their_own_record(cluster
     d2.cli("cancel", str(c1["id"]), check=True)
     wait_for(lambda: d2.job(c1["id"])["state"] == "cancelled", 60, "component 1 to end in colo")
     assert node.state(f"{h}+0")[0] == "RUNNING"
+    # After a slurmctld restart slurmd runs the epilogs with SLURM_JOB_GPUS empty: colo's own mark
+    # still brings them to colo, so the tasks end cancelled (scancel), none `lost`.
+    restart_slurmctld(node)
     node.run("scancel", str(h), str(arr))
     ended(node, h)
     ended(node, arr)
+    for t in (0, 2):
+        end = wait_for(lambda t=t: (j := d1.job(jobs[t]["id"]))["state"] != "running" and j, 60, f"task {t} to end")
+        assert end["state"] == "cancelled", end
 
 
 def test_a_patrol_kill_is_written_on_the_slurm_job_and_sacct_shows_it(cluster, other_user):
@@ -528,6 +573,9 @@ def test_the_docs_say_what_the_test_cluster_runs(cluster):
                                                                          doc, re.M)}
     assert shapes == documented, (shapes, documented)
     assert "ConstrainDevices=yes" in doc and "multi_user_mps" in doc and "DenyOnLimit" in doc
+    # the health check script runs what the tests run as slurmd would
+    assert "-I -m colo.cli.slurm healthcheck --socket=/run/colo/colo.sock --timeout=10" in doc
+    assert "HealthCheckProgram=/usr/lib/colo/slurm-healthcheck" in doc
 
 
 def test_place_now_never_waits_when_memory_fits_and_never_overcommits():

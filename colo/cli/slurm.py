@@ -8,6 +8,10 @@ and by an admin:
 
     python3 -m colo.cli.slurm gres-conf --node N [--devices /dev/nvidia%d]
 
+and by slurmd, as slurm.conf's HealthCheckProgram (through a two-line script, docs/slurm.md):
+
+    python3 -I -m colo.cli.slurm healthcheck [--socket S] [--timeout 10]   (node: SLURMD_NODENAME)
+
 attach prints `env NAME=VALUE` lines for the plugin to put into the job's environment, or `error
 TEXT` and exits 1: the step's tasks then do not run, and TEXT is what the job's output says. What
 it tells the daemon comes from Slurm itself: the plugin's ids (J is the job's own id: an array
@@ -24,6 +28,7 @@ answer is drained with the reason, so Slurm sends no more jobs there.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import socket
 import subprocess
@@ -125,9 +130,14 @@ def _hostnames(nodes: str) -> list[str]:
 
 
 def job_exit(rec: str) -> tuple[int, int]:
-    """(exit code, signal) from `ExitCode=rc:sig`."""
+    """(exit code, signal) from `ExitCode=rc:sig`. A batch shell whose child died of Slurm's
+    SIGTERM or SIGKILL (scancel, a time limit) exits 143 or 137: that is the signal, so the job is
+    cancelled in colo as it is in Slurm, not failed."""
     m = re.search(r"\bExitCode=(\d+):(\d+)", rec)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    code, sig = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    if not sig and code in (128 + 15, 128 + 9):
+        return 0, code - 128
+    return code, sig
 
 
 def _env_line(k: str, v: str) -> str:
@@ -194,6 +204,35 @@ def attach(client: Client, a) -> list[str]:
     return [_env_line(k, v) for k, v in sorted(res["env"].items())]
 
 
+def healthcheck(client: Client, node: str) -> tuple[bool, str]:
+    """slurm.conf's HealthCheckProgram: a node whose colo daemon does not answer (not running,
+    or hung past the timeout) is drained with the reason; once it answers, a node drained for
+    colo's reason (one that starts with "colo:") is resumed. An admin's own drain is left alone.
+    (whether colo answers, what was done)"""
+    try:
+        client.gpus()
+    except DaemonUnavailable as e:
+        why = f"its daemon on {node} does not answer: {' '.join(str(e).split())}"
+        st, reason = node_state(node)
+        if "DRAIN" in st:
+            return False, f"{why}; {node} is drained already ({reason or 'no reason'})"
+        _drain(node, why)
+        return False, f"{why}; {node} drained"
+    st, reason = node_state(node)
+    if "DRAIN" in st and reason.startswith("colo:"):
+        _scontrol("update", f"nodename={node}", "state=resume")
+        return True, f"colo answers on {node}: resumed (it was drained for: {reason})"
+    return True, f"colo answers on {node}"
+
+
+def node_state(node: str) -> tuple[str, str]:
+    """(State=, Reason= without Slurm's "[user@time]" tail) of `node` in `scontrol show node`."""
+    rec = _scontrol("show", "node", node)
+    st = re.search(r"\bState=(\S+)", rec)
+    why = re.search(r"\bReason=(.*?)(?:\s+\[[^\]]*\])?\s*$", rec, re.M)
+    return (st.group(1) if st else ""), (why.group(1) if why else "")
+
+
 def gres_conf(client: Client, node: str, devices: str) -> list[str]:
     """gres.conf lines (and the slurm.conf Gres= of the node) for the GPUs this node's colo sees:
     each GPU's usable memory (capacity less colo's reserve) in whole MiB, bound to its device."""
@@ -206,7 +245,7 @@ def gres_conf(client: Client, node: str, devices: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m colo.cli.slurm")
-    ap.add_argument("action", choices=["attach", "batch-exit", "end", "gres-conf"])
+    ap.add_argument("action", choices=["attach", "batch-exit", "end", "gres-conf", "healthcheck"])
     ap.add_argument("--socket")
     ap.add_argument("--job", type=int)
     ap.add_argument("--step", type=int)
@@ -214,15 +253,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gid", type=int)
     ap.add_argument("--profile")
     ap.add_argument("--status", type=int, default=0)
-    ap.add_argument("--node", default=socket.gethostname().split(".")[0])
+    ap.add_argument("--node", default=os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0])
     ap.add_argument("--timeout", type=float, default=40, help="seconds to wait for the daemon")
     ap.add_argument("--devices", default="/dev/nvidia%d", help="gres-conf: the device file of GPU %%d")
     a = ap.parse_args(argv)
-    client = Client(a.socket, timeout=a.timeout)
+    client = Client(a.socket.replace("%n", a.node) if a.socket else None, timeout=a.timeout)
     try:
         if a.action == "gres-conf":
             print("\n".join(gres_conf(client, a.node, a.devices)))
             return 0
+        if a.action == "healthcheck":
+            ok, said = healthcheck(client, a.node)
+            print(said)
+            return 0 if ok else 1
         if a.job is None:
             raise SlurmError(f"{a.action} needs --job")
         if a.action == "attach":

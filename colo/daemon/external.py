@@ -53,6 +53,8 @@ _ALIVE = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "PENDI
 REF = re.compile(r"^\d{1,10}(?:_\d{1,10}|\+\d{1,5})?$")
 NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 NOTE_MAX = 1000  # characters of colo's notes kept on a job's admin comment (the newest)
+MIN_BUDGET = 64 << 20  # bytes: the least budget a Slurm job gets (a bare `--gres=shard` asks 1 MiB)
+SETTLE = 5.0  # seconds a start that finds its GPU full waits for it to free before the job is requeued
 
 
 class Refused(Exception):
@@ -272,6 +274,7 @@ class SlurmRuntime:
         with self._lock:
             self._ends.pop(sj, None)
             self._cgroups.pop(handle, None)
+        mark(self.config, sj, False)
         try:
             _env_path(self.config, jid).unlink()
         except OSError:
@@ -299,6 +302,21 @@ def _indices(args: dict) -> list[int]:
     if not isinstance(v, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024 for i in v):
         raise Refused(f"malformed gpu_index: {v!r}")
     return sorted(set(v))
+
+
+def mark(config: Config, slurm_job: int, on: bool) -> None:
+    """The plugin's sign that colo follows Slurm job `slurm_job` (native/slurm/colo_spank.c
+    colo_knows): a root-only file beside the socket, so that its epilog reaches colo even when
+    slurmd runs it with SLURM_JOB_GPUS empty (after a slurmctld restart)."""
+    p = config.socket.parent / "slurm-jobs" / str(slurm_job)
+    try:
+        if on:
+            p.parent.mkdir(mode=0o700, exist_ok=True)
+            os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        else:
+            p.unlink(missing_ok=True)
+    except OSError as e:
+        log.warning("Slurm job %d: colo's mark for its epilog: %s", slurm_job, e)
 
 
 def find(table: JobTable, slurm_job: int) -> Job | None:
@@ -356,14 +374,24 @@ class External:
         `known_only`: only the env of a job placed (or a gres/gpu job checked) already: later
         steps ask Slurm nothing.
         {"wait": reason} when the GPU Slurm bound it to cannot hold it now (the caller requeues it)."""
-        d = self.d
         sj = _int(args, "job", 1, 1 << 32)
         uid, gid = _int(args, "uid", 0, 1 << 32), _int(args, "gid", 0, 1 << 32)
-        if sj in self._starting:
-            return {"job": None, "env": await asyncio.shield(self._starting[sj])}
-        known = self._known(sj, uid) or ({"job": None, "env": {}} if sj in self._holds else None)
-        if known is not None or args.get("known_only"):
-            return known or {"job": None, "env": None}
+        settle = time.monotonic() + SETTLE
+        while True:  # a GPU full for a moment (a neighbour's memory still being released): wait a little
+            if sj in self._starting:
+                return {"job": None, "env": await asyncio.shield(self._starting[sj])}
+            known = self._known(sj, uid) or ({"job": None, "env": {}} if sj in self._holds else None)
+            if known is not None or args.get("known_only"):
+                return known or {"job": None, "env": None}
+            res = await self._place(args, sj, uid, gid, time.monotonic() >= settle)
+            if res is not None:
+                return res
+            await asyncio.sleep(0.5)
+
+    async def _place(self, args: dict, sj: int, uid: int, gid: int, last: bool) -> dict | None:
+        """attach's placement of a job colo does not know yet; None when the GPU cannot hold it
+        now and this is not the `last` try (then attach tries again)."""
+        d = self.d
         ref = _text(args, "ref", REF, str(sj))
         node = _text(args, "node", NODE)
         gpu_mem = _int(args, "gpu_mem", 1)
@@ -380,6 +408,9 @@ class External:
             raise Refused(f"Slurm bound it to GPU {','.join(map(str, bound))}, colo sees GPUs "
                           f"{','.join(str(v.index) for v in d.gpus.views())}: gres.conf and colo disagree")
         per_gpu = gpu_mem // len(views)  # its shards on this node, spread over the GPUs Slurm bound
+        if per_gpu < MIN_BUDGET:  # `--gres=shard` with no count is one shard: 1 MiB, no CUDA context fits
+            raise Refused(f"its shards are {exact(per_gpu)} of GPU memory, less than colo's least budget of "
+                          f"{exact(MIN_BUDGET)}: one shard is one MiB, ask e.g. --gres=shard:4096 for 4GiB")
         held = sorted(j for j, idx in self._holds.items() if idx & set(bound))
         if held:
             return self._wait(ref, f"GPU{bound[0]} is bound to Slurm job {held[0]} (gres/gpu), which shares it with nobody")
@@ -394,7 +425,7 @@ class External:
         cand = policy.Candidate(0, per_gpu, len(views), uid, 0, 0, d.learner.profile_of(Job(0, spec, uid, gid, user)))
         dec = policy.place_now(cand, views, placed, d.cfg_policy)
         if dec.action != policy.START:
-            return self._wait(ref, self._no_room(views, placed, per_gpu, dec.reason))
+            return self._wait(ref, self._no_room(views, placed, per_gpu, dec.reason)) if last else None
         fut = self._starting[sj] = asyncio.get_running_loop().create_future()
         try:
             env = await self._start(spec, uid, gid, user, dec, node)
@@ -444,6 +475,7 @@ class External:
             return self._wait(ref, f"Slurm gave it GPU {','.join(map(str, bound))} whole, but colo's jobs run "
                                    f"there ({jobs}); it waits for them to end")
         self._holds[sj] = set(bound)
+        await asyncio.to_thread(mark, self.d.config, sj, True)
         return {"env": {}}
 
     async def _start(self, spec: JobSpec, uid: int, gid: int, user: str, dec: policy.Decision, node: str | None) -> dict:
@@ -458,6 +490,7 @@ class External:
             launch = await asyncio.to_thread(d.launcher.build_launch, job, dec)
             env = dict(launch.env)
             await asyncio.to_thread(self._save_env, job.id, env)
+            await asyncio.to_thread(mark, d.config, spec.slurm_job, True)
         except Exception as e:  # noqa: BLE001 - the step fails with this line; the job is not left starting
             reason = f"failed to start: {e}"
             d.table.transition(job.id, State.FAILED, reason)
@@ -515,9 +548,11 @@ class External:
         sj = _int(args, "job", 1, 1 << 32)
         code = _int(args, "exit_code", 0, 255)
         sig = _int(args, "signal", 0, 64)
-        self._holds.pop(sj, None)
+        if self._holds.pop(sj, None) is not None:
+            await asyncio.to_thread(mark, self.d.config, sj, False)
         job = find(self.d.table, sj)
         if job is None or job.state not in ACTIVE:
+            mark(self.d.config, sj, False)
             return {"job": None}
         await self._terminate_clients(job)  # normally none is left; if one is, it goes cleanly
         if sig in (signal.SIGTERM, signal.SIGKILL) and not job.cancel_by:

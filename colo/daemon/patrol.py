@@ -17,6 +17,8 @@ a subtree to each), so neither counts: such a process is outside every budget.
 - Ended at the next sample, whatever the grace: a job holding memory on a GPU that is not its
   own, or over its budget on a GPU whose free memory is less than what the GPU's other jobs may
   still take within their budgets (their in-budget allocations would fail there).
+- A process of a job that has just ended (NVML still lists it while the driver releases its
+  memory) counts as neither for `patrol_grace` seconds after it was last seen in its job.
 - Memory held by processes of no job, and what jobs hold past their budgets, is unbudgeted: it
   is taken from what plan() may give out on that GPU (GpuView.usable), so nobody is placed into
   memory that is in use, and `colo gpus` / `colo top` show it; each is logged once, with its
@@ -121,6 +123,7 @@ class Patrol:
         self._strays: dict[tuple[int, int], Tally] = {}  # (pid, start) of a process of no job -> the same
         self._containers: dict[str, dict[str, str]] = {}  # container handle -> its cgroup (it never moves)
         self._last: float | None = None  # the previous check
+        self._was: dict[int, tuple[int, float]] = {}  # pid -> (the job it was last seen in, when)
         # set by the daemon when the node's gate is up (colo/node/gate.py): the cgroup folders, as
         # /proc/PID/cgroup names them, where a process may hold the GPUs' files open
         self.gate_spared = gate_spared  # a gated node's folders spared by its gate (None: not gated)
@@ -211,6 +214,7 @@ class Patrol:
         dt = cfg.sample_interval if self._last is None else max(0.0, min(now - self._last, 2 * cfg.sample_interval))
         self._last = now
         unbudgeted = dict(report.unbudgeted)
+        self._spare_ended(report, unbudgeted, now)
         free = {d.uuid: d.total - d.used for d in self.gpus.devices if not d.error}
         owed = self._owed(report)
 
@@ -246,6 +250,30 @@ class Patrol:
         self._judge_jobs(over_now, now, dt)
         self._judge_strays(report, now, dt, short)
         return changed
+
+    def _spare_ended(self, report: PatrolReport, unbudgeted: dict[str, int], now: float) -> None:
+        """A process of a job that has just ended, still listed by NVML while the driver releases
+        its memory, is neither outside any budget nor a stray until `patrol_grace` seconds after it
+        was last seen in its job: counted as unbudgeted, it would keep the next job (one Slurm put
+        into the shards just freed) off memory that is about to be free."""
+        for job_id, pids in report.pids.items():
+            for pid in pids:
+                self._was[pid] = (job_id, now)
+        for pid in [p for p, (_, at) in self._was.items() if now - at > self.config.patrol_grace]:
+            del self._was[pid]
+        ending = set()
+        for f in report.foreign:
+            was = self._was.get(f["pid"])
+            job = self.table.open.get(was[0]) if was else None
+            if was and (job is None or job.state not in ACTIVE):
+                ending.add(f["pid"])
+                left = unbudgeted.get(f["gpu"], 0) - (f["used"] or 0)
+                if left > 0:
+                    unbudgeted[f["gpu"]] = left
+                else:
+                    unbudgeted.pop(f["gpu"], None)
+        if ending:
+            report.foreign = [f for f in report.foreign if f["pid"] not in ending]
 
     def _judge_jobs(self, over_now: dict[int, Over], now: float, dt: float) -> None:
         cfg, window = self.config, self.window

@@ -128,6 +128,23 @@ static const char *node_name(void)
     return n && *n && strlen(n) < 200 ? n : NULL;
 }
 
+/* The node's colo socket, `%n` replaced by the node's name ("" when plugstack.conf gives none). */
+static void socket_of_node(char *out, size_t outsz)
+{
+    const char *node = node_name();
+    size_t k = 0;
+    for (const char *c = g_socket; *c && k + 1 < outsz; c++) {
+        if (c[0] == '%' && c[1] == 'n' && node) {
+            k += snprintf(out + k, outsz - k, "%s", node);
+            if (k >= outsz)
+                k = outsz - 1;
+            c++;
+        } else
+            out[k++] = *c;
+    }
+    out[k] = 0;
+}
+
 /* Run the helper with `args` (NULL-terminated, after the action), collecting its stdout into out.
  * Returns its exit status (0 ok), or -1 when it could not run or ran past the timeout. */
 static int run_helper(const char *action, char **args, char *out, size_t outsz)
@@ -138,14 +155,7 @@ static int run_helper(const char *action, char **args, char *out, size_t outsz)
     const char *node = node_name();
     if (g_socket[0]) {
         size_t k = snprintf(sockarg, sizeof sockarg, "--socket=");
-        for (const char *c = g_socket; *c && k < sizeof sockarg - 256; c++) {
-            if (c[0] == '%' && c[1] == 'n' && node) {
-                k += snprintf(sockarg + k, sizeof sockarg - k, "%s", node);
-                c++;
-            } else
-                sockarg[k++] = *c;
-        }
-        sockarg[k] = 0;
+        socket_of_node(sockarg + k, sizeof sockarg - k);
         argv[n++] = sockarg;
     }
     if (node) { /* the helper runs with an empty environment: it learns the node's name here */
@@ -392,22 +402,40 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
     return 0;
 }
 
+/* Does colo follow this job on this node? The daemon keeps a root-only mark per Slurm job it placed
+ * or holds GPUs for, beside its socket (`slurm-jobs/<job id>`): after a slurmctld restart slurmd
+ * runs the epilog with SLURM_JOB_GPUS empty, and without this the job would be found `lost`. */
+static int colo_knows(uint32_t job)
+{
+    char sock[600], mark[700];
+    socket_of_node(sock, sizeof sock);
+    if (!sock[0])
+        snprintf(sock, sizeof sock, "/run/colo/colo.sock");
+    char *slash = strrchr(sock, '/');
+    if (!slash)
+        return 0;
+    *slash = 0;
+    snprintf(mark, sizeof mark, "%s/slurm-jobs/%u", sock, job);
+    return access(mark, F_OK) == 0;
+}
+
 /* After every process of the job is gone: colo records its end and learns its profile. Never
  * fails the epilog (that would drain the node): a daemon that missed it finds out from Slurm.
  * slurmd sets SLURM_JOB_GPUS in the epilog's environment for a job with GPUs (gres/gpu and
- * gres/shard): without it, the job had nothing to do with colo, and no Python runs. */
+ * gres/shard); without it (a CPU job, or any job after a slurmctld restart) Python runs only for a
+ * job colo marked as its own. */
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
     parse_args(ac, av);
-    const char *gpus = getenv("SLURM_JOB_GPUS");
-    if (!gpus || !*gpus)
-        return 0;
     uint32_t job = 0;
     if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) {
         const char *e = getenv("SLURM_JOB_ID");
         job = e ? (uint32_t)strtoul(e, NULL, 10) : 0;
     }
     if (!job)
+        return 0;
+    const char *gpus = getenv("SLURM_JOB_GPUS");
+    if ((!gpus || !*gpus) && !colo_knows(job))
         return 0;
     char a_job[32];
     snprintf(a_job, sizeof a_job, "--job=%u", job);
