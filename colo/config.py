@@ -23,6 +23,8 @@ class ConfigError(ValueError):
 # What a value of each plain field type may be in the TOML file (a bool is no number here).
 _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
 _TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "text"}
+# keys checked below with a message of their own (what the number means)
+_OWN_CHECK = {"history_keep_days", "idle_after", "idle_grace", "suspend_lock_timeout", "suspend_host_share"}
 _SIZES = ("reserve", "max_gpu_mem_per_user", "log_cap", "log_reserve", "suspend_host_max")
 
 
@@ -195,7 +197,7 @@ class Config:
         for k, v in values.items():
             name = str(known[k]).removesuffix(" | None")
             kind = _TYPES.get(name)
-            if k in _SIZES or kind is None or (v is None and name != str(known[k])):
+            if k in _SIZES or k in _OWN_CHECK or kind is None or (v is None and name != str(known[k])):
                 continue
             if not isinstance(v, kind) or (bool not in kind and isinstance(v, bool)):
                 raise ConfigError(f"{k}: {v!r} is not {_TYPE_WORDS[name]}")

@@ -157,7 +157,7 @@ def load_workload(name_or_path: str, store: ProfileStore | None = None) -> Workl
     return loads_workload(p.read_text(), store, str(p))
 
 
-# The classes of DESIGN.md "Workloads from the studies".
+# The classes of docs/invariants.md "Figures from the studies".
 CLASSES = {
     "heavy": ["vgg11", "vgg16", "resnet50", "resnet101", "resnet152", "qmcpack", "hoomd", "lammps"],
     "light": ["alexnet", "gromacs"],

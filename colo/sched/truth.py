@@ -13,7 +13,7 @@ each job from a *realisation* of its profile and moves it with a *physics*; both
   of the run. Every job sharing a GPU with another busy job is slowed by a further 10..30 %
   (drawn per application) that colo's model does not know about.
 - `study`: the `noisy` realisation moved by a physics of its own whose parameters are fitted to
-  the placement study's table (DESIGN.md "Workloads from the studies") and that reproduces the
+  the placement study's table (docs/invariants.md "Figures from the studies") and that reproduces the
   MPS study's pairs exactly: besides colo's structure (contexts in time slices, MPS clients at
   once), co-running jobs interfere once their summed memory bandwidth passes a knee (L2 and
   DRAM contention; time-sliced neighbours evict each other's working sets between slices).
@@ -111,7 +111,7 @@ def _heavy_pair_constants(knee: float, k_int: float) -> tuple[float, float]:
 
 
 # The truths' own copies of the structure's parameters: today the values colo's model was
-# calibrated with (DESIGN.md's pairs), but the truth's, so that tuning the policy's model
+# calibrated with (the study pairs in docs/invariants.md), but the truth's, so that tuning the policy's model
 # (colo/interference.py) never moves what the jobs really do.
 BUSY_SM = 0.25  # SM activity from which a job's kernels keep the GPU busy
 K_BW = 0.5  # bandwidth oversubscription between MPS clients that are not cache-bound
