@@ -598,8 +598,9 @@ def test_place_now_never_waits_when_memory_fits_and_never_overcommits():
     assert policy.place_now(big, gpus, placed).action == policy.WAIT
 
 
-def test_only_root_may_register_slurm_jobs(daemon, other_user):
+def test_only_root_may_register_slurm_jobs(shared_daemon, other_user):
     """The Slurm ops set budgets and GPUs for others: a user who calls them is refused."""
+    daemon = shared_daemon  # a socket other users may reach (pytest's own folders are root's alone)
     from colo.client import Client
     from daemon_util import as_user
 
