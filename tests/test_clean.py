@@ -9,27 +9,16 @@ import shutil
 import time
 
 import pytest
-from typer.testing import CliRunner
 
 from colo import profiles
-from colo.cli.app import app
 from colo.client import Client
 from colo.config import Config, ConfigError
 from colo.jobs import TERMINAL, JobSpec, State
 from colo.store import Store
-from daemon_util import DaemonProc, as_user, client_error, gpu_node, wait_for
+from daemon_util import DaemonProc, as_user, client_error, gpu_node, invoke_as, wait_for
 
 GiB, MiB = 1024**3, 1024**2
 
-
-def colo_as(pw, d: DaemonProc, *args: str) -> tuple[int, str]:
-    """`colo ARGS` run in-process by another user: (exit code, output)."""
-    def run():
-        r = CliRunner().invoke(app, [*args, "--socket", str(d.socket)])
-        return r.exit_code, r.output
-    kind, out = as_user(pw, run)
-    assert kind == "ok", out
-    return out
 
 
 def ids(d: DaemonProc) -> set[int]:
@@ -59,13 +48,13 @@ def test_clean_removes_only_ended_jobs_of_their_owner_with_their_logs(shared, ot
     assert logs_of(d, ok) == [f"{ok}.log"]
 
     # another user may not clean root's jobs, named or by --user; their own `clean` takes only theirs
-    code, out = colo_as(other_user, d, "clean", str(ok))
+    code, out = invoke_as(other_user, d, "clean", str(ok))
     assert code == 1 and out == f"colo: job {ok} belongs to root; you may not clean it\n", out
-    code, out = colo_as(other_user, d, "clean", "-u", "root")
+    code, out = invoke_as(other_user, d, "clean", "-u", "root")
     assert code == 1 and "only root and the admin group may clean other users' jobs" in out, out
-    code, out = colo_as(other_user, d, "clean", "ok")  # a name means their own jobs: they have none so named
+    code, out = invoke_as(other_user, d, "clean", "ok")  # a name means their own jobs: they have none so named
     assert code == 1 and "no job 'ok' of yours" in out and out.count("\n") == 1, out
-    assert colo_as(other_user, d, "clean") == (0, "removed 1 ended job\n")
+    assert invoke_as(other_user, d, "clean") == (0, "removed 1 ended job\n")
     assert theirs not in ids(d) and logs_of(d, theirs) == [] and logs_of(d, ok) == [f"{ok}.log"]
 
     # bad input: one line, exit 1, nothing removed

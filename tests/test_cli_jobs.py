@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import colo.cli.doctor  # noqa: F401 - loaded before a child drops to another uid
 from colo.cli.app import app
 from colo.client import Client, ClientError
-from daemon_util import DaemonProc, as_user, wait_for
+from daemon_util import DaemonProc, as_user, invoke_as, wait_for
 
 GiB = 1024**3
 
@@ -28,15 +28,6 @@ def shared(fakegpu, reachable_daemon):
     the end its gated jobs are let end by themselves: reachable_daemon makes their `go`)."""
     return reachable_daemon("colo-cli-", fakegpu.state, {"reserve": "256MiB", "stop_grace": 60.0})
 
-
-def invoke_as(pw, d: DaemonProc, *args: str):
-    """`colo ARGS` run in-process by another user: (exit code, output)."""
-    def run():
-        r = CliRunner().invoke(app, [*args, "--socket", str(d.socket)])
-        return r.exit_code, r.output
-    kind, out = as_user(pw, run)
-    assert kind == "ok", out
-    return out
 
 
 def test_wait_reports_every_failing_job(daemon):

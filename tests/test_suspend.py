@@ -13,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from typer.testing import CliRunner
 
-from colo.cli.app import app
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, gpu_node, wait_for
+from daemon_util import DaemonProc, as_user, gpu_node, invoke_as, wait_for
 
 GiB = 1024**3
 MiB = 1024**2
@@ -134,15 +132,6 @@ def node():
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _colo(pw, d: DaemonProc, *args: str) -> tuple[int, str]:
-    """`colo ARGS` run in-process by another user: (exit code, output)."""
-    def run():
-        r = CliRunner().invoke(app, [*args, "--socket", str(d.socket)])
-        return r.exit_code, r.output
-    kind, out = as_user(pw, run)
-    assert kind == "ok", out
-    return out
-
 
 def _submit(pw, d: DaemonProc, name: str, gpu_mem: int, argv: list[str]) -> int:
     spec = {"argv": argv, "gpus": 1, "gpu_mem": gpu_mem, "name": name, "workdir": "/tmp"}
@@ -152,7 +141,7 @@ def _submit(pw, d: DaemonProc, name: str, gpu_mem: int, argv: list[str]) -> int:
 
 
 def _ls(pw, d: DaemonProc) -> dict:
-    code, out = _colo(pw, d, "ls", "--json")
+    code, out = invoke_as(pw, d, "ls", "--json")
     assert code == 0, out
     return {r["id"]: r for r in json.loads(out)}
 
@@ -173,16 +162,16 @@ def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it
     waiter = _submit(bob, d, "waiter", 3 * GiB, ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done"])
     wait_for(lambda: "GPU" in d.job(waiter)["reason"], 60, "the waiter to wait for memory")
     # bob may not suspend alice's job; a job that is not running cannot be suspended
-    code, out = _colo(bob, d, "suspend", str(holder))
+    code, out = invoke_as(bob, d, "suspend", str(holder))
     assert code != 0 and "belongs to" in out, out
-    code, out = _colo(bob, d, "suspend", str(waiter))
+    code, out = invoke_as(bob, d, "suspend", str(waiter))
     assert code != 0 and "only a running job can be suspended" in out, out
     wait_for(lambda: (d.job(holder).get("used") or 0) >= 2 * GiB, 30, "the sampler to see what it holds")
-    code, out = _colo(alice, d, "suspend", str(holder))
+    code, out = invoke_as(alice, d, "suspend", str(holder))
     assert code == 0 and "suspended by colotest1" in out and "in host memory" in out, out
     row = _ls(alice, d)[holder]
     assert row["state"] == "running" and "suspended by colotest1" in row["suspended"], row
-    code, out = _colo(alice, d, "ls")
+    code, out = invoke_as(alice, d, "ls")
     assert any(line.split()[:1] == [str(holder)] and "suspended" in line.split() for line in out.splitlines()), out
     d.wait_state(waiter, "running", timeout=60)  # its budget went to the queue
     figures = wait_for(lambda: (m := _scrape(d.metrics_port)).get("colo_gpu_suspended_bytes") and m, 30,
@@ -190,7 +179,7 @@ def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it
     assert figures["colo_gpu_suspended_bytes"] >= 2 * GiB and figures["colo_suspends_total"] == 1
     # its next CUDA call waits at the interposer's gate and asks for the resume itself; its GPU is full
     (work / "poke-1").touch()
-    explained = wait_for(lambda: "resume asked" in (e := json.loads(_colo(alice, d, "explain", str(holder), "--json")[1]))
+    explained = wait_for(lambda: "resume asked" in (e := json.loads(invoke_as(alice, d, "explain", str(holder), "--json")[1]))
                          ["reason"] and e, 60, "the holder's call to ask for its resume")
     assert explained["state"] == "suspended" and "waits for GPU 0" in explained["reason"], explained
     assert not (work / "done-1").exists()
@@ -201,16 +190,16 @@ def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it
     events = [e["reason"] for e in d.job(holder)["events"]]
     assert any(e.startswith("suspended by") for e in events) and any(e.startswith("resumed") for e in events)
     # suspended again, then the daemon killed -9 and started: the job is still suspended, and resumable
-    assert _colo(alice, d, "suspend", str(holder))[0] == 0
+    assert invoke_as(alice, d, "suspend", str(holder))[0] == 0
     d.kill9()
     d.start()
     assert _ls(alice, d)[holder]["suspended"].startswith("suspended by colotest1")
-    code, out = _colo(alice, d, "resume", str(holder))  # asked by its owner: its GPU has room
+    code, out = invoke_as(alice, d, "resume", str(holder))  # asked by its owner: its GPU has room
     assert code == 0 and "resume asked" in out, out
     wait_for(lambda: _ls(alice, d)[holder]["suspended"] is None, 60, "the holder to be restored")
     (work / "poke-2").touch()
     wait_for(lambda: (work / "done-2").exists(), 60, "the holder's call to return after the restart's resume")
-    assert _colo(alice, d, "cancel", str(holder))[0] == 0
+    assert invoke_as(alice, d, "cancel", str(holder))[0] == 0
     d.wait_state(holder, "cancelled", "failed", "succeeded", timeout=60)
     # more than the node lets suspended jobs hold in host memory (suspend_host_max 2.5GiB): refused,
     # with the reason, and nothing of the job changed
@@ -220,14 +209,14 @@ def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it
     big = _submit(alice, d, "big", 3584 * MiB, [python, str(prog), "3072", str(big_work)])
     wait_for(lambda: (big_work / "ready").exists(), 60, "the big one to allocate")
     wait_for(lambda: (d.job(big).get("nvml_used") or 0) >= 3 * GiB, 30, "the sampler to see its memory")
-    code, out = _colo(alice, d, "suspend", str(big))
+    code, out = invoke_as(alice, d, "suspend", str(big))
     assert code != 0 and "passes suspend_host_max (2.5GiB)" in out, out
     j = d.job(big)
     assert j["state"] == "running" and j["suspended"] is None
     from colo.node.fakegpu import FakeNode
 
     assert FakeNode(d.fake_state).read()["devices"][0]["used"] >= 3 * GiB  # still on the GPU
-    assert _colo(alice, d, "cancel", str(big))[0] == 0
+    assert invoke_as(alice, d, "cancel", str(big))[0] == 0
 
 
 def test_suspend_victims_are_the_fewest_longest_idle_then_lowest_priority_holders_of_one_gpu():

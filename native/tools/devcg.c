@@ -203,11 +203,10 @@ static int load(const struct rule *rules, int n)
     return load_insns(build(rules, n, prog), NULL);
 }
 
-/* Detach every program called `name` from the cgroup `cg` but the one of id `keep` (an earlier
- * daemon's gate). */
-static int detach_named_but(int cg, const char *name, uint32_t keep)
+/* The ids of the device programs attached to the cgroup `cg` (at most 64), or -1 with the
+ * error said (`what`: where, for the message). */
+static int programs(int cg, uint32_t ids[64], const char *what)
 {
-    uint32_t ids[64];
     union bpf_attr q;
     memset(&q, 0, sizeof q);
     q.query.target_fd = (uint32_t)cg;
@@ -215,26 +214,55 @@ static int detach_named_but(int cg, const char *name, uint32_t keep)
     q.query.prog_ids = (uint64_t)(uintptr_t)ids;
     q.query.prog_cnt = 64;
     if (sys_bpf(BPF_PROG_QUERY, &q) != 0) {
-        fprintf(stderr, "colo-devcg: cannot list the device programs there: %s\n", strerror(errno));
+        fprintf(stderr, "colo-devcg: cannot list the device programs of %s: %s\n", what, strerror(errno));
         return -1;
     }
-    for (uint32_t i = 0; i < q.query.prog_cnt && i < 64; i++) {
+    return (int)(q.query.prog_cnt < 64 ? q.query.prog_cnt : 64);
+}
+
+/* A descriptor of program `id` with its name in `name` (the kernel's, up to 16 bytes with its
+ * NUL; "" when it has none), or -1 when it is gone or cannot be read. */
+static int program(uint32_t id, char name[16])
+{
+    union bpf_attr g;
+    memset(&g, 0, sizeof g);
+    g.prog_id = id;
+    int fd = (int)sys_bpf(BPF_PROG_GET_FD_BY_ID, &g);
+    name[0] = 0;
+    if (fd < 0)
+        return -1;
+    struct bpf_prog_info info;
+    memset(&info, 0, sizeof info);
+    union bpf_attr inf;
+    memset(&inf, 0, sizeof inf);
+    inf.info.bpf_fd = (uint32_t)fd;
+    inf.info.info_len = sizeof info;
+    inf.info.info = (uint64_t)(uintptr_t)&info;
+    if (sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &inf) != 0) {
+        close(fd);
+        return -1;
+    }
+    memcpy(name, info.name, 16);
+    name[15] = 0;
+    return fd;
+}
+
+/* Detach every program called `name` from the cgroup `cg` but the one of id `keep` (an earlier
+ * daemon's gate). */
+static int detach_named_but(int cg, const char *name, uint32_t keep)
+{
+    uint32_t ids[64];
+    char got[16];
+    int n = programs(cg, ids, "the gate's folder");
+    if (n < 0)
+        return -1;
+    for (int i = 0; i < n; i++) {
         if (ids[i] == keep)
             continue;
-        union bpf_attr g;
-        memset(&g, 0, sizeof g);
-        g.prog_id = ids[i];
-        int fd = (int)sys_bpf(BPF_PROG_GET_FD_BY_ID, &g);
+        int fd = program(ids[i], got);
         if (fd < 0)
             continue;
-        struct bpf_prog_info info;
-        memset(&info, 0, sizeof info);
-        union bpf_attr inf;
-        memset(&inf, 0, sizeof inf);
-        inf.info.bpf_fd = (uint32_t)fd;
-        inf.info.info_len = sizeof info;
-        inf.info.info = (uint64_t)(uintptr_t)&info;
-        if (sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &inf) == 0 && !strncmp(info.name, name, sizeof info.name)) {
+        if (!strncmp(got, name, sizeof got)) {
             union bpf_attr d;
             memset(&d, 0, sizeof d);
             d.target_fd = (uint32_t)cg;
@@ -269,37 +297,22 @@ static int attach(int cg, int prog_fd, const char *where)
 static int list(const char *dir)
 {
     uint32_t ids[64];
+    char name[16];
     int cg = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (cg < 0) {
         fprintf(stderr, "colo-devcg: cannot open %s: %s\n", dir, strerror(errno));
         return 1;
     }
-    union bpf_attr q;
-    memset(&q, 0, sizeof q);
-    q.query.target_fd = (uint32_t)cg;
-    q.query.attach_type = BPF_CGROUP_DEVICE;
-    q.query.prog_ids = (uint64_t)(uintptr_t)ids;
-    q.query.prog_cnt = 64;
-    if (sys_bpf(BPF_PROG_QUERY, &q) != 0) {
-        fprintf(stderr, "colo-devcg: cannot list the device programs of %s: %s\n", dir, strerror(errno));
+    int n = programs(cg, ids, dir);
+    close(cg);
+    if (n < 0)
         return 1;
-    }
-    for (uint32_t i = 0; i < q.query.prog_cnt && i < 64; i++) {
-        union bpf_attr g;
-        memset(&g, 0, sizeof g);
-        g.prog_id = ids[i];
-        int fd = (int)sys_bpf(BPF_PROG_GET_FD_BY_ID, &g);
-        struct bpf_prog_info info;
-        memset(&info, 0, sizeof info);
-        union bpf_attr inf;
-        memset(&inf, 0, sizeof inf);
-        inf.info.bpf_fd = (uint32_t)fd;
-        inf.info.info_len = sizeof info;
-        inf.info.info = (uint64_t)(uintptr_t)&info;
-        if (fd >= 0 && sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &inf) == 0)
-            printf("%s\n", info.name[0] ? info.name : "-");
-        if (fd >= 0)
+    for (int i = 0; i < n; i++) {
+        int fd = program(ids[i], name);
+        if (fd >= 0) {
+            printf("%s\n", name[0] ? name : "-");
             close(fd);
+        }
     }
     return 0;
 }
