@@ -284,7 +284,7 @@ def main() -> None:
         except AssertionError:
             pass
         with db_ro(d.state_dir) as db:
-            rows = db.execute("SELECT id, state, reason FROM jobs").fetchall()
+            rows = db.execute("SELECT id, state, reason, json_extract(spec, '$.name') FROM jobs").fetchall()
     finally:
         for pid, (fd, _) in list(s.sessions.items()):
             try:
@@ -299,12 +299,15 @@ def main() -> None:
         else:
             shutil.rmtree(root, ignore_errors=True)
     states: dict[str, int] = {}
-    for _, st, _ in rows:
+    for _, st, _, _ in rows:
         states[st] = states.get(st, 0) + 1
-    stored = {i for i, _, _ in rows}
-    lost = [(i, r) for i, st, r in rows if st == "lost"]
-    stuck = [(i, st) for i, st, _ in rows if st not in TERMINAL]
-    orphans_ended = sum(1 for _, st, r in rows if st == "cancelled" and "went away while colo was restarting" in r)
+    stored = {i for i, _, _, _ in rows}
+    lost = [(i, r) for i, st, r, _ in rows if st == "lost"]
+    stuck = [(i, st) for i, st, _, _ in rows if st not in TERMINAL]
+    # the orphans by name: a plain session whose client kill_sessions took is ended the same way
+    went = "went away while colo was restarting"
+    orphans_ended = sum(1 for _, st, r, n in rows if st == "cancelled" and went in r and n.startswith("soak-orphan-"))
+    others_ended = sum(1 for _, st, r, n in rows if st == "cancelled" and went in r and not n.startswith("soak-orphan-"))
     missing = sorted(set(s.acked) - stored)
     kinds: dict[str, int] = {}
     for k in s.acked.values():
@@ -317,7 +320,7 @@ def main() -> None:
           f"was down {s.killed_down}")
     print(f"lost {len(lost)} {lost[:5]}; stuck {len(stuck)} {stuck[:5]}; acknowledged but not stored {len(missing)}")
     print(f"sessions whose client went away while the daemon was down, ended by the restarted daemon: "
-          f"{orphans_ended} (of {s.orphans} started for that)")
+          f"{orphans_ended} (of {s.orphans} started for that), and {others_ended} other sessions")
     if readings:
         print("daemon over time (minute, RSS MiB, CPU % of one core): "
               + ", ".join(f"({m:.1f}, {r / 1024:.1f}, {c:.1f})" for m, r, c in readings))
