@@ -171,7 +171,7 @@ def users():
 # or calls the helpers that start daemons, Slurm or Debian containers.
 NOT_PURE_FIXTURES = {"native_dir", "docker_client", "users", "other_user", "make_dockerd"}
 NOT_PURE_NAMES = {"subprocess", "Popen", "fork", "forkpty", "execv", "ensure_built"}
-NOT_PURE_HELPERS = {"daemon_util", "slurm_util", "debian_util", "load_bench"}
+NOT_PURE_HELPERS = {"daemon_util", "harness.node", "slurm_util", "debian_util", "load_bench"}
 SLOW_FIXTURES = {"mix_results"}  # pure but long (mark `slow`; others carry the mark themselves)
 
 
@@ -226,30 +226,17 @@ def reachable_daemon(native_dir):
     """make(prefix, state, config=None, env=None): a started daemon in a temporary folder other
     users can traverse, its socket theirs to reach (pytest's tmp dirs are private). At the end the
     `go` file gated jobs wait for is made, the daemon stopped and its folder removed."""
-    import tempfile
-    from pathlib import Path
+    from harness.node import SimNode
 
-    from daemon_util import DaemonProc
-
-    made = []
+    made: list[SimNode] = []
 
     def make(prefix: str, state, config: dict | None = None, env: dict | None = None):
-        root = Path(tempfile.mkdtemp(prefix=prefix))
-        os.chmod(root, 0o755)
-        made.append(root)
-        d = DaemonProc(root, state, config, env)
-        made.append(d)
-        d.start()
-        os.chmod(d.socket.parent, 0o755)
-        return d
+        made.append(SimNode(prefix, state=state))
+        return made[-1].daemon(config, home=None, env=env)
 
     yield make
-    for x in reversed(made):
-        if isinstance(x, DaemonProc):
-            (x.root / "go").touch()
-            x.stop()
-        else:
-            shutil.rmtree(x, ignore_errors=True)
+    for n in reversed(made):
+        n.close(go=True)
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ import pytest
 
 from colo.client import Client
 from colo.node import cgroup, interposer, native
-from daemon_util import DaemonProc, gpu_node, wait_for
+from daemon_util import DaemonProc, wait_for
+from harness.node import SimNode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import ledger_bench  # noqa: E402
@@ -166,13 +167,8 @@ def test_outside_any_colo_job_the_environment_still_sets_the_budget(shared, user
 
 @pytest.fixture
 def node(shared):
-    root, state, _ = gpu_node("colo-source-d-", count=1)
-    (root / "d").mkdir(mode=0o755)
-    d = DaemonProc(root / "d", state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-source-d-", count=1) as n:
+        yield n.daemon()
 
 
 def _submit(d: DaemonProc, pw, spec: dict) -> int:

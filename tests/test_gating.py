@@ -18,7 +18,7 @@ import pytest
 from colo.node import cgroup, devices, fakegpu
 from colo.node.cgroup import Cgroups, CgroupError
 from colo.node.mps import MpsDaemon
-from daemon_util import gpu_node
+from harness.node import SimNode
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users and gate files")
 
@@ -81,9 +81,8 @@ def users():
 @pytest.fixture
 def node(native_dir):
     """Two simulated GPUs in a folder every user reaches: (root, state file, FakeNode)."""
-    root, state, _ = gpu_node("colo-gate-", count=2)
-    yield root, state, fakegpu.FakeNode(state)
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-gate-", count=2) as n:
+        yield n.root, n.state, fakegpu.FakeNode(n.state)
 
 
 def as_user(pw, groups=(), dirs=()):
