@@ -401,7 +401,7 @@ def second_user(part: Part, m, d) -> None:
 
     sys.path.insert(0, str(ROOT / "tests"))
     from daemon_util import as_user
-    from load_bench import ensure_users
+    from harness.users import ensure_users
 
     if os.geteuid() != 0:
         part.skip("a second Unix user: needs root to create one")

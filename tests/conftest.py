@@ -8,14 +8,13 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import uuid
 
 import pytest
 
 from colo.node import native
+from harness.users import ensure_users
 
-sys.path.insert(0, os.path.dirname(__file__))
 
 GiB = 1024**3
 JOB_BUDGET = 64 * 1024**2         # the `job` fixture's budget per device
@@ -159,10 +158,7 @@ def users():
     tests of what one user can do to another; needs root."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create other users")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-    import load_bench
-
-    return load_bench.ensure_users(2)
+    return ensure_users(2)
 
 
 # What makes a test not pure (mark `daemon`, set here): a fixture that builds native parts, reaches
@@ -171,7 +167,8 @@ def users():
 # or calls the helpers that start daemons, Slurm or Debian containers.
 NOT_PURE_FIXTURES = {"native_dir", "docker_client", "users", "other_user", "make_dockerd"}
 NOT_PURE_NAMES = {"subprocess", "Popen", "fork", "forkpty", "execv", "ensure_built"}
-NOT_PURE_HELPERS = {"daemon_util", "harness.node", "slurm_util", "debian_util", "load_bench"}
+NOT_PURE_HELPERS = {"daemon_util", "harness.node", "harness.users", "harness.probes", "slurm_util", "debian_util",
+                    "load_bench"}
 SLOW_FIXTURES = {"mix_results"}  # pure but long (mark `slow`; others carry the mark themselves)
 
 

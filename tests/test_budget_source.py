@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,12 +22,11 @@ import pytest
 from colo.client import Client
 from colo.node import cgroup, interposer, native
 from daemon_util import DaemonProc, wait_for
+from harness.ledger import CRAFT
 from harness.node import SimNode
+from harness.probes import db_ro
+from harness.users import run_as, shared_root
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import ledger_bench  # noqa: E402
-import load_bench  # noqa: E402
-from load_bench import run_as  # noqa: E402
 
 GiB = 1024**3
 MiB = 1024**2
@@ -73,7 +71,7 @@ def _codes(r: subprocess.CompletedProcess, cmd: str) -> list[int]:
 @pytest.fixture
 def place():
     """A folder of root's that other users can pass through (pytest's own are root-only)."""
-    d = load_bench.shared_root("colo-runs-")
+    d = shared_root("colo-runs-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -233,7 +231,7 @@ def _rchar(pid: int) -> int:
 
 
 def _samples(d: DaemonProc, job: int) -> int:
-    with load_bench.db_ro(d.state_dir) as db:
+    with db_ro(d.state_dir) as db:
         return db.execute("SELECT count(*) FROM samples WHERE job_id = ?", (job,)).fetchone()[0]
 
 
@@ -244,7 +242,7 @@ def test_a_ledger_header_the_job_rewrote_costs_the_daemon_nothing_more(node, use
     _, bob = users
     d = node
     script = place / "craft.py"
-    script.write_text(ledger_bench.CRAFT)
+    script.write_text(CRAFT)
     os.chmod(script, 0o644)
     j = _submit(d, bob, {"argv": ["sh", "-c", f"{PY} {script}"], "gpu_mem": GiB})
     d.wait_state(j, "running", timeout=60)

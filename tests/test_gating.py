@@ -19,6 +19,7 @@ from colo.node import cgroup, devices, fakegpu
 from colo.node.cgroup import Cgroups, CgroupError
 from colo.node.mps import MpsDaemon
 from harness.node import SimNode
+from harness.users import ensure_users
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users and gate files")
 
@@ -72,10 +73,7 @@ def group():
 
 @pytest.fixture
 def users():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    import load_bench
-
-    return load_bench.ensure_users(1, prefix="cologate")
+    return ensure_users(1, prefix="cologate")
 
 
 @pytest.fixture

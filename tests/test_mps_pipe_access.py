@@ -10,7 +10,6 @@ import os
 import pickle
 import shutil
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,15 @@ import pytest
 from colo.node import fakegpu, mps
 from daemon_util import DaemonProc, wait_for
 from harness.node import SimNode
+from harness.users import ensure_users, run_as
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import load_bench  # noqa: E402
-from load_bench import run_as  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
 
 
 @pytest.fixture
 def users():
-    return load_bench.ensure_users(2, prefix="colompsp")  # alice runs MPS jobs, mallory attacks
+    return ensure_users(2, prefix="colompsp")  # alice runs MPS jobs, mallory attacks
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +22,8 @@ from colo.client import Client
 from colo.node import cgroup, fakegpu, native, procs
 from daemon_util import DaemonProc, wait_for
 from harness.node import SimNode
+from harness.users import run_as
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from load_bench import run_as  # noqa: E402
 
 GiB = 1024**3
 
