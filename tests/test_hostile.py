@@ -21,17 +21,10 @@ from colo import protocol
 from colo.client import Client, ClientError
 from daemon_util import client_error, DaemonProc, wait_for
 from harness.probes import LsProbe, rss_kib
-from harness.users import ensure_users, Peer, run_as, shared_root
+from harness.users import Peer, run_as, shared_root
 
 
 CODES = {protocol.BAD_REQUEST, protocol.NOT_FOUND, protocol.FORBIDDEN, protocol.INVALID, protocol.VERSION_MISMATCH}
-
-
-@pytest.fixture(scope="module")
-def users():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create other users")
-    return ensure_users(2)
 
 
 def raw(path: Path, data: bytes, timeout: float = 10.0, shut: bool = True) -> list[dict]:

@@ -18,15 +18,8 @@ from colo import logtimes, protocol
 from colo.client import Client
 from colo.daemon import logread
 from daemon_util import client_error, wait_for
-from harness.users import ensure_users, Peer, run_as
+from harness.users import Peer, run_as
 
-
-
-@pytest.fixture(scope="module")
-def users():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create other users")
-    return ensure_users(2)
 
 
 def _status(pid: int, key: str) -> int:

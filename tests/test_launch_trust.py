@@ -8,19 +8,11 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
 
 from colo.client import Client, ClientError
 from daemon_util import DaemonProc, wait_for
-from harness.users import ensure_users, run_as, shared_root
+from harness.users import run_as, shared_root
 
-
-
-@pytest.fixture(scope="module")
-def users():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create other users")
-    return ensure_users(2)  # alice, bob
 
 
 def _submit(d: DaemonProc, pw, spec: dict) -> int:

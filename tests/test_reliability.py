@@ -24,6 +24,7 @@ from colo.client import ClientError
 from colo.jobs import JobSpec, State
 from colo.store import Store
 from daemon_util import DaemonProc, wait_for
+from harness.node import SimNode
 from harness.probes import db_ro
 from harness.users import ensure_users, shared_root
 
@@ -37,13 +38,8 @@ MiB, GiB = 1 << 20, 1 << 30
 @pytest.fixture
 def shared(native_dir):
     """A daemon on two 1 GiB simulated GPUs in a dir other users can traverse."""
-    root = shared_root("colo-rel-")
-    fakegpu.create(root / "gpus", count=2, mem=GiB)
-    d = DaemonProc(root, root / "gpus").start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-rel-", count=2, mem=GiB) as n:
+        yield n.daemon(home=None)
 
 
 # load ----------------------------------------------------------------------------------------------
