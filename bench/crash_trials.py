@@ -36,7 +36,7 @@ from harness.probes import db_ro  # noqa: E402
 from harness.users import shared_root  # noqa: E402
 from load_bench import TERMINAL  # noqa: E402
 
-from daemon_util import DaemonProc, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, wait_for  # noqa: E402
 
 from colo.node import fakegpu, native  # noqa: E402
 from colo.client import Client, ClientError  # noqa: E402

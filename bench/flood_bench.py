@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from daemon_util import DaemonProc, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, wait_for  # noqa: E402
 from harness.probes import rss_kib  # noqa: E402
 from harness.users import Peer, ensure_users, run_as, shared_root  # noqa: E402
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from benchlib import Report  # noqa: E402
 
-from daemon_util import DaemonProc, gpu_node, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, gpu_node, wait_for  # noqa: E402
 from harness.ledger import CRAFT  # noqa: E402
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from daemon_util import DaemonProc, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, wait_for  # noqa: E402
 from harness.probes import LsProbe, db_ro, rss_kib  # noqa: E402
 from harness.users import ensure_users, shared_root, spread  # noqa: E402
 

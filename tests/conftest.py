@@ -167,7 +167,7 @@ def users():
 # or calls the helpers that start daemons, Slurm or Debian containers.
 NOT_PURE_FIXTURES = {"native_dir", "docker_client", "users", "other_user", "make_dockerd"}
 NOT_PURE_NAMES = {"subprocess", "Popen", "fork", "forkpty", "execv", "ensure_built"}
-NOT_PURE_HELPERS = {"daemon_util", "harness.node", "harness.users", "harness.probes", "slurm_util", "debian_util",
+NOT_PURE_HELPERS = {"harness.daemon", "harness.node", "harness.users", "harness.probes", "slurm_util", "debian_util",
                     "load_bench"}
 SLOW_FIXTURES = {"mix_results"}  # pure but long (mark `slow`; others carry the mark themselves)
 
@@ -211,7 +211,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def daemon(tmp_path, fakegpu):
     """A real daemon on two simulated GPUs, private state dir and socket."""
-    from daemon_util import DaemonProc
+    from harness.daemon import DaemonProc
 
     d = DaemonProc(tmp_path, fakegpu.state).start()
     yield d
@@ -253,7 +253,7 @@ def make_dockerd():
     """make_dockerd(live_restore=False): a started private Docker engine (see PrivateDockerd)."""
     import subprocess
 
-    from daemon_util import PrivateDockerd
+    from harness.daemon import PrivateDockerd
 
     made = []
 

@@ -1,7 +1,7 @@
 """Issue 52: an admin's hold or pause of a user's job only an admin lifts, and its owner sees who
 holds it; `history` shows another user only what `ls` shows; the per-user queue limit is on by
 default and counts an array's tasks. One real daemon for the module, on a simulated GPU; users are
-real Unix users (forked children that setuid: daemon_util.as_user), root is the admin.
+real Unix users (forked children that setuid: harness.daemon.as_user), root is the admin.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from colo.client import Client
 from colo.config import Config
-from daemon_util import DaemonProc, as_user, gpu_node, wait_for
+from harness.daemon import DaemonProc, as_user, gpu_node, wait_for
 
 LIMIT = 12  # this daemon's max_queued_per_user (the default, 10,000, is checked apart)
 

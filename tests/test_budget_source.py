@@ -21,7 +21,7 @@ import pytest
 
 from colo.client import Client
 from colo.node import cgroup, interposer, native
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 from harness.ledger import CRAFT
 from harness.node import SimNode
 from harness.probes import db_ro

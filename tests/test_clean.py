@@ -13,7 +13,7 @@ from colo.client import Client
 from colo.config import Config, ConfigError
 from colo.jobs import TERMINAL, JobSpec, State
 from colo.store import Store
-from daemon_util import DaemonProc, as_user, client_error, invoke_as, wait_for
+from harness.daemon import DaemonProc, as_user, client_error, invoke_as, wait_for
 from harness.node import SimNode
 
 GiB, MiB = 1024**3, 1024**2

@@ -14,7 +14,7 @@ import pytest
 
 from colo.node.cgroup import places
 from colo.client import Client
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 from harness.users import ensure_users, run_as, shared_root
 
 

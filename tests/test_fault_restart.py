@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from colo.node import fakegpu
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 from harness.node import SimNode
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from colo import protocol
 from colo.client import Client
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 from harness.probes import rss_kib
 from harness.users import ensure_users, Peer, run_as, shared_root
 
@@ -290,7 +290,7 @@ def test_a_fork_bomb_fails_inside_its_own_job(d, users):
 
 def test_tasks_option_is_checked_and_capped(d, users):
     spec = {"argv": ["true"], "gpus": 0, "workdir": "/tmp"}
-    from daemon_util import client_error
+    from harness.daemon import client_error
 
     err = run_as(users[0], lambda: client_error(lambda: Client(d.socket).submit({**spec, "tasks": 500})))
     assert err is not None and "max_job_tasks" in err[0], err

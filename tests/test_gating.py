@@ -338,7 +338,7 @@ def gate_root():
     d = mount / f"colo-gateroot-{uuid.uuid4().hex[:6]}"
     d.mkdir()
     yield d
-    from daemon_util import wait_for
+    from harness.daemon import wait_for
 
     def procs() -> list[int]:
         return [int(p) for f in d.rglob("cgroup.procs") for p in f.read_text().split()]
@@ -378,7 +378,7 @@ def gated_daemon(char_node, group, gate_root):
     """A daemon granting GROUP on a node whose simulated files are 0660 root:GROUP character
     devices, started in and gating `gate_root`; the probe written where jobs read it: (daemon,
     state, FakeNode, probe path)."""
-    from daemon_util import DaemonProc
+    from harness.daemon import DaemonProc
 
     root, state, fn = char_node
     (root / "probe.py").write_text(PROBE)
@@ -435,7 +435,7 @@ def test_a_job_of_no_gpu_gets_none_even_pointing_at_the_driver_itself(gated_daem
 
 
 def test_a_gpu_group_that_does_not_exist_stops_the_daemon_in_one_line(node):
-    from daemon_util import DaemonProc
+    from harness.daemon import DaemonProc
 
     root, state, _ = node
     d = DaemonProc(root, state, {"gpu_group": "no-such-colo-group"})

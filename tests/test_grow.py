@@ -10,7 +10,7 @@ import os
 import pytest
 
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, burn_path, wait_for
+from harness.daemon import DaemonProc, as_user, burn_path, wait_for
 from harness.node import SimNode
 
 GiB, MiB = 1024**3, 1024**2

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, wait_for
+from harness.daemon import DaemonProc, as_user, wait_for
 from harness.users import run_as
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from colo import protocol
 from colo.client import Client, ClientError
-from daemon_util import client_error, DaemonProc, wait_for
+from harness.daemon import client_error, DaemonProc, wait_for
 from harness.probes import LsProbe, rss_kib
 from harness.users import Peer, run_as, shared_root
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from colo import logtimes, protocol
 from colo.client import Client
 from colo.daemon import logread
-from daemon_util import client_error, wait_for
+from harness.daemon import client_error, wait_for
 from harness.users import Peer, run_as
 
 

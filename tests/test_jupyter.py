@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from colo.node import native
-from daemon_util import wait_for
+from harness.daemon import wait_for
 from harness.node import SimNode
 
 pytest.importorskip("jupyter_client")

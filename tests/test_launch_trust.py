@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 from colo.client import Client, ClientError
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 from harness.users import run_as, shared_root
 
 

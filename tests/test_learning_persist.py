@@ -10,7 +10,7 @@ import pytest
 
 from colo.jobs import JobSpec, State
 from colo.store import MIGRATIONS, Store
-from daemon_util import burn, wait_for
+from harness.daemon import burn, wait_for
 from harness.node import SimNode
 
 GiB, MiB = 1024**3, 1024**2

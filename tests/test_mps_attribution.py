@@ -14,7 +14,7 @@ import pytest
 
 from colo.node import fakegpu
 from colo import profiles
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 from harness.node import SimNode
 
 GiB, MiB = 1024**3, 1024**2

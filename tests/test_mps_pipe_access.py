@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from colo.node import fakegpu, mps
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 from harness.node import SimNode
 from harness.users import ensure_users, run_as
 

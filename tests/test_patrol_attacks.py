@@ -20,7 +20,7 @@ import pytest
 
 from colo.client import Client
 from colo.node import cgroup, fakegpu, native, procs
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 from harness.node import SimNode
 from harness.users import run_as
 

@@ -13,7 +13,7 @@ import pytest
 from colo.node import fakegpu
 from colo import profiles
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, burn, wait_for
+from harness.daemon import DaemonProc, as_user, burn, wait_for
 from harness.node import SimNode
 
 GiB = 1024**3

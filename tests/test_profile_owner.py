@@ -18,7 +18,7 @@ import pytest
 from colo.node import fakegpu
 from colo import profiles
 from colo.client import Client
-from daemon_util import as_user, wait_for
+from harness.daemon import as_user, wait_for
 from harness.node import SimNode
 
 GiB = 1024**3

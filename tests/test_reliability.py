@@ -23,7 +23,7 @@ from colo.node import fakegpu, interposer, native
 from colo.client import ClientError
 from colo.jobs import JobSpec, State
 from colo.store import Store
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 from harness.node import SimNode
 from harness.probes import db_ro
 from harness.users import ensure_users, shared_root

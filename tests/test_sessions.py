@@ -23,7 +23,7 @@ import colo.cli.app  # noqa: F401 - loaded here: the forked clients run it witho
 import colo.cli.attach  # noqa: F401
 from colo.client import Client
 from colo.node import native
-from daemon_util import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
+from harness.daemon import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
 from harness.node import SimNode
 
 pexpect = pytest.importorskip("pexpect")

@@ -15,7 +15,7 @@ import pytest
 
 
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, gpu_node, invoke_as, wait_for
+from harness.daemon import DaemonProc, as_user, gpu_node, invoke_as, wait_for
 from harness.node import SimNode
 
 GiB = 1024**3

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from colo import profiles
-from daemon_util import DaemonProc, gpu_node
+from harness.daemon import DaemonProc, gpu_node
 
 GiB = 1024**3
 
