@@ -6,30 +6,27 @@ real Unix users (forked children that setuid: harness.daemon.as_user), root is t
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from colo.client import Client
 from colo.config import Config
-from harness.daemon import DaemonProc, as_user, gpu_node, wait_for
+from harness.daemon import DaemonProc, as_user, wait_for
+from harness.node import SimNode
 
 LIMIT = 12  # this daemon's max_queued_per_user (the default, 10,000, is checked apart)
 
 
 @pytest.fixture(scope="module")
 def d(users):
-    root, state, _ = gpu_node("colo-adminholds-")
-    dp = DaemonProc(root, state, {"max_queued_per_user": LIMIT}).start()
-    os.chmod(dp.socket.parent, 0o755)
-    out = root / "out"
-    out.mkdir(mode=0o777)
-    os.chmod(out, 0o777)
-    yield dp
-    (root / "go").touch()  # the gated jobs end as the daemon stops
-    dp.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-adminholds-") as n:
+        dp = n.daemon({"max_queued_per_user": LIMIT}, home=None)
+        out = n.root / "out"
+        out.mkdir(mode=0o777)
+        os.chmod(out, 0o777)
+        yield dp
+        (n.root / "go").touch()  # the gated jobs end as the daemon stops
 
 
 def as_(pw, d: DaemonProc, op: str, **args):

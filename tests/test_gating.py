@@ -393,7 +393,7 @@ def gated_daemon(char_node, group, gate_root):
 
 def submit_as(d, pw, argv: list[str], **spec) -> int:
     from colo.client import Client
-    from load_bench import run_as
+    from harness.users import run_as
 
     s = {"argv": argv, "gpu_mem": 256 << 20, "workdir": "/tmp", **spec}
     return run_as(pw, lambda: Client(d.socket).submit(s)["id"])
