@@ -69,7 +69,7 @@ def _layer(mod: str) -> str:
 
 def test_the_module_names_are_read():
     assert {"colo.sched.policy", "colo.node.gpu", "colo.daemon.scheduler", "colo.cli.app"} <= set(MODULES)
-    assert "colo.sched.interference" in GRAPH["colo.sched.policy"]
+    assert "colo.sched.interference" in GRAPH["colo.sched.assess"]
     assert _layer("colo.sched.policy") == "sched" and _layer("colo.store") == "store" and _layer("colo.tui") == "tui"
 
 
