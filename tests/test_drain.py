@@ -6,6 +6,8 @@ One real daemon for the module on two simulated GPUs; the user who tries is a re
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import socket
 import urllib.request
@@ -14,21 +16,23 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from colo.client import Client
-from harness.daemon import DaemonProc, as_user, wait_for
-from harness.node import SimNode
+from daemon_util import DaemonProc, as_user, gpu_node, wait_for
 
 
 @pytest.fixture(scope="module")
 def d():
+    root, state, _ = gpu_node("colo-drain-", count=2)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with SimNode("colo-drain-", count=2) as n:
-        dp = n.daemon({"metrics_listen": f"127.0.0.1:{port}"}, home=None)
-        dp.metrics_port = port
-        yield dp
-        for go in ("go1", "go2", "go3"):
-            (n.root / go).touch()
+    dp = DaemonProc(root, state, {"metrics_listen": f"127.0.0.1:{port}"}).start()
+    dp.metrics_port = port
+    os.chmod(dp.socket.parent, 0o755)
+    yield dp
+    for go in ("go1", "go2", "go3"):
+        (root / go).touch()
+    dp.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def gated(d: DaemonProc, go: str, *extra: str) -> list[str]:
