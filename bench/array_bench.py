@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
 from benchlib import Report, daemon_log_problems  # noqa: E402
-from daemon_util import DaemonProc  # noqa: E402
+from harness.daemon import DaemonProc  # noqa: E402
 
 MB = 1e6
 

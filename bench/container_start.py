@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # the whole daemon: submit over the socket -> validated, stored, planned, launched, "running"
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from daemon_util import DaemonProc, wait_for
+    from harness.daemon import DaemonProc, wait_for
 
     from colo.node import fakegpu
 

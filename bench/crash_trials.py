@@ -32,9 +32,11 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from benchlib import Report  # noqa: E402
-from load_bench import TERMINAL, db_ro, shared_root  # noqa: E402
+from harness.probes import db_ro  # noqa: E402
+from harness.users import shared_root  # noqa: E402
+from load_bench import TERMINAL  # noqa: E402
 
-from daemon_util import DaemonProc, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, wait_for  # noqa: E402
 
 from colo.node import fakegpu, native  # noqa: E402
 from colo.client import Client, ClientError  # noqa: E402

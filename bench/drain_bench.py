@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from daemon_util import DaemonProc, gpu_node, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, gpu_node, wait_for  # noqa: E402
 
 MiB = 1024**2
 

@@ -29,8 +29,8 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
 from benchlib import Report, cpu_seconds, daemon_log_problems  # noqa: E402
-from daemon_util import DaemonProc  # noqa: E402
-from load_bench import Peer, ensure_users, shared_root  # noqa: E402
+from harness.daemon import DaemonProc  # noqa: E402
+from harness.users import Peer, ensure_users, shared_root  # noqa: E402
 
 from colo.node import fakegpu, native  # noqa: E402
 from colo.client import Client  # noqa: E402

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import load_bench  # noqa: E402
-from daemon_util import DaemonProc, wait_for  # noqa: E402
-from load_bench import Peer  # noqa: E402
+from harness.daemon import DaemonProc, wait_for  # noqa: E402
+from harness.probes import rss_kib  # noqa: E402
+from harness.users import Peer, ensure_users, run_as, shared_root  # noqa: E402
 
 from colo import protocol  # noqa: E402
 from colo.client import Client  # noqa: E402
@@ -39,7 +39,7 @@ REOPEN = 5.0  # seconds between an attacker's rounds of opening again what the d
 
 def figures(pid: int) -> dict:
     st = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return {"rss_mib": load_bench.rss_kib(pid) / 1024, "threads": len(os.listdir(f"/proc/{pid}/task")),
+    return {"rss_mib": rss_kib(pid) / 1024, "threads": len(os.listdir(f"/proc/{pid}/task")),
             "fds": len(os.listdir(f"/proc/{pid}/fd")), "cpu_s": (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")}
 
 
@@ -52,7 +52,7 @@ def ls_times(sock: Path, pw, n: int) -> list[float]:
             Client(sock, timeout=60).ls()
             out.append(time.perf_counter() - t)
         return out
-    return load_bench.run_as(pw, run) if pw is not None else run()
+    return run_as(pw, run) if pw is not None else run()
 
 
 def _hold_conns(sock: str, n: int, stop: str) -> int:
@@ -134,8 +134,8 @@ def main() -> int:
     if os.geteuid() != 0:
         print("run as root (it makes test users)", file=sys.stderr)
         return 2
-    users = load_bench.ensure_users(2)
-    root = load_bench.shared_root("colo-floodbench-")
+    users = ensure_users(2)
+    root = shared_root("colo-floodbench-")
     talk = root / "talk"
     talk.mkdir()
     os.chown(talk, users[0].pw_uid, users[0].pw_gid)
@@ -213,7 +213,7 @@ def main() -> int:
                              "workdir": "/tmp"})["id"]
         d.wait_state(j, "running")
         f0, log0, t0 = figures(pid), d.log.stat().st_size, time.monotonic()
-        load_bench.run_as(users[0], lambda: _abandon(str(d.socket), j, 2000))
+        run_as(users[0], lambda: _abandon(str(d.socket), j, 2000))
         left = time.monotonic()
         wait_for(lambda: figures(pid)["fds"] <= f0["fds"] + 4, 120, "the streams released")
         released = time.monotonic() - left

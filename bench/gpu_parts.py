@@ -400,8 +400,8 @@ def second_user(part: Part, m, d) -> None:
     import socket
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from daemon_util import as_user
-    from load_bench import ensure_users
+    from harness.daemon import as_user
+    from harness.users import ensure_users
 
     if os.geteuid() != 0:
         part.skip("a second Unix user: needs root to create one")
@@ -655,7 +655,7 @@ def colo_run(part: Part, label: str, argv: list[str], n: int, use_mps: bool, pro
     """n jobs submitted at once to a fresh colo daemon (the real scheduling defaults; profile_dir:
     a profile of the jobs it may place them from); their wall time, and how colo ran each."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from daemon_util import DaemonProc, wait_for
+    from harness.daemon import DaemonProc, wait_for
 
     from colo import profiles
 

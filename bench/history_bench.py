@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from benchlib import Report, daemon_log_problems  # noqa: E402
 from queue_bench import rss_mb, timed_tty  # noqa: E402
 
-from daemon_util import DaemonProc  # noqa: E402
+from harness.daemon import DaemonProc  # noqa: E402
 
 from colo.node import fakegpu  # noqa: E402
 from colo.jobs import JobSpec, Mode, State  # noqa: E402

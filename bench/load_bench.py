@@ -16,22 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
-import pwd
 import random
 import shutil
-import sqlite3
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from daemon_util import DaemonProc, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, wait_for  # noqa: E402
+from harness.probes import LsProbe, db_ro, rss_kib  # noqa: E402
+from harness.users import ensure_users, shared_root, spread  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from benchlib import Report  # noqa: E402
@@ -43,125 +40,10 @@ MiB, GiB = 1 << 20, 1 << 30
 TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
 
 
-# users and peers ----------------------------------------------------------------------------------
-def ensure_users(n: int, prefix: str = "colotest") -> list[pwd.struct_passwd]:
-    """n local users (created when missing; needs root). Without root: the caller's own entry n times."""
-    if os.geteuid() != 0:
-        return [pwd.getpwuid(os.geteuid())] * n
-    out = []
-    for i in range(1, n + 1):
-        name = f"{prefix}{i}"
-        try:
-            out.append(pwd.getpwnam(name))
-        except KeyError:
-            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True,
-                           capture_output=True)
-            out.append(pwd.getpwnam(name))
-    return out
-
-
-def shared_root(prefix: str) -> Path:
-    """A temp dir other users can traverse (they must reach the socket)."""
-    root = Path(tempfile.mkdtemp(prefix=prefix))
-    os.chmod(root, 0o755)
-    return root
-
-
-class Peer:
-    """A forked child running `fn()` as another user once released; its result comes back pickled."""
-
-    def __init__(self, pw: pwd.struct_passwd | None, fn):
-        self._go_r, self._go_w = os.pipe()
-        self._res_r, res_w = os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:  # pragma: no cover - child
-            code = 0
-            try:
-                os.close(self._go_w)
-                os.close(self._res_r)
-                if pw is not None and os.geteuid() == 0 and pw.pw_uid != 0:
-                    os.setgroups([])
-                    os.setgid(pw.pw_gid)
-                    os.setuid(pw.pw_uid)
-                os.read(self._go_r, 1)  # wait for the start signal
-                res = ("ok", fn())
-            except BaseException as e:  # noqa: BLE001
-                import traceback
-                res = ("err", "".join(traceback.format_exception(e))[-4000:])
-                code = 1
-            with os.fdopen(res_w, "wb") as f:
-                f.write(pickle.dumps(res))
-            os._exit(code)
-        os.close(self._go_r)
-        os.close(res_w)
-
-    def go(self) -> None:
-        os.write(self._go_w, b"x")
-        os.close(self._go_w)
-
-    def result(self):
-        with os.fdopen(self._res_r, "rb") as f:
-            data = f.read()
-        os.waitpid(self.pid, 0)
-        kind, value = pickle.loads(data)
-        if kind != "ok":
-            raise RuntimeError(f"peer {self.pid} failed: {value}")
-        return value
-
-
-def run_as(pw, fn):
-    p = Peer(pw, fn)
-    p.go()
-    return p.result()
-
-
-def spread(users: list, total: int, client_fn) -> list[Peer]:
-    """`total` shared as evenly as can be among len(users) clients: a Peer a user, not yet released,
-    running client_fn(k, its share) for the k-th."""
-    per = [total // len(users) + (1 if i < total % len(users) else 0) for i in range(len(users))]
-    return [Peer(pw, client_fn(k, n)) for k, (pw, n) in enumerate(zip(users, per))]
-
-
 # measurements -------------------------------------------------------------------------------------
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
-
-
-def rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def db_ro(state_dir: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{state_dir / 'colo.db'}?mode=ro", uri=True)
-
-
-class LsProbe(threading.Thread):
-    """Times `ls` (all jobs) every `every` seconds until stopped: the daemon's responsiveness."""
-
-    def __init__(self, socket: Path, every: float = 0.05):
-        super().__init__(daemon=True)
-        self.client, self.every = Client(socket, timeout=30), every
-        self.times: list[float] = []
-        self.errors: list[str] = []
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            t = time.perf_counter()
-            try:
-                self.client.ls()
-                self.times.append(time.perf_counter() - t)
-            except Exception as e:  # noqa: BLE001
-                self.errors.append(str(e))
-            self._halt.wait(self.every)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(35)
 
 
 # scenario 1: concurrent submissions ----------------------------------------------------------------

@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from benchlib import Report  # noqa: E402
 
-from daemon_util import DaemonProc, burn_path, gpu_node, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, burn_path, gpu_node, wait_for  # noqa: E402
 
 from colo.node import fakegpu  # noqa: E402
 

@@ -45,9 +45,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from benchlib import Report, daemon_log_problems  # noqa: E402
-from load_bench import ensure_users, shared_root, spread  # noqa: E402
+from harness.users import ensure_users, shared_root, spread  # noqa: E402
 
-from daemon_util import DaemonProc, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, wait_for  # noqa: E402
 
 from colo.node import fakegpu  # noqa: E402
 from colo.client import Client, ClientError  # noqa: E402

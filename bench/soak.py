@@ -35,9 +35,11 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from benchlib import Report  # noqa: E402
-from load_bench import TERMINAL, db_ro, ensure_users, rss_kib, run_as, shared_root  # noqa: E402
+from harness.probes import db_ro, rss_kib  # noqa: E402
+from harness.users import ensure_users, run_as, shared_root  # noqa: E402
+from load_bench import TERMINAL  # noqa: E402
 
-from daemon_util import DaemonProc, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, wait_for  # noqa: E402
 
 import colo.cli.attach  # noqa: E402,F401 - loaded before the session clients fork and setuid
 from colo.client import Client, ClientError  # noqa: E402

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from colo.node import fakegpu, native  # noqa: E402
-from daemon_util import DaemonProc, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, wait_for  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from benchlib import Report, daemon_log_problems  # noqa: E402

@@ -19,9 +19,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
-from daemon_util import DaemonProc, wait_for  # noqa: E402
+from harness.daemon import DaemonProc, wait_for  # noqa: E402
 
-import load_bench  # noqa: E402
+from harness.users import shared_root  # noqa: E402
 from colo.node import fakegpu, native  # noqa: E402
 from colo import protocol
 
@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--waits", type=int, default=100)
     a = ap.parse_args()
     native.ensure_built()
-    root = load_bench.shared_root("colo-wait-bench-")
+    root = shared_root("colo-wait-bench-")
     fakegpu.create(root / "fake.state", count=1, mem=16 << 30)
     d = DaemonProc(root, root / "fake.state").start()
     conns = []

@@ -8,14 +8,13 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import uuid
 
 import pytest
 
 from colo.node import native
+from harness.users import ensure_users
 
-sys.path.insert(0, os.path.dirname(__file__))
 
 GiB = 1024**3
 JOB_BUDGET = 64 * 1024**2         # the `job` fixture's budget per device
@@ -159,10 +158,7 @@ def users():
     tests of what one user can do to another; needs root."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create other users")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-    import load_bench
-
-    return load_bench.ensure_users(2)
+    return ensure_users(2)
 
 
 # What makes a test not pure (mark `daemon`, set here): a fixture that builds native parts, reaches
@@ -171,7 +167,8 @@ def users():
 # or calls the helpers that start daemons, Slurm or Debian containers.
 NOT_PURE_FIXTURES = {"native_dir", "docker_client", "users", "other_user", "make_dockerd"}
 NOT_PURE_NAMES = {"subprocess", "Popen", "fork", "forkpty", "execv", "ensure_built"}
-NOT_PURE_HELPERS = {"daemon_util", "slurm_util", "debian_util", "load_bench"}
+NOT_PURE_HELPERS = {"harness.daemon", "harness.node", "harness.users", "harness.probes", "slurm_util", "debian_util",
+                    "load_bench"}
 SLOW_FIXTURES = {"mix_results"}  # pure but long (mark `slow`; others carry the mark themselves)
 
 
@@ -214,7 +211,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def daemon(tmp_path, fakegpu):
     """A real daemon on two simulated GPUs, private state dir and socket."""
-    from daemon_util import DaemonProc
+    from harness.daemon import DaemonProc
 
     d = DaemonProc(tmp_path, fakegpu.state).start()
     yield d
@@ -226,30 +223,17 @@ def reachable_daemon(native_dir):
     """make(prefix, state, config=None, env=None): a started daemon in a temporary folder other
     users can traverse, its socket theirs to reach (pytest's tmp dirs are private). At the end the
     `go` file gated jobs wait for is made, the daemon stopped and its folder removed."""
-    import tempfile
-    from pathlib import Path
+    from harness.node import SimNode
 
-    from daemon_util import DaemonProc
-
-    made = []
+    made: list[SimNode] = []
 
     def make(prefix: str, state, config: dict | None = None, env: dict | None = None):
-        root = Path(tempfile.mkdtemp(prefix=prefix))
-        os.chmod(root, 0o755)
-        made.append(root)
-        d = DaemonProc(root, state, config, env)
-        made.append(d)
-        d.start()
-        os.chmod(d.socket.parent, 0o755)
-        return d
+        made.append(SimNode(prefix, state=state))
+        return made[-1].daemon(config, home=None, env=env)
 
     yield make
-    for x in reversed(made):
-        if isinstance(x, DaemonProc):
-            (x.root / "go").touch()
-            x.stop()
-        else:
-            shutil.rmtree(x, ignore_errors=True)
+    for n in reversed(made):
+        n.close(go=True)
 
 
 @pytest.fixture
@@ -269,7 +253,7 @@ def make_dockerd():
     """make_dockerd(live_restore=False): a started private Docker engine (see PrivateDockerd)."""
     import subprocess
 
-    from daemon_util import PrivateDockerd
+    from harness.daemon import PrivateDockerd
 
     made = []
 

@@ -2,7 +2,7 @@
 NAME`, one port each, as Slurm's own multi-slurmd test setups run), and with accounting slurmdbd on
 a private MariaDB; a private config in a folder of its own, on the shared munged. Used by
 tests/test_slurm.py and bench/peers_bench.py (bench/ imports tests/ helpers, as it does
-daemon_util); not part of colo.
+harness.daemon); not part of colo.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from daemon_util import wait_for
+from harness.daemon import wait_for
 
 
 def free_port() -> int:

@@ -1,35 +1,32 @@
 """Issue 52: an admin's hold or pause of a user's job only an admin lifts, and its owner sees who
 holds it; `history` shows another user only what `ls` shows; the per-user queue limit is on by
 default and counts an array's tasks. One real daemon for the module, on a simulated GPU; users are
-real Unix users (forked children that setuid: daemon_util.as_user), root is the admin.
+real Unix users (forked children that setuid: harness.daemon.as_user), root is the admin.
 """
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from colo.client import Client
 from colo.config import Config
-from daemon_util import DaemonProc, as_user, gpu_node, wait_for
+from harness.daemon import DaemonProc, as_user, wait_for
+from harness.node import SimNode
 
 LIMIT = 12  # this daemon's max_queued_per_user (the default, 10,000, is checked apart)
 
 
 @pytest.fixture(scope="module")
 def d(users):
-    root, state, _ = gpu_node("colo-adminholds-")
-    dp = DaemonProc(root, state, {"max_queued_per_user": LIMIT}).start()
-    os.chmod(dp.socket.parent, 0o755)
-    out = root / "out"
-    out.mkdir(mode=0o777)
-    os.chmod(out, 0o777)
-    yield dp
-    (root / "go").touch()  # the gated jobs end as the daemon stops
-    dp.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-adminholds-") as n:
+        dp = n.daemon({"max_queued_per_user": LIMIT}, home=None)
+        out = n.root / "out"
+        out.mkdir(mode=0o777)
+        os.chmod(out, 0o777)
+        yield dp
+        (n.root / "go").touch()  # the gated jobs end as the daemon stops
 
 
 def as_(pw, d: DaemonProc, op: str, **args):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,12 +21,12 @@ import pytest
 
 from colo.client import Client
 from colo.node import cgroup, interposer, native
-from daemon_util import DaemonProc, gpu_node, wait_for
+from harness.daemon import DaemonProc, wait_for
+from harness.ledger import CRAFT
+from harness.node import SimNode
+from harness.probes import db_ro
+from harness.users import run_as, shared_root
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import ledger_bench  # noqa: E402
-import load_bench  # noqa: E402
-from load_bench import run_as  # noqa: E402
 
 GiB = 1024**3
 MiB = 1024**2
@@ -36,7 +35,7 @@ PY = f"PYTHONPATH={Path(__file__).resolve().parent.parent} /usr/bin/python3"
 
 
 @pytest.fixture(scope="module")
-def shared(probe):
+def probe_dir(probe):
     """A folder every user can reach: the C test caller, and a simulated GPU."""
     root = Path(tempfile.mkdtemp(prefix="colo-source-"))
     os.chmod(root, 0o755)
@@ -51,12 +50,12 @@ def shared(probe):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _probe(shared: Path, pw, env: dict, *cmds: str, job_cgroup: Path | None = None) -> subprocess.CompletedProcess:
+def _probe(probe_dir: Path, pw, env: dict, *cmds: str, job_cgroup: Path | None = None) -> subprocess.CompletedProcess:
     """The C caller as user `pw` under the interposer, first moved into `job_cgroup` if given."""
     full = {"PATH": "/usr/bin:/bin", "LD_PRELOAD": str(native.path(native.INTERPOSER)),
-            "COLO_FAKEGPU_STATE": str(shared / "gpu" / "state"),
+            "COLO_FAKEGPU_STATE": str(probe_dir / "gpu" / "state"),
             "LD_LIBRARY_PATH": str(native.native_dir() / native.FAKEGPU_DIR), **env}
-    p = subprocess.Popen(["sh", "-c", f'read go; exec {shared / "probe"} "$@"', "sh", "init", *cmds],
+    p = subprocess.Popen(["sh", "-c", f'read go; exec {probe_dir / "probe"} "$@"', "sh", "init", *cmds],
                          user=pw.pw_uid, group=pw.pw_gid, extra_groups=[], env=full, cwd="/tmp",
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if job_cgroup is not None:
@@ -72,7 +71,7 @@ def _codes(r: subprocess.CompletedProcess, cmd: str) -> list[int]:
 @pytest.fixture
 def place():
     """A folder of root's that other users can pass through (pytest's own are root-only)."""
-    d = load_bench.shared_root("colo-runs-")
+    d = shared_root("colo-runs-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -118,15 +117,15 @@ def _own_ledger(pw, budget: int) -> Path:
 
 # ---- the interposer's rules ---------------------------------------------------------------------
 
-def test_the_budget_comes_from_colos_file_not_the_environment(shared, users, place):
+def test_the_budget_comes_from_colos_file_not_the_environment(probe_dir, users, place):
     _, bob = users
     run = _run_dir(place, bob, 64 * MiB)
     env = {"COLO_LEDGER": str(run / "ledger"), "COLO_GPU_BUDGET": str(8 * GiB), "COLO_GPU_MANAGED": "none"}
-    r = _probe(shared, bob, env, "alloc", "48M", "alloc", "48M", "managed", "48M")
+    r = _probe(probe_dir, bob, env, "alloc", "48M", "alloc", "48M", "managed", "48M")
     assert _codes(r, "alloc") == [0, 2] and _codes(r, "managed") == [2], (r.stdout, r.stderr)
 
 
-def test_a_budget_file_that_is_not_colos_is_not_believed(shared, users, place, colo_leaf):
+def test_a_budget_file_that_is_not_colos_is_not_believed(probe_dir, users, place, colo_leaf):
     """In a colo job's cgroup: a budget file of the user's, of another uid, or of another job, and
     no budget file at all, each refuse every allocation with one line saying why."""
     alice, bob = users
@@ -139,24 +138,24 @@ def test_a_budget_file_that_is_not_colos_is_not_believed(shared, users, place, c
     ]
     for run, why in cases:
         env = {"COLO_LEDGER": str(run / "ledger"), "COLO_GPU_BUDGET": str(8 * GiB)}
-        r = _probe(shared, bob, env, "alloc", "16M", job_cgroup=colo_leaf)
+        r = _probe(probe_dir, bob, env, "alloc", "16M", job_cgroup=colo_leaf)
         assert _codes(r, "alloc") == [2], (run, r.stdout, r.stderr)
         assert "in colo job 7's cgroup" in r.stderr and why in r.stderr, r.stderr
         assert len([ln for ln in r.stderr.splitlines() if ln.startswith("colo:")]) == 1, r.stderr
-    r = _probe(shared, bob, {"COLO_GPU_BUDGET": str(8 * GiB)}, "alloc", "16M", job_cgroup=colo_leaf)
+    r = _probe(probe_dir, bob, {"COLO_GPU_BUDGET": str(8 * GiB)}, "alloc", "16M", job_cgroup=colo_leaf)
     assert _codes(r, "alloc") == [2] and "COLO_LEDGER is not set" in r.stderr, r.stderr
     good = _run_dir(place, bob, 64 * MiB)
-    r = _probe(shared, bob, {"COLO_LEDGER": str(good / "ledger")}, "alloc", "48M", "alloc", "48M", job_cgroup=colo_leaf)
+    r = _probe(probe_dir, bob, {"COLO_LEDGER": str(good / "ledger")}, "alloc", "48M", "alloc", "48M", job_cgroup=colo_leaf)
     assert _codes(r, "alloc") == [0, 2], (r.stdout, r.stderr)
 
 
-def test_outside_any_colo_job_the_environment_still_sets_the_budget(shared, users):
+def test_outside_any_colo_job_the_environment_still_sets_the_budget(probe_dir, users):
     """`colo run-budgeted` (no daemon, the user's own choice) works from its environment."""
     _, bob = users
     ledger = _own_ledger(bob, 64 * MiB)
     try:
         env = {"COLO_LEDGER": str(ledger), "COLO_GPU_BUDGET": str(64 * MiB)}
-        r = _probe(shared, bob, env, "alloc", "48M", "alloc", "48M")
+        r = _probe(probe_dir, bob, env, "alloc", "48M", "alloc", "48M")
         assert _codes(r, "alloc") == [0, 2], (r.stdout, r.stderr)
     finally:
         shutil.rmtree(ledger.parent)
@@ -165,14 +164,9 @@ def test_outside_any_colo_job_the_environment_still_sets_the_budget(shared, user
 # ---- through the daemon ------------------------------------------------------------------------
 
 @pytest.fixture
-def node(shared):
-    root, state, _ = gpu_node("colo-source-d-", count=1)
-    (root / "d").mkdir(mode=0o755)
-    d = DaemonProc(root / "d", state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+def node(probe_dir):
+    with SimNode("colo-source-d-", count=1) as n:
+        yield n.daemon()
 
 
 def _submit(d: DaemonProc, pw, spec: dict) -> int:
@@ -200,11 +194,11 @@ def test_a_job_cannot_point_colo_ledger_at_a_ledger_of_its_own(node, users):
     assert "no budget colo wrote" in log, log
 
 
-def test_a_job_cannot_stop_managed_memory_being_charged(node, users, shared):
+def test_a_job_cannot_stop_managed_memory_being_charged(node, users, probe_dir):
     _, bob = users
     d = node
     j = _submit(d, bob, {"argv": ["sh", "-c", f"COLO_GPU_MANAGED=none COLO_GPU_BUDGET=107374182400 "
-                                             f"{shared / 'probe'} init managed 3G"], "gpu_mem": GiB})
+                                             f"{probe_dir / 'probe'} init managed 3G"], "gpu_mem": GiB})
     d.wait_state(j, "succeeded", "failed", timeout=60)
     log = "".join(d.client.logs(j))
     assert "managed 2" in log, log  # CUDA_ERROR_OUT_OF_MEMORY: charged, past the budget
@@ -237,7 +231,7 @@ def _rchar(pid: int) -> int:
 
 
 def _samples(d: DaemonProc, job: int) -> int:
-    with load_bench.db_ro(d.state_dir) as db:
+    with db_ro(d.state_dir) as db:
         return db.execute("SELECT count(*) FROM samples WHERE job_id = ?", (job,)).fetchone()[0]
 
 
@@ -248,7 +242,7 @@ def test_a_ledger_header_the_job_rewrote_costs_the_daemon_nothing_more(node, use
     _, bob = users
     d = node
     script = place / "craft.py"
-    script.write_text(ledger_bench.CRAFT)
+    script.write_text(CRAFT)
     os.chmod(script, 0o644)
     j = _submit(d, bob, {"argv": ["sh", "-c", f"{PY} {script}"], "gpu_mem": GiB})
     d.wait_state(j, "running", timeout=60)

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 import pytest
 
-from colo import profiles
 from colo.client import Client
 from colo.config import Config, ConfigError
 from colo.jobs import TERMINAL, JobSpec, State
 from colo.store import Store
-from daemon_util import DaemonProc, as_user, client_error, gpu_node, invoke_as, wait_for
+from harness.daemon import DaemonProc, as_user, client_error, invoke_as, wait_for
+from harness.node import SimNode
 
 GiB, MiB = 1024**3, 1024**2
 
@@ -110,14 +109,10 @@ def test_clean_removes_only_ended_jobs_of_their_owner_with_their_logs(shared, ot
 
 @pytest.fixture
 def node(native_dir):
-    root, state, prof = gpu_node("colo-retain-")
-    n = 20
-    p = profiles.from_samples("pair", {"times": list(range(n)), "sm": [0.3] * n, "mem": [256 * MiB] * n,
-                                       "membw": [0.2] * n}, runtime=2.0, cache_bound=False)
-    profiles.save(p, prof / "pair.profile")
-    (root / "d").mkdir(mode=0o755)
-    yield root, state, prof
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-retain-") as n:
+        n.profile("pair", sm=0.3, mem=256 * MiB, membw=0.2, runtime=2.0)
+        (n.root / "d").mkdir(mode=0o755)
+        yield n.root, n.state, n.prof
 
 
 def test_learned_data_and_fair_share_outlive_cleaned_jobs_and_history_keep_days_purges(node):

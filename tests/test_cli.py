@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from daemon_util import DaemonProc
+from harness.daemon import DaemonProc
 
 GiB = 1024**3
 

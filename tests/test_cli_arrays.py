@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from colo.sched import policy
-from daemon_util import wait_for
+from harness.daemon import wait_for
 
 GiB = 1024**3
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import colo.cli.doctor  # noqa: F401 - loaded before a child drops to another uid
 from colo.cli.app import app
 from colo.client import Client, ClientError
-from daemon_util import DaemonProc, as_user, invoke_as, wait_for
+from harness.daemon import DaemonProc, as_user, invoke_as, wait_for
 
 GiB = 1024**3
 
@@ -216,7 +216,7 @@ def test_history_filters_and_bounds_in_the_daemon(daemon, tmp_path):
     from datetime import datetime
 
     from colo.cli.app import HISTORY_TTY_ROWS
-    from daemon_util import on_tty
+    from harness.daemon import on_tty
 
     c, gate = daemon.client, tmp_path / "go"
     first = daemon.submit("--process", "--gpus", "0", "--name", "first", "--", "true")

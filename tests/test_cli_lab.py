@@ -1,5 +1,5 @@
 """Issue 36: what pueue, Slurm and nvitop users still reached for. A real daemon on simulated GPUs,
-the real CLI; another user is a real Unix user (a forked child that setuid, see daemon_util.as_user).
+the real CLI; another user is a real Unix user (a forked child that setuid, see harness.daemon.as_user).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from colo.cli.app import app
 from colo.client import Client, ClientError
-from daemon_util import DaemonProc, as_user, wait_for
+from harness.daemon import DaemonProc, as_user, wait_for
 
 GiB = 1024**3
 
@@ -320,7 +320,7 @@ def test_help_lists_each_command_on_one_line():
 
 def test_an_mps_client_is_neither_paused_nor_killed_by_a_signal(native_dir):
     from colo import profiles
-    from daemon_util import gpu_node
+    from harness.daemon import gpu_node
 
     root, state, prof = gpu_node("colo-lab-mps-")
     p = profiles.from_samples("solo", {"times": list(range(20)), "sm": [0.3] * 20, "mem": [256 << 20] * 20,

@@ -14,11 +14,9 @@ import pytest
 
 from colo.node.cgroup import places
 from colo.client import Client
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
+from harness.users import ensure_users, run_as, shared_root
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import load_bench  # noqa: E402
-from load_bench import run_as  # noqa: E402
 
 MiB = 1024**2
 
@@ -102,8 +100,8 @@ def test_time_limit_stops_the_job_and_its_children(daemon, tmp_path):
 def test_a_chatty_job_is_capped_and_others_still_submit(fakegpu):
     """`yes` for a while: its log stops at the cap with one marked line; another user submits and
     runs meanwhile. Then a daemon whose disk reserve cannot be met drops output with a marked line."""
-    alice, bob = load_bench.ensure_users(2)
-    root = load_bench.shared_root("colo-cap-")
+    alice, bob = ensure_users(2)
+    root = shared_root("colo-cap-")
     d = DaemonProc(root, fakegpu.state, config={"log_cap": "1MiB"}).start()
     os.chmod(d.socket.parent, 0o755)
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from colo.client import Client, DaemonUnavailable
-from daemon_util import DaemonProc, as_user, wait_for
+from harness.daemon import DaemonProc, as_user, wait_for
 
 GiB = 1024**3
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from daemon_util import wait_for
+from harness.daemon import wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -118,7 +118,7 @@ def test_container_removed_behind_colos_back_is_lost(ddaemon):
 
 
 def test_another_daemon_on_the_same_engine_leaves_our_containers_alone(ddaemon, tmp_path, fakegpu):
-    from daemon_util import DaemonProc
+    from harness.daemon import DaemonProc
 
     d = ddaemon
     j = d.submit("--image", d.image, "--gpus", "0", "--", "sh", "-c", "echo up; sleep 60")

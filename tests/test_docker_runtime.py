@@ -14,7 +14,7 @@ from colo.jobs import Mount
 from colo.runtimes.base import Gone, StartError
 from colo.runtimes.docker import DockerRuntime, cursor_path
 from colo.runtimes.image import build_local_image
-from daemon_util import wait_for
+from harness.daemon import wait_for
 
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []

@@ -7,7 +7,7 @@ import pytest
 
 from colo.runtimes.base import StartError
 from colo.runtimes.image import build_local_image
-from daemon_util import wait_for
+from harness.daemon import wait_for
 
 pytestmark = pytest.mark.docker
 

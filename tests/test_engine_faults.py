@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 import psutil
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 
 from colo.runtimes.image import build_local_image
 

@@ -13,7 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from daemon_util import DaemonProc, as_user, wait_for
+from harness.daemon import DaemonProc, as_user, wait_for
 
 from colo.client import Client
 

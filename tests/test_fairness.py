@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_util import DaemonProc, as_user, local_user, wait_for
+from harness.daemon import DaemonProc, as_user, local_user, wait_for
 
 from colo.sched import fairshare
 from colo.client import Client

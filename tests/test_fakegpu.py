@@ -18,7 +18,7 @@ import pytest
 
 from colo.node import fakegpu as fg
 from colo.node import native
-from daemon_util import wait_for
+from harness.daemon import wait_for
 
 GiB = 1024**3
 HELPER_SRC = Path(__file__).parent / "native_helpers" / "cudacall.c"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from colo.cli.demo import next_step
 from colo.node import native
-from daemon_util import wait_for
+from harness.daemon import wait_for
 
 BIN = Path(sys.executable).parent  # the venv's colo and colo-fakegpu
 

@@ -4,26 +4,21 @@ The restarted daemon must end them before the job starts again."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 
 import psutil
 import pytest
 
 from colo.node import fakegpu
-from colo import profiles
-from daemon_util import DaemonProc, gpu_node, wait_for
+from harness.daemon import DaemonProc, wait_for
+from harness.node import SimNode
 
 
 @pytest.fixture
 def node():
-    root, state, prof = gpu_node("colo-faultrs-")
-    n = 30
-    p = profiles.from_samples("light", {"times": list(range(n)), "sm": [0.3] * n, "mem": [512 * 1024**2] * n,
-                                        "membw": [0.2] * n}, runtime=600, cache_bound=False)
-    profiles.save(p, prof / "light.profile")
-    yield root, state, prof
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-faultrs-") as n:
+        n.profile("light", sm=0.3, mem=512 * 1024**2, membw=0.2, runtime=600, n=30)
+        yield n.root, n.state, n.prof
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from daemon_util import DaemonProc, gpu_node, wait_for
+from harness.daemon import DaemonProc, gpu_node, wait_for
 
 GiB = 1024**3
 

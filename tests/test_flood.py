@@ -8,7 +8,6 @@ import os
 import select
 import shutil
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -16,11 +15,10 @@ import pytest
 
 from colo import protocol
 from colo.client import Client
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
+from harness.probes import rss_kib
+from harness.users import ensure_users, Peer, run_as, shared_root
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import load_bench  # noqa: E402
-from load_bench import Peer, run_as  # noqa: E402
 
 CONNS, STREAMS, TASKS = 16, 6, 64  # this daemon's limits: small, so that the attacks are quick
 
@@ -29,7 +27,7 @@ CONNS, STREAMS, TASKS = 16, 6, 64  # this daemon's limits: small, so that the at
 def d():
     if os.geteuid() != 0:
         pytest.skip("needs root: other users, cgroups")
-    root = load_bench.shared_root("colo-flood-")
+    root = shared_root("colo-flood-")
     d = DaemonProc(root, config={"max_connections_per_user": CONNS, "max_streams_per_user": STREAMS,
                                  "job_tasks": TASKS, "max_job_tasks": 200}).start()
     os.chmod(d.socket.parent, 0o755)
@@ -178,12 +176,12 @@ def test_half_sent_requests_are_bounded_per_user(d, users):
     talk.mkdir()
     os.chown(talk, users[0].pw_uid, users[0].pw_gid)
     done = talk / "done"
-    base = load_bench.rss_kib(d.proc.pid)
+    base = rss_kib(d.proc.pid)
     p = Peer(users[0], lambda: _half_sent(str(d.socket), 12, 1 << 20, str(done)))
     p.go()
     try:
         wait_for(lambda: Path(str(done) + ".ready").exists(), 120, "the half-sent requests")
-        grew = load_bench.rss_kib(d.proc.pid) - base
+        grew = rss_kib(d.proc.pid) - base
     finally:
         done.touch()
     taken, said = p.result()
@@ -292,7 +290,7 @@ def test_a_fork_bomb_fails_inside_its_own_job(d, users):
 
 def test_tasks_option_is_checked_and_capped(d, users):
     spec = {"argv": ["true"], "gpus": 0, "workdir": "/tmp"}
-    from daemon_util import client_error
+    from harness.daemon import client_error
 
     err = run_as(users[0], lambda: client_error(lambda: Client(d.socket).submit({**spec, "tasks": 500})))
     assert err is not None and "max_job_tasks" in err[0], err
@@ -313,7 +311,7 @@ def test_the_daemon_stays_reachable_at_its_descriptor_limit(d, users):
 
     from colo.daemon import server
 
-    users4 = load_bench.ensure_users(4)
+    users4 = ensure_users(4)
     soft, hard = resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE)
     fds = lambda: len(os.listdir(f"/proc/{d.proc.pid}/fd"))  # noqa: E731
     limit = 360

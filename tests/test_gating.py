@@ -18,7 +18,8 @@ import pytest
 from colo.node import cgroup, devices, fakegpu
 from colo.node.cgroup import Cgroups, CgroupError
 from colo.node.mps import MpsDaemon
-from daemon_util import gpu_node
+from harness.node import SimNode
+from harness.users import ensure_users
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users and gate files")
 
@@ -72,18 +73,14 @@ def group():
 
 @pytest.fixture
 def users():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    import load_bench
-
-    return load_bench.ensure_users(1, prefix="cologate")
+    return ensure_users(1, prefix="cologate")
 
 
 @pytest.fixture
 def node(native_dir):
     """Two simulated GPUs in a folder every user reaches: (root, state file, FakeNode)."""
-    root, state, _ = gpu_node("colo-gate-", count=2)
-    yield root, state, fakegpu.FakeNode(state)
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-gate-", count=2) as n:
+        yield n.root, n.state, fakegpu.FakeNode(n.state)
 
 
 def as_user(pw, groups=(), dirs=()):
@@ -341,7 +338,7 @@ def gate_root():
     d = mount / f"colo-gateroot-{uuid.uuid4().hex[:6]}"
     d.mkdir()
     yield d
-    from daemon_util import wait_for
+    from harness.daemon import wait_for
 
     def procs() -> list[int]:
         return [int(p) for f in d.rglob("cgroup.procs") for p in f.read_text().split()]
@@ -381,7 +378,7 @@ def gated_daemon(char_node, group, gate_root):
     """A daemon granting GROUP on a node whose simulated files are 0660 root:GROUP character
     devices, started in and gating `gate_root`; the probe written where jobs read it: (daemon,
     state, FakeNode, probe path)."""
-    from daemon_util import DaemonProc
+    from harness.daemon import DaemonProc
 
     root, state, fn = char_node
     (root / "probe.py").write_text(PROBE)
@@ -396,7 +393,7 @@ def gated_daemon(char_node, group, gate_root):
 
 def submit_as(d, pw, argv: list[str], **spec) -> int:
     from colo.client import Client
-    from load_bench import run_as
+    from harness.users import run_as
 
     s = {"argv": argv, "gpu_mem": 256 << 20, "workdir": "/tmp", **spec}
     return run_as(pw, lambda: Client(d.socket).submit(s)["id"])
@@ -438,7 +435,7 @@ def test_a_job_of_no_gpu_gets_none_even_pointing_at_the_driver_itself(gated_daem
 
 
 def test_a_gpu_group_that_does_not_exist_stops_the_daemon_in_one_line(node):
-    from daemon_util import DaemonProc
+    from harness.daemon import DaemonProc
 
     root, state, _ = node
     d = DaemonProc(root, state, {"gpu_group": "no-such-colo-group"})

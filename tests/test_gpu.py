@@ -125,7 +125,7 @@ def test_real_mps_serves_an_allowed_uid_through_search_only_and_no_other(other_u
     from pathlib import Path
 
     from colo.node import mps, native
-    from daemon_util import as_user
+    from harness.daemon import as_user
     ctl = shutil.which("nvidia-cuda-mps-control")
     if ctl is None or os.geteuid() != 0:
         pytest.skip("needs nvidia-cuda-mps-control and root")

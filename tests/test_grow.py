@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 
-from colo import profiles
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, burn_path, gpu_node, wait_for
+from harness.daemon import DaemonProc, as_user, burn_path, wait_for
+from harness.node import SimNode
 
 GiB, MiB = 1024**3, 1024**2
 
@@ -21,24 +20,14 @@ GiB, MiB = 1024**3, 1024**2
 def node(native_dir):
     """One simulated 4 GiB GPU (reserve 0), a profile whose memory (1 GiB) is ~10 % short of what
     its jobs use (1100 MiB)."""
-    root, state, prof = gpu_node("colo-grow-", mem=4 * GiB)
-    n = 10
-    p = profiles.from_samples("under", {"times": list(range(n)), "sm": [0.3] * n, "mem": [GiB] * n,
-                                        "membw": [0.2] * n}, runtime=2.0, cache_bound=False)
-    profiles.save(p, prof / "under.profile")
-    made = []
+    with SimNode("colo-grow-", mem=4 * GiB) as n:
+        n.profile("under", sm=0.3, mem=GiB, membw=0.2, runtime=2.0, n=10)
 
-    def start(**cfg) -> DaemonProc:
-        home = root / f"d{len(made)}"
-        home.mkdir(mode=0o755)
-        d = DaemonProc(home, state, {"profile_dirs": [str(prof)], "mps_idle_stop": 600.0, **cfg}).start()
-        made.append(d)
-        return d
+        def start(**cfg) -> DaemonProc:
+            return n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0, **cfg},
+                            home=f"d{len(n.daemons)}", reachable=False)
 
-    yield start
-    for d in made:
-        d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+        yield start
 
 
 def explain(d: DaemonProc, job_id: int) -> dict:

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, wait_for
+from harness.daemon import DaemonProc, as_user, wait_for
+from harness.users import run_as
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from load_bench import run_as  # noqa: E402
 
 ROOT_ONLY = "/root/colo-only-bin"  # stands for root's own tool folders in the daemon's PATH
 

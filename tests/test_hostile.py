@@ -10,7 +10,6 @@ import resource
 import shutil
 import socket
 import stat
-import sys
 from pathlib import Path
 
 import numpy.random  # noqa: F401 - hypothesis seeds it; imported before the fuzzing peer forks and drops
@@ -20,20 +19,12 @@ from hypothesis import strategies as st
 
 from colo import protocol
 from colo.client import Client, ClientError
-from daemon_util import client_error, DaemonProc, wait_for
+from harness.daemon import client_error, DaemonProc, wait_for
+from harness.probes import LsProbe, rss_kib
+from harness.users import Peer, run_as, shared_root
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import load_bench  # noqa: E402
-from load_bench import run_as  # noqa: E402
 
 CODES = {protocol.BAD_REQUEST, protocol.NOT_FOUND, protocol.FORBIDDEN, protocol.INVALID, protocol.VERSION_MISMATCH}
-
-
-@pytest.fixture(scope="module")
-def users():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create other users")
-    return load_bench.ensure_users(2)
 
 
 def raw(path: Path, data: bytes, timeout: float = 10.0, shut: bool = True) -> list[dict]:
@@ -206,8 +197,8 @@ def _fuzz(sock: str) -> int:
 
 
 def test_protocol_fuzz_never_kills_or_stalls_the_daemon(shared, users):
-    probe = load_bench.LsProbe(shared.socket, every=0.1)
-    peer = load_bench.Peer(users[0], lambda: _fuzz(str(shared.socket)))
+    probe = LsProbe(shared.socket, every=0.1)
+    peer = Peer(users[0], lambda: _fuzz(str(shared.socket)))
     probe.start()  # after the fork: the child must not inherit a running thread
     peer.go()
     n = peer.result()
@@ -281,7 +272,7 @@ def test_other_user_cannot_touch_my_job(shared, users):
 @pytest.fixture
 def user_dir(users):
     """A folder the first test user owns, with symlinks that lead to forbidden places."""
-    root = load_bench.shared_root("colo-userdir-")
+    root = shared_root("colo-userdir-")
     os.chown(root, users[0].pw_uid, users[0].pw_gid)
     (root / "data").mkdir()
     os.chown(root / "data", users[0].pw_uid, users[0].pw_gid)
@@ -452,7 +443,7 @@ def race_dirs(users):
     """Alice's secret in a folder only she can pass (0700, the file itself 0644); bob's folder m
     with his own d and a symlink s to alice's data."""
     bob, alice = users
-    root = load_bench.shared_root("colo-race-")
+    root = shared_root("colo-race-")
     home_a, home_b = root / "alice", root / "bob"
     (home_a / "private" / "data").mkdir(parents=True)
     (home_a / "private" / "data" / "secret.txt").write_text(SECRET + "\n")
@@ -482,7 +473,7 @@ def test_mount_swapped_for_a_symlink_mid_check_never_mounts_the_target(shared, u
     n = 200
     spec = {"argv": ["sh", "-c", "cat /x/mine.txt /x/secret.txt 2>&1; true"], "gpus": 0, "image": test_image,
             "mounts": [f"{m}/d:/x:ro"]}
-    attacker = load_bench.Peer(bob, lambda: _swapper(str(m), str(stop)))
+    attacker = Peer(bob, lambda: _swapper(str(m), str(stop)))
     attacker.go()
     try:
         replies = run_as(bob, lambda: _submit_many(str(d.socket), spec, n))
@@ -622,11 +613,11 @@ def test_500_submits_with_a_1mb_env_are_refused_and_cost_nothing(shared, users):
     d = shared
     db = [d.state_dir / f for f in ("colo.db", "colo.db-wal")]
     size0 = sum(p.stat().st_size for p in db if p.exists())
-    rss0 = load_bench.rss_kib(d.proc.pid)
+    rss0 = rss_kib(d.proc.pid)
     errors = run_as(users[0], lambda: _big_env_submits(str(d.socket), 500))
     assert len(errors) == 500 and all("at most 64 KiB" in e for e in errors), set(errors)
     size1 = sum(p.stat().st_size for p in db if p.exists())
-    rss1 = load_bench.rss_kib(d.proc.pid)
+    rss1 = rss_kib(d.proc.pid)
     print(f"store {size0} -> {size1} bytes, daemon RSS {rss0} -> {rss1} KiB")
     assert size1 - size0 < 1 << 20 and rss1 - rss0 < 64 << 10
     assert d.client.ls() == []

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import select
 import socket
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,18 +17,9 @@ from hypothesis import strategies as st
 from colo import logtimes, protocol
 from colo.client import Client
 from colo.daemon import logread
-from daemon_util import client_error, wait_for
+from harness.daemon import client_error, wait_for
+from harness.users import Peer, run_as
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import load_bench  # noqa: E402
-from load_bench import run_as  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def users():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create other users")
-    return load_bench.ensure_users(2)
 
 
 def _status(pid: int, key: str) -> int:
@@ -166,7 +156,7 @@ def test_clients_that_never_read_cannot_take_the_daemons_memory(shared_daemon, u
     os.chown(talk, users[0].pw_uid, users[0].pw_gid)
     gate, ready, done = (talk / n for n in ("gate", "ready", "done"))
     base = _status(d.proc.pid, "VmRSS")
-    attacker = load_bench.Peer(users[0], lambda: _ask_and_never_read(str(d.socket), str(gate), str(ready),
+    attacker = Peer(users[0], lambda: _ask_and_never_read(str(d.socket), str(gate), str(ready),
                                                                       str(done), 60))
     attacker.go()
     try:

@@ -8,7 +8,7 @@ import pytest
 
 from colo import report as rp
 from colo.daemon.sampler import idle_step
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 
 MiB = 1024**2
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from colo.node import native
-from daemon_util import DaemonProc, gpu_node, local_user
+from harness.daemon import DaemonProc, gpu_node, local_user
 from test_sessions import SHELL, Term, _session_job
 
 

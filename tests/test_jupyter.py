@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from colo.node import native
-from daemon_util import DaemonProc, gpu_node, wait_for
+from harness.daemon import wait_for
+from harness.node import SimNode
 
 pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
@@ -32,10 +33,8 @@ print("big", cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 30)))
 
 @pytest.fixture(scope="module")
 def node():
-    root, state, _ = gpu_node("colo-jupyter-", count=1)
-    d = DaemonProc(root, state).start()
-    yield d
-    d.stop()
+    with SimNode("colo-jupyter-", count=1) as n:
+        yield n.daemon(home=None, reachable=False)
 
 
 @pytest.fixture

@@ -6,24 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
-import pytest
 
 from colo.client import Client, ClientError
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
+from harness.users import run_as, shared_root
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import load_bench  # noqa: E402
-from load_bench import run_as  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def users():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create other users")
-    return load_bench.ensure_users(2)  # alice, bob
 
 
 def _submit(d: DaemonProc, pw, spec: dict) -> int:
@@ -35,7 +24,7 @@ def test_workdir_is_entered_as_the_submitter(shared, users, tmp_path):
     nothing there is read (the old runtime entered the workdir as root and printed both files)."""
     d = shared
     alice, bob = users
-    private = load_bench.shared_root("colo-alice-") / "private"
+    private = shared_root("colo-alice-") / "private"
     private.mkdir(mode=0o700)
     (private / "notes.txt").write_text("alice-secret\n")
     os.chown(private, alice.pw_uid, alice.pw_gid)

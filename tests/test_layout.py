@@ -179,3 +179,17 @@ def test_daemon_parts_write_only_their_own_state():
                             or (isinstance(owner, ast.Name) and owner.id in PARTS)):
                         wrote.append(f"{p.name}:{node.lineno} {ast.unparse(x)}")
     assert wrote == []
+
+
+def test_tests_import_the_harness_not_bench():
+    """What tests and benches share is tests/harness/: a test imports no bench/ module, but
+    test_reliability.py, which runs load_bench's and crash_trials' scenarios themselves."""
+    bench = {p.stem for p in (REPO / "bench").glob("*.py")}
+    found = []
+    for p in (REPO / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{p.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in bench]
+    assert [f for f in found if not f.startswith("tests/test_reliability.py:")] == []
+    assert any(f.startswith("tests/test_reliability.py:") for f in found)  # the check reads imports

@@ -4,31 +4,24 @@ have shared it; the neighbour sets it learns from are bounded and pruned."""
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 
 import pytest
 
-from colo import profiles
 from colo.jobs import JobSpec, State
 from colo.store import MIGRATIONS, Store
-from daemon_util import DaemonProc, burn, gpu_node, wait_for
+from harness.daemon import burn, wait_for
+from harness.node import SimNode
 
 GiB, MiB = 1024**3, 1024**2
 
 
 @pytest.fixture
 def node(native_dir):
-    root, state, prof = gpu_node("colo-learn-")
-    n = 20  # light: two of them share the GPU under MPS; 2 s alone
-    p = profiles.from_samples("pair", {"times": list(range(n)), "sm": [0.3] * n, "mem": [256 * MiB] * n,
-                                       "membw": [0.2] * n}, runtime=2.0, cache_bound=False)
-    profiles.save(p, prof / "pair.profile")
-    (root / "d").mkdir(mode=0o755)
-    d = DaemonProc(root / "d", state, {"profile_dirs": [str(prof)], "mps_idle_stop": 600.0})
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-learn-") as n:
+        # light: two of them share the GPU under MPS; 2 s alone
+        n.profile("pair", sm=0.3, mem=256 * MiB, membw=0.2, runtime=2.0)
+        yield n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0}, start=False)
 
 
 def test_what_was_learned_survives_a_sigkill_of_the_daemon(node):

@@ -16,7 +16,7 @@ from colo.client import Client, ClientError
 from colo.jobs import JobSpec, State
 from colo.cli.lsview import TTY_ROWS
 from colo.store import Store
-from daemon_util import as_user, on_tty
+from harness.daemon import as_user, on_tty
 
 import pytest
 

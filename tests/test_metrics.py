@@ -8,7 +8,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 
 MiB = 1024**2
 

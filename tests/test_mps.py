@@ -21,7 +21,7 @@ from colo.node import fakegpu as fg
 from colo.node import mps
 from colo.node import native
 from colo.node.mps import MpsDaemon, MpsError, MpsManager
-from daemon_util import wait_for
+from harness.daemon import wait_for
 
 GiB = 1024**3
 DEADLINE = 10.0

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,8 @@ import pytest
 
 from colo.node import fakegpu
 from colo import profiles
-from daemon_util import DaemonProc, gpu_node, wait_for
+from harness.daemon import DaemonProc, wait_for
+from harness.node import SimNode
 
 GiB, MiB = 1024**3, 1024**2
 
@@ -38,13 +38,9 @@ def nvml_samples(state: Path, env: dict) -> dict[int, int]:
 
 @pytest.fixture
 def node(native_dir):
-    root, state, prof = gpu_node("colo-attr-")
-    n = 20
-    p = profiles.from_samples("solo", {"times": list(range(n)), "sm": [0.3] * n, "mem": [256 * MiB] * n,
-                                       "membw": [0.2] * n}, runtime=4.0, cache_bound=False)
-    profiles.save(p, prof / "solo.profile")
-    yield root, state, prof
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-attr-") as n:
+        n.profile("solo", sm=0.3, mem=256 * MiB, membw=0.2, runtime=4.0)
+        yield n.root, n.state, n.prof
 
 
 @pytest.mark.parametrize("attribution", ["client", "server"])

@@ -10,43 +10,32 @@ import os
 import pickle
 import shutil
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
 from colo.node import fakegpu, mps
-from colo import profiles
-from daemon_util import DaemonProc, gpu_node, wait_for
+from harness.daemon import DaemonProc, wait_for
+from harness.node import SimNode
+from harness.users import ensure_users, run_as
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import load_bench  # noqa: E402
-from load_bench import run_as  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
 
 
 @pytest.fixture
 def users():
-    return load_bench.ensure_users(2, prefix="colompsp")  # alice runs MPS jobs, mallory attacks
+    return ensure_users(2, prefix="colompsp")  # alice runs MPS jobs, mallory attacks
 
 
 @pytest.fixture
 def node(native_dir):
-    root, state, prof = gpu_node("colo-mpsp-")
-    n = 20  # a light job, known to run under MPS alone (no profile: it would run time-sliced)
-    p = profiles.from_samples("light", {"times": list(range(n)), "sm": [0.3] * n, "mem": [256 << 20] * n,
-                                        "membw": [0.2] * n}, runtime=4.0, cache_bound=False)
-    profiles.save(p, prof / "light.profile")
-    (root / "d").mkdir(mode=0o755)
-    d = DaemonProc(root / "d", state, {"profile_dirs": [str(prof)], "mps_idle_stop": 600.0})
-    (root / "gates").mkdir(mode=0o777)
-    os.chmod(root / "gates", 0o777)
-    d.start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d, state, root / "gates"
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-mpsp-") as n:
+        # a light job, known to run under MPS alone (no profile: it would run time-sliced)
+        n.profile("light", sm=0.3, mem=256 << 20, membw=0.2, runtime=4.0)
+        (n.root / "gates").mkdir(mode=0o777)
+        os.chmod(n.root / "gates", 0o777)
+        yield n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0}), n.state, n.root / "gates"
 
 
 def pipe_dir(d: DaemonProc) -> Path:

@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 
 from colo.node import native
 

@@ -10,10 +10,8 @@ grace.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,10 +20,10 @@ import pytest
 
 from colo.client import Client
 from colo.node import cgroup, fakegpu, native, procs
-from daemon_util import DaemonProc, gpu_node, wait_for
+from harness.daemon import DaemonProc, wait_for
+from harness.node import SimNode
+from harness.users import run_as
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from load_bench import run_as  # noqa: E402
 
 GiB = 1024**3
 
@@ -33,20 +31,15 @@ GiB = 1024**3
 @pytest.fixture
 def node():
     """make(**config): a root daemon on two 16 GiB simulated GPUs that other users can reach."""
-    made = []
+    made: list[SimNode] = []
 
     def make(**config) -> DaemonProc:
-        root, state, _ = gpu_node("colo-patrol-", count=2)
-        (root / "d").mkdir(mode=0o755)
-        d = DaemonProc(root / "d", state, config).start()
-        os.chmod(d.socket.parent, 0o755)
-        made.append((d, root))
-        return d
+        made.append(SimNode("colo-patrol-", count=2))
+        return made[-1].daemon(config)
 
     yield make
-    for d, root in made:
-        d.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    for n in made:
+        n.close()
 
 
 def _native(d: DaemonProc) -> Path:

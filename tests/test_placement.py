@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,7 +13,8 @@ import pytest
 from colo.node import fakegpu
 from colo import profiles
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, burn, gpu_node, wait_for
+from harness.daemon import DaemonProc, as_user, burn, wait_for
+from harness.node import SimNode
 
 GiB = 1024**3
 
@@ -29,11 +29,10 @@ def write_profile(d: Path, name: str, sm: float, membw: float, cache_bound: bool
 @pytest.fixture
 def node():
     """One simulated 16 GiB GPU in a world-traversable dir (MPS servers and other uids reach it)."""
-    root, state, prof = gpu_node("colo-place-")
-    write_profile(prof, "light", 0.30, 0.20, False)
-    write_profile(prof, "heavy", 0.95, 0.90, True)
-    yield root, state, prof
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-place-") as n:
+        write_profile(n.prof, "light", 0.30, 0.20, False)
+        write_profile(n.prof, "heavy", 0.95, 0.90, True)
+        yield n.root, n.state, n.prof
 
 
 def start(node, **cfg) -> DaemonProc:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -19,25 +18,17 @@ import pytest
 from colo.node import fakegpu
 from colo import profiles
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, gpu_node, wait_for
+from harness.daemon import as_user, wait_for
+from harness.node import SimNode
 
 GiB = 1024**3
 
 
 @pytest.fixture
 def node(native_dir):
-    root, state, prof = gpu_node("colo-prof-")
-    n = 20
-    p = profiles.from_samples("rn50", {"times": list(range(n)), "sm": [0.71] * n, "mem": [512 * 1024**2] * n,
-                                       "membw": [0.3] * n}, runtime=float(n), cache_bound=False)
-    profiles.save(p, prof / "rn50.profile")
-    (root / "d").mkdir(mode=0o755)
-    d = DaemonProc(root / "d", state, {"profile_dirs": [str(prof)], "mps_idle_stop": 600.0})
-    d.start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d, prof
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-prof-") as n:
+        n.profile("rn50", sm=0.71, mem=512 * 1024**2, membw=0.3, runtime=20.0)
+        yield n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0}), n.prof
 
 
 def test_bobs_run_does_not_change_how_alices_jobs_are_placed(node, other_user):

@@ -23,7 +23,10 @@ from colo.node import fakegpu, interposer, native
 from colo.client import ClientError
 from colo.jobs import JobSpec, State
 from colo.store import Store
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
+from harness.node import SimNode
+from harness.probes import db_ro
+from harness.users import ensure_users, shared_root
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import crash_trials  # noqa: E402
@@ -35,18 +38,13 @@ MiB, GiB = 1 << 20, 1 << 30
 @pytest.fixture
 def shared(native_dir):
     """A daemon on two 1 GiB simulated GPUs in a dir other users can traverse."""
-    root = load_bench.shared_root("colo-rel-")
-    fakegpu.create(root / "gpus", count=2, mem=GiB)
-    d = DaemonProc(root, root / "gpus").start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-rel-", count=2, mem=GiB) as n:
+        yield n.daemon(home=None)
 
 
 # load ----------------------------------------------------------------------------------------------
 def test_1000_submissions_from_10_users_all_stored_once_and_ls_stays_fast(shared):
-    users = load_bench.ensure_users(10)
+    users = ensure_users(10)
     r = load_bench.submit_load(shared, users, 1000)
     assert load_bench.check_submissions(r) == []
     assert len(r["stored"]) == 1000 and r["submits"] == 1000
@@ -83,7 +81,7 @@ def test_occupancy_replay_catches_an_overcommit(tmp_path):
 
 # crash consistency ---------------------------------------------------------------------------------
 def test_sigkill_daemon_at_random_moments(native_dir):
-    root = load_bench.shared_root("colo-crash-")
+    root = shared_root("colo-crash-")
     try:
         r = crash_trials.run_trials(root, trials=8, seed=8)
     finally:
@@ -178,7 +176,7 @@ def test_process_killed_mid_allocation_returns_its_budget(tmp_path, native_dir):
 
 
 def _shim_pid(d: DaemonProc, job_id: int) -> int:
-    with load_bench.db_ro(d.state_dir) as db:
+    with db_ro(d.state_dir) as db:
         (handle,) = db.execute("SELECT handle FROM jobs WHERE id=?", (job_id,)).fetchone()
     return int(handle.split(":")[0])
 
@@ -188,7 +186,7 @@ def test_container_removed_behind_colos_back_is_lost(daemon, test_image, docker_
     other = daemon.submit("--image", test_image, "--gpus", "0", "--", "sh", "-c", "echo up; sleep 300")
     for j in (victim, other):
         daemon.wait_state(j, "running", timeout=60)
-    with load_bench.db_ro(daemon.state_dir) as db:
+    with db_ro(daemon.state_dir) as db:
         (handle,) = db.execute("SELECT handle FROM jobs WHERE id=?", (victim,)).fetchone()
     docker_client.containers.get(handle).remove(force=True)
     job = daemon.wait_state(victim, "lost", "failed", "succeeded", "cancelled", timeout=30)

@@ -3,7 +3,7 @@ user's open jobs, which the package's prerm runs before removal (packaging/debia
 from __future__ import annotations
 
 from colo.client import Client
-from daemon_util import as_user, wait_for
+from harness.daemon import as_user, wait_for
 from user_cli import colo_as
 
 

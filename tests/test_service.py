@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 
-from daemon_util import DaemonProc
+from harness.daemon import DaemonProc
 
 
 def test_ready_is_sent_once_the_socket_answers_and_lines_carry_their_priority(tmp_path, fakegpu):

@@ -23,7 +23,8 @@ import colo.cli.app  # noqa: F401 - loaded here: the forked clients run it witho
 import colo.cli.attach  # noqa: F401
 from colo.client import Client
 from colo.node import native
-from daemon_util import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
+from harness.daemon import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
+from harness.node import SimNode
 
 pexpect = pytest.importorskip("pexpect")
 from pexpect import fdpexpect  # noqa: E402
@@ -37,11 +38,8 @@ def node():
     """A root daemon on one simulated 16 GiB GPU, reachable by other users."""
     if os.geteuid() != 0:
         pytest.skip("sessions of real users need a root daemon")
-    root, state, _ = gpu_node("colo-sessions-", count=1)
-    d = DaemonProc(root, state).start()
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
+    with SimNode("colo-sessions-", count=1) as n:
+        yield n.daemon(home=None)
 
 
 @pytest.fixture(scope="module")

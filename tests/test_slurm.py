@@ -25,7 +25,7 @@ import pytest
 from colo import profiles
 from colo.cli.slurm import SlurmError, allocation, job_exit, job_record, profile_key, reference
 from colo.node import fakegpu, native
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 from slurm_util import SlurmCluster, cgroup_v1_devices, munge_up
 
 GiB = 1024**3
@@ -602,7 +602,7 @@ def test_only_root_may_register_slurm_jobs(shared_daemon, other_user):
     """The Slurm ops set budgets and GPUs for others: a user who calls them is refused."""
     daemon = shared_daemon  # a socket other users may reach (pytest's own folders are root's alone)
     from colo.client import Client
-    from daemon_util import as_user
+    from harness.daemon import as_user
 
     kind, err = as_user(other_user, lambda: Client(daemon.socket).slurm(
         "attach", job=1, uid=other_user.pw_uid, gid=other_user.pw_gid, gpu_mem=GiB, gpu_index=[0]))

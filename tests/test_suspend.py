@@ -15,7 +15,8 @@ import pytest
 
 
 from colo.client import Client
-from daemon_util import DaemonProc, as_user, gpu_node, invoke_as, wait_for
+from harness.daemon import DaemonProc, as_user, gpu_node, invoke_as, wait_for
+from harness.node import SimNode
 
 GiB = 1024**3
 MiB = 1024**2
@@ -121,15 +122,12 @@ def node():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    root, state, _ = gpu_node("colo-suspend-", count=1, mem=4 * GiB)
-    # the share of MemAvailable at 1: what a busy CI machine has free must not refuse a test's suspend
-    d = DaemonProc(root, state, {"suspend_host_max": "2560MiB", "suspend_host_share": 1.0,
-                                 "metrics_listen": f"127.0.0.1:{port}"}).start()
-    d.metrics_port = port
-    os.chmod(d.socket.parent, 0o755)
-    yield d
-    d.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    with SimNode("colo-suspend-", count=1, mem=4 * GiB) as n:
+        # the share of MemAvailable at 1: what a busy CI machine has free must not refuse a test's suspend
+        d = n.daemon({"suspend_host_max": "2560MiB", "suspend_host_share": 1.0,
+                      "metrics_listen": f"127.0.0.1:{port}"}, home=None)
+        d.metrics_port = port
+        yield d
 
 
 

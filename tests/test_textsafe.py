@@ -11,7 +11,7 @@ import json
 
 from colo.textsafe import safe, safe_all, safe_tree
 from colo.client import Client
-from daemon_util import as_user
+from harness.daemon import as_user
 
 EVIL_NAME = "evil\x1b[2J\x1b[H\n99  root  running  forged\r\x9b31m\u202e"
 EVIL_ARG = "x\x1b]0;pwned\x07\ny"

@@ -23,7 +23,7 @@ from colo.tui import model
 from colo.tui.app import ColoTop, make_app
 from colo.tui.screens import ConfirmScreen, DetailScreen, HelpScreen
 from colo.tui.widgets import GpuCard, GpuPanel, KeyedTable
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 
 GiB = 1024**3
 FIXED = 1_750_000_000.0  # the clock of every snapshot
@@ -516,7 +516,7 @@ def test_snapshot_another_users_escapes_are_shown_escaped(fakegpu, other_user, s
     import tempfile
 
     from colo.textsafe import safe
-    from daemon_util import as_user
+    from harness.daemon import as_user
 
     root = Path(tempfile.mkdtemp(prefix="colo-tui-safe-"))
     os.chmod(root, 0o755)
