@@ -310,8 +310,9 @@ static void *pool_traffic(void *arg)
     return NULL;
 }
 
-/* Allocate and free in context *arg until the context is gone (ctxrace). */
-struct racer_ctx { CUcontext ctx; uint64_t size; };
+/* Allocate and free in context *arg until the context is gone (ctxrace); pairs counts the
+ * allocations freed, exited the racers that saw it gone. */
+struct racer_ctx { CUcontext ctx; uint64_t size; int pairs, exited; };
 static void *ctx_racer(void *arg)
 {
     struct racer_ctx *r = arg;
@@ -322,7 +323,9 @@ static void *ctx_racer(void *arg)
         if (rc == CUDA_ERROR_OUT_OF_MEMORY) continue;
         if (rc) break;
         p_cuMemFree_v2(p);
+        __atomic_add_fetch(&r->pairs, 1, __ATOMIC_RELEASE);
     }
+    __atomic_add_fetch(&r->exited, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -775,18 +778,24 @@ static int run(int argc, char **argv, int i)
             /* ctxrace ROUNDS THREADS SIZE: each round, THREADS threads allocate and free SIZE in a
              * context of their own while this thread destroys it */
             int rounds = (int)num(argv[++i]), nt = atoi(argv[++i]);
-            struct racer_ctx r = {.size = num(argv[++i])};
+            uint64_t size = num(argv[++i]);
             pthread_t th[64];
             unsigned seed = 7;
             rc = 0;
+            if (nt > 64) nt = 64;
             for (int k = 0; k < rounds && !rc; k++) {
                 CUcontext mine;
+                struct racer_ctx r = {.size = size};
                 if ((rc = p_cuCtxCreate_v2(&r.ctx, 0, cur_dev))) break;
                 cuCtxPopCurrent_v2(&mine);
-                for (int t = 0; t < nt && t < 64; t++) pthread_create(&th[t], NULL, ctx_racer, &r);
-                for (int spin = rand_r(&seed) % 2000; spin > 0; spin--) sched_yield();
+                for (int t = 0; t < nt; t++) pthread_create(&th[t], NULL, ctx_racer, &r);
+                /* destroy it once the racers have done a random number of pairs (0: at once), so
+                 * that a busy machine slows a round no more than the work it holds */
+                int want = (int)(rand_r(&seed) % 24);
+                while (__atomic_load_n(&r.pairs, __ATOMIC_ACQUIRE) < want && __atomic_load_n(&r.exited, __ATOMIC_ACQUIRE) < nt)
+                    sched_yield();
                 rc = p_cuCtxDestroy_v2(r.ctx);
-                for (int t = 0; t < nt && t < 64; t++) pthread_join(th[t], NULL);
+                for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
             }
             out(c, rc, NULL);
         } else if (!strcmp(c, "deep")) {
