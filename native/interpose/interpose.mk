@@ -1,6 +1,6 @@
 # The memory-budget interposer: $(BUILD)/libcolo-interpose.so (LD_PRELOAD; no CUDA headers).
 INTERPOSE_SRC := $(addprefix interpose/,gate.c gotpatch.c hooks.c ledger.c pools.c table.c)
-INTERPOSE_HDR := $(addprefix interpose/,cuda_types.h glibc_compat.h gotpatch.h ledger.h pools.h table.h)
+INTERPOSE_HDR := $(addprefix interpose/,ctxid.h cuda_types.h glibc_compat.h gotpatch.h ledger.h pools.h table.h)
 
 interpose: $(BUILD)/libcolo-interpose.so
 INTERPOSE_SRC += interpose/source.c

@@ -329,6 +329,63 @@ static void *ctx_racer(void *arg)
     return NULL;
 }
 
+/* ctxchurn: THREADS threads, each ROUNDS rounds of: make a context (the simulated driver hands
+ * out a destroyed one's address again), publish it, allocate SIZE, set its malloc heap to SIZE,
+ * allocate SIZE again, free the first on odd rounds, then destroy its neighbour's context or its
+ * own (whoever takes a published context first destroys it: often while its owner is still
+ * allocating or setting the limit in it). Every CHECK-th round all threads stop half-way (each
+ * context made, nothing destroyed yet) and the first compares what the ledger counts with what
+ * the driver holds. */
+struct churn {
+    int threads, rounds, check;
+    uint64_t size, budget;
+    CUcontext *slot;
+    pthread_barrier_t bar;
+    int refused, mismatched, checks;
+    uint64_t worst; /* the largest |ledger - driver| seen at a check */
+};
+static struct churn g_churn;
+static void churn_destroy(int j)
+{
+    CUcontext c = __atomic_exchange_n(&g_churn.slot[j], NULL, __ATOMIC_ACQ_REL);
+    if (c) p_cuCtxDestroy_v2(c);
+}
+static void *churn_thread(void *arg)
+{
+    struct churn *g = &g_churn;
+    int me = (int)(intptr_t)arg;
+    unsigned seed = 11u + (unsigned)me;
+    for (int k = 0; k < g->rounds; k++) {
+        CUcontext c = NULL, top;
+        if (!p_cuCtxCreate_v2(&c, 0, cur_dev)) {
+            __atomic_store_n(&g->slot[me], c, __ATOMIC_RELEASE);
+            CUdeviceptr p1 = 0, p2 = 0;
+            CUresult a = p_cuMemAlloc_v2(&p1, g->size);
+            CUresult l = p_cuCtxSetLimit(2 /* CU_LIMIT_MALLOC_HEAP_SIZE */, g->size + (rand_r(&seed) % 2) * (g->size / 2));
+            CUresult b = p_cuMemAlloc_v2(&p2, g->size);
+            if (a == CUDA_ERROR_OUT_OF_MEMORY || l == CUDA_ERROR_OUT_OF_MEMORY || b == CUDA_ERROR_OUT_OF_MEMORY)
+                __atomic_add_fetch(&g->refused, 1, __ATOMIC_RELAXED);
+            if (k % 2 && !a) p_cuMemFree_v2(p1);
+        }
+        if (g->check && k % g->check == g->check - 1) {
+            if (pthread_barrier_wait(&g->bar) == PTHREAD_BARRIER_SERIAL_THREAD) {
+                size_t f = 0, t = 0;
+                p_cuMemGetInfo_v2(&f, &t);
+                uint64_t counted = g->budget - f, held = fake_used(cur_dev);
+                uint64_t off = counted > held ? counted - held : held - counted;
+                if (off) g->mismatched++;
+                if (off > g->worst) g->worst = off;
+                g->checks++;
+            }
+            pthread_barrier_wait(&g->bar);
+        }
+        churn_destroy(rand_r(&seed) % 2 ? (me + 1) % g->threads : me);
+        churn_destroy(me);
+        while (!cuCtxPopCurrent_v2(&top)) {} /* made current by its creation; maybe destroyed since */
+    }
+    return NULL;
+}
+
 static int run(int argc, char **argv, int i);
 
 int main(int argc, char **argv)
@@ -798,6 +855,23 @@ static int run(int argc, char **argv, int i)
                 for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
             }
             out(c, rc, NULL);
+        } else if (!strcmp(c, "ctxchurn")) {
+            /* ctxchurn THREADS ROUNDS SIZE CHECK BUDGET: see churn_thread; answers refused
+             * allocations, checks, checks where the ledger and the driver differed, the worst gap */
+            struct churn *g = &g_churn;
+            *g = (struct churn){.threads = atoi(argv[++i]), .rounds = atoi(argv[++i])};
+            g->size = num(argv[++i]);
+            g->check = atoi(argv[++i]);
+            g->budget = num(argv[++i]);
+            if (g->threads < 1 || g->threads > 64) g->threads = 1;
+            CUcontext slots[64] = {0};
+            pthread_t th[64];
+            g->slot = slots;
+            pthread_barrier_init(&g->bar, NULL, (unsigned)g->threads);
+            for (int t = 0; t < g->threads; t++) pthread_create(&th[t], NULL, churn_thread, (void *)(intptr_t)t);
+            for (int t = 0; t < g->threads; t++) pthread_join(th[t], NULL);
+            pthread_barrier_destroy(&g->bar);
+            out(c, 0, "%d %d %d %llu", g->refused, g->checks, g->mismatched, (unsigned long long)g->worst);
         } else if (!strcmp(c, "deep")) {
             /* deep LIB SIZE: LIB dlopened with RTLD_DEEPBIND allocates SIZE by calling cuMemAlloc_v2,
              * then through its own dlsym; answers both codes and who answered its dlsym */
