@@ -693,3 +693,39 @@ def test_a_newer_cuda_version_is_judged_by_the_drivers_answer(probe, job, via):
     lines, _ = run(probe, env, "init", "alloc", "40M", "alloc", "40M", "async", "40M", "info", via=via,
                    extra=["--ver", "13020"])
     assert codes(lines, "alloc") == [0, 2] and codes(lines, "async") == [2] and info(lines) == [(24 * MiB, BUDGET)]
+
+
+def test_a_function_it_does_not_wrap_meets_the_resume_gate_in_a_program_linked_to_libcuda(probe, job, fakegpu,
+                                                                                           native_dir):
+    from daemon_util import wait_for
+
+    env, ledger = job
+    # The probe is linked to libcuda and calls cuCtxGetDevice (no wrapper counts it) while the
+    # driver holds the process checkpointed, as `colo suspend` leaves it. The call must meet colo's
+    # resume gate (ask for the GPU back, and wait) instead of blocking unseen inside the driver:
+    # with only the wrapped functions exported, it went straight to the driver and waited there
+    # for good, and the ledger never showed that the job wanted its GPU.
+    p = subprocess.Popen([str(probe), "--via", "direct", "init", "alloc", "8M", "ready", "wait", "ctxdevice", "info"],
+                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ck_env = {**os.environ, **fakegpu.env}
+
+    def ckpt(op):
+        r = subprocess.run([str(native_dir / "colo-ckpt"), op, str(p.pid)], env=ck_env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, (op, r.stdout, r.stderr)
+
+    try:
+        assert [p.stdout.readline().split()[:2] for _ in range(3)] == [["init", "0"], ["alloc", "0"], ["ready", "0"]]
+        ckpt("suspend")
+        interposer.suspend_word(ledger, interposer.SUSPENDED)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        wait_for(lambda: interposer.suspend_word(ledger) & interposer.RESUME_WANTED, 120,
+                 "the call to ask for the job's GPU back")
+        ckpt("resume")
+        interposer.suspend_word(ledger, 0)
+        out, err = p.communicate(timeout=120)
+        assert out.splitlines() == ["ctxdevice 0 0", f"info 0 {BUDGET - 8 * MiB} {BUDGET}"], err
+    finally:
+        p.kill()
+        p.wait()

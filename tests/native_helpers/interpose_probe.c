@@ -30,6 +30,7 @@
 CUresult cuInit(unsigned int);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxGetDevice(CUdevice *);
 CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, int *);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
@@ -886,6 +887,12 @@ static int run(int argc, char **argv, int i)
             if (!a) push(A_PTR, p, 0, size);
             if (!b) push(A_PTR, q, 0, size);
             out(c, 0, "%d %d %s", a, b, who());
+        } else if (!strcmp(c, "ctxdevice")) {
+            /* a driver function the interposer does not wrap, called as a program linked to
+             * libcuda calls it (the symbol, whatever --via says) */
+            CUdevice d = -1;
+            rc = cuCtxGetDevice(&d);
+            out(c, rc, "%d", d);
         } else if (!strcmp(c, "ready")) {
             out(c, 0, NULL); /* the test reads this line, then acts */
         } else if (!strcmp(c, "wait")) {
