@@ -40,7 +40,7 @@
     X(cuArrayCreate, c) X(cuArrayCreate_v2, c) X(cuArray3DCreate, c) X(cuArray3DCreate_v2, c)      \
     X(cuMipmappedArrayCreate, c) X(cuArrayDestroy, c) X(cuMipmappedArrayDestroy, c)                \
     X(cuMemGetInfo, c) X(cuMemGetInfo_v2, c) X(cuDeviceTotalMem, c) X(cuDeviceTotalMem_v2, c)      \
-    X(cuDevicePrimaryCtxRelease, c) X(cuDevicePrimaryCtxRelease_v2, c)                             \
+    X(cuDevicePrimaryCtxRetain, c) X(cuDevicePrimaryCtxRelease, c) X(cuDevicePrimaryCtxRelease_v2, c) \
     X(cuDevicePrimaryCtxReset, c) X(cuDevicePrimaryCtxReset_v2, c) X(cuCtxDestroy, c)              \
     X(cuCtxDestroy_v2, c) X(cuMemPoolCreate, c) X(cuMemPoolDestroy, c) X(cuDeviceGetDefaultMemPool, c) \
     X(cuDeviceGetMemPool, c) X(cuCtxSetLimit, c) X(cuMemPoolTrimTo, c) X(cuMemPoolSetAttribute, c)   \
@@ -54,7 +54,7 @@
 /* Real functions we call ourselves but do not wrap. */
 #define HELPERS(X)                                                                                 \
     X(cuCtxGetDevice, c) X(cuDeviceGetCount, c) X(cuCtxGetCurrent, c) X(cuDevicePrimaryCtxGetState, c) \
-    X(cuDevicePrimaryCtxRetain, c) X(cuDeviceGetAttribute, c) X(cuDeviceGetUuid, c) X(cuDeviceGetUuid_v2, c) \
+    X(cuDeviceGetAttribute, c) X(cuDeviceGetUuid, c) X(cuDeviceGetUuid_v2, c) \
     X(nvmlDeviceGetIndex, n) X(nvmlDeviceGetUUID, n) X(nvmlDeviceGetMaxMigDeviceCount, n)         \
     X(nvmlDeviceGetMigDeviceHandleByIndex, n) X(cuMemPoolGetAttribute, c)                         \
     X(cuDeviceGetGraphMemAttribute, c) X(cuStreamGetCaptureInfo, c) X(cuStreamGetCaptureInfo_ptsz, c) \
@@ -253,17 +253,25 @@ static uint64_t g_teardowns_begun, g_teardowns_done;
 static int g_teardown_mu;
 static __thread int t_teardowns __attribute__((tls_model("initial-exec"))); /* this thread's, nested */
 
+/* Nested on one thread: the driver called back into a teardown of ours (the lock is held). */
+static void teardown_lock(void)
+{
+    if (!t_teardowns++)
+        while (__atomic_exchange_n(&g_teardown_mu, 1, __ATOMIC_ACQUIRE)) sched_yield();
+}
+static void teardown_unlock(void)
+{
+    if (!--t_teardowns) __atomic_store_n(&g_teardown_mu, 0, __ATOMIC_RELEASE);
+}
 static void teardown_begin(void)
 {
-    if (t_teardowns++) return; /* the driver called back into a teardown of ours: already held */
-    while (__atomic_exchange_n(&g_teardown_mu, 1, __ATOMIC_ACQUIRE)) sched_yield();
-    __atomic_add_fetch(&g_teardowns_begun, 1, __ATOMIC_SEQ_CST);
+    teardown_lock();
+    if (t_teardowns == 1) __atomic_add_fetch(&g_teardowns_begun, 1, __ATOMIC_SEQ_CST);
 }
 static void teardown_end(void)
 {
-    if (--t_teardowns) return;
-    __atomic_add_fetch(&g_teardowns_done, 1, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&g_teardown_mu, 0, __ATOMIC_RELEASE);
+    if (t_teardowns == 1) __atomic_add_fetch(&g_teardowns_done, 1, __ATOMIC_SEQ_CST);
+    teardown_unlock();
 }
 
 /* Until the teardown under way now (if any) has forgotten what it freed. */
@@ -925,6 +933,19 @@ static int primary_active(CUdevice dev)
         teardown_end();                                                                            \
         return rc;                                                                                 \
     }
+/* A retain may make the primary context live again (at the same address): it takes its turn with
+ * the teardowns, so that a last release's "is it still active?" is not answered by a retain that
+ * came after it (its entries would then stay counted until the next teardown). */
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    REAL(cuDevicePrimaryCtxRetain, CUresult(*)(CUcontext *, CUdevice), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON) return f(pctx, dev);
+    teardown_lock();
+    CUresult rc = f(pctx, dev);
+    teardown_unlock();
+    return rc;
+}
+
 PRIMARY_TEARDOWN(cuDevicePrimaryCtxRelease, 1)
 PRIMARY_TEARDOWN(cuDevicePrimaryCtxRelease_v2, 1)
 PRIMARY_TEARDOWN(cuDevicePrimaryCtxReset, 0)
@@ -995,6 +1016,31 @@ static uint64_t limit_bytes(int limit, size_t value, int dev)
     return mul_sat(value, limit == 0 ? threads : mul_sat(threads, 1024));
 }
 
+/* The limit taken out for a call that failed goes back, unless another was set under its key
+ * meanwhile (by a context made at the address since, or a call racing this one): that one is what
+ * the driver holds, and the old one's bytes leave the ledger. */
+static void limit_restore(const struct alloc *old)
+{
+    struct alloc newer;
+    if (table_put(old, &newer) != 1) return;
+    struct alloc mine;
+    if (table_put(&newer, &mine) == 1) ledger_release(mine.dev, mine.size);
+}
+
+/* The limit just set, recorded. Another found under its key was set meanwhile, by a call racing
+ * this one or on a context made at the address since (ours may then be the destroyed context's):
+ * which one the driver holds cannot be told, so the larger stays counted (too high, never too
+ * low) and the other leaves the ledger. */
+static void limit_keep(uint64_t key, int dev, uint64_t bytes, uint64_t id)
+{
+    struct alloc a = {.key = key, .size = bytes, .ctx = id, .kind = K_LIMIT, .dev = (uint16_t)dev, .refs = 1};
+    struct alloc other, back;
+    int r = table_put(&a, &other);
+    if (r != 1) return;
+    if (other.size > bytes && table_put(&other, &back) == 1) ledger_release(back.dev, back.size);
+    else ledger_release(other.dev, other.size);
+}
+
 /* Its context may be destroyed while this runs (the limit's memory goes with it): as an
  * allocation, the limit is recorded under the context's identity and checked again when a
  * teardown overlapped the call. */
@@ -1014,7 +1060,7 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
     if (bytes > before) {
         int e = admit(dev, bytes - before);
         if (e) {
-            if (had) keep(K_LIMIT, key, old.dev, old.size, old.ctx);
+            if (had) limit_restore(&old);
             if (had) after_record(seen, K_LIMIT, key);
             return e;
         }
@@ -1022,12 +1068,12 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
     CUresult rc = f(limit, value);
     if (rc != CUDA_SUCCESS) {
         if (bytes > before) ledger_release(dev, bytes - before);
-        if (had) keep(K_LIMIT, key, old.dev, old.size, old.ctx);
+        if (had) limit_restore(&old);
         if (had) after_record(seen, K_LIMIT, key);
         return rc;
     }
     if (bytes < before) ledger_release(dev, before - bytes);
-    if (bytes) keep(K_LIMIT, key, dev, bytes, id); /* no host memory: stays counted (too high) */
+    if (bytes) limit_keep(key, dev, bytes, id); /* no host memory: stays counted (too high) */
     if (bytes) after_record(seen, K_LIMIT, key);
     return rc;
 }
@@ -2147,6 +2193,7 @@ static const struct rule {
     {"cuMipmappedArrayCreate", 0, H_cuMipmappedArrayCreate, H_cuMipmappedArrayCreate, -1},
     {"cuArrayDestroy", 0, H_cuArrayDestroy, H_cuArrayDestroy, -1},
     {"cuMipmappedArrayDestroy", 0, H_cuMipmappedArrayDestroy, H_cuMipmappedArrayDestroy, -1},
+    {"cuDevicePrimaryCtxRetain", 0, H_cuDevicePrimaryCtxRetain, H_cuDevicePrimaryCtxRetain, -1},
     {"cuDevicePrimaryCtxRelease", 11000, H_cuDevicePrimaryCtxRelease, H_cuDevicePrimaryCtxRelease_v2, -1},
     {"cuDevicePrimaryCtxReset", 11000, H_cuDevicePrimaryCtxReset, H_cuDevicePrimaryCtxReset_v2, -1},
     {"cuCtxDestroy", 4000, H_cuCtxDestroy, H_cuCtxDestroy_v2, -1},
