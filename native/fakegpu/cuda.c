@@ -19,11 +19,23 @@ int g_nvis;
 static pid_t g_pid;
 static struct fg_ctx g_primary[FG_MAX_DEV];
 static struct fg_ctx *g_ctxs;            /* contexts made by cuCtxCreate */
+/* Destroyed contexts, most recent first: like the real driver, a context made after a destroy may
+ * get the destroyed one's address (handle) back, so callers that key by address must cope. */
+static struct fg_ctx *g_ctx_free;
 static int g_devctx[FG_MAX_DEV];         /* live contexts per ordinal */
 static __thread struct fg_ctx *t_stack[32];
 static __thread int t_depth;
 
 /* ---- fork and exit ---------------------------------------------------------------------- */
+
+static void ctx_free_all(void)
+{
+    for (struct fg_ctx *c = g_ctx_free, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    g_ctx_free = NULL;
+}
 
 static void atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
 static void atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
@@ -41,6 +53,7 @@ static void atfork_child(void)
         free(c);
     }
     g_ctxs = NULL;
+    ctx_free_all();
     memset(g_primary, 0, sizeof g_primary);
     memset(g_devctx, 0, sizeof g_devctx);
     fg_mem_reset();
@@ -70,6 +83,7 @@ __attribute__((destructor)) static void fg_cuda_unload(void)
             free(c);
         }
         g_ctxs = NULL;
+        ctx_free_all();
         fg_close(&S);
         g_inited = 0;
         g_slot = -1;
@@ -470,11 +484,14 @@ static CUresult ctx_create(CUcontext *pctx, unsigned flags, CUdevice d)
         return r;
     if (t_depth >= (int)(sizeof t_stack / sizeof t_stack[0]))
         return CUDA_ERROR_INVALID_VALUE;
-    struct fg_ctx *c = calloc(1, sizeof *c);
-    if (!c)
+    struct fg_ctx *c = g_ctx_free;
+    if (c)
+        g_ctx_free = c->next;
+    else if (!(c = calloc(1, sizeof *c)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     if ((r = dev_ctx_up(d))) {
-        free(c);
+        c->next = g_ctx_free;
+        g_ctx_free = c;
         return r;
     }
     *c = (struct fg_ctx){.magic = CTX_MAGIC, .ord = d, .alive = 1, .flags = flags, .next = g_ctxs};
@@ -512,7 +529,8 @@ static CUresult ctx_destroy(CUcontext c)
         }
     stack_remove(c);
     dev_ctx_down(c->ord);
-    free(c);
+    *c = (struct fg_ctx){.next = g_ctx_free};
+    g_ctx_free = c;
     return CUDA_SUCCESS;
 }
 FG_API CUresult cuCtxDestroy_v2(CUcontext c) { LOCKED(ctx_destroy(c)); }
@@ -579,6 +597,20 @@ static CUresult ctx_pop(CUcontext *pc)
 }
 FG_API CUresult cuCtxPopCurrent_v2(CUcontext *pc) { LOCKED(ctx_pop(pc)); }
 FG_API CUresult cuCtxPopCurrent(CUcontext *pc) { LOCKED(ctx_pop(pc)); }
+
+static CUresult ctx_api_version(CUcontext c, unsigned *v)
+{
+    CUresult r = fg_check_live();
+    if (r)
+        return r;
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx_valid(c ? c : t_depth ? t_stack[t_depth - 1] : NULL))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *v = 3020;
+    return CUDA_SUCCESS;
+}
+FG_API CUresult cuCtxGetApiVersion(CUcontext c, unsigned *v) { LOCKED(ctx_api_version(c, v)); }
 
 static CUresult ctx_get_device(CUdevice *d, CUcontext c)
 {

@@ -15,7 +15,7 @@
     X(cuDevicePrimaryCtxGetState) X(cuDevicePrimaryCtxSetFlags_v2) X(cuCtxCreate)               \
     X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2)    \
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPushCurrent_v2)            \
-    X(cuCtxPopCurrent) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) X(cuCtxGetDevice_v2)             \
+    X(cuCtxPopCurrent) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) X(cuCtxGetDevice_v2) X(cuCtxGetApiVersion) \
     X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAlloc_v3) X(cuMemFree)      \
     X(cuMemFree_v2) X(cuMemAllocPitch_v2) X(cuMemAllocManaged) X(cuMemAllocAsync)               \
     X(cuMemAllocAsync_ptsz) X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz)           \
@@ -104,6 +104,7 @@ static const struct { const char *name; int version; void *fn, *ptds; } TABLE[] 
     {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent_v2, 0},
     {"cuCtxPopCurrent", 2000, (void *)cuCtxPopCurrent, 0},
     {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent_v2, 0},
+    {"cuCtxGetApiVersion", 3020, (void *)cuCtxGetApiVersion, 0},
     {"cuCtxGetDevice", 2000, (void *)cuCtxGetDevice, 0},
     {"cuCtxGetDevice", 13000, (void *)cuCtxGetDevice_v2, 0},
     {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize, 0},

@@ -33,7 +33,7 @@ __attribute__((noinline)) void colo_gate_wait(void)
  * out as one of these trampolines instead of the driver's pointer: a few instructions that check
  * the same word and jump on to the driver's function with every argument untouched; only while
  * the job is suspended do they save the argument registers and wait in colo_gate_wait. A program
- * that links libcuda directly and calls a function this library does not wrap is not covered. */
+ * that links libcuda directly meets the same check in passthru.c's stubs. */
 #define GATE_SLOTS 2048
 void *colo_gate_targets[GATE_SLOTS]; /* trampoline i jumps to colo_gate_targets[i] */
 static unsigned g_ngate;

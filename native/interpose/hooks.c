@@ -14,6 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "ctxid.h"
 #include "cuda_types.h"
 #include "gotpatch.h"
 #include "ledger.h"
@@ -39,7 +40,7 @@
     X(cuArrayCreate, c) X(cuArrayCreate_v2, c) X(cuArray3DCreate, c) X(cuArray3DCreate_v2, c)      \
     X(cuMipmappedArrayCreate, c) X(cuArrayDestroy, c) X(cuMipmappedArrayDestroy, c)                \
     X(cuMemGetInfo, c) X(cuMemGetInfo_v2, c) X(cuDeviceTotalMem, c) X(cuDeviceTotalMem_v2, c)      \
-    X(cuDevicePrimaryCtxRelease, c) X(cuDevicePrimaryCtxRelease_v2, c)                             \
+    X(cuDevicePrimaryCtxRetain, c) X(cuDevicePrimaryCtxRelease, c) X(cuDevicePrimaryCtxRelease_v2, c) \
     X(cuDevicePrimaryCtxReset, c) X(cuDevicePrimaryCtxReset_v2, c) X(cuCtxDestroy, c)              \
     X(cuCtxDestroy_v2, c) X(cuMemPoolCreate, c) X(cuMemPoolDestroy, c) X(cuDeviceGetDefaultMemPool, c) \
     X(cuDeviceGetMemPool, c) X(cuCtxSetLimit, c) X(cuMemPoolTrimTo, c) X(cuMemPoolSetAttribute, c)   \
@@ -53,13 +54,14 @@
 /* Real functions we call ourselves but do not wrap. */
 #define HELPERS(X)                                                                                 \
     X(cuCtxGetDevice, c) X(cuDeviceGetCount, c) X(cuCtxGetCurrent, c) X(cuDevicePrimaryCtxGetState, c) \
-    X(cuDevicePrimaryCtxRetain, c) X(cuDeviceGetAttribute, c) X(cuDeviceGetUuid, c) X(cuDeviceGetUuid_v2, c) \
+    X(cuDeviceGetAttribute, c) X(cuDeviceGetUuid, c) X(cuDeviceGetUuid_v2, c) \
     X(nvmlDeviceGetIndex, n) X(nvmlDeviceGetUUID, n) X(nvmlDeviceGetMaxMigDeviceCount, n)         \
     X(nvmlDeviceGetMigDeviceHandleByIndex, n) X(cuMemPoolGetAttribute, c)                         \
     X(cuDeviceGetGraphMemAttribute, c) X(cuStreamGetCaptureInfo, c) X(cuStreamGetCaptureInfo_ptsz, c) \
     X(cuGraphGetNodes, c) X(cuGraphNodeGetType, c) X(cuGraphMemAllocNodeGetParams, c)             \
     X(cuGraphMemFreeNodeGetParams, c) X(cuGraphChildGraphNodeGetGraph, c) X(cuPointerGetAttribute, c)     \
-    X(cuArrayGetDescriptor_v2, c) X(cuMipmappedArrayGetLevel, c) X(cuMemGetAllocationPropertiesFromHandle, c)
+    X(cuArrayGetDescriptor_v2, c) X(cuMipmappedArrayGetLevel, c) X(cuMemGetAllocationPropertiesFromHandle, c) \
+    X(cuCtxGetApiVersion, c)
 
 #define AS_ENUM(n, f) H_##n,
 enum { HOOKS(AS_ENUM) N_HOOKS, HELPERS(AS_ENUM) N_ALL };
@@ -142,6 +144,17 @@ static inline __attribute__((always_inline)) void *real(int id)
     return __builtin_expect(p != NULL, 1) ? p : real_slow(id);
 }
 
+/* The driver's own function called name, for a pass-through stub (passthru.c); NULL: none. */
+void *colo_driver_fn(const char *name)
+{
+    void *p = real_dlsym(RTLD_NEXT, name);
+    if (!p) {
+        void *h = library(0);
+        p = h ? real_dlsym(h, name) : NULL;
+    }
+    return p;
+}
+
 static __attribute__((noinline)) void *real_slow(int id)
 {
     void *p = real_dlsym(RTLD_NEXT, names[id]);
@@ -197,6 +210,8 @@ static uint64_t cur_ctx(void)
     return f && f(&c) == CUDA_SUCCESS ? (uint64_t)(uintptr_t)c : 0;
 }
 
+uint16_t colo_ctx_gen[CTX_GEN_SLOTS]; /* ctxid.h */
+
 /* Keep the allocation's counted size by key. -1: no host memory to keep it (the caller undoes the
  * allocation: a pointer we could not subtract at its free would stay counted for ever). */
 static void forgotten(const struct alloc *old);
@@ -221,20 +236,51 @@ static int keep(int kind, uint64_t key, int dev, uint64_t size, uint64_t ctx)
 
 static int record(int kind, uint64_t key, int dev, uint64_t size)
 {
-    return keep(kind, key, dev, size, kind == K_VMM ? 0 : cur_ctx());
+    return keep(kind, key, dev, size, kind == K_VMM ? 0 : ctx_id(cur_ctx()));
 }
 
 static inline int admit(int dev, uint64_t size);
 
 /* A context torn down while an allocation in it is between the driver and the table: the teardown
- * frees it but does not find it to forget, and it would stay counted for good. Teardowns are
- * counted (begun, then done once their allocations are forgotten); an allocation that saw one
- * begin or under way asks the driver, once recorded, whether its memory still exists. Reading the
- * two counters costs the allocation two loads of a line only teardowns write. */
+ * frees it but does not find it to forget (or finds it recorded under the generation it bumped to:
+ * ctxid.h), and it would stay counted for good. Teardowns are counted (begun, then done once their
+ * allocations are forgotten); an allocation that saw one begin or under way asks the driver, once
+ * recorded and once that teardown is over, whether its memory still exists. Reading the two
+ * counters costs the allocation two loads of a line only teardowns write. Teardowns take turns
+ * (a lock held across the driver's destroy: they are rare), so that "over" is one count to wait
+ * for: done reaching what begun was. */
 static uint64_t g_teardowns_begun, g_teardowns_done;
+static int g_teardown_mu;
+static __thread int t_teardowns __attribute__((tls_model("initial-exec"))); /* this thread's, nested */
 
-static void teardown_begin(void) { __atomic_add_fetch(&g_teardowns_begun, 1, __ATOMIC_SEQ_CST); }
-static void teardown_end(void) { __atomic_add_fetch(&g_teardowns_done, 1, __ATOMIC_SEQ_CST); }
+/* Nested on one thread: the driver called back into a teardown of ours (the lock is held). */
+static void teardown_lock(void)
+{
+    if (!t_teardowns++)
+        while (__atomic_exchange_n(&g_teardown_mu, 1, __ATOMIC_ACQUIRE)) sched_yield();
+}
+static void teardown_unlock(void)
+{
+    if (!--t_teardowns) __atomic_store_n(&g_teardown_mu, 0, __ATOMIC_RELEASE);
+}
+static void teardown_begin(void)
+{
+    teardown_lock();
+    if (t_teardowns == 1) __atomic_add_fetch(&g_teardowns_begun, 1, __ATOMIC_SEQ_CST);
+}
+static void teardown_end(void)
+{
+    if (t_teardowns == 1) __atomic_add_fetch(&g_teardowns_done, 1, __ATOMIC_SEQ_CST);
+    teardown_unlock();
+}
+
+/* Until the teardown under way now (if any) has forgotten what it freed. */
+static void teardowns_wait(void)
+{
+    if (t_teardowns) return;
+    uint64_t begun = __atomic_load_n(&g_teardowns_begun, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&g_teardowns_done, __ATOMIC_SEQ_CST) < begun) sched_yield();
+}
 
 /* Before the driver call: 0 when a teardown is under way, else how many have begun. */
 static inline uint64_t teardowns_seen(void)
@@ -717,7 +763,7 @@ static CUresult library_unload_raw(void *l)
 static CUresult loaded(void *h, int library, int dev, uint64_t size)
 {
     CUresult rc = size ? admit(dev, size) : CUDA_SUCCESS;
-    if (rc == CUDA_SUCCESS && keep(K_MODULE, (uint64_t)(uintptr_t)h, dev, size, library ? 0 : cur_ctx()) != 0) {
+    if (rc == CUDA_SUCCESS && keep(K_MODULE, (uint64_t)(uintptr_t)h, dev, size, library ? 0 : ctx_id(cur_ctx())) != 0) {
         ledger_release(dev, size);
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -834,11 +880,12 @@ static void dropped(const struct alloc *a) { gone(a, 0, NULL); }
 
 static void settle_all(void);
 static void graph_trimmed(void);
-static void drop_ctx(uint64_t ctx)
+/* The driver destroyed the context at ctx whose entries were recorded up to generation gen. */
+static void drop_ctx(uint64_t ctx, uint16_t gen)
 {
     if (!ctx) return;
     graph_trimmed(); /* the context's graph memory may go with it */
-    table_take_ctx(ctx, dropped);
+    table_take_ctx(ctx, gen, dropped);
     settle_all(); /* pools gave the context's allocations back to their reserve (or the device) */
 }
 
@@ -870,19 +917,35 @@ static int primary_active(CUdevice dev)
 }
 
 /* A reset destroys the primary context (and everything allocated in it); so does the last
- * release (only_last: the context may still be active after it). */
+ * release (only_last: the context may still be active after it). Each bumps the context's
+ * generation before the driver call (ctxid.h): the context the primary context is afterwards
+ * (reset, or retained again) keeps what it records. */
 #define PRIMARY_TEARDOWN(name, only_last)                                                          \
     EXPORT CUresult name(CUdevice dev)                                                            \
     {                                                                                              \
         REAL(name, CUresult(*)(CUdevice), f, CUDA_ERROR_NOT_FOUND);                                \
         if (!ON) return f(dev);                                                                    \
-        uint64_t pc = primary_ctx(dev);                                                            \
         teardown_begin();                                                                          \
+        uint64_t pc = primary_ctx(dev);                                                            \
+        uint16_t gen = pc ? ctx_bump(pc) : 0;                                                      \
         CUresult rc = f(dev);                                                                      \
-        if (rc == CUDA_SUCCESS && pc && (!(only_last) || !primary_active(dev))) drop_ctx(pc);      \
+        if (rc == CUDA_SUCCESS && pc && (!(only_last) || !primary_active(dev))) drop_ctx(pc, gen); \
         teardown_end();                                                                            \
         return rc;                                                                                 \
     }
+/* A retain may make the primary context live again (at the same address): it takes its turn with
+ * the teardowns, so that a last release's "is it still active?" is not answered by a retain that
+ * came after it (its entries would then stay counted until the next teardown). */
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    REAL(cuDevicePrimaryCtxRetain, CUresult(*)(CUcontext *, CUdevice), f, CUDA_ERROR_NOT_FOUND);
+    if (!ON) return f(pctx, dev);
+    teardown_lock();
+    CUresult rc = f(pctx, dev);
+    teardown_unlock();
+    return rc;
+}
+
 PRIMARY_TEARDOWN(cuDevicePrimaryCtxRelease, 1)
 PRIMARY_TEARDOWN(cuDevicePrimaryCtxRelease_v2, 1)
 PRIMARY_TEARDOWN(cuDevicePrimaryCtxReset, 0)
@@ -894,23 +957,32 @@ PRIMARY_TEARDOWN(cuDevicePrimaryCtxReset_v2, 0)
         REAL(name, CUresult(*)(CUcontext), f, CUDA_ERROR_NOT_FOUND);                               \
         if (!ON) return f(c);                                                                      \
         teardown_begin();                                                                          \
+        uint16_t gen = c ? ctx_bump((uint64_t)(uintptr_t)c) : 0;                                   \
         CUresult rc = f(c);                                                                        \
-        if (rc == CUDA_SUCCESS) drop_ctx((uint64_t)(uintptr_t)c);                                  \
+        if (rc == CUDA_SUCCESS) drop_ctx((uint64_t)(uintptr_t)c, gen);                             \
         teardown_end();                                                                            \
         return rc;                                                                                 \
     }
 CTX_DESTROY(cuCtxDestroy)
 CTX_DESTROY(cuCtxDestroy_v2)
 
-/* An allocation a teardown may have freed before it was recorded: if the driver no longer knows
- * it, forget it (only the entry of the context it was made in: the address may be someone
- * else's by now, whose put replaced ours and gave its bytes back). */
+/* An allocation a teardown may have freed before it was recorded: once that teardown is over, if
+ * the driver no longer knows it, forget it (only the entry of the context it was made in: the
+ * address may be someone else's by now, whose put replaced ours and gave its bytes back). A limit
+ * (key: its context's address + the limit) goes when its context is no longer a context; one
+ * whose address the driver gave to a new context meanwhile stays counted (too high, never too
+ * low) until that context's teardown, which takes it as recorded under an earlier generation. */
 static void recheck_alive(int kind, uint64_t key)
 {
     struct alloc a;
+    teardowns_wait();
     if (!table_get(kind, key, &a)) return;
     CUresult rc = CUDA_SUCCESS;
-    if (kind == K_PTR) {
+    if (kind == K_LIMIT) {
+        CUresult (*f)(CUcontext, unsigned *) = (CUresult(*)(CUcontext, unsigned *))real(H_cuCtxGetApiVersion);
+        unsigned v = 0;
+        if (f) rc = f((CUcontext)(uintptr_t)(key & ~7ull), &v);
+    } else if (kind == K_PTR) {
         CUresult (*f)(void *, int, CUdeviceptr) = (CUresult(*)(void *, int, CUdeviceptr))real(H_cuPointerGetAttribute);
         unsigned type = 0;
         if (f) rc = f(&type, 2 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */, key);
@@ -944,11 +1016,41 @@ static uint64_t limit_bytes(int limit, size_t value, int dev)
     return mul_sat(value, limit == 0 ? threads : mul_sat(threads, 1024));
 }
 
+/* The limit taken out for a call that failed goes back, unless another was set under its key
+ * meanwhile (by a context made at the address since, or a call racing this one): that one is what
+ * the driver holds, and the old one's bytes leave the ledger. */
+static void limit_restore(const struct alloc *old)
+{
+    struct alloc newer;
+    if (table_put(old, &newer) != 1) return;
+    struct alloc mine;
+    if (table_put(&newer, &mine) == 1) ledger_release(mine.dev, mine.size);
+}
+
+/* The limit just set, recorded. Another found under its key was set meanwhile, by a call racing
+ * this one or on a context made at the address since (ours may then be the destroyed context's):
+ * which one the driver holds cannot be told, so the larger stays counted (too high, never too
+ * low) and the other leaves the ledger. */
+static void limit_keep(uint64_t key, int dev, uint64_t bytes, uint64_t id)
+{
+    struct alloc a = {.key = key, .size = bytes, .ctx = id, .kind = K_LIMIT, .dev = (uint16_t)dev, .refs = 1};
+    struct alloc other, back;
+    int r = table_put(&a, &other);
+    if (r != 1) return;
+    if (other.size > bytes && table_put(&other, &back) == 1) ledger_release(back.dev, back.size);
+    else ledger_release(other.dev, other.size);
+}
+
+/* Its context may be destroyed while this runs (the limit's memory goes with it): as an
+ * allocation, the limit is recorded under the context's identity and checked again when a
+ * teardown overlapped the call. */
 EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 {
     REAL(cuCtxSetLimit, CUresult(*)(int, size_t), f, CUDA_ERROR_NOT_FOUND);
     uint64_t ctx;
     if (!ON || limit < 0 || limit > 4 || !(ctx = cur_ctx())) return f(limit, value);
+    uint64_t seen = teardowns_seen();
+    uint64_t id = ctx_id(ctx);
     int dev = cur_dev();
     uint64_t bytes = limit_bytes(limit, value, dev);
     uint64_t key = ctx + (uint64_t)limit; /* contexts are aligned: one key per (context, limit) */
@@ -958,18 +1060,21 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
     if (bytes > before) {
         int e = admit(dev, bytes - before);
         if (e) {
-            if (had) keep(K_LIMIT, key, old.dev, old.size, ctx);
+            if (had) limit_restore(&old);
+            if (had) after_record(seen, K_LIMIT, key);
             return e;
         }
     }
     CUresult rc = f(limit, value);
     if (rc != CUDA_SUCCESS) {
         if (bytes > before) ledger_release(dev, bytes - before);
-        if (had) keep(K_LIMIT, key, old.dev, old.size, ctx);
+        if (had) limit_restore(&old);
+        if (had) after_record(seen, K_LIMIT, key);
         return rc;
     }
     if (bytes < before) ledger_release(dev, before - bytes);
-    if (bytes) keep(K_LIMIT, key, dev, bytes, ctx); /* no host memory: stays counted (too high) */
+    if (bytes) limit_keep(key, dev, bytes, id); /* no host memory: stays counted (too high) */
+    if (bytes) after_record(seen, K_LIMIT, key);
     return rc;
 }
 
@@ -1281,7 +1386,7 @@ static CUresult alloc_stream_ordered(CUresult (*f)(CUdeviceptr *, size_t, CUmemo
     if (e) return e;
     uint64_t seen = teardowns_seen();
     CUresult rc = CALL();
-    if (rc == CUDA_SUCCESS && keep_aux(K_PTR, *dptr, dev, bytes, cur_ctx(), h) != 0) {
+    if (rc == CUDA_SUCCESS && keep_aux(K_PTR, *dptr, dev, bytes, ctx_id(cur_ctx()), h) != 0) {
         CUresult (*fr)(CUdeviceptr, CUstream) = (CUresult(*)(CUdeviceptr, CUstream))real(ptsz ? H_cuMemFreeAsync_ptsz : H_cuMemFreeAsync);
         if (fr) fr(*dptr, s);
         rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -2088,6 +2193,7 @@ static const struct rule {
     {"cuMipmappedArrayCreate", 0, H_cuMipmappedArrayCreate, H_cuMipmappedArrayCreate, -1},
     {"cuArrayDestroy", 0, H_cuArrayDestroy, H_cuArrayDestroy, -1},
     {"cuMipmappedArrayDestroy", 0, H_cuMipmappedArrayDestroy, H_cuMipmappedArrayDestroy, -1},
+    {"cuDevicePrimaryCtxRetain", 0, H_cuDevicePrimaryCtxRetain, H_cuDevicePrimaryCtxRetain, -1},
     {"cuDevicePrimaryCtxRelease", 11000, H_cuDevicePrimaryCtxRelease, H_cuDevicePrimaryCtxRelease_v2, -1},
     {"cuDevicePrimaryCtxReset", 11000, H_cuDevicePrimaryCtxReset, H_cuDevicePrimaryCtxReset_v2, -1},
     {"cuCtxDestroy", 4000, H_cuCtxDestroy, H_cuCtxDestroy_v2, -1},
@@ -2464,6 +2570,9 @@ static void after_fork_child(void)
     g_gstream = 0;
     /* a thread of the parent may have been inside a load: the child would wait on its lock for good */
     pthread_mutex_init(&g_load_mu, NULL);
+    /* nor a teardown under way on another thread of the parent */
+    g_teardown_mu = 0;
+    g_teardowns_done = g_teardowns_begun;
     table_atfork_child();
     ledger_atfork_child();
 }

@@ -13,6 +13,7 @@
  * sleeps instead was tried: its release must be a locked exchange (to see sleepers), which cost
  * +18 ns a pair with 1 thread, to better a case that sharding has made rare. */
 #include "table.h"
+#include "ctxid.h"
 
 #include <sched.h>
 #include <stdlib.h>
@@ -262,10 +263,9 @@ static int in_range(const struct alloc *a, uint64_t lo, uint64_t hi)
     return a->kind == K_MAP && a->key >= lo && a->key < hi;
 }
 
-static int in_ctx(const struct alloc *a, uint64_t ctx, uint64_t unused)
+static int in_ctx(const struct alloc *a, uint64_t ctx, uint64_t gen)
 {
-    (void)unused;
-    return a->ctx == ctx && (a->kind == K_PTR || a->kind == K_ARRAY || a->kind == K_MIPMAP || a->kind == K_LIMIT ||
+    return ctx_id_upto(a->ctx, ctx, (uint16_t)gen) && (a->kind == K_PTR || a->kind == K_ARRAY || a->kind == K_MIPMAP || a->kind == K_LIMIT ||
                              a->kind == K_PEND || a->kind == K_MODULE);
 }
 
@@ -300,7 +300,7 @@ int table_pending_streams(uint64_t *out, int max)
 static int of_stream(const struct alloc *a, uint64_t stream, uint64_t ctx_or_any)
 {
     if (a->kind != K_PEND) return 0;
-    return ctx_or_any ? a->ctx == (ctx_or_any & ~1ULL) : a->aux == stream;
+    return ctx_or_any ? ctx_id_at(a->ctx, ctx_or_any & ~1ULL) : a->aux == stream;
 }
 
 void table_take_pending(uint64_t stream, int all, uint64_t ctx, void (*fn)(const struct alloc *))
@@ -310,7 +310,7 @@ void table_take_pending(uint64_t stream, int all, uint64_t ctx, void (*fn)(const
 }
 
 void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *)) { take_where(in_range, lo, hi, fn); }
-void table_take_ctx(uint64_t ctx, void (*fn)(const struct alloc *)) { take_where(in_ctx, ctx, 0, fn); }
+void table_take_ctx(uint64_t ctx, uint16_t gen, void (*fn)(const struct alloc *)) { take_where(in_ctx, ctx, gen, fn); }
 
 /* Every lock, in shard order (the only place that holds more than one), so that the child's copy
  * of the table is not caught mid-update. */

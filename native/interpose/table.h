@@ -24,7 +24,7 @@ struct alloc {
     uint64_t key;
     uint64_t size;   /* bytes counted in the ledger (K_MAP: bytes mapped) */
     uint64_t aux;    /* K_MAP: the K_VOBJ that is mapped; K_PTR: its pool (0: none); K_PEND: stream */
-    uint64_t ctx;    /* the context it was made in (0: outlives contexts, e.g. VMM handles) */
+    uint64_t ctx;    /* the context it was made in, as ctxid.h's id (0: outlives contexts, e.g. VMM handles) */
     uint16_t kind;
     uint16_t dev;
     uint32_t refs;   /* K_VMM: references to the handle; K_VOBJ: handle references and mappings */
@@ -51,9 +51,10 @@ int table_take_maps(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *));
 /* Remove the K_MAP entries that start inside [lo, hi) by a scan (a range that does not start
  * at a mapping: rare). */
 void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *));
-/* Remove every entry made in context ctx (its teardown freed them); calls fn for each. */
-void table_take_ctx(uint64_t ctx, void (*fn)(const struct alloc *));
-/* Remove the K_PEND entries of stream `stream` (all: of every stream of context ctx). */
+/* Remove every entry made in the context at address ctx under a generation up to gen (its
+ * teardown freed them: ctxid.h); calls fn for each. */
+void table_take_ctx(uint64_t ctx, uint16_t gen, void (*fn)(const struct alloc *));
+/* Remove the K_PEND entries of stream `stream` (all: of every stream of the context at ctx). */
 void table_take_pending(uint64_t stream, int all, uint64_t ctx, void (*fn)(const struct alloc *));
 /* Remove the K_PEND entries of stream `stream` whose sequence number (refs) is not after seq: the
  * frees enqueued before an event recorded there. */

@@ -30,6 +30,7 @@
 CUresult cuInit(unsigned int);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxGetDevice(CUdevice *);
 CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, int *);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
@@ -310,8 +311,9 @@ static void *pool_traffic(void *arg)
     return NULL;
 }
 
-/* Allocate and free in context *arg until the context is gone (ctxrace). */
-struct racer_ctx { CUcontext ctx; uint64_t size; };
+/* Allocate and free in context *arg until the context is gone (ctxrace); pairs counts the
+ * allocations freed, exited the racers that saw it gone. */
+struct racer_ctx { CUcontext ctx; uint64_t size; int pairs, exited; };
 static void *ctx_racer(void *arg)
 {
     struct racer_ctx *r = arg;
@@ -322,6 +324,102 @@ static void *ctx_racer(void *arg)
         if (rc == CUDA_ERROR_OUT_OF_MEMORY) continue;
         if (rc) break;
         p_cuMemFree_v2(p);
+        __atomic_add_fetch(&r->pairs, 1, __ATOMIC_RELEASE);
+    }
+    __atomic_add_fetch(&r->exited, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* ctxchurn: THREADS threads, each ROUNDS rounds of: make a context (the simulated driver hands
+ * out a destroyed one's address again), publish it, allocate SIZE, set its malloc heap to SIZE or
+ * 1.5 SIZE, allocate SIZE again, free the first on odd rounds, then destroy its neighbour's
+ * context or its own (whoever takes a published context first destroys it: often while its owner
+ * is still allocating or setting the limit in it). primchurn: the same with the primary context,
+ * retained and released each round (the last release destroys it, while others retain it again
+ * at the same address and allocate) and reset by one thread in four while the others go on
+ * allocating in it; both allocations freed before the release, no limit. Every CHECK-th round all
+ * threads stop half-way (nothing destroyed yet) and the first compares what the ledger counts with
+ * what the driver holds (never less; more only where a limit set on a destroyed context's handle
+ * cannot be told from one set on the context made at its address). A free never races the teardown that may have freed its memory already
+ * (a write lock around teardowns, a read lock around frees): the driver might have given its
+ * address to another thread meanwhile, and the program, not the ledger, would be wrong. */
+struct churn {
+    int threads, rounds, check, primary;
+    uint64_t size, budget;
+    CUcontext *slot;
+    unsigned resets; /* primchurn: resets so far (under rw) */
+    pthread_rwlock_t rw;
+    pthread_barrier_t bar;
+    int refused, under, over, checks;
+    uint64_t worst; /* the most the ledger counted under what the driver held at a check */
+};
+static struct churn g_churn;
+static void churn_destroy(int j)
+{
+    pthread_rwlock_wrlock(&g_churn.rw);
+    CUcontext c = __atomic_exchange_n(&g_churn.slot[j], NULL, __ATOMIC_ACQ_REL);
+    if (c) p_cuCtxDestroy_v2(c);
+    pthread_rwlock_unlock(&g_churn.rw);
+}
+/* Free p unless a teardown since may have freed it: its context no longer published (ctxchurn),
+ * or a reset after `resets` (primchurn). */
+static void churn_free(CUdeviceptr p, int me, CUcontext c, unsigned resets)
+{
+    pthread_rwlock_rdlock(&g_churn.rw);
+    if (g_churn.primary ? g_churn.resets == resets : __atomic_load_n(&g_churn.slot[me], __ATOMIC_ACQUIRE) == c)
+        p_cuMemFree_v2(p);
+    pthread_rwlock_unlock(&g_churn.rw);
+}
+static void *churn_thread(void *arg)
+{
+    struct churn *g = &g_churn;
+    int me = (int)(intptr_t)arg;
+    unsigned seed = 11u + (unsigned)me;
+    for (int k = 0; k < g->rounds; k++) {
+        int check = g->check && k % g->check == g->check - 1;
+        CUcontext c = NULL, top;
+        CUdeviceptr p1 = 0, p2 = 0;
+        CUresult a = 1, b = 1, l = 0;
+        unsigned resets = __atomic_load_n(&g->resets, __ATOMIC_ACQUIRE);
+        int made = g->primary ? !cuDevicePrimaryCtxRetain(&c, cur_dev) : !p_cuCtxCreate_v2(&c, 0, cur_dev);
+        if (made && g->primary) {
+            if (!cuCtxSetCurrent(c)) a = p_cuMemAlloc_v2(&p1, g->size), b = p_cuMemAlloc_v2(&p2, g->size);
+        } else if (made) {
+            __atomic_store_n(&g->slot[me], c, __ATOMIC_RELEASE);
+            a = p_cuMemAlloc_v2(&p1, g->size);
+            l = p_cuCtxSetLimit(2 /* CU_LIMIT_MALLOC_HEAP_SIZE */, g->size + (rand_r(&seed) % 2) * (g->size / 2));
+            b = p_cuMemAlloc_v2(&p2, g->size);
+        }
+        if (a == CUDA_ERROR_OUT_OF_MEMORY || l == CUDA_ERROR_OUT_OF_MEMORY || b == CUDA_ERROR_OUT_OF_MEMORY)
+            __atomic_add_fetch(&g->refused, 1, __ATOMIC_RELAXED);
+        if (!a && (g->primary || k % 2)) churn_free(p1, me, c, resets);
+        if (!b && g->primary && !check) churn_free(p2, me, c, resets), b = 1;
+        if (check) {
+            if (pthread_barrier_wait(&g->bar) == PTHREAD_BARRIER_SERIAL_THREAD) {
+                size_t f = 0, t = 0;
+                p_cuMemGetInfo_v2(&f, &t);
+                uint64_t counted = g->budget - f, held = fake_used(cur_dev);
+                if (counted < held) g->under++;
+                if (counted > held) g->over++;
+                if (held > counted && held - counted > g->worst) g->worst = held - counted;
+                g->checks++;
+            }
+            pthread_barrier_wait(&g->bar);
+        }
+        if (g->primary) {
+            if (!b) churn_free(p2, me, c, resets); /* held over the check */
+            if (made && rand_r(&seed) % 4 == 0) {
+                pthread_rwlock_wrlock(&g->rw);
+                p_cuDevicePrimaryCtxReset_v2(cur_dev);
+                g->resets++;
+                pthread_rwlock_unlock(&g->rw);
+            }
+            if (made) p_cuDevicePrimaryCtxRelease_v2(cur_dev);
+            continue;
+        }
+        churn_destroy(rand_r(&seed) % 2 ? (me + 1) % g->threads : me);
+        churn_destroy(me);
+        while (!cuCtxPopCurrent_v2(&top)) {} /* made current by its creation; maybe destroyed since */
     }
     return NULL;
 }
@@ -775,20 +873,46 @@ static int run(int argc, char **argv, int i)
             /* ctxrace ROUNDS THREADS SIZE: each round, THREADS threads allocate and free SIZE in a
              * context of their own while this thread destroys it */
             int rounds = (int)num(argv[++i]), nt = atoi(argv[++i]);
-            struct racer_ctx r = {.size = num(argv[++i])};
+            uint64_t size = num(argv[++i]);
             pthread_t th[64];
             unsigned seed = 7;
             rc = 0;
+            if (nt > 64) nt = 64;
             for (int k = 0; k < rounds && !rc; k++) {
                 CUcontext mine;
+                struct racer_ctx r = {.size = size};
                 if ((rc = p_cuCtxCreate_v2(&r.ctx, 0, cur_dev))) break;
                 cuCtxPopCurrent_v2(&mine);
-                for (int t = 0; t < nt && t < 64; t++) pthread_create(&th[t], NULL, ctx_racer, &r);
-                for (int spin = rand_r(&seed) % 2000; spin > 0; spin--) sched_yield();
+                for (int t = 0; t < nt; t++) pthread_create(&th[t], NULL, ctx_racer, &r);
+                /* destroy it once the racers have done a random number of pairs (0: at once), so
+                 * that a busy machine slows a round no more than the work it holds */
+                int want = (int)(rand_r(&seed) % 24);
+                while (__atomic_load_n(&r.pairs, __ATOMIC_ACQUIRE) < want && __atomic_load_n(&r.exited, __ATOMIC_ACQUIRE) < nt)
+                    sched_yield();
                 rc = p_cuCtxDestroy_v2(r.ctx);
-                for (int t = 0; t < nt && t < 64; t++) pthread_join(th[t], NULL);
+                for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
             }
             out(c, rc, NULL);
+        } else if (!strcmp(c, "ctxchurn") || !strcmp(c, "primchurn")) {
+            /* ctxchurn|primchurn THREADS ROUNDS SIZE CHECK BUDGET: see churn_thread; answers refused
+             * allocations, checks, checks where the ledger counted less than the driver held and
+             * where more, the most it counted less */
+            struct churn *g = &g_churn;
+            *g = (struct churn){.threads = atoi(argv[++i]), .rounds = atoi(argv[++i]), .primary = c[0] == 'p'};
+            if (g->primary) cuInit(0);
+            g->size = num(argv[++i]);
+            g->check = atoi(argv[++i]);
+            g->budget = num(argv[++i]);
+            if (g->threads < 1 || g->threads > 64) g->threads = 1;
+            CUcontext slots[64] = {0};
+            pthread_t th[64];
+            g->slot = slots;
+            pthread_barrier_init(&g->bar, NULL, (unsigned)g->threads);
+            pthread_rwlock_init(&g->rw, NULL);
+            for (int t = 0; t < g->threads; t++) pthread_create(&th[t], NULL, churn_thread, (void *)(intptr_t)t);
+            for (int t = 0; t < g->threads; t++) pthread_join(th[t], NULL);
+            pthread_barrier_destroy(&g->bar);
+            out(c, 0, "%d %d %d %d %llu", g->refused, g->checks, g->under, g->over, (unsigned long long)g->worst);
         } else if (!strcmp(c, "deep")) {
             /* deep LIB SIZE: LIB dlopened with RTLD_DEEPBIND allocates SIZE by calling cuMemAlloc_v2,
              * then through its own dlsym; answers both codes and who answered its dlsym */
@@ -803,6 +927,12 @@ static int run(int argc, char **argv, int i)
             if (!a) push(A_PTR, p, 0, size);
             if (!b) push(A_PTR, q, 0, size);
             out(c, 0, "%d %d %s", a, b, who());
+        } else if (!strcmp(c, "ctxdevice")) {
+            /* a driver function the interposer does not wrap, called as a program linked to
+             * libcuda calls it (the symbol, whatever --via says) */
+            CUdevice d = -1;
+            rc = cuCtxGetDevice(&d);
+            out(c, rc, "%d", d);
         } else if (!strcmp(c, "ready")) {
             out(c, 0, NULL); /* the test reads this line, then acts */
         } else if (!strcmp(c, "wait")) {
