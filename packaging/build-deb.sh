@@ -92,7 +92,7 @@ Architecture: $ARCH
 Maintainer: $MAINTAINER
 Section: admin
 Priority: optional
-Depends: python$PYVER, libc6${GLIBC:+ (>= $GLIBC)}
+Depends: python$PYVER, libc6${GLIBC:+ (>= $GLIBC)}, procps
 Suggests: docker.io | docker-ce, slurmd
 Installed-Size: $(du -sk "$ROOT" | cut -f1)
 Description: share one node's GPUs safely: budgets, MPS or time-slicing, a queue
