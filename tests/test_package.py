@@ -172,7 +172,7 @@ say purged: $(ls -d /opt/colo /usr/bin/colo /usr/lib/colo /etc/colo /var/lib/col
 def test_installed_in_a_clean_debian_the_units_execstart_serves_jobs(built, docker_client):
     deb, _ = built
     codename = re.search(r"^VERSION_CODENAME=(\w+)", Path("/etc/os-release").read_text(), re.M).group(1)
-    image = debian_image(docker_client, codename, include=("python3",))  # the package's Python, as apt would add it
+    image = debian_image(docker_client, codename, include=("python3", "procps"))  # its Depends, as apt would add them
     out = docker_client.containers.run(image, ["sh", "-c", INSTALL_AND_RUN], remove=True, stderr=True,
                                        volumes={str(deb.parent): {"bind": "/pkg", "mode": "ro"}},
                                        labels={"colo.test": "package"}).decode()
