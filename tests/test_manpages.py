@@ -44,7 +44,18 @@ def test_every_command_has_a_page_with_every_option_it_takes(pages):
     names = {w[0] for w, _, _ in commands}
     assert {c.name for c in COMMANDS} | {a for c in COMMANDS for a in c.aliases} <= names
     assert {"daemon", "doctor", "config", "drain", "undrain"} <= names
-    assert len(list(pages.glob("*.1"))) == len(commands) + 1
+    assert len(list(pages.glob("*.1"))) == len(commands) + 2  # colo.1, and colo-fakegpu.1:
+
+
+def test_colo_fakegpu_has_a_page_with_each_of_its_commands(pages):
+    import argparse
+
+    from colo.node.fakegpu import _parser
+
+    page = (pages / "colo-fakegpu.1").read_text()
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert sub.choices and all(f".SS {manpage._roff(name)}\n" in page for name in sub.choices)
+    assert ".SS xid\n" in page and ".SS ecc\n" in page
 
 
 @pytest.mark.skipif(shutil.which("groff") is None, reason="groff is not installed")
