@@ -58,6 +58,7 @@ class GpuRow(TypedDict):
     compute_mode: str
     processes: list[dict]  # {"pid", "used", "mps"}
     error: str | None
+    fault: str | None  # what says it is failing (Xid, uncorrectable ECC): colo drained it for that
     usable: int  # bytes colo may give out on it
     mps: bool  # its MPS control daemon runs
     drained: str | None  # colo drain: "drained by root: driver update" (no new job is placed on it)

@@ -77,6 +77,21 @@ install -m 0644 "$WORK/src/packaging/colo-etc.toml" "$ROOT/etc/colo/colo.toml"
 install -m 0644 "$WORK/src/packaging/colo.toml" "$ROOT/usr/share/colo/colo.toml"
 install -m 0644 "$WORK/src/packaging/debian/lintian-overrides" "$ROOT/usr/share/lintian/overrides/colo-gpu"
 install -m 0644 "$WORK/src/README.md" "$WORK/src/docs/install.md" "$WORK/src/docs/slurm.md" "$ROOT/usr/share/doc/colo-gpu/"
+# man pages made from the CLI's own definitions (colo/cli/manpage.py: they say what --help says),
+# and the shells' completion scripts, as the CLI itself writes them (typer's, answered by colo)
+install -d "$ROOT/usr/share/man/man1" "$ROOT/usr/share/bash-completion/completions" \
+  "$ROOT/usr/share/zsh/vendor-completions" "$ROOT/usr/share/fish/vendor_completions.d"
+COLUMNS=80 "$VPY" -m colo.cli.manpage "$ROOT/usr/share/man/man1"
+gzip -9n "$ROOT"/usr/share/man/man1/*.1
+chmod 0644 "$ROOT"/usr/share/man/man1/*.1.gz
+for sh in bash zsh fish; do
+  case $sh in bash) to=usr/share/bash-completion/completions/colo ;; zsh) to=usr/share/zsh/vendor-completions/_colo ;;
+               fish) to=usr/share/fish/vendor_completions.d/colo.fish ;; esac
+  _COLO_COMPLETE=source_$sh "$VPY" -c 'import sys; sys.argv[0] = "colo"; from colo.cli.entry import main; main()' \
+    > "$ROOT/$to"
+  [ -s "$ROOT/$to" ] || { echo "build-deb: no $sh completion script came out" >&2; exit 1; }
+  chmod 0644 "$ROOT/$to"
+done
 YEARS=$(git -C "$REPO" log --format=%cd --date=format:%Y 2>/dev/null | sort -u | sed -n '1p;$p' | uniq | paste -sd- || true)
 printf 'colo (colo-gpu on PyPI)\nCopyright (c) %s the colo authors\nLicense: MIT\nPython dependencies in %s: see %s/bin/pip list\n' \
   "${YEARS:-$(date +%Y)}" "$PREFIX" "$PREFIX" \
@@ -92,7 +107,7 @@ Architecture: $ARCH
 Maintainer: $MAINTAINER
 Section: admin
 Priority: optional
-Depends: python$PYVER, libc6${GLIBC:+ (>= $GLIBC)}
+Depends: python$PYVER, libc6${GLIBC:+ (>= $GLIBC)}, procps
 Suggests: docker.io | docker-ce, slurmd
 Installed-Size: $(du -sk "$ROOT" | cut -f1)
 Description: share one node's GPUs safely: budgets, MPS or time-slicing, a queue

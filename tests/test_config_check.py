@@ -75,4 +75,6 @@ def test_the_command_exits_1_on_errors_and_the_unit_runs_it_first(tmp_path):
     assert r.returncode == 78 and r.stderr.removeprefix("colo: ").strip() in said, r.stderr  # EX_CONFIG
     unit = (REPO / "packaging" / "colo.service").read_text()
     assert "ExecStartPre=/opt/colo/bin/colo config check /etc/colo/colo.toml\n" in unit
+    assert ("ExecReload=/opt/colo/bin/colo config check /etc/colo/colo.toml\n"
+            "ExecReload=/bin/kill -HUP $MAINPID\n") in unit
     assert "ExecStart=/opt/colo/bin/colo daemon --config /etc/colo/colo.toml\n" in unit

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from colo.client import Client
+from colo.node.fakegpu import FakeNode
 from daemon_util import DaemonProc, as_user, gpu_node, wait_for
 
 
@@ -27,9 +28,10 @@ def d():
         port = s.getsockname()[1]
     dp = DaemonProc(root, state, {"metrics_listen": f"127.0.0.1:{port}"}).start()
     dp.metrics_port = port
+    dp.fake = FakeNode(state)
     os.chmod(dp.socket.parent, 0o755)
     yield dp
-    for go in ("go1", "go2", "go3"):
+    for go in ("go1", "go2", "go3", "go4"):
         (root / go).touch()
     dp.stop()
     shutil.rmtree(root, ignore_errors=True)
@@ -132,3 +134,21 @@ def test_a_drain_outlasts_a_restart_and_undrain_lets_jobs_in(d):
     (d.root / "go3").touch()
     d.wait_state(pinned, "succeeded")
     d.wait_state(free, "succeeded")
+
+
+def test_a_gpu_that_reports_an_xid_drains_itself_and_its_job_runs_elsewhere(d):
+    j = d.submit(*gated(d, "go4"))
+    on = d.wait_state(j, "running")["gpus"]
+    g = {u: i for i, u in uuids(d).items()}[on[0]]
+    d.fake.xid(g, 79)  # fallen off the bus, as NVML's event set reports it
+    wait_for(lambda: drained(d)[g] == "drained by colo: Xid 79", 120, "colo to drain the failing GPU")
+    wait_for(lambda: (x := d.job(j))["state"] == "running" and x["gpus"] == [uuids(d)[1 - g]], 120,
+             "its job to run again on the other GPU")
+    said = f"requeued: GPU {g} drained by colo: Xid 79"
+    assert any(e["reason"] == said and e["new"] == "queued" for e in d.client.show(j)["events"])
+    assert f"[colo: {said}]" in d.cli("logs", str(j), check=True).stdout  # its owner is told in its log
+    assert f"GPU{g} is drained by colo: Xid 79" in d.cli("gpus", check=True).stdout
+    (d.root / "go4").touch()
+    d.wait_state(j, "succeeded")
+    assert f"GPU {g}: back in service" in d.cli("undrain", str(g), check=True).stdout
+    assert drained(d) == {0: None, 1: None}

@@ -1,6 +1,9 @@
 """Prometheus metrics: a real daemon with `metrics_listen`, scraped over HTTP and read with
-Prometheus' own text parser (prometheus_client.parser)."""
+Prometheus' own text parser (prometheus_client.parser), and linted by promtool where it is
+installed (Debian's prometheus package: .ci/run installs it)."""
+import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -53,6 +56,7 @@ def test_metrics_show_budgets_jobs_queue_and_counters_that_only_go_up(tmp_path, 
         assert got[("colo_user_budgeted_bytes", (("user", user),))] == 512 * MiB
         mode = d.client.show(job)["mode"]
         assert got[("colo_gpu_jobs", (("gpu", "0"), ("mode", mode), ("uuid", uuid)))] == 1
+        _promtool_check(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
 
         # counted in seconds while the job runs
         running = wait_for(lambda: (m := _scrape(port)).get(("colo_user_gpu_seconds_total", (("user", user),)), 0)
@@ -74,6 +78,16 @@ def test_metrics_show_budgets_jobs_queue_and_counters_that_only_go_up(tmp_path, 
         assert after[("colo_user_gpu_seconds_total", (("user", user),))] >= before
     finally:
         d.stop()
+
+
+def _promtool_check(text: str) -> None:
+    """`promtool check metrics`: no complaint (names, units, HELP and TYPE as Prometheus wants them).
+    Without promtool the parser above is the check; CI (CI=true) must have it."""
+    if shutil.which("promtool") is None:
+        assert not os.environ.get("CI"), "promtool is missing: .ci/run installs Debian's prometheus package"
+        return
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
 
 
 def _try_scrape(port: int):

@@ -132,7 +132,7 @@ def daemon(
         if os.geteuid() != 0 and socket is None:  # clients look for the system daemon unless told
             print(f"colo: a private daemon on {cfg.socket}: its clients need COLO_SOCKET={cfg.socket}",
                   file=sys.stderr)
-        asyncio.run(serve(cfg))
+        asyncio.run(serve(cfg, lambda: Config.load(config, socket=socket, state_dir=state_dir, fakegpu_state=fake_gpus)))
     except (ConfigError, AlreadyRunning, StoreError, RuntimeError, PermissionError) as e:
         fail(str(e))
 

@@ -126,8 +126,10 @@ class Daemon:
         self.engines.add("slurm", SlurmRuntime(c, self.table))  # jobs Slurm started here (external.py)
         self.patrol = Patrol(c, self.table, self.gpus, self.engines, stop=self.launcher.stop_for_patrol,
                              gate_spared=gate_spared)
+        self.drains = Drains(c, self.store, self.table, self.gpus, self.launcher, self.scheduler.wake)
+        self.drains.load()  # before the first pass and scrape: nothing is placed on a GPU drained before the restart
         self.sampler = Sampler(c, self.table, self.gpus, self.engines, self.launcher, self.patrol,
-                               wake=self.scheduler.wake)
+                               wake=self.scheduler.wake, faulted=self.drains.faults)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
                                  wake=self.scheduler.wake)
         self.sessions = Watch(self.table, self.engines, cancel=self.launcher.cancel)
@@ -135,8 +137,6 @@ class Daemon:
         self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
                                    lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake,
                                    lambda: self.scheduler.decisions, self.sampler.usage)
-        self.drains = Drains(c, self.store, self.table, self.gpus, self.launcher, self.scheduler.wake)
-        self.drains.load()  # before the first pass and scrape: nothing is placed on a GPU drained before the restart
         self.metrics = Metrics(c, self.table, self.gpus, self.sampler, self.patrol,
                                self.suspender.figures) if c.metrics_listen else None
         if self.metrics is not None:

@@ -7,10 +7,18 @@ unless the drain says --now: then they are queued again under their ids (Launche
 and start on another GPU. Left running, and named in the reply: Slurm's jobs (Slurm's to move),
 suspended ones (a suspend or resume may be under way; their memory is in host memory) and jobs
 still starting.
+
+Faults drain by themselves (`faults`, at each sample): a GPU NVML stops answering for ("GPU is
+lost": fallen off the bus) or that says it is failing (a critical Xid event, uncorrectable ECC
+errors: colo/node/gpu.py reads them) is drained "by colo" with that reason, and its jobs are
+requeued as with --now, each told in its log. Nothing is ever undrained here: an admin's
+`colo undrain` puts it back, and holds until the GPU reports a new fault.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from .. import protocol
@@ -20,12 +28,16 @@ from .validate import Caller, is_admin
 
 if TYPE_CHECKING:
     from ..config import Config
+    from ..jobs import Job
+    from ..node.gpu import GpuInfo
     from ..store import Store
     from .gpus import Gpus
     from .jobtable import JobTable
     from .launcher import Launcher
 
 log = logging.getLogger("colo")
+
+FAULT_BY = "colo"  # who drained a GPU that failed
 
 
 def drained_text(by: str, reason: str) -> str:
@@ -37,6 +49,7 @@ class Drains:
                  wake):
         self.config, self.store, self.table, self.gpus, self.launcher, self.wake = (
             config, store, table, gpus, launcher, wake)
+        self._faults: dict[str, str] = {}  # uuid -> the fault that last drained it (each drains once)
 
     def load(self) -> None:
         """The drains stored before this start, back in force (a GPU no longer seen stays drained)."""
@@ -83,22 +96,69 @@ class Drains:
             self.gpus.set_drained(uuid, text)
             log.info("GPU %d (%s) %s", index, uuid, text)
         if args.get("now"):
-            out = {u for u, _ in gpus}
-            for job in self.table.jobs_in(State.STARTING, State.RUNNING):
-                if not out & set(job.gpus):
-                    continue
-                why = ("Slurm's job: Slurm moves it" if job.spec.slurm_job is not None
-                       else "suspended: its memory is in host memory (colo cancel, or resume it)" if job.suspended
-                       else "still starting" if job.state != State.RUNNING or not job.handle else None)
-                if why:
-                    left.append({"id": job.id, "why": why})
-                    continue
-                names = ", ".join(f"GPU {i}" for u, i in gpus if u in job.gpus)
-                await self.launcher.requeue_running(job, f"requeued: {names} {text} (--now)")
-                requeued.append(job.id)
+            requeued, left = await self._move_off(gpus, text, " (--now)")
         self.wake()
         return {"gpus": [{"index": i, "uuid": u, "drained": text} for u, i in gpus], "requeued": requeued,
                 "left": left}
+
+    async def _move_off(self, gpus: list[tuple[str, int]], text: str, how: str) -> tuple[list[int], list[dict]]:
+        """Requeue the jobs running on `gpus` (each told in its log); those left there, and why."""
+        out = {u for u, _ in gpus}
+        requeued: list[int] = []
+        left: list[dict] = []
+        for job in self.table.jobs_in(State.STARTING, State.RUNNING):
+            if not out & set(job.gpus):
+                continue
+            why = ("Slurm's job: Slurm moves it" if job.spec.slurm_job is not None
+                   else "suspended: its memory is in host memory (colo cancel, or resume it)" if job.suspended
+                   else "still starting" if job.state != State.RUNNING or not job.handle else None)
+            if why:
+                left.append({"id": job.id, "why": why})
+                continue
+            names = ", ".join(f"GPU {i}" for u, i in gpus if u in job.gpus)
+            said = f"requeued: {names} {text}{how}"
+            await self._tell(job, said)
+            await self.launcher.requeue_running(job, said)
+            requeued.append(job.id)
+        return requeued, left
+
+    async def _tell(self, job: "Job", text: str) -> None:
+        """A line in a process job's log (the shim's, appended to; a container's log is its
+        engine's: the job's reason says it there)."""
+        if job.spec.runtime != "process":
+            return
+
+        def append() -> None:
+            fd = os.open(self.config.log_path(job.id), os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.write(fd, f"\n[colo: {text}]\n".encode())
+            finally:
+                os.close(fd)
+        try:
+            await asyncio.to_thread(append)
+        except OSError as e:  # telling is best effort: its reason says it too
+            log.warning("job %d: could not write to its log: %s", job.id, e)
+
+    async def faults(self, devices: list["GpuInfo"]) -> None:
+        """Drain each GPU that newly reports a fault (lost, in error, Xid, ECC), with that reason,
+        and requeue its jobs. A fault drains once: after `colo undrain` the GPU stays in service
+        until its fault changes (a new Xid, more ECC errors, lost again after it answered)."""
+        for d in devices:
+            why = d.error or d.fault
+            if why == self._faults.get(d.uuid):
+                continue
+            if why is None:  # it answers and reports nothing: a later fault drains it again
+                self._faults.pop(d.uuid, None)
+                continue
+            self._faults[d.uuid] = why
+            text = drained_text(FAULT_BY, why)
+            self.store.set_drain(d.uuid, d.index, FAULT_BY, why)
+            self.gpus.set_drained(d.uuid, text)
+            requeued, left = await self._move_off([(d.uuid, d.index)], text, "")
+            log.error("GPU %d (%s) %s; requeued: %s%s (colo undrain %d puts it back)", d.index, d.uuid, text,
+                      ", ".join(map(str, requeued)) or "no job",
+                      "".join(f"; job {j['id']} left there: {j['why']}" for j in left), d.index)
+            self.wake()
 
     async def undrain(self, caller: Caller, args: dict) -> dict:
         self._admin(caller, "undrain")

@@ -73,8 +73,9 @@ def idle_step(policy: str, interactive: bool, idle_since: float | None, told: fl
 
 class Sampler:
     def __init__(self, config: Config, table: JobTable, gpus: Gpus, engines: Engines, launcher: Launcher,
-                 patrol: Patrol, wake: Callable[..., None]):
+                 patrol: Patrol, wake: Callable[..., None], faulted=None):
         self.config = config
+        self.faulted = faulted  # async (devices): drains what NVML reports failing (drain.Drains.faults)
         self.table = table
         self.gpus = gpus
         self.engines = engines
@@ -97,6 +98,8 @@ class Sampler:
             devices = await asyncio.to_thread(gpus.refresh)
             if gpus.error is None:
                 self._note_gpu_errors(gpus.adopt(devices), devices)
+                if self.faulted is not None:
+                    await self.faulted(devices)
         m = gpus.mps
         if m.available():
             report = await asyncio.to_thread(m.check)
@@ -131,16 +134,15 @@ class Sampler:
         self._log_sizes = {j.id: logtimes.note(self.config.log_path(j.id), last.get(j.id, 0)) for j in active}
 
     def _note_gpu_errors(self, before: list[GpuInfo], after: list[GpuInfo]) -> None:
-        """Say when the driver stops (or starts again) answering for a GPU. Its running jobs are
-        left alone, keeping their budgets (they may well be running fine); nothing new goes there."""
+        """Say when the driver stops (or starts again) answering for a GPU (`faulted` drains it and
+        moves its jobs; without it nothing new goes there while it does not answer)."""
         was = {d.uuid: d.error for d in before}
         for d in after:
             if d.error and not was.get(d.uuid):
-                jobs = [j.id for j in self.table.jobs_in(*ACTIVE) if d.uuid in j.gpus]
-                log.error("GPU%d (%s): %s; no new job is placed on it until it answers again%s", d.index, d.uuid,
-                          d.error, f"; its jobs {', '.join(map(str, jobs))} are left running" if jobs else "")
+                log.error("GPU%d (%s): %s", d.index, d.uuid, d.error)
             elif not d.error and was.get(d.uuid):
-                log.warning("GPU%d (%s) answers again: jobs may be placed on it", d.index, d.uuid)
+                log.warning("GPU%d (%s) answers again%s", d.index, d.uuid,
+                            " (it stays drained until colo undrain)" if self.faulted is not None else "")
                 self.wake()
 
     def _usage_samples(self, running: list[Job]) -> list[tuple]:

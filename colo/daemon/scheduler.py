@@ -125,8 +125,7 @@ class Scheduler:
         self._begins: dict[int, float] = {}  # queued jobs not to start before a time (--begin): when
         self._unsettled = 0  # jobs queued since the heap was last settled (_settle)
         self.fair_ledger = fairshare.Ledger(config.fair_share_half_life)
-        self.limits = fairshare.Limits(config.max_queued_per_user, config.max_running_per_user,
-                                       config.max_gpu_mem_per_user)
+        self.set_limits(config.max_queued_per_user, config.max_running_per_user, config.max_gpu_mem_per_user)
         self.last_pass: dict = {}
         self._views: list[policy.GpuView] = []  # the GPUs as the pass that runs sees them
         self._grow_planned = False
@@ -144,6 +143,10 @@ class Scheduler:
 
     def close(self) -> None:
         self._writer.close()
+
+    def set_limits(self, queued: int, running: int, gpu_mem: int) -> None:
+        """The per-user limits (at start, and when a config reload changes them)."""
+        self.limits = fairshare.Limits(queued, running, gpu_mem)
 
     def wake(self, full: bool = True) -> None:
         """Run the scheduler soon; full=False: only new jobs need planning."""

@@ -13,6 +13,7 @@ import socket
 import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from .. import protocol
 from ..config import Config
@@ -21,7 +22,7 @@ from ..store import StoreError
 from . import heap, logflood
 from .accept import Acceptor
 from .api import ATTACHED, STREAMS, Api, ApiError
-from . import systemd
+from . import reload, systemd
 from .core import Daemon
 from .validate import Caller, is_admin
 
@@ -407,7 +408,8 @@ def raise_fd_limit(want: int = FD_LIMIT) -> int:
     return FD_LIMIT if soft == resource.RLIM_INFINITY else soft
 
 
-async def serve(config: Config) -> None:
+async def serve(config: Config, load: Callable[[], Config] | None = None) -> None:
+    """load: reads the config again (SIGHUP), as it was read at start."""
     fd_limit = raise_fd_limit()
     heap.fix_thresholds()
     summary = logflood.install()
@@ -428,6 +430,8 @@ async def serve(config: Config) -> None:
         loop.set_default_executor(ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="colo"))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.stop)
+        if load is not None:  # `systemctl reload colo`: what can change live (reload.py)
+            loop.add_signal_handler(signal.SIGHUP, reload.reload, daemon, load)
         flush = loop.call_later(logflood.WINDOW, _every, loop, logflood.WINDOW, summary.flush)
         log.info("colo daemon listening on %s, state in %s (%d descriptors)", config.socket, config.state_dir,
                  fd_limit)

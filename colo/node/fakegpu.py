@@ -95,6 +95,15 @@ class FakeNode:
         "unknown", a numeric NVML code, or "off" to answer again."""
         _ctl("fail-nvml", str(self.state), str(index), str(how))
 
+    def xid(self, index: int, code: int) -> None:
+        """An Xid error on device `index` (79: fallen off the bus, 48: double-bit ECC...): NVML's event
+        sets registered for Xid critical errors deliver it."""
+        _ctl("xid", str(self.state), str(index), str(code))
+
+    def ecc(self, index: int, count: int = 1) -> None:
+        """`count` more uncorrectable ECC errors on device `index`; its page retirement is pending then."""
+        _ctl("ecc", str(self.state), str(index), str(count))
+
     def set_mps_attribution(self, how: str) -> None:
         """Whose pid NVML's per-process samples give MPS clients' activity: "client" (their own)
         or "server" (their server's, as some real drivers report it)."""
@@ -202,6 +211,12 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("path", metavar="PATH")
     f.add_argument("index", help="a device's index, or all")
     f.add_argument("how", help="lost, unknown, an NVML code, or off")
+    for name, what, number in (("xid", "an Xid error event on a device", "code"),
+                               ("ecc", "uncorrectable ECC errors on a device (page retirement pending)", "count")):
+        x = sub.add_parser(name, help=what)
+        x.add_argument("path", metavar="PATH")
+        x.add_argument("index", type=int)
+        x.add_argument(number, type=int)
     n = sub.add_parser("nodes", help="make the simulated /dev/nvidia* files again, gated as an admin gates a real "
                                      "node (docs/gating.md)")
     n.add_argument("path", metavar="PATH")
@@ -231,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
             node.set_compute_mode(args.index, args.mode)
         elif args.cmd == "fail-nvml":
             node.fail_nvml(args.index, args.how)
+        elif args.cmd == "xid":
+            node.xid(args.index, args.code)
+        elif args.cmd == "ecc":
+            node.ecc(args.index, args.count)
         elif args.cmd == "nodes":
             node.make_nodes(args.char, _gid(args.group), args.mode)
         else:

@@ -26,6 +26,10 @@ NO_DRIVER = ("no NVIDIA driver found (libnvidia-ml.so.1 could not be loaded): GP
 
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 
+# Xids that a program causes (illegal address, its own MMU fault, a kill...), not the GPU: as the
+# NVIDIA device plugin, colo does not take a GPU out of service for them. Every other Xid drains it.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
 
 @dataclass
 class GpuProcess:
@@ -46,6 +50,7 @@ class GpuInfo:
     compute_mode: str = "default"
     processes: list[GpuProcess] = field(default_factory=list)
     error: str | None = None  # NVML stopped answering for it (e.g. "GPU is lost"): nothing is placed there
+    fault: str | None = None  # it answers but says it is failing (Xid errors, uncorrectable ECC): drained
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,6 +69,9 @@ class Nvml:
         self._ok = False
         self._missing: set[str] = set()
         self._last: dict[int, GpuInfo] = {}  # index -> last good reading
+        self._events = None  # NVML's event set for Xid errors, made at the first devices()
+        self._handles: dict[int, int] = {}  # a registered handle's address -> its index
+        self._xids: dict[int, tuple[int, int]] = {}  # index -> (latest critical Xid, how many seen)
 
     def init(self) -> None:
         with self._lock:
@@ -129,9 +137,47 @@ class Nvml:
                 total=mem.total, used=mem.used,
                 sm_util=util.gpu if util else None, mem_util=util.memory if util else None,
                 compute_mode=COMPUTE_MODES.get(mode, str(mode)), processes=list(procs.values()))
+            info.fault = self._fault(i, h)
             self._last[i] = info
             out.append(info)
         return out
+
+    def _fault(self, index: int, h) -> str | None:
+        """What says the device is failing: critical Xid events since this session began (NVML's
+        event set, read without waiting), uncorrectable ECC errors since the driver loaded."""
+        self._read_events(index, h)
+        why = []
+        if index in self._xids:
+            code, n = self._xids[index]
+            why.append(f"Xid {code}" + (f" ({n} critical Xid events)" if n > 1 else ""))
+        dbe = self._get(pynvml.nvmlDeviceGetTotalEccErrors, h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                        pynvml.NVML_VOLATILE_ECC)
+        if dbe:
+            pending = self._get(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+            why.append(f"{dbe} uncorrectable ECC error{'s' if dbe > 1 else ''}"
+                       + (", page retirement pending (reset the GPU)" if pending else ""))
+        return "; ".join(why) or None
+
+    def _read_events(self, index: int, h) -> None:
+        """Register the device for Xid errors once; take every event waiting in the set."""
+        if self._events is None:
+            self._events = self._get(pynvml.nvmlEventSetCreate) or False
+        if not self._events:
+            return
+        key = ctypes.cast(h, ctypes.c_void_p).value
+        if key not in self._handles:
+            if self._get(pynvml.nvmlDeviceRegisterEvents, h, pynvml.nvmlEventTypeXidCriticalError, self._events,
+                         default=False) is False:
+                return  # not supported on this device (or this driver): its ECC counts still count
+            self._handles[key] = index
+        while True:
+            try:
+                ev = pynvml.nvmlEventSetWait(self._events, 0)
+            except pynvml.NVMLError:  # NVML_ERROR_TIMEOUT: nothing waiting
+                return
+            at = self._handles.get(ctypes.cast(ev.device, ctypes.c_void_p).value)
+            if at is not None and ev.eventData not in APPLICATION_XIDS:
+                self._xids[at] = (int(ev.eventData), self._xids.get(at, (0, 0))[1] + 1)
 
     def set_compute_mode(self, index: int, mode: str) -> None:
         """Needs root on a real driver; raises pynvml's error when refused."""

@@ -6,6 +6,8 @@
  *   colo-fakegpu set-sms PATH INDEX N           SM count (CUDA's default order is fastest first)
  *   colo-fakegpu fail-nvml PATH INDEX|all lost|unknown|CODE|off
  *                                               NVML queries of the device fail with that code
+ *   colo-fakegpu xid PATH INDEX CODE            an Xid error event on the device (NVML event sets)
+ *   colo-fakegpu ecc PATH INDEX N               N more uncorrectable ECC errors (retirement pending)
  *   colo-fakegpu mps-attribution PATH client|server
  *                                               whose pid NVML's per-process samples give MPS
  *                                               clients' activity ($COLO_FAKEGPU_MPS_ATTRIBUTION
@@ -25,6 +27,8 @@ static int usage(void)
             "       colo-fakegpu set-compute-mode PATH INDEX default|exclusive_process|prohibited\n"
             "       colo-fakegpu set-sms PATH INDEX N\n"
             "       colo-fakegpu fail-nvml PATH INDEX|all lost|unknown|CODE|off\n"
+            "       colo-fakegpu xid PATH INDEX CODE\n"
+            "       colo-fakegpu ecc PATH INDEX N\n"
             "       colo-fakegpu mps-attribution PATH client|server\n");
     return 2;
 }
@@ -183,6 +187,32 @@ static int cmd_fail_nvml(fg_state *s, const char *idx, const char *how)
     return 0;
 }
 
+/* A simulated fault: an Xid event (`xid`: its code) or uncorrectable ECC errors (`ecc`: how many). */
+static int cmd_fault(fg_state *s, const char *what, const char *idx, const char *n)
+{
+    char *end = NULL;
+    long d = strtol(idx, &end, 10);
+    if (*end || d < 0 || (uint32_t)d >= s->h->ndev) {
+        fprintf(stderr, "colo-fakegpu: no device %s\n", idx);
+        return 1;
+    }
+    unsigned long v = strtoul(n, &end, 10);
+    if (*end || !*n || v == 0 || v > 0xFFFFFFFFul) {
+        fprintf(stderr, "colo-fakegpu: %s needs a positive number, not %s\n", what, n);
+        return 1;
+    }
+    struct fg_device *dv = &s->h->dev[d];
+    fg_lock(s);
+    if (!strcmp(what, "xid")) {
+        __atomic_store_n(&dv->xid_last, (uint32_t)v, __ATOMIC_RELEASE);
+        __atomic_add_fetch(&dv->xid_seq, 1, __ATOMIC_RELEASE); /* after the code: a reader sees both */
+    } else {
+        __atomic_add_fetch(&dv->ecc_dbe, (uint64_t)v, __ATOMIC_RELEASE);
+    }
+    fg_unlock(s);
+    return 0;
+}
+
 static int cmd_attribution(fg_state *s, const char *how)
 {
     uint32_t v;
@@ -218,6 +248,8 @@ int main(int argc, char **argv)
         r = cmd_sms(&s, argv[3], argv[4]);
     else if (!strcmp(argv[1], "fail-nvml") && argc == 5)
         r = cmd_fail_nvml(&s, argv[3], argv[4]);
+    else if ((!strcmp(argv[1], "xid") || !strcmp(argv[1], "ecc")) && argc == 5)
+        r = cmd_fault(&s, argv[1], argv[3], argv[4]);
     else if (!strcmp(argv[1], "mps-attribution") && argc == 4)
         r = cmd_attribution(&s, argv[3]);
     else

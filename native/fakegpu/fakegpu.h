@@ -38,7 +38,10 @@ struct fg_device {
     uint32_t cc_major, cc_minor;
     uint32_t pci_bus;
     uint32_t nvml_fail;   /* non-zero: every NVML query of this device returns this code (tests) */
-    uint64_t spare[6];
+    uint32_t xid_seq;     /* bumped at each simulated Xid error: event sets deliver what is new to them */
+    uint32_t xid_last;    /* the latest Xid's code */
+    uint64_t ecc_dbe;     /* uncorrectable (double-bit) ECC errors since the driver loaded; >0: retirement pending */
+    uint64_t spare[4];
 };
 
 struct fg_slot {

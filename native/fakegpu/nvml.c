@@ -507,3 +507,113 @@ FG_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
     *count = (unsigned)n;
     return NVML_SUCCESS;
 }
+
+/* Health as colo and the NVIDIA device plugin read it: uncorrectable ECC errors (and so a page
+ * retirement pending until the GPU is reset), and Xid critical errors through an event set.
+ * `colo-fakegpu ecc` and `colo-fakegpu xid` raise them. */
+enum { NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1, NVML_ERROR_TIMEOUT = 10, NVML_ERROR_MEMORY = 20 };
+#define EVENT_XID 0x8ULL /* nvmlEventTypeXidCriticalError: the only kind simulated */
+#define SET_MAGIC 0x4e564556u
+
+FG_API nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int type, int counter, unsigned long long *count)
+{
+    struct fg_device *dv;
+    nvmlReturn_t r = dev_arg(d, &dv, count != NULL && (type == 0 || type == 1) && (counter == 0 || counter == 1));
+    if (r)
+        return r;
+    *count = type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED ? __atomic_load_n(&dv->ecc_dbe, __ATOMIC_ACQUIRE) : 0;
+    return NVML_SUCCESS;
+}
+
+FG_API nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t d, int *pending)
+{
+    struct fg_device *dv;
+    nvmlReturn_t r = dev_arg(d, &dv, pending != NULL);
+    if (r)
+        return r;
+    *pending = __atomic_load_n(&dv->ecc_dbe, __ATOMIC_ACQUIRE) > 0;
+    return NVML_SUCCESS;
+}
+
+/* A set remembers, per device, how far into the device's Xid sequence it has delivered: an event
+ * raised before the device was registered is not delivered (as NVML's), several raised between two
+ * waits are delivered as one, with the latest code. */
+struct nvml_event_set { uint32_t magic; uint64_t types[FG_MAX_DEV]; uint32_t seen[FG_MAX_DEV]; };
+typedef struct nvml_event_set *nvmlEventSet_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+FG_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    if (!ready())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!(*set = calloc(1, sizeof **set)))
+        return NVML_ERROR_MEMORY;
+    (*set)->magic = SET_MAGIC;
+    return NVML_SUCCESS;
+}
+
+FG_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    if (!set || set->magic != SET_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    set->magic = 0;
+    free(set);
+    return NVML_SUCCESS;
+}
+
+FG_API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types)
+{
+    struct fg_device *dv;
+    nvmlReturn_t r = dev_arg(d, &dv, types != NULL);
+    if (r)
+        return r;
+    *types = EVENT_XID;
+    return NVML_SUCCESS;
+}
+
+FG_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, nvmlEventSet_t set)
+{
+    struct fg_device *dv;
+    nvmlReturn_t r = dev_arg(d, &dv, set != NULL && set->magic == SET_MAGIC);
+    if (r)
+        return r;
+    if (types & ~EVENT_XID)
+        return NVML_ERROR_NOT_SUPPORTED;
+    set->types[d->index] |= types;
+    set->seen[d->index] = __atomic_load_n(&dv->xid_seq, __ATOMIC_ACQUIRE);
+    return NVML_SUCCESS;
+}
+
+FG_API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeout_ms)
+{
+    if (!ready())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set || set->magic != SET_MAGIC || !data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned waited = 0;; waited += 10) {
+        for (uint32_t i = 0; i < S.h->ndev; i++) {
+            uint32_t seq = __atomic_load_n(&S.h->dev[i].xid_seq, __ATOMIC_ACQUIRE);
+            if (!(set->types[i] & EVENT_XID) || seq == set->seen[i])
+                continue;
+            set->seen[i] = seq;
+            *data = (nvmlEventData_t){&g_devs[i], EVENT_XID,
+                                      __atomic_load_n(&S.h->dev[i].xid_last, __ATOMIC_ACQUIRE), 0xFFFFFFFFu,
+                                      0xFFFFFFFFu};
+            return NVML_SUCCESS;
+        }
+        if (waited >= timeout_ms)
+            return NVML_ERROR_TIMEOUT;
+        usleep(10000);
+    }
+}
+
+FG_API nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeout_ms)
+{
+    return nvmlEventSetWait_v2(set, data, timeout_ms);
+}
