@@ -124,6 +124,12 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
         at REAL NOT NULL
     );
     """,
+    # 12: `colo suspend`: the seconds a job spent suspended (its memory in host memory, nothing
+    # running), which fair share and `colo report` do not count as GPU use (fairshare.held_span)
+    """
+    ALTER TABLE jobs ADD COLUMN off_gpu REAL NOT NULL DEFAULT 0;
+    ALTER TABLE cleaned_use ADD COLUMN off_gpu REAL NOT NULL DEFAULT 0;
+    """,
 ]
 
 # Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
@@ -196,7 +202,7 @@ _LS_SQL = {
 _LS_JSON = ("gpus", "argv")  # stored as JSON text
 
 _JOB_COLS = ("id, spec, uid, gid, user, state, reason, submitted_at, started_at, ended_at, "
-             "exit_code, gpus, mode, handle, attempts, cancel_by, held_by, paused_by, suspended")
+             "exit_code, gpus, mode, handle, attempts, cancel_by, held_by, paused_by, suspended, off_gpu")
 
 
 class StoreError(RuntimeError):
@@ -223,7 +229,7 @@ def _row_to_job(r: tuple, spec: JobSpec) -> Job:
         state=State(r[5]), reason=intern(r[6]), submitted_at=r[7], started_at=r[8], ended_at=r[9],
         exit_code=r[10], gpus=json.loads(r[11]) if r[11] != "[]" else (), mode=Mode(r[12]) if r[12] else None,
         handle=r[13], attempts=r[14], cancel_by=r[15], held_by=r[16], paused_by=r[17],
-        suspended=r[18])
+        suspended=r[18], off_gpu=r[19])
 
 
 def _decoded(rows: list[tuple], fields: list[str]) -> list[tuple]:
@@ -517,7 +523,7 @@ class Store:
         spec = "spec" if full else ("json_object('name', json_extract(spec, '$.name'), 'gpus', "
                                     "json_extract(spec, '$.gpus'), 'gpu_mem', json_extract(spec, '$.gpu_mem'))")
         q = (f"SELECT id, uid, gid, user, state, jobs.reason, exit_code, submitted_at, started_at, ended_at, jobs.gpus, "
-             f"jobs.mode, attempts, {spec}, json_extract(d.details, '$.profile_runtime'), "
+             f"jobs.mode, attempts, off_gpu, {spec}, json_extract(d.details, '$.profile_runtime'), "
              f"json_extract(d.details, '$.predicted_slowdown') "
              f"FROM jobs LEFT JOIN decisions d ON d.job_id = jobs.id{where} "
              "ORDER BY id DESC")
@@ -529,23 +535,25 @@ class Store:
             more = self.db.execute(f"SELECT count(*) FROM jobs{where}", args).fetchone()[0] - limit
         loads = json.loads
         keys = ("id", "uid", "gid", "user", "state", "reason", "exit_code", "submitted_at", "started_at",
-                "ended_at", "gpus", "mode", "attempts")
+                "ended_at", "gpus", "mode", "attempts", "off_gpu")
         out = []
         for r in reversed(rows):
             row = dict(zip(keys, r))
             row["gpus"] = loads(r[10])
-            row["spec"] = self._full(r[13]) if full else loads(r[13])
-            row["alone_s"], row["predicted_slowdown"] = r[14], r[15]
+            row["spec"] = self._full(r[14]) if full else loads(r[14])
+            row["alone_s"], row["predicted_slowdown"] = r[15], r[16]
             out.append(row)
         return out, more
 
     # One job's figures as report.job_figures makes them, in SQL (`colo report` adds them up here).
     _FIGURES = """
-        SELECT user, jobs.state AS state, ran, ngpus, budget, waited,
+        SELECT user, jobs.state AS state, ran, held, ngpus, budget, waited,
                CASE WHEN alone > 0 AND ran > 0 AND jobs.state = 'succeeded' THEN ran / alone END AS slow
         FROM (SELECT *,
                 CASE WHEN started_at IS NULL THEN 0.0
                      ELSE max(0.0, coalesce(ended_at, started_at) - started_at) END AS ran,
+                CASE WHEN started_at IS NULL THEN 0.0
+                     ELSE max(0.0, coalesce(ended_at, started_at) - started_at - off_gpu) END AS held,
                 CASE WHEN json_array_length(gpus) > 0 THEN json_array_length(gpus)
                      WHEN started_at IS NULL THEN 0 ELSE coalesce(json_extract(spec, '$.gpus'), 0) END AS ngpus,
                 coalesce(json_extract(spec, '$.gpu_mem'), 0) AS budget,
@@ -567,7 +575,7 @@ class Store:
                       "slowdown_median": None, "slowdown_max": r[8]}
                for r in self.db.execute(
                    f"SELECT user, count(*), sum(state = 'succeeded'), sum(state IN ('failed', 'lost')), "
-                   f"total(ngpus * ran) / 3600.0, total(budget * ngpus * ran) / 3600.0 / {1024**3}, "
+                   f"total(ngpus * held) / 3600.0, total(budget * ngpus * held) / 3600.0 / {1024**3}, "
                    f"max(waited), count(slow), max(slow) FROM ({f}) GROUP BY user", args)}
         for col, key in (("waited", "wait_median"), ("slow", "slowdown_median")):
             for user, v in self.db.execute(
@@ -635,6 +643,13 @@ class Store:
             if new != State.RUNNING:
                 sets.setdefault("paused_by", None)  # only a running job is paused
                 sets.setdefault("suspended", None)  # or suspended
+                # a job that ends suspended: its time since the suspend is added to its time off
+                # the GPU (the record's "at": when its checkpoint was done; suspend.Record)
+                off = self.db.execute("SELECT off_gpu + CASE WHEN json_extract(suspended, '$.phase') = 'suspended' "
+                                      "THEN max(0.0, ? - json_extract(suspended, '$.at')) ELSE 0.0 END FROM jobs "
+                                      "WHERE id=? AND suspended IS NOT NULL", (sets.get("ended_at", now), job_id)).fetchone()
+                if off is not None:
+                    sets.setdefault("off_gpu", off[0])
             for k in ("gpus",):
                 if k in sets and not isinstance(sets[k], str):
                     sets[k] = json.dumps(list(sets[k]))
@@ -693,12 +708,12 @@ class Store:
         return dict(at=r[0], action=r[1], mode=r[2], gpus=json.loads(r[3]), reason=r[4], details=json.loads(r[5]))
 
     def gpu_use(self, since: float) -> list[tuple[int, int, int, float, float]]:
-        """(uid, budget, gpus, started_at, ended_at) of GPU jobs that ended after `since` (fair share),
-        those removed since (cleaned_use) included."""
+        """(uid, budget, gpus, started_at, ended_at, off_gpu) of GPU jobs that ended after `since` (fair
+        share), those removed since (cleaned_use) included."""
         return list(self.db.execute(
-            "SELECT uid, json_extract(spec, '$.gpu_mem'), json_array_length(gpus), started_at, ended_at FROM jobs "
-            "WHERE ended_at > ? AND started_at IS NOT NULL AND gpus != '[]' "
-            "UNION ALL SELECT uid, budget, gpus, started_at, ended_at FROM cleaned_use WHERE ended_at > ?",
+            "SELECT uid, json_extract(spec, '$.gpu_mem'), json_array_length(gpus), started_at, ended_at, off_gpu "
+            "FROM jobs WHERE ended_at > ? AND started_at IS NOT NULL AND gpus != '[]' "
+            "UNION ALL SELECT uid, budget, gpus, started_at, ended_at, off_gpu FROM cleaned_use WHERE ended_at > ?",
             (since, since)))
 
     # samples ----------------------------------------------------------------------------------
@@ -773,8 +788,9 @@ class Store:
                 return []
             marks = ",".join("?" * len(gone))
             self.db.execute(
-                "INSERT INTO cleaned_use(uid, budget, gpus, started_at, ended_at) "
-                "SELECT uid, coalesce(json_extract(spec, '$.gpu_mem'), 0), json_array_length(gpus), started_at, ended_at "
+                "INSERT INTO cleaned_use(uid, budget, gpus, started_at, ended_at, off_gpu) "
+                "SELECT uid, coalesce(json_extract(spec, '$.gpu_mem'), 0), json_array_length(gpus), started_at, ended_at, "
+                "off_gpu "
                 f"FROM jobs WHERE id IN ({marks}) AND started_at IS NOT NULL AND gpus != '[]' AND ended_at > ?",
                 [*gone, keep_use_since])
             self.db.execute("DELETE FROM cleaned_use WHERE ended_at <= ?", (keep_use_since,))

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..config import Config
 from ..jobs import ACTIVE, Job, Mode, State
 from ..node import interposer
-from ..sched import policy
+from ..sched import fairshare, policy
 from ..units import format_size
 from .gpus import Gpus
 from .jobtable import JobTable
@@ -65,6 +65,20 @@ def releases_budget(job: Job) -> bool:
     """Whether the job's budget is not counted on its GPUs: suspended, and no resume wanted."""
     r = record_of(job)
     return r is not None and r.phase == "suspended" and r.wanted is None
+
+
+def off_gpu(job: Job) -> bool:
+    """Whether the job is suspended now: its memory in host memory, nothing of it running on a GPU
+    (not GPU use: fair share, report, the metrics' GPU-seconds)."""
+    r = record_of(job)
+    return r is not None and r.phase == "suspended"
+
+
+def held_span(job: Job, end: float) -> tuple[float, float]:
+    """The span of a job's run that counts as GPU use (fair share): its suspended time left out,
+    that of ended suspends (off_gpu) and the one under way, since its checkpoint was done."""
+    r = record_of(job)
+    return fairshare.held_span(job.started_at or end, end, job.off_gpu, r.at if off_gpu(job) else None)
 
 
 def mem_available() -> int:
@@ -141,6 +155,14 @@ class Suspender:
 
     def _store(self, job_id: int, rec: Record | None) -> Job:
         return self.table.set_fields(job_id, suspended=rec.dump() if rec else None)
+
+    def _off_gpu_ends(self, job: Job, rec: Record, phase: str) -> Job:
+        """A suspended job leaves the phase "suspended": the time since its checkpoint was done
+        (rec.at) is added to its time off the GPU (fair share, report), in the same update."""
+        now = time.time()
+        rec.phase, off = phase, job.off_gpu + max(0.0, now - rec.at)
+        rec.at = now
+        return self.table.set_fields(job.id, suspended=rec.dump(), off_gpu=off)
 
     def _note(self, job: Job, text: str) -> None:
         """In the job's history (events) and, for a process job, its log."""
@@ -294,14 +316,13 @@ class Suspender:
             if rec is None:
                 return
             t0 = time.monotonic()
-            rec.phase = "resuming"
-            self._store(job.id, rec)
+            self._off_gpu_ends(job, rec, "resuming")
             rc, out = await self._ckpt("resume", rec.pids)
             job = self.table.job(job.id)
             if job.state != State.RUNNING:
                 return
             if rc != 0:
-                rec.phase = "suspended"
+                rec.phase, rec.at = "suspended", time.time()  # off the GPU again from now
                 self._store(job.id, rec)
                 self.waits[job.id] = f"the driver's restore failed: {_driver_reason(out) or out.strip()}"
                 log.warning("job %d: %s", job.id, self.waits[job.id])
@@ -407,7 +428,7 @@ class Suspender:
                 self._note(job, f"{'suspend' if rec.phase == 'suspending' else 'resume'} cut short by the daemon's "
                                 "restart: resumed")
             else:
-                rec.phase, rec.wanted = "suspended", rec.wanted or time.time()
+                rec.phase, rec.wanted, rec.at = "suspended", rec.wanted or time.time(), time.time()
                 self._store(job.id, rec)
                 log.warning("job %d: left suspended after a restart (its resume waits): %s", job.id, out.strip())
 
