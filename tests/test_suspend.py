@@ -270,6 +270,52 @@ def test_suspended_time_is_no_gpu_use_in_show_history_report_and_the_metrics(nod
     assert mine["gpu_hours"] == pytest.approx(sum(r["gpu_hours"] for r in rows if r["user"] == alice.pw_name))
 
 
+def test_hostile_suspends_and_resumes_are_refused_and_a_process_that_ended_suspended_never_blocks_a_resume(node,
+                                                                                                         users):
+    d = node
+    alice, bob = users[0], users[1]
+    prog = shutil.copy(HOLDER, d.root / HOLDER.name)
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin")
+    works = [d.root / "two" / name for name in ("a", "b")]
+    for w in works:
+        w.mkdir(mode=0o777, parents=True)
+        os.chmod(w.parent, 0o777)
+        os.chmod(w, 0o777)
+    # one job, two CUDA processes
+    script = " & ".join(f"{python} {prog} 256 {w}" for w in works) + "; wait"
+    job = _submit(alice, d, "two", GiB, ["sh", "-c", script])
+    wait_for(lambda: all((w / "ready").exists() for w in works), 60, "both processes to allocate")
+    for args in (["suspend", "nosuchjob"], ["suspend", "999999"], ["resume", "999999"]):
+        code, out = invoke_as(bob, d, *args)
+        assert code != 0 and len(out.strip().splitlines()) == 1, (args, out)
+    code, out = invoke_as(bob, d, "resume", str(job))  # not his, not suspended
+    assert code != 0 and "belongs to" in out, out
+    code, out = invoke_as(alice, d, "resume", str(job))
+    assert code != 0 and "not paused" in out, out
+    assert invoke_as(alice, d, "suspend", str(job))[0] == 0
+    code, out = invoke_as(alice, d, "suspend", str(job))  # again: it is suspended already, nothing moves
+    assert code == 0 and "suspended by colotest1" in out, out
+    code, out = invoke_as(bob, d, "resume", str(job))  # another user's suspended job
+    assert code != 0 and "belongs to" in out, out
+    events = [e["reason"] for e in d.job(job)["events"]]
+    assert sum(e.startswith("suspended by") for e in events) == 1, events
+    assert _ls(alice, d)[job]["suspended"].startswith("suspended by colotest1")
+    # one of its processes ends while suspended: the resume restores the other and is not refused
+    gone = int((works[1] / "ready").read_text().split()[0])
+    os.kill(gone, 9)
+    wait_for(lambda: not os.path.exists(f"/proc/{gone}") or open(f"/proc/{gone}/stat").read().split()[2] == "Z",
+             60, "the process to end")
+    code, out = invoke_as(alice, d, "resume", str(job))
+    assert code == 0, out
+    wait_for(lambda: _ls(alice, d)[job]["suspended"] is None, 60, "the job to be restored")
+    poke = works[0] / "poke-1"
+    poke.touch()
+    wait_for(lambda: (works[0] / "done-1").exists(), 60, "its live process's call to return")
+    assert (works[0] / "done-1").read_text().split()[0] == "0"
+    assert invoke_as(alice, d, "cancel", str(job))[0] == 0
+    d.wait_state(job, "cancelled", "failed", "succeeded", timeout=60)
+
+
 def test_suspend_victims_are_the_fewest_longest_idle_then_lowest_priority_holders_of_one_gpu():
     from colo.sched.policy import Holder, suspend_victims
 

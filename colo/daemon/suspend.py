@@ -140,7 +140,23 @@ class Suspender:
         return r.returncode, r.stdout + (r.stderr if r.returncode else "")
 
     async def _ckpt(self, what: str, pids: list[int]) -> tuple[int, str]:
+        if not pids:  # none of its processes is left: nothing to move (its ends are the reaper's)
+            return 0, ""
         return await asyncio.to_thread(self._run, what, *map(str, pids))
+
+    def _still_its(self, job: Job, pids: list[int]) -> list[int]:
+        """The pids of a record that are still the job's processes (blocking: a worker thread's).
+        colo-ckpt acts as root: a pid that ended and was reused (by another user's process, maybe
+        another suspended job's) is never passed to it; the job's runtime says which are its own."""
+        try:
+            mine = set(self._runtime_for(job).pids(job.handle))
+        except Exception:  # noqa: BLE001 - it is ending: none are left to act on
+            return []
+        return [p for p in pids if p in mine]
+
+    async def _ckpt_own(self, what: str, job: Job, pids: list[int]) -> tuple[int, str]:
+        """colo-ckpt on those of a stored record's pids that are still the job's."""
+        return await self._ckpt(what, await asyncio.to_thread(self._still_its, job, pids))
 
     def _word(self, job_id: int, value: int | None = None) -> int:
         """The job's ledger's suspend word (native/interpose/gate.c), blocking (worker threads)."""
@@ -317,7 +333,7 @@ class Suspender:
                 return
             t0 = time.monotonic()
             self._off_gpu_ends(job, rec, "resuming")
-            rc, out = await self._ckpt("resume", rec.pids)
+            rc, out = await self._ckpt_own("resume", job, rec.pids)
             job = self.table.job(job.id)
             if job.state != State.RUNNING:
                 return
@@ -415,13 +431,13 @@ class Suspender:
                 continue
             if rec.phase == "suspended":
                 await self._tell_gate(job.id, interposer.SUSPENDED | (self._word(job.id) & interposer.RESUME_WANTED))
-                rc, out = await self._ckpt("suspend", rec.pids)  # idempotent: finishes a half-done step
+                rc, out = await self._ckpt_own("suspend", job, rec.pids)  # idempotent: finishes a half-done step
                 if rc != 0:
                     log.warning("job %d: its suspend could not be made whole again: %s", job.id, out.strip())
                 continue
             # suspending or resuming: undone or finished alike by a resume (restore what is
             # checkpointed, unlock what is locked)
-            rc, out = await self._ckpt("resume", rec.pids)
+            rc, out = await self._ckpt_own("resume", job, rec.pids)
             if rc == 0:
                 self._store(job.id, None)
                 await self._tell_gate(job.id, 0)
