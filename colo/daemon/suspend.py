@@ -267,14 +267,24 @@ class Suspender:
             await self._tell_gate(job.id, 0)
             self.counts["refused"] += 1
             raise SuspendRefused(f"job {job.id} has no CUDA process to suspend")
-        job = self._store(job.id, Record("suspended", by, time.time(), held, nbytes))
+        asked = record_of(self.table.job(job.id))  # a resume asked meanwhile (colo resume) is kept
+        job = self._store(job.id, Record("suspended", by, time.time(), held, nbytes, asked.wanted if asked else None))
         dt = time.monotonic() - t0
         self.counts["suspends"] += 1
         self.counts["suspend_seconds"] += dt
         self._note(job, f"suspended by {by}: {format_size(nbytes)} of GPU memory moved to host memory "
                         f"({len(held)} process{'es' if len(held) != 1 else ''}, {dt:.2f} s); colo resume {job.id}")
         self._wake()  # its budget is free for the queue
+        if asked and asked.wanted is not None:
+            asyncio.get_running_loop().create_task(self._resume_soon(job.id))
         return job
+
+    async def _resume_soon(self, job_id: int) -> None:
+        """A resume asked while the job was being suspended: tried once the suspend is done (the
+        suspend's own request has let go of the job by then)."""
+        while job_id in self._busy:
+            await asyncio.sleep(0.01)
+        await self.resume_waiting()
 
     # resume ------------------------------------------------------------------------------------
     async def want_resume(self, job: Job, by: str) -> Job:
@@ -283,7 +293,7 @@ class Suspender:
         rec = record_of(job)
         if rec is None:
             raise SuspendRefused(f"job {job.id} is not suspended")
-        if rec.wanted is None and rec.phase == "suspended":
+        if rec.wanted is None and rec.phase in ("suspending", "suspended"):  # suspending: once it is done
             rec.wanted = time.time()
             job = self._store(job.id, rec)
             log.info("job %d: resume asked by %s", job.id, by)
@@ -413,7 +423,7 @@ class Suspender:
         if rec is None:
             return None
         if rec.phase == "suspending":
-            return "being suspended"
+            return "being suspended" + ("; resume asked: restored once the suspend is done" if rec.wanted else "")
         if rec.phase == "resuming":
             return "being resumed"
         held = f"suspended by {rec.by}: {format_size(rec.bytes)} in host memory"
