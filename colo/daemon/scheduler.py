@@ -207,7 +207,7 @@ class Scheduler:
         if prev is not None and prev.state in ACTIVE and job.state not in ACTIVE:
             if prev.started_at and prev.gpus:  # its use counts for fair share, its suspended time not
                 self.fair_ledger.add(prev.uid, fairshare.weight(prev.spec.gpu_mem, len(prev.gpus)),
-                                     *fairshare.held_span(prev.started_at, job.ended_at or time.time(), job.off_gpu))
+                                     *held_span(prev, job.ended_at or time.time()))
             self._full = True  # its GPUs (and its user's limits) are free again
         elif job.state in TERMINAL:
             self._full = True  # jobs after it may now fail their dependency
