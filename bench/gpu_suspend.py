@@ -62,6 +62,16 @@ say(event="after", equal=None, rc=cu.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byr
 sys.stdin.readline()
 """
 
+CTYPES_TAKER = """
+import ctypes, json, sys
+def say(**kw): print(json.dumps(kw), flush=True)
+cu = ctypes.CDLL("libcuda.so.1"); assert cu.cuInit(0) == 0
+d, c, p = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_ulonglong()
+cu.cuDeviceGet(ctypes.byref(d), 0); cu.cuDevicePrimaryCtxRetain(ctypes.byref(c), d); cu.cuCtxSetCurrent(c)
+rc = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(int(sys.argv[1])))
+say(event="took", ok=rc == 0, error=None if rc == 0 else f"cuMemAlloc answered {rc}")
+"""
+
 
 def _ckpt(part: Part, *args: str) -> tuple[int, str, float]:
     exe = Path(part.ctx["native"]["dir"]) / "colo-ckpt"
@@ -77,7 +87,7 @@ def _gpu0(part: Part) -> dict:
 
     fake = part.ctx.get("fake_state")
     dev = Nvml(Path(fake) if fake else None).devices()[0]
-    return {"used": dev.used, "pids": sorted(p.pid for p in dev.processes)}
+    return {"used": dev.used, "total": dev.total, "pids": sorted(p.pid for p in dev.processes)}
 
 
 def part_suspend(part: Part) -> None:
@@ -103,11 +113,16 @@ def part_suspend(part: Part) -> None:
         part.check("NVML: its memory released and the process gone from the GPU",
                    before["used"] - after["used"] >= (gib - 0.5) * GiB and int(pid) not in after["pids"],
                    {"before": before, "after": after})
-        if torch:
-            taker = Proc([sys.executable, "-c", TAKER, str(int((gib - 0.5) * GiB))], part.env)
-            out_t = taker.finish(min(part.left(), 120))
-            took = out_t["events"].get("took") or {}
-            part.check("another process uses the memory it gave back", took.get("ok") is True, took or out_t)
+        # all the GPU has free now but a margin (its context and the driver's own): on an 80 or
+        # 141 GiB GPU more than was free before the suspend only when the holder's memory is
+        # really free, not merely as much as it held
+        want = after["total"] - after["used"] - min(GiB, gib * GiB // 2)
+        taker = Proc([sys.executable, "-c", TAKER if torch else CTYPES_TAKER, str(want)], part.env)
+        out_t = taker.finish(min(part.left(), 120))
+        took = out_t["events"].get("took") or {}
+        part.put("taker", {"bytes": want, "free_before_suspend": before["total"] - before["used"], **took})
+        part.check("another process uses the memory it gave back",
+                   took.get("ok") is True and want > before["total"] - before["used"], took or out_t)
         rc, out, secs = _ckpt(part, "resume", pid)
         part.put("resume", {"rc": rc, "out": out[-600:], "seconds": secs, "per_gib_s": secs / gib})
         if not part.check("the driver restores it (colo-ckpt resume)", rc == 0, out[-600:]):

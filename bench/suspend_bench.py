@@ -7,10 +7,13 @@
 2. Churn: JOBS holders, CHURN rounds of suspend / resume-on-use of random ones, the daemon killed
    -9 at random points (KILL_P a round) and started again. Afterwards: jobs lost (not running),
    wrong results (a call that answered an error), processes the driver reports LOCKED (stuck).
-3. Sessions: 2 GPUs, 4 idle sessions holding all of them, a queue of jobs: how long the queue
-   takes with idle_sessions = "notify" (today: it waits for the sessions to end) and "suspend".
+3. Sessions (the issue's node): 2 simulated GPUs of 16 GiB, SESSIONS idle sessions of 8 GiB (the
+   first 4 hold all of it), a queue of 8 GiB jobs: how long the queue takes with idle_sessions =
+   "off" (plain waiting), "notify" (told; the queue still waits for the sessions to end) and
+   "suspend", side by side.
 
-Run: python bench/suspend_bench.py [--cycles 10] [--jobs 10] [--churn 200] [--kill-p 0.2] [--seed 40] [--queue 8]
+Run: python bench/suspend_bench.py [--cycles 10] [--jobs 10] [--churn 200] [--kill-p 0.2] [--seed 40]
+     [--queue 8] [--sessions 6] [--limit 60] [--only sessions|latency|churn ...]
 (as root: jobs run as root here; the tests run them as other users).
 """
 from __future__ import annotations
@@ -139,17 +142,29 @@ def churn(jobs: int, rounds: int, kill_p: float, seed: int) -> dict:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def sessions(policy: str, queue: int, seconds: float, limit: float) -> dict:
-    """2 GPUs of 4 GiB, 4 idle sessions of 2 GiB (all they hold), then `queue` jobs of 2 GiB that run
-    `seconds` each: how long the queue takes (None: not done within `limit`), idle_sessions = policy.
-    (The issue's 2 x 16 GiB with 8 GiB sessions, scaled down: the simulated bytes are host memory
-    here.)"""
-    d, root = node(4 * GiB, {"idle_sessions": policy, "idle_after": 1.0}, count=2)
+def sessions(policy: str, n: int, queue: int, seconds: float, limit: float) -> dict:
+    """The issue's node: 2 GPUs of 16 GiB, `n` idle sessions of 8 GiB (the first 4 hold all of it;
+    more wait for memory as sessions do), then `queue` jobs of 8 GiB that run `seconds` each: how
+    long the queue takes (None: not done within `limit`) with idle_sessions = policy ("off": plain
+    waiting, "notify": told, "suspend")."""
+    d, root = node(16 * GiB, {"idle_sessions": policy, "idle_after": 1.0}, count=2)
     try:
-        ss = [holder(d, root / f"s{i}", 2048 - 64, 2 * GiB, f"s{i}", interactive=True) for i in range(4)]
-        wait_for(lambda: all("idle" in d.client.show(s)["reason"] for s in ss), 120, "the sessions to be idle")
+        works = [root / f"s{i}" for i in range(n)]
+        ss = []
+        for i, work in enumerate(works):
+            work.mkdir(mode=0o777)
+            ss.append(d.client.submit({"argv": [sys.executable, str(HOLDER), str(8192 - 64), str(work)], "gpus": 1,
+                                       "gpu_mem": 8 * GiB, "name": f"s{i}", "workdir": "/tmp",
+                                       "interactive": True})["id"])
+        # the sessions that started hold their memory and are idle (with "suspend", those that
+        # waited have started in the memory of suspended ones)
+        wait_for(lambda: sum((w / "ready").exists() for w in works) >= (n if policy == "suspend" else min(n, 4)), 120,
+                 "the sessions to allocate")
+        started_s = [s for s, w in zip(ss, works) if (w / "ready").exists()]
+        wait_for(lambda: all("idle" in d.client.show(s)["reason"] or d.client.show(s)["suspended"] for s in started_s),
+                 120, "the sessions to be idle")
         t0 = time.time()
-        qs = [d.client.submit({"argv": ["sleep", str(seconds)], "gpus": 1, "gpu_mem": 2 * GiB, "name": f"q{k}",
+        qs = [d.client.submit({"argv": ["sleep", str(seconds)], "gpus": 1, "gpu_mem": 8 * GiB, "name": f"q{k}",
                                "workdir": "/tmp"})["id"] for k in range(queue)]
         try:
             wait_for(lambda: all(d.client.show(q)["state"] in TERMINAL for q in qs), limit, "the queue")
@@ -158,9 +173,11 @@ def sessions(policy: str, queue: int, seconds: float, limit: float) -> dict:
             took = None
         started = sum(d.client.show(q)["started_at"] is not None for q in qs)
         suspended = sum(bool(d.client.show(s)["suspended"]) for s in ss)
-        ideal = seconds * -(-queue // 4)  # 4 at once once the sessions are suspended
-        return {"idle_sessions": policy, "queue": queue, "job_seconds": seconds, "queue_done_s": took,
-                "ideal_s": ideal, "queued_jobs_started": started, "sessions_suspended": suspended}
+        ideal = seconds * -(-queue // 4)  # 4 at once (2 GPUs x 16 GiB) once the sessions are suspended
+        return {"idle_sessions": policy, "sessions": n, "sessions_started": len(started_s), "queue": queue,
+                "job_seconds": seconds, "queue_done_s": took, "ideal_s": ideal,
+                "queue_vs_ideal": round(took / ideal, 2) if took else None, "queued_jobs_started": started,
+                "sessions_suspended_at_end": suspended}
     finally:
         d.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -186,9 +203,24 @@ def main() -> int:
     ap.add_argument("--kill-p", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=40)
     ap.add_argument("--queue", type=int, default=8)
+    ap.add_argument("--sessions", type=int, default=6, help="idle sessions of 8 GiB on the 2 x 16 GiB node")
+    ap.add_argument("--limit", type=float, default=60.0, help="seconds the queue is given in the sessions part")
+    ap.add_argument("--only", choices=("sessions", "latency", "churn"), action="append",
+                    help="run only these parts (repeatable; default: all)")
     a = ap.parse_args()
-    out = {"sessions": [sessions(p, a.queue, 3.0, 60.0) for p in ("notify", "suspend")],
-           "latency": latency(a.cycles), "churn": churn(a.jobs, a.churn, a.kill_p, a.seed)}
+    parts = a.only or ["sessions", "latency", "churn"]
+    out = {}
+    if "sessions" in parts:
+        out["sessions"] = [sessions(p, a.sessions, a.queue, 3.0, a.limit) for p in ("off", "notify", "suspend")]
+        done = {r["idle_sessions"]: r["queue_done_s"] for r in out["sessions"]}
+        print(f"{a.sessions} idle sessions of 8 GiB on 2 x 16 GiB, {a.queue} queued 8 GiB jobs of 3 s (ideal "
+              f"{out['sessions'][0]['ideal_s']:g} s): queue done in "
+              + ", ".join(f"{p}: {f'{t:.2f} s' if t else f'not in {a.limit:g} s'}" for p, t in done.items()),
+              file=sys.stderr)
+    if "latency" in parts:
+        out["latency"] = latency(a.cycles)
+    if "churn" in parts:
+        out["churn"] = churn(a.jobs, a.churn, a.kill_p, a.seed)
     print(json.dumps(out, indent=1))
     return 0
 

@@ -213,6 +213,7 @@ class Job:
     # `colo suspend`: a running job's GPU memory held in host memory by the driver's checkpoint
     # (JSON: colo.daemon.suspend.Record); None: not suspended
     suspended: str | None = None
+    off_gpu: float = 0.0  # seconds it was suspended, ended suspends only: not GPU use (fair share, report)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

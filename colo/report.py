@@ -1,7 +1,8 @@
 """`colo history` and `colo report` (as Slurm's sacct/sreport): ended jobs over a period, and what
 sharing the GPUs saved. Pure: rows in (the daemon's `history` op), figures out.
 
-GPU-hours of a job "run one per GPU" = its GPUs x its run time: what the same job costs when it
+GPU-hours of a job "run one per GPU" = its GPUs x its run time (less the time it was suspended,
+`colo suspend`: its memory in host memory, nothing running): what the same job costs when it
 has each GPU to itself (the placement study's exclusive-instance baseline). GPU-hours the node
 actually spent = for each GPU, the time at least one job ran on it. Their difference is what
 co-location saved (jobs that overlapped on a GPU were paid for once).
@@ -24,6 +25,7 @@ def job_figures(row: dict) -> dict:
     start, end, sub = row.get("started_at"), row.get("ended_at"), row.get("submitted_at") or 0.0
     started = start is not None
     ran = max(0.0, (end if end is not None else start) - start) if started else 0.0
+    held = max(0.0, ran - (row.get("off_gpu") or 0.0))  # suspended time (colo suspend) held no GPU
     ngpus = len(row.get("gpus") or []) or ((spec.get("gpus") or 0) if started else 0)
     budget = spec.get("gpu_mem") or 0
     alone = row.get("alone_s")
@@ -31,8 +33,8 @@ def job_figures(row: dict) -> dict:
     return {"id": row["id"], "name": spec.get("name"), "user": row.get("user"), "state": row.get("state"),
             "exit_code": row.get("exit_code"), "submitted_at": sub, "started_at": start, "ended_at": end,
             "waited": max(0.0, (start if started else (end if end is not None else sub)) - sub), "ran": ran, "gpus": ngpus,
-            "gpu_hours": ngpus * ran / 3600.0, "budget": budget,
-            "gib_hours_budgeted": budget * ngpus * ran / 3600.0 / 1024**3,
+            "gpu_hours": ngpus * held / 3600.0, "budget": budget, "suspended_s": ran - held,
+            "gib_hours_budgeted": budget * ngpus * held / 3600.0 / 1024**3,
             "alone_s": alone, "slowdown": slow, "predicted_slowdown": row.get("predicted_slowdown")}
 
 

@@ -148,7 +148,7 @@ def test_learned_data_and_fair_share_outlive_cleaned_jobs_and_history_keep_days_
         d.stop()
     st = Store(d.state_dir / "colo.db")
     # the cleaned job's GPU use still counts for fair share after a restart (read where the daemon reads it)
-    assert (0, GiB, 1, pytest.approx(job["started_at"]), pytest.approx(job["ended_at"])) in st.gpu_use(0)
+    assert (0, GiB, 1, pytest.approx(job["started_at"]), pytest.approx(job["ended_at"]), 0.0) in st.gpu_use(0)
     st.set_fields(old, ended_at=time.time() - 3 * 86400)
     st.close()
     d = DaemonProc(root / "d", state, {**cfg, "history_keep_days": 1}).start()
@@ -176,13 +176,13 @@ def test_store_removes_only_ended_jobs_and_keeps_what_counts_for_fair_share(tmp_
     assert st.remove_samples([a, b, c], most=1) == 1  # a's, never the running b's
     assert st.remove_jobs([a, b, c], keep_use_since=150.0) == [a]  # b runs, c is queued: kept
     assert [j.id for j in st.jobs()] == [b, c] and len(st.samples(b)) == 2 and st.decision(a) is None
-    assert st.gpu_use(0) == [(1000, GiB, 1, 110.0, 200.0)]  # from cleaned_use
+    assert st.gpu_use(0) == [(1000, GiB, 1, 110.0, 200.0, 0.0)]  # from cleaned_use
     st.record_decisions([(a, "wait", None, [], "late", {})])  # a late writer's row for it: skipped
     st.add_samples([(a, 300.0, 0.1, 1, 0.1)])
     assert st.decision(a) is None and st.samples(a) == []
     st.transition(b, State.FAILED, now=300.0)
     assert st.remove_jobs([b], keep_use_since=250.0) == [b]  # a's use is older than that: dropped
-    assert st.gpu_use(0) == [(1000, GiB, 1, 110.0, 300.0)]
+    assert st.gpu_use(0) == [(1000, GiB, 1, 110.0, 300.0, 0.0)]
     st.transition(c, State.CANCELLED, now=300.0)
     assert st.remove_jobs([c], keep_use_since=250.0) == [c]  # never started: no use to keep
     assert st.jobs() == [] and len(st.gpu_use(0)) == 1
@@ -198,3 +198,19 @@ def test_history_keep_days_must_be_a_number_of_days(tmp_path):
     (tmp_path / "c.toml").write_text("history_keep_days = 0.5\n")
     assert Config.load(tmp_path / "c.toml").history_keep_days == 0.5
     assert Config().history_keep_days == 90  # a quarter, unless told
+
+
+def test_a_jobs_time_suspended_is_kept_with_it_cleaned_or_not_and_starts_again_when_requeued(tmp_path):
+    st = Store(tmp_path / "colo.db")
+    spec = JobSpec(argv=["true"], gpu_mem=GiB)
+    a, b = (st.add_job(spec, 1000, 1000, "alice", now=100.0).id for _ in range(2))
+    for j in (a, b):
+        st.transition(j, State.STARTING, now=100.0)
+        st.transition(j, State.RUNNING, now=110.0, gpus=["GPU-0"])
+        st.set_fields(j, off_gpu=20.0, suspended=json.dumps({"phase": "suspended", "by": "alice", "at": 150.0}))
+    st.transition(a, State.CANCELLED, now=200.0)  # ends suspended: 20 s before, 50 s since its checkpoint
+    assert st.get(a).off_gpu == 70.0 and st.get(a).suspended is None
+    assert st.remove_jobs([a], keep_use_since=0.0) == [a]
+    assert st.gpu_use(0) == [(1000, GiB, 1, 110.0, 200.0, 70.0)]  # from cleaned_use
+    st.transition(b, State.QUEUED, "requeued", now=200.0)  # a new run: nothing suspended yet
+    assert st.get(b).off_gpu == 0.0 and st.get(b).suspended is None

@@ -60,8 +60,14 @@ def _demo(tmp: str, svg) -> None:
     for k in (1, 2):
         assert re.search(rf"sweep-{k}\s+MPS on GPU\d: .*its profile is provisional, from the first \d+ s of job {first}",
                          out), out
+    # an idle job is suspended for a waiting one, which starts; the idle one's next CUDA call resumes it
+    m = re.search(r"job (\d+) notebook holds 4 GiB .* idle \d+s: holds 4\.0GiB, no GPU activity", out)
+    assert m, out
+    assert re.search(r"train\s+asks for 10 GiB on GPU0, .*colo suspended the notebook \(suspended by colo \(job \d+ waits "
+                     r"for its memory\): 4\.0GiB in host memory\),\s+and train started in its memory", out), out
+    assert re.search(rf"job {m.group(1)} notebook resumed once train ended \(succeeded\): its call answered 0 ", out), out
     summary = out.split("\nSummary\n", 1)[1]
-    assert len(re.findall(r"\bsucceeded\b", summary)) == 11, summary
+    assert len(re.findall(r"\bsucceeded\b", summary)) == 13, summary
     assert re.search(r"What sharing saved: the jobs ran \d+ s in all; .* sharing needed \d+ s \(\d+ % less\)", summary)
     # the picture: `colo top` while heavy-2 waits with its reason and greedy's refusal is live
     assert re.search(r"wrote \S+: `colo top` at [\d:]+, job \d+ kept off, job \d+'s allocation refused", out), out

@@ -81,6 +81,19 @@ def test_running_jobs_are_added_to_what_ended():
     assert fs.Ledger(half_life=H).usage(now) == {}
 
 
+def test_suspended_time_is_no_use_and_the_held_time_counts_in_full():
+    # ran 4 h, suspended 1 h before and (since 3 h) now: 2 h held, as the span ending at 3 h
+    assert fs.held_span(0.0, 4 * H, H, 3 * H) == (H, 3 * H)
+    assert fs.held_span(0.0, 4 * H, H) == (H, 4 * H)
+    assert fs.held_span(0.0, 4 * H) == (0.0, 4 * H)
+    assert fs.held_span(0.0, 4 * H, 9 * H) == (4 * H, 4 * H)  # never less than nothing
+    assert fs.held_span(0.0, 4 * H, 0.0, 0.0) == (0.0, 0.0)  # suspended from its start: no use
+    led = fs.Ledger(half_life=0.0)
+    assert led.usage(4 * H, [(7, 2.0, *fs.held_span(0.0, 4 * H, H, 3 * H))])[7] == pytest.approx(4.0)
+    led.add(7, 2.0, *fs.held_span(0.0, 4 * H, 3 * H))
+    assert led.usage(5 * H)[7] == pytest.approx(2.0)  # 1 h of 2 GiB held: 2 GiB-h, not 8
+
+
 def test_fair_walk_takes_turns_least_use_first_ties_by_uid():
     queues = {30: ["c1", "c2"], 10: ["a1", "a2", "a3"], 20: ["b1"], 40: []}
     assert list(fs.fair_walk(queues, {10: 5.0, 20: 1.0})) == ["c1", "b1", "a1", "c2", "a2", "a3"]

@@ -217,6 +217,103 @@ def test_suspend_gives_a_jobs_memory_to_the_queue_and_resume_restores_it_when_it
     assert invoke_as(alice, d, "cancel", str(big))[0] == 0
 
 
+def _user_gpu_seconds(port: int, user: str) -> float:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "colo_user_gpu_seconds_total" and s.labels.get("user") == user)
+
+
+def test_suspended_time_is_no_gpu_use_in_show_history_report_and_the_metrics(node, users):
+    d = node
+    alice = users[0]
+    work = d.root / "offgpu"
+    work.mkdir(mode=0o777)
+    os.chmod(work, 0o777)
+    prog = shutil.copy(HOLDER, d.root / HOLDER.name)
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin")
+    job = _submit(alice, d, "offgpu", GiB, [python, str(prog), "512", str(work)])
+    wait_for(lambda: (work / "ready").exists() or d.job(job)["state"] not in ("queued", "starting", "running"),
+             60, "the holder to allocate")
+    assert (work / "ready").exists(), d.cli("logs", str(job)).stdout
+    assert invoke_as(alice, d, "suspend", str(job))[0] == 0
+
+    def off() -> float:
+        code, out = invoke_as(alice, d, "show", str(job), "--json")
+        assert code == 0, out
+        return json.loads(out).get("off_gpu") or 0.0
+
+    wait_for(lambda: off() >= 2.0, 60, "two seconds suspended")
+    code, out = invoke_as(alice, d, "show", str(job))
+    assert code == 0 and "not counted as GPU use" in out, out
+    counted = wait_for(lambda: _user_gpu_seconds(d.metrics_port, alice.pw_name) or None, 60, "the metrics to count it")
+    wait_for(lambda: off() >= 4.0, 60, "two seconds more suspended")
+    assert _user_gpu_seconds(d.metrics_port, alice.pw_name) == counted  # nothing counted while suspended
+    assert invoke_as(alice, d, "cancel", str(job))[0] == 0  # it ends suspended
+    d.wait_state(job, "cancelled", "failed", "succeeded", timeout=60)
+    suspended_at = next(e["at"] for e in d.job(job)["events"] if e["reason"].startswith("suspended by"))
+    code, out = invoke_as(alice, d, "history", "--json")
+    assert code == 0, out
+    rows = json.loads(out)
+    row = next(r for r in rows if r["id"] == job)
+    # GPU-hours: only the time before its suspend (the event is stored right after the checkpoint)
+    assert row["ran"] - row["gpu_hours"] * 3600 >= 4.0, row
+    assert row["gpu_hours"] * 3600 == pytest.approx(suspended_at - row["started_at"], abs=1.0), row
+    code, out = invoke_as(alice, d, "report", "--json")
+    assert code == 0, out
+    mine = next(u for u in json.loads(out)["users"] if u["user"] == alice.pw_name)
+    assert mine["gpu_hours"] == pytest.approx(sum(r["gpu_hours"] for r in rows if r["user"] == alice.pw_name))
+
+
+def test_hostile_suspends_and_resumes_are_refused_and_a_process_that_ended_suspended_never_blocks_a_resume(node,
+                                                                                                         users):
+    d = node
+    alice, bob = users[0], users[1]
+    prog = shutil.copy(HOLDER, d.root / HOLDER.name)
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin")
+    works = [d.root / "two" / name for name in ("a", "b")]
+    for w in works:
+        w.mkdir(mode=0o777, parents=True)
+        os.chmod(w.parent, 0o777)
+        os.chmod(w, 0o777)
+    # one job, two CUDA processes
+    script = " & ".join(f"{python} {prog} 256 {w}" for w in works) + "; wait"
+    job = _submit(alice, d, "two", GiB, ["sh", "-c", script])
+    wait_for(lambda: all((w / "ready").exists() for w in works), 60, "both processes to allocate")
+    for args in (["suspend", "nosuchjob"], ["suspend", "999999"], ["resume", "999999"]):
+        code, out = invoke_as(bob, d, *args)
+        assert code != 0 and len(out.strip().splitlines()) == 1, (args, out)
+    code, out = invoke_as(bob, d, "resume", str(job))  # not his, not suspended
+    assert code != 0 and "belongs to" in out, out
+    code, out = invoke_as(alice, d, "resume", str(job))
+    assert code != 0 and "not paused" in out, out
+    assert invoke_as(alice, d, "suspend", str(job))[0] == 0
+    code, out = invoke_as(alice, d, "suspend", str(job))  # again: it is suspended already, nothing moves
+    assert code == 0 and "suspended by colotest1" in out, out
+    code, out = invoke_as(bob, d, "resume", str(job))  # another user's suspended job
+    assert code != 0 and "belongs to" in out, out
+    events = [e["reason"] for e in d.job(job)["events"]]
+    assert sum(e.startswith("suspended by") for e in events) == 1, events
+    assert _ls(alice, d)[job]["suspended"].startswith("suspended by colotest1")
+    # one of its processes ends while suspended: the resume restores the other and is not refused
+    gone = int((works[1] / "ready").read_text().split()[0])
+    os.kill(gone, 9)
+    wait_for(lambda: not os.path.exists(f"/proc/{gone}") or open(f"/proc/{gone}/stat").read().split()[2] == "Z",
+             60, "the process to end")
+    code, out = invoke_as(alice, d, "resume", str(job))
+    assert code == 0, out
+    wait_for(lambda: _ls(alice, d)[job]["suspended"] is None, 60, "the job to be restored")
+    poke = works[0] / "poke-1"
+    poke.touch()
+    wait_for(lambda: (works[0] / "done-1").exists(), 60, "its live process's call to return")
+    assert (works[0] / "done-1").read_text().split()[0] == "0"
+    assert invoke_as(alice, d, "cancel", str(job))[0] == 0
+    d.wait_state(job, "cancelled", "failed", "succeeded", timeout=60)
+
+
 def test_suspend_victims_are_the_fewest_longest_idle_then_lowest_priority_holders_of_one_gpu():
     from colo.sched.policy import Holder, suspend_victims
 

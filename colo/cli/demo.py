@@ -1,8 +1,8 @@
 """`colo demo`: a private daemon on simulated GPUs tells colo's story with real jobs (colo-burn):
 two light profiled jobs share a GPU under MPS; a job nobody profiled runs alone, is profiled, and
 its next run is placed from what was learned; a heavy job is kept off a GPU it would saturate;
-meanwhile a budget refuses one allocation; the summary says what sharing saved against one job
-per GPU. Stops cleanly unless --keep. With --screenshot, `colo top` as it stood while heavy-2 was
+meanwhile a budget refuses one allocation; an idle job is suspended for a waiting one and resumes
+on its next CUDA call; the summary says what sharing saved against one job per GPU. Stops cleanly unless --keep. With --screenshot, `colo top` as it stood while heavy-2 was
 kept off and the budget refusal was live is saved as an SVG: the README's picture."""
 from __future__ import annotations
 
@@ -57,7 +57,9 @@ def run_demo(keep: bool = False, screenshot: Path | None = None) -> int:
     prof.mkdir()
     _write_profiles(prof)
     conf = root / "colo.toml"
-    conf.write_text(f'profile_dirs = ["{prof}"]\nsample_interval = 0.5\nstop_grace = 3.0\nmps_idle_stop = 600.0\n')
+    # step 7: an idle job is suspended for a waiting one (simulated GPU memory costs no host memory)
+    conf.write_text(f'profile_dirs = ["{prof}"]\nsample_interval = 0.5\nstop_grace = 3.0\nmps_idle_stop = 600.0\n'
+                    'idle_jobs = "suspend"\nidle_after = 3.0\nsuspend_host_share = 1.0\n')
     sock = root / "colo.sock"
     env = {**os.environ, "COLO_SOCKET": str(sock)}
     env.pop("COLO_FAKEGPU_STATE", None)
@@ -280,6 +282,7 @@ class Story:
 
         self.until("every job to end", lambda: all(self.state(j, *ENDED) for j in self.ids), timeout=120)
         self.first_minute(there)
+        self.suspend_idle()
         return self.summary()
 
     def first_minute(self, there: list[int]) -> None:
@@ -303,6 +306,44 @@ class Story:
             _say(f"   job {j} {self.ids[j]:<8} {self.told(j)}")
         self.until("the settings to end", lambda: all(self.state(j, *ENDED) for j in ids), timeout=120)
 
+    def suspend_idle(self) -> None:
+        """An idle notebook-like job holds most of GPU 0; a job that needs GPU 0 waits; colo
+        suspends the idle one (idle_jobs = "suspend"), the waiting one starts in its memory, and the
+        notebook's next CUDA call waits until that memory is free again and resumes it."""
+        _say("\n7. An idle job gives its GPU memory to a waiting one and gets it back on its next CUDA call:")
+        nb = self.root / "notebook"
+        nb.mkdir()
+        (nb / "notebook.py").write_text(NOTEBOOK)
+        # a host process whatever the runtime: the driver's checkpoint needs the job's own pids
+        spec = {"argv": [sys.executable, str(nb / "notebook.py"), "4096", str(nb)], "name": "notebook",
+                "gpu_mem": "8GiB", "gpus": 1, "gpu_ids": [0], "workdir": str(self.root)}
+        n = self.c.submit(spec)["id"]
+        self.ids[n] = "notebook"
+        self.until("the notebook to allocate", lambda: (nb / "ready").exists() or self.state(n, *ENDED))
+        job = self.until("the notebook to be marked idle", lambda: "idle" in (self.c.show(n)["reason"] or "")
+                         and self.c.show(n))
+        _say(f"   job {n} notebook holds 4 GiB of its 8 GiB on GPU0, then waits for its user: {job['reason']}")
+        t = self.submit("train", "10GiB", ["--mem", "6GiB", "--duty", "60", "--seconds", "6"], gpu_ids=[0])
+        job = self.until("train to start", lambda: self.state(t, "running", *ENDED), timeout=120)
+        note = self.c.show(n).get("suspended") or "not suspended"
+        _say(f"   job {t} train    asks for 10 GiB on GPU0, more than the notebook's 8 GiB leave: colo suspended the "
+             f"notebook ({note.split(' (colo resume')[0]}),\n"
+             f"                     and train started in its memory: {self.told(t)}")
+        (nb / "poke").touch()  # the notebook's user runs a cell: its next CUDA call
+        why = self.until("the notebook's call to ask for its resume",
+                         lambda: "resume asked" in (self.c.explain(n)["reason"] or "")
+                         and self.c.explain(n)["reason"] or (nb / "done").exists())
+        if isinstance(why, str):
+            _say(f"   job {n} notebook runs a cell: its CUDA call holds at colo's gate and asks for the resume, which "
+                 f"{why.split('; resume asked, ')[-1]}")
+        done = self.until("the notebook's call to return", lambda: (nb / "done").exists() and (nb / "done").read_text(),
+                          timeout=120)
+        job = self.until("train to end", lambda: self.state(t, *ENDED))
+        rc, free = done.split()[:2]
+        _say(f"   job {n} notebook resumed once train ended ({job['state']}): its call answered {rc} "
+             f"(CUDA_SUCCESS), its 4 GiB back on GPU0 ({format_size(int(free))} free)")
+        self.until("the notebook to end", lambda: self.state(n, *ENDED))
+
     def learned_profile(self):
         """The profile the daemon learned for `fresh` (named after its image and command)."""
         name = profiles.key_for(self.image, [self.burn, *self.fresh_args])
@@ -324,7 +365,7 @@ class Story:
                  f"{format_size(j['budget']):>7}  ran {format_duration(ran):>4}  {j['reason'] or ''}")
             ok &= j["state"] == "succeeded"
             if j["started_at"] and j["ended_at"] and j.get("gpus"):
-                spans.append(ran)
+                spans.append(ran - (j.get("off_gpu") or 0.0))  # suspended: it needed no GPU time then
                 busy.setdefault(j["gpus"][0], []).append((j["started_at"], j["ended_at"]))
         alone = sum(spans)
         used = sum(_union(iv) for iv in busy.values())
@@ -338,6 +379,26 @@ class Story:
         _say(next_step(bool(shutil.which("nvidia-smi"))))
         return ok
 
+
+# Step 7's idle job, a notebook between cells: holds MIB MiB through the driver API, writes
+# DIR/ready, waits for DIR/poke (its user's next cell), makes one CUDA call and writes the answer
+# (result, free bytes) to DIR/done.
+NOTEBOOK = """import ctypes, os, sys, time
+mib, folder = int(sys.argv[1]), sys.argv[2]
+cu = ctypes.CDLL("libcuda.so.1")
+ctx, dev, ptr = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_ulonglong()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0 and cu.cuCtxSetCurrent(ctx) == 0
+assert cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(mib << 20)) == 0
+open(os.path.join(folder, "ready"), "w").close()
+while not os.path.exists(os.path.join(folder, "poke")):
+    time.sleep(0.1)
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+r = cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+with open(os.path.join(folder, ".done"), "w") as f:
+    f.write(f"{r} {free.value}")
+os.rename(os.path.join(folder, ".done"), os.path.join(folder, "done"))
+"""
 
 FAKE_GPUS = "~/.colo-gpus"  # where the README's and the demo's next step keep simulated GPUs
 

@@ -11,7 +11,7 @@ import time
 
 from ..client import Client, ClientError
 from ..textsafe import safe, safe_tree
-from ..units import BadSize, format_size, format_size_exact, parse_size
+from ..units import BadSize, format_duration, format_size, format_size_exact, parse_size
 from . import refs as R
 from . import when
 from .out import Fail, echo, print_json, table, warn
@@ -79,6 +79,9 @@ def show(job: str, sock: str | None = None, as_json: bool = False) -> int:
             lines.append(f"  {label:<11}{spec[key]}")
     if "used" in j:
         lines.append(f"  in use:    {format_size(j['used'])} (refused allocations: {j['refused']})")
+    if j.get("off_gpu"):
+        lines.append(f"  suspended: {format_duration(j['off_gpu'])} in all, not counted as GPU use (fair share, "
+                     "colo report)")
     if j["decision"]:
         lines.append(f"  decision:  {j['decision']['reason']}")
     # the log file is root's (the state dir): name it only to someone who can open it

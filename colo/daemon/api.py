@@ -21,7 +21,7 @@ from . import logread, session, validate
 from .errors import ApiError
 from .external import External, Refused
 from .listing import ENDED
-from .suspend import SuspendRefused
+from .suspend import SuspendRefused, held_span
 from .validate import Caller, is_admin
 
 if TYPE_CHECKING:
@@ -246,6 +246,10 @@ class Api:
         out["decision"] = self.d.scheduler.explain(job.id)
         out["log"] = str(self.d.config.log_path(job.id))
         out["attempts"] = job.attempts
+        if job.started_at and job.gpus:  # its time suspended (colo suspend): not counted as GPU use
+            end = job.ended_at or time.time()
+            held_from, held_to = held_span(job, end)
+            out["off_gpu"] = end - job.started_at - (held_to - held_from)
         return out
 
     async def explain(self, caller: Caller, args: dict) -> dict:

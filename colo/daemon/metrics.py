@@ -28,6 +28,7 @@ from .gpus import Gpus
 from .jobtable import JobTable
 from .patrol import Patrol
 from .sampler import Sampler
+from .suspend import off_gpu, releases_budget
 
 log = logging.getLogger("colo")
 REPORT_EVERY = 60.0  # seconds between sums over ended jobs (SQL over the whole history) ...
@@ -164,7 +165,7 @@ class Metrics:
         per_gpu = 0
         busy: set[str] = set()
         for j in active:
-            if j.state == State.RUNNING and j.gpus:
+            if j.state == State.RUNNING and j.gpus and not off_gpu(j):  # suspended: nothing on its GPUs
                 self._add(("colo_user_gpu_seconds", j.user), len(j.gpus) * dt)
                 per_gpu += len(j.gpus)
                 busy.update(j.gpus)
@@ -236,7 +237,7 @@ class Metrics:
         stats = self.sampler.stats
         for j in active:
             running[j.user] += 1
-            gib[j.user] += j.spec.gpu_mem * len(j.gpus)
+            gib[j.user] += 0 if releases_budget(j) else j.spec.gpu_mem * len(j.gpus)
             st = stats.get(j.id)
             if j.gpus and st is not None and not st.get("sm_util"):  # held, no GPU activity in the last sample
                 idle[j.user] += st.get("used") or 0
@@ -270,7 +271,7 @@ class Metrics:
         self._count(active)
         totals = self._totals
         user_s = CounterMetricFamily("colo_user_gpu_seconds", "GPU-seconds of the user's jobs while they ran "
-                                     "(one per GPU held)", labels=["user"])
+                                     "(one per GPU held; suspended time not counted)", labels=["user"])
         for (name, user), v in sorted(totals.items()):
             if name == "colo_user_gpu_seconds":
                 user_s.add_metric([user], v)

@@ -31,7 +31,7 @@ from .gpus import Gpus
 from .jobtable import JobTable
 from .learner import Learner
 from .validate import stopped_text
-from .suspend import releases_budget
+from .suspend import held_span, releases_budget
 
 log = logging.getLogger("colo")
 
@@ -136,8 +136,8 @@ class Scheduler:
             if j.state == State.QUEUED:
                 self._enter_queue(j)
         since = time.time() - 20 * config.fair_share_half_life  # older use counts < 1e-6
-        for uid, budget, gpus_n, start_at, end in table.store.gpu_use(since):
-            self.fair_ledger.add(uid, fairshare.weight(budget, gpus_n), start_at, end)
+        for uid, budget, gpus_n, start_at, end, off in table.store.gpu_use(since):
+            self.fair_ledger.add(uid, fairshare.weight(budget, gpus_n), *fairshare.held_span(start_at, end, off))
         gc.collect()  # the open jobs, loaded: long-lived (see _settle); before any request is served
         gc.freeze()
 
@@ -186,9 +186,9 @@ class Scheduler:
             self._fresh.pop(job.id, None)
             self._holders.discard(job.id)
         if prev is not None and prev.state in ACTIVE and job.state not in ACTIVE:
-            if prev.started_at and prev.gpus:  # its use counts for fair share
+            if prev.started_at and prev.gpus:  # its use counts for fair share, its suspended time not
                 self.fair_ledger.add(prev.uid, fairshare.weight(prev.spec.gpu_mem, len(prev.gpus)),
-                                     prev.started_at, job.ended_at or time.time())
+                                     *held_span(prev, job.ended_at or time.time()))
             self._full = True  # its GPUs (and its user's limits) are free again
         elif job.state in TERMINAL:
             self._full = True  # jobs after it may now fail their dependency
@@ -299,8 +299,7 @@ class Scheduler:
         else:
             return []
         active = self.table.active(*ACTIVE)
-        usage = self.fair_ledger.usage(now, [(j.uid, fairshare.weight(j.spec.gpu_mem, len(j.gpus)), j.started_at)
-                                             for j in active if j.gpus and j.started_at])
+        usage = self.fair_usage(now, active)
         loads: dict[int, fairshare.UserLoad] = {}
         for j in active:
             ld = loads.setdefault(j.uid, fairshare.UserLoad())
@@ -595,6 +594,12 @@ class Scheduler:
             out.append(d)
         return out
 
+    def fair_usage(self, now: float, active: list[Job]) -> dict[int, float]:
+        """uid -> recent GPU use (GiB-hours): ended jobs and the running ones, whose suspended
+        time (colo suspend) is no use."""
+        return self.fair_ledger.usage(now, [(j.uid, fairshare.weight(j.spec.gpu_mem, len(j.gpus)), *held_span(j, now))
+                                            for j in active if j.gpus and j.started_at])
+
     def fair_note(self, job: Job) -> str | None:
         """Why a queued job waits for fairness: jobs of other users submitted after it go first
         (walks the fair order up to it: for `colo explain`, not for every pass)."""
@@ -602,8 +607,7 @@ class Scheduler:
             return None
         now = time.time()
         active = [j for j in self.table.active(*ACTIVE) if j.gpus and j.started_at]
-        usage = self.fair_ledger.usage(now, [(j.uid, fairshare.weight(j.spec.gpu_mem, len(j.gpus)), j.started_at)
-                                             for j in active])
+        usage = self.fair_usage(now, active)
         ahead = 0
         for j in fairshare.fair_walk({u: self._user_queue(u) for u, lst in self._uq.items() if lst}, usage):
             if j.id == job.id:

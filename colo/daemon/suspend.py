@@ -24,7 +24,7 @@ from pathlib import Path
 from ..config import Config
 from ..jobs import ACTIVE, Job, Mode, State
 from ..node import interposer
-from ..sched import policy
+from ..sched import fairshare, policy
 from ..units import format_size
 from .gpus import Gpus
 from .jobtable import JobTable
@@ -65,6 +65,20 @@ def releases_budget(job: Job) -> bool:
     """Whether the job's budget is not counted on its GPUs: suspended, and no resume wanted."""
     r = record_of(job)
     return r is not None and r.phase == "suspended" and r.wanted is None
+
+
+def off_gpu(job: Job) -> bool:
+    """Whether the job is suspended now: its memory in host memory, nothing of it running on a GPU
+    (not GPU use: fair share, report, the metrics' GPU-seconds)."""
+    r = record_of(job)
+    return r is not None and r.phase == "suspended"
+
+
+def held_span(job: Job, end: float) -> tuple[float, float]:
+    """The span of a job's run that counts as GPU use (fair share): its suspended time left out,
+    that of ended suspends (off_gpu) and the one under way, since its checkpoint was done."""
+    r = record_of(job)
+    return fairshare.held_span(job.started_at or end, end, job.off_gpu, r.at if off_gpu(job) else None)
 
 
 def mem_available() -> int:
@@ -126,7 +140,23 @@ class Suspender:
         return r.returncode, r.stdout + (r.stderr if r.returncode else "")
 
     async def _ckpt(self, what: str, pids: list[int]) -> tuple[int, str]:
+        if not pids:  # none of its processes is left: nothing to move (its ends are the reaper's)
+            return 0, ""
         return await asyncio.to_thread(self._run, what, *map(str, pids))
+
+    def _still_its(self, job: Job, pids: list[int]) -> list[int]:
+        """The pids of a record that are still the job's processes (blocking: a worker thread's).
+        colo-ckpt acts as root: a pid that ended and was reused (by another user's process, maybe
+        another suspended job's) is never passed to it; the job's runtime says which are its own."""
+        try:
+            mine = set(self._runtime_for(job).pids(job.handle))
+        except Exception:  # noqa: BLE001 - it is ending: none are left to act on
+            return []
+        return [p for p in pids if p in mine]
+
+    async def _ckpt_own(self, what: str, job: Job, pids: list[int]) -> tuple[int, str]:
+        """colo-ckpt on those of a stored record's pids that are still the job's."""
+        return await self._ckpt(what, await asyncio.to_thread(self._still_its, job, pids))
 
     def _word(self, job_id: int, value: int | None = None) -> int:
         """The job's ledger's suspend word (native/interpose/gate.c), blocking (worker threads)."""
@@ -141,6 +171,14 @@ class Suspender:
 
     def _store(self, job_id: int, rec: Record | None) -> Job:
         return self.table.set_fields(job_id, suspended=rec.dump() if rec else None)
+
+    def _off_gpu_ends(self, job: Job, rec: Record, phase: str) -> Job:
+        """A suspended job leaves the phase "suspended": the time since its checkpoint was done
+        (rec.at) is added to its time off the GPU (fair share, report), in the same update."""
+        now = time.time()
+        rec.phase, off = phase, job.off_gpu + max(0.0, now - rec.at)
+        rec.at = now
+        return self.table.set_fields(job.id, suspended=rec.dump(), off_gpu=off)
 
     def _note(self, job: Job, text: str) -> None:
         """In the job's history (events) and, for a process job, its log."""
@@ -229,14 +267,24 @@ class Suspender:
             await self._tell_gate(job.id, 0)
             self.counts["refused"] += 1
             raise SuspendRefused(f"job {job.id} has no CUDA process to suspend")
-        job = self._store(job.id, Record("suspended", by, time.time(), held, nbytes))
+        asked = record_of(self.table.job(job.id))  # a resume asked meanwhile (colo resume) is kept
+        job = self._store(job.id, Record("suspended", by, time.time(), held, nbytes, asked.wanted if asked else None))
         dt = time.monotonic() - t0
         self.counts["suspends"] += 1
         self.counts["suspend_seconds"] += dt
         self._note(job, f"suspended by {by}: {format_size(nbytes)} of GPU memory moved to host memory "
                         f"({len(held)} process{'es' if len(held) != 1 else ''}, {dt:.2f} s); colo resume {job.id}")
         self._wake()  # its budget is free for the queue
+        if asked and asked.wanted is not None:
+            asyncio.get_running_loop().create_task(self._resume_soon(job.id))
         return job
+
+    async def _resume_soon(self, job_id: int) -> None:
+        """A resume asked while the job was being suspended: tried once the suspend is done (the
+        suspend's own request has let go of the job by then)."""
+        while job_id in self._busy:
+            await asyncio.sleep(0.01)
+        await self.resume_waiting()
 
     # resume ------------------------------------------------------------------------------------
     async def want_resume(self, job: Job, by: str) -> Job:
@@ -245,7 +293,7 @@ class Suspender:
         rec = record_of(job)
         if rec is None:
             raise SuspendRefused(f"job {job.id} is not suspended")
-        if rec.wanted is None and rec.phase == "suspended":
+        if rec.wanted is None and rec.phase in ("suspending", "suspended"):  # suspending: once it is done
             rec.wanted = time.time()
             job = self._store(job.id, rec)
             log.info("job %d: resume asked by %s", job.id, by)
@@ -294,14 +342,13 @@ class Suspender:
             if rec is None:
                 return
             t0 = time.monotonic()
-            rec.phase = "resuming"
-            self._store(job.id, rec)
-            rc, out = await self._ckpt("resume", rec.pids)
+            self._off_gpu_ends(job, rec, "resuming")
+            rc, out = await self._ckpt_own("resume", job, rec.pids)
             job = self.table.job(job.id)
             if job.state != State.RUNNING:
                 return
             if rc != 0:
-                rec.phase = "suspended"
+                rec.phase, rec.at = "suspended", time.time()  # off the GPU again from now
                 self._store(job.id, rec)
                 self.waits[job.id] = f"the driver's restore failed: {_driver_reason(out) or out.strip()}"
                 log.warning("job %d: %s", job.id, self.waits[job.id])
@@ -376,7 +423,7 @@ class Suspender:
         if rec is None:
             return None
         if rec.phase == "suspending":
-            return "being suspended"
+            return "being suspended" + ("; resume asked: restored once the suspend is done" if rec.wanted else "")
         if rec.phase == "resuming":
             return "being resumed"
         held = f"suspended by {rec.by}: {format_size(rec.bytes)} in host memory"
@@ -394,20 +441,20 @@ class Suspender:
                 continue
             if rec.phase == "suspended":
                 await self._tell_gate(job.id, interposer.SUSPENDED | (self._word(job.id) & interposer.RESUME_WANTED))
-                rc, out = await self._ckpt("suspend", rec.pids)  # idempotent: finishes a half-done step
+                rc, out = await self._ckpt_own("suspend", job, rec.pids)  # idempotent: finishes a half-done step
                 if rc != 0:
                     log.warning("job %d: its suspend could not be made whole again: %s", job.id, out.strip())
                 continue
             # suspending or resuming: undone or finished alike by a resume (restore what is
             # checkpointed, unlock what is locked)
-            rc, out = await self._ckpt("resume", rec.pids)
+            rc, out = await self._ckpt_own("resume", job, rec.pids)
             if rc == 0:
                 self._store(job.id, None)
                 await self._tell_gate(job.id, 0)
                 self._note(job, f"{'suspend' if rec.phase == 'suspending' else 'resume'} cut short by the daemon's "
                                 "restart: resumed")
             else:
-                rec.phase, rec.wanted = "suspended", rec.wanted or time.time()
+                rec.phase, rec.wanted, rec.at = "suspended", rec.wanted or time.time(), time.time()
                 self._store(job.id, rec)
                 log.warning("job %d: left suspended after a restart (its resume waits): %s", job.id, out.strip())
 

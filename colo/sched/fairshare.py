@@ -50,12 +50,23 @@ class Ledger:
     def _decay(self, v: float, dt: float) -> float:
         return v if self.half_life <= 0 else v * 0.5 ** (dt / self.half_life)
 
-    def usage(self, now: float, running: Iterable[tuple[int, float, float]] = ()) -> dict[int, float]:
-        """uid -> recent use at `now` (GiB-hours): ended jobs plus `running` (uid, weight, started_at)."""
+    def usage(self, now: float, running: Iterable[tuple] = ()) -> dict[int, float]:
+        """uid -> recent use at `now` (GiB-hours): ended jobs plus `running` (uid, weight, started_at)
+        or (uid, weight, start, end) for a span that ends before now (held_span)."""
         out = {uid: self._decay(v, max(0.0, now - at)) for uid, (v, at) in self._val.items()}
-        for uid, w, started in running:
-            out[uid] = out.get(uid, 0.0) + interval_use(w, started, now, now, self.half_life)
+        for uid, w, started, *end in running:
+            out[uid] = out.get(uid, 0.0) + interval_use(w, started, end[0] if end else now, now, self.half_life)
         return out
+
+
+def held_span(start: float, end: float, off: float = 0.0, off_since: float | None = None) -> tuple[float, float]:
+    """The span a job counts as using its GPUs: it ran from `start` to `end` but was suspended
+    (its memory in host memory, nothing running: colo suspend) for `off` seconds before and, when
+    `off_since` is given, from then on. The held seconds count in full, as one span that ends when
+    it last held its GPU (earlier suspended time taken from its start): the GiB-hours are exact
+    without decay; with decay they count as slightly more recent than they were."""
+    last = min(end, off_since) if off_since is not None else end
+    return min(last, start + max(0.0, off)), last
 
 
 def fair_walk(queues: Mapping[int, Iterable[T]], usage: Mapping[int, float]) -> Iterator[T]:

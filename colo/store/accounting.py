@@ -29,7 +29,7 @@ class Accounting(Base):
         spec = "spec" if full else ("json_object('name', json_extract(spec, '$.name'), 'gpus', "
                                     "json_extract(spec, '$.gpus'), 'gpu_mem', json_extract(spec, '$.gpu_mem'))")
         q = (f"SELECT id, uid, gid, user, state, jobs.reason, exit_code, submitted_at, started_at, ended_at, jobs.gpus, "
-             f"jobs.mode, attempts, {spec}, json_extract(d.details, '$.profile_runtime'), "
+             f"jobs.mode, attempts, off_gpu, {spec}, json_extract(d.details, '$.profile_runtime'), "
              f"json_extract(d.details, '$.predicted_slowdown') "
              f"FROM jobs LEFT JOIN decisions d ON d.job_id = jobs.id{where} "
              "ORDER BY id DESC")
@@ -41,23 +41,25 @@ class Accounting(Base):
             more = self.db.execute(f"SELECT count(*) FROM jobs{where}", args).fetchone()[0] - limit
         loads = json.loads
         keys = ("id", "uid", "gid", "user", "state", "reason", "exit_code", "submitted_at", "started_at",
-                "ended_at", "gpus", "mode", "attempts")
+                "ended_at", "gpus", "mode", "attempts", "off_gpu")
         out = []
         for r in reversed(rows):
             row = dict(zip(keys, r))
             row["gpus"] = loads(r[10])
-            row["spec"] = self._full(r[13]) if full else loads(r[13])
-            row["alone_s"], row["predicted_slowdown"] = r[14], r[15]
+            row["spec"] = self._full(r[14]) if full else loads(r[14])
+            row["alone_s"], row["predicted_slowdown"] = r[15], r[16]
             out.append(row)
         return out, more
 
     # One job's figures as report.job_figures makes them, in SQL (`colo report` adds them up here).
     _FIGURES = """
-        SELECT user, jobs.state AS state, ran, ngpus, budget, waited,
+        SELECT user, jobs.state AS state, ran, held, ngpus, budget, waited,
                CASE WHEN alone > 0 AND ran > 0 AND jobs.state = 'succeeded' THEN ran / alone END AS slow
         FROM (SELECT *,
                 CASE WHEN started_at IS NULL THEN 0.0
                      ELSE max(0.0, coalesce(ended_at, started_at) - started_at) END AS ran,
+                CASE WHEN started_at IS NULL THEN 0.0
+                     ELSE max(0.0, coalesce(ended_at, started_at) - started_at - off_gpu) END AS held,
                 CASE WHEN json_array_length(gpus) > 0 THEN json_array_length(gpus)
                      WHEN started_at IS NULL THEN 0 ELSE coalesce(json_extract(spec, '$.gpus'), 0) END AS ngpus,
                 coalesce(json_extract(spec, '$.gpu_mem'), 0) AS budget,
@@ -79,7 +81,7 @@ class Accounting(Base):
                       "slowdown_median": None, "slowdown_max": r[8]}
                for r in self.db.execute(
                    f"SELECT user, count(*), sum(state = 'succeeded'), sum(state IN ('failed', 'lost')), "
-                   f"total(ngpus * ran) / 3600.0, total(budget * ngpus * ran) / 3600.0 / {1024**3}, "
+                   f"total(ngpus * held) / 3600.0, total(budget * ngpus * held) / 3600.0 / {1024**3}, "
                    f"max(waited), count(slow), max(slow) FROM ({f}) GROUP BY user", args)}
         for col, key in (("waited", "wait_median"), ("slow", "slowdown_median")):
             for user, v in self.db.execute(
@@ -139,13 +141,13 @@ class Accounting(Base):
             return None
         return dict(at=r[0], action=r[1], mode=r[2], gpus=json.loads(r[3]), reason=r[4], details=json.loads(r[5]))
 
-    def gpu_use(self, since: float) -> list[tuple[int, int, int, float, float]]:
-        """(uid, budget, gpus, started_at, ended_at) of GPU jobs that ended after `since` (fair share),
-        those removed since (cleaned_use) included."""
+    def gpu_use(self, since: float) -> list[tuple[int, int, int, float, float, float]]:
+        """(uid, budget, gpus, started_at, ended_at, off_gpu) of GPU jobs that ended after `since` (fair
+        share), those removed since (cleaned_use) included."""
         return list(self.db.execute(
-            "SELECT uid, json_extract(spec, '$.gpu_mem'), json_array_length(gpus), started_at, ended_at FROM jobs "
-            "WHERE ended_at > ? AND started_at IS NOT NULL AND gpus != '[]' "
-            "UNION ALL SELECT uid, budget, gpus, started_at, ended_at FROM cleaned_use WHERE ended_at > ?",
+            "SELECT uid, json_extract(spec, '$.gpu_mem'), json_array_length(gpus), started_at, ended_at, off_gpu "
+            "FROM jobs WHERE ended_at > ? AND started_at IS NOT NULL AND gpus != '[]' "
+            "UNION ALL SELECT uid, budget, gpus, started_at, ended_at, off_gpu FROM cleaned_use WHERE ended_at > ?",
             (since, since)))
 
     # samples ----------------------------------------------------------------------------------

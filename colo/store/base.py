@@ -29,7 +29,7 @@ _LS_SQL = {
 _LS_JSON = ("gpus", "argv")  # stored as JSON text
 
 _JOB_COLS = ("id, spec, uid, gid, user, state, reason, submitted_at, started_at, ended_at, "
-             "exit_code, gpus, mode, handle, attempts, cancel_by, held_by, paused_by, suspended")
+             "exit_code, gpus, mode, handle, attempts, cancel_by, held_by, paused_by, suspended, off_gpu")
 
 
 class StoreError(RuntimeError):
@@ -56,7 +56,7 @@ def _row_to_job(r: tuple, spec: JobSpec) -> Job:
         state=State(r[5]), reason=intern(r[6]), submitted_at=r[7], started_at=r[8], ended_at=r[9],
         exit_code=r[10], gpus=json.loads(r[11]) if r[11] != "[]" else (), mode=Mode(r[12]) if r[12] else None,
         handle=r[13], attempts=r[14], cancel_by=r[15], held_by=r[16], paused_by=r[17],
-        suspended=r[18])
+        suspended=r[18], off_gpu=r[19])
 
 
 def _decoded(rows: list[tuple], fields: list[str]) -> list[tuple]:

@@ -70,8 +70,9 @@ class Cleaning(Base):
                 return []
             marks = ",".join("?" * len(gone))
             self.db.execute(
-                "INSERT INTO cleaned_use(uid, budget, gpus, started_at, ended_at) "
-                "SELECT uid, coalesce(json_extract(spec, '$.gpu_mem'), 0), json_array_length(gpus), started_at, ended_at "
+                "INSERT INTO cleaned_use(uid, budget, gpus, started_at, ended_at, off_gpu) "
+                "SELECT uid, coalesce(json_extract(spec, '$.gpu_mem'), 0), json_array_length(gpus), started_at, ended_at, "
+                "off_gpu "
                 f"FROM jobs WHERE id IN ({marks}) AND started_at IS NOT NULL AND gpus != '[]' AND ended_at > ?",
                 [*gone, keep_use_since])
             self.db.execute("DELETE FROM cleaned_use WHERE ended_at <= ?", (keep_use_since,))

@@ -161,11 +161,19 @@ class Jobs(Base):
                 sets["started_at"] = now
             if new in (State.SUCCEEDED, State.FAILED, State.CANCELLED, State.LOST):
                 sets.setdefault("ended_at", now)
-            if new == State.QUEUED:
-                sets.update(started_at=None, handle=None, gpus="[]", mode=None)
+            if new == State.QUEUED:  # a new run: its time suspended starts again from none
+                sets.update(started_at=None, handle=None, gpus="[]", mode=None, off_gpu=0.0)
             if new != State.RUNNING:
                 sets.setdefault("paused_by", None)  # only a running job is paused
                 sets.setdefault("suspended", None)  # or suspended
+            if "ended_at" in sets:
+                # a job that ends suspended: its time since the suspend is added to its time off
+                # the GPU (the record's "at": when its checkpoint was done; suspend.Record)
+                off = self.db.execute("SELECT off_gpu + CASE WHEN json_extract(suspended, '$.phase') = 'suspended' "
+                                      "THEN max(0.0, ? - json_extract(suspended, '$.at')) ELSE 0.0 END FROM jobs "
+                                      "WHERE id=? AND suspended IS NOT NULL", (sets.get("ended_at", now), job_id)).fetchone()
+                if off is not None:
+                    sets.setdefault("off_gpu", off[0])
             for k in ("gpus",):
                 if k in sets and not isinstance(sets[k], str):
                     sets[k] = json.dumps(list(sets[k]))

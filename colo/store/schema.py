@@ -115,6 +115,12 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
         at REAL NOT NULL
     );
     """,
+    # 12: `colo suspend`: the seconds a job spent suspended (its memory in host memory, nothing
+    # running), which fair share and `colo report` do not count as GPU use (fairshare.held_span)
+    """
+    ALTER TABLE jobs ADD COLUMN off_gpu REAL NOT NULL DEFAULT 0;
+    ALTER TABLE cleaned_use ADD COLUMN off_gpu REAL NOT NULL DEFAULT 0;
+    """,
 ]
 
 # Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
