@@ -466,10 +466,19 @@ def test_a_node_whose_colo_does_not_answer_is_drained_and_its_jobs_requeued(clus
     assert node.show(g)["JobState"] == "COMPLETED" and result(node, "orphan").startswith("alloc 0")
 
 
+HEALTHCHECK = Path(__file__).resolve().parent.parent / "packaging" / "slurm-healthcheck"
+
+
 def healthcheck(node, name: str) -> subprocess.CompletedProcess:
-    """colo's health check as slurmd runs it (HealthCheckProgram: root, SLURMD_NODENAME set)."""
-    return subprocess.run([sys.executable, "-I", "-m", "colo.cli.slurm", "healthcheck", "--timeout=10",
-                           f"--socket={node.root}/colo-%n/run/colo.sock"], capture_output=True, text=True, cwd="/",
+    """colo's health check as the package installs it and slurmd runs it (HealthCheckProgram: root,
+    SLURMD_NODENAME set): the packaged script, with this tree's Python and the node's socket."""
+    text = HEALTHCHECK.read_text()
+    assert "/opt/colo/bin/python3 " in text and "--socket=/run/colo/colo.sock " in text, text
+    run = node.root / "slurm-healthcheck"
+    run.write_text(text.replace("/opt/colo/bin/python3 ", f"{sys.executable} ")
+                   .replace("/run/colo/colo.sock", f"{node.root}/colo-%n/run/colo.sock"))
+    run.chmod(0o755)
+    return subprocess.run([str(run)], capture_output=True, text=True, cwd="/",
                           env={"SLURMD_NODENAME": name, "SLURM_CONF": str(node.conf), "PATH": os.environ["PATH"]})
 
 
@@ -573,8 +582,8 @@ def test_the_docs_say_what_the_test_cluster_runs(cluster):
                                                                          doc, re.M)}
     assert shapes == documented, (shapes, documented)
     assert "ConstrainDevices=yes" in doc and "multi_user_mps" in doc and "DenyOnLimit" in doc
-    # the health check script runs what the tests run as slurmd would
-    assert "-I -m colo.cli.slurm healthcheck --socket=/run/colo/colo.sock --timeout=10" in doc
+    # the health check the docs show is the one the package installs, and the tests run
+    assert "\n" + HEALTHCHECK.read_text().splitlines()[-1] + "\n" in doc
     assert "HealthCheckProgram=/usr/lib/colo/slurm-healthcheck" in doc
 
 
