@@ -512,6 +512,8 @@ class Launcher:
                     log.warning("job %d: thawing it before its stop: %s", job_id, e)
             rt.stop(handle, self.config.stop_grace)
 
+        if hasattr(rt, "say_stop"):  # Slurm: who cancels it, written while the job still exists in Slurm
+            await asyncio.to_thread(rt.say_stop, handle)
         if job.mode == Mode.MPS and job.gpus:
             try:
                 pids = await asyncio.to_thread(rt.pids, handle)
