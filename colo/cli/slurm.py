@@ -23,7 +23,8 @@ bound them to, or the GPUs of a plain `gres/gpu` job.
 
 When colo cannot place the job on that GPU now, or its daemon does not answer, the job is not
 failed: it is requeued in Slurm (its admin comment says why), and a node whose daemon does not
-answer is drained with the reason, so Slurm sends no more jobs there.
+answer is drained with the reason, so Slurm sends no more jobs there. A daemon that went away
+while answering (killed, restarting) is asked again once it is back (_ask) before that.
 """
 from __future__ import annotations
 
