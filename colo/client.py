@@ -38,6 +38,11 @@ class DaemonUnavailable(ClientError):
     pass
 
 
+class ConnectionLost(DaemonUnavailable):
+    """The daemon went away while answering (it stopped, or was killed and may be restarting):
+    the request may have been acted on."""
+
+
 def _how_to_start(path: str) -> str:
     if path == SYSTEM_SOCKET:
         return "the system daemon starts with `sudo systemctl start colo` (a private one of yours: `colo daemon &` and COLO_SOCKET)"
@@ -166,9 +171,9 @@ class Client:
                 except TimeoutError:
                     raise DaemonUnavailable(f"colo daemon did not answer within {timeout:.0f}s", "timeout")
                 except OSError as e:
-                    raise DaemonUnavailable(f"connection to colo daemon lost: {e}", "unavailable")
+                    raise ConnectionLost(f"connection to colo daemon lost: {e}", "unavailable")
                 if not line.endswith(b"\n"):
-                    raise DaemonUnavailable("colo daemon closed the connection before answering "
+                    raise ConnectionLost("colo daemon closed the connection before answering "
                                             "(did it stop or restart?)", "unavailable")
                 msg = protocol.loads(line)
                 if msg.get("v") != protocol.VERSION:

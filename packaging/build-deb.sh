@@ -7,7 +7,8 @@
 # The package holds colo in an environment of its own, /opt/colo (a venv of Debian's python3 with
 # colo's Python dependencies from PyPI, fetched now), the systemd unit, /etc/colo/colo.toml (a
 # conffile that holds only what the admin changes), /usr/share/colo/colo.toml (every key with its
-# default: the reference), /usr/bin/colo and colo-fakegpu, and /usr/lib/colo/ (the SPANK plugin, the interposer).
+# default: the reference), /usr/bin/colo and colo-fakegpu, and /usr/lib/colo/ (the SPANK plugin, the interposer,
+# Slurm's health check).
 # docs/install.md says what each file is. Needs: Debian's python3 with venv (python3-venv), make, a
 # C compiler, dpkg-deb, git, and libslurm-dev for the SPANK plugin (left out without it, with a warning).
 set -euo pipefail
@@ -69,6 +70,7 @@ ln -s "$SITE/colo/_native/libcolo-interpose.so" "$ROOT/usr/lib/colo/libcolo-inte
 if [ -e "$ROOT$SITE/colo/_native/colo_spank.so" ]; then
   ln -s "$SITE/colo/_native/colo_spank.so" "$ROOT/usr/lib/colo/colo_spank.so"
 fi
+install -m 0755 "$WORK/src/packaging/slurm-healthcheck" "$ROOT/usr/lib/colo/slurm-healthcheck"  # HealthCheckProgram
 install -m 0644 "$WORK/src/packaging/colo.service" "$ROOT/lib/systemd/system/colo.service"
 # /etc holds what the admin changes, and never changes itself: dpkg asks about a conffile only
 # when both the admin and the package changed it, so an upgrade never stops to ask. The defaults

@@ -104,11 +104,12 @@ say() { echo "== $*"; }
 deb=$(ls /pkg/*.deb)
 dpkg -i "$deb" >/dev/null
 say installed $(colo --version)
-for p in /usr/bin/colo /usr/bin/colo-fakegpu /opt/colo/bin/python3 /usr/lib/colo/colo_spank.so /usr/lib/colo/libcolo-interpose.so /etc/colo/colo.toml /usr/share/colo/colo.toml /lib/systemd/system/colo.service \
+for p in /usr/bin/colo /usr/bin/colo-fakegpu /opt/colo/bin/python3 /usr/lib/colo/colo_spank.so /usr/lib/colo/libcolo-interpose.so /usr/lib/colo/slurm-healthcheck /etc/colo/colo.toml /usr/share/colo/colo.toml /lib/systemd/system/colo.service \
     /usr/share/man/man1/colo.1.gz /usr/share/man/man1/colo-drain.1.gz /usr/share/man/man1/colo-fakegpu.1.gz \
     /usr/share/bash-completion/completions/colo /usr/share/zsh/vendor-completions/_colo /usr/share/fish/vendor_completions.d/colo.fish; do
   test -e "$p" || { echo "missing $p"; exit 1; }
 done
+test -x /usr/lib/colo/slurm-healthcheck || { echo "the health check is not executable"; exit 1; }
 say layout ok
 # simulated GPUs, set in the conffile as an admin would (it holds only what the admin changes)
 colo-fakegpu create /var/lib/colo-fake/gpus --count 1 --mem 4GiB >/dev/null

@@ -149,7 +149,7 @@ def cluster(other_user, native_dir):
             root / "slurm", {n: f"CPUs=4 Gres={g}" for n, g in node_gres.items()}, gres="\n".join(gres) + "\n",
             gres_types="gpu,shard", accounting=True, cgroup=cgroup_v1_devices(), users=("root", other_user.pw_name),
             plugstack=f"required {plugin} python={wrap}/python socket={root}/colo-%n/run/colo.sock "
-                      f"slurm_conf={conf} timeout=60",
+                      f"slurm_conf={conf} timeout=120",  # the helper may wait 88 s for a restarting daemon
             # a requeued job waits for its old credential to expire (Slurm's default: 120 s)
             extra=("KillWait=30", "AuthInfo=cred_expire=10"))
         assert node.conf == conf
@@ -466,10 +466,19 @@ def test_a_node_whose_colo_does_not_answer_is_drained_and_its_jobs_requeued(clus
     assert node.show(g)["JobState"] == "COMPLETED" and result(node, "orphan").startswith("alloc 0")
 
 
+HEALTHCHECK = Path(__file__).resolve().parent.parent / "packaging" / "slurm-healthcheck"
+
+
 def healthcheck(node, name: str) -> subprocess.CompletedProcess:
-    """colo's health check as slurmd runs it (HealthCheckProgram: root, SLURMD_NODENAME set)."""
-    return subprocess.run([sys.executable, "-I", "-m", "colo.cli.slurm", "healthcheck", "--timeout=10",
-                           f"--socket={node.root}/colo-%n/run/colo.sock"], capture_output=True, text=True, cwd="/",
+    """colo's health check as the package installs it and slurmd runs it (HealthCheckProgram: root,
+    SLURMD_NODENAME set): the packaged script, with this tree's Python and the node's socket."""
+    text = HEALTHCHECK.read_text()
+    assert "/opt/colo/bin/python3 " in text and "--socket=/run/colo/colo.sock " in text, text
+    run = node.root / "slurm-healthcheck"
+    run.write_text(text.replace("/opt/colo/bin/python3 ", f"{sys.executable} ")
+                   .replace("/run/colo/colo.sock", f"{node.root}/colo-%n/run/colo.sock"))
+    run.chmod(0o755)
+    return subprocess.run([str(run)], capture_output=True, text=True, cwd="/",
                           env={"SLURMD_NODENAME": name, "SLURM_CONF": str(node.conf), "PATH": os.environ["PATH"]})
 
 
@@ -485,6 +494,13 @@ def restart_slurmctld(node) -> None:
 
 def test_array_tasks_het_components_and_nodes_each_have_their_own_record(cluster, other_user):
     node, d1, d2 = cluster, cluster.daemons["n1"], cluster.daemons["n2"]
+    # One task's placement is held where colo saves the job's env (a FIFO that nobody reads), so that
+    # colo is killed in the middle of placing it: the plugin's helper asks again once colo is back,
+    # and colo finishes that start (the task is neither failed nor requeued, the node not drained).
+    held = max((j["id"] for j in d1.client.ls(all=True)), default=0) + 2  # the array's second job in colo
+    fifo = d1.state_dir / "slurm" / f"{held}.tmp"
+    fifo.parent.mkdir(mode=0o700, exist_ok=True)
+    os.mkfifo(fifo, 0o600)
     arr = node.sbatch(cuda(node, "task", 256, 0, 120), "-w", "n1", "-a", "0-2", "--gres=shard:1024", "-o", "/dev/null",
                       user=other_user)
     tasks = {t: node.show(f"{arr}_{t}") for t in range(3)}
@@ -492,17 +508,24 @@ def test_array_tasks_het_components_and_nodes_each_have_their_own_record(cluster
                          for t in range(3)), 60, "the array's tasks to run")
     own = {t: int(tasks[t]["JobId"]) for t in range(3)}
     jobs = {t: wait_for(lambda t=t: colo_job(d1, own[t]), 60, f"task {t} in colo") for t in range(3)}
-    assert len({j["id"] for j in jobs.values()}) == 3
+    assert {j["id"] for j in jobs.values()} == {held - 1, held, held + 1}
+    wait_for(lambda: [d1.job(i)["state"] for i in (held - 1, held, held + 1)] == ["running", "starting", "running"],
+             60, "two tasks to run in colo, one to be held while it is placed")
 
     # After a restart, one squeue for the node finds every task running (none is lost).
     log = node.root / "squeue.log"
     before = log.read_text().splitlines() if log.exists() else []
     d1.kill9()
+    fifo.unlink()
     said = len(d1.log.read_text().splitlines())
     d1.start()
-    wait_for(lambda: all(f"job {jobs[t]['id']} found again after restart" in "\n".join(d1.log.read_text().splitlines()[said:])
-                         for t in range(3)), 60, "the daemon to find the tasks again")
+    since = lambda: "\n".join(d1.log.read_text().splitlines()[said:])  # noqa: E731
+    wait_for(lambda: all(f"job {jobs[t]['id']} found again after restart" in since() for t in range(3)), 60,
+             "the daemon to find the tasks again")
+    wait_for(lambda: f"job {held}: its start under Slurm" in since(), 60, "the held task's start to be finished")
     assert all(d1.job(jobs[t]["id"])["state"] == "running" for t in range(3))
+    assert all(node.state(f"{arr}_{t}")[0] == "RUNNING" and node.show(f"{arr}_{t}")["Restarts"] == "0" for t in range(3))
+    assert "drain" not in node.run("sinfo", "-h", "-n", "n1", "-o", "%T").stdout
     calls = [c for c in log.read_text().splitlines()[len(before):] if c.startswith("n1 ")]
     assert calls == ["n1 -h -o %A %T -w n1"], calls
     # `colo cancel` of one task cancels that task in Slurm, not the array.
@@ -573,8 +596,8 @@ def test_the_docs_say_what_the_test_cluster_runs(cluster):
                                                                          doc, re.M)}
     assert shapes == documented, (shapes, documented)
     assert "ConstrainDevices=yes" in doc and "multi_user_mps" in doc and "DenyOnLimit" in doc
-    # the health check script runs what the tests run as slurmd would
-    assert "-I -m colo.cli.slurm healthcheck --socket=/run/colo/colo.sock --timeout=10" in doc
+    # the health check the docs show is the one the package installs, and the tests run
+    assert "\n" + HEALTHCHECK.read_text().splitlines()[-1] + "\n" in doc
     assert "HealthCheckProgram=/usr/lib/colo/slurm-healthcheck" in doc
 
 

@@ -23,7 +23,8 @@ bound them to, or the GPUs of a plain `gres/gpu` job.
 
 When colo cannot place the job on that GPU now, or its daemon does not answer, the job is not
 failed: it is requeued in Slurm (its admin comment says why), and a node whose daemon does not
-answer is drained with the reason, so Slurm sends no more jobs there.
+answer is drained with the reason, so Slurm sends no more jobs there. A daemon that went away
+while answering (killed, restarting) is asked again once it is back (_ask) before that.
 """
 from __future__ import annotations
 
@@ -33,12 +34,16 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
-from ..client import Client, ClientError, DaemonUnavailable
+from ..client import Client, ClientError, ConnectionLost, DaemonUnavailable
 
 GRES = "shard"  # per GPU, bound to its device file; one shard = one MiB of GPU memory
 MiB = 1 << 20
 NOTE_MAX = 1000  # characters of colo's notes kept on a job's admin comment (as external.py)
+# The share of its --timeout (the plugin's timeout less 10 s) a helper whose daemon went away while
+# answering may spend waiting for it to be back; the rest is for draining the node and requeueing.
+RESTART_SHARE = 0.8
 
 
 class SlurmError(RuntimeError):
@@ -174,22 +179,41 @@ def _drain(node: str, why: str) -> None:
         pass
 
 
-def attach(client: Client, a) -> list[str]:
+def _ask(client: Client, deadline: float, action: str, **args) -> dict:
+    """client.slurm(action, ...), asked again once the daemon is back if it went away while
+    answering (killed, and restarted by systemd: a job's step must not fail for that), until
+    `deadline` (time.monotonic()). Every action may be asked twice (the daemon finds the job it
+    placed, or finishes a placement its restart cut short). A daemon that was not there to begin
+    with is not waited for: the caller drains the node at once."""
+    try:
+        return client.slurm(action, **args)
+    except ConnectionLost:
+        pass
+    while True:
+        time.sleep(0.5)
+        try:
+            return Client(client.path, timeout=max(1.0, deadline - time.monotonic())).slurm(action, **args)
+        except DaemonUnavailable:
+            if time.monotonic() + 0.5 >= deadline:
+                raise
+
+
+def attach(client: Client, a, deadline: float) -> list[str]:
     """The env lines of a step of job `a.job` on `a.node`, asking the daemon first (a later step
     of a placed job asks Slurm nothing)."""
     rec = ""
     try:
-        known = client.slurm("attach", job=a.job, uid=a.uid, gid=a.gid, known_only=True)
+        known = _ask(client, deadline, "attach", job=a.job, uid=a.uid, gid=a.gid, known_only=True)
         if known.get("env") is not None:
             return [_env_line(k, v) for k, v in sorted(known["env"].items())]
         rec = job_record(_scontrol("show", "job", "-d", str(a.job)), a.job)
         ref = reference(rec)
         mem, on, gpus = allocation(rec, a.node, _hostnames)
         if mem:
-            res = client.slurm("attach", job=a.job, ref=ref, node=a.node, uid=a.uid, gid=a.gid, gpu_mem=mem,
+            res = _ask(client, deadline, "attach", job=a.job, ref=ref, node=a.node, uid=a.uid, gid=a.gid, gpu_mem=mem,
                                gpu_index=on, profile=a.profile or profile_key(rec))
         elif gpus:
-            res = client.slurm("hold", job=a.job, ref=ref, node=a.node, uid=a.uid, gpu_index=gpus)
+            res = _ask(client, deadline, "hold", job=a.job, ref=ref, node=a.node, uid=a.uid, gpu_index=gpus)
         else:  # no GPU asked: nothing to do (the plugin normally decides so without running this)
             return []
     except DaemonUnavailable as e:
@@ -258,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", default="/dev/nvidia%d", help="gres-conf: the device file of GPU %%d")
     a = ap.parse_args(argv)
     client = Client(a.socket.replace("%n", a.node) if a.socket else None, timeout=a.timeout)
+    deadline = time.monotonic() + a.timeout * RESTART_SHARE
     try:
         if a.action == "gres-conf":
             print("\n".join(gres_conf(client, a.node, a.devices)))
@@ -271,15 +296,15 @@ def main(argv: list[str] | None = None) -> int:
         if a.action == "attach":
             if a.uid is None or a.gid is None:
                 raise SlurmError("attach needs --uid and --gid")
-            print("\n".join(attach(client, a)))
+            print("\n".join(attach(client, a, deadline)))
         elif a.action == "batch-exit":
-            client.slurm("batch_exit", job=a.job, status=a.status)
+            _ask(client, deadline, "batch_exit", job=a.job, status=a.status)
         else:
             try:
                 code, sig = job_exit(job_record(_scontrol("show", "job", str(a.job)), a.job))
             except SlurmError:
                 code, sig = 0, 0  # Slurm forgot it already: the end is what matters
-            client.slurm("end", job=a.job, exit_code=min(code, 255), signal=sig)
+            _ask(client, deadline, "end", job=a.job, exit_code=min(code, 255), signal=sig)
     except (ClientError, SlurmError) as e:
         print(f"error {' '.join(str(e).split())}")
         return 1

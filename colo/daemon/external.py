@@ -54,6 +54,7 @@ REF = re.compile(r"^\d{1,10}(?:_\d{1,10}|\+\d{1,5})?$")
 NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 NOTE_MAX = 1000  # characters of colo's notes kept on a job's admin comment (the newest)
 MIN_BUDGET = 64 << 20  # bytes: the least budget a Slurm job gets (a bare `--gres=shard` asks 1 MiB)
+RUNNING_NOTE = "running under Slurm"  # the event of a start that got as far as the job's env (_cut_short)
 SETTLE = 5.0  # seconds a start that finds its GPU full waits for it to free before the job is requeued
 
 
@@ -160,6 +161,7 @@ class SlurmRuntime:
         self._asking = threading.Lock()  # one squeue at a time; the others read its answer
         self._seen: dict[str | None, tuple[float, dict[int, str] | None]] = {}  # node -> (when, jobs)
         self._cgroups: dict[str, tuple[float, dict[str, str]]] = {}  # handle -> (when, Slurm's cgroup of the job)
+        self._said: set[str] = set()  # handles whose cancel is written on the Slurm job (say_stop)
 
     def _slot(self, slurm_job: int) -> tuple[threading.Event, list]:
         with self._lock:
@@ -205,16 +207,25 @@ class SlurmRuntime:
     def exit_note(self, handle: str) -> str:
         return ""
 
-    def stop(self, handle: str, grace: float) -> None:
-        """`colo cancel` and the patrol's kills: said on the Slurm job, then scancel of that one
-        job (an array task or a component by its own name, never the whole array)."""
+    def say_stop(self, handle: str) -> None:
+        """Who cancels the job, on the Slurm job: before its MPS clients are terminated (then the
+        batch script may end at once, and Slurm takes no note on a finished job)."""
         _, jid, ref, _ = _parse(handle)
         try:
             by = self.table.job(jid).cancel_by
         except KeyError:
             by = None
-        if by:
-            admin_note(ref, f"colo: cancelled by {by}")
+        with self._lock:
+            if not by or handle in self._said:
+                return
+            self._said.add(handle)
+        admin_note(ref, f"colo: cancelled by {by}")
+
+    def stop(self, handle: str, grace: float) -> None:
+        """`colo cancel` and the patrol's kills: said on the Slurm job (once), then scancel of that
+        one job (an array task or a component by its own name, never the whole array)."""
+        _, _, ref, _ = _parse(handle)
+        self.say_stop(handle)
         r = _slurm("scancel", ref, timeout=30)
         if r is None or r.returncode != 0:
             raise StartError(f"scancel {ref}: {(r.stderr.strip() or r.returncode) if r else 'did not answer'}")
@@ -274,6 +285,7 @@ class SlurmRuntime:
         with self._lock:
             self._ends.pop(sj, None)
             self._cgroups.pop(handle, None)
+            self._said.discard(handle)
         mark(self.config, sj, False)
         try:
             _env_path(self.config, jid).unlink()
@@ -380,6 +392,12 @@ class External:
         while True:  # a GPU full for a moment (a neighbour's memory still being released): wait a little
             if sj in self._starting:
                 return {"job": None, "env": await asyncio.shield(self._starting[sj])}
+            cut = self._cut_short(sj, uid)
+            if cut is not None:
+                if cut.state == State.STARTING:  # recovery has not looked at it yet (Slurm may have ended it)
+                    await asyncio.sleep(0.5)
+                    continue
+                return await self._finish_start(cut)
             known = self._known(sj, uid) or ({"job": None, "env": {}} if sj in self._holds else None)
             if known is not None or args.get("known_only"):
                 return known or {"job": None, "env": None}
@@ -387,6 +405,42 @@ class External:
             if res is not None:
                 return res
             await asyncio.sleep(0.5)
+
+    def _cut_short(self, sj: int, uid: int) -> Job | None:
+        """The job of Slurm job `sj` if colo placed it but was killed before it saved the job's env
+        (so no task of the job has it yet: the helper asks again once colo is back)."""
+        job = find(self.d.table, sj)
+        if job is None or job.uid != uid or job.state not in ACTIVE or not job.handle \
+                or _env_path(self.d.config, job.id).exists():
+            return None
+        if any(e["reason"].startswith(RUNNING_NOTE) for e in self.d.table.store.events(job.id)):
+            return None  # it ran: its env was saved, and is gone since (refused in _known)
+        return job
+
+    async def _finish_start(self, job: Job) -> dict:
+        """A start that colo's restart cut short, finished on the GPUs, mode and budget it was
+        given (the same launch as _start builds; the job runs on in Slurm all along)."""
+        d, sj = self.d, job.spec.slurm_job
+        fut = self._starting[sj] = asyncio.get_running_loop().create_future()
+        try:
+            was = await asyncio.to_thread(d.table.store.decision, job.id) or {}
+            dec = policy.Decision(job.id, policy.START, tuple(job.gpus), str(job.mode or Mode.TIMESLICED), "",
+                                  thread_pct=(was.get("details") or {}).get("thread_pct"))
+            launch = await asyncio.to_thread(d.launcher.build_launch, job, dec)
+            env = dict(launch.env)
+            await asyncio.to_thread(self._save_env, job.id, env)
+            await asyncio.to_thread(mark, d.config, sj, True)
+        except Exception as e:  # noqa: BLE001 - the step fails with this line
+            fut.set_exception(Refused(f"failed to start: {e}"))
+            fut.exception()
+            raise Refused(f"failed to start: {e}") from None
+        else:
+            fut.set_result(env)
+        finally:
+            self._starting.pop(sj, None)
+        log.info("job %d: its start under Slurm (job %s), cut short by colo's restart, finished", job.id,
+                 job.spec.argv[1])
+        return {"job": job.id, "env": env}
 
     async def _place(self, args: dict, sj: int, uid: int, gid: int, last: bool) -> dict | None:
         """attach's placement of a job colo does not know yet; None when the GPU cannot hold it
@@ -496,7 +550,7 @@ class External:
             d.table.transition(job.id, State.FAILED, reason)
             d.launcher.finish(job.id)
             raise Refused(reason) from None
-        d.table.transition(job.id, State.RUNNING, f"running under Slurm (job {spec.argv[1]})")
+        d.table.transition(job.id, State.RUNNING, f"{RUNNING_NOTE} (job {spec.argv[1]})")
         d.launcher.adopt(job.id, handle)
         gpus = ", ".join(f"{d.gpus.name_of(u)} ({u})" for u in dec.gpus)
         note = f"colo: job {job.id} on {gpus}, {dec.mode or 'timesliced'}, budget {exact(spec.gpu_mem)}"

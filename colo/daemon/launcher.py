@@ -498,6 +498,13 @@ class Launcher:
         await asyncio.to_thread(send, handle, sig)
         return True
 
+    async def _say_stop(self, job: Job, handle: str) -> None:
+        """Slurm: who cancels the job, written on it while it still exists in Slurm (before any
+        terminate_client or kill, which may end it at once; Slurm takes no note on an ended job)."""
+        rt = self.engines.runtime_for(job)
+        if hasattr(rt, "say_stop"):
+            await asyncio.to_thread(rt.say_stop, handle)
+
     async def _stop(self, job_id: int, handle: str) -> None:
         live = self.live.setdefault(job_id, Live())
         live.stopping = True
@@ -512,6 +519,7 @@ class Launcher:
                     log.warning("job %d: thawing it before its stop: %s", job_id, e)
             rt.stop(handle, self.config.stop_grace)
 
+        await self._say_stop(job, handle)
         if job.mode == Mode.MPS and job.gpus:
             try:
                 pids = await asyncio.to_thread(rt.pids, handle)
@@ -545,6 +553,7 @@ class Launcher:
         if job.state != State.RUNNING or not job.handle:
             return False
         self.table.set_fields(job_id, cancel_by=by)  # stored first: a crash from here on still ends it
+        await self._say_stop(job, job.handle)  # the kills below may end a Slurm job at once
         # MPS clients are left to the stop, which sends terminate_client first (invariant 6)
         for pid in (pids if job.mode != Mode.MPS and not job.spec.image else ()):
             if uid_of(pid) == job.uid:
