@@ -313,8 +313,7 @@ def test_a_session_waits_in_the_queue_with_its_reason_then_starts(node, alice, b
 
 def test_what_a_session_may_not_be(node):
     c = node.client
-    for spec, words in (({"argv": ["sh"], "image": "x/y:1", "gpus": 0}, "container sessions"),
-                        ({"argv": ["sh"], "gpus": 0, "array": "0-3"}, "--array"),
+    for spec, words in (({"argv": ["sh"], "gpus": 0, "array": "0-3"}, "--array"),
                         ({"argv": ["sh"], "gpu_mem": "1GiB", "grow": True}, "--grow")):
         err = client_error(lambda: list(c.stream("session", spec=spec)))
         assert err is not None and words in err[0] and err[1] == "invalid"
@@ -372,6 +371,64 @@ def test_an_orphaned_session_ends_after_a_daemon_restart(node, alice):
         t.close()
     ended = node.wait_state(job["id"], "cancelled", "failed", "succeeded", timeout=60)
     assert ended["state"] == "cancelled" and "the session's client went away" in ended["reason"], ended
+
+
+@pytest.fixture(scope="module")
+def session_image(docker_client):
+    """The test image (dash, coreutils) with stty: a window size to read."""
+    from pathlib import Path
+
+    from colo.runtimes.image import build_local_image
+    return build_local_image(docker_client, "colo-test/session:1", extra_files={"/usr/bin/stty": Path("/usr/bin/stty")})
+
+
+@pytest.mark.docker
+def test_a_container_shell_is_the_same_session(node, alice, session_image):
+    """colo shell --image: the job is a container of alice's uid on the terminal the engine
+    allocated, queued and budgeted as a host session; keys, Ctrl-C, Ctrl-Z and the window size
+    reach it, an allocation past its budget is refused inside it (the shell lives on), and its
+    exit code is the session's."""
+    t = Term(node, alice, "shell", "--image", session_image, "--gpu-mem", "1GiB", "--env", f"PS1={PROMPT}",
+             "--", "/bin/sh", "-i", rows=30, cols=90)
+    try:
+        t.prompt()
+        job = _session_job(node, alice)
+        assert job["spec"]["image"] == session_image and job["spec"]["tty"] is True and job["budget"] == 1 << 30
+        t.send("echo uid=$(id -u) size=$(stty size)")
+        t.expect(r"uid=(\d+) size=30 90\r")
+        assert t.p.match.group(1) == str(alice.pw_uid)
+        t.prompt()
+        t.resize(40, 100)
+        wait_for(lambda: (t.send("stty size"), t.expect(["40 100", PROMPT]) == 0)[1], 60, "the new size inside")
+        t.send("/opt/colo/native/colo-burn --mem 768MiB --over 512MiB --seconds 0 --quiet; echo burn=$?")
+        t.expect(r"burn=(\d+)\r")
+        assert t.p.match.group(1) == "0"  # colo-burn: --mem held, --over refused, as it expected
+        t.prompt()
+        wait_for(lambda: (node.job(job["id"]).get("refused") or 0) >= 1, 60, "the refusal in the session's ledger")
+        t.send("sleep 301")
+        _in_the_foreground(alice, "sleep 301")
+        t.p.send("\x03")
+        t.prompt()
+        t.send("echo status=$?")
+        t.expect("status=130")
+        t.prompt()
+        t.send("sleep 302")
+        _in_the_foreground(alice, "sleep 302")
+        t.p.send("\x1a")  # the container's shell's job control
+        t.expect("Stopped")
+        t.prompt()
+        t.send("kill -9 %1; wait; echo killed")
+        t.expect("killed")
+        t.prompt()
+        t.send("jobs; echo listed")  # (dash forgets the job only once it has said it was killed)
+        t.expect("listed")
+        t.prompt()
+        t.send("exit 7")
+        assert t.wait() == 7
+    finally:
+        t.close()
+    ended = node.wait_state(job["id"], "failed")
+    assert ended["exit_code"] == 7
 
 
 def test_signal_takes_a_running_jobs_own_signals_only(node):

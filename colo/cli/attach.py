@@ -148,7 +148,10 @@ def run(client: Client, spec: dict) -> int:
                 if not conn.fds:
                     raise ClientError("the daemon sent no terminal")
                 master = _terminal(conn.fds)
-                _prepare(master, stdin_tty, stdout_tty)
+                if not ev.get("relay"):
+                    _prepare(master, stdin_tty, stdout_tty)
+                elif stdin_tty:  # a container's: its terminal (the engine's) has the modes, this one the size
+                    _copy_size(0, master)
             elif "waiting" in ev:
                 say(f"job {job_id} waits: {ev['waiting']}")
                 waited = True

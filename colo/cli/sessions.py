@@ -21,15 +21,17 @@ def _fail(msg: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def _attached(command: list[str], sock: Optional[Path], gpu_mem: Optional[str], gpus: Optional[int], **opts) -> int:
-    """Queue `command` as a session and be its terminal until it ends; its exit code."""
+def _attached(command: list[str], sock: Optional[Path], gpu_mem: Optional[str], gpus: Optional[int],
+              image: Optional[str] = None, **opts) -> int:
+    """Queue `command` as a session (a host process, or in a container of `image`) and be its
+    terminal until it ends; its exit code."""
     from . import attach
 
     env = list(opts.pop("env"))
     if os.environ.get("TERM"):  # the job's terminal is this one's kind (set before --env: it may say otherwise)
         env.insert(0, f"TERM={os.environ['TERM']}")
     try:
-        spec = build_spec(command, process=True, gpu_mem=gpu_mem, gpus=(1 if gpu_mem else 0) if gpus is None else gpus,
+        spec = build_spec(command, image=image, process=not image, gpu_mem=gpu_mem, gpus=(1 if gpu_mem else 0) if gpus is None else gpus,
                           env=env, **opts)
         return attach.run(Client(sock), spec)
     except (Fail, ClientError) as e:
@@ -46,7 +48,9 @@ def _login_shell() -> str:
 
 
 def register(app: typer.Typer) -> None:
-    # the options a session shares with `colo submit` (a session is a process job: no --image)
+    # the options a session shares with `colo submit`
+    image_opt = typer.Option(None, "--image", help="run it in a container of this local image (as colo submit "
+                             "--image; a shell's default command is then /bin/sh)")
     gpu_mem_opt = typer.Option(None, "--gpu-mem", help="GPU memory budget per GPU, e.g. 8GiB (without it: no GPU)")
     gpus_opt = typer.Option(None, "--gpus", help="number of GPUs (default: 1 with --gpu-mem, else 0)")
     name_opt = typer.Option(None, "--name", help="a name to refer to the job by")
@@ -60,6 +64,8 @@ def register(app: typer.Typer) -> None:
     priority_opt = typer.Option(0, "--priority", help="higher starts first")
     after_opt = typer.Option([], "--after", help="start only after this job succeeded (repeatable; an id, "
                              "ARRAY_INDEX or a name, as submit --after)")
+    mount_opt = typer.Option([], "--mount", help="SRC:DST[:ro] into a container session (--image), as colo submit "
+                             "--mount; repeatable")
     sock_opt = typer.Option(None, "--socket", envvar="COLO_SOCKET", help="daemon socket")
 
     @app.command(context_settings={"allow_interspersed_args": False})
@@ -68,17 +74,18 @@ def register(app: typer.Typer) -> None:
               env: List[str] = env_opt, workdir: Optional[str] = workdir_opt, time_limit: Optional[str] = time_opt,
               cpus: Optional[float] = cpus_opt, mem: Optional[str] = mem_opt, gpu_id: List[str] = gpu_id_opt,
               gpu_type: Optional[str] = gpu_type_opt, priority: int = priority_opt, after: List[str] = after_opt,
-              sock: Optional[Path] = sock_opt):
+              image: Optional[str] = image_opt, mount: List[str] = mount_opt, sock: Optional[Path] = sock_opt):
         """Your shell on this node as a colo job: queued and placed like any job (its reason shown while
         it waits), held to its GPU budget, contained and counted; it ends when you leave the shell.
 
-        Example: colo shell --gpu-mem 8GiB   ·   colo shell --gpus 0 -- bash -l
+        Example: colo shell --gpu-mem 8GiB   ·   colo shell --gpus 0 -- bash -l   ·   colo shell --image pytorch:24.05 --gpu-mem 8GiB -- bash
         """
         if not sys.stdin.isatty():
             _fail("colo shell needs a terminal; for a command without one, colo run -- CMD")
-        raise typer.Exit(_attached(list(command or [_login_shell()]), sock, gpu_mem, gpus, name=name or "shell",
+        default = "/bin/sh" if image else _login_shell()  # (the host's login shell may not be in the image)
+        raise typer.Exit(_attached(list(command or [default]), sock, gpu_mem, gpus, image, name=name or "shell",
                                    env=env, workdir=workdir, time=time_limit, cpus=cpus, mem=mem, gpu_id=gpu_id,
-                                   gpu_type=gpu_type, priority=priority, after=after))
+                                   gpu_type=gpu_type, priority=priority, after=after, mount=mount))
 
     @app.command("run", context_settings={"allow_interspersed_args": False})
     def run_attached(command: List[str] = typer.Argument(..., help="the command, after --"),
@@ -87,16 +94,17 @@ def register(app: typer.Typer) -> None:
                      time_limit: Optional[str] = time_opt, cpus: Optional[float] = cpus_opt,
                      mem: Optional[str] = mem_opt, gpu_id: List[str] = gpu_id_opt,
                      gpu_type: Optional[str] = gpu_type_opt, priority: int = priority_opt,
-                     after: List[str] = after_opt, sock: Optional[Path] = sock_opt):
+                     after: List[str] = after_opt, image: Optional[str] = image_opt,
+                     mount: List[str] = mount_opt, sock: Optional[Path] = sock_opt):
         """Run a command as a colo job attached to this terminal, as srun --pty does: it waits in the
         queue, then runs on a terminal of its own (Ctrl-C, Ctrl-Z and window size reach it); exits
         with its exit code.
 
         Example: colo run --gpu-mem 4GiB -- python train.py   ·   colo run -- nvidia-smi
         """
-        raise typer.Exit(_attached(list(command), sock, gpu_mem, gpus, name=name, env=env, workdir=workdir,
+        raise typer.Exit(_attached(list(command), sock, gpu_mem, gpus, image, name=name, env=env, workdir=workdir,
                                    time=time_limit, cpus=cpus, mem=mem, gpu_id=gpu_id, gpu_type=gpu_type,
-                                   priority=priority, after=after))
+                                   priority=priority, after=after, mount=mount))
 
     kernelspec = typer.Typer(help="Jupyter kernels that run as colo jobs, each with its GPU budget.",
                              no_args_is_help=True)

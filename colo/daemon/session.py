@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import termios
 import time
+import tty
 from typing import Any, AsyncIterator
 
 from .. import protocol
@@ -40,9 +42,7 @@ class Refused(ValueError):
 
 
 def check(raw: dict) -> None:
-    """A session runs one host process on its terminal, once."""
-    if raw.get("image") is not None:
-        raise Refused("a session runs a host process: container sessions (--image) are not supported")
+    """A session runs one command (a host process, or a container's) on its terminal, once."""
     if raw.get("array") is not None:
         raise Refused("a session is one job: --array does not apply")
     if raw.get("grow") or raw.get("retries"):
@@ -53,6 +53,8 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
     """The stream of op `session` for `api` (the Api: submit, summary, reason, stop_later)."""
     d = api.d
     master, slave = os.openpty()  # (non-inheritable: no other child of the daemon gets them)
+    if raw.get("image") is not None:  # the engine's terminal does what a terminal does: this one is a wire
+        tty.setraw(slave, termios.TCSANOW)
     try:
         job = await api.submit(caller, {"spec": {**raw, "interactive": True}}, tty=True)
     except BaseException:
@@ -67,7 +69,10 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
         yield {"job": job}
         if job["uid"] != caller.uid:  # the terminal goes to the job's owner (SO_PEERCRED) only
             raise PermissionError(f"job {job_id} is not uid {caller.uid}'s")
-        ev, master = {"tty": True, protocol.PASS_FD: master}, None  # the server sends it and closes it
+        ev = {"tty": True, protocol.PASS_FD: master}
+        if raw.get("image") is not None:
+            ev["relay"] = True  # (the client copies its window size to it, not its modes)
+        master = None  # the server sends it and closes it
         yield ev
         said, started, told = None, False, None
         while True:

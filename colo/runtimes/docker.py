@@ -27,7 +27,7 @@ import urllib3
 
 from ..node.cgroup import places
 from ..node.devices import GpuNodes
-from . import nvidia, preload
+from . import nvidia, preload, ttyrelay
 from .base import EngineError, Gone, Launch, StartError, Unavailable
 
 LABEL_JOB = "colo.job"
@@ -44,6 +44,10 @@ CURSOR_EVERY = (
 ENGINE_DOWN = (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
                urllib3.exceptions.ProtocolError)
 ENGINE_POLL = 1.0  # seconds between pings while the engine is away
+# The engine's attach stream detaches on this sequence (its default, Ctrl-P Ctrl-Q, would take
+# readline's Ctrl-P from a session): keys no terminal program binds. colo's own detach key is
+# the client's (colo/cli/attach.py), never the engine's.
+ENGINE_DETACH_KEYS = "ctrl-^,ctrl-@,ctrl-^,ctrl-@,ctrl-^"
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +231,7 @@ class DockerRuntime:
         self.init = init
         self.instance = instance
         self._followers: dict[str, _Follower] = {}
+        self._relays: dict[str, ttyrelay.Relay] = {}  # container sessions' terminals (handle -> relay)
         self._lock = threading.Lock()
         self.down: str | None = None  # why the engine does not answer now; None while it does
         self._notes: dict[str, str] = {}  # handle -> what wait() saw happen to the engine
@@ -355,6 +360,14 @@ class DockerRuntime:
                 launch.release()
 
     def _start(self, launch: Launch) -> str:
+        try:
+            return self._create_and_start(launch)
+        finally:
+            if launch.tty is not None:  # it did not start (a relay owns it once it did): it hangs up
+                os.close(launch.tty)
+                launch.tty = None
+
+    def _create_and_start(self, launch: Launch) -> str:
         if not launch.image:
             raise StartError("a docker job needs an image")
         if not launch.argv:
@@ -376,6 +389,9 @@ class DockerRuntime:
                 labels=labels,
                 name=f"colo-{launch.job_id}-{uuid.uuid4().hex[:6]}",
                 host_config=self._host_config(launch),
+                # a session: a terminal the engine allocates, its input open (ttyrelay.py)
+                tty=launch.tty is not None,
+                stdin_open=launch.tty is not None,
             )
         except docker.errors.ImageNotFound:
             raise StartError(
@@ -393,9 +409,14 @@ class DockerRuntime:
         log = Path(launch.log_path)
         log.parent.mkdir(parents=True, exist_ok=True)
         _write_cursor(cursor_path(log), "", 0, log.stat().st_size if log.exists() else 0)
+        sock = None
         try:
+            # a session's stream is attached before the start, so nothing it writes first is lost
+            sock = self._attach(handle) if launch.tty is not None else None
             self.api.start(handle)
         except docker.errors.APIError as e:
+            if sock is not None:
+                sock.close()
             try:
                 self._remove(handle)
             except EngineError as r:  # the job fails (or is requeued) all the same; the sweep removes it
@@ -407,8 +428,39 @@ class DockerRuntime:
         except ENGINE_DOWN as e:
             # It may or may not have started: the daemon's sweep removes it once the engine is back.
             raise self._engine_down(e) from None
-        self.follow_logs(handle, launch.log_path)
+        if sock is not None:
+            relay = ttyrelay.Relay(f"{launch.job_id}", launch.tty, sock,
+                                   lambda rows, cols: self.api.resize(handle, rows, cols))
+            with self._lock:
+                self._relays[handle] = relay
+            launch.tty = None  # the relay's now
+            relay.start()
+        else:  # (a session's output is its terminal's, as a host session's is: not colo's log)
+            self.follow_logs(handle, launch.log_path)
         return handle
+
+    def _attach(self, handle: str):
+        """The container's attach stream (stdin, and its terminal's output) as a plain socket of
+        this process: a copy of the engine connection's descriptor, which after the upgrade carries
+        only this container's bytes (the engine reads no further request from it)."""
+        io = self.api.attach_socket(handle, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1,
+                                                    "detachKeys": ENGINE_DETACH_KEYS})
+        raw = getattr(io, "_sock", io)
+        sock = raw.dup()
+        for s in (io, raw):
+            try:
+                s.close()
+            except OSError:
+                pass
+        return sock
+
+    def lost_terminal(self, handle: str) -> bool:
+        """A container session's terminal is relayed by the daemon that started it (or the one it
+        was attached to): one that has no relay for it (after a restart), or whose relay ended,
+        has lost it."""
+        with self._lock:
+            relay = self._relays.get(handle)
+        return relay is None or not relay.is_alive()
 
     # -- output ------------------------------------------------------------------------------
 
@@ -609,6 +661,9 @@ class DockerRuntime:
             self._notes.pop(handle, None)
             self._loader.pop(handle, None)
             f = self._followers.pop(handle, None)
+            relay = self._relays.pop(handle, None)
+        if relay is not None:
+            relay.stop()
         if f is not None:
             f.stop()
             f.join(5)
