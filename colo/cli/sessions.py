@@ -21,10 +21,19 @@ def _fail(msg: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def _keys(given: Optional[str]) -> bytes:
+    from . import attach
+
+    try:
+        return attach.detach_keys(given or os.environ.get("COLO_DETACH_KEYS") or attach.DETACH_KEYS)
+    except ValueError as e:
+        _fail(str(e))
+
+
 def _attached(command: list[str], sock: Optional[Path], gpu_mem: Optional[str], gpus: Optional[int],
-              image: Optional[str] = None, **opts) -> int:
+              image: Optional[str] = None, detach: bool = False, **opts) -> int:
     """Queue `command` as a session (a host process, or in a container of `image`) and be its
-    terminal until it ends; its exit code."""
+    terminal until it ends (its exit code); with `detach`, leave it to the daemon (0)."""
     from . import attach
 
     env = list(opts.pop("env"))
@@ -33,6 +42,10 @@ def _attached(command: list[str], sock: Optional[Path], gpu_mem: Optional[str], 
     try:
         spec = build_spec(command, image=image, process=not image, gpu_mem=gpu_mem, gpus=(1 if gpu_mem else 0) if gpus is None else gpus,
                           env=env, **opts)
+        if detach:
+            job = Client(sock).call("session", spec={**spec, "detach": True})
+            typer.echo(f"job {job['id']}: a detached session (colo attach {job['id']} takes its terminal)")
+            return 0
         return attach.run(Client(sock), spec)
     except (Fail, ClientError) as e:
         _fail(str(e))
@@ -66,6 +79,8 @@ def register(app: typer.Typer) -> None:
                              "ARRAY_INDEX or a name, as submit --after)")
     mount_opt = typer.Option([], "--mount", help="SRC:DST[:ro] into a container session (--image), as colo submit "
                              "--mount; repeatable")
+    detach_opt = typer.Option(False, "--detach", help="start it with no client: its terminal kept by the daemon "
+                              "(output in a scrollback) until colo attach JOB")
     sock_opt = typer.Option(None, "--socket", envvar="COLO_SOCKET", help="daemon socket")
 
     @app.command(context_settings={"allow_interspersed_args": False})
@@ -74,16 +89,17 @@ def register(app: typer.Typer) -> None:
               env: List[str] = env_opt, workdir: Optional[str] = workdir_opt, time_limit: Optional[str] = time_opt,
               cpus: Optional[float] = cpus_opt, mem: Optional[str] = mem_opt, gpu_id: List[str] = gpu_id_opt,
               gpu_type: Optional[str] = gpu_type_opt, priority: int = priority_opt, after: List[str] = after_opt,
-              image: Optional[str] = image_opt, mount: List[str] = mount_opt, sock: Optional[Path] = sock_opt):
+              image: Optional[str] = image_opt, mount: List[str] = mount_opt, detach: bool = detach_opt,
+              sock: Optional[Path] = sock_opt):
         """Your shell on this node as a colo job: queued and placed like any job (its reason shown while
         it waits), held to its GPU budget, contained and counted; it ends when you leave the shell.
 
         Example: colo shell --gpu-mem 8GiB   ·   colo shell --gpus 0 -- bash -l   ·   colo shell --image pytorch:24.05 --gpu-mem 8GiB -- bash
         """
-        if not sys.stdin.isatty():
+        if not sys.stdin.isatty() and not detach:
             _fail("colo shell needs a terminal; for a command without one, colo run -- CMD")
         default = "/bin/sh" if image else _login_shell()  # (the host's login shell may not be in the image)
-        raise typer.Exit(_attached(list(command or [default]), sock, gpu_mem, gpus, image, name=name or "shell",
+        raise typer.Exit(_attached(list(command or [default]), sock, gpu_mem, gpus, image, detach, name=name or "shell",
                                    env=env, workdir=workdir, time=time_limit, cpus=cpus, mem=mem, gpu_id=gpu_id,
                                    gpu_type=gpu_type, priority=priority, after=after, mount=mount))
 
@@ -95,16 +111,34 @@ def register(app: typer.Typer) -> None:
                      mem: Optional[str] = mem_opt, gpu_id: List[str] = gpu_id_opt,
                      gpu_type: Optional[str] = gpu_type_opt, priority: int = priority_opt,
                      after: List[str] = after_opt, image: Optional[str] = image_opt,
-                     mount: List[str] = mount_opt, sock: Optional[Path] = sock_opt):
+                     mount: List[str] = mount_opt, detach: bool = detach_opt, sock: Optional[Path] = sock_opt):
         """Run a command as a colo job attached to this terminal, as srun --pty does: it waits in the
         queue, then runs on a terminal of its own (Ctrl-C, Ctrl-Z and window size reach it); exits
         with its exit code.
 
         Example: colo run --gpu-mem 4GiB -- python train.py   ·   colo run -- nvidia-smi
         """
-        raise typer.Exit(_attached(list(command), sock, gpu_mem, gpus, image, name=name, env=env, workdir=workdir,
+        raise typer.Exit(_attached(list(command), sock, gpu_mem, gpus, image, detach, name=name, env=env, workdir=workdir,
                                    time=time_limit, cpus=cpus, mem=mem, gpu_id=gpu_id, gpu_type=gpu_type,
                                    priority=priority, after=after, mount=mount))
+
+    @app.command("attach")
+    def attach_cmd(job: int = typer.Argument(..., help="the detached session's job id"),
+                   keys: Optional[str] = typer.Option(None, "--detach-keys", help="the keys that leave it running, "
+                                                      "as docker writes them (default ctrl-\\,d, or COLO_DETACH_KEYS)"),
+                   sock: Optional[Path] = sock_opt):
+        """Take over the terminal of a session started with --detach (yours only), its last output
+        shown first; the detach keys (Ctrl-\\ then d) leave it running again. Exits with its code when
+        it ends while attached.
+
+        Example: colo shell --detach --gpu-mem 8GiB   ·   colo attach 12
+        """
+        from . import attach
+
+        try:
+            raise typer.Exit(attach.run(Client(sock), job=job, keys=_keys(keys)))
+        except ClientError as e:
+            _fail(str(e))
 
     kernelspec = typer.Typer(help="Jupyter kernels that run as colo jobs, each with its GPU budget.",
                              no_args_is_help=True)

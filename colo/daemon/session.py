@@ -22,6 +22,7 @@ later, the job is cancelled as if its connection had closed.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import termios
@@ -31,6 +32,7 @@ from typing import Any, AsyncIterator
 
 from .. import protocol
 from ..jobs import TERMINAL, State
+from . import detach
 from .validate import Caller
 
 log = logging.getLogger("colo")
@@ -50,8 +52,16 @@ def check(raw: dict) -> None:
 
 
 async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]]:
-    """The stream of op `session` for `api` (the Api: submit, summary, reason, stop_later)."""
+    """The stream of op `session` for `api` (the Api: submit, summary, reason, stop_later). With
+    `detach` in `raw`, the daemon keeps the terminal (detach.py) and the stream ends at once."""
     d = api.d
+    raw = dict(raw)
+    detached = raw.pop("detach", False)
+    if detached not in (True, False):
+        raise Refused("detach must be true or false")
+    if detached and d.terminals.count(caller.uid) >= detach.MAX_PER_USER:
+        raise Refused(f"you have {detach.MAX_PER_USER} detached sessions, the most allowed: end or attach to "
+                      "one (colo ls, colo attach JOB)")
     master, slave = os.openpty()  # (non-inheritable: no other child of the daemon gets them)
     if raw.get("image") is not None:  # the engine's terminal does what a terminal does: this one is a wire
         tty.setraw(slave, termios.TCSANOW)
@@ -64,6 +74,10 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
     job_id = job["id"]
     # No await since the job was stored: the scheduler has not seen it without its terminal.
     d.launcher.give_terminal(job_id, slave)
+    if detached:  # the daemon holds it from now on: the client goes, the session stays
+        d.terminals.keep(job_id, job["uid"], master)
+        yield {"final": job}
+        return
     d.sessions.attached.add(job_id)
     try:
         yield {"job": job}
@@ -74,26 +88,8 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
             ev["relay"] = True  # (the client copies its window size to it, not its modes)
         master = None  # the server sends it and closes it
         yield ev
-        said, started, told = None, False, None
-        while True:
-            j = d.table.job(job_id)
-            if j.state in TERMINAL:
-                yield {"final": api.summary(j)}
-                return
-            note = d.sampler.notices.get(job_id)  # the idle policy's word (docs/gating.md)
-            if note is not None and note != told:
-                told = note
-                yield {"notice": note}
-            if j.state == State.QUEUED:
-                decided = api.reasons([j]).get(j.id)  # (not the store's "submitted by")
-                why = api.reason(j, decided) if decided is not None or j.held_by else None
-                if why and why != said:
-                    said = why
-                    yield {"waiting": why}
-            elif j.state == State.RUNNING and not started:
-                started = True
-                yield {"started": {"gpus": j.gpus, "mode": str(j.mode) if j.mode else None}}
-            await d.table.changed.wait(1.0)  # (a reason may change without a job changing)
+        async for ev in _follow(api, job_id):
+            yield ev
     finally:
         d.sessions.attached.discard(job_id)
         if master is not None:
@@ -102,6 +98,59 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
         # the client went away: so does its session (not the daemon stopping: the session runs on)
         if not d.stopping and d.table.job(job_id).state not in TERMINAL:
             api.stop_later(d.launcher.cancel(job_id, f"{caller.user} (the session's client hung up)"))
+
+
+async def reattach(api, caller: Caller, job) -> AsyncIterator[dict[str, Any]]:
+    """The stream of op `attach` (`colo attach JOB`): a detached session's terminal taken over by
+    its owner (detach.py), its scrollback first; the stream ends with the job, or when another
+    attach takes the terminal (the session runs on)."""
+    d = api.d
+    if job.uid != caller.uid:  # not an admin either: what is typed there is the owner's
+        raise PermissionError(f"job {job.id} is {job.user}'s: only its owner may attach to it")
+    if not d.terminals.holds(job.id):
+        raise Refused(f"job {job.id} is not a detached session: only a session started with --detach (colo shell "
+                      "--detach, colo run --detach) can be attached to")
+    holder, back, mine, taken = d.terminals.take(job.id)
+    try:
+        yield {"job": api.summary(job)}
+        ev, mine = {"tty": True, protocol.PASS_FD: mine, "relay": True, "detachable": True,
+                    "replay": base64.b64encode(back).decode()}, None  # (the server sends it and closes it)
+        yield ev
+        async for ev in _follow(api, job.id, taken):
+            yield ev
+    finally:
+        if mine is not None:
+            os.close(mine)
+        d.terminals.leave(job.id, holder)
+
+
+async def _follow(api, job_id: int, taken: asyncio.Event | None = None) -> AsyncIterator[dict[str, Any]]:
+    """A session's events until its job ends (its summary, last), or `taken` is set (an attach
+    taken over: the summary with `detached`, the reason)."""
+    d = api.d
+    said, started, told = None, False, None
+    while True:
+        j = d.table.job(job_id)
+        if j.state in TERMINAL:
+            yield {"final": api.summary(j)}
+            return
+        if taken is not None and taken.is_set():
+            yield {"final": {**api.summary(j), "detached": "another colo attach took its terminal over"}}
+            return
+        note = d.sampler.notices.get(job_id)  # the idle policy's word (docs/gating.md)
+        if note is not None and note != told:
+            told = note
+            yield {"notice": note}
+        if j.state == State.QUEUED:
+            decided = api.reasons([j]).get(j.id)  # (not the store's "submitted by")
+            why = api.reason(j, decided) if decided is not None or j.held_by else None
+            if why and why != said:
+                said = why
+                yield {"waiting": why}
+        elif j.state == State.RUNNING and not started:
+            started = True
+            yield {"started": {"gpus": j.gpus, "mode": str(j.mode) if j.mode else None}}
+        await d.table.changed.wait(1.0)  # (a reason may change without a job changing)
 
 
 class Watch:
