@@ -21,6 +21,7 @@ import pytest
 
 import colo.cli.app  # noqa: F401 - loaded here: the forked clients run it without reading /root
 import colo.cli.attach  # noqa: F401
+from colo import protocol
 from colo.client import Client
 from colo.node import native
 from daemon_util import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
@@ -429,6 +430,101 @@ def test_a_container_shell_is_the_same_session(node, alice, session_image):
         t.close()
     ended = node.wait_state(job["id"], "failed")
     assert ended["exit_code"] == 7
+
+
+def _detached(d: DaemonProc, pw, *args: str) -> int:
+    """`colo ARGS --detach ...` as user `pw`: the detached session's job id."""
+    t = Term(d, pw, *args)
+    try:
+        t.expect(r"job (\d+): a detached session")
+        assert t.wait() == 0
+        return int(t.p.match.group(1))
+    finally:
+        t.close()
+
+
+def _reason(d: DaemonProc, job_id: int) -> str:
+    return d.job(job_id)["reason"]
+
+
+def test_a_detached_session_is_attached_left_and_taken_over_by_its_owner_only(node, alice, bob):
+    """colo shell --detach runs on with no client; bob cannot attach; alice attaches (ls says so),
+    leaves it with the detach keys, attaches again and sees what it wrote; a second attach takes
+    the terminal from the first; the exit code comes to the client attached at the end."""
+    job = _detached(node, alice, "shell", "--detach", *SHELL)
+    assert node.wait_state(job, "running")
+    wait_for(lambda: _reason(node, job).endswith("; detached"), 60, "ls to say detached")
+    t = Term(node, bob, "attach", str(job))
+    try:
+        t.expect("only its owner may attach")
+        assert t.wait() == 1
+    finally:
+        t.close()
+    t = Term(node, alice, "attach", str(job), rows=30, cols=90)
+    try:
+        t.prompt()
+        assert _reason(node, job).endswith("; attached")
+        t.send("echo marker-$((6*7)) size=$(stty size)")
+        t.expect("marker-42 size=30 90")
+        t.prompt()
+        t.p.send("\x1cd")  # Ctrl-\ d
+        t.expect("detached from job")
+        assert t.wait() == 0
+    finally:
+        t.close()
+    wait_for(lambda: _reason(node, job).endswith("; detached"), 60, "ls to say detached again")
+    first = Term(node, alice, "attach", str(job))
+    try:
+        first.expect("marker-42")  # the scrollback
+        first.prompt()
+        second = Term(node, alice, "attach", str(job))
+        try:
+            first.expect("another colo attach took its terminal over")
+            assert first.wait() == 0
+            second.expect("marker-42")
+            second.send("exit 5")
+            assert second.wait() == 5
+        finally:
+            second.close()
+    finally:
+        first.close()
+    assert node.wait_state(job, "failed")["exit_code"] == 5
+
+
+@pytest.mark.docker
+def test_a_detached_container_sessions_scrollback_is_bounded(node, alice, session_image):
+    """Its output while no client is attached is kept, the last SCROLLBACK bytes of it only."""
+    from colo.cli.attach import _Conn
+    from colo.daemon.detach import SCROLLBACK
+
+    job = _detached(node, alice, "run", "--detach", "--image", session_image, "--", "sh", "-c",
+                    "i=0; while [ $i -lt 3000 ]; do echo line-$i-of-a-long-output-that-fills-the-scrollback; "
+                    "i=$((i+1)); done; echo END; sleep 600")
+
+    def replay() -> bytes:
+        import base64
+        sock = Client(node.socket).connect(None)
+        try:
+            sock.sendall(protocol.request("attach", id=job))
+            conn = _Conn(sock)
+            conn.next()  # the job
+            ev = conn.next()["event"]
+            for fd in conn.fds:
+                os.close(fd)
+            return base64.b64decode(ev["replay"])
+        finally:
+            sock.close()
+
+    def whole():
+        kind, back = as_user(alice, replay)
+        assert kind == "ok", back
+        return back if b"END" in back else None
+
+    back = wait_for(whole, 120, "the whole output in the scrollback")
+    assert len(back) <= SCROLLBACK and back.endswith(b"END\r\n")
+    assert b"line-2999-" in back and b"line-0-" not in back  # 3000 lines are ~170 KiB: the first are gone
+    node.client.cancel(job)
+    node.wait_state(job, "cancelled")
 
 
 def test_signal_takes_a_running_jobs_own_signals_only(node):
