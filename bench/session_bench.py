@@ -28,15 +28,19 @@ RUN = uuid.uuid4().hex[:8]
 COLO = str(Path(sys.executable).parent / "colo")
 
 
-def timed(argv: list[str], env: dict, marker: str) -> float:
-    """Seconds from spawning argv on a terminal of its own until `marker` shows on it."""
+def timed(argv: list[str], env: dict, marker: str, to_end: bool = True) -> float:
+    """Seconds from spawning argv on a terminal of its own until `marker` shows on it (then,
+    untimed, until it ends unless not `to_end`)."""
     import pexpect
 
     t0 = time.perf_counter()
     p = pexpect.spawn(argv[0], argv[1:], env=env, timeout=120, dimensions=(24, 80))
     try:
         p.expect_exact(marker)
-        return time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        if to_end:
+            p.expect(pexpect.EOF)
+        return took
     finally:
         p.close(force=True)
 
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             dropped.expect_exact("last-screen-42")
             dropped.kill(9)  # the connection drops: the session runs on
             dropped.close(force=True)
-            att.append(timed([COLO, "attach", str(job)], env, "last-screen-42"))
+            att.append(timed([COLO, "attach", str(job)], env, "last-screen-42", to_end=False))
         daemon.client.cancel(job)
         states = {j["state"] for j in daemon.client.ls(all=True) if j["id"] != job}
         rep.check(states == {"succeeded"}, f"every session should have succeeded: {states}")
