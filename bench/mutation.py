@@ -54,6 +54,8 @@ TESTS = {
                                 "tests/test_fairness.py::test_limits_say_which_one_in_a_line"],
     "colo/daemon/validate.py": ["tests/test_validate.py"],
     "colo/sched/policy.py": ["tests/test_policy.py", "tests/test_policy_pins.py"],
+    "colo/sched/assess.py": ["tests/test_policy.py", "tests/test_policy_pins.py"],
+    "colo/sched/learning.py": ["tests/test_policy.py", "tests/test_policy_pins.py"],
 }
 
 _CMP = {ast.Lt: (ast.LtE, ast.GtE), ast.LtE: (ast.Lt, ast.Gt), ast.Gt: (ast.GtE, ast.LtE),

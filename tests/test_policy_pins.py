@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from colo.sched import policy as pol
+from colo.sched import assess, grid, policy as pol
 from colo.sched.policy import ALONE_DOUBT, START, WAIT, Candidate, GpuView, Placed, PolicyConfig, plan
 from colo.profiles import Profile
 
@@ -97,9 +97,9 @@ def test_a_hold_takes_as_many_gpus_as_the_job_needs_most_free_first():
 
 
 def test_durations_in_a_hold_reason():
-    assert pol._duration(59) == "0 min" and pol._duration(60) == "1 min" and pol._duration(3599) == "59 min"
-    assert pol._duration(3600) == "1 h 0 min" and pol._duration(3720) == "1 h 2 min"
-    assert pol._duration(7080) == "1 h 58 min"
+    assert assess._duration(59) == "0 min" and assess._duration(60) == "1 min" and assess._duration(3599) == "59 min"
+    assert assess._duration(3600) == "1 h 0 min" and assess._duration(3720) == "1 h 2 min"
+    assert assess._duration(7080) == "1 h 58 min"
 
 
 def test_a_hold_says_how_long_the_job_waited_and_any_positive_wait_holds():
@@ -178,12 +178,12 @@ def test_a_profile_is_put_on_the_grid_by_its_own_step_and_smeared():
     sm = np.full(200, 0.1)
     sm[150] = 0.9  # 75 s into a run sampled every 0.5 s: grid step 37 of 50
     fine = Profile(name="fine", step=0.5, sm=sm, mem=np.full(200, GiB), membw=np.full(200, 0.2), runtime=100.0)
-    a = pol._arrays(fine, 2.0, 3600.0)
+    a = grid._arrays(fine, 2.0, 3600.0)
     assert len(a.sm) == 50 and a.peak_sm == 0.9 and np.flatnonzero(a.sm == 0.9).tolist() == list(range(32, 43))
     sm = np.full(25, 0.1)
     sm[10] = 0.9  # 40-44 s of a run sampled every 4 s: grid steps 20 and 21
     coarse = Profile(name="coarse", step=4.0, sm=sm, mem=np.full(25, GiB), membw=np.full(25, 0.2), runtime=100.0)
-    assert np.flatnonzero(pol._arrays(coarse, 2.0, 3600.0).sm == 0.9).tolist() == list(range(15, 27))
+    assert np.flatnonzero(grid._arrays(coarse, 2.0, 3600.0).sm == 0.9).tolist() == list(range(15, 27))
 
 
 def test_overlap_is_counted_in_whole_grid_steps():
@@ -329,7 +329,7 @@ def test_a_candidates_unseen_pairings_and_the_peak_bandwidth_of_everyone():
 
 def test_thread_percentage_is_peak_sm_with_headroom_in_5_percent_steps():
     cfg = PolicyConfig()
-    arr = lambda sm: pol._arrays(flat(f"p{sm}", sm), cfg.step, cfg.horizon)  # noqa: E731
+    arr = lambda sm: grid._arrays(flat(f"p{sm}", sm), cfg.step, cfg.horizon)  # noqa: E731
     assert pol.thread_pct(arr(0.40), cfg) == 50  # 0.40 * 1.25 = 0.5
     assert pol.thread_pct(arr(0.41), cfg) == 55  # rounded up to the next 5 %
     assert pol.thread_pct(arr(0.02), cfg) == 10  # at least 10
