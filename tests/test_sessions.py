@@ -527,6 +527,40 @@ def test_a_detached_container_sessions_scrollback_is_bounded(node, alice, sessio
     node.wait_state(job, "cancelled")
 
 
+@pytest.mark.docker
+def test_a_detached_container_session_outlives_a_daemon_restart(node, alice, session_image):
+    """Its container runs on through a restart (the engine keeps its terminal); the restarted
+    daemon takes that terminal again, with what it showed last (the engine's log of it), and its
+    owner attaches to it as before."""
+    job = _detached(node, alice, "shell", "--detach", "--image", session_image, "--env", f"PS1={PROMPT}",
+                    "--", "/bin/sh", "-i")
+    t = Term(node, alice, "attach", str(job))
+    try:
+        t.prompt()
+        t.send("echo before-$((1+1))")
+        t.expect("before-2")
+        t.prompt()
+        t.p.send("\x1cd")
+        assert t.wait() == 0
+    finally:
+        t.close()
+    node.proc.send_signal(signal.SIGTERM)  # a restart (colo's unit: KillMode=process)
+    node.proc.wait(30)
+    node.start()
+    os.chmod(node.socket.parent, 0o755)
+    wait_for(lambda: _reason(node, job).endswith("; detached"), 60, "the restarted daemon to keep its terminal")
+    t = Term(node, alice, "attach", str(job))
+    try:
+        t.expect("before-2")  # its last screen, from the engine
+        t.send("echo after-$((2+2))")
+        t.expect("after-4")
+        t.send("exit 6")
+        assert t.wait() == 6
+    finally:
+        t.close()
+    assert node.wait_state(job, "failed")["exit_code"] == 6
+
+
 def test_signal_takes_a_running_jobs_own_signals_only(node):
     c = node.client
     running = c.submit({"argv": ["sleep", "600"], "gpus": 0, "workdir": "/tmp"})["id"]

@@ -132,8 +132,8 @@ class Daemon:
                                wake=self.scheduler.wake)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
                                  wake=self.scheduler.wake)
-        self.sessions = Watch(self.table, self.engines, cancel=self.launcher.cancel)
         self.terminals = Terminals()
+        self.sessions = Watch(self.table, self.engines, cancel=self.launcher.cancel, terminals=self.terminals)
         self.retention = Retention(c, self.table, self.launcher, wake=self.scheduler.wake)
         self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
                                    lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake,

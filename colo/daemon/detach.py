@@ -79,11 +79,13 @@ class Terminals:
         return sum(1 for k in self.kept.values() if k.uid == uid)
 
     # keeping -------------------------------------------------------------------------------------
-    def keep(self, job_id: int, uid: int, master: int) -> None:
-        """Hold `master` (a session started detached) and read it from now on."""
+    def keep(self, job_id: int, uid: int, master: int, screen: bytes = b"") -> None:
+        """Hold `master` (a session started detached) and read it from now on; `screen`: what it
+        showed before (a container session's, from the engine's log, after a restart)."""
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", *SIZE, 0, 0))
         os.set_blocking(master, False)
         self.kept[job_id] = k = Kept(job_id, uid, master)
+        k.back += screen[-SCROLLBACK:]
         asyncio.get_running_loop().add_reader(master, self._from_job, k)
 
     def _from_job(self, k: Kept) -> bool:

@@ -73,7 +73,7 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
         raise
     job_id = job["id"]
     # No await since the job was stored: the scheduler has not seen it without its terminal.
-    d.launcher.give_terminal(job_id, slave)
+    d.launcher.give_terminal(job_id, slave, kept=detached)
     if detached:  # the daemon holds it from now on: the client goes, the session stays
         d.terminals.keep(job_id, job["uid"], master)
         yield {"final": job}
@@ -159,8 +159,8 @@ class Watch:
     terminal was first seen hung up. Calls the engines (the job's terminal, as its runtime sees
     it) and `cancel` (the launcher's)."""
 
-    def __init__(self, table, engines, cancel):
-        self.table, self.engines, self.cancel = table, engines, cancel
+    def __init__(self, table, engines, cancel, terminals):
+        self.table, self.engines, self.cancel, self.terminals = table, engines, cancel, terminals
         self.attached: set[int] = set()
         self._hung: dict[int, float] = {}  # job -> when its terminal was first seen hung up
         self._stops: set[asyncio.Task] = set()
@@ -168,9 +168,12 @@ class Watch:
     async def sweep(self, now: float | None = None) -> None:
         """Cancel the unattached session jobs whose terminal hung up HANGUP_GRACE ago or more."""
         now = time.monotonic() if now is None else now
-        jobs = [j for j in self.table.jobs_in(State.RUNNING)
-                if j.spec.tty and j.handle and j.id not in self.attached and not j.cancel_by]
-        hung = await asyncio.to_thread(self._hung_up, jobs) if jobs else set()
+        jobs = [j for j in self.table.jobs_in(State.RUNNING) if j.spec.tty and j.handle and j.id not in self.attached
+                and not j.cancel_by and not self.terminals.holds(j.id)]
+        hung, found = await asyncio.to_thread(self._hung_up, jobs) if jobs else (set(), {})
+        for i, (master, screen) in found.items():  # detached container sessions, after a restart
+            log.info("job %d: its detached session's terminal is kept again", i)
+            self.terminals.keep(i, self.table.job(i).uid, master, screen)
         self._hung = {i: self._hung.get(i, now) for i in hung}
         for i in [i for i, since in self._hung.items() if now - since >= HANGUP_GRACE]:
             del self._hung[i]
@@ -185,13 +188,19 @@ class Watch:
         if not task.cancelled() and task.exception() is not None:
             log.warning("cancelling a session whose client went away failed: %s", task.exception())
 
-    def _hung_up(self, jobs) -> set[int]:
-        out = set()
+    def _hung_up(self, jobs) -> tuple[set[int], dict[int, tuple[int, bytes]]]:
+        """The jobs whose terminal hung up, and the detached container sessions whose terminal
+        was taken again (job -> its new master, its last screen)."""
+        out, found = set(), {}
         for j in jobs:
             try:
                 rt = self.engines.runtime_for(j)
                 if getattr(rt, "lost_terminal", None) and rt.lost_terminal(j.handle):
-                    out.add(j.id)
+                    again = rt.reattach(j.handle, detach.SCROLLBACK) if hasattr(rt, "reattach") else None
+                    if again is not None:
+                        found[j.id] = again
+                    else:
+                        out.add(j.id)
             except Exception as e:  # noqa: BLE001 - it may be ending right now; looked at again next tick
                 log.debug("job %d: its terminal could not be looked at: %s", j.id, e)
-        return out
+        return out, found

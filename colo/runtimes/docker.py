@@ -34,6 +34,7 @@ LABEL_JOB = "colo.job"
 LABEL_MANAGED = "colo.managed"
 LABEL_INSTANCE = "colo.instance"  # which colo daemon (state dir) owns it: never adopt another's
 LABEL_LOG = "colo.log"  # where the job's output goes; lets a restarted daemon re-attach a follower
+LABEL_KEPT = "colo.kept"  # a detached session's container: a restarted daemon takes its terminal again
 JOIN_TIMEOUT = 30.0  # how long wait() gives the follower to drain what the container wrote last
 RETRIES = 30  # reconnects of a follower (1 s apart) before it gives up
 CURSOR_EVERY = (
@@ -378,6 +379,7 @@ class DockerRuntime:
             LABEL_MANAGED: "1",
             LABEL_INSTANCE: self.instance,
             LABEL_LOG: str(launch.log_path),
+            **({LABEL_KEPT: "1"} if launch.kept else {}),
         }
         try:
             created = self.api.create_container(
@@ -429,15 +431,34 @@ class DockerRuntime:
             # It may or may not have started: the daemon's sweep removes it once the engine is back.
             raise self._engine_down(e) from None
         if sock is not None:
-            relay = ttyrelay.Relay(f"{launch.job_id}", launch.tty, sock,
-                                   lambda rows, cols: self.api.resize(handle, rows, cols))
-            with self._lock:
-                self._relays[handle] = relay
+            self._relay(handle, f"{launch.job_id}", launch.tty, sock)
             launch.tty = None  # the relay's now
-            relay.start()
         else:  # (a session's output is its terminal's, as a host session's is: not colo's log)
             self.follow_logs(handle, launch.log_path)
         return handle
+
+    def _relay(self, handle: str, name: str, tty_fd: int, sock) -> None:
+        relay = ttyrelay.Relay(name, tty_fd, sock, lambda rows, cols: self.api.resize(handle, rows, cols))
+        with self._lock:
+            self._relays[handle] = relay
+        relay.start()
+
+    def reattach(self, handle: str, limit: int) -> tuple[int, bytes] | None:
+        """A detached session's container that no relay serves (after a restart): its terminal
+        relayed again to a new pty, whose master is returned with the last `limit` bytes the
+        engine logged of its terminal (what it showed last); None for any other container."""
+        try:
+            labels = self.api.inspect_container(handle)["Config"].get("Labels") or {}
+            if labels.get(LABEL_KEPT) != "1":
+                return None
+            screen = self.api.logs(handle, stdout=True, stderr=True, tail=2000)[-limit:]
+            sock = self._attach(handle)
+        except (docker.errors.DockerException, *ENGINE_DOWN) as e:
+            log.warning("container %s: its session's terminal could not be taken again: %s", handle[:12], e)
+            return None
+        master, slave = os.openpty()
+        self._relay(handle, handle[:12], slave, sock)
+        return master, screen
 
     def _attach(self, handle: str):
         """The container's attach stream (stdin, and its terminal's output) as a plain socket of
