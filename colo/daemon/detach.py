@@ -2,9 +2,9 @@
 -dit` and `docker attach`, or a tmux session, are.
 
 A session started detached keeps its terminal's master end in the daemon instead of sending it
-to a client, and the daemon reads all the job writes, always: into a scrollback of the last
-SCROLLBACK bytes (older bytes are dropped), so the job never blocks on a full terminal and a
-client that attaches later sees the last screen. `colo attach JOB` (op `attach`, the job's owner
+to a client, and the daemon reads all the job writes, always (up to RATE bytes a second): into a
+scrollback of the last SCROLLBACK bytes (older bytes are dropped), so a client that attaches
+later sees the last screen. `colo attach JOB` (op `attach`, the job's owner
 only) gets the scrollback, then a terminal of its own (a new pty pair: its master end to the
 client, SCM_RIGHTS, as a session's); the daemon copies the job's output to it as it comes, the
 client's keys to the job, and the client's window size (looked at every SIZE_LOOK seconds while
@@ -38,6 +38,9 @@ MAX_PER_USER = 16  # detached sessions (queued or running) one user may have: ea
 SIZE = (24, 80)  # a detached session's window until a client attaches with its own
 SIZE_LOOK = 0.5  # seconds between looks at an attached client's window size
 PENDING = 1 << 16  # bytes on their way to a side that does not take them, before the other is not read
+# Bytes a second read of one session's terminal: a job that writes faster waits on its terminal (as
+# on a slow one) rather than keep the daemon's loop busy copying for it.
+RATE = 4 << 20
 
 
 def _size(fd: int) -> bytes:
@@ -47,7 +50,8 @@ def _size(fd: int) -> bytes:
 class Kept:
     """One detached session's terminal, and the client attached to it (`peer`: 0 when none)."""
 
-    __slots__ = ("job_id", "uid", "master", "back", "peer", "holder", "taken", "to_peer", "to_job", "ended", "timer")
+    __slots__ = ("job_id", "uid", "master", "back", "peer", "holder", "taken", "to_peer", "to_job", "ended", "timer",
+                 "second", "read")
 
     def __init__(self, job_id: int, uid: int, master: int):
         self.job_id, self.uid, self.master = job_id, uid, master
@@ -58,6 +62,7 @@ class Kept:
         self.to_peer, self.to_job = bytearray(), bytearray()
         self.ended = False  # the job's end hung up: nothing more will come
         self.timer: asyncio.TimerHandle | None = None
+        self.second, self.read = 0.0, 0  # this second's start (loop time), bytes read in it (RATE)
 
 
 class Terminals:
@@ -104,8 +109,15 @@ class Terminals:
             loop.remove_reader(k.master)
             return False
         k.back += data
-        if len(k.back) > SCROLLBACK:
-            del k.back[:len(k.back) - SCROLLBACK]
+        if len(k.back) > 2 * SCROLLBACK:  # (cut now and then, not at each read: it moves what stays)
+            del k.back[:-SCROLLBACK]
+        now = loop.time()
+        if now - k.second >= 1.0:
+            k.second, k.read = now, 0
+        k.read += len(data)
+        if k.read > RATE:  # read again next second
+            loop.remove_reader(k.master)
+            loop.call_at(k.second + 1.0, self._again, k)
         if k.peer is not None:
             k.to_peer += data
             self._flush(k, k.peer, k.to_peer)
@@ -113,6 +125,10 @@ class Terminals:
                 log.info("job %d: its attached client reads nothing: detached", k.job_id)
                 self._let_go(k)
         return True
+
+    def _again(self, k: Kept) -> None:
+        if self.kept.get(k.job_id) is k and not k.ended:
+            asyncio.get_running_loop().add_reader(k.master, self._from_job, k)
 
     def _from_peer(self, k: Kept) -> None:
         try:
@@ -174,7 +190,7 @@ class Terminals:
         k.holder, k.peer, k.taken = self._attaches, peer, asyncio.Event()
         asyncio.get_running_loop().add_reader(peer, self._from_peer, k)
         k.timer = asyncio.get_running_loop().call_later(SIZE_LOOK, self._tick, k)
-        return k.holder, bytes(k.back), mine, k.taken
+        return k.holder, bytes(k.back[-SCROLLBACK:]), mine, k.taken
 
     def leave(self, job_id: int, holder: int) -> None:
         """The attach `holder` ended (its client went): the job runs on unattached."""

@@ -22,12 +22,14 @@ import select
 import socket
 import termios
 import threading
+import time
 import tty
 from typing import Callable
 
 log = logging.getLogger(__name__)
 SIZE_LOOK = 0.5  # seconds between looks at the window size while nothing flows
 BUFFER = 1 << 16  # bytes held for a side that does not take them yet, before reading the other stops
+RATE = 4 << 20  # bytes a second of the container's output: faster, it waits (as on a slow terminal)
 
 
 def window(fd: int) -> tuple[int, int]:
@@ -68,16 +70,21 @@ class Relay(threading.Thread):
 
     def run(self) -> None:
         to_sock, to_tty = b"", b""
+        second, read = 0.0, 0  # this second's start, the container's bytes read in it (RATE)
         try:
             while True:
                 self._look_at_size()
+                now = time.monotonic()
+                if now - second >= 1.0:
+                    second, read = now, 0
                 rl = [self._halt_r]
                 if len(to_sock) < BUFFER:
                     rl.append(self.tty)
-                if len(to_tty) < BUFFER:
+                if len(to_tty) < BUFFER and read <= RATE:
                     rl.append(self.sock)
                 wl = ([self.sock] if to_sock else []) + ([self.tty] if to_tty else [])
-                r, w, _ = select.select(rl, wl, [], SIZE_LOOK)
+                wait = SIZE_LOOK if read <= RATE else max(0.0, min(SIZE_LOOK, second + 1.0 - now))
+                r, w, _ = select.select(rl, wl, [], wait)
                 if self._halt_r in r:
                     return
                 if self.tty in r:
@@ -101,6 +108,7 @@ class Relay(threading.Thread):
                         self._flush(to_tty)
                         return
                     to_tty += data or b""
+                    read += len(data or b"")
                 if self.sock in w and to_sock:
                     try:
                         to_sock = to_sock[self.sock.send(to_sock):]
