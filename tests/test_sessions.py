@@ -489,6 +489,8 @@ def test_a_detached_session_is_attached_left_and_taken_over_by_its_owner_only(no
     finally:
         first.close()
     assert node.wait_state(job, "failed")["exit_code"] == 5
+    kind, err = as_user(alice, lambda: client_error(lambda: list(Client(node.socket).stream("attach", id=job))))
+    assert kind == "ok" and err is not None and "has ended" in err[0], err
 
 
 @pytest.mark.docker

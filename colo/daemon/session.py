@@ -107,6 +107,8 @@ async def reattach(api, caller: Caller, job) -> AsyncIterator[dict[str, Any]]:
     d = api.d
     if job.uid != caller.uid:  # not an admin either: what is typed there is the owner's
         raise PermissionError(f"job {job.id} is {job.user}'s: only its owner may attach to it")
+    if job.state in TERMINAL:
+        raise Refused(f"job {job.id} has ended ({job.state}): there is nothing to attach to")
     if not d.terminals.holds(job.id):
         raise Refused(f"job {job.id} is not a detached session: only a session started with --detach (colo shell "
                       "--detach, colo run --detach) can be attached to")
