@@ -121,9 +121,8 @@ class Terminals:
         if k.peer is not None:
             k.to_peer += data
             self._flush(k, k.peer, k.to_peer)
-            if len(k.to_peer) > PENDING:  # a client that does not read: dropped from its place, not the job
-                log.info("job %d: its attached client reads nothing: detached", k.job_id)
-                self._let_go(k)
+            if len(k.to_peer) > PENDING:  # a slow client: so is the job's terminal, as a real one would be
+                loop.remove_reader(k.master)
         return True
 
     def _again(self, k: Kept) -> None:
@@ -162,6 +161,9 @@ class Terminals:
             loop.remove_writer(fd)
             if fd == k.master and k.peer is not None:  # the job took it all: the client's keys again
                 loop.add_reader(k.peer, self._from_peer, k)
+            elif fd == k.peer and not k.ended and (k.read <= RATE or loop.time() - k.second >= 1.0):
+                # the client took it all: the job's output again (unless RATE holds it: _again does)
+                loop.add_reader(k.master, self._from_job, k)
 
     def _look_at_size(self, k: Kept) -> None:
         try:
@@ -210,6 +212,8 @@ class Terminals:
         k.peer, k.holder, k.timer = None, 0, None
         k.to_peer.clear()
         k.taken.set()
+        if not k.ended and k.job_id in self.kept:  # (a slow client may have held its output back)
+            loop.add_reader(k.master, self._from_job, k)
 
     # the end ------------------------------------------------------------------------------------
     def job_changed(self, prev: Job | None, job: Job) -> None:
