@@ -22,6 +22,7 @@ OPS = frozenset({
     "hold", "release", "edit", "requeue",  # a queued job held back or changed; an ended one again (issue 16)
     "clean",  # ended jobs removed (pueue's clean)
     "session",  # a job on a terminal colo made for it, attached (colo shell, colo run; issue 32)
+    "attach",  # a detached session's terminal taken over by its owner (colo attach; issue 43)
     "signal",  # a signal to a running job's main process (a notebook kernel's interrupt)
     "pause", "resume",  # a running job frozen and thawed (issue 36)
     "suspend",  # a running job's GPU memory moved to host memory (issue 40; `resume` brings it back)
@@ -292,7 +293,7 @@ ARGS: dict[str, dict[str, Any]] = {
     "pause": {"id": _job_id}, "resume": {"id": _job_id}, "suspend": {"id": _job_id},
     "edit": {"id": _job_id, "changes": _changes},
     "wait": {"ids": _ids},
-    "session": {"spec": _spec},
+    "session": {"spec": _spec}, "attach": {"id": _job_id},
     "signal": {"id": _job_id, "signal": _signal},
     "profiles": {"user": _user}, "profile": {"name": _name, "user": _user},
     "profile_share": {"name": _name, "user": _user},

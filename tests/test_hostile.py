@@ -183,7 +183,7 @@ def _fuzz(sock: str) -> int:
         try:
             replies = raw(Path(sock), data, timeout=5)
         except socket.timeout:
-            assert op in ("wait", "logs", "session"), data  # only a stream that was accepted may stay open
+            assert op in ("wait", "logs", "session", "attach"), data  # only a stream that was accepted may stay open
             return
         # the first line is the request; an empty one is the one request closed unanswered
         assert replies or not data.split(b"\n")[0].strip(), data

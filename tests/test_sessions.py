@@ -21,6 +21,7 @@ import pytest
 
 import colo.cli.app  # noqa: F401 - loaded here: the forked clients run it without reading /root
 import colo.cli.attach  # noqa: F401
+from colo import protocol
 from colo.client import Client
 from colo.node import native
 from harness.daemon import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
@@ -311,8 +312,7 @@ def test_a_session_waits_in_the_queue_with_its_reason_then_starts(node, alice, b
 
 def test_what_a_session_may_not_be(node):
     c = node.client
-    for spec, words in (({"argv": ["sh"], "image": "x/y:1", "gpus": 0}, "container sessions"),
-                        ({"argv": ["sh"], "gpus": 0, "array": "0-3"}, "--array"),
+    for spec, words in (({"argv": ["sh"], "gpus": 0, "array": "0-3"}, "--array"),
                         ({"argv": ["sh"], "gpu_mem": "1GiB", "grow": True}, "--grow")):
         err = client_error(lambda: list(c.stream("session", spec=spec)))
         assert err is not None and words in err[0] and err[1] == "invalid"
@@ -370,6 +370,195 @@ def test_an_orphaned_session_ends_after_a_daemon_restart(node, alice):
         t.close()
     ended = node.wait_state(job["id"], "cancelled", "failed", "succeeded", timeout=60)
     assert ended["state"] == "cancelled" and "the session's client went away" in ended["reason"], ended
+
+
+@pytest.fixture(scope="module")
+def session_image(docker_client):
+    """The test image (dash, coreutils) with stty: a window size to read."""
+    from pathlib import Path
+
+    from colo.runtimes.image import build_local_image
+    return build_local_image(docker_client, "colo-test/session:1", extra_files={"/usr/bin/stty": Path("/usr/bin/stty")})
+
+
+@pytest.mark.docker
+def test_a_container_shell_is_the_same_session(node, alice, session_image):
+    """colo shell --image: the job is a container of alice's uid on the terminal the engine
+    allocated, queued and budgeted as a host session; keys, Ctrl-C, Ctrl-Z and the window size
+    reach it, an allocation past its budget is refused inside it (the shell lives on), and its
+    exit code is the session's."""
+    t = Term(node, alice, "shell", "--image", session_image, "--gpu-mem", "1GiB", "--env", f"PS1={PROMPT}",
+             "--", "/bin/sh", "-i", rows=30, cols=90)
+    try:
+        t.prompt()
+        job = _session_job(node, alice)
+        assert job["spec"]["image"] == session_image and job["spec"]["tty"] is True and job["budget"] == 1 << 30
+        t.send("echo uid=$(id -u) size=$(stty size)")
+        t.expect(r"uid=(\d+) size=30 90\r")
+        assert t.p.match.group(1) == str(alice.pw_uid)
+        t.prompt()
+        t.resize(40, 100)
+        wait_for(lambda: (t.send("stty size"), t.expect(["40 100", PROMPT]) == 0)[1], 60, "the new size inside")
+        t.send("/opt/colo/native/colo-burn --mem 768MiB --over 512MiB --seconds 0 --quiet; echo burn=$?")
+        t.expect(r"burn=(\d+)\r")
+        assert t.p.match.group(1) == "0"  # colo-burn: --mem held, --over refused, as it expected
+        t.prompt()
+        wait_for(lambda: (node.job(job["id"]).get("refused") or 0) >= 1, 60, "the refusal in the session's ledger")
+        t.send("sleep 301")
+        _in_the_foreground(alice, "sleep 301")
+        t.p.send("\x03")
+        t.prompt()
+        t.send("echo status=$?")
+        t.expect("status=130")
+        t.prompt()
+        t.send("sleep 302")
+        _in_the_foreground(alice, "sleep 302")
+        t.p.send("\x1a")  # the container's shell's job control
+        t.expect("Stopped")
+        t.prompt()
+        t.send("kill -9 %1; wait; echo killed")
+        t.expect("killed")
+        t.prompt()
+        t.send("jobs; echo listed")  # (dash forgets the job only once it has said it was killed)
+        t.expect("listed")
+        t.prompt()
+        t.send("exit 7")
+        assert t.wait() == 7
+    finally:
+        t.close()
+    ended = node.wait_state(job["id"], "failed")
+    assert ended["exit_code"] == 7
+
+
+def _detached(d: DaemonProc, pw, *args: str) -> int:
+    """`colo ARGS --detach ...` as user `pw`: the detached session's job id."""
+    t = Term(d, pw, *args)
+    try:
+        t.expect(r"job (\d+): a detached session")
+        assert t.wait() == 0
+        return int(t.p.match.group(1))
+    finally:
+        t.close()
+
+
+def _reason(d: DaemonProc, job_id: int) -> str:
+    return d.job(job_id)["reason"]
+
+
+def test_a_detached_session_is_attached_left_and_taken_over_by_its_owner_only(node, alice, bob):
+    """colo shell --detach runs on with no client; bob cannot attach; alice attaches (ls says so),
+    leaves it with the detach keys, attaches again and sees what it wrote; a second attach takes
+    the terminal from the first; the exit code comes to the client attached at the end."""
+    job = _detached(node, alice, "shell", "--detach", *SHELL)
+    assert node.wait_state(job, "running")
+    wait_for(lambda: _reason(node, job).endswith("; detached"), 60, "ls to say detached")
+    t = Term(node, bob, "attach", str(job))
+    try:
+        t.expect("only its owner may attach")
+        assert t.wait() == 1
+    finally:
+        t.close()
+    t = Term(node, alice, "attach", str(job), rows=30, cols=90)
+    try:
+        t.prompt()
+        assert _reason(node, job).endswith("; attached")
+        t.send("echo marker-$((6*7)) size=$(stty size)")
+        t.expect("marker-42 size=30 90")
+        t.prompt()
+        t.p.send("\x1cd")  # Ctrl-\ d
+        t.expect("detached from job")
+        assert t.wait() == 0
+    finally:
+        t.close()
+    wait_for(lambda: _reason(node, job).endswith("; detached"), 60, "ls to say detached again")
+    first = Term(node, alice, "attach", str(job))
+    try:
+        first.expect("marker-42")  # the scrollback
+        first.prompt()
+        second = Term(node, alice, "attach", str(job))
+        try:
+            first.expect("another colo attach took its terminal over")
+            assert first.wait() == 0
+            second.expect("marker-42")
+            second.send("exit 5")
+            assert second.wait() == 5
+        finally:
+            second.close()
+    finally:
+        first.close()
+    assert node.wait_state(job, "failed")["exit_code"] == 5
+    kind, err = as_user(alice, lambda: client_error(lambda: list(Client(node.socket).stream("attach", id=job))))
+    assert kind == "ok" and err is not None and "has ended" in err[0], err
+
+
+@pytest.mark.docker
+def test_a_detached_container_sessions_scrollback_is_bounded(node, alice, session_image):
+    """Its output while no client is attached is kept, the last SCROLLBACK bytes of it only."""
+    from colo.cli.attach import _Conn
+    from colo.daemon.detach import SCROLLBACK
+
+    job = _detached(node, alice, "run", "--detach", "--image", session_image, "--", "sh", "-c",
+                    "i=0; while [ $i -lt 3000 ]; do echo line-$i-of-a-long-output-that-fills-the-scrollback; "
+                    "i=$((i+1)); done; echo END; sleep 600")
+
+    def replay() -> bytes:
+        import base64
+        sock = Client(node.socket).connect(None)
+        try:
+            sock.sendall(protocol.request("attach", id=job))
+            conn = _Conn(sock)
+            conn.next()  # the job
+            ev = conn.next()["event"]
+            for fd in conn.fds:
+                os.close(fd)
+            return base64.b64decode(ev["replay"])
+        finally:
+            sock.close()
+
+    def whole():
+        kind, back = as_user(alice, replay)
+        assert kind == "ok", back
+        return back if b"END" in back else None
+
+    back = wait_for(whole, 120, "the whole output in the scrollback")
+    assert len(back) <= SCROLLBACK and back.endswith(b"END\r\n")
+    assert b"line-2999-" in back and b"line-0-" not in back  # 3000 lines are ~170 KiB: the first are gone
+    node.client.cancel(job)
+    node.wait_state(job, "cancelled")
+
+
+@pytest.mark.docker
+def test_a_detached_container_session_outlives_a_daemon_restart(node, alice, session_image):
+    """Its container runs on through a restart (the engine keeps its terminal); the restarted
+    daemon takes that terminal again, with what it showed last (the engine's log of it), and its
+    owner attaches to it as before."""
+    job = _detached(node, alice, "shell", "--detach", "--image", session_image, "--env", f"PS1={PROMPT}",
+                    "--", "/bin/sh", "-i")
+    t = Term(node, alice, "attach", str(job))
+    try:
+        t.prompt()
+        t.send("echo before-$((1+1))")
+        t.expect("before-2")
+        t.prompt()
+        t.p.send("\x1cd")
+        assert t.wait() == 0
+    finally:
+        t.close()
+    node.proc.send_signal(signal.SIGTERM)  # a restart (colo's unit: KillMode=process)
+    node.proc.wait(30)
+    node.start()
+    os.chmod(node.socket.parent, 0o755)
+    wait_for(lambda: _reason(node, job).endswith("; detached"), 60, "the restarted daemon to keep its terminal")
+    t = Term(node, alice, "attach", str(job))
+    try:
+        t.expect("before-2")  # its last screen, from the engine
+        t.send("echo after-$((2+2))")
+        t.expect("after-4")
+        t.send("exit 6")
+        assert t.wait() == 6
+    finally:
+        t.close()
+    assert node.wait_state(job, "failed")["exit_code"] == 6
 
 
 def test_signal_takes_a_running_jobs_own_signals_only(node):

@@ -16,6 +16,7 @@ terminal itself (a read of 0 bytes in raw mode, EIO, POLLHUP) ends it as SIGHUP 
 """
 from __future__ import annotations
 
+import base64
 import errno
 import fcntl
 import os
@@ -126,20 +127,40 @@ def _prepare(master: int, stdin_tty: bool, stdout_tty: bool) -> None:
     termios.tcsetattr(master, termios.TCSANOW, attrs)
 
 
-def run(client: Client, spec: dict) -> int:
-    """Queue `spec` as a session, wait for its start, then be its terminal until it ends: its exit code."""
+DETACH_KEYS = "ctrl-\\,d"  # a detached session's client leaves it running on these keys (COLO_DETACH_KEYS)
+
+
+def detach_keys(text: str) -> bytes:
+    """Keys as docker's --detach-keys writes them ("ctrl-p,ctrl-q", "ctrl-\\,d") as the bytes a
+    terminal sends; ValueError for anything else."""
+    out = bytearray()
+    for part in text.split(","):
+        if len(part) == 1 and 32 < ord(part) < 127:
+            out.append(ord(part))
+        elif part.lower().startswith("ctrl-") and len(part) == 6 and part[5].upper() in "@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_":
+            out.append(ord(part[5].upper()) ^ 0x40)
+        else:
+            raise ValueError(f"malformed detach keys {text!r}: keys such as ctrl-\\,d or ctrl-p,ctrl-q (a letter, or "
+                             "ctrl- and one of @, A-Z, [, \\, ], ^, _), comma-separated")
+    return bytes(out)
+
+
+def run(client: Client, spec: dict | None = None, job: int | None = None, keys: bytes = b"") -> int:
+    """Queue `spec` as a session, or take over detached session `job` (op `attach`, whose detach
+    key is `keys`), wait for its start, then be its terminal until it ends (its exit code) or until
+    it is detached from (0)."""
     stdin_tty, stdout_tty = os.isatty(0), os.isatty(1)
     sock = client.connect(None)
     conn = _Conn(sock)
-    master, job_id = None, None
+    master, job_id, replay, detachable = None, job, b"", False
     try:
-        sock.sendall(protocol.request("session", spec=spec))
+        sock.sendall(protocol.request("session", spec=spec) if job is None else protocol.request("attach", id=job))
         waited = False
         while True:  # until it starts (or ends first)
             msg = conn.next(0 if stdin_tty else None)
             if "ok" in msg:  # it ended before the stream said it started: what it wrote is still there
                 if master is not None:
-                    _relay(master, conn, stdin_tty, stdout_tty, msg["result"])
+                    _relay(master, conn, stdin_tty, stdout_tty, msg["result"], replay)
                 return _ended(msg["result"])
             ev = msg.get("event") or {}
             if "job" in ev:
@@ -148,7 +169,11 @@ def run(client: Client, spec: dict) -> int:
                 if not conn.fds:
                     raise ClientError("the daemon sent no terminal")
                 master = _terminal(conn.fds)
-                _prepare(master, stdin_tty, stdout_tty)
+                replay, detachable = base64.b64decode(ev.get("replay") or ""), bool(ev.get("detachable"))
+                if not ev.get("relay"):
+                    _prepare(master, stdin_tty, stdout_tty)
+                elif stdin_tty:  # a container's: its terminal (the engine's) has the modes, this one the size
+                    _copy_size(0, master)
             elif "waiting" in ev:
                 say(f"job {job_id} waits: {ev['waiting']}")
                 waited = True
@@ -158,7 +183,10 @@ def run(client: Client, spec: dict) -> int:
                 break
         if master is None:
             raise ClientError("the daemon sent no terminal")
-        end = _relay(master, conn, stdin_tty, stdout_tty)
+        end = _relay(master, conn, stdin_tty, stdout_tty, None, replay, keys if detachable else b"")
+        if end is not None and end.get("detached"):  # the session runs on
+            say(f"detached from job {job_id} ({end['detached']}): colo attach {job_id} takes it again")
+            return 0
         if end is None:
             say(f"the daemon went away; how job {job_id} ended is not known here: colo show {job_id}")
             return 1
@@ -187,10 +215,12 @@ def _ended(job: dict) -> int:
     return code if code is not None else 1
 
 
-def _relay(master: int, conn: _Conn, stdin_tty: bool, stdout_tty: bool, end: dict | None = None) -> dict | None:
+def _relay(master: int, conn: _Conn, stdin_tty: bool, stdout_tty: bool, end: dict | None = None,
+           replay: bytes = b"", keys: bytes = b"") -> dict | None:
     """Copy between this terminal and the job's until the job's closes and its end is known (`end`,
     when it already is): the job's summary, or None when the daemon went away (the job runs on: its
-    terminal is here)."""
+    terminal is here). `replay` is written first (a detached session's scrollback); typing `keys`
+    detaches ({"detached": ...})."""
     global _raw
     old = termios.tcgetattr(0) if stdin_tty else None
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -200,10 +230,13 @@ def _relay(master: int, conn: _Conn, stdin_tty: bool, stdout_tty: bool, end: dic
     os.set_blocking(master, False)
     pending = b""  # typed, not yet taken by the job's terminal
     master_open, stdin_open, daemon_open = True, True, True
+    matched = 0  # how many of the detach keys were typed last (held back until they differ)
     try:
         if old is not None:
             tty.setraw(0, termios.TCSANOW)
             _raw = True
+        if replay:
+            _write_all(1, replay)
         while master_open or (end is None and daemon_open):
             rl = [wake_r]
             if master_open:
@@ -251,7 +284,12 @@ def _relay(master: int, conn: _Conn, stdin_tty: bool, stdout_tty: bool, end: dic
                     raise
                 if not data and old is not None:  # raw mode: only a hang-up reads as the end
                     raise _HungUp()
-                if data:
+                if data and keys:
+                    data, matched, detached = _detach_scan(data, keys, matched)
+                    if detached:
+                        return {"detached": "you detached"}
+                    pending += data
+                elif data:
                     pending += data
                 else:
                     stdin_open = False
@@ -292,3 +330,20 @@ def _write_all(fd: int, data: bytes) -> None:
             data = data[os.write(fd, data):]
         except BlockingIOError:
             select.select([], [fd], [])
+
+
+def _detach_scan(data: bytes, keys: bytes, matched: int) -> tuple[bytes, int, bool]:
+    """`data` typed, less what may be the detach keys (`matched` of them typed before): (what goes
+    to the job, how many keys are matched now, whether all were)."""
+    out = bytearray()
+    for b in data:
+        if b == keys[matched]:
+            matched += 1
+            if matched == len(keys):
+                return bytes(out), 0, True
+            continue
+        out += keys[:matched]  # not the keys after all: what was held back goes on
+        matched = 1 if b == keys[0] else 0
+        if not matched:
+            out.append(b)
+    return bytes(out), matched, False

@@ -321,6 +321,55 @@ TOP = Cmd("top", "colo.cli.jobview:top", "Live view of GPUs, jobs, budgets and t
            SOCKET])
 
 # In the order `colo --help` lists them.
+def _session(command: Arg) -> list:
+    """A session's arguments: what it shares with `colo submit`, and its own."""
+    return [command,
+            Opt(("--gpu-mem",), "gpu_mem", "GPU memory budget per GPU, e.g. 8GiB (without it: no GPU)"),
+            Opt(("--gpus",), "gpus", "number of GPUs (default: 1 with --gpu-mem, else 0)", int),
+            Opt(("--name",), "name", "a name to refer to the job by"),
+            Opt(("--env",), "env", "K=V, repeatable (TERM is this terminal's)", many=True),
+            Opt(("--workdir",), "workdir", "folder it starts in (default: the current one; in a container, the "
+                "image's)"),
+            Opt(("--time",), "time", "wall-time limit as Slurm reads it (minutes, HH:MM:SS, 2h)"),
+            Opt(("--cpus",), "cpus", "CPU limit in cores", float),
+            Opt(("--mem",), "mem", "host memory limit, e.g. 8GiB"),
+            Opt(("--gpu-id",), "gpu_id", "only these GPUs may take it (indices, e.g. 0,2)", many=True),
+            Opt(("--gpu-type",), "gpu_type", "only GPUs whose name holds this text"),
+            Opt(("--priority",), "priority", "higher starts first", int, default=0),
+            Opt(("--after",), "after", "start only after this job succeeded " + _AFTER, many=True,
+                complete="jobs"),
+            Opt(("--image",), "image", "run it in a container of this local image, as colo submit --image"),
+            Opt(("--mount",), "mount", "SRC:DST[:ro] into a container session, as colo submit --mount; repeatable",
+                many=True),
+            Opt(("--detach",), "detach", "start it with no client: its terminal kept by the daemon (its output "
+                "in a scrollback) until colo attach JOB", bool),
+            SOCKET]
+
+
+SHELL = Cmd(
+    "shell", "colo.cli.sessions:shell", "Your shell on this node as a colo job, on this terminal.",
+    "Queued and placed like any job (its reason shown while it waits), held to its GPU budget, contained and "
+    "counted; it ends when you leave the shell, or when this client goes (unless --detach). With --image, in "
+    "a container of that image (/bin/sh unless a command is given).\n\n"
+    "Example: colo shell --gpu-mem 8GiB   ·   colo shell --gpus 0 -- bash -l   ·   "
+    "colo shell --image pytorch:24.05 --gpu-mem 8GiB -- bash",
+    _session(Arg("command", "what to run instead of your shell, after --", many=True, required=False)),
+    interspersed=False)
+RUN = Cmd(
+    "run", "colo.cli.sessions:run", "Run a command as a colo job attached to this terminal, as srun --pty does.",
+    "It waits in the queue, then runs on a terminal of its own (Ctrl-C, Ctrl-Z and window size reach it); "
+    "exits with its exit code.\n\n"
+    "Example: colo run --gpu-mem 4GiB -- python train.py   ·   colo run --image pytorch:24.05 -- nvidia-smi",
+    _session(Arg("command", "the command, after --", many=True, required=False)), interspersed=False)
+ATTACH = Cmd(
+    "attach", "colo.cli.sessions:attach", "Take over the terminal of a session started with --detach (yours).",
+    "Its last output is shown first; the detach keys (Ctrl-\\ then d) leave it running again. Exits with its "
+    "code when it ends while attached.\n\nExample: colo shell --detach --gpu-mem 8GiB   ·   colo attach 12",
+    [Arg("job", "the detached session's job id", complete="open"),
+     Opt(("--detach-keys",), "keys", "the keys that leave it running, as docker writes them (default ctrl-\\,d)",
+         envvar="COLO_DETACH_KEYS"),
+     SOCKET])
+
 COMMANDS = [SUBMIT, LS, SHOW, EXPLAIN, LOGS, WAIT, CANCEL, HOLD, RELEASE, PAUSE, SUSPEND, RESUME, EDIT, REQUEUE, CLEAN,
-            GPUS, DRAIN, UNDRAIN, HISTORY, REPORT, TOP, CONFIG]
+            GPUS, DRAIN, UNDRAIN, HISTORY, REPORT, TOP, CONFIG, SHELL, RUN, ATTACH]
 BY_NAME = {n: c for c in COMMANDS for n in (c.name, *c.aliases)}

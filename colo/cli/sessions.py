@@ -1,39 +1,44 @@
-"""`colo shell`, `colo run` (a job attached to this terminal, colo/cli/attach.py) and `colo
-kernelspec install` (notebooks' kernels as colo jobs, colo/jupyter/). Registered on the typer app
-by register(); what they import is imported when they run."""
+"""`colo shell`, `colo run` (a job attached to this terminal, colo/cli/attach.py), `colo attach`
+(a detached session's terminal taken over), and `colo kernelspec install` (notebooks' kernels as
+colo jobs, colo/jupyter/). The first three run from colo/cli/options.py's table without typer (a
+session's start is a person waiting); kernelspec is registered on the typer app by register()."""
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
-import typer
-
-from ..client import Client, ClientError
-from ..textsafe import safe
-from .out import Fail
+from ..client import Client
+from .out import Fail, echo
 from .submitspec import build_spec
 
 
-def _fail(msg: str, code: int = 1) -> None:
-    typer.echo(f"colo: {safe(msg)}", err=True)
-    raise typer.Exit(code)
+def _keys(given: Optional[str]) -> bytes:
+    from . import attach
+
+    try:
+        return attach.detach_keys(given or os.environ.get("COLO_DETACH_KEYS") or attach.DETACH_KEYS)
+    except ValueError as e:
+        raise Fail(str(e)) from None
 
 
-def _attached(command: list[str], sock: Optional[Path], gpu_mem: Optional[str], gpus: Optional[int], **opts) -> int:
-    """Queue `command` as a session and be its terminal until it ends; its exit code."""
+def _attached(command: list[str], sock: Optional[str], gpu_mem: Optional[str], gpus: Optional[int],
+              image: Optional[str] = None, detach: bool = False, **opts) -> int:
+    """Queue `command` as a session (a host process, or in a container of `image`) and be its
+    terminal until it ends (its exit code); with `detach`, leave it to the daemon (0)."""
     from . import attach
 
     env = list(opts.pop("env"))
     if os.environ.get("TERM"):  # the job's terminal is this one's kind (set before --env: it may say otherwise)
         env.insert(0, f"TERM={os.environ['TERM']}")
-    try:
-        spec = build_spec(command, process=True, gpu_mem=gpu_mem, gpus=(1 if gpu_mem else 0) if gpus is None else gpus,
-                          env=env, **opts)
-        return attach.run(Client(sock), spec)
-    except (Fail, ClientError) as e:
-        _fail(str(e))
+    spec = build_spec(command, image=image, process=not image, gpu_mem=gpu_mem,
+                      gpus=(1 if gpu_mem else 0) if gpus is None else gpus, env=env, **opts)
+    if detach:
+        job = Client(sock and Path(sock)).call("session", spec={**spec, "detach": True})
+        echo(f"job {job['id']}: a detached session (colo attach {job['id']} takes its terminal)")
+        return 0
+    return attach.run(Client(sock and Path(sock)), spec)
 
 
 def _login_shell() -> str:
@@ -45,58 +50,38 @@ def _login_shell() -> str:
         return "/bin/sh"
 
 
-def register(app: typer.Typer) -> None:
-    # the options a session shares with `colo submit` (a session is a process job: no --image)
-    gpu_mem_opt = typer.Option(None, "--gpu-mem", help="GPU memory budget per GPU, e.g. 8GiB (without it: no GPU)")
+def shell(command: list[str], sock: Optional[str] = None, gpu_mem: Optional[str] = None, gpus: Optional[int] = None,
+          image: Optional[str] = None, detach: bool = False, name: Optional[str] = None, **opts) -> int:
+    """`colo shell` (colo/cli/options.py)."""
+    if not sys.stdin.isatty() and not detach:
+        raise Fail("colo shell needs a terminal; for a command without one, colo run -- CMD")
+    default = "/bin/sh" if image else _login_shell()  # (the host's login shell may not be in the image)
+    return _attached(list(command or [default]), sock, gpu_mem, gpus, image, detach, name=name or "shell", **opts)
+
+
+def run(command: list[str], sock: Optional[str] = None, gpu_mem: Optional[str] = None, gpus: Optional[int] = None,
+        image: Optional[str] = None, detach: bool = False, **opts) -> int:
+    """`colo run` (colo/cli/options.py)."""
+    if not command:
+        raise Fail("missing command: give it after `--`, e.g. colo run --gpu-mem 4GiB -- python train.py")
+    return _attached(list(command), sock, gpu_mem, gpus, image, detach, **opts)
+
+
+def attach(job: str, keys: Optional[str] = None, sock: Optional[str] = None) -> int:
+    """`colo attach` (colo/cli/options.py)."""
+    from . import attach as session
+
+    if not job.isdigit():
+        raise Fail(f"malformed job {job!r}: the detached session's job id, as colo shell --detach printed it")
+    return session.run(Client(sock and Path(sock)), job=int(job), keys=_keys(keys))
+
+
+def register(app) -> None:
+    import typer
+
+    from ..textsafe import safe
+
     gpus_opt = typer.Option(None, "--gpus", help="number of GPUs (default: 1 with --gpu-mem, else 0)")
-    name_opt = typer.Option(None, "--name", help="a name to refer to the job by")
-    env_opt = typer.Option([], "--env", help="K=V, repeatable (TERM is this terminal's)")
-    workdir_opt = typer.Option(None, "--workdir", help="folder it starts in (default: the current one)")
-    time_opt = typer.Option(None, "--time", help="wall-time limit as Slurm reads it (minutes, HH:MM:SS, 2h)")
-    cpus_opt = typer.Option(None, "--cpus", help="CPU limit in cores")
-    mem_opt = typer.Option(None, "--mem", help="host memory limit, e.g. 8GiB")
-    gpu_id_opt = typer.Option([], "--gpu-id", help="only these GPUs may take it (indices, e.g. 0,2)")
-    gpu_type_opt = typer.Option(None, "--gpu-type", help="only GPUs whose name holds this text")
-    priority_opt = typer.Option(0, "--priority", help="higher starts first")
-    after_opt = typer.Option([], "--after", help="start only after this job succeeded (repeatable; an id, "
-                             "ARRAY_INDEX or a name, as submit --after)")
-    sock_opt = typer.Option(None, "--socket", envvar="COLO_SOCKET", help="daemon socket")
-
-    @app.command(context_settings={"allow_interspersed_args": False})
-    def shell(command: List[str] = typer.Argument(None, help="what to run instead of your shell, after --"),
-              gpu_mem: Optional[str] = gpu_mem_opt, gpus: Optional[int] = gpus_opt, name: Optional[str] = name_opt,
-              env: List[str] = env_opt, workdir: Optional[str] = workdir_opt, time_limit: Optional[str] = time_opt,
-              cpus: Optional[float] = cpus_opt, mem: Optional[str] = mem_opt, gpu_id: List[str] = gpu_id_opt,
-              gpu_type: Optional[str] = gpu_type_opt, priority: int = priority_opt, after: List[str] = after_opt,
-              sock: Optional[Path] = sock_opt):
-        """Your shell on this node as a colo job: queued and placed like any job (its reason shown while
-        it waits), held to its GPU budget, contained and counted; it ends when you leave the shell.
-
-        Example: colo shell --gpu-mem 8GiB   ·   colo shell --gpus 0 -- bash -l
-        """
-        if not sys.stdin.isatty():
-            _fail("colo shell needs a terminal; for a command without one, colo run -- CMD")
-        raise typer.Exit(_attached(list(command or [_login_shell()]), sock, gpu_mem, gpus, name=name or "shell",
-                                   env=env, workdir=workdir, time=time_limit, cpus=cpus, mem=mem, gpu_id=gpu_id,
-                                   gpu_type=gpu_type, priority=priority, after=after))
-
-    @app.command("run", context_settings={"allow_interspersed_args": False})
-    def run_attached(command: List[str] = typer.Argument(..., help="the command, after --"),
-                     gpu_mem: Optional[str] = gpu_mem_opt, gpus: Optional[int] = gpus_opt,
-                     name: Optional[str] = name_opt, env: List[str] = env_opt, workdir: Optional[str] = workdir_opt,
-                     time_limit: Optional[str] = time_opt, cpus: Optional[float] = cpus_opt,
-                     mem: Optional[str] = mem_opt, gpu_id: List[str] = gpu_id_opt,
-                     gpu_type: Optional[str] = gpu_type_opt, priority: int = priority_opt,
-                     after: List[str] = after_opt, sock: Optional[Path] = sock_opt):
-        """Run a command as a colo job attached to this terminal, as srun --pty does: it waits in the
-        queue, then runs on a terminal of its own (Ctrl-C, Ctrl-Z and window size reach it); exits
-        with its exit code.
-
-        Example: colo run --gpu-mem 4GiB -- python train.py   ·   colo run -- nvidia-smi
-        """
-        raise typer.Exit(_attached(list(command), sock, gpu_mem, gpus, name=name, env=env, workdir=workdir,
-                                   time=time_limit, cpus=cpus, mem=mem, gpu_id=gpu_id, gpu_type=gpu_type,
-                                   priority=priority, after=after))
 
     kernelspec = typer.Typer(help="Jupyter kernels that run as colo jobs, each with its GPU budget.",
                              no_args_is_help=True)
@@ -126,5 +111,6 @@ def register(app: typer.Typer) -> None:
             where = ks.install(name=name, gpu_mem=gpu_mem, gpus=gpus, display_name=display_name, python=python,
                                prefix=prefix, socket=str(sock) if sock else None)
         except ks.KernelspecError as e:
-            _fail(str(e))
+            typer.echo(f"colo: {safe(str(e))}", err=True)
+            raise typer.Exit(1) from None
         typer.echo(f"installed kernelspec {name} in {where}")

@@ -514,7 +514,12 @@ class Api:
             session.check(args["spec"])
         except session.Refused as e:
             raise ApiError(str(e), protocol.INVALID) from None
-        async for ev in session.attach(self, caller, args["spec"]):
+        async for ev in _refusals(session.attach(self, caller, args["spec"])):
+            yield ev
+
+    async def attach(self, caller: Caller, args: dict) -> AsyncIterator[Any]:
+        """`colo attach JOB`: a detached session's terminal, to its owner (colo/daemon/detach.py)."""
+        async for ev in _refusals(session.reattach(self, caller, self._job(args))):
             yield ev
 
     async def logs(self, caller: Caller, args: dict) -> AsyncIterator[Any]:
@@ -630,5 +635,18 @@ def _shown(field: str, v: Any) -> str:
     return format_size_exact(v) if field == "gpu_mem" else repr(v) if field == "name" else str(v)
 
 
-STREAMS = {"logs", "wait", "session"}
-ATTACHED = {"session"}  # streams that end when their client hangs up (server.py)
+STREAMS = {"logs", "wait", "session", "attach"}
+ATTACHED = {"session", "attach"}  # streams that end when their client hangs up (server.py)
+
+
+async def _refusals(events: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A session's stream, its refusals as the API's."""
+    try:
+        async for ev in events:
+            yield ev
+    except session.Refused as e:
+        raise ApiError(str(e), protocol.INVALID) from None
+    except PermissionError as e:
+        raise ApiError(str(e), protocol.FORBIDDEN) from None
+    finally:
+        await events.aclose()  # (its own `finally` now: a session's client hung up)

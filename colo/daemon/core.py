@@ -16,6 +16,7 @@ wired below, never through each other's fields:
   sampler    sampler.Sampler     each tick's readings (GPUs, usage, MPS health, the patrol's look)
   recovery   recovery.Recovery   finding jobs again (restart, the engine coming back)
   sessions   session.Watch       session jobs whose client it cannot see (after a restart)
+  terminals  detach.Terminals    detached sessions' terminals and scrollback (colo attach)
   retention  retention.Retention removing ended jobs (colo clean, history_keep_days)
   metrics    metrics.Metrics     Prometheus figures, a snapshot of the others' state (opt-in)
   onend      onend.OnEnd         what a job asked to run as its owner when it ends (--on-end, mail)
@@ -58,6 +59,7 @@ from .recovery import Recovery
 from .retention import Retention
 from .sampler import Sampler
 from .scheduler import Scheduler
+from .detach import Terminals
 from .session import Watch
 from .suspend import Suspender
 
@@ -132,7 +134,8 @@ class Daemon:
                                wake=self.scheduler.wake, faulted=self.drains.faults)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
                                  wake=self.scheduler.wake)
-        self.sessions = Watch(self.table, self.engines, cancel=self.launcher.cancel)
+        self.terminals = Terminals()
+        self.sessions = Watch(self.table, self.engines, cancel=self.launcher.cancel, terminals=self.terminals)
         self.retention = Retention(c, self.table, self.launcher, wake=self.scheduler.wake)
         self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
                                    lambda: self.sampler.stats, self.scheduler.placed, self.scheduler.wake,
@@ -145,12 +148,13 @@ class Daemon:
         nodes = self.engines.gpu_nodes
         self.onend = OnEnd(c, native_dir, self.cgroups, (lambda: nodes.deny_rules([])) if nodes is not None else None)
         self.listing = Listing(c, self.table, self.store, self.scheduler, self.gpus, self.patrol, self.sampler,
-                               self.suspender)
+                               self.suspender, self.terminals.note)
         self.admission = Admission(c, self.store, self.gpus, self.engines, self.scheduler, native_dir)
         # who hears of what, in this order: the table's watchers run after each change
         self.table.on_change.extend([self.launcher.job_changed, self.scheduler.queue_changed,
                                      *([self.metrics.job_changed] if self.metrics is not None else []),
-                                     self.onend.job_changed, self.listing.queue_changed])
+                                     self.onend.job_changed, self.listing.queue_changed,
+                                     self.terminals.job_changed])
         self.table.on_edit.extend([self.scheduler.queue_edited, self.listing.queue_changed])
         self.learner.on_forget.append(self.scheduler.profiles_forgotten)
 

@@ -105,6 +105,7 @@ class Launcher:
         # sessions' jobs (op `session`) -> the slave end of the pty the daemon made, until the start
         # hands it to the job (colo/daemon/session.py)
         self._terminals: dict[int, int] = {}
+        self._kept: set[int] = set()  # of those, detached sessions' (detach.py)
 
     def job_changed(self, prev: Job | None, job: Job) -> None:
         """The table's on_change (wired in core.open())."""
@@ -113,14 +114,18 @@ class Launcher:
             self.drop_terminal(job.id)
 
     # sessions' terminals ----------------------------------------------------------------------
-    def give_terminal(self, job_id: int, fd: int) -> None:
-        """The terminal a session's job starts on (the launcher closes it)."""
+    def give_terminal(self, job_id: int, fd: int, kept: bool = False) -> None:
+        """The terminal a session's job starts on (the launcher closes it); `kept`: a detached
+        session's (the runtime marks it so, to find it again after a restart)."""
         self.drop_terminal(job_id)
         self._terminals[job_id] = fd
+        if kept:
+            self._kept.add(job_id)
 
     def drop_terminal(self, job_id: int) -> None:
         """The session ended before its job started, or its client went away: the slave end goes."""
         fd = self._terminals.pop(job_id, None)
+        self._kept.discard(job_id)
         if fd is not None:
             os.close(fd)
 
@@ -165,7 +170,8 @@ class Launcher:
             rt = self.engines.runtime_for(job)
             launch = await asyncio.to_thread(self.build_launch, job, d)
             if job.spec.tty:  # the runtime closes it once the job has it
-                launch.tty = self._terminals.pop(job.id, None)
+                launch.tty, launch.kept = self._terminals.pop(job.id, None), job.id in self._kept
+                self._kept.discard(job.id)
                 if launch.tty is None:
                     raise StartError("its terminal is gone (the session's client hung up, or colo restarted, "
                                      "before it started)")

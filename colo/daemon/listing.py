@@ -14,7 +14,7 @@ import os
 import pwd
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import protocol
 from ..jobs import ACTIVE, TERMINAL, Job, State
@@ -44,9 +44,11 @@ class Listing:
     listing, the queue's rows as of the last change of a queued job or decision."""
 
     def __init__(self, config: "Config", table: "JobTable", store: "Store", scheduler: "Scheduler", gpus: "Gpus",
-                 patrol: "Patrol", sampler: "Sampler", suspender: "Suspender"):
+                 patrol: "Patrol", sampler: "Sampler", suspender: "Suspender",
+                 session_note: Callable[[int], str | None] = lambda _: None):
         self.config, self.table, self.store, self.scheduler = config, table, store, scheduler
         self.gpus, self.patrol, self.sampler, self.suspender = gpus, patrol, sampler, suspender
+        self.session_note = session_note  # a detached session's "attached" or "detached" (detach.py)
         # job id -> (the Job it was made from, its reason, its summary as JSON): a queued or ended
         # job's row changes only with the job or its reason, so `ls` of 10,000 re-encodes none
         self._rows: dict[int, tuple[Job, str | None, bytes]] = {}
@@ -106,7 +108,7 @@ class Listing:
             return validate.stopped_text(job.user, job.paused_by, "paused", f"colo resume {job.id}")
         if job.state == State.RUNNING and (note := self.suspender.note(job.id)):
             return note
-        notes = [n for n in (self.patrol.note(job.id), self.sampler.idle_note(job.id)) if n] \
+        notes = [n for n in (self.session_note(job.id), self.patrol.note(job.id), self.sampler.idle_note(job.id)) if n] \
             if job.state in ACTIVE else []
         return "; ".join([job.reason, *notes])
 

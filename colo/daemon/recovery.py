@@ -124,7 +124,7 @@ class Recovery:
             return False
         if hasattr(rt, "remember"):
             rt.remember(handle, self.config.run_dir(job.id))
-        if hasattr(rt, "follow_logs"):
+        if hasattr(rt, "follow_logs") and not job.spec.tty:  # (a session's output is its terminal's)
             # Before its state is read: a container that ended while colo was away (or ends
             # now) is removed just below, and what it wrote since its last follower's cursor
             # must be in the log first (cleanup lets the follower drain before removing it).

@@ -22,13 +22,17 @@ later, the job is cancelled as if its connection had closed.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
+import termios
 import time
+import tty
 from typing import Any, AsyncIterator
 
 from .. import protocol
 from ..jobs import TERMINAL, State
+from . import detach
 from .validate import Caller
 
 log = logging.getLogger("colo")
@@ -40,9 +44,7 @@ class Refused(ValueError):
 
 
 def check(raw: dict) -> None:
-    """A session runs one host process on its terminal, once."""
-    if raw.get("image") is not None:
-        raise Refused("a session runs a host process: container sessions (--image) are not supported")
+    """A session runs one command (a host process, or a container's) on its terminal, once."""
     if raw.get("array") is not None:
         raise Refused("a session is one job: --array does not apply")
     if raw.get("grow") or raw.get("retries"):
@@ -50,9 +52,19 @@ def check(raw: dict) -> None:
 
 
 async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]]:
-    """The stream of op `session` for `api` (the Api: submit, summary, reason, stop_later)."""
+    """The stream of op `session` for `api` (the Api: submit, summary, reason, stop_later). With
+    `detach` in `raw`, the daemon keeps the terminal (detach.py) and the stream ends at once."""
     d = api.d
+    raw = dict(raw)
+    detached = raw.pop("detach", False)
+    if detached not in (True, False):
+        raise Refused("detach must be true or false")
+    if detached and d.terminals.count(caller.uid) >= detach.MAX_PER_USER:
+        raise Refused(f"you have {detach.MAX_PER_USER} detached sessions, the most allowed: end or attach to "
+                      "one (colo ls, colo attach JOB)")
     master, slave = os.openpty()  # (non-inheritable: no other child of the daemon gets them)
+    if raw.get("image") is not None:  # the engine's terminal does what a terminal does: this one is a wire
+        tty.setraw(slave, termios.TCSANOW)
     try:
         job = await api.submit(caller, {"spec": {**raw, "interactive": True}}, tty=True)
     except BaseException:
@@ -61,34 +73,23 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
         raise
     job_id = job["id"]
     # No await since the job was stored: the scheduler has not seen it without its terminal.
-    d.launcher.give_terminal(job_id, slave)
+    d.launcher.give_terminal(job_id, slave, kept=detached)
+    if detached:  # the daemon holds it from now on: the client goes, the session stays
+        d.terminals.keep(job_id, job["uid"], master)
+        yield {"final": job}
+        return
     d.sessions.attached.add(job_id)
     try:
         yield {"job": job}
         if job["uid"] != caller.uid:  # the terminal goes to the job's owner (SO_PEERCRED) only
             raise PermissionError(f"job {job_id} is not uid {caller.uid}'s")
-        ev, master = {"tty": True, protocol.PASS_FD: master}, None  # the server sends it and closes it
+        ev = {"tty": True, protocol.PASS_FD: master}
+        if raw.get("image") is not None:
+            ev["relay"] = True  # (the client copies its window size to it, not its modes)
+        master = None  # the server sends it and closes it
         yield ev
-        said, started, told = None, False, None
-        while True:
-            j = d.table.job(job_id)
-            if j.state in TERMINAL:
-                yield {"final": api.summary(j)}
-                return
-            note = d.sampler.notices.get(job_id)  # the idle policy's word (docs/gating.md)
-            if note is not None and note != told:
-                told = note
-                yield {"notice": note}
-            if j.state == State.QUEUED:
-                decided = api.reasons([j]).get(j.id)  # (not the store's "submitted by")
-                why = api.reason(j, decided) if decided is not None or j.held_by else None
-                if why and why != said:
-                    said = why
-                    yield {"waiting": why}
-            elif j.state == State.RUNNING and not started:
-                started = True
-                yield {"started": {"gpus": j.gpus, "mode": str(j.mode) if j.mode else None}}
-            await d.table.changed.wait(1.0)  # (a reason may change without a job changing)
+        async for ev in _follow(api, job_id):
+            yield ev
     finally:
         d.sessions.attached.discard(job_id)
         if master is not None:
@@ -99,14 +100,69 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
             api.stop_later(d.launcher.cancel(job_id, f"{caller.user} (the session's client hung up)"))
 
 
+async def reattach(api, caller: Caller, job) -> AsyncIterator[dict[str, Any]]:
+    """The stream of op `attach` (`colo attach JOB`): a detached session's terminal taken over by
+    its owner (detach.py), its scrollback first; the stream ends with the job, or when another
+    attach takes the terminal (the session runs on)."""
+    d = api.d
+    if job.uid != caller.uid:  # not an admin either: what is typed there is the owner's
+        raise PermissionError(f"job {job.id} is {job.user}'s: only its owner may attach to it")
+    if job.state in TERMINAL:
+        raise Refused(f"job {job.id} has ended ({job.state}): there is nothing to attach to")
+    if not d.terminals.holds(job.id):
+        raise Refused(f"job {job.id} is not a detached session: only a session started with --detach (colo shell "
+                      "--detach, colo run --detach) can be attached to")
+    holder, back, mine, taken = d.terminals.take(job.id)
+    try:
+        yield {"job": api.summary(job)}
+        ev, mine = {"tty": True, protocol.PASS_FD: mine, "relay": True, "detachable": True,
+                    "replay": base64.b64encode(back).decode()}, None  # (the server sends it and closes it)
+        yield ev
+        async for ev in _follow(api, job.id, taken):
+            yield ev
+    finally:
+        if mine is not None:
+            os.close(mine)
+        d.terminals.leave(job.id, holder)
+
+
+async def _follow(api, job_id: int, taken: asyncio.Event | None = None) -> AsyncIterator[dict[str, Any]]:
+    """A session's events until its job ends (its summary, last), or `taken` is set (an attach
+    taken over: the summary with `detached`, the reason)."""
+    d = api.d
+    said, started, told = None, False, None
+    while True:
+        j = d.table.job(job_id)
+        if j.state in TERMINAL:
+            yield {"final": api.summary(j)}
+            return
+        if taken is not None and taken.is_set():
+            yield {"final": {**api.summary(j), "detached": "another colo attach took its terminal over"}}
+            return
+        note = d.sampler.notices.get(job_id)  # the idle policy's word (docs/gating.md)
+        if note is not None and note != told:
+            told = note
+            yield {"notice": note}
+        if j.state == State.QUEUED:
+            decided = api.reasons([j]).get(j.id)  # (not the store's "submitted by")
+            why = api.reason(j, decided) if decided is not None or j.held_by else None
+            if why and why != said:
+                said = why
+                yield {"waiting": why}
+        elif j.state == State.RUNNING and not started:
+            started = True
+            yield {"started": {"gpus": j.gpus, "mode": str(j.mode) if j.mode else None}}
+        await d.table.changed.wait(1.0)  # (a reason may change without a job changing)
+
+
 class Watch:
     """Session jobs whose client this daemon cannot see. Owns `attached` (the jobs whose session
     stream this daemon serves: attach() adds and drops them) and when each unattached session's
     terminal was first seen hung up. Calls the engines (the job's terminal, as its runtime sees
     it) and `cancel` (the launcher's)."""
 
-    def __init__(self, table, engines, cancel):
-        self.table, self.engines, self.cancel = table, engines, cancel
+    def __init__(self, table, engines, cancel, terminals):
+        self.table, self.engines, self.cancel, self.terminals = table, engines, cancel, terminals
         self.attached: set[int] = set()
         self._hung: dict[int, float] = {}  # job -> when its terminal was first seen hung up
         self._stops: set[asyncio.Task] = set()
@@ -114,9 +170,12 @@ class Watch:
     async def sweep(self, now: float | None = None) -> None:
         """Cancel the unattached session jobs whose terminal hung up HANGUP_GRACE ago or more."""
         now = time.monotonic() if now is None else now
-        jobs = [j for j in self.table.jobs_in(State.RUNNING)
-                if j.spec.tty and j.handle and j.id not in self.attached and not j.cancel_by]
-        hung = await asyncio.to_thread(self._hung_up, jobs) if jobs else set()
+        jobs = [j for j in self.table.jobs_in(State.RUNNING) if j.spec.tty and j.handle and j.id not in self.attached
+                and not j.cancel_by and not self.terminals.holds(j.id)]
+        hung, found = await asyncio.to_thread(self._hung_up, jobs) if jobs else (set(), {})
+        for i, (master, screen) in found.items():  # detached container sessions, after a restart
+            log.info("job %d: its detached session's terminal is kept again", i)
+            self.terminals.keep(i, self.table.job(i).uid, master, screen)
         self._hung = {i: self._hung.get(i, now) for i in hung}
         for i in [i for i, since in self._hung.items() if now - since >= HANGUP_GRACE]:
             del self._hung[i]
@@ -131,13 +190,19 @@ class Watch:
         if not task.cancelled() and task.exception() is not None:
             log.warning("cancelling a session whose client went away failed: %s", task.exception())
 
-    def _hung_up(self, jobs) -> set[int]:
-        out = set()
+    def _hung_up(self, jobs) -> tuple[set[int], dict[int, tuple[int, bytes]]]:
+        """The jobs whose terminal hung up, and the detached container sessions whose terminal
+        was taken again (job -> its new master, its last screen)."""
+        out, found = set(), {}
         for j in jobs:
             try:
                 rt = self.engines.runtime_for(j)
                 if getattr(rt, "lost_terminal", None) and rt.lost_terminal(j.handle):
-                    out.add(j.id)
+                    again = rt.reattach(j.handle, detach.SCROLLBACK) if hasattr(rt, "reattach") else None
+                    if again is not None:
+                        found[j.id] = again
+                    else:
+                        out.add(j.id)
             except Exception as e:  # noqa: BLE001 - it may be ending right now; looked at again next tick
                 log.debug("job %d: its terminal could not be looked at: %s", j.id, e)
-        return out
+        return out, found

@@ -49,6 +49,7 @@ class Launch:
     # A session's terminal (the slave end of a pty the daemon made): the job's stdin, stdout,
     # stderr and controlling terminal. The runtime owns it: it closes it once the job has it.
     tty: int | None = None
+    kept: bool = False  # a detached session's (colo/daemon/detach.py): found again after a restart, attachable
 
     @property
     def simulated_gpus(self) -> bool:

@@ -27,13 +27,14 @@ import urllib3
 
 from ..node.cgroup import places
 from ..node.devices import GpuNodes
-from . import nvidia, preload
+from . import nvidia, preload, ttyrelay
 from .base import EngineError, Gone, Launch, StartError, Unavailable
 
 LABEL_JOB = "colo.job"
 LABEL_MANAGED = "colo.managed"
 LABEL_INSTANCE = "colo.instance"  # which colo daemon (state dir) owns it: never adopt another's
 LABEL_LOG = "colo.log"  # where the job's output goes; lets a restarted daemon re-attach a follower
+LABEL_KEPT = "colo.kept"  # a detached session's container: a restarted daemon takes its terminal again
 JOIN_TIMEOUT = 30.0  # how long wait() gives the follower to drain what the container wrote last
 RETRIES = 30  # reconnects of a follower (1 s apart) before it gives up
 CURSOR_EVERY = (
@@ -44,6 +45,10 @@ CURSOR_EVERY = (
 ENGINE_DOWN = (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
                urllib3.exceptions.ProtocolError)
 ENGINE_POLL = 1.0  # seconds between pings while the engine is away
+# The engine's attach stream detaches on this sequence (its default, Ctrl-P Ctrl-Q, would take
+# readline's Ctrl-P from a session): keys no terminal program binds. colo's own detach key is
+# the client's (colo/cli/attach.py), never the engine's.
+ENGINE_DETACH_KEYS = "ctrl-^,ctrl-@,ctrl-^,ctrl-@,ctrl-^"
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +232,7 @@ class DockerRuntime:
         self.init = init
         self.instance = instance
         self._followers: dict[str, _Follower] = {}
+        self._relays: dict[str, ttyrelay.Relay] = {}  # container sessions' terminals (handle -> relay)
         self._lock = threading.Lock()
         self.down: str | None = None  # why the engine does not answer now; None while it does
         self._notes: dict[str, str] = {}  # handle -> what wait() saw happen to the engine
@@ -355,6 +361,14 @@ class DockerRuntime:
                 launch.release()
 
     def _start(self, launch: Launch) -> str:
+        try:
+            return self._create_and_start(launch)
+        finally:
+            if launch.tty is not None:  # it did not start (a relay owns it once it did): it hangs up
+                os.close(launch.tty)
+                launch.tty = None
+
+    def _create_and_start(self, launch: Launch) -> str:
         if not launch.image:
             raise StartError("a docker job needs an image")
         if not launch.argv:
@@ -365,6 +379,7 @@ class DockerRuntime:
             LABEL_MANAGED: "1",
             LABEL_INSTANCE: self.instance,
             LABEL_LOG: str(launch.log_path),
+            **({LABEL_KEPT: "1"} if launch.kept else {}),
         }
         try:
             created = self.api.create_container(
@@ -376,6 +391,9 @@ class DockerRuntime:
                 labels=labels,
                 name=f"colo-{launch.job_id}-{uuid.uuid4().hex[:6]}",
                 host_config=self._host_config(launch),
+                # a session: a terminal the engine allocates, its input open (ttyrelay.py)
+                tty=launch.tty is not None,
+                stdin_open=launch.tty is not None,
             )
         except docker.errors.ImageNotFound:
             raise StartError(
@@ -393,9 +411,14 @@ class DockerRuntime:
         log = Path(launch.log_path)
         log.parent.mkdir(parents=True, exist_ok=True)
         _write_cursor(cursor_path(log), "", 0, log.stat().st_size if log.exists() else 0)
+        sock = None
         try:
+            # a session's stream is attached before the start, so nothing it writes first is lost
+            sock = self._attach(handle) if launch.tty is not None else None
             self.api.start(handle)
         except docker.errors.APIError as e:
+            if sock is not None:
+                sock.close()
             try:
                 self._remove(handle)
             except EngineError as r:  # the job fails (or is requeued) all the same; the sweep removes it
@@ -407,8 +430,58 @@ class DockerRuntime:
         except ENGINE_DOWN as e:
             # It may or may not have started: the daemon's sweep removes it once the engine is back.
             raise self._engine_down(e) from None
-        self.follow_logs(handle, launch.log_path)
+        if sock is not None:
+            self._relay(handle, f"{launch.job_id}", launch.tty, sock)
+            launch.tty = None  # the relay's now
+        else:  # (a session's output is its terminal's, as a host session's is: not colo's log)
+            self.follow_logs(handle, launch.log_path)
         return handle
+
+    def _relay(self, handle: str, name: str, tty_fd: int, sock) -> None:
+        relay = ttyrelay.Relay(name, tty_fd, sock, lambda rows, cols: self.api.resize(handle, rows, cols))
+        with self._lock:
+            self._relays[handle] = relay
+        relay.start()
+
+    def reattach(self, handle: str, limit: int) -> tuple[int, bytes] | None:
+        """A detached session's container that no relay serves (after a restart): its terminal
+        relayed again to a new pty, whose master is returned with the last `limit` bytes the
+        engine logged of its terminal (what it showed last); None for any other container."""
+        try:
+            labels = self.api.inspect_container(handle)["Config"].get("Labels") or {}
+            if labels.get(LABEL_KEPT) != "1":
+                return None
+            screen = self.api.logs(handle, stdout=True, stderr=True, tail=2000)[-limit:]
+            sock = self._attach(handle)
+        except (docker.errors.DockerException, *ENGINE_DOWN) as e:
+            log.warning("container %s: its session's terminal could not be taken again: %s", handle[:12], e)
+            return None
+        master, slave = os.openpty()
+        self._relay(handle, handle[:12], slave, sock)
+        return master, screen
+
+    def _attach(self, handle: str):
+        """The container's attach stream (stdin, and its terminal's output) as a plain socket of
+        this process: a copy of the engine connection's descriptor, which after the upgrade carries
+        only this container's bytes (the engine reads no further request from it)."""
+        io = self.api.attach_socket(handle, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1,
+                                                    "detachKeys": ENGINE_DETACH_KEYS})
+        raw = getattr(io, "_sock", io)
+        sock = raw.dup()
+        for s in (io, raw):
+            try:
+                s.close()
+            except OSError:
+                pass
+        return sock
+
+    def lost_terminal(self, handle: str) -> bool:
+        """A container session's terminal is relayed by the daemon that started it (or the one it
+        was attached to): one that has no relay for it (after a restart), or whose relay ended,
+        has lost it."""
+        with self._lock:
+            relay = self._relays.get(handle)
+        return relay is None or not relay.is_alive()
 
     # -- output ------------------------------------------------------------------------------
 
@@ -609,6 +682,9 @@ class DockerRuntime:
             self._notes.pop(handle, None)
             self._loader.pop(handle, None)
             f = self._followers.pop(handle, None)
+            relay = self._relays.pop(handle, None)
+        if relay is not None:
+            relay.stop()
         if f is not None:
             f.stop()
             f.join(5)
