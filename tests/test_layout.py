@@ -11,13 +11,14 @@ ROOT = Path(colo.__file__).resolve().parent
 # what a layer may import besides itself: the shared core (colo/*.py) is everyone's
 MAY = {
     "core": set(),
+    "store": {"core"},  # the durable state (colo/store/): the only SQL
     "sched": {"core"},
     "node": {"core"},
     "runtimes": {"core", "node"},
-    "daemon": {"core", "sched", "node", "runtimes"},
+    "daemon": {"core", "store", "sched", "node", "runtimes"},
     "tui": {"core"},  # renders what colo.client gives; never NVML, the store or the daemon
     "jupyter": {"core"},  # the kernel provisioner: a client of the daemon, as the TUI is
-    "cli": {"core", "sched", "node", "runtimes", "daemon", "tui", "jupyter"},  # the top: `colo daemon`, demo, doctor
+    "cli": {"core", "store", "sched", "node", "runtimes", "daemon", "tui", "jupyter"},  # the top: `colo daemon`, demo, doctor
 }
 
 
@@ -69,13 +70,21 @@ def _layer(mod: str) -> str:
 def test_the_module_names_are_read():
     assert {"colo.sched.policy", "colo.node.gpu", "colo.daemon.scheduler", "colo.cli.app"} <= set(MODULES)
     assert "colo.sched.interference" in GRAPH["colo.sched.assess"]
-    assert _layer("colo.sched.policy") == "sched" and _layer("colo.store") == "core" and _layer("colo.tui") == "tui"
+    assert _layer("colo.sched.policy") == "sched" and _layer("colo.store") == "store" and _layer("colo.tui") == "tui"
 
 
 def test_nothing_imports_upward():
     wrong = [f"{m} -> {t}" for m, ts in GRAPH.items() for t in ts
              if _layer(t) != _layer(m) and _layer(t) not in MAY[_layer(m)]]
     assert wrong == []
+
+
+def test_sql_is_only_in_the_store():
+    """Only colo/store/ speaks to SQLite: every other part asks the store."""
+    talks = sorted(m for m in MODULES if _layer(m) != "store" and re.search(
+        r"^\s*(import sqlite3|from sqlite3 import)", MODULES[m][0].read_text(), re.M))
+    assert talks == []
+    assert "colo.store.base" in MODULES and re.search(r"^import sqlite3", MODULES["colo.store.base"][0].read_text(), re.M)
 
 
 def test_the_policy_never_sees_the_simulators_truth():

@@ -169,7 +169,9 @@ def test_a_folder_named_for_alices_container_blames_nobody(node, users, test_ima
                 4 * GiB, image=test_image)
     uuid = d.wait_state(a, "running", timeout=90)["gpus"][0]
     wait_for(lambda: _held(d, uuid) >= GiB, 30, "alice's container to hold its 1 GiB")
-    (c,) = docker_client.containers.list(filters={"label": f"colo.job={a}"})
+    # job ids restart with every test's daemon: another test's container may carry the same colo.job
+    instance = (d.state_dir / "instance").read_text().strip()
+    (c,) = docker_client.containers.list(filters={"label": [f"colo.job={a}", f"colo.instance={instance}"]})
     with user_subtree(bob) as sub:
         forged = sub / "docker" / c.id
         p = _outside(bob, d, uuid, f"mkdir -p {forged} && echo $$ > {forged}/cgroup.procs && "

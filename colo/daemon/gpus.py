@@ -3,7 +3,7 @@
 Owns: the NVML handle, `devices` (as last read), `error` (why no GPU can be used: no driver),
 `unbudgeted` (bytes per GPU held outside any budget, as the patrol last saw it: plan() gives none
 of it out), `drained` (uuid -> "drained by USER: REASON", `colo drain`: nothing new is placed
-there) and `mps` (one control daemon per GPU, colo/node/mps.py). Only its own methods change
+there) and `mps` (one control daemon per GPU, colo/node/mps/). Only its own methods change
 them: the sampler has it read the devices at each tick (`refresh` in a thread, `adopt` on the loop),
 the patrol reports what is unbudgeted (`note_unbudgeted`), drain.py what admins drained
 (`set_drained`); everyone else reads `views()`.

@@ -20,7 +20,7 @@ The observation is added to the job's stored decision, so `colo explain` shows p
 observed. The stored profile (its series and alone run time) is learned from uncontended runs
 only, or from a first run that has no profile yet: a shared run's wall time is not its alone time.
 
-What was learned is stored (colo/store.py, schema 4) in the transaction that learns it, and read
+What was learned is stored (colo/store/, schema 4) in the transaction that learns it, and read
 back at start, so a restarted daemon, SIGKILLed or not, goes on from where it was. So is who
 shared a running job's GPU (its neighbours): a job that runs across a restart still knows it was
 contended. Bounds: a job keeps at most NEIGHBOURS_MAX neighbour names (past that it is plainly

@@ -1,7 +1,7 @@
 """Removing ended jobs: `colo clean` (as pueue's clean) and, with `history_keep_days`, the
 daemon's own purge of jobs that ended that long ago (as Slurm's PurgeJobAfter).
 
-What goes: a job's row, events, decision, usage samples and neighbours (colo/store.py
+What goes: a job's row, events, decision, usage samples and neighbours (colo/store/
 remove_jobs), its log files in the root-only `logs/` and any run folder left in `jobs/`. What
 stays: profiles (files per user) and what was learned (per user and profile, never per job);
 a removed job's GPU use goes on counting for fair share while it would (cleaned_use).

@@ -17,17 +17,15 @@ import dataclasses
 import gc
 import logging
 import math
-import threading
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Callable
 
 from ..config import Config
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..sched import fairshare, policy
-from ..store import Store
-from ..units import format_size
+from . import grow
+from .decisions import DecisionWriter, KeptWait
 from .engines import Engines
 from .gpus import Gpus
 from .jobtable import JobTable
@@ -65,18 +63,6 @@ def _settle() -> None:
     gc.freeze()
 
 
-class _Wait:
-    """A WAIT decision as the scheduler keeps it for each queued job: its reason and figures, the
-    figures shared by every job told the same (a policy.Decision and a details dict of its own were
-    ~0.6 KiB a job, 30 MiB at 50,000 queued). Read as a Decision is."""
-
-    __slots__ = ("job_id", "reason", "details")
-    action, mode, gpus, thread_pct = policy.WAIT, None, (), None
-
-    def __init__(self, job_id: int, reason: str, details: dict):
-        self.job_id, self.reason, self.details = job_id, reason, details
-
-
 class _Rest:
     """What a complete pass has left to look at once its first part (the usual full pass) is done:
     the rest of the fair walk, in slices (Scheduler.finish_complete)."""
@@ -102,14 +88,6 @@ def _cand(job_id: int, budget: int, gpus: int, uid: int, priority: int, seq: int
                                        "queued_at": queued_at, "held": held, "gpu_ids": gpu_ids,
                                        "gpu_type": gpu_type, "grow": grow})
     return c
-
-
-def grow_note(budget: int, asked: int, learned: int | None) -> str:
-    """What `colo explain` and the job's events say of a budget --grow raised at its start
-    (learned: the part its profile's runs gave, the rest lent)."""
-    how = ("its profile's runs used that much (+10 %)" if learned and learned >= budget else
-           f"{format_size(learned)} from its profile's runs, the rest lent" if learned else "lent")
-    return f"budget {format_size(budget)} (asked {format_size(asked)}; {how}: --grow)"
 
 
 class Scheduler:
@@ -326,7 +304,7 @@ class Scheduler:
             ld.running += 1
             ld.gpu_mem += j.spec.gpu_mem * len(j.gpus)
         placed = self.placed(now, active)
-        self._views = views  # what a --grow job's learned budget is capped by (_budget_of)
+        self._views = views  # what a --grow job's learned budget is capped by (grow.budget_of)
         self._grow_planned = False  # whether a --grow job is among this pass's candidates (_take)
         seen: set[int] = set()
         self._array_load: Counter | None = None  # array id -> tasks running or taken this pass (when asked)
@@ -361,13 +339,13 @@ class Scheduler:
         if len(cands) > left:  # but they get a decision with its reason
             decisions = policy.plan(cands, views, placed, self.cfg, now=now,
                                     learned=self.learner.learned)  # per uid: invariant 13
-        grown = self._grown(decisions) if self._grow_planned else []  # else nothing to look at (10,000 decisions)
+        grown = grow.grown(decisions, self.table.open, self._cands) if self._grow_planned else []  # else nothing to look at (10,000 decisions)
         if grown:
-            self._lent_fairly(decisions, grown, views, placed)
+            grow.lent_fairly(decisions, grown, views, placed, self.table.open, self._budgets)
         decisions = self._within_limits(decisions, loads)
         decisions = self._provisional_noted(decisions)
         if grown:
-            self._said(decisions, grown)
+            grow.said(decisions, grown)
         self.record(waits)
         self.record(decisions)
         planned_in = time.monotonic() - mono
@@ -552,7 +530,7 @@ class Scheduler:
             c = self._cands.get(job_id)
             budget = j.spec.gpu_mem
             if j.spec.grow:
-                budget = self._budget_of(j)
+                budget = grow.budget_of(j, self.learner, self._views, self.limits)
                 self._grow_planned = True
             if c is None or c.seq != seq or c.held != held or c.budget != budget:
                 c = _cand(job_id, budget, j.spec.gpus, j.uid, 0, seq,
@@ -564,90 +542,12 @@ class Scheduler:
                     self._cands[job_id] = c
             cands.append(c)
 
-    def _budget_of(self, j: Job) -> int:
-        """The budget a --grow job of one GPU is planned with: the most its profile's runs used
-        + 10 % when more than it asked for, as learned from its own user's runs only (invariant
-        13: no one else's runs, no profile file a user hands in), at most what a GPU it may use
-        can give and its user's memory limit. plan() then holds it to invariant 1 like any budget."""
-        asked = j.spec.gpu_mem
-        mine = self.learner.learned.get(j.uid)
-        if j.spec.gpus != 1 or mine is None or not mine.max_mem:
-            return asked
-        got = mine.suggest_budget(self.learner.profile_name(j))
-        if not got or got <= asked:
-            return asked
-        cap = max((v.usable for v in self._views if v.error is None
-                   and policy.gpu_allowed(v, j.spec.gpu_ids, j.spec.gpu_type)), default=asked)
-        if self.limits.gpu_mem:
-            cap = min(cap, self.limits.gpu_mem)
-        return max(asked, min(got, cap))
-
-    def _grown(self, decisions: list[policy.Decision]) -> list[int]:
-        """Starts of --grow jobs with more than they asked for (lent by plan(), or planned with
-        their learned budget): what they asked, what was lent and what was learned go beside the
-        budget in their details. Changed in place; returns their indices."""
-        out = []
-        open_jobs, cands = self.table.open, self._cands
-        for i, d in enumerate(decisions):
-            if d.action != policy.START:
-                continue
-            j = open_jobs.get(d.job_id)
-            if j is None or not j.spec.grow or d.details.get("budget", j.spec.gpu_mem) == j.spec.gpu_mem:
-                continue
-            c = cands.get(d.job_id)
-            learned = c.budget if c is not None and c.budget > j.spec.gpu_mem else None
-            budget, asked = d.details["budget"], j.spec.gpu_mem
-            details = {**d.details, "asked": asked, "lent": budget - (learned or asked)}
-            if learned:
-                details["learned_budget"] = learned
-            decisions[i] = dataclasses.replace(d, details=details)
-            out.append(i)
-        return out
-
-    def _lent_fairly(self, decisions: list[policy.Decision], grown: list[int], views: list[policy.GpuView],
-                     placed: list[policy.Placed]) -> None:
-        """plan() lends out of memory no job it was given fits in; it is not given every queued
-        job (a pass for new jobs plans those only; jobs waiting for a dependency, a hold or a limit
-        are not planned). A lend stands only where no queued GPU job at all, of anyone, fits in
-        what its GPU has left: --grow never takes memory from a job that waits. In place."""
-        lent = [i for i in grown if decisions[i].details.get("lent")]
-        if not lent:
-            return
-        open_jobs = self.table.open
-        starts = [d for d in decisions if d.action == policy.START]
-        leaving = Counter(open_jobs[d.job_id].spec.gpu_mem for d in starts if open_jobs[d.job_id].spec.gpus)
-        smallest = min((b for b, n in self._budgets.items() if n > leaving[b]), default=None)
-        if smallest is None:
-            return
-        free = policy.free_budget(views, placed)
-        for d in starts:
-            for u in d.gpus:
-                if u in free:
-                    free[u] -= d.details.get("budget", open_jobs[d.job_id].spec.gpu_mem)
-        for i in lent:
-            d = decisions[i]
-            extra = d.details["lent"]
-            if d.gpus and free.get(d.gpus[0], 0) >= smallest - extra:
-                free[d.gpus[0]] += extra
-                decisions[i] = dataclasses.replace(
-                    d, reason=f"{d.reason}; not lent after all: a queued job fits in what its GPU has left",
-                    details={**d.details, "budget": d.details["budget"] - extra, "lent": 0})
-
     def _provisional_noted(self, decisions: list[policy.Decision]) -> list[policy.Decision]:
         """A start planned with a provisional profile (a running job's first samples) says so."""
         cands = self._cands
         return [dataclasses.replace(d, reason=f"{d.reason}; its profile is {c.profile.note}")
                 if d.action == policy.START and (c := cands.get(d.job_id)) is not None
                 and getattr(c.profile, "provisional", False) else d for d in decisions]
-
-    def _said(self, decisions: list[policy.Decision], grown: list[int]) -> None:
-        """The budget a start under --grow gives, in its reason (`colo explain`, the job's events)."""
-        for i in grown:
-            d = decisions[i]
-            det = d.details
-            if d.action == policy.START and det["budget"] != det["asked"]:
-                decisions[i] = dataclasses.replace(d, reason=f"{d.reason}; " + grow_note(
-                    det["budget"], det["asked"], det.get("learned_budget") if det.get("lent") else det["budget"]))
 
     def _none_fits(self, views: list[policy.GpuView], placed: list[policy.Placed],
                    decisions: list[policy.Decision]) -> bool:
@@ -759,7 +659,7 @@ class Scheduler:
                 details = shared.setdefault(key, d.details)
             except TypeError:  # a list among the figures (held GPUs): its own
                 details = d.details
-            self.decisions[d.job_id] = _Wait(d.job_id, d.reason, details)
+            self.decisions[d.job_id] = KeptWait(d.job_id, d.reason, details)
             waits.append(row)
         if len(shared) > 4096:  # figures of passes long gone
             shared.clear()
@@ -769,47 +669,3 @@ class Scheduler:
             self.table.store.record_decisions(starts, now)
         if waits:
             self._writer.put(waits, now)
-
-
-class DecisionWriter:
-    """Stores WAIT decisions from its own thread and SQLite connection, latest per job."""
-
-    def __init__(self, db_path: Path):
-        self.db_path = db_path
-        self._pending: dict[int, tuple] = {}
-        self._now = 0.0
-        self._cv = threading.Condition()
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="colo-decisions", daemon=True)
-        self._thread.start()
-
-    def put(self, rows: list[tuple], now: float) -> None:
-        with self._cv:
-            self._pending.update((r[0], r) for r in rows)
-            self._now = now
-            self._cv.notify()
-
-    def _run(self) -> None:
-        store = Store(self.db_path)
-        try:
-            while True:
-                with self._cv:
-                    while not self._pending and not self._stop:
-                        self._cv.wait()
-                    batch, self._pending = self._pending, {}
-                    now = self._now
-                if batch:
-                    try:
-                        store.record_decisions(batch.values(), now)
-                    except Exception as e:  # noqa: BLE001 - disk full, say: the next batch tries again
-                        log.warning("could not store %d decisions: %s", len(batch), e)
-                if self._stop and not self._pending:
-                    return
-        finally:
-            store.close()
-
-    def close(self) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify()
-        self._thread.join(timeout=10)
