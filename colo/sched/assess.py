@@ -11,7 +11,7 @@ import numpy as np
 
 from . import interference
 from .grid import _Arr, _unknown
-from .learning import ALONE_DOUBT, EXPLORE_WORST, Learned
+from .learning import ALONE_DOUBT, EXPLORE_WORST, MARGIN_CAP, Learned
 from .views import GiB, GpuView, PolicyConfig
 
 # What a job with no profile can do about waiting (its reason says it: `colo explain`)
@@ -237,15 +237,25 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
                                       np.append(r_mps, True) if m == "mps" else np.append(r_mps, False))
             if fac is not None:
                 rate = rate / fac[:, None]
-            per = rate.mean(axis=1)
+            # each one's mean rate over its own part of the overlap: a resident that ends within
+            # it is not averaged with the stretch after its end, which would hide its slowdown
+            own = np.minimum(np.append(r_left, overlap), overlap)
+            per = np.cumsum(rate, axis=1)[np.arange(n), np.maximum(own, 1) - 1] / np.maximum(own, 1)
         if fac is not None:  # co-run slowdowns the model missed, as observed
             d.setdefault("learned_factor", {})[m] = float(fac[-1])
         # throughput: the residents as they are discounted now, the newcomer by its own margin
         tp[m] = float((per[:-1] / now_doubt).sum() + per[-1] / doubt[-1])
-        slow[m] = float((doubt * unchecked / np.maximum(per, 1e-9)).max())
-        if learned is not None and not learned.explored(m, peak_bw):
-            # More summed bandwidth than any shared run in this mode started into: contention can
-            # rise steeply past a knee no profile shows. Never more than one step past it
+        # An unchecked alone time's doubt never takes the discount past the learned margin's cap:
+        # a margin at its cap times that doubt (1.4 x 1.118 = 1.57x) refused every share the
+        # model says costs nothing, and with no share run nothing brought the margin down again
+        # (colo demo's step 6: one run compared with the alone time a shorter run of its
+        # profile taught had pushed it there).
+        discount = np.maximum(doubt, np.minimum(doubt * unchecked, 1.0 + MARGIN_CAP))
+        slow[m] = float((discount / np.maximum(per, 1e-9)).max())
+        if m == "mps" and learned is not None and not learned.explored(m, peak_bw):
+            # More summed bandwidth than any MPS group started into: contention can rise steeply
+            # past a knee no profile shows (the study's cache-bound pair: 3.6x slower under MPS,
+            # not time-sliced; time-sliced contexts take turns and their bandwidth does not sum). Never more than one step past it
             # (`beyond`), and only as an exploration whose harm is bounded: the overlap is so
             # short a part of each one's run that were its rate EXPLORE_WORST x worse than
             # predicted there, it would still end within the bound (a job near its end and a

@@ -97,7 +97,9 @@ class Learned:
         # Split between the bandwidth curve (what any jobs asking that much bandwidth pay) and
         # the pairings (what these profiles pay beyond it): the curve takes what the pairings
         # did not already explain, and the pairings what the curve, so updated, does not.
-        if group_bw is not None:
+        # Only under MPS: there kernels of different jobs run at once and their bandwidth sums;
+        # time-sliced contexts take turns, and what they cost each other is the pairing's.
+        if group_bw is not None and mode == "mps":
             key = (mode, self._bin(group_bw))
             pairs = [self._faded((name, nb, mode)) for nb in set(neighbours) if (name, nb, mode) in self.corun]
             level = missed if known else max(1.0, missed / ALONE_DOUBT)
