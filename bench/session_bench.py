@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from colo.runtimes.image import build_local_image
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from daemon_util import DaemonProc, wait_for
+    from harness.daemon import DaemonProc, wait_for
 
     client = docker.from_env()
     image = build_local_image(client, "colo-test/base:1")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 
-from daemon_util import DaemonProc, wait_for
+from harness.daemon import DaemonProc, wait_for
 
 
 def test_sighup_applies_live_keys_names_the_rest_and_keeps_the_config_a_bad_file_breaks(tmp_path, fakegpu):

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from colo.client import Client
 from colo.node.fakegpu import FakeNode
-from daemon_util import DaemonProc, as_user, gpu_node, wait_for
+from harness.daemon import DaemonProc, as_user, gpu_node, wait_for
 
 
 @pytest.fixture(scope="module")

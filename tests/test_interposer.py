@@ -706,7 +706,7 @@ def test_a_newer_cuda_version_is_judged_by_the_drivers_answer(probe, job, via):
 
 def test_a_function_it_does_not_wrap_meets_the_resume_gate_in_a_program_linked_to_libcuda(probe, job, fakegpu,
                                                                                            native_dir):
-    from daemon_util import wait_for
+    from harness.daemon import wait_for
 
     env, ledger = job
     # The probe is linked to libcuda and calls cuCtxGetDevice (no wrapper counts it) while the
