@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import subprocess
 import uuid
 
@@ -19,6 +20,12 @@ from harness.users import ensure_users
 GiB = 1024**3
 JOB_BUDGET = 64 * 1024**2         # the `job` fixture's budget per device
 REQUIRE_DOCKER = os.environ.get("COLO_REQUIRE_DOCKER") == "1"
+
+# A suite started in the background by a non-interactive shell (`cmd &`, as some runners do)
+# inherits SIGINT ignored, and so would every client the tests start: their Ctrl-C would do
+# nothing. The tests type Ctrl-C as a user at a terminal does, where it is never ignored.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
