@@ -390,7 +390,7 @@ def test_a_container_shell_is_the_same_session(node, alice, session_image):
     t = Term(node, alice, "shell", "--image", session_image, "--gpu-mem", "1GiB", "--env", f"PS1={PROMPT}",
              "--", "/bin/sh", "-i", rows=30, cols=90)
     try:
-        t.prompt()
+        t.prompt(timeout=240)  # a container's start: seconds, more on a loaded engine
         job = _session_job(node, alice)
         assert job["spec"]["image"] == session_image and job["spec"]["tty"] is True and job["budget"] == 1 << 30
         t.send("echo uid=$(id -u) size=$(stty size)")
