@@ -3,7 +3,10 @@ while it is measured (a probe would cost the daemon CPU of its own).
 
 For each case a fresh daemon on 8 simulated 16 GiB GPUs, then nothing changes for --seconds:
 - `held-N`: N jobs queued and held (arrays of up to 1,000 tasks), nothing running;
-- `running-8`: 8 jobs running, one on each GPU, its whole memory each, and 100 queued behind them.
+- `running-N`: 8 jobs running, one on each GPU, its whole memory each, and N queued behind them
+  (arrays of up to 1,000 tasks).
+Measured after --settle (75 s: the once-a-minute pass over every queued job that the fill made due
+is over) for --seconds (65 s: long enough to hold the next such pass, where one is still made).
 Figures per case: CPU (user + system, every thread) in % of one core, wake-ups a second (voluntary
 context switches of every thread: how often it left its sleep), and RSS.
 
@@ -65,7 +68,7 @@ def counts(d: DaemonProc) -> dict:
         return dict(db.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
 
 
-def measure(root: Path, case: str, n: int, seconds: float, before: Path | None) -> dict:
+def measure(root: Path, case: str, n: int, seconds: float, settle: float, before: Path | None) -> dict:
     state = root / "fake.state"
     fakegpu.create(state, count=8, mem=16 * GiB)
     # the earlier checkout's colo comes first on the path, and nothing of this one's folder is on it
@@ -83,25 +86,22 @@ def measure(root: Path, case: str, n: int, seconds: float, before: Path | None) 
             hogs = [c.submit({"argv": ["sleep", "3600"], "gpus": 1, "gpu_mem": 16 * GiB, "workdir": "/tmp",
                               "name": f"hog{i}"})["id"] for i in range(8)]
             wait_for(lambda: all(c.show(h)["state"] == "running" for h in hogs), 120, "the 8 jobs to run")
-            for _ in range(n):
-                c.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 8 * GiB, "workdir": "/tmp"})
-            want = {"running": 8, "queued": n}
-        else:
-            left = n
-            while left:
-                k = min(ARRAY, left)
-                c.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 8 * GiB, "workdir": "/tmp", "hold": True,
-                          **({"array": f"0-{k - 1}"} if k > 1 else {})})
-                left -= k
-            want = {"queued": n}
+        left = n
+        while left:
+            k = min(ARRAY, left)
+            c.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 8 * GiB, "workdir": "/tmp",
+                      **({"hold": True} if case == "held" else {}), **({"array": f"0-{k - 1}"} if k > 1 else {})})
+            left -= k
+        want = {"running": 8, "queued": n} if case == "running" else {"queued": n}
         wait_for(lambda: counts(d) == want, 300, f"{want}")
-        time.sleep(10)  # the passes the fill woke are over
+        time.sleep(settle)  # the passes the fill made due are over (the once-a-minute one included)
+        passes = d.log.read_text().count("scheduler pass (full)")
         pid = d.proc.pid
         c0, s0, t0 = cpu_s(pid), switches(pid), time.monotonic()
         time.sleep(seconds)
         dt = time.monotonic() - t0
         out = {"cpu_pct": 100 * (cpu_s(pid) - c0) / dt, "wakeups_s": (switches(pid) - s0) / dt,
-               "rss_mib": rss_mib(pid)}
+               "rss_mib": rss_mib(pid), "full_passes": d.log.read_text().count("scheduler pass (full)") - passes}
         if counts(d) != want:
             raise SystemExit(f"{case}-{n}: the jobs changed while idle: {counts(d)}")
         return out
@@ -117,22 +117,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--queued", default="100,10000")
     ap.add_argument("--big", action="store_true", help="also 50,000 held")
-    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--seconds", type=float, default=65.0)
+    ap.add_argument("--settle", type=float, default=75.0, help="seconds between the fill and the measure")
     ap.add_argument("--before", type=Path)
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
     rep = Report("idle_bench")
-    cases = [("held", int(q)) for q in args.queued.split(",")] + ([("held", 50000)] if args.big else [])
-    cases.append(("running", 100))
+    sizes = [int(q) for q in args.queued.split(",")] + ([50000] if args.big else [])
+    cases = [(case, n) for n in sizes for case in ("held", "running")]
     for case, n in cases:
-        what = f"{n:,} held, nothing running" if case == "held" else f"8 running on 8 GPUs, {n} queued"
+        what = f"{n:,} held, nothing running" if case == "held" else f"8 running on 8 GPUs, {n:,} queued"
         got = {}
         for who, src in (("before", args.before), ("this", None)) if args.before else (("this", None),):
-            got[who] = measure(Path(tempfile.mkdtemp(prefix="colo-idle-")), case, n, args.seconds, src)
+            got[who] = measure(Path(tempfile.mkdtemp(prefix="colo-idle-")), case, n, args.seconds, args.settle, src)
             rep.note(f"{case}-{n} {who}: " + ", ".join(f"{k} {v:.3g}" for k, v in got[who].items()))
         b = got.get("before")
         for k, unit, label in (("cpu_pct", "%", "CPU, % of a core"), ("wakeups_s", "/s", "wake-ups a second"),
-                               ("rss_mib", "MiB", "RSS")):
+                               ("rss_mib", "MiB", "RSS"), ("full_passes", "", "full passes logged")):
             rep.figure(f"{case}_{n}_{k}", f"idle daemon {label}, {what}", got["this"][k], unit,
                        b[k] if b else None, "the --before checkout's" if b else "", f"over {args.seconds:g} s")
     return rep.finish(args.json_out)
