@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE))
 from benchlib import fmt  # noqa: E402
 
 # which figures of each bench go into the README, in this order (None: all of them)
-ORDER = ["container_start", "daemon_bench", "fill_bench", "queue_bench", "history_bench", "clean_bench", "load_bench", "crash_trials", "peers_bench", "interposer_bench",
+ORDER = ["container_start", "daemon_bench", "fill_bench", "queue_bench", "idle_bench", "history_bench", "clean_bench", "load_bench", "crash_trials", "peers_bench", "interposer_bench",
          "top_cpu"]
 PICK = {
     "container_start": ["submit_running"],

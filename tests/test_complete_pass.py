@@ -65,3 +65,25 @@ def test_a_complete_pass_in_slices_decides_what_one_pass_does(busy, monkeypatch)
     assert len(held) == 1 and sum(f"is held for job {held[0]}" in r for _, r in whole.values()) > 1000
     assert s.last_pass["slices"] > 10 and s.last_pass["planned"] >= 2000, s.last_pass
     assert all(a == "wait" for a, _ in whole.values())
+
+
+def test_no_pass_over_the_queue_falls_due_while_nothing_changes(busy, monkeypatch):
+    """An idle daemon sleeps however long its queue: the once-a-minute pass over every queued job
+    is owed only when something changed since the last one (issue 41)."""
+    import math
+
+    s = busy.scheduler
+
+    async def go():
+        assert len(s.schedule_pass(complete=True)) == 2000
+        assert s.pass_due_in() == math.inf
+        monkeypatch.setattr(sched, "COMPLETE_PASS_EVERY", 0.0)  # a minute has passed, many times over
+        assert s.schedule_pass() == [] and s.pass_due_in() == math.inf
+        j = busy.table.open[min(busy.table.open)]  # one change: a job's state (here a running one ends)
+        s.queue_changed(j, j)
+        assert s.pass_due_in() == 0.0
+        assert len(s.schedule_pass()) > 1000 and s.pass_due_in() == math.inf  # every job looked at again
+        s.wake()  # a GPU, an engine, a signal: anything that wakes the scheduler for a full pass
+        assert s.pass_due_in() == 0.0 and len(s.schedule_pass()) > 1000
+
+    asyncio.run(go())

@@ -92,8 +92,13 @@ class Sampler:
         self.notices: dict[int, str] = {}
 
     async def sample(self) -> None:
+        # Each hand-off to a worker thread wakes two threads and the loop: one is made only where
+        # there is blocking work (jobs' logs, their samples, GPU processes to map), so that an idle
+        # daemon's tick is one NVML read (docs/reliability.md, "What an idle daemon does").
         table, gpus = self.table, self.gpus
-        await asyncio.to_thread(self._note_logs, table.jobs_in(*ACTIVE))
+        active = table.jobs_in(*ACTIVE)
+        if active or self._log_sizes:
+            await asyncio.to_thread(self._note_logs, active)
         if gpus.error is None:
             devices = await asyncio.to_thread(gpus.refresh)
             if gpus.error is None:
@@ -114,13 +119,19 @@ class Sampler:
                 self._mps_seen = states
                 self.wake()
         running = table.jobs_in(State.RUNNING)
-        rows = await asyncio.to_thread(self._usage_samples, running)
+        # nothing running (or no driver): nothing to read, stats emptied on the loop
+        rows = await asyncio.to_thread(self._usage_samples, running) if running and gpus.error is None \
+            else self._usage_samples(running)
         if rows:
             table.store.add_samples(rows)
         await self._idle_sessions(running, time.time())
         if gpus.error is None:
             tree = {j: st.get("pids", ()) for j, st in self.stats.items()}
-            report = await asyncio.to_thread(self.patrol.map_processes, gpus.devices, running, tree, m.own_pids)
+            work = (gpus.devices, running, tree, m.own_pids)
+            if any(d.processes for d in gpus.devices if not d.error):  # /proc, cgroups, the engine
+                report = await asyncio.to_thread(self.patrol.map_processes, *work)
+            else:  # no GPU process: an empty report, made without blocking
+                report = self.patrol.map_processes(*work)
             changed = self.patrol.check(report, time.time())
             for job_id, per_gpu in report.by_job.items():
                 if job_id in self.stats:

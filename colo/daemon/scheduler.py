@@ -45,7 +45,8 @@ FULL_PASS_SPACING = 3.0  # x the last full pass's time
 FULL_PASS_SPACING_MAX = 1.0  # seconds
 # A full pass walks the queue in fair-share order and stops once no GPU could take the smallest
 # job left; those not looked at keep their last decision. Every so often a pass looks at all of
-# them (their reasons' figures are refreshed; a safety net, should anything change unannounced).
+# them (their reasons' figures are refreshed; a safety net, should anything change unannounced),
+# if anything changed since the last one: an idle daemon with a long queue does not walk it again.
 COMPLETE_PASS_EVERY = 60.0  # seconds
 # The loop runs such a complete pass in slices of about this long, free for requests in between:
 # at 50,000 queued the whole of it takes over a second, which no request should wait behind.
@@ -112,6 +113,7 @@ class Scheduler:
         self._sig = None  # the inputs the last full pass saw
         self._hold_due = math.inf  # when the next waiting job passes hold_after
         self._last_complete = -math.inf  # time.monotonic() of the last pass over every queued job
+        self._since_complete = True  # anything changed since that pass began (a job, an edit, a GPU, a wake)
         self._rest: _Rest | None = None  # a complete pass whose slices are still to run (serve)
         self._details: dict[tuple, dict] = {}  # WAIT decisions' figures, one dict per distinct set (record)
         self._next_full = -math.inf  # no full pass before this (spacing)
@@ -152,6 +154,7 @@ class Scheduler:
         """Run the scheduler soon; full=False: only new jobs need planning."""
         if full:
             self._full = True
+            self._since_complete = True
         self.wake_event.set()
 
     async def serve(self, stopping: Callable[[], bool]) -> None:
@@ -162,7 +165,8 @@ class Scheduler:
             if self._rest is not None:
                 await self.finish_complete(stopping)
             try:
-                await asyncio.wait_for(self.wake_event.wait(), timeout=self.pass_due_in())
+                due = self.pass_due_in()
+                await asyncio.wait_for(self.wake_event.wait(), timeout=None if due == math.inf else due)
             except asyncio.TimeoutError:
                 pass
             self.wake_event.clear()
@@ -173,6 +177,7 @@ class Scheduler:
         """Called for every new job and state change (JobTable.add, JobTable.transition)."""
         was_q = prev is not None and prev.state == State.QUEUED
         is_q = job.state == State.QUEUED
+        self._since_complete = True
         if was_q and not is_q:
             self._leave_queue(prev)
         elif is_q and not was_q:
@@ -235,11 +240,12 @@ class Scheduler:
         self._enter_queue(job)
         self._cands.pop(job.id, None)
         self._holders.discard(job.id)
-        self.wake()
+        self.wake()  # (and so a complete pass is owed again)
 
     def profiles_forgotten(self) -> None:
         """The learner's on_forget: every candidate is made again, with the profiles as they are now."""
         self._cands.clear()
+        self._since_complete = True
 
     def _user_queue(self, uid: int):
         """A user's queued jobs in their own order (skipping entries of jobs that left)."""
@@ -256,9 +262,9 @@ class Scheduler:
         return sum(self._queued_n.values())
 
     def pass_due_in(self) -> float:
-        """Seconds until the loop must look again without being woken."""
+        """Seconds until the loop must look again without being woken (math.inf: not until then)."""
         mono = time.monotonic()
-        due = self._last_complete + COMPLETE_PASS_EVERY - mono
+        due = self._last_complete + COMPLETE_PASS_EVERY - mono if self._since_complete else math.inf
         if self._full:
             due = min(due, self._next_full - mono)
         if self._hold_due < math.inf:
@@ -279,8 +285,11 @@ class Scheduler:
             self._full = True
         views = self.gpus.views(in_use=True)
         sig = (tuple(views), self.gpus.error, self.engines.docker_away() is None)
-        if self._rest is None and (now >= self._hold_due or mono - self._last_complete >= COMPLETE_PASS_EVERY):
+        if self._rest is None and (now >= self._hold_due or (
+                self._since_complete and mono - self._last_complete >= COMPLETE_PASS_EVERY)):
             complete = True
+        if sig != self._sig:
+            self._since_complete = True
         if sig != self._sig or complete:
             self._full = True
         if self._full:
@@ -291,6 +300,8 @@ class Scheduler:
             self._full = False
             self._sig = sig
             full = True
+            if complete:  # what changes from here on owes the next one
+                self._since_complete = False
         elif self._fresh:
             ids = [*self._holders, *self._fresh]
             fresh = []
@@ -368,6 +379,7 @@ class Scheduler:
             self._next_full = mono + min(FULL_PASS_SPACING * took, FULL_PASS_SPACING_MAX)
             if walk is None:
                 self._last_complete = mono
+                self._since_complete = False
         started = sum(d.action == policy.START for d in decisions)
         if self._unsettled >= SETTLE_AFTER:  # a queue filling up: its jobs settled a few thousand at a time
             self._unsettled = 0
