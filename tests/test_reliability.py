@@ -203,7 +203,9 @@ def tiny_state(tmp_path, native_dir):
         pytest.skip("mounting a tmpfs needs root")
     state = tmp_path / "state"
     state.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(state)], capture_output=True, text=True)
+    # Room for the daemon's own files (its published native/ copy is ~1.5 MiB with debug info)
+    # and a WAL that grows; the tests fill the rest themselves.
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(state)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     yield state
