@@ -16,25 +16,29 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from colo import profiles
 from colo.client import Client
 from colo.node.fakegpu import FakeNode
-from harness.daemon import DaemonProc, as_user, gpu_node, invoke_as, wait_for
+from harness.daemon import DaemonProc, as_user, burn_path, gpu_node, invoke_as, wait_for
 
 HOLDER = Path(__file__).with_name("suspend_holder.py")  # a CUDA program that holds memory (test_suspend's)
 
 
 @pytest.fixture(scope="module")
 def d():
-    root, state, _ = gpu_node("colo-drain-", count=2)
+    root, state, prof = gpu_node("colo-drain-", count=2)
+    # a light job's profile: alone on a GPU it runs as an MPS client (test_drain_now_requeues_an_mps_client)
+    profiles.save(profiles.from_samples("light", {"times": list(range(20)), "sm": [0.3] * 20, "mem": [256 << 20] * 20,
+                                                  "membw": [0.2] * 20}, runtime=600), prof / "light.profile")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dp = DaemonProc(root, state, {"metrics_listen": f"127.0.0.1:{port}"}).start()
+    dp = DaemonProc(root, state, {"metrics_listen": f"127.0.0.1:{port}", "profile_dirs": [str(prof)]}).start()
     dp.metrics_port = port
     dp.fake = FakeNode(state)
     os.chmod(dp.socket.parent, 0o755)
     yield dp
-    for go in ("go1", "go2", "go3", "go4"):
+    for go in ("go1", "go2", "go3", "go4", "go5"):
         (root / go).touch()
     dp.stop()
     shutil.rmtree(root, ignore_errors=True)
@@ -199,6 +203,27 @@ def test_drain_now_suspends_what_it_can_and_requeues_a_no_suspend_job(d, users):
     assert any(a["action"] == "drain" and a["why"] == f"driver update; jobs suspended {held}; requeued {moved}"
                for a in log), log
 
+
+
+def test_drain_now_requeues_an_mps_client(d):
+    """The driver cannot checkpoint an MPS client: --now requeues it, and says why."""
+    d.cli("drain", "1", "--reason", "the MPS job on GPU 0", check=True)
+    j = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "light", "--workdir", "/tmp", "--", "sh", "-c",
+                 f"{burn_path(d)} --mem 256MiB --duty 30 --seconds 600 --quiet & b=$!; "
+                 f"while [ ! -e {d.root / 'go5'} ]; do sleep 0.05; done; kill $b; wait $b; exit 0")
+    x = d.wait_state(j, "running", timeout=60)
+    assert x["mode"] == "mps" and x["gpus"] == [uuids(d)[0]], x
+    r = json.loads(d.cli("drain", "0", "--reason", "driver update", "--now", "--json", check=True).stdout)
+    assert r["requeued"] == [j] and r["suspended"] == [], r
+    assert "MPS client" in r["moved"][0]["why"], r
+    assert d.job(j)["suspended"] is None
+    d.cli("undrain", "1", check=True)
+    wait_for(lambda: (x := d.job(j))["state"] == "running" and x["gpus"] == [uuids(d)[1]], 120,
+             "the requeued MPS client to run on the other GPU")
+    assert any("driver update (--now)" in e["reason"] and e["new"] == "queued" for e in d.client.show(j)["events"])
+    (d.root / "go5").touch()
+    d.wait_state(j, "succeeded")
+    d.cli("undrain", "0", check=True)
 
 def test_a_gpu_that_reports_an_xid_drains_itself_and_its_job_runs_elsewhere(d):
     j = d.submit(*gated(d, "go4"))
