@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, Iterator
 
-    from .replies import GpusReply, JobSummary, TopReply  # the shapes the daemon sends (listing.py)
+    from .replies import AdminLogReply, GpusReply, JobSummary, TopReply  # the shapes the daemon sends (listing.py)
 
 
 def _filters(users, states, names, refs) -> dict:
@@ -288,6 +288,11 @@ class Client:
 
     def undrain(self, gpus: list[str]) -> dict:
         return self.call("undrain", gpus=gpus)
+
+    def admin_log(self, since: float | None = None, limit: int | None = None) -> AdminLogReply:
+        """What root, the admin group and colo's own fault drains did (root and the admin group only):
+        those at or after `since`, newest first, at most `limit`."""
+        return self.call("admin_log", since=since, limit=limit)
 
     def top(self) -> TopReply:
         return self.call("top")

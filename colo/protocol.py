@@ -27,6 +27,7 @@ OPS = frozenset({
     "pause", "resume",  # a running job frozen and thawed (issue 36)
     "suspend",  # a running job's GPU memory moved to host memory (issue 40; `resume` brings it back)
     "drain", "undrain",  # a GPU taken out of service by an admin, and put back (issue 42)
+    "admin_log",  # what admins (and colo's fault drains) did: colo history --admin (issue 42)
 })
 # An event that carries a file descriptor (a session's terminal): sent with SCM_RIGHTS on its line's
 # first byte. The daemon's streams name it with this key; the JSON sent says {"tty": true}.
@@ -280,6 +281,7 @@ ARGS: dict[str, dict[str, Any]] = {
     "hello": {"detail": _flag("detail")}, "gpus": {}, "top": {}, "shutdown": {},
     "history": {"since": _time("history --since"), "users": _texts("history user"),
                 "limit": _count("history --limit"), "full": _flag("full")},
+    "admin_log": {"since": _time("history --since"), "limit": _count("history --limit")},
     "report": {"since": _time("report --since"), "users": _texts("report user")},
     "submit": {"spec": _spec},
     "ls": {"all": _flag("all"), "limit": _count("ls --limit"), "users": _texts("ls user"),

@@ -94,6 +94,20 @@ class TopReply(TypedDict):
     jobs: list[JobSummary]  # active jobs, the front of the queue, the newest few ended
 
 
+class AdminAction(TypedDict):
+    """One row of the admin log (`colo history --admin`)."""
+    at: float
+    by: str  # the user, or "colo" for what it did by itself (a fault drain)
+    action: str  # drain, undrain, cancel, hold, release, pause, resume, suspend, edit, signal, reload
+    target: str  # "GPU 0 (GPU-...)", "job 12 of alice", "config"
+    why: str  # the reason given or found ("" where none was)
+
+
+class AdminLogReply(TypedDict):
+    actions: list[AdminAction]  # newest first
+    left: int  # how many more matched beyond the limit
+
+
 def keys(shape: type) -> frozenset[str]:
     """Every key a reply of `shape` may have."""
     return shape.__required_keys__ | shape.__optional_keys__

@@ -11,27 +11,34 @@ import shutil
 import signal
 import socket
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from colo import profiles
 from colo.client import Client
 from colo.node.fakegpu import FakeNode
-from harness.daemon import DaemonProc, as_user, gpu_node, wait_for
+from harness.daemon import DaemonProc, as_user, burn_path, gpu_node, invoke_as, wait_for
+
+HOLDER = Path(__file__).with_name("suspend_holder.py")  # a CUDA program that holds memory (test_suspend's)
 
 
 @pytest.fixture(scope="module")
 def d():
-    root, state, _ = gpu_node("colo-drain-", count=2)
+    root, state, prof = gpu_node("colo-drain-", count=2)
+    # a light job's profile: alone on a GPU it runs as an MPS client (test_drain_now_requeues_an_mps_client)
+    profiles.save(profiles.from_samples("light", {"times": list(range(20)), "sm": [0.3] * 20, "mem": [256 << 20] * 20,
+                                                  "membw": [0.2] * 20}, runtime=600), prof / "light.profile")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dp = DaemonProc(root, state, {"metrics_listen": f"127.0.0.1:{port}"}).start()
+    dp = DaemonProc(root, state, {"metrics_listen": f"127.0.0.1:{port}", "profile_dirs": [str(prof)]}).start()
     dp.metrics_port = port
     dp.fake = FakeNode(state)
     os.chmod(dp.socket.parent, 0o755)
     yield dp
-    for go in ("go1", "go2", "go3", "go4"):
+    for go in ("go1", "go2", "go3", "go4", "go5"):
         (root / go).touch()
     dp.stop()
     shutil.rmtree(root, ignore_errors=True)
@@ -136,6 +143,88 @@ def test_a_drain_outlasts_a_restart_and_undrain_lets_jobs_in(d):
     d.wait_state(free, "succeeded")
 
 
+def admin_log(d: DaemonProc) -> list[dict]:
+    return json.loads(d.cli("history", "--admin", "--json", check=True).stdout)
+
+
+def test_the_admin_log_shows_drains_newest_first_and_only_to_admins(d, users):
+    d.cli("drain", "0", "--reason", "fan swap", check=True)
+    d.cli("undrain", "0", check=True)
+    u0 = uuids(d)[0]
+    got = [(a["by"], a["action"], a["target"], a["why"]) for a in admin_log(d)[:2]]
+    assert got == [("root", "undrain", f"GPU 0 ({u0})", ""), ("root", "drain", f"GPU 0 ({u0})", "fan swap")]
+    shown = d.cli("history", "--admin", check=True).stdout.splitlines()
+    assert shown[0].split()[:5] == ["WHEN", "BY", "ACTION", "TARGET", "WHY"] and "undrain" in shown[1], shown
+    code, out = invoke_as(users[0], d, "history", "--admin")
+    assert code != 0 and out.strip() == "colo: only root and the admin group may read the admin log", out
+
+
+def _holder(d: DaemonProc, pw, name: str, *extra: str) -> tuple[int, Path]:
+    """A job of `pw`'s that holds 256 MiB of GPU memory through CUDA (suspendable), and its folder."""
+    work = d.root / name
+    work.mkdir(mode=0o777)
+    os.chmod(work, 0o777)
+    prog = shutil.copy(HOLDER, d.root / HOLDER.name)  # where the job's user can read it
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin")
+    spec = {"argv": [python, str(prog), "256", str(work)], "gpus": 1, "gpu_mem": 1 << 30, "name": name,
+            "workdir": "/tmp", **dict.fromkeys(extra, True)}
+    kind, job = as_user(pw, lambda: Client(d.socket).submit(spec)["id"])
+    assert kind == "ok", job
+    wait_for(lambda: (work / "ready").exists(), 120, f"{name} to hold its GPU memory")
+    return job, work
+
+
+def test_drain_now_suspends_what_it_can_and_requeues_a_no_suspend_job(d, users):
+    alice = users[0]
+    d.cli("drain", "1", "--reason", "both jobs on GPU 0", check=True)
+    held, work = _holder(d, alice, "keep")
+    moved, _ = _holder(d, alice, "nosusp", "no_suspend")
+    r = json.loads(d.cli("drain", "0", "--reason", "driver update", "--now", "--json", check=True).stdout)
+    did = {m["id"]: m for m in r["moved"]}
+    assert did[held]["did"] == "suspended" and r["suspended"] == [held], r
+    assert did[moved]["did"] == "requeued" and "--no-suspend" in did[moved]["why"] and r["requeued"] == [moved], r
+    j = d.job(held)
+    assert j["state"] == "running" and j["suspended"] is not None, j
+    assert d.job(moved)["state"] in ("queued", "starting", "running")
+    # its next CUDA call asks for its resume: it waits for its GPU to be undrained, then is restored
+    (work / "poke-1").touch()
+    wait_for(lambda: "waits for GPU 0 to be undrained (drained by root: driver update)"
+             in json.loads(d.cli("explain", str(held), "--json").stdout)["reason"], 120,
+             "the suspended job to wait for its GPU")
+    assert not (work / "done-1").exists()
+    d.cli("undrain", "0", check=True)
+    wait_for(lambda: (work / "done-1").exists(), 120, "the suspended job to be restored once undrained")
+    assert (work / "done-1").read_text().split()[0] == "0"
+    d.cli("undrain", "1", check=True)
+    d.cli("cancel", str(held), str(moved), check=True)  # alice's jobs, cancelled by root: an admin action
+    log = admin_log(d)
+    assert [(a["action"], a["target"]) for a in log[:2]] == [("cancel", f"job {moved} of {alice.pw_name}"),
+                                                              ("cancel", f"job {held} of {alice.pw_name}")], log[:4]
+    assert any(a["action"] == "drain" and a["why"] == f"driver update; jobs suspended {held}; requeued {moved}"
+               for a in log), log
+
+
+
+def test_drain_now_requeues_an_mps_client(d):
+    """The driver cannot checkpoint an MPS client: --now requeues it, and says why."""
+    d.cli("drain", "1", "--reason", "the MPS job on GPU 0", check=True)
+    j = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "light", "--workdir", "/tmp", "--", "sh", "-c",
+                 f"{burn_path(d)} --mem 256MiB --duty 30 --seconds 600 --quiet & b=$!; "
+                 f"while [ ! -e {d.root / 'go5'} ]; do sleep 0.05; done; kill $b; wait $b; exit 0")
+    x = d.wait_state(j, "running", timeout=60)
+    assert x["mode"] == "mps" and x["gpus"] == [uuids(d)[0]], x
+    r = json.loads(d.cli("drain", "0", "--reason", "driver update", "--now", "--json", check=True).stdout)
+    assert r["requeued"] == [j] and r["suspended"] == [], r
+    assert "MPS client" in r["moved"][0]["why"], r
+    assert d.job(j)["suspended"] is None
+    d.cli("undrain", "1", check=True)
+    wait_for(lambda: (x := d.job(j))["state"] == "running" and x["gpus"] == [uuids(d)[1]], 120,
+             "the requeued MPS client to run on the other GPU")
+    assert any("driver update (--now)" in e["reason"] and e["new"] == "queued" for e in d.client.show(j)["events"])
+    (d.root / "go5").touch()
+    d.wait_state(j, "succeeded")
+    d.cli("undrain", "0", check=True)
+
 def test_a_gpu_that_reports_an_xid_drains_itself_and_its_job_runs_elsewhere(d):
     j = d.submit(*gated(d, "go4"))
     on = d.wait_state(j, "running")["gpus"]
@@ -148,6 +237,8 @@ def test_a_gpu_that_reports_an_xid_drains_itself_and_its_job_runs_elsewhere(d):
     assert any(e["reason"] == said and e["new"] == "queued" for e in d.client.show(j)["events"])
     assert f"[colo: {said}]" in d.cli("logs", str(j), check=True).stdout  # its owner is told in its log
     assert f"GPU{g} is drained by colo: Xid 79" in d.cli("gpus", check=True).stdout
+    assert any(x["by"] == "colo" and x["action"] == "drain" and x["why"] == f"Xid 79; jobs requeued {j}"
+               for x in admin_log(d))  # colo's own drain, in the admin log
     (d.root / "go4").touch()
     d.wait_state(j, "succeeded")
     assert f"GPU {g}: back in service" in d.cli("undrain", str(g), check=True).stdout

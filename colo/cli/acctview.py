@@ -47,9 +47,13 @@ _CHOSEN = ("name", "user", "state")  # texts users chose: escaped, a column at a
 
 
 def history(since: str | None = "7d", users: list[str] = (), limit: int | None = None, fmt: str | None = None,
-            sock: str | None = None, as_json: bool = False) -> int:
+            admin: bool = False, sock: str | None = None, as_json: bool = False) -> int:
     if limit is not None and limit < 0:
         raise Fail(f"--limit {limit}: a number of jobs, 0 or more (0: every job)")
+    if admin:
+        if users or fmt:
+            raise Fail("--admin shows every admin action: --user and --format do not apply to it")
+        return _admin_log(since, limit, sock, as_json)
     cols = [x.strip() for x in (fmt or DEFAULT).split(",") if x.strip()]
     bad = [x for x in cols if x not in COLUMNS]
     if bad or not cols:
@@ -70,6 +74,23 @@ def history(since: str | None = "7d", users: list[str] = (), limit: int | None =
     echo(table([list(r) for r in zip(*cells)] if figs else [], [COLUMNS[c][0] for c in cols]))
     if got["left"]:  # under the table on a terminal; piped, apart from the rows
         echo(f"({got['left']} older jobs in the period not shown: --limit N for more, --limit 0 for all)",
+             err=not sys.stdout.isatty())
+    return 0
+
+
+def _admin_log(since: str | None, limit: int | None, sock: str | None, as_json: bool) -> int:
+    """`colo history --admin`: who did what, when, to what and why; newest first."""
+    after = max(0.0, when.since(since)) if since else None
+    bound = limit or (HISTORY_TTY_ROWS if limit is None and not as_json and sys.stdout.isatty() else None)
+    got = Client(sock).admin_log(after, bound)
+    if as_json:
+        print_json(got["actions"])
+        return 0
+    rows = [[_stamp(a["at"]), *safe_all([a["by"], a["action"], a["target"], a["why"] or "-"])]
+            for a in got["actions"]]
+    echo(table(rows, ["WHEN", "BY", "ACTION", "TARGET", "WHY"]))
+    if got["left"]:
+        echo(f"({got['left']} older actions in the period not shown: --limit N for more, --limit 0 for all)",
              err=not sys.stdout.isatty())
     return 0
 

@@ -23,8 +23,8 @@ def drain(gpus: list[str], reason: str | None = None, now: bool = False, sock: s
         return 0
     for g in r["gpus"]:
         echo(f"GPU {g['index']}: {safe(g['drained'])}")
-    if r["requeued"]:
-        echo(f"requeued: {', '.join(map(str, r['requeued']))}")
+    for m in r.get("moved", []):  # --now: per job, suspended where it can be, else requeued
+        echo(f"job {m['id']}: {m['did']}" + (f" ({safe(m['why'])})" if m["why"] else ""))
     for j in r.get("left", []):
         echo(f"job {j['id']} left running: {safe(j['why'])}")
     return 0

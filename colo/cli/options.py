@@ -265,13 +265,15 @@ GPUS = Cmd("gpus", "colo.cli.jobview:gpus", "The GPUs as the daemon sees them, w
 
 DRAIN = Cmd(
     "drain", "colo.cli.drainview:drain", "Take GPUs out of service: no new job is placed on them.",
-    "As Slurm's State=DRAIN: running jobs finish where they are (with --now they are queued again and start "
-    "elsewhere); waiting jobs say why in `colo explain`. It lasts across daemon restarts until `colo undrain`; "
+    "As Slurm's State=DRAIN: running jobs finish where they are (with --now they are suspended, or else queued "
+    "again to start elsewhere); waiting jobs say why in `colo explain`. It lasts across daemon restarts until `colo undrain`; "
     "`colo gpus` and `colo top` show it. Root and the admin group only.\n\n"
     "Example: colo drain 0 --reason \"driver update\"   ·   colo drain GPU-5f3c... --reason \"Xid 79\" --now",
     [Arg("gpus", "GPU indices or UUIDs, as `colo gpus` shows them", many=True),
      Opt(("--reason",), "reason", "why it is out of service (shown to waiting jobs and in colo gpus)"),
-     Opt(("--now",), "now", "also requeue the jobs running on it now (they start again on another GPU)", bool),
+     Opt(("--now",), "now", "also move the jobs running on it now: each is suspended there where it can be (its "
+         "GPU memory to host memory; restored once the GPU is undrained), else requeued to start again on another "
+         "GPU (an MPS client, --no-suspend, what the driver cannot checkpoint); says which per job", bool),
      SOCKET, JSON])
 
 UNDRAIN = Cmd("undrain", "colo.cli.drainview:undrain", "Put drained GPUs back in service.",
@@ -295,11 +297,15 @@ HISTORY = Cmd(
     "Waited, ran, GPUs, GPU-hours, budget, exit, and SLOWDOWN: its run time over its profile's run time alone "
     "(— where it had no profile or did not succeed). The daemon filters and picks the newest in its database: "
     "months of history cost no more.\n\n"
-    "Example: colo history --since 1d --user alice   ·   colo history -o id,name,state,exit,ran | grep failed",
+    "Example: colo history --since 1d --user alice   ·   colo history -o id,name,state,exit,ran | grep failed   ·   "
+    "colo history --admin --since 30d",
     [_SINCE, _USERS,
      Opt(("--limit", "-n"), "limit", "only the newest N; 0: every job (a terminal shows the newest 200 otherwise)",
          int),
      Opt(("--format", "-o"), "fmt", "columns, comma-separated, of: " + HISTORY_COLUMNS),
+     Opt(("--admin",), "admin", "the admin log instead, newest first: drains and undrains (colo's own on GPU "
+         "faults too), reloads, and what root and the admin group did to other users' jobs (cancel, hold, "
+         "release, pause, resume, suspend, edit, signal); root and the admin group only", bool),
      SOCKET, JSON])
 
 REPORT = Cmd(

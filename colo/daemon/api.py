@@ -25,7 +25,7 @@ from .suspend import SuspendRefused, held_span
 from .validate import Caller, is_admin
 
 if TYPE_CHECKING:
-    from ..replies import GpusReply, JobSummary
+    from ..replies import AdminLogReply, GpusReply, JobSummary
     from .core import Daemon
 
 __all__ = ["ATTACHED", "STREAMS", "Api", "ApiError"]
@@ -66,6 +66,11 @@ class Api:
         if job.uid != caller.uid and not is_admin(caller, self.d.config.admin_group):
             raise ApiError(f"job {job.id} belongs to {job.user}; you may not {verb} it", protocol.FORBIDDEN)
         return job
+
+    def _acted(self, caller: Caller, job: Job, action: str, why: str = "") -> None:
+        """An action on another user's job (only root and the admin group may): in the admin log."""
+        if job.uid != caller.uid:
+            self.d.store.log_admin(caller.user, action, f"job {job.id} of {job.user}", why)
 
     def summary(self, job: Job, reasons: dict[int, str] | None = None) -> JobSummary:
         return self.listing.summary(job, reasons)
@@ -134,7 +139,9 @@ class Api:
         job = self._queued(args, caller, "hold", "held")
         if job.held_by and not validate.takes_over(job.user, job.held_by, caller):
             return self.summary(job)
-        return self.summary(self.d.table.change_queued(job.id, f"held by {caller.user}", held_by=caller.user))
+        job = self.d.table.change_queued(job.id, f"held by {caller.user}", held_by=caller.user)
+        self._acted(caller, job, "hold")
+        return self.summary(job)
 
     async def release(self, caller: Caller, args: dict) -> dict:
         job = self._queued(args, caller, "release", "released")
@@ -142,7 +149,9 @@ class Api:
             raise ApiError(f"job {job.id} is not held", protocol.INVALID)
         if why := validate.lift_refusal(job.id, job.user, job.held_by, caller, self.d.config.admin_group, "held"):
             raise ApiError(why, protocol.FORBIDDEN)
-        return self.summary(self.d.table.change_queued(job.id, f"released by {caller.user}", held_by=None))
+        job = self.d.table.change_queued(job.id, f"released by {caller.user}", held_by=None)
+        self._acted(caller, job, "release")
+        return self.summary(job)
 
     async def edit(self, caller: Caller, args: dict) -> dict:
         """Change a queued job's budget, priority or name; checked as a submit is."""
@@ -169,6 +178,7 @@ class Api:
                 if getattr(job.spec, k) != getattr(spec, k)]
         if not said:
             return self.summary(job)
+        self._acted(caller, job, "edit", ", ".join(said))
         return self.summary(self.d.table.change_queued(job.id, f"edited by {caller.user}: {', '.join(said)}",
                                                        spec=spec))
 
@@ -275,6 +285,7 @@ class Api:
         # The stop (SIGTERM, the grace period, SIGKILL) goes on in the background: a cancel returns
         # at once, so cancelling several jobs that ignore SIGTERM takes one grace period, not one
         # each (issue 16). The cancel itself is stored before this returns (Launcher.cancel).
+        self._acted(caller, job, "cancel", f"it was {job.state}")
         task = self.stop_later(self.d.launcher.cancel(job.id, caller.user))
         await asyncio.sleep(0)  # the task runs to its first wait: cancel_by is stored, the stop begun
         if not task.done():
@@ -325,7 +336,9 @@ class Api:
             raise ApiError(f"job {job.id} is an MPS client of GPU {self.listing.gpus_text(job.gpus)}: colo does not pause "
                            "MPS clients (one frozen in the middle of a kernel could stall the MPS server for every "
                            f"other job on that GPU); colo cancel {job.id} stops it", protocol.INVALID)
-        return self.summary(await self._engine(job, self.d.launcher.pause(job.id, caller.user)))
+        job = await self._engine(job, self.d.launcher.pause(job.id, caller.user))
+        self._acted(caller, job, "pause")
+        return self.summary(job)
 
     async def drain(self, caller: Caller, args: dict) -> dict:
         return await self.d.drains.drain(caller, args)  # colo/daemon/drain.py
@@ -337,22 +350,28 @@ class Api:
         """Its GPU memory to host memory (colo/daemon/suspend.py)."""
         job = self._own(self._job(args), caller, "suspend")
         try:
-            return self.summary(await self.d.suspender.suspend(job, caller.user))
+            job = await self.d.suspender.suspend(job, caller.user)
         except SuspendRefused as e:
             raise ApiError(str(e), protocol.INVALID) from None
+        self._acted(caller, job, "suspend")
+        return self.summary(job)
 
     async def resume(self, caller: Caller, args: dict) -> dict:
         job = self._own(self._job(args), caller, "resume")
         if job.state == State.RUNNING and job.suspended:
             try:
-                return self.summary(await self.d.suspender.want_resume(job, caller.user))
+                resumed = await self.d.suspender.want_resume(job, caller.user)
             except SuspendRefused as e:
                 raise ApiError(str(e), protocol.INVALID) from None
+            self._acted(caller, job, "resume", "suspended")
+            return self.summary(resumed)
         if job.state != State.RUNNING or not job.paused_by:
             raise ApiError(f"job {job.id} is not paused ({job.state})", protocol.INVALID)
         if why := validate.lift_refusal(job.id, job.user, job.paused_by, caller, self.d.config.admin_group, "paused"):
             raise ApiError(why, protocol.FORBIDDEN)
-        return self.summary(await self._engine(job, self.d.launcher.resume(job.id, caller.user)))
+        resumed = await self._engine(job, self.d.launcher.resume(job.id, caller.user))
+        self._acted(caller, job, "resume", f"paused by {job.paused_by}")
+        return self.summary(resumed)
 
     async def gpus(self, caller: Caller, args: dict) -> GpusReply:
         return self.listing.gpu_rows()
@@ -375,6 +394,14 @@ class Api:
                 if row["uid"] != caller.uid:
                     row["spec"].update(validate.PRIVATE_SPEC)
         return {"jobs": rows, "left": left}
+
+    async def admin_log(self, caller: Caller, args: dict) -> AdminLogReply:
+        """`colo history --admin`: what root, the admin group and colo's fault drains did, newest
+        first (root and the admin group only: it names other users' jobs and reasons)."""
+        if not is_admin(caller, self.d.config.admin_group):
+            raise ApiError("only root and the admin group may read the admin log", protocol.FORBIDDEN)
+        rows, left = self.d.store.admin_log(args.get("since"), args.get("limit"))
+        return {"actions": rows, "left": left}
 
     async def report(self, caller: Caller, args: dict) -> dict:
         """`colo report` for the jobs that ended at or after `since`, of `users`: added up in SQL
@@ -505,6 +532,7 @@ class Api:
         if not sent:
             raise ApiError(f"job {job.id} is a {job.spec.runtime} job: colo signals process and container jobs only",
                            protocol.INVALID)
+        self._acted(caller, job, "signal", f"signal {args['signal']}")
         return self.summary(self.d.table.job(job.id))
 
     # streams --------------------------------------------------------------------------------------

@@ -128,7 +128,8 @@ class Daemon:
         self.engines.add("slurm", SlurmRuntime(c, self.table))  # jobs Slurm started here (external.py)
         self.patrol = Patrol(c, self.table, self.gpus, self.engines, stop=self.launcher.stop_for_patrol,
                              gate_spared=gate_spared)
-        self.drains = Drains(c, self.store, self.table, self.gpus, self.launcher, self.scheduler.wake)
+        self.drains = Drains(c, self.store, self.table, self.gpus, self.launcher, self.scheduler.wake,
+                             suspend=lambda job, by: self.suspender.suspend(job, by))  # --now (built below)
         self.drains.load()  # before the first pass and scrape: nothing is placed on a GPU drained before the restart
         self.sampler = Sampler(c, self.table, self.gpus, self.engines, self.launcher, self.patrol,
                                wake=self.scheduler.wake, faulted=self.drains.faults)

@@ -3,15 +3,19 @@
 Owns nothing of its own: a drain is a row in the store (so that it outlasts a restart) and the
 Gpus part's `drained` map, which views() hands plan(); plan() places no new job on a drained GPU
 and tells waiting jobs why ("GPU 0 drained by root: driver update"). Running jobs finish there,
-unless the drain says --now: then they are queued again under their ids (Launcher.requeue_running)
-and start on another GPU. Left running, and named in the reply: Slurm's jobs (Slurm's to move),
-suspended ones (a suspend or resume may be under way; their memory is in host memory) and jobs
-still starting.
+unless the drain says --now: then each is suspended where it can be (`suspend`, the Suspender's:
+its GPU memory to host memory, its CPU side running on; it is restored there once the GPU is
+undrained and it makes a CUDA call or is resumed), else (an MPS client, --no-suspend, what the
+driver cannot checkpoint, no CUDA process) queued again under its id (Launcher.requeue_running)
+to start on another GPU. The reply says which, per job. Left running, and named in the reply:
+Slurm's jobs (Slurm's to move), suspended ones (a suspend or resume may be under way; their memory
+is in host memory) and jobs still starting. Each drain and undrain goes into the admin log
+(`colo history --admin`), colo's own as "colo".
 
 Faults drain by themselves (`faults`, at each sample): a GPU NVML stops answering for ("GPU is
 lost": fallen off the bus) or that says it is failing (a critical Xid event, uncorrectable ECC
 errors: colo/node/gpu.py reads them) is drained "by colo" with that reason, and its jobs are
-requeued as with --now, each told in its log. Nothing is ever undrained here: an admin's
+requeued (never suspended: a failing GPU is no place to restore them), each told in its log. Nothing is ever undrained here: an admin's
 `colo undrain` puts it back, and holds until the GPU reports a new fault.
 """
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING
 from .. import protocol
 from ..jobs import State
 from .errors import ApiError
+from .suspend import SuspendRefused
 from .validate import Caller, is_admin
 
 if TYPE_CHECKING:
@@ -46,9 +51,10 @@ def drained_text(by: str, reason: str) -> str:
 
 class Drains:
     def __init__(self, config: "Config", store: "Store", table: "JobTable", gpus: "Gpus", launcher: "Launcher",
-                 wake):
+                 wake, suspend=None):
         self.config, self.store, self.table, self.gpus, self.launcher, self.wake = (
             config, store, table, gpus, launcher, wake)
+        self._suspend = suspend  # (job, by) -> the job suspended (Suspender.suspend); SuspendRefused if not
         self._faults: dict[str, str] = {}  # uuid -> the fault that last drained it (each drains once)
 
     def load(self) -> None:
@@ -89,22 +95,41 @@ class Drains:
                            protocol.BAD_REQUEST)
         gpus = self._resolve(args.get("gpus") or [])
         text = drained_text(caller.user, reason)
-        requeued: list[int] = []
+        moved: list[dict] = []  # what --now did with each running job: suspended or requeued, and why
         left: list[dict] = []  # jobs --now does not move, and why
         for uuid, index in gpus:
             self.store.set_drain(uuid, index, caller.user, reason)  # stored first: it outlasts a crash from here
             self.gpus.set_drained(uuid, text)
             log.info("GPU %d (%s) %s", index, uuid, text)
         if args.get("now"):
-            requeued, left = await self._move_off(gpus, text, " (--now)")
+            moved, left = await self._move_off(gpus, text, " (--now)", suspend_by=caller.user)
+        for uuid, index in gpus:
+            self.store.log_admin(caller.user, "drain", f"GPU {index} ({uuid})", reason + _now_said(moved, left))
         self.wake()
-        return {"gpus": [{"index": i, "uuid": u, "drained": text} for u, i in gpus], "requeued": requeued,
-                "left": left}
+        return {"gpus": [{"index": i, "uuid": u, "drained": text} for u, i in gpus],
+                "requeued": [m["id"] for m in moved if m["did"] == "requeued"],
+                "suspended": [m["id"] for m in moved if m["did"] == "suspended"], "moved": moved, "left": left}
 
-    async def _move_off(self, gpus: list[tuple[str, int]], text: str, how: str) -> tuple[list[int], list[dict]]:
-        """Requeue the jobs running on `gpus` (each told in its log); those left there, and why."""
+    async def _off_by_suspend(self, job: "Job", by: str, said: str) -> str | None:
+        """Suspend a job --now moves off its GPU; None if done, else why not (it is requeued then)."""
+        if self._suspend is None:
+            return "suspend is not available here"
+        if job.spec.no_suspend:
+            return "submitted with --no-suspend"
+        try:
+            await self._suspend(job, by)
+        except SuspendRefused as e:
+            return str(e)
+        await self._tell(job, said)
+        return None
+
+    async def _move_off(self, gpus: list[tuple[str, int]], text: str, how: str,
+                        suspend_by: str | None = None) -> tuple[list[dict], list[dict]]:
+        """Move the jobs running on `gpus` off them, each told in its log: suspended there (when
+        `suspend_by` is given and it can be), else requeued. What was done with each
+        ({id, did, why}), and those left there ({id, why})."""
         out = {u for u, _ in gpus}
-        requeued: list[int] = []
+        moved: list[dict] = []
         left: list[dict] = []
         for job in self.table.jobs_in(State.STARTING, State.RUNNING):
             if not out & set(job.gpus):
@@ -116,11 +141,22 @@ class Drains:
                 left.append({"id": job.id, "why": why})
                 continue
             names = ", ".join(f"GPU {i}" for u, i in gpus if u in job.gpus)
+            not_suspended = None
+            if suspend_by is not None:
+                not_suspended = await self._off_by_suspend(
+                    job, suspend_by, f"suspended: {names} {text}{how}; restored there once it is undrained")
+                if not_suspended is None:
+                    moved.append({"id": job.id, "did": "suspended", "why": ""})
+                    continue
+                job = self.table.job(job.id)  # the suspend's attempt awaited: as it is now
+                if job.state != State.RUNNING:
+                    continue
             said = f"requeued: {names} {text}{how}"
             await self._tell(job, said)
             await self.launcher.requeue_running(job, said)
-            requeued.append(job.id)
-        return requeued, left
+            moved.append({"id": job.id, "did": "requeued", "why": f"not suspended: {not_suspended}" if not_suspended
+                          else ""})
+        return moved, left
 
     async def _tell(self, job: "Job", text: str) -> None:
         """A line in a process job's log (the shim's, appended to; a container's log is its
@@ -154,7 +190,9 @@ class Drains:
             text = drained_text(FAULT_BY, why)
             self.store.set_drain(d.uuid, d.index, FAULT_BY, why)
             self.gpus.set_drained(d.uuid, text)
-            requeued, left = await self._move_off([(d.uuid, d.index)], text, "")
+            moved, left = await self._move_off([(d.uuid, d.index)], text, "")
+            requeued = [m["id"] for m in moved]
+            self.store.log_admin(FAULT_BY, "drain", f"GPU {d.index} ({d.uuid})", why + _now_said(moved, left))
             log.error("GPU %d (%s) %s; requeued: %s%s (colo undrain %d puts it back)", d.index, d.uuid, text,
                       ", ".join(map(str, requeued)) or "no job",
                       "".join(f"; job {j['id']} left there: {j['why']}" for j in left), d.index)
@@ -170,6 +208,15 @@ class Drains:
             self.gpus.set_drained(uuid, None)
             if was:
                 log.info("GPU %d (%s) undrained by %s", index, uuid, caller.user)
+                self.store.log_admin(caller.user, "undrain", f"GPU {index} ({uuid})", "")
             out.append({"index": index, "uuid": uuid, "was_drained": was})
         self.wake()
         return {"gpus": out}
+
+
+def _now_said(moved: list[dict], left: list[dict]) -> str:
+    """What a drain did with the jobs running there, for the admin log ("" when it moved none)."""
+    parts = [f"{did} {', '.join(str(m['id']) for m in moved if m['did'] == did)}" for did in ("suspended", "requeued")
+             if any(m["did"] == did for m in moved)]
+    parts += [f"left {', '.join(str(j['id']) for j in left)}"] if left else []
+    return f"; jobs {'; '.join(parts)}" if parts else ""

@@ -9,6 +9,8 @@ key that changed is named as needing a restart, and keeps its running value unti
 from __future__ import annotations
 
 import logging
+import os
+import pwd
 from dataclasses import fields
 from typing import TYPE_CHECKING, Callable
 
@@ -32,6 +34,14 @@ LIVE = frozenset({
 LIMITS = {"max_queued_per_user", "max_running_per_user", "max_gpu_mem_per_user"}
 
 
+def _me() -> str:
+    """Who reloads: a SIGHUP's sender is not known here, but only root or the daemon's own user can send it."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
 def changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
     """The keys that differ: (those applied live, those that need a restart), each sorted."""
     differ = sorted(f.name for f in fields(Config) if getattr(old, f.name) != getattr(new, f.name))
@@ -40,10 +50,12 @@ def changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
 
 def reload(daemon: "Daemon", load: Callable[[], Config]) -> tuple[list[str], list[str]] | None:
     """Read the config again and apply what can change live; None when the file is refused."""
+    by = _me()
     try:
         new = load()
     except ConfigError as e:
         log.error("config reload refused, the running config stays: %s", e)
+        daemon.store.log_admin(by, "reload", "config", f"SIGHUP; refused, the running config stays: {e}")
         return None
     live, later = changes(daemon.config, new)
     for k in live:
@@ -52,7 +64,9 @@ def reload(daemon: "Daemon", load: Callable[[], Config]) -> tuple[list[str], lis
         daemon.scheduler.set_limits(new.max_queued_per_user, new.max_running_per_user, new.max_gpu_mem_per_user)
     if live:
         daemon.wake()  # a limit or policy that changed may start or stop something now
-    (log.warning if later else log.info)("config reloaded: %s%s", f"applied {', '.join(live)}" if live else "nothing to apply",
-                f"; these need a restart (systemctl restart colo) and keep their running values: {', '.join(later)}"
-                if later else "")
+    said = (f"applied {', '.join(live)}" if live else "nothing to apply") + (
+        f"; these need a restart (systemctl restart colo) and keep their running values: {', '.join(later)}"
+        if later else "")
+    (log.warning if later else log.info)("config reloaded: %s", said)
+    daemon.store.log_admin(by, "reload", "config", f"SIGHUP; {said}")
     return live, later

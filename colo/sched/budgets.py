@@ -26,6 +26,8 @@ def resume_refusal(budget: int, gpus: Sequence[str], views: Sequence[GpuView],
     for u in gpus:
         if u not in free:
             return f"its GPU {u[:12]} is no longer here"
+        if (v := next(g for g in views if g.uuid == u)).drained:  # colo drain --now suspended it there
+            return f"waits for GPU {v.index} to be undrained ({v.drained})"
         if free[u] < budget:
             idx = next((g.index for g in views if g.uuid == u), "?")
             return (f"waits for GPU {idx} to have its {format_size(budget)} free again "

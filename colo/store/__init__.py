@@ -6,6 +6,7 @@ leaves each job in exactly one state, with the event that put it there.
 from __future__ import annotations
 
 from .accounting import Accounting
+from .adminlog import AdminLog
 from .base import NotFound, StoreError, StoreFull
 from .cleaning import Cleaning
 from .drains import Drains
@@ -16,5 +17,5 @@ from .schema import MIGRATIONS
 __all__ = ["MIGRATIONS", "NotFound", "Store", "StoreError", "StoreFull"]
 
 
-class Store(Jobs, Accounting, Cleaning, Learning, Drains):
+class Store(Jobs, Accounting, Cleaning, Learning, Drains, AdminLog):
     """The store: one class over one connection, its methods by table family (the modules here)."""

@@ -121,6 +121,14 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     ALTER TABLE jobs ADD COLUMN off_gpu REAL NOT NULL DEFAULT 0;
     ALTER TABLE cleaned_use ADD COLUMN off_gpu REAL NOT NULL DEFAULT 0;
     """,
+    # 13: `colo history --admin`: what root and the admin group (and colo's own fault drains) did,
+    # to what and why; held to its newest actions (store/adminlog.py ADMIN_LOG_KEEP)
+    """
+    CREATE TABLE admin_log (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, by TEXT NOT NULL, action TEXT NOT NULL,
+        target TEXT NOT NULL, why TEXT NOT NULL DEFAULT ''
+    );
+    """,
 ]
 
 # Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
