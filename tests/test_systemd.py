@@ -45,7 +45,7 @@ waitfor() {  # waitfor WHAT CMD...: poll (up to 120 s) until CMD succeeds
   what=$1; shift; i=0
   until "$@" >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 600 ] || { echo "timed out: $what"; return 1; }; sleep 0.2; done
 }
-trap 'echo "== exit $?"' EXIT
+trap 'r=$?; [ $r = 0 ] || { systemctl status colo; journalctl -u colo -o cat -n 40; } 2>&1 | tail -60; echo "== exit $r"' EXIT
 say booted
 dpkg -i /pkg/*.deb >/dev/null
 systemctl enable --now colo 2>/dev/null
