@@ -12,6 +12,9 @@
 # docs/install.md says what each file is. Needs: Debian's python3 with venv (python3-venv), make, a
 # C compiler, dpkg-deb, git, and libslurm-dev for the SPANK plugin (left out without it, with a warning).
 set -euo pipefail
+# the package's environment is built from this tree alone: a caller's PYTHONPATH (a source tree
+# with its colo_gpu.egg-info) made pip take colo as installed already, and the .deb had no colo
+unset PYTHONPATH PYTHONHOME
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=$(realpath -m "${1:-$REPO/dist}")

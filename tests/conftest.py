@@ -104,6 +104,15 @@ def docker_client():
 
 
 @pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """The package, built once a session by packaging/build-deb.sh from a clean clone of HEAD
+    (tests/test_package.py, tests/test_systemd.py): (the .deb, the wheel)."""
+    from debian_util import build_package
+
+    return build_package(tmp_path_factory.mktemp("pkg"))
+
+
+@pytest.fixture(scope="session")
 def test_image(docker_client):
     """A tiny local image (docker import, no registry) with a shell and coreutils."""
     from colo.runtimes.image import build_local_image
@@ -172,7 +181,7 @@ def users():
 # Docker or makes Unix users (the daemon, fakegpu and the rest depend on one of them), or code of
 # the test, of its fixtures or of its module's functions (followed by name) that starts processes
 # or calls the helpers that start daemons, Slurm or Debian containers.
-NOT_PURE_FIXTURES = {"native_dir", "docker_client", "users", "other_user", "make_dockerd"}
+NOT_PURE_FIXTURES = {"native_dir", "built", "docker_client", "users", "other_user", "make_dockerd"}
 NOT_PURE_NAMES = {"subprocess", "Popen", "fork", "forkpty", "execv", "ensure_built"}
 NOT_PURE_HELPERS = {"harness.daemon", "harness.node", "harness.users", "harness.probes", "slurm_util", "debian_util",
                     "load_bench"}

@@ -56,7 +56,7 @@ def test_check_says_every_error_at_once_in_the_files_order(tmp_path):
     assert check(broken) == [str(refused.value)] and "line 1" in str(refused.value)
 
 
-def test_the_command_exits_1_on_errors_and_the_unit_runs_it_first(tmp_path):
+def test_the_command_exits_1_on_errors_and_the_unit_runs_it_on_reload(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('idle_sessions = "maybe"\nstop_grace = "ten"\n')
     r = subprocess.run([sys.executable, "-m", "colo", "config", "check", str(bad)], capture_output=True, text=True)
@@ -74,7 +74,8 @@ def test_the_command_exits_1_on_errors_and_the_unit_runs_it_first(tmp_path):
     said = {line.split(": ", 1)[1] for line in check(bad)}
     assert r.returncode == 78 and r.stderr.removeprefix("colo: ").strip() in said, r.stderr  # EX_CONFIG
     unit = (REPO / "packaging" / "colo.service").read_text()
-    assert "ExecStartPre=/opt/colo/bin/colo config check /etc/colo/colo.toml\n" in unit
+    # the daemon checks the file at start (78: no restart); a failing ExecStartPre= would be restarted
+    assert "\nExecStartPre=" not in unit and "RestartPreventExitStatus=78\n" in unit
     assert ("ExecReload=/opt/colo/bin/colo config check /etc/colo/colo.toml\n"
             "ExecReload=/bin/kill -HUP $MAINPID\n") in unit
     assert "ExecStart=/opt/colo/bin/colo daemon --config /etc/colo/colo.toml\n" in unit

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from colo.config import Config
-from debian_util import debian_image
+from debian_util import PACKAGE_IMAGE_INCLUDE, clone_head as _clone, debian_image
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGING = REPO / "packaging"
@@ -55,30 +55,6 @@ def test_pip_install_without_a_c_compiler_fails_in_one_line(tmp_path):
     assert r.returncode != 0
     assert "colo: building colo's native parts needs cc (a C compiler and make; Debian/Ubuntu: `apt-get install gcc make" in out
     assert "Traceback" not in out and "CalledProcessError" not in out
-
-
-def _clone(tmp_path: Path) -> Path:
-    """A clean clone of this repository at its HEAD (what CI tests: committed work only)."""
-    dest = tmp_path / "clone"
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-    subprocess.run(["git", "clone", "-q", "--no-checkout", str(REPO), str(dest)], check=True, timeout=120)
-    subprocess.run(["git", "-C", str(dest), "checkout", "-q", head], check=True, timeout=120)
-    return dest
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """packaging/build-deb.sh in a clean clone: (the .deb, the wheel)."""
-    tmp = tmp_path_factory.mktemp("pkg")
-    out = tmp / "out"
-    # a maintainer with a real mail host, as a release sets it (the default, @localhost, is for local builds)
-    env = {**os.environ, "COLO_DEB_MAINTAINER": "colo maintainers <colo-maintainers@example.org>"}
-    r = subprocess.run([str(_clone(tmp) / "packaging" / "build-deb.sh"), str(out)], capture_output=True, text=True,
-                       timeout=900, env=env)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    deb, whl = (Path(p) for p in r.stdout.split())
-    return deb, whl
 
 
 def test_the_wheel_is_tagged_for_the_glibc_its_binaries_need(built, tmp_path):
@@ -173,7 +149,7 @@ say purged: $(ls -d /opt/colo /usr/bin/colo /usr/lib/colo /etc/colo /var/lib/col
 def test_installed_in_a_clean_debian_the_units_execstart_serves_jobs(built, docker_client):
     deb, _ = built
     codename = re.search(r"^VERSION_CODENAME=(\w+)", Path("/etc/os-release").read_text(), re.M).group(1)
-    image = debian_image(docker_client, codename, include=("python3", "procps"))  # its Depends, as apt would add them
+    image = debian_image(docker_client, codename, include=PACKAGE_IMAGE_INCLUDE)
     out = docker_client.containers.run(image, ["sh", "-c", INSTALL_AND_RUN], remove=True, stderr=True,
                                        volumes={str(deb.parent): {"bind": "/pkg", "mode": "ro"}},
                                        labels={"colo.test": "package"}).decode()
