@@ -157,8 +157,9 @@ class Learned:
         client's own is given) against what was `expected` of them (their profiles' SM at where
         each should be, at the rates their starts predicted, learned factors included), in this
         mode ("timesliced": any of them is), at this summed peak bandwidth, taking turns at
-        `group_sm` on average (turns_level; a group with time-sliced jobs teaches only that). A group running far slower than predicted shows it
-        within a minute, and no more jobs are put into that much bandwidth meanwhile. Only what
+        `group_sm` on average (turns_level; a group with time-sliced jobs teaches only that). A
+        group running far slower than predicted shows it within a minute, and no more jobs are
+        put into that much bandwidth meanwhile. Only what
         passes the most the profiles may be off (ALONE_DOUBT) counts, either way; two minutes of
         samples make a whole warning (LIVE_RUN). Returns the level it warns of (None: none)."""
         if expected < LIVE_ACTIVITY or seconds <= 0:
