@@ -669,3 +669,28 @@ def test_the_doubts_together_never_refuse_a_share_the_model_says_is_free():
     d = plan([Candidate(2, 2 * GiB, profile=light)], gpus, placed, PolicyConfig(), learned=lr)[0]
     assert d.action == START, d.reason
     assert d.details["slowdown"][d.mode] == pytest.approx(1.0 + pol.MARGIN_CAP)
+
+
+def test_taking_turns_goes_one_job_past_what_running_groups_showed_and_stops_where_one_ran_slower():
+    """Issue 39: the level of taking turns (time-sliced jobs' SM, an MPS group as one context) a
+    share may reach is KNOWN_TS plus one job before any group showed more; a running group that
+    took turns as predicted explores its level, one that ran slower sets a ceiling that fades."""
+    from colo.sched.learning import FADE, KNOWN_TS, TS_BIN
+    lrn = pol.Learned()
+    assert lrn.ts_explored(KNOWN_TS) and not lrn.ts_explored(KNOWN_TS + TS_BIN)
+    assert not lrn.ts_beyond(KNOWN_TS + 0.42, 0.42)  # one job (its own peak SM) past KNOWN_TS
+    assert lrn.ts_beyond(KNOWN_TS + 0.3, 0.1)  # a step is at least TS_BIN, not more than the job
+    # a group with time-sliced jobs that took turns at 1.1 as predicted: explored, nothing else taught
+    assert lrn.observe_live("timesliced", 0.9, 0.8, 0.8, 20.0, 1.1) is None
+    assert lrn.ts_explored(1.1) and not lrn.ts_beyond(1.5, 0.25) and lrn.ts_beyond(1.6, 0.25)
+    assert lrn.live == {} and lrn.bw == {}  # time-sliced bandwidth teaches the curve nothing
+    # a group at 0.8 that ran 4x slower: that level and those above are taken back, none goes there
+    lrn.observe_live("timesliced", 0.9, 0.8, 0.2, 20.0, 0.8)
+    assert not lrn.ts_explored(1.1) and lrn.ts_beyond(0.8, 0.3) and lrn.ts_beyond(1.0, 1.0)
+    assert lrn.ts_explored(0.5)  # below it, as before
+    # a little slower than predicted (within LIVE_TS_SLOW past the profiles' doubt): no verdict
+    other = pol.Learned()
+    other.observe_live("timesliced", 0.9, 0.8, 0.58, 20.0, 1.1)
+    assert other.ts == {} and other.ts_slow == {}
+    lrn.clock += int(FADE)  # the ceiling fades: explored afresh, a job at a time
+    assert not lrn.ts_beyond(0.8, 0.3)

@@ -131,8 +131,9 @@ class Learner:
         # What each active job's start predicted for it (policy.expectation, then joined/left),
         # and whether it runs alone to be checked: mirrored from its stored decision
         self._expect: dict[int, tuple[dict, bool]] = {}
-        # per GPU, a running group of MPS clients watched (Learned.observe_live):
-        # (its job ids, since, expected SM area, observed SM area, summed peak bandwidth, last look)
+        # per GPU, a running group watched (Learned.observe_live): [its job ids, since, expected SM
+        # area, observed SM area, summed peak bandwidth, last look, its mode ("mps": every job an
+        # MPS client; else "timesliced"), its level of taking turns (policy.turns_level) area]
         self._live: dict[str, list] = {}
 
     def own_profile_dir(self, uid: int) -> Path:
@@ -416,10 +417,12 @@ class Learner:
         return True
 
     def _watch_groups(self, running: list[Job], now: float) -> None:
-        """Per GPU whose running jobs are all MPS clients with a stored profile (two or more): the
-        GPU's SM activity NVML gives (under MPS no client's own exists) against what their profiles
-        say they should show where their predictions put them; taught every LIVE_EVERY seconds
-        once LIVE_MIN of it was seen, afresh whenever a job starts or ends there."""
+        """Per GPU whose running jobs (two or more) all have a stored profile: the GPU's SM
+        activity NVML gives (under MPS no client's own exists) against what their profiles say
+        they should show where their predictions put them; taught every LIVE_EVERY seconds once
+        LIVE_MIN of it was seen, afresh whenever a job starts or ends there. A group of MPS
+        clients teaches its summed bandwidth, one with time-sliced jobs its level of taking
+        turns (as `colo sim`'s watch)."""
         devices = {d.uuid: d for d in self.gpus.devices if not d.error}
         groups: dict[str, list[Job]] = {}
         for j in running:
@@ -435,10 +438,10 @@ class Learner:
             if acc is not None and acc[0] != ids:  # a start or an end: a new group from now on
                 self._teach_live(jobs, acc, now)
                 acc = None
-            if dev is None or dev.sm_util is None or len(jobs) < 2 or any(j.mode != Mode.MPS for j in jobs):
+            if dev is None or dev.sm_util is None or len(jobs) < 2 or any(j.mode not in (Mode.MPS, Mode.TIMESLICED) for j in jobs):
                 self._live.pop(uuid, None)
                 continue
-            expected, group_bw = 0.0, 0.0
+            expected, group_bw, now_sm = 0.0, 0.0, []
             for j in jobs:
                 prof, (e, _) = self.stored_profile(j), self.expect_of(j)
                 if prof is None or e is None:
@@ -447,13 +450,17 @@ class Learner:
                 at = min(len(prof.sm) - 1, int(policy.progress(e, now) / prof.step))
                 expected += float(prof.sm[at]) / max(float(e["slowdown"]), 1e-9)
                 group_bw = max(group_bw, float(e.get("group_bw") or 0.0))
+                now_sm.append(float(prof.sm[at]))
             else:
                 if acc is None:
-                    self._live[uuid] = [ids, now, 0.0, 0.0, group_bw, now]
+                    mode = "mps" if all(j.mode == Mode.MPS for j in jobs) else "timesliced"
+                    self._live[uuid] = [ids, now, 0.0, 0.0, group_bw, now, mode, 0.0]
                     continue
                 dt = now - acc[5]
                 acc[2] += min(1.0, expected) * dt
                 acc[3] += min(1.0, dev.sm_util / 100.0) * dt
+                # the level of taking turns their profiles put them at, summed over the stretch
+                acc[7] += policy.turns_level(now_sm, [j.mode == Mode.MPS for j in jobs]) * dt
                 acc[4], acc[5] = max(acc[4], group_bw), now
                 if now - acc[1] >= LIVE_EVERY:
                     self._teach_live(jobs, acc, now)
@@ -464,8 +471,8 @@ class Learner:
         if seconds < LIVE_MIN:
             return
         for uid in {j.uid for j in jobs}:  # each user's own learning: their jobs were in the group
-            self._learning(uid, lambda mine: mine.observe_live("mps", acc[4], acc[2] / seconds, acc[3] / seconds,
-                                                               seconds))
+            self._learning(uid, lambda mine: mine.observe_live(acc[6], acc[4], acc[2] / seconds, acc[3] / seconds,
+                                                               seconds, acc[7] / seconds))
 
     def _take_neighbours(self, job_id: int) -> set[str]:
         try:

@@ -180,10 +180,14 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     else:
         peak_sm = float((r_sm[:, :overlap].sum(axis=0) + c_sm).max())  # everyone, for the reason
         peak_bw = float((r_bw[:, :overlap].sum(axis=0) + c_bw).max())
+    # the level of taking turns were the candidate one more (learning.turns_level): each
+    # time-sliced job's SM, the MPS group's summed SM up to the whole GPU (one context), and the
+    # candidate's (as a context of its own, in either mode: the cautious reading), at the busiest step
+    ts_level = float((r_sm[~r_mps, :overlap].sum(axis=0) + np.minimum(1.0, g_sm[:overlap]) + c_sm).max())
     per_job = dict(zip(map(str, ids), r_sm[:, :overlap].max(axis=1).tolist()))
     per_job["this"] = float(c_sm.max())
     d = {"gpu": v.index, "overlap_s": overlap * cfg.step, "peak_sm": peak_sm, "peak_membw": peak_bw,
-         "sm_by_job": per_job, "saturation": cfg.saturation}
+         "sm_by_job": per_job, "saturation": cfg.saturation, "ts_level": ts_level}
     who = ", ".join([f"job {j}: {_pct(x)}" for j, x in per_job.items() if j != "this"] + [f"this job: {_pct(per_job['this'])}"])
     # One check for every way of sharing: each job's predicted rate over the overlap (in its
     # alone speed, discounted once by the margin) against the slowdown bound, and the GPU's
@@ -210,6 +214,8 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     # the share of each one's whole run the overlap is (residents: of what they have left)
     frac = np.append(np.minimum(overlap, r_left) / r_whole, overlap / max(1, len(arr.sm)))
     explore: dict[str, bool] = {}
+    ts_step: dict[str, bool] = {}  # modes whose share goes past the level of taking turns groups showed
+    far_ts: set[str] = set()  # of `far`, those past it by taking turns (not by bandwidth)
     far: set[str] = set()  # modes whose share is more than one step past what runs showed: never made
     # A job measured against a stored alone time no run here has checked: its real slowdown may
     # be what its run shows times how far that time is off (ALONE_DOUBT at most, half of it in
@@ -266,6 +272,17 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
                 far.add(m)
             else:
                 slow[m] = max(slow[m], float((1.0 + over).max()))
+        if (m == "timesliced" or not all_mps) and learned is not None and not learned.ts_explored(ts_level):
+            # More summed SM taking turns than any group here ran at as predicted: the model says
+            # light contexts take turns for free (as on the H200), a GPU where they do not (the
+            # placement study's light pair: 2x time-sliced) would be crowded at once, each job
+            # 2-30x slower until the crowd drains. So one job at a time past the level groups
+            # showed (an MPS client joining a GPU with time-sliced contexts too: the MPS context
+            # then needs more of the turns); a group that runs slower stops it (Learned.ts_beyond)
+            ts_step[m] = True
+            if learned.ts_beyond(ts_level, float(c_sm.max())) and m not in far:
+                far.add(m)
+                far_ts.add(m)
         this[m] = 1.0 / max(1e-9, float(per[-1]))  # this job's own, no margin: recorded, compared at its end
         unseen[m] = float(unk[-1])  # its pairings no run had shown: which margin its error sizes
         # the same for each resident (from now on, beside this job): what its end is compared with
@@ -292,6 +309,10 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
             d["explore"] = True
         tail = (f"; exploring {_pct(peak_bw)} of bandwidth, more than any shared run showed: the overlap "
                 "is short enough to stay within the bound were it much slower") if explore.get(best) else ""
+        if ts_step.get(best):
+            d["ts_step"] = True
+            tail += (f"; contexts taking turns at {_pct(ts_level)} summed SM, one job past what any group "
+                     "here ran at as predicted")
         if best == "mps":
             return "mps", (f"MPS on {name}: predicted peak SM {_pct(peak_sm)} ({who})"
                            + (f" < {_pct(cfg.saturation)}" if peak_sm < cfg.saturation else "")
@@ -309,7 +330,9 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
            + (" were this level of bandwidth, which no shared run has shown, much slower than predicted"
               if explore.get(m) and m not in far else "")
            if slow[m] > cfg.slowdown_bound else
-           f"summed bandwidth {_pct(peak_bw)} is more than one step past what any shared run showed"
+           (f"contexts taking turns at {_pct(ts_level)} summed SM is more than one job past what any group "
+            "here ran at as predicted, or where one ran slower lately" if m in far_ts else
+            f"summed bandwidth {_pct(peak_bw)} is more than one step past what any shared run showed")
            if m in far else f"throughput {tp[m]:.2f} {label} vs {wait_tp:.2f} waiting")
     return None, (f"{prefix}co-running on {name} predicted to cost more than it gains: "
                   f"{sat_text + '; ' if sat_text else ''}{why}"), d, False

@@ -36,12 +36,24 @@ EXPLORE_WORST = 3.0  # how much slower than predicted a share into unexplored ba
 # Summed bandwidth known to cost nothing before any run here showed it: the MPS study's light pair
 # (two jobs of 0.3 each under MPS, 0.74 s as alone; docs/invariants.md). Past it, shares explore.
 KNOWN_BW = 0.6
+# Contexts taking turns (time-sliced jobs, and an MPS group beside them as one context): the
+# summed peak SM of a GPU's jobs a share may reach before any group here ran at that level as
+# predicted (a light pair's), and the resolution of the levels groups showed (TS_BIN). Past the
+# most a group showed, a share adds one job at a time (Learned.ts_beyond). The model says light
+# contexts take turns for free, as on the H200; on a GPU where they do not (the placement study's
+# light pair: 2x time-sliced) the first pass would otherwise crowd 4-5 of them onto one GPU, every
+# job 5-60x slower in the stress worlds of `colo sim` until the crowd drains.
+KNOWN_TS = 0.5
+TS_BIN = 0.25
 KEEP_RUNS = 8  # a learned mean counts at most this many runs: newer runs move it
 FADE = 60.0  # observations (job ends) after which unconfirmed evidence counts half as far from 1
 FADE_ERRORS = 60.0  # the same for the errors that size the margins (recency weights)
 LIVE_RUN = 60.0  # seconds of a running group's samples that make a whole warning
 LIVE_ACTIVITY = 0.2  # the least SM activity expected of a group for its readings to say how fast it runs
 LIVE_MAX = 4.0  # the most a group's readings are taken to show (a reading near 0 says "much slower", not how much)
+# A running group with contexts taking turns shows that its level costs more than the model says
+# only when its readings pass the profiles' doubt by this factor (noise and phases aside)
+LIVE_TS_SLOW = 1.25
 FADE_LIVE = 15.0  # observations after which what a running group showed counts half as far from 1
 
 
@@ -61,10 +73,17 @@ class Learned:
     clock: int = 0  # observations so far (job ends): the age of evidence is counted in them
     at: dict = field(default_factory=dict)  # corun or bw key -> the clock when a run last taught it
     live: dict = field(default_factory=dict)  # (mode, bin) -> (slowdown a running group showed, clock)
+    # bin of a level of taking turns (turns_level, TS_BIN steps) -> the clock when a running group
+    # with time-sliced jobs took turns at it, on average over its watch, as predicted: explored
+    ts: dict = field(default_factory=dict)
+    # the same -> the clock when a group there ran slower than predicted (live, or a time-sliced
+    # run's end past the margin's cap): no share goes there while it is recent (_ts_ceiling)
+    ts_slow: dict = field(default_factory=dict)
 
     def observe(self, name: str, neighbours: Sequence[str], mode: str, predicted: float, wall: float,
                 stored_runtime: float, peak_mem: int | None = None, factor: float = 1.0,
-                group_bw: float | None = None, unseen: float | None = None, shared: float = 1.0) -> float | None:
+                group_bw: float | None = None, unseen: float | None = None, shared: float = 1.0,
+                group_sm: float | None = None) -> float | None:
         """One job's end: `wall` seconds against its stored alone run time, predicted `predicted`x
         (of which `factor` came from what was learned before), started into a GPU whose jobs'
         summed peak bandwidth was predicted `group_bw`, with `unseen` of its pairings not shown by
@@ -94,6 +113,12 @@ class Learned:
         if unseen == 0:
             self.errors_seen = (self.errors_seen + [residual])[-_KEEP:]
         missed = residual * factor  # against the model alone: what the co-run model lacks
+        if group_sm is not None and mode == "timesliced" and residual > 1.0 + MARGIN_CAP:
+            # a time-sliced run that ended slower than the margin's cap takes the level it started
+            # into back, and every level above (explored afresh, a job at a time). One that ended
+            # as predicted explores nothing: the level its start predicted need not be the one it
+            # ran at (a neighbour loading data takes no turns); running groups show that (observe_live)
+            self._ts_seen(group_sm, False)
         # Split between the bandwidth curve (what any jobs asking that much bandwidth pay) and
         # the pairings (what these profiles pay beyond it): the curve takes what the pairings
         # did not already explain, and the pairings what the curve, so updated, does not.
@@ -125,19 +150,29 @@ class Learned:
         if got is not None and old_runtime > 0 and new_runtime > 0:
             self.alone[name] = (got[0], got[1] * old_runtime / new_runtime)
 
-    def observe_live(self, mode: str, group_bw: float, expected: float, observed: float, seconds: float) -> float | None:
+    def observe_live(self, mode: str, group_bw: float, expected: float, observed: float, seconds: float,
+                     group_sm: float | None = None) -> float | None:
         """What a GPU's running jobs did over the last `seconds`, learned while they run (not only
         at their ends): the GPU's SM activity NVML `observed` (its device figure: under MPS no
         client's own is given) against what was `expected` of them (their profiles' SM at where
         each should be, at the rates their starts predicted, learned factors included), in this
-        mode, at this summed peak bandwidth. A group running far slower than predicted shows it
-        within a minute, and no more jobs are put into that much bandwidth meanwhile. Only what
+        mode ("timesliced": any of them is), at this summed peak bandwidth, taking turns at
+        `group_sm` on average (turns_level; a group with time-sliced jobs teaches only that). A
+        group running far slower than predicted shows it within a minute, and no more jobs are
+        put into that much bandwidth meanwhile. Only what
         passes the most the profiles may be off (ALONE_DOUBT) counts, either way; two minutes of
         samples make a whole warning (LIVE_RUN). Returns the level it warns of (None: none)."""
         if expected < LIVE_ACTIVITY or seconds <= 0:
             return None  # too little expected of them to tell a slow group from an idle one
         f = min(LIVE_MAX, expected / max(observed, 1e-9))
         f = f / ALONE_DOUBT if f > ALONE_DOUBT else f * ALONE_DOUBT if f < 1.0 / ALONE_DOUBT else 1.0
+        if mode == "timesliced":
+            # a group with time-sliced contexts: taking turns as predicted explores its level at
+            # once (ends come minutes later); running slower takes it and the levels above back.
+            # Its bandwidth teaches nothing (time-sliced contexts' bandwidth does not sum).
+            if group_sm is not None and (f > LIVE_TS_SLOW or f <= 1.0):
+                self._ts_seen(group_sm, f <= 1.0)
+            return None
         key = (mode, self._bin(group_bw))
         level = max(1.0, self.curve(mode, group_bw, live=False) * f)
         # An early warning, kept apart from what ends teach (the slowed jobs' own ends will, and
@@ -175,6 +210,39 @@ class Learned:
         it within what the published pairs showed costs nothing, KNOWN_BW)?"""
         b = self._bin(group_bw)
         return group_bw <= KNOWN_BW + 1e-9 or any(md == mode and k >= b for md, k in self.bw)
+
+    @staticmethod
+    def _ts_bin(group_sm: float) -> int:
+        return max(0, min(40, int(group_sm / TS_BIN + 1e-9)))
+
+    def _ts_seen(self, group_sm: float, as_predicted: bool) -> None:
+        b = self._ts_bin(group_sm)
+        if as_predicted:
+            self.ts[b] = self.clock
+            self.ts_slow = {k: c for k, c in self.ts_slow.items() if k > b}
+        else:
+            self.ts = {k: c for k, c in self.ts.items() if k < b}
+            self.ts_slow[b] = self.clock
+
+    def _ts_ceiling(self) -> int:
+        """The lowest level a time-sliced group ran slower than predicted at, while that is
+        recent (FADE observations): no share goes there, KNOWN_TS included. Then it is
+        explored again, a step at a time."""
+        return min([k for k, c in self.ts_slow.items() if self.clock - c < FADE] + [1 << 30])
+
+    def ts_explored(self, group_sm: float) -> bool:
+        """Has a running group taken turns at this level or above as predicted (or is it within
+        KNOWN_TS), with no slower group at or below it lately?"""
+        b = self._ts_bin(group_sm)
+        return b < self._ts_ceiling() and (group_sm <= KNOWN_TS + 1e-9 or any(k >= b for k in self.ts))
+
+    def ts_beyond(self, group_sm: float, step: float = TS_BIN) -> bool:
+        """More than one job (`step`: the newcomer's own peak SM, at least TS_BIN) past the
+        highest level of taking turns groups showed costs nothing (or KNOWN_TS), or at a level
+        one ran slower at lately."""
+        b = self._ts_bin(group_sm)
+        top = max([(k + 1) * TS_BIN for k in self.ts] + [KNOWN_TS])
+        return group_sm > top + max(TS_BIN, step) + 1e-9 or b >= self._ts_ceiling()
 
     def beyond(self, mode: str, group_bw: float) -> bool:
         """More than one step past the most summed bandwidth a shared run in this mode (in either,
@@ -307,6 +375,14 @@ def _blend(old: tuple | None, x: float, keep: float) -> tuple[int, float]:
 # it held (the alone time it said the job would get done meanwhile); otherwise a job joined late would teach its neighbours' slowdown as the model's error,
 # and the bandwidth bin it started into as the one that cost it.
 
+def turns_level(sm: Sequence[float], mps: Sequence[bool]) -> float:
+    """The level of taking turns of jobs whose SM is `sm` now: each time-sliced job's SM, plus
+    the MPS clients' summed SM up to the whole GPU (one context). What assess calls the summed SM
+    of a share's contexts (details["ts_level"]), here for a running group's watch."""
+    ts = sum(float(x) for x, m in zip(sm, mps) if not m)
+    return ts + min(1.0, sum(float(x) for x, m in zip(sm, mps) if m))
+
+
 def expectation(details: dict, mode: str, t: float) -> dict:
     """What a start decision (its details) predicted for its job, started at `t`."""
     def of(key: str, default: float) -> float:
@@ -315,7 +391,8 @@ def expectation(details: dict, mode: str, t: float) -> dict:
     pred = details.get("predicted_slowdown")
     return {"slowdown": float(pred) if isinstance(pred, (int, float)) else of("slowdown_this", 1.0),
             "factor": of("learned_factor", 1.0), "unseen": of("unseen", 0.0),
-            "group_bw": float(details.get("peak_membw") or 0.0), "since": t, "acc": [0.0, 0.0],
+            "group_bw": float(details.get("peak_membw") or 0.0), "group_sm": float(details.get("ts_level") or 0.0),
+            "since": t, "acc": [0.0, 0.0],
             "sharing": bool((details.get("residents") or {}).get(mode)), "shared": 0.0}
 
 
@@ -332,7 +409,8 @@ def joined(e: dict, t: float, details: dict, mode: str, job_id: int) -> dict:
     then on, what it predicted for this job; the GPU's summed peak bandwidth is the most it started
     into. A start that predicted nothing for it leaves its prediction stale (unseen: None)."""
     pred = ((details.get("residents") or {}).get(mode) or {}).get(str(job_id))
-    out = dict(e, group_bw=max(float(e.get("group_bw") or 0.0), float(details.get("peak_membw") or 0.0)))
+    out = dict(e, group_bw=max(float(e.get("group_bw") or 0.0), float(details.get("peak_membw") or 0.0)),
+               group_sm=max(float(e.get("group_sm") or 0.0), float(details.get("ts_level") or 0.0)))
     if pred is None:
         out["unseen"] = None
         return out
@@ -392,9 +470,10 @@ def end_of_job(learned: Learned, name: str, neighbours: Sequence[str], mode: str
     e = details.get("expect") or expectation(details, decision.get("mode") or "", started_at)
     predicted, factor = expected(e, started_at, ended_at)
     group_bw = float(e["group_bw"]) if isinstance(details.get("peak_membw"), (int, float)) else None
+    group_sm = float(e["group_sm"]) if "group_sm" in e and isinstance(details.get("ts_level"), (int, float)) else None
     return learned.observe(name, sorted(neighbours), str(mode or "timesliced"), predicted, ended_at - started_at,
                            stored_runtime, peak_mem, factor, group_bw, e.get("unseen"),
-                           shared(e, started_at, ended_at) if neighbours else 1.0)
+                           shared(e, started_at, ended_at) if neighbours else 1.0, group_sm)
 
 
 def profile_learned(learned: Learned, name: str, old_runtime: float | None, new_runtime: float,

@@ -38,7 +38,7 @@ from .budgets import (Holder, can_ever_fit, free_budget, gpu_allowed, gpu_filter
                       resume_refusal, suspend_victims)
 from .grid import _arrays, thread_pct
 from .learning import (ALONE_DOUBT, FADE, FADE_LIVE, KEEP_RUNS, KNOWN_BW, MARGIN_CAP, NOTHING, Learned,
-                       expectation, expected, joined, left, progress, shared)
+                       expectation, expected, joined, left, progress, shared, turns_level)
 from .views import START, WAIT, Candidate, Decision, GpuView, Placed, PolicyConfig, config_of
 
 # plan() and what callers (the daemon, colo sim, the CLI) read beside it, kept importable from here
@@ -46,7 +46,7 @@ __all__ = ["ALONE_DOUBT", "FADE", "FADE_LIVE", "KEEP_RUNS", "KNOWN_BW", "MARGIN_
            "WAIT", "WAYS_OUT", "Candidate", "Decision", "GpuView", "Holder", "Learned", "Placed",
            "PolicyConfig", "can_ever_fit", "config_of", "expectation", "expected", "free_budget",
            "gpu_allowed", "gpu_filter_refusal", "joined", "left", "order", "place_now", "plan", "progress",
-           "resume_refusal", "shared", "suspend_victims", "thread_pct"]
+           "resume_refusal", "shared", "suspend_victims", "thread_pct", "turns_level"]
 
 
 def _decision(job_id: int, action: str, gpus: tuple = (), mode: str | None = None, reason: str = "",

@@ -377,24 +377,27 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
     live: dict[int, list] = {}  # per GPU: [since, expected SM area, observed SM area, summed bandwidth]
 
     def watch(g: SimGpu, rate: dict, dt: float) -> None:
-        """colo learns a group of MPS clients while it runs (Learned.observe_live): the GPU's SM
-        activity as NVML gives it (its device figure, noisy) against what their profiles and the
-        predictions of their starts expect, accumulated here and taught every re-plan tick."""
+        """colo learns a group while it runs (Learned.observe_live): the GPU's SM activity as NVML
+        gives it (its device figure, noisy) against what their profiles and the predictions of
+        their starts expect, accumulated here and taught every re-plan tick; with it, the level
+        of taking turns their profiles put them at (learning.turns_level), its mean over the
+        stretch: what a group with time-sliced jobs shows costs what it showed."""
         rs = g.runs
         if not (is_colo and learned is not None) or len(rs) < 2 or any(
-                r.mode != "mps" or r.expect is None or r.seen is None or r.seen.provisional for r in rs):
+                r.expect is None or r.seen is None or r.seen.provisional for r in rs):
             live.pop(g.index, None)
             return
-        acc = live.setdefault(g.index, [t, 0.0, 0.0, 0.0])
+        acc = live.setdefault(g.index, [t, 0.0, 0.0, 0.0, "mps" if all(r.mode == "mps" for r in rs) else "timesliced", 0.0])
         obs = min(1.0, sum(r.sm[r.segment()] * rate[id(r)] for r in rs))
         spread = truth.sample_noise / math.sqrt(max(1.0, dt))
         if spread > 0:
             obs = max(0.0, obs * (1.0 + spread * float(g_noise.standard_normal())))
-        exp = min(1.0, sum(float(r.seen.sm[min(len(r.seen.sm) - 1, int(pol.progress(r.expect, t) / r.seen.step))])
-                           / r.expect["slowdown"] for r in rs))
+        now_sm = [float(r.seen.sm[min(len(r.seen.sm) - 1, int(pol.progress(r.expect, t) / r.seen.step))]) for r in rs]
+        exp = min(1.0, sum(x / r.expect["slowdown"] for x, r in zip(now_sm, rs)))
         acc[1] += exp * dt
         acc[2] += obs * dt
         acc[3] = max([acc[3]] + [float(r.expect.get("group_bw") or 0.0) for r in rs])
+        acc[5] += pol.turns_level(now_sm, [r.mode == "mps" for r in rs]) * dt  # the level they took turns at
 
     def teach_live(g: SimGpu, final: bool = False) -> None:
         acc = live.get(g.index)
@@ -402,7 +405,8 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
             if final:
                 live.pop(g.index, None)
             return
-        learned.observe_live("mps", acc[3], acc[1] / (t - acc[0]), acc[2] / (t - acc[0]), t - acc[0])
+        learned.observe_live(acc[4], acc[3], acc[1] / (t - acc[0]), acc[2] / (t - acc[0]), t - acc[0],
+                             acc[5] / (t - acc[0]))
         del live[g.index]
 
     def left_alone(g: SimGpu) -> None:
