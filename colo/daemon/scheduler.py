@@ -116,6 +116,7 @@ class Scheduler:
         self._since_complete = True  # anything changed since that pass began (a job, an edit, a GPU, a wake)
         self._rest: _Rest | None = None  # a complete pass whose slices are still to run (serve)
         self._details: dict[tuple, dict] = {}  # WAIT decisions' figures, one dict per distinct set (record)
+        self._reasons: dict[str, str] = {}  # WAIT decisions' reasons, one copy of each text (record)
         self._next_full = -math.inf  # no full pass before this (spacing)
         self._queued_n: Counter = Counter()  # uid -> jobs queued
         # Queued jobs by user, each list in the user's own order (priority, then id); entries of
@@ -663,7 +664,7 @@ class Scheduler:
         re-worded) WAIT ones by a writer thread, so a pass over 10,000 queued jobs stays short."""
         now = time.time()
         starts, waits = [], []
-        shared = self._details
+        shared, texts = self._details, self._reasons
         for d in decisions:
             old = self.decisions.get(d.job_id)
             if old is not None and old.reason == d.reason and old.action == d.action:
@@ -678,10 +679,13 @@ class Scheduler:
                 details = shared.setdefault(key, d.details)
             except TypeError:  # a list among the figures (held GPUs): its own
                 details = d.details
-            self.decisions[d.job_id] = KeptWait(d.job_id, d.reason, details)
+            # jobs told the same keep one copy of the text (each pass words it afresh for each job)
+            self.decisions[d.job_id] = KeptWait(d.job_id, texts.setdefault(d.reason, d.reason), details)
             waits.append(row)
         if len(shared) > 4096:  # figures of passes long gone
             shared.clear()
+        if len(texts) > 4096:  # reasons of passes long gone
+            texts.clear()
         if starts or waits:
             self.version += 1
         if starts:
