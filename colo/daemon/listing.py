@@ -216,8 +216,8 @@ class Listing:
             queued.sort(key=lambda j: j.id)
         rows = self._live_rows(queued, fields, cut, collapse)
         self._blocks.pop(key, None)
-        if any(len(r[2]) > ROW_KEPT_MAX for r in rows):
-            return rows
+        if fields == ["id"] or any(len(r[2]) > ROW_KEPT_MAX for r in rows):
+            return rows  # ids (`colo ls -q`) are made afresh at no cost: not worth 6 MiB kept at 50,000
         while len(self._blocks) >= 4:  # the kinds of listing asked for lately
             self._blocks.pop(next(iter(self._blocks)))
         self._blocks[key] = (stamp, rows)
@@ -273,10 +273,12 @@ class Listing:
             why = None if dec is None else dec.reason
             hit = cache.get(j.id)
             if hit is None or hit[0] is not j or hit[1] != why:
-                hit = (j, why, _encode(self._row(j, fields, cut, why)))
-                if len(hit[2]) <= ROW_KEPT_MAX:
+                # the row as sent, kept as the very tuple listed: the queue's block (_queued_rows)
+                # holds the same tuples, not a copy of each (50,000 queued: ~4 MiB a kind of listing)
+                hit = (j, why, (j.id, st, _encode(self._row(j, fields, cut, why))))
+                if len(hit[2][2]) <= ROW_KEPT_MAX:
                     cache[j.id] = hit
-            out.append((j.id, st, hit[2]))
+            out.append(hit[2])
         if len(cache) > len(self.table.open) + 1000:  # rows of jobs no longer queued
             self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.table.open}
         return out
