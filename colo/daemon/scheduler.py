@@ -59,8 +59,11 @@ def _settle() -> None:
     """What survived a complete pass (the queued jobs, their decisions, listings' caches) is long-lived:
     moved out of the cyclic collector's scans. At 50,000 queued a full collection walked a million
     objects (0.3 to 1 s with every request waiting); frozen, they are still freed by reference counting
-    when dropped. The young generations are collected first, so that no fresh garbage is frozen."""
-    gc.collect(1)
+    when dropped. Every generation is collected first, the oldest too: a cycle frozen is never
+    collected (a closed connection's transport, protocol and streams, with what they buffered, were
+    kept for good once a collection had moved them to the oldest generation before a freeze). That
+    collection is short: what it walks is only what was made since the last freeze."""
+    gc.collect()
     gc.freeze()
 
 
