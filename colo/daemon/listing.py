@@ -216,8 +216,8 @@ class Listing:
             queued.sort(key=lambda j: j.id)
         rows = self._live_rows(queued, fields, cut, collapse)
         self._blocks.pop(key, None)
-        if fields == ["id"] or any(len(r[2]) > ROW_KEPT_MAX for r in rows):
-            return rows  # ids (`colo ls -q`) are made afresh at no cost: not worth 6 MiB kept at 50,000
+        if any(len(r[2]) > ROW_KEPT_MAX for r in rows):
+            return rows
         while len(self._blocks) >= 4:  # the kinds of listing asked for lately
             self._blocks.pop(next(iter(self._blocks)))
         self._blocks[key] = (stamp, rows)
