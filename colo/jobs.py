@@ -181,13 +181,48 @@ class JobSpec:
             if isinstance(d.get(k), str):
                 d[k] = intern(d[k])
         if isinstance(d.get("argv"), list):
-            d["argv"] = [intern(a) if len(a) <= 64 else a for a in d["argv"]]
+            d["argv"] = shared_argv(d["argv"])
+        if "env" in d and not d["env"]:
+            d["env"] = NO_ENV
+        if type(d.get("gpu_mem")) is int:
+            d["gpu_mem"] = shared_int(d["gpu_mem"])
         known = _FIELDS
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
 _LISTS = ("mounts", "after", "after_any", "after_fail", "gpu_ids")
 _FIELDS = frozenset(JobSpec.__dataclass_fields__)
+
+# What open jobs (50,000 queued, held in memory) share rather than hold a copy each. Shared objects
+# are never changed in place (nothing in colo does: a spec is replaced, never edited): an empty env
+# is one dict; a command given to many jobs is one list (and its words one copy each); the same
+# number (a user's uid and gid, a budget) is one int object (Python shares only -5..256 itself).
+NO_ENV: dict[str, str] = {}
+_ARGVS: dict[tuple, list[str]] = {}
+_INTS: dict[int, int] = {}
+_SHARED_MAX = 4096  # distinct commands and numbers kept: past it, started afresh (never stale: equal is equal)
+
+
+def shared_argv(argv: list[str]) -> list[str]:
+    """One list for every spec whose command is this one (a long command: a list of its own)."""
+    if len(argv) > 16 or sum(map(len, argv)) > 1024:
+        return [intern(a) if len(a) <= 64 else a for a in argv]
+    key = tuple(argv)
+    hit = _ARGVS.get(key)
+    if hit is None:
+        if len(_ARGVS) >= _SHARED_MAX:
+            _ARGVS.clear()
+        hit = _ARGVS[key] = [intern(a) if len(a) <= 64 else a for a in argv]
+    return hit
+
+
+def shared_int(v: int) -> int:
+    hit = _INTS.get(v)
+    if hit is None:
+        if len(_INTS) >= _SHARED_MAX:
+            _INTS.clear()
+        hit = _INTS[v] = v
+    return hit
 
 
 @dataclass(slots=True)

@@ -38,14 +38,16 @@ def fix_thresholds() -> None:
         lib.mallopt(M_TRIM_THRESHOLD, 4 * MMAP_AT)
 
 
-def trim() -> None:
+def trim(now: bool = False) -> None:
     """Give freed heap memory back to the system: now, or TRIM_EVERY seconds after the last trim
-    (one trim then for everything freed meanwhile, the last of a flood included)."""
+    (one trim then for everything freed meanwhile, the last of a flood included). now: at once
+    whatever the last trim (after work that took far longer than a trim, such as a reply of
+    megabytes: the next request must not find it still held)."""
     global _last, _pending
     lib = _lib()
-    if not lib or _pending:
+    if not lib or (_pending and not now):
         return
-    wait = _last + TRIM_EVERY - time.monotonic()
+    wait = 0 if now else _last + TRIM_EVERY - time.monotonic()
     if wait <= 0:
         _last = time.monotonic()
         lib.malloc_trim(0)

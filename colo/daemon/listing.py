@@ -273,10 +273,12 @@ class Listing:
             why = None if dec is None else dec.reason
             hit = cache.get(j.id)
             if hit is None or hit[0] is not j or hit[1] != why:
-                hit = (j, why, _encode(self._row(j, fields, cut, why)))
-                if len(hit[2]) <= ROW_KEPT_MAX:
+                # the row as sent, kept as the very tuple listed: the queue's block (_queued_rows)
+                # holds the same tuples, not a copy of each (50,000 queued: ~4 MiB a kind of listing)
+                hit = (j, why, (j.id, st, _encode(self._row(j, fields, cut, why))))
+                if len(hit[2][2]) <= ROW_KEPT_MAX:
                     cache[j.id] = hit
-            out.append((j.id, st, hit[2]))
+            out.append(hit[2])
         if len(cache) > len(self.table.open) + 1000:  # rows of jobs no longer queued
             self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.table.open}
         return out

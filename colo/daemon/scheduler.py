@@ -50,7 +50,11 @@ FULL_PASS_SPACING_MAX = 1.0  # seconds
 COMPLETE_PASS_EVERY = 60.0  # seconds
 # The loop runs such a complete pass in slices of about this long, free for requests in between:
 # at 50,000 queued the whole of it takes over a second, which no request should wait behind.
-SLICE_S = 0.01
+# Between two slices the loop is left alone SLICE_GAP: a request takes several turns of the loop
+# (accepted, its line read, answered), and with only a turn between slices (sleep(0)) a `hello`
+# waited behind 4 or 5 of them (~85 ms at 50,000 queued on a loaded 2-core machine).
+SLICE_S = 0.005
+SLICE_GAP = 0.005
 CANDS_KEPT = 10_000  # candidates kept from pass to pass (Scheduler._take)
 SETTLE_AFTER = 5_000  # jobs queued since the heap was settled: settled again after a pass (_settle)
 
@@ -59,8 +63,11 @@ def _settle() -> None:
     """What survived a complete pass (the queued jobs, their decisions, listings' caches) is long-lived:
     moved out of the cyclic collector's scans. At 50,000 queued a full collection walked a million
     objects (0.3 to 1 s with every request waiting); frozen, they are still freed by reference counting
-    when dropped. The young generations are collected first, so that no fresh garbage is frozen."""
-    gc.collect(1)
+    when dropped. Every generation is collected first, the oldest too: a cycle frozen is never
+    collected (a closed connection's transport, protocol and streams, with what they buffered, were
+    kept for good once a collection had moved them to the oldest generation before a freeze). That
+    collection is short: what it walks is only what was made since the last freeze."""
+    gc.collect()
     gc.freeze()
 
 
@@ -116,6 +123,7 @@ class Scheduler:
         self._since_complete = True  # anything changed since that pass began (a job, an edit, a GPU, a wake)
         self._rest: _Rest | None = None  # a complete pass whose slices are still to run (serve)
         self._details: dict[tuple, dict] = {}  # WAIT decisions' figures, one dict per distinct set (record)
+        self._reasons: dict[str, str] = {}  # WAIT decisions' reasons, one copy of each text (record)
         self._next_full = -math.inf  # no full pass before this (spacing)
         self._queued_n: Counter = Counter()  # uid -> jobs queued
         # Queued jobs by user, each list in the user's own order (priority, then id); entries of
@@ -446,7 +454,7 @@ class Scheduler:
                 if rest.walk is None:
                     break
                 n = max(20, min(5000, 2 * n, int(n * SLICE_S / max(took, 1e-4))))  # about SLICE_S a slice
-                await asyncio.sleep(0)  # requests, exits, samples
+                await asyncio.sleep(SLICE_GAP)  # requests, exits, samples
                 if self._fresh or self._full:
                     self.schedule_pass(sliced=True)
         finally:
@@ -663,7 +671,7 @@ class Scheduler:
         re-worded) WAIT ones by a writer thread, so a pass over 10,000 queued jobs stays short."""
         now = time.time()
         starts, waits = [], []
-        shared = self._details
+        shared, texts = self._details, self._reasons
         for d in decisions:
             old = self.decisions.get(d.job_id)
             if old is not None and old.reason == d.reason and old.action == d.action:
@@ -678,10 +686,13 @@ class Scheduler:
                 details = shared.setdefault(key, d.details)
             except TypeError:  # a list among the figures (held GPUs): its own
                 details = d.details
-            self.decisions[d.job_id] = KeptWait(d.job_id, d.reason, details)
+            # jobs told the same keep one copy of the text (each pass words it afresh for each job)
+            self.decisions[d.job_id] = KeptWait(d.job_id, texts.setdefault(d.reason, d.reason), details)
             waits.append(row)
         if len(shared) > 4096:  # figures of passes long gone
             shared.clear()
+        if len(texts) > 4096:  # reasons of passes long gone
+            texts.clear()
         if starts or waits:
             self.version += 1
         if starts:

@@ -10,7 +10,7 @@ from sys import intern
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..jobs import Job, JobSpec, Mode, State
+from ..jobs import Job, JobSpec, Mode, State, shared_int
 from .schema import _COUNTERS, _INDEXES, _SLIM, _SPEC_FIELDS, MIGRATIONS, _slim
 
 # What `colo ls` may ask for by field (protocol.LS_FIELDS), as SQL; the name expression is the
@@ -52,7 +52,7 @@ def _is_full(e: BaseException | None) -> bool:
 def _row_to_job(r: tuple, spec: JobSpec) -> Job:
     # user names and reasons repeat across a queue of thousands: one copy of each (sys.intern)
     return Job(
-        id=r[0], spec=spec, uid=r[2], gid=r[3], user=intern(r[4]),
+        id=r[0], spec=spec, uid=shared_int(r[2]), gid=shared_int(r[3]), user=intern(r[4]),
         state=State(r[5]), reason=intern(r[6]), submitted_at=r[7], started_at=r[8], ended_at=r[9],
         exit_code=r[10], gpus=json.loads(r[11]) if r[11] != "[]" else (), mode=Mode(r[12]) if r[12] else None,
         handle=r[13], attempts=r[14], cancel_by=r[15], held_by=r[16], paused_by=r[17],
