@@ -694,32 +694,3 @@ def test_taking_turns_goes_one_job_past_what_running_groups_showed_and_stops_whe
     assert other.ts == {} and other.ts_slow == {}
     lrn.clock += int(FADE)  # the ceiling fades: explored afresh, a job at a time
     assert not lrn.ts_beyond(0.8, 0.3)
-
-
-def test_a_lone_context_takes_a_neighbour_whichever_came_first_and_a_slower_pair_stops_it():
-    """A job running by itself takes no turns: it runs at its own level as its profile says, so a
-    newcomer beside it is one job past a level shown, whatever either's SM. Issue 39's rule
-    counted a saturating resident as a level no group had shown: a light job (a restarted notebook
-    kernel) waited for the whole run of a 32 MiB burn beside it (no profile yet: taken at
-    unknown_sm), while the same pair placed in the other order started. A third context, and a pair
-    at a level a pair ran slower at lately, still wait."""
-    g, cfg, light, busy = GpuView("a", 0, 16 * GiB), PolicyConfig(unprofiled_share=True), flat("k", 0.05), flat("b", 1.0)
-    for resident, newcomer in ((None, light), (busy, light), (light, busy)):
-        d = plan([Candidate(1, GiB, profile=newcomer)], [g], [Placed(9, ("a",), GiB, profile=resident)], cfg,
-                 learned=pol.Learned())[0]
-        assert d.action == START, d.reason
-        assert d.details["ts_level"] == pytest.approx(1.05) and d.details.get("ts_step")
-    # one MPS group is one context too
-    d = plan([Candidate(1, GiB, profile=light)], [g], [Placed(8, ("a",), GiB, mode="mps", profile=flat("m", 0.5)),
-                                                        Placed(9, ("a",), GiB, mode="mps", profile=flat("n", 0.5))],
-             cfg, learned=pol.Learned())[0]
-    assert d.action == START and d.mode == "mps", d.reason
-    # two contexts taking turns past what any group showed: the third waits, as before
-    pair = [Placed(8, ("a",), GiB, profile=flat("p", 0.4)), Placed(9, ("a",), GiB, profile=flat("q", 0.4))]
-    d = plan([Candidate(1, GiB, profile=flat("r", 0.4))], [g], pair, cfg, learned=pol.Learned())[0]
-    assert d.action == WAIT and "contexts taking turns at 120 %" in d.reason, d.reason
-    # a pair that ran slower at that level lately: the ceiling holds for a lone context's neighbour too
-    slow = pol.Learned()
-    slow.observe_live("timesliced", 0.3, 0.8, 0.2, 20.0, 1.05)
-    d = plan([Candidate(1, GiB, profile=light)], [g], [Placed(9, ("a",), GiB, profile=busy)], cfg, learned=slow)[0]
-    assert d.action == WAIT and "or where one ran slower lately" in d.reason, d.reason

@@ -183,12 +183,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     # the level of taking turns were the candidate one more (learning.turns_level): each
     # time-sliced job's SM, the MPS group's summed SM up to the whole GPU (one context), and the
     # candidate's (as a context of its own, in either mode: the cautious reading), at the busiest step
-    ts_res = r_sm[~r_mps, :overlap].sum(axis=0) + np.minimum(1.0, g_sm[:overlap])  # the residents' own
-    ts_level = float((ts_res + c_sm).max())
-    # residents that are one context (one time-sliced job, or one MPS group) take no turns: their
-    # level is what their profiles say they run at alone, so a newcomer beside them is one job past
-    # a level shown, whichever came first (Learned.ts_beyond)
-    ts_alone = float(ts_res.max()) if int((~r_mps).sum()) + int(bool(r_mps.any())) == 1 else 0.0
+    ts_level = float((r_sm[~r_mps, :overlap].sum(axis=0) + np.minimum(1.0, g_sm[:overlap]) + c_sm).max())
     per_job = dict(zip(map(str, ids), r_sm[:, :overlap].max(axis=1).tolist()))
     per_job["this"] = float(c_sm.max())
     d = {"gpu": v.index, "overlap_s": overlap * cfg.step, "peak_sm": peak_sm, "peak_membw": peak_bw,
@@ -285,7 +280,7 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
             # showed (an MPS client joining a GPU with time-sliced contexts too: the MPS context
             # then needs more of the turns); a group that runs slower stops it (Learned.ts_beyond)
             ts_step[m] = True
-            if learned.ts_beyond(ts_level, float(c_sm.max()), ts_alone) and m not in far:
+            if learned.ts_beyond(ts_level, float(c_sm.max())) and m not in far:
                 far.add(m)
                 far_ts.add(m)
         this[m] = 1.0 / max(1e-9, float(per[-1]))  # this job's own, no margin: recorded, compared at its end

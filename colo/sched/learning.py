@@ -236,13 +236,12 @@ class Learned:
         b = self._ts_bin(group_sm)
         return b < self._ts_ceiling() and (group_sm <= KNOWN_TS + 1e-9 or any(k >= b for k in self.ts))
 
-    def ts_beyond(self, group_sm: float, step: float = TS_BIN, alone: float = 0.0) -> bool:
+    def ts_beyond(self, group_sm: float, step: float = TS_BIN) -> bool:
         """More than one job (`step`: the newcomer's own peak SM, at least TS_BIN) past the
-        highest level of taking turns groups showed costs nothing (or KNOWN_TS, or `alone`: the
-        level of residents that are one context, which takes no turns and so runs at it as its
-        profile says), or at a level one ran slower at lately."""
+        highest level of taking turns groups showed costs nothing (or KNOWN_TS), or at a level
+        one ran slower at lately."""
         b = self._ts_bin(group_sm)
-        top = max([(k + 1) * TS_BIN for k in self.ts] + [KNOWN_TS, alone])
+        top = max([(k + 1) * TS_BIN for k in self.ts] + [KNOWN_TS])
         return group_sm > top + max(TS_BIN, step) + 1e-9 or b >= self._ts_ceiling()
 
     def beyond(self, mode: str, group_bw: float) -> bool:
