@@ -720,3 +720,10 @@ def test_a_newcomer_that_launches_no_kernels_takes_no_turns():
     d = plan([Candidate(1, GiB, profile=flat("k2", TS_IDLE + 0.01))], [g], [Placed(9, ("a",), GiB, profile=busy)],
              cfg, learned=pol.Learned())[0]
     assert d.action == WAIT, d.reason
+    # idle over the overlap but busy later (a job loading data beside a resident its profile outlives,
+    # which may run past its own profile): its whole profile decides, and it steps as any other
+    late = Profile(name="late", step=1.0, sm=np.r_[np.zeros(100), np.full(100, 0.5)], mem=np.full(200, GiB),
+                   membw=np.full(200, 0.1), runtime=200.0, runs=5)
+    d = plan([Candidate(1, GiB, profile=late)], [g], [Placed(9, ("a",), GiB, profile=flat("short", 1.0, runtime=20.0))], cfg,
+             learned=pol.Learned())[0]
+    assert d.action == WAIT and "contexts taking turns" in d.reason, d.reason

@@ -45,7 +45,8 @@ KNOWN_BW = 0.6
 # job 5-60x slower in the stress worlds of `colo sim` until the crowd drains.
 KNOWN_TS = 0.5
 TS_BIN = 0.25
-# A newcomer whose profile's peak SM over the overlap is at most this (NVML's 1 % resolution)
+# A newcomer whose profile's peak SM (its whole run: an idle stretch of a busy job's profile
+# takes turns once it ends, `colo sim`'s stress worlds) is at most this (NVML's 1 % resolution)
 # launches no kernels to speak of: it takes no turns, and its share leaves the level of taking
 # turns where the residents have it, so no step past any level is taken (an idle notebook kernel
 # restarted beside a saturating job waited for that job's whole run).
