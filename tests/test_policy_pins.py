@@ -694,3 +694,36 @@ def test_taking_turns_goes_one_job_past_what_running_groups_showed_and_stops_whe
     assert other.ts == {} and other.ts_slow == {}
     lrn.clock += int(FADE)  # the ceiling fades: explored afresh, a job at a time
     assert not lrn.ts_beyond(0.8, 0.3)
+
+
+def test_a_newcomer_that_launches_no_kernels_takes_no_turns():
+    """Issue 39's level of taking turns stepped past nothing for a job whose profile shows no SM
+    (TS_IDLE): a restarted notebook kernel (its first run's profile: 0 % SM) beside a saturating
+    32 MiB burn (no profile yet: unknown_sm 1.0; or its provisional one, 100 %) waited the burn's
+    whole run, though it adds nothing to the turns taken and the model says it slows no one
+    past the bound. A light job that does launch kernels still waits there cold, as issue 39 set."""
+    from colo.sched.learning import TS_IDLE
+    g, cfg = GpuView("a", 0, 16 * GiB), PolicyConfig(unprofiled_share=True)
+    idle, light, busy = flat("kernel", 0.0, bw=0.0), flat("k", 0.05), flat("burn", 1.0)
+    slow = pol.Learned()  # a pair at this level ran slower lately: still nothing to step past
+    slow.observe_live("timesliced", 0.3, 0.8, 0.2, 20.0, 1.0)
+    for resident in (None, busy):
+        for lrn in (pol.Learned(), slow):
+            d = plan([Candidate(1, GiB, profile=idle)], [g], [Placed(9, ("a",), GiB, profile=resident)], cfg,
+                     learned=lrn)[0]
+            assert d.action == START, d.reason
+            assert d.details["ts_level"] == pytest.approx(1.0) and not d.details.get("ts_step")
+        d = plan([Candidate(1, GiB, profile=light)], [g], [Placed(9, ("a",), GiB, profile=resident)], cfg,
+                 learned=pol.Learned())[0]
+        assert d.action == WAIT and "contexts taking turns at 105 %" in d.reason, d.reason
+    # just past the threshold: a step like any other
+    d = plan([Candidate(1, GiB, profile=flat("k2", TS_IDLE + 0.01))], [g], [Placed(9, ("a",), GiB, profile=busy)],
+             cfg, learned=pol.Learned())[0]
+    assert d.action == WAIT, d.reason
+    # idle over the overlap but busy later (a job loading data beside a resident its profile outlives,
+    # which may run past its own profile): its whole profile decides, and it steps as any other
+    late = Profile(name="late", step=1.0, sm=np.r_[np.zeros(100), np.full(100, 0.5)], mem=np.full(200, GiB),
+                   membw=np.full(200, 0.1), runtime=200.0, runs=5)
+    d = plan([Candidate(1, GiB, profile=late)], [g], [Placed(9, ("a",), GiB, profile=flat("short", 1.0, runtime=20.0))], cfg,
+             learned=pol.Learned())[0]
+    assert d.action == WAIT and "contexts taking turns" in d.reason, d.reason

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import interference
 from .grid import _Arr, _unknown
-from .learning import ALONE_DOUBT, EXPLORE_WORST, MARGIN_CAP, Learned
+from .learning import ALONE_DOUBT, EXPLORE_WORST, MARGIN_CAP, TS_IDLE, Learned
 from .views import GiB, GpuView, PolicyConfig
 
 # What a job with no profile can do about waiting (its reason says it: `colo explain`)
@@ -272,13 +272,15 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
                 far.add(m)
             else:
                 slow[m] = max(slow[m], float((1.0 + over).max()))
-        if (m == "timesliced" or not all_mps) and learned is not None and not learned.ts_explored(ts_level):
+        if ((m == "timesliced" or not all_mps) and learned is not None and arr.peak_sm > TS_IDLE
+                and not learned.ts_explored(ts_level)):
             # More summed SM taking turns than any group here ran at as predicted: the model says
             # light contexts take turns for free (as on the H200), a GPU where they do not (the
             # placement study's light pair: 2x time-sliced) would be crowded at once, each job
             # 2-30x slower until the crowd drains. So one job at a time past the level groups
             # showed (an MPS client joining a GPU with time-sliced contexts too: the MPS context
-            # then needs more of the turns); a group that runs slower stops it (Learned.ts_beyond)
+            # then needs more of the turns); a group that runs slower stops it (Learned.ts_beyond).
+            # A newcomer whose whole profile launches no kernels (TS_IDLE) takes no turns: nothing to step past
             ts_step[m] = True
             if learned.ts_beyond(ts_level, float(c_sm.max())) and m not in far:
                 far.add(m)

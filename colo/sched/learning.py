@@ -45,6 +45,12 @@ KNOWN_BW = 0.6
 # job 5-60x slower in the stress worlds of `colo sim` until the crowd drains.
 KNOWN_TS = 0.5
 TS_BIN = 0.25
+# A newcomer whose profile's peak SM (its whole run: an idle stretch of a busy job's profile
+# takes turns once it ends, `colo sim`'s stress worlds) is at most this (NVML's 1 % resolution)
+# launches no kernels to speak of: it takes no turns, and its share leaves the level of taking
+# turns where the residents have it, so no step past any level is taken (an idle notebook kernel
+# restarted beside a saturating job waited for that job's whole run).
+TS_IDLE = 0.01
 KEEP_RUNS = 8  # a learned mean counts at most this many runs: newer runs move it
 FADE = 60.0  # observations (job ends) after which unconfirmed evidence counts half as far from 1
 FADE_ERRORS = 60.0  # the same for the errors that size the margins (recency weights)
