@@ -218,12 +218,15 @@ static void forgotten(const struct alloc *old);
 
 /* Not inlined: inlined into every allocation wrapper (as gcc chose once more callers of table_put
  * came), it cost an alloc+free pair 4-6 ns more on the stub driver (bench/interposer_bench.py 1b). */
-static __attribute__((noinline)) int keep_aux(int kind, uint64_t key, int dev, uint64_t size, uint64_t ctx, uint64_t aux)
+/* at: the context current at the driver call, seen: teardowns_seen() before it; the entry is
+ * tagged with the context's identity as it goes in (ctxid.h: ctx_tag). at 0: ctx as given. */
+static __attribute__((noinline)) int keep_aux(int kind, uint64_t key, int dev, uint64_t size, uint64_t ctx, uint64_t aux,
+                                              uint64_t at, uint64_t seen)
 {
     struct alloc a = {.key = key, .size = size, .aux = aux, .ctx = ctx, .kind = (uint16_t)kind, .dev = (uint16_t)dev,
                       .refs = 1};
     struct alloc old;
-    int r = table_put(&a, &old);
+    int r = table_put_in(&a, &old, at, seen, 0);
     /* Still recorded, yet handed out again: the driver freed it without us (a path we do not see). */
     if (r == 1) forgotten(&old);
     return r < 0 ? -1 : 0;
@@ -231,12 +234,12 @@ static __attribute__((noinline)) int keep_aux(int kind, uint64_t key, int dev, u
 
 static int keep(int kind, uint64_t key, int dev, uint64_t size, uint64_t ctx)
 {
-    return keep_aux(kind, key, dev, size, ctx, 0);
+    return keep_aux(kind, key, dev, size, ctx, 0, 0, 0);
 }
 
-static int record(int kind, uint64_t key, int dev, uint64_t size)
+static int record(int kind, uint64_t key, int dev, uint64_t size, uint64_t seen)
 {
-    return keep(kind, key, dev, size, kind == K_VMM ? 0 : ctx_id(cur_ctx()));
+    return keep_aux(kind, key, dev, size, 0, 0, kind == K_VMM ? 0 : cur_ctx(), seen);
 }
 
 static inline int admit(int dev, uint64_t size);
@@ -249,7 +252,7 @@ static inline int admit(int dev, uint64_t size);
  * counters costs the allocation two loads of a line only teardowns write. Teardowns take turns
  * (a lock held across the driver's destroy: they are rare), so that "over" is one count to wait
  * for: done reaching what begun was. */
-static uint64_t g_teardowns_begun, g_teardowns_done;
+uint64_t colo_teardowns_begun, colo_teardowns_done; /* ctxid.h */
 static int g_teardown_mu;
 static __thread int t_teardowns __attribute__((tls_model("initial-exec"))); /* this thread's, nested */
 
@@ -266,27 +269,19 @@ static void teardown_unlock(void)
 static void teardown_begin(void)
 {
     teardown_lock();
-    if (t_teardowns == 1) __atomic_add_fetch(&g_teardowns_begun, 1, __ATOMIC_SEQ_CST);
+    if (t_teardowns == 1) __atomic_add_fetch(&colo_teardowns_begun, 1, __ATOMIC_SEQ_CST);
 }
 static void teardown_end(void)
 {
-    if (t_teardowns == 1) __atomic_add_fetch(&g_teardowns_done, 1, __ATOMIC_SEQ_CST);
+    if (t_teardowns == 1) __atomic_add_fetch(&colo_teardowns_done, 1, __ATOMIC_SEQ_CST);
     teardown_unlock();
-}
-
-/* Until the teardown under way now (if any) has forgotten what it freed. */
-static void teardowns_wait(void)
-{
-    if (t_teardowns) return;
-    uint64_t begun = __atomic_load_n(&g_teardowns_begun, __ATOMIC_SEQ_CST);
-    while (__atomic_load_n(&g_teardowns_done, __ATOMIC_SEQ_CST) < begun) sched_yield();
 }
 
 /* Before the driver call: 0 when a teardown is under way, else how many have begun. */
 static inline uint64_t teardowns_seen(void)
 {
-    uint64_t done = __atomic_load_n(&g_teardowns_done, __ATOMIC_SEQ_CST);
-    uint64_t begun = __atomic_load_n(&g_teardowns_begun, __ATOMIC_SEQ_CST);
+    uint64_t done = __atomic_load_n(&colo_teardowns_done, __ATOMIC_SEQ_CST);
+    uint64_t begun = __atomic_load_n(&colo_teardowns_begun, __ATOMIC_SEQ_CST);
     return begun == done ? begun + 1 : 0;
 }
 
@@ -294,7 +289,7 @@ static void recheck_alive(int kind, uint64_t key);
 /* After the allocation was recorded: did a teardown overlap it? */
 static inline void after_record(uint64_t seen, int kind, uint64_t key)
 {
-    if (__builtin_expect(!seen || __atomic_load_n(&g_teardowns_begun, __ATOMIC_SEQ_CST) + 1 != seen, 0))
+    if (__builtin_expect(!seen || __atomic_load_n(&colo_teardowns_begun, __ATOMIC_SEQ_CST) + 1 != seen, 0))
         recheck_alive(kind, key);
 }
 
@@ -307,7 +302,7 @@ static inline void after_record(uint64_t seen, int kind, uint64_t key)
         if (e_) return e_;                                                                         \
         uint64_t t_ = teardowns_seen();                                                            \
         CUresult rc_ = (call);                                                                     \
-        if (rc_ == CUDA_SUCCESS && record(kind, (uint64_t)(key), d_, s_) != 0) {                   \
+        if (rc_ == CUDA_SUCCESS && record(kind, (uint64_t)(key), d_, s_, t_) != 0) {               \
             (void)(undo);                                                                          \
             rc_ = CUDA_ERROR_OUT_OF_MEMORY;                                                        \
         }                                                                                          \
@@ -436,7 +431,7 @@ static CUresult settle_pitch(int dev, uint64_t est, uint64_t actual, uint64_t pt
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (actual < est) ledger_release(dev, est - actual);
-    if (record(K_PTR, ptr, dev, actual) != 0) {
+    if (record(K_PTR, ptr, dev, actual, seen) != 0) {
         freefn(ptr);
         ledger_release(dev, actual);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -966,36 +961,58 @@ PRIMARY_TEARDOWN(cuDevicePrimaryCtxReset_v2, 0)
 CTX_DESTROY(cuCtxDestroy)
 CTX_DESTROY(cuCtxDestroy_v2)
 
-/* An allocation a teardown may have freed before it was recorded: once that teardown is over, if
- * the driver no longer knows it, forget it (only the entry of the context it was made in: the
- * address may be someone else's by now, whose put replaced ours and gave its bytes back). A limit
- * (key: its context's address + the limit) goes when its context is no longer a context; one
- * whose address the driver gave to a new context meanwhile stays counted (too high, never too
- * low) until that context's teardown, which takes it as recorded under an earlier generation. */
-static void recheck_alive(int kind, uint64_t key)
+/* Settle an entry that an allocation or limit overlapping a teardown recorded (or any entry whose
+ * record a teardown overlapped): called under the entry's lock, with the teardowns held off, so
+ * that neither the driver's answer nor a context's generation can change before the entry does,
+ * and no allocation handed the address since can be recorded in between. 1: the driver no longer
+ * knows it (that teardown, or a path we do not see, freed it): it goes. Otherwise it stays,
+ * tagged with the current identity of the context that holds it, which the driver names for a
+ * pointer: the allocation may be another context's, made at an address the teardown freed, whose
+ * record ours replaced (its bytes given back), so that its context's teardown must release it,
+ * not the next teardown at our context's address (which would leave it uncounted while it
+ * lives). A limit (key: its context's address + the limit) goes when its context is no longer a
+ * context; one whose address the driver gave to a new context meanwhile stays counted (too high,
+ * never too low) until that context's teardown. Arrays keep their context's address. */
+static int settle_entry(struct alloc *a, void *arg)
 {
-    struct alloc a;
-    teardowns_wait();
-    if (!table_get(kind, key, &a)) return;
+    (void)arg;
+    uint64_t key = a->key, at = a->ctx & CTX_ADDR_MASK & ~CTX_UNSETTLED;
     CUresult rc = CUDA_SUCCESS;
-    if (kind == K_LIMIT) {
+    if (a->kind == K_LIMIT) {
         CUresult (*f)(CUcontext, unsigned *) = (CUresult(*)(CUcontext, unsigned *))real(H_cuCtxGetApiVersion);
         unsigned v = 0;
-        if (f) rc = f((CUcontext)(uintptr_t)(key & ~7ull), &v);
-    } else if (kind == K_PTR) {
+        at = key & ~7ull;
+        if (f) rc = f((CUcontext)(uintptr_t)at, &v);
+    } else if (a->kind == K_PTR) {
         CUresult (*f)(void *, int, CUdeviceptr) = (CUresult(*)(void *, int, CUdeviceptr))real(H_cuPointerGetAttribute);
         unsigned type = 0;
+        CUcontext c = NULL;
         if (f) rc = f(&type, 2 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */, key);
-    } else if (kind == K_ARRAY) {
+        if (f && rc == CUDA_SUCCESS && a->ctx && f(&c, 1 /* CU_POINTER_ATTRIBUTE_CONTEXT */, key) == CUDA_SUCCESS && c)
+            at = (uint64_t)(uintptr_t)c;
+    } else if (a->kind == K_ARRAY) {
         CUresult (*f)(CUDA_ARRAY_DESCRIPTOR *, CUarray) = (CUresult(*)(CUDA_ARRAY_DESCRIPTOR *, CUarray))real(H_cuArrayGetDescriptor_v2);
         CUDA_ARRAY_DESCRIPTOR d;
         if (f) rc = f(&d, (CUarray)(uintptr_t)key);
-    } else if (kind == K_MIPMAP) {
+    } else if (a->kind == K_MIPMAP) {
         CUresult (*f)(CUarray *, CUmipmappedArray, unsigned) = (CUresult(*)(CUarray *, CUmipmappedArray, unsigned))real(H_cuMipmappedArrayGetLevel);
         CUarray level;
         if (f) rc = f(&level, (CUmipmappedArray)(uintptr_t)key, 0);
     }
-    if (rc != CUDA_SUCCESS && table_take_if(kind, key, a.ctx, &a)) dropped(&a);
+    if (rc != CUDA_SUCCESS) return 1;
+    if (a->ctx) a->ctx = ctx_id(at);
+    return 0;
+}
+
+/* Once the teardown under way (if any) is over, and before another begins (a driver query under
+ * a shard's lock: rare, only after a teardown overlapped the record). */
+static void recheck_alive(int kind, uint64_t key)
+{
+    struct alloc a;
+    teardown_lock();
+    int r = table_settle(kind, key, settle_entry, NULL, &a);
+    teardown_unlock();
+    if (r == 1) dropped(&a);
 }
 
 /* ---- context limits: a larger stack, malloc heap or printf FIFO, and the device runtime's
@@ -1027,18 +1044,17 @@ static void limit_restore(const struct alloc *old)
     if (table_put(&newer, &mine) == 1) ledger_release(mine.dev, mine.size);
 }
 
-/* The limit just set, recorded. Another found under its key was set meanwhile, by a call racing
- * this one or on a context made at the address since (ours may then be the destroyed context's):
- * which one the driver holds cannot be told, so the larger stays counted (too high, never too
- * low) and the other leaves the ledger. */
-static void limit_keep(uint64_t key, int dev, uint64_t bytes, uint64_t id)
+/* The limit just set on the context at ctx, recorded (tagged as it goes in: ctxid.h). Another
+ * found under its key was set meanwhile, by a call racing this one or on a context made at the
+ * address since (ours may then be the destroyed context's): which one the driver holds cannot be
+ * told, so the larger stays counted (too high, never too low), under our tag (the context at the
+ * address now: the other's may be the destroyed one's, whose teardown would take it), and the
+ * other leaves the ledger. */
+static void limit_keep(uint64_t key, int dev, uint64_t bytes, uint64_t ctx, uint64_t seen)
 {
-    struct alloc a = {.key = key, .size = bytes, .ctx = id, .kind = K_LIMIT, .dev = (uint16_t)dev, .refs = 1};
-    struct alloc other, back;
-    int r = table_put(&a, &other);
-    if (r != 1) return;
-    if (other.size > bytes && table_put(&other, &back) == 1) ledger_release(back.dev, back.size);
-    else ledger_release(other.dev, other.size);
+    struct alloc a = {.key = key, .size = bytes, .kind = K_LIMIT, .dev = (uint16_t)dev, .refs = 1};
+    struct alloc other;
+    if (table_put_in(&a, &other, ctx, seen, 1) == 1) ledger_release(other.dev, other.size < bytes ? other.size : bytes);
 }
 
 /* Its context may be destroyed while this runs (the limit's memory goes with it): as an
@@ -1050,7 +1066,6 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
     uint64_t ctx;
     if (!ON || limit < 0 || limit > 4 || !(ctx = cur_ctx())) return f(limit, value);
     uint64_t seen = teardowns_seen();
-    uint64_t id = ctx_id(ctx);
     int dev = cur_dev();
     uint64_t bytes = limit_bytes(limit, value, dev);
     uint64_t key = ctx + (uint64_t)limit; /* contexts are aligned: one key per (context, limit) */
@@ -1073,7 +1088,7 @@ EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
         return rc;
     }
     if (bytes < before) ledger_release(dev, before - bytes);
-    if (bytes) limit_keep(key, dev, bytes, id); /* no host memory: stays counted (too high) */
+    if (bytes) limit_keep(key, dev, bytes, ctx, seen); /* no host memory: stays counted (too high) */
     if (bytes) after_record(seen, K_LIMIT, key);
     return rc;
 }
@@ -1386,7 +1401,7 @@ static CUresult alloc_stream_ordered(CUresult (*f)(CUdeviceptr *, size_t, CUmemo
     if (e) return e;
     uint64_t seen = teardowns_seen();
     CUresult rc = CALL();
-    if (rc == CUDA_SUCCESS && keep_aux(K_PTR, *dptr, dev, bytes, ctx_id(cur_ctx()), h) != 0) {
+    if (rc == CUDA_SUCCESS && keep_aux(K_PTR, *dptr, dev, bytes, 0, h, cur_ctx(), seen) != 0) {
         CUresult (*fr)(CUdeviceptr, CUstream) = (CUresult(*)(CUdeviceptr, CUstream))real(ptsz ? H_cuMemFreeAsync_ptsz : H_cuMemFreeAsync);
         if (fr) fr(*dptr, s);
         rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -2572,7 +2587,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&g_load_mu, NULL);
     /* nor a teardown under way on another thread of the parent */
     g_teardown_mu = 0;
-    g_teardowns_done = g_teardowns_begun;
+    colo_teardowns_done = colo_teardowns_begun;
     table_atfork_child();
     ledger_atfork_child();
 }

@@ -124,16 +124,18 @@ static void remove_at(struct shard *s, size_t i)
     }
 }
 
-int table_put(const struct alloc *a, struct alloc *old)
+int table_put_in(struct alloc *a, struct alloc *old, uint64_t at, uint64_t seen, int merge)
 {
     int r = 0;
     uint64_t h = hash(a->kind, a->key);
     struct shard *s = shard_of(h);
     lock_mu(&s->mu);
+    if (at) a->ctx = ctx_tag(at, seen);
     if (room(s) != 0) {
         long i = find(s, h, a->kind, a->key); /* full: only a replacement can go in */
         if (i >= 0) {
             *old = s->tab[i];
+            if (merge && old->size > a->size) a->size = old->size;
             s->tab[i] = *a;
             r = 1;
         } else {
@@ -146,6 +148,7 @@ int table_put(const struct alloc *a, struct alloc *old)
     while (s->tab[i].kind && !(s->tab[i].key == a->key && s->tab[i].kind == a->kind)) i = (i + 1) & (s->cap - 1);
     if (s->tab[i].kind) {
         *old = s->tab[i];
+        if (merge && old->size > a->size) a->size = old->size;
         r = 1;
     } else {
         s->count++;
@@ -154,6 +157,12 @@ int table_put(const struct alloc *a, struct alloc *old)
     s->tab[i] = *a;
     unlock_mu(&s->mu);
     return r;
+}
+
+int table_put(const struct alloc *a, struct alloc *old)
+{
+    struct alloc c = *a;
+    return table_put_in(&c, old, 0, 0, 0);
 }
 
 int table_get(int kind, uint64_t key, struct alloc *out)
@@ -178,16 +187,16 @@ int table_take(int kind, uint64_t key, struct alloc *out)
     return i >= 0;
 }
 
-int table_take_if(int kind, uint64_t key, uint64_t ctx, struct alloc *out)
+int table_settle(int kind, uint64_t key, int (*fn)(struct alloc *, void *), void *arg, struct alloc *out)
 {
     uint64_t h = hash(kind, key);
     struct shard *s = shard_of(h);
     lock_mu(&s->mu);
     long i = find(s, h, kind, key);
-    int took = i >= 0 && s->tab[i].ctx == ctx;
-    if (took) { *out = s->tab[i]; remove_at(s, (size_t)i); }
+    int r = i >= 0 ? fn(&s->tab[i], arg) : -1;
+    if (r == 1) { *out = s->tab[i]; remove_at(s, (size_t)i); }
     unlock_mu(&s->mu);
-    return took;
+    return r;
 }
 
 int table_ref(int kind, uint64_t key, int delta, struct alloc *out)
@@ -265,7 +274,7 @@ static int in_range(const struct alloc *a, uint64_t lo, uint64_t hi)
 
 static int in_ctx(const struct alloc *a, uint64_t ctx, uint64_t gen)
 {
-    return ctx_id_upto(a->ctx, ctx, (uint16_t)gen) && (a->kind == K_PTR || a->kind == K_ARRAY || a->kind == K_MIPMAP || a->kind == K_LIMIT ||
+    return !(a->ctx & CTX_UNSETTLED) && ctx_id_upto(a->ctx, ctx, (uint16_t)gen) && (a->kind == K_PTR || a->kind == K_ARRAY || a->kind == K_MIPMAP || a->kind == K_LIMIT ||
                              a->kind == K_PEND || a->kind == K_MODULE);
 }
 

@@ -34,12 +34,17 @@ struct alloc {
  * allocation). If the same (kind, key) was still recorded, the driver has handed the address out
  * again, so the old allocation is gone: it is replaced and returned in *old (result 1). */
 int table_put(const struct alloc *a, struct alloc *old);
+/* table_put, tagging the entry (a->ctx) with ctxid.h's ctx_tag(at, seen) under the shard's lock
+ * when at is a context (0: a->ctx as given). merge: an entry replaced keeps its size if that is
+ * larger (the caller releases the smaller of the two). */
+int table_put_in(struct alloc *a, struct alloc *old, uint64_t at, uint64_t seen, int merge);
+/* fn(entry, arg) under the entry's lock: 1 removes it (copied to *out), 0 keeps it (as fn left
+ * it). Returns fn's answer, or -1 when there is no such entry. */
+int table_settle(int kind, uint64_t key, int (*fn)(struct alloc *, void *), void *arg, struct alloc *out);
 /* Copy the entry out without removing it; 0 when there is none. */
 int table_get(int kind, uint64_t key, struct alloc *out);
 /* Remove and return the entry; 0 when it is not ours (imported, foreign, already freed). */
 int table_take(int kind, uint64_t key, struct alloc *out);
-/* table_take, only when the entry was made in context ctx. */
-int table_take_if(int kind, uint64_t key, uint64_t ctx, struct alloc *out);
 /* Add `delta` to an entry's refs (K_VMM, K_VOBJ) and copy it out: 1 when they reached 0 and the
  * entry was removed; 0 when it stays; -1 when there is none (not ours). */
 int table_ref(int kind, uint64_t key, int delta, struct alloc *out);
@@ -52,7 +57,7 @@ int table_take_maps(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *));
  * at a mapping: rare). */
 void table_take_range(uint64_t lo, uint64_t hi, void (*fn)(const struct alloc *));
 /* Remove every entry made in the context at address ctx under a generation up to gen (its
- * teardown freed them: ctxid.h); calls fn for each. */
+ * teardown freed them: ctxid.h), unsettled ones left; calls fn for each. */
 void table_take_ctx(uint64_t ctx, uint16_t gen, void (*fn)(const struct alloc *));
 /* Remove the K_PEND entries of stream `stream` (all: of every stream of the context at ctx). */
 void table_take_pending(uint64_t stream, int all, uint64_t ctx, void (*fn)(const struct alloc *));
