@@ -8,17 +8,16 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import uuid
 
 import pytest
 
 from colo.node import native
+from harness.interpose import JOB_BUDGET, build_probe
 from harness.users import ensure_users
 
 
 GiB = 1024**3
-JOB_BUDGET = 64 * 1024**2         # the `job` fixture's budget per device
 REQUIRE_DOCKER = os.environ.get("COLO_REQUIRE_DOCKER") == "1"
 
 # A suite started in the background by a non-interactive shell (`cmd &`, as some runners do)
@@ -33,30 +32,11 @@ def native_dir():
     return native.ensure_built()
 
 
-def build_native_helper(native_dir, out_dir, name):
-    """tests/native_helpers/NAME.c, threaded and linked directly against the simulated libcuda."""
-    out = out_dir / name
-    here = os.path.dirname(__file__)
-    subprocess.run(["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(out),
-                    os.path.join(here, "native_helpers", name + ".c"), str(native_dir / "fakegpu" / "libcuda.so.1"),
-                    "-lpthread"], check=True, timeout=120)
-    return out
-
-
 @pytest.fixture(scope="session")
 def probe(native_dir, tmp_path_factory):
     """The interposer's C test caller (tests/native_helpers/interpose_probe.c), linked directly
     against the simulated libcuda (test_interposer*.py)."""
-    here = os.path.dirname(__file__)
-    native_src = os.path.join(here, "..", "native")
-    out = tmp_path_factory.mktemp("probe") / "interpose_probe"
-    subprocess.run(
-        ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", f"-I{native_src}/interpose",
-         f"-I{native_src}/fakegpu", "-o", str(out), os.path.join(here, "native_helpers", "interpose_probe.c"),
-         str(native_dir / "fakegpu" / "libcuda.so.1"), "-ldl", "-lpthread"],
-        check=True, timeout=120,
-    )
-    return out
+    return build_probe(native_dir, tmp_path_factory.mktemp("probe"))
 
 
 @pytest.fixture
@@ -183,8 +163,8 @@ def users():
 # or calls the helpers that start daemons, Slurm or Debian containers.
 NOT_PURE_FIXTURES = {"native_dir", "built", "docker_client", "users", "other_user", "make_dockerd"}
 NOT_PURE_NAMES = {"subprocess", "Popen", "fork", "forkpty", "execv", "ensure_built"}
-NOT_PURE_HELPERS = {"harness.daemon", "harness.node", "harness.users", "harness.probes", "slurm_util", "debian_util",
-                    "load_bench"}
+NOT_PURE_HELPERS = {"harness.daemon", "harness.node", "harness.users", "harness.probes", "harness.interpose",
+                    "harness.terminal", "slurm_util", "debian_util", "load_bench"}
 SLOW_FIXTURES = {"mix_results"}  # pure but long (mark `slow`; others carry the mark themselves)
 
 

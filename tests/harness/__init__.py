@@ -7,7 +7,9 @@ node.py    SimNode: a simulated GPU node other users reach, and the daemons star
 users.py   real Unix users (made when missing) and code run as one of them (Peer, run_as)
 probes.py  looks at a running daemon from outside: its memory, its database, how fast `ls` answers
 ledger.py  a job that rewrites its budget ledger as an attacker would
+interpose.py  the interposer's C test callers (tests/native_helpers), built and read; the `job` fixture's budget
+terminal.py   a user at a terminal: the real CLI on a pty of its own, driven with pexpect (Term)
 
-Fixtures are in tests/conftest.py. The benches put tests/ on their path to import these; the tests
+Fixtures are in tests/conftest.py; no test module imports another, or conftest. The benches put tests/ on their path to import these; the tests
 never import bench/, but test_reliability.py, which runs load_bench's and crash_trials' scenarios.
 """
