@@ -14,6 +14,7 @@ import pytest
 
 from colo.node import native
 from harness.interpose import JOB_BUDGET, build_probe
+from harness.node import shaped
 from harness.users import ensure_users
 
 
@@ -242,6 +243,50 @@ def shared_daemon(fakegpu, reachable_daemon):
 def shared(shared_daemon):
     """The name most modules give shared_daemon."""
     return shared_daemon
+
+
+def _node_args(prefix: str, count: int = 1, mem: int = 16 * GiB, profiles: dict | None = None, then=None,
+               per: str = "test", needs: tuple = ()):
+    if per not in ("test", "module"):
+        raise ValueError(f"node marker: per={per!r}: 'test' or 'module'")
+    return dict(prefix=prefix, count=count, mem=mem, profiles=profiles, then=then), per, needs
+
+
+@pytest.fixture
+def node(request, native_dir):
+    """A simulated GPU node (harness.node.SimNode, other users reach it), as the test's `node`
+    marker (its own, its class's or its module's pytestmark) says:
+
+        node(prefix, count=1, mem=16 GiB, profiles={name: SimNode.profile's keywords}, then=None,
+             per="test", needs=())
+
+    The test gets then(node) (harness.node.shaped: a generator's yield, its rest run at the end), or
+    the SimNode itself. per="module" (a module's pytestmark): one for all the module's tests.
+    `needs`: fixtures set up first (and so ended after it)."""
+    mark = request.node.get_closest_marker("node")
+    if mark is None:
+        raise pytest.UsageError(f"{request.node.nodeid}: the `node` fixture needs a `node` marker")
+    shape, per, needs = _node_args(*mark.args, **mark.kwargs)
+    if per == "module":
+        yield request.getfixturevalue("module_node")
+        return
+    for name in needs:
+        request.getfixturevalue(name)
+    with shaped(**shape) as got:
+        yield got
+
+
+@pytest.fixture(scope="module")
+def module_node(request, native_dir):
+    """The node of a module whose pytestmark's `node` marker says per="module" (see `node`)."""
+    mark = request.node.get_closest_marker("node")
+    shape, per, needs = _node_args(*mark.args, **mark.kwargs)
+    if per != "module":
+        raise pytest.UsageError(f"{request.node.nodeid}: module_node is for a `node` marker with per='module'")
+    for name in needs:
+        request.getfixturevalue(name)
+    with shaped(**shape) as got:
+        yield got
 
 
 @pytest.fixture

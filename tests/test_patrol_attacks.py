@@ -21,25 +21,14 @@ import pytest
 from colo.client import Client
 from colo.node import cgroup, fakegpu, native, procs
 from harness.daemon import DaemonProc, wait_for
-from harness.node import SimNode
 from harness.users import run_as
 
 
 GiB = 1024**3
 
 
-@pytest.fixture
-def node():
-    """make(**config): a root daemon on two 16 GiB simulated GPUs that other users can reach."""
-    made: list[SimNode] = []
-
-    def make(**config) -> DaemonProc:
-        made.append(SimNode("colo-patrol-", count=2))
-        return made[-1].daemon(config)
-
-    yield make
-    for n in made:
-        n.close()
+# node(**config): a root daemon on two 16 GiB simulated GPUs that other users can reach
+pytestmark = pytest.mark.node("colo-patrol-", count=2, then=lambda n: lambda **config: n.daemon(config))
 
 
 def _native(d: DaemonProc) -> Path:

@@ -16,17 +16,17 @@ from colo import protocol
 from colo.client import Client
 from colo.node import native
 from harness.daemon import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
-from harness.node import SimNode
 from harness.terminal import PROMPT, SHELL, Term, session_job
 
 
-@pytest.fixture(scope="module")
-def node():
-    """A root daemon on one simulated 16 GiB GPU, reachable by other users."""
+def _root_daemon(n):
+    """A root daemon on the node's one simulated 16 GiB GPU, reachable by other users."""
     if os.geteuid() != 0:
         pytest.skip("sessions of real users need a root daemon")
-    with SimNode("colo-sessions-", count=1) as n:
-        yield n.daemon(home=None)
+    return n.daemon(home=None)
+
+
+pytestmark = pytest.mark.node("colo-sessions-", count=1, then=_root_daemon, per="module")
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 daemon.py  DaemonProc (a real daemon in a folder, driven through the real CLI and client), wait_for,
            gpu_node (simulated GPUs), burn (the load tool), as_user and local_user (real users' calls)
-node.py    SimNode: a simulated GPU node other users reach, and the daemons started on it (the
-           modules' `node` fixtures and conftest's reachable_daemon are built on it)
+node.py    SimNode: a simulated GPU node other users reach, and the daemons started on it; shaped,
+           one as a module's `node` marker asks (conftest's `node` and reachable_daemon are built on it)
 users.py   real Unix users (made when missing) and code run as one of them (Peer, run_as)
 probes.py  looks at a running daemon from outside: its memory, its database, how fast `ls` answers
 ledger.py  a job that rewrites its budget ledger as an attacker would
