@@ -149,13 +149,23 @@ def other_user():
         return pwd.getpwnam(name)
 
 
-@pytest.fixture(scope="session")
-def users():
-    """Two real local users, alice and bob (colotest1, colotest2; created when missing), for the
-    tests of what one user can do to another; needs root."""
-    if os.geteuid() != 0:
+@pytest.fixture(scope="module")
+def users(request):
+    """Real local users (created when missing) for the tests of what one user can do to another: by
+    default two, alice and bob (colotest1, colotest2), and the test is skipped without root. A
+    module's `users` marker (in its pytestmark) asks for others: users(n, prefix="colotest",
+    root=True); with root=False and without root, the caller's own entry n times (ensure_users)."""
+    mark = request.node.get_closest_marker("users")
+    n, prefix, root = 2, "colotest", True
+    if mark is not None:
+        n, prefix, root = _users_args(*mark.args, **mark.kwargs)
+    if root and os.geteuid() != 0:
         pytest.skip("needs root to create other users")
-    return ensure_users(2)
+    return ensure_users(n, prefix=prefix)
+
+
+def _users_args(n: int = 2, prefix: str = "colotest", root: bool = True):
+    return n, prefix, root
 
 
 # What makes a test not pure (mark `daemon`, set here): a fixture that builds native parts, reaches
@@ -240,9 +250,17 @@ def shared_daemon(fakegpu, reachable_daemon):
 
 
 @pytest.fixture
-def shared(shared_daemon):
-    """The name most modules give shared_daemon."""
-    return shared_daemon
+def shared(request, fakegpu, reachable_daemon):
+    """shared_daemon, or, where the test's `shared` marker says, its like made otherwise:
+    shared(prefix="colo-shared-", config=None, env=None), reachable_daemon's arguments."""
+    mark = request.node.get_closest_marker("shared")
+    if mark is None:
+        return request.getfixturevalue("shared_daemon")
+    return reachable_daemon(*_shared_args(fakegpu.state, *mark.args, **mark.kwargs))
+
+
+def _shared_args(state, prefix: str = "colo-shared-", config: dict | None = None, env: dict | None = None):
+    return prefix, state, config, env
 
 
 def _node_args(prefix: str, count: int = 1, mem: int = 16 * GiB, profiles: dict | None = None, then=None,
