@@ -1,6 +1,9 @@
 """Shared fixtures: the built native parts, a simulated GPU node, and Docker when present.
 
-Only the NVIDIA driver is replaced (by native/fakegpu); everything else is real.
+Only the NVIDIA driver is replaced (by native/fakegpu); everything else is real. Every fixture of the
+suite is here, once (tests/test_layout.py checks): where modules need it made differently, a marker
+of theirs says how (`node`, `users`, `shared`: pyproject.toml lists them). What the tests share that
+is not a fixture is in tests/harness/; no test module imports another, or this file.
 """
 from __future__ import annotations
 

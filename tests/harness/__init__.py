@@ -10,6 +10,7 @@ ledger.py  a job that rewrites its budget ledger as an attacker would
 interpose.py  the interposer's C test callers (tests/native_helpers), built and read; the `job` fixture's budget
 terminal.py   a user at a terminal: the real CLI on a pty of its own, driven with pexpect (Term)
 
-Fixtures are in tests/conftest.py; no test module imports another, or conftest. The benches put tests/ on their path to import these; the tests
+Fixtures are in tests/conftest.py, each defined once; no test module imports another, or conftest
+(tests/test_layout.py checks both). The benches put tests/ on their path to import these; the tests
 never import bench/, but test_reliability.py, which runs load_bench's and crash_trials' scenarios.
 """
