@@ -301,9 +301,9 @@ def node(request, native_dir):
 def module_node(request, native_dir):
     """The node of a module whose pytestmark's `node` marker says per="module" (see `node`)."""
     mark = request.node.get_closest_marker("node")
-    shape, per, needs = _node_args(*mark.args, **mark.kwargs)
-    if per != "module":
-        raise pytest.UsageError(f"{request.node.nodeid}: module_node is for a `node` marker with per='module'")
+    if mark is None or _node_args(*mark.args, **mark.kwargs)[1] != "module":
+        raise pytest.UsageError(f"{request.node.nodeid}: module_node is for a module's `node` marker with per='module'")
+    shape, _, needs = _node_args(*mark.args, **mark.kwargs)
     for name in needs:
         request.getfixturevalue(name)
     with shaped(**shape) as got:
