@@ -27,8 +27,12 @@ from harness.users import run_as
 GiB = 1024**3
 
 
-# node(**config): a root daemon on two 16 GiB simulated GPUs that other users can reach
-pytestmark = pytest.mark.node("colo-patrol-", count=2, then=lambda n: lambda **config: n.daemon(config))
+def _maker(n):
+    """make(**config): a root daemon on the node's two 16 GiB simulated GPUs that other users can reach."""
+    return lambda **config: n.daemon(config)
+
+
+pytestmark = pytest.mark.node("colo-patrol-", count=2, then=_maker)
 
 
 def _native(d: DaemonProc) -> Path:
