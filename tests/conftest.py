@@ -1,6 +1,9 @@
 """Shared fixtures: the built native parts, a simulated GPU node, and Docker when present.
 
-Only the NVIDIA driver is replaced (by native/fakegpu); everything else is real.
+Only the NVIDIA driver is replaced (by native/fakegpu); everything else is real. Every fixture of the
+suite is here, once (tests/test_layout.py checks): where modules need it made differently, a marker
+of theirs says how (`node`, `users`, `shared`: pyproject.toml lists them). What the tests share that
+is not a fixture is in tests/harness/; no test module imports another, or this file.
 """
 from __future__ import annotations
 
@@ -8,17 +11,17 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import uuid
 
 import pytest
 
 from colo.node import native
+from harness.interpose import JOB_BUDGET, build_probe
+from harness.node import shaped
 from harness.users import ensure_users
 
 
 GiB = 1024**3
-JOB_BUDGET = 64 * 1024**2         # the `job` fixture's budget per device
 REQUIRE_DOCKER = os.environ.get("COLO_REQUIRE_DOCKER") == "1"
 
 # A suite started in the background by a non-interactive shell (`cmd &`, as some runners do)
@@ -33,30 +36,11 @@ def native_dir():
     return native.ensure_built()
 
 
-def build_native_helper(native_dir, out_dir, name):
-    """tests/native_helpers/NAME.c, threaded and linked directly against the simulated libcuda."""
-    out = out_dir / name
-    here = os.path.dirname(__file__)
-    subprocess.run(["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o", str(out),
-                    os.path.join(here, "native_helpers", name + ".c"), str(native_dir / "fakegpu" / "libcuda.so.1"),
-                    "-lpthread"], check=True, timeout=120)
-    return out
-
-
 @pytest.fixture(scope="session")
 def probe(native_dir, tmp_path_factory):
     """The interposer's C test caller (tests/native_helpers/interpose_probe.c), linked directly
     against the simulated libcuda (test_interposer*.py)."""
-    here = os.path.dirname(__file__)
-    native_src = os.path.join(here, "..", "native")
-    out = tmp_path_factory.mktemp("probe") / "interpose_probe"
-    subprocess.run(
-        ["cc", "-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror", f"-I{native_src}/interpose",
-         f"-I{native_src}/fakegpu", "-o", str(out), os.path.join(here, "native_helpers", "interpose_probe.c"),
-         str(native_dir / "fakegpu" / "libcuda.so.1"), "-ldl", "-lpthread"],
-        check=True, timeout=120,
-    )
-    return out
+    return build_probe(native_dir, tmp_path_factory.mktemp("probe"))
 
 
 @pytest.fixture
@@ -168,13 +152,23 @@ def other_user():
         return pwd.getpwnam(name)
 
 
-@pytest.fixture(scope="session")
-def users():
-    """Two real local users, alice and bob (colotest1, colotest2; created when missing), for the
-    tests of what one user can do to another; needs root."""
-    if os.geteuid() != 0:
+@pytest.fixture(scope="module")
+def users(request):
+    """Real local users (created when missing) for the tests of what one user can do to another: by
+    default two, alice and bob (colotest1, colotest2), and the test is skipped without root. A
+    module's `users` marker (in its pytestmark) asks for others: users(n, prefix="colotest",
+    root=True); with root=False and without root, the caller's own entry n times (ensure_users)."""
+    mark = request.node.get_closest_marker("users")
+    n, prefix, root = 2, "colotest", True
+    if mark is not None:
+        n, prefix, root = _users_args(*mark.args, **mark.kwargs)
+    if root and os.geteuid() != 0:
         pytest.skip("needs root to create other users")
-    return ensure_users(2)
+    return ensure_users(n, prefix=prefix)
+
+
+def _users_args(n: int = 2, prefix: str = "colotest", root: bool = True):
+    return n, prefix, root
 
 
 # What makes a test not pure (mark `daemon`, set here): a fixture that builds native parts, reaches
@@ -183,8 +177,8 @@ def users():
 # or calls the helpers that start daemons, Slurm or Debian containers.
 NOT_PURE_FIXTURES = {"native_dir", "built", "docker_client", "users", "other_user", "make_dockerd"}
 NOT_PURE_NAMES = {"subprocess", "Popen", "fork", "forkpty", "execv", "ensure_built"}
-NOT_PURE_HELPERS = {"harness.daemon", "harness.node", "harness.users", "harness.probes", "slurm_util", "debian_util",
-                    "load_bench"}
+NOT_PURE_HELPERS = {"harness.daemon", "harness.node", "harness.users", "harness.probes", "harness.interpose",
+                    "harness.terminal", "slurm_util", "debian_util", "load_bench"}
 SLOW_FIXTURES = {"mix_results"}  # pure but long (mark `slow`; others carry the mark themselves)
 
 
@@ -259,9 +253,61 @@ def shared_daemon(fakegpu, reachable_daemon):
 
 
 @pytest.fixture
-def shared(shared_daemon):
-    """The name most modules give shared_daemon."""
-    return shared_daemon
+def shared(request, fakegpu, reachable_daemon):
+    """shared_daemon, or, where the test's `shared` marker says, its like made otherwise:
+    shared(prefix="colo-shared-", config=None, env=None), reachable_daemon's arguments."""
+    mark = request.node.get_closest_marker("shared")
+    if mark is None:
+        return request.getfixturevalue("shared_daemon")
+    return reachable_daemon(*_shared_args(fakegpu.state, *mark.args, **mark.kwargs))
+
+
+def _shared_args(state, prefix: str = "colo-shared-", config: dict | None = None, env: dict | None = None):
+    return prefix, state, config, env
+
+
+def _node_args(prefix: str, count: int = 1, mem: int = 16 * GiB, profiles: dict | None = None, then=None,
+               per: str = "test", needs: tuple = ()):
+    if per not in ("test", "module"):
+        raise ValueError(f"node marker: per={per!r}: 'test' or 'module'")
+    return dict(prefix=prefix, count=count, mem=mem, profiles=profiles, then=then), per, needs
+
+
+@pytest.fixture
+def node(request, native_dir):
+    """A simulated GPU node (harness.node.SimNode, other users reach it), as the test's `node`
+    marker (its own, its class's or its module's pytestmark) says:
+
+        node(prefix, count=1, mem=16 GiB, profiles={name: SimNode.profile's keywords}, then=None,
+             per="test", needs=())
+
+    The test gets then(node) (harness.node.shaped: a generator's yield, its rest run at the end), or
+    the SimNode itself. per="module" (a module's pytestmark): one for all the module's tests.
+    `needs`: fixtures set up first (and so ended after it)."""
+    mark = request.node.get_closest_marker("node")
+    if mark is None:
+        raise pytest.UsageError(f"{request.node.nodeid}: the `node` fixture needs a `node` marker")
+    shape, per, needs = _node_args(*mark.args, **mark.kwargs)
+    if per == "module":
+        yield request.getfixturevalue("module_node")
+        return
+    for name in needs:
+        request.getfixturevalue(name)
+    with shaped(**shape) as got:
+        yield got
+
+
+@pytest.fixture(scope="module")
+def module_node(request, native_dir):
+    """The node of a module whose pytestmark's `node` marker says per="module" (see `node`)."""
+    mark = request.node.get_closest_marker("node")
+    if mark is None or _node_args(*mark.args, **mark.kwargs)[1] != "module":
+        raise pytest.UsageError(f"{request.node.nodeid}: module_node is for a module's `node` marker with per='module'")
+    shape, _, needs = _node_args(*mark.args, **mark.kwargs)
+    for name in needs:
+        request.getfixturevalue(name)
+    with shaped(**shape) as got:
+        yield got
 
 
 @pytest.fixture

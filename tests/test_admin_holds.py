@@ -18,15 +18,16 @@ from harness.node import SimNode
 LIMIT = 12  # this daemon's max_queued_per_user (the default, 10,000, is checked apart)
 
 
-@pytest.fixture(scope="module")
-def d(users):
-    with SimNode("colo-adminholds-") as n:
-        dp = n.daemon({"max_queued_per_user": LIMIT}, home=None)
-        out = n.root / "out"
-        out.mkdir(mode=0o777)
-        os.chmod(out, 0o777)
-        yield dp
-        (n.root / "go").touch()  # the gated jobs end as the daemon stops
+def _daemon(n: SimNode):
+    dp = n.daemon({"max_queued_per_user": LIMIT}, home=None)
+    out = n.root / "out"
+    out.mkdir(mode=0o777)
+    os.chmod(out, 0o777)
+    yield dp
+    (n.root / "go").touch()  # the gated jobs end as the daemon stops
+
+
+pytestmark = pytest.mark.node("colo-adminholds-", then=_daemon, per="module", needs=("users",))
 
 
 def as_(pw, d: DaemonProc, op: str, **args):
@@ -45,7 +46,8 @@ def reason_seen_by(pw, d: DaemonProc, job: int) -> str:
     return next(r["reason"] for r in rows if r["id"] == job)
 
 
-def test_an_admins_hold_and_pause_of_her_job_only_an_admin_lifts(d, users):
+def test_an_admins_hold_and_pause_of_her_job_only_an_admin_lifts(node, users):
+    d = node
     alice = users[0]
     kind, job = as_(alice, d, "submit", spec={**gated(d), "hold": True})
     assert kind == "ok", job
@@ -83,7 +85,8 @@ def test_an_admins_hold_and_pause_of_her_job_only_an_admin_lifts(d, users):
     d.wait_state(j, "cancelled")
 
 
-def test_history_shows_another_user_only_what_ls_shows(d, users):
+def test_history_shows_another_user_only_what_ls_shows(node, users):
+    d = node
     alice, bob = users
     secret = "Bearer s3cr3t-token"
     spec = {"argv": ["true"], "gpus": 0, "workdir": "/tmp", "name": "private", "env": {"TOKEN": secret},
@@ -109,7 +112,8 @@ def test_history_shows_another_user_only_what_ls_shows(d, users):
     assert "s3cr3t" not in repr(theirs) and "secret-" not in repr(theirs)
 
 
-def test_the_queue_limit_is_on_by_default_and_counts_an_arrays_tasks(d, users):
+def test_the_queue_limit_is_on_by_default_and_counts_an_arrays_tasks(node, users):
+    d = node
     assert Config(state_dir=Path("/var/lib/colo"), socket=Path("/run/colo/colo.sock")).max_queued_per_user == 10_000
     bob = users[1]
     env = {f"V{i}": "x" * 500 for i in range(100)}  # 50 KiB, stored once for all of the array's tasks

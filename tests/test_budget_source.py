@@ -23,7 +23,6 @@ from colo.client import Client
 from colo.node import cgroup, interposer, native
 from harness.daemon import DaemonProc, wait_for
 from harness.ledger import CRAFT
-from harness.node import SimNode
 from harness.probes import db_ro
 from harness.users import run_as, shared_root
 
@@ -163,10 +162,7 @@ def test_outside_any_colo_job_the_environment_still_sets_the_budget(probe_dir, u
 
 # ---- through the daemon ------------------------------------------------------------------------
 
-@pytest.fixture
-def node(probe_dir):
-    with SimNode("colo-source-d-", count=1) as n:
-        yield n.daemon()
+pytestmark = pytest.mark.node("colo-source-d-", count=1, then=lambda n: n.daemon(), needs=("probe_dir",))
 
 
 def _submit(d: DaemonProc, pw, spec: dict) -> int:

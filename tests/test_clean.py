@@ -107,12 +107,13 @@ def test_clean_removes_only_ended_jobs_of_their_owner_with_their_logs(shared, ot
     assert r.returncode == 1 and f"--after {ok}: no such job" in r.stderr and "colo clean" in r.stderr, r.stderr
 
 
-@pytest.fixture
-def node(native_dir):
-    with SimNode("colo-retain-") as n:
-        n.profile("pair", sm=0.3, mem=256 * MiB, membw=0.2, runtime=2.0)
-        (n.root / "d").mkdir(mode=0o755)
-        yield n.root, n.state, n.prof
+def _with_home(n: SimNode):
+    (n.root / "d").mkdir(mode=0o755)
+    return n.parts()
+
+
+pytestmark = pytest.mark.node("colo-retain-", profiles={"pair": dict(sm=0.3, mem=256 * MiB, membw=0.2, runtime=2.0)},
+                              then=_with_home)
 
 
 def test_learned_data_and_fair_share_outlive_cleaned_jobs_and_history_keep_days_purges(node):

@@ -22,11 +22,9 @@ from harness.daemon import DaemonProc, as_user, invoke_as, wait_for
 GiB = 1024**3
 
 
-@pytest.fixture
-def shared(fakegpu, reachable_daemon):
-    """A daemon other users can reach, with colo's default reserve and a long grace period (at
-    the end its gated jobs are let end by themselves: reachable_daemon makes their `go`)."""
-    return reachable_daemon("colo-cli-", fakegpu.state, {"reserve": "256MiB", "stop_grace": 60.0})
+# `shared`: a daemon other users can reach, with colo's default reserve and a long grace period (at
+# the end its gated jobs are let end by themselves: reachable_daemon makes their `go`).
+pytestmark = pytest.mark.shared("colo-cli-", {"reserve": "256MiB", "stop_grace": 60.0})
 
 
 

@@ -20,7 +20,7 @@ GiB = 1 << 30
 
 
 @pytest.fixture
-def busy(tmp_path, native_dir):
+def backlog(tmp_path, native_dir):
     """4 GPUs held whole by running jobs (nothing behind them), 2,000 queued jobs of 5 users, all
     waiting past hold_after; an in-process daemon on that store (no loop, nothing recovered)."""
     state = tmp_path / "gpus"
@@ -45,8 +45,8 @@ def busy(tmp_path, native_dir):
     d.close()
 
 
-def test_a_complete_pass_in_slices_decides_what_one_pass_does(busy, monkeypatch):
-    s = busy.scheduler
+def test_a_complete_pass_in_slices_decides_what_one_pass_does(backlog, monkeypatch):
+    s = backlog.scheduler
 
     async def go():
         one = s.schedule_pass(complete=True)  # the whole walk in one plan
@@ -67,19 +67,19 @@ def test_a_complete_pass_in_slices_decides_what_one_pass_does(busy, monkeypatch)
     assert all(a == "wait" for a, _ in whole.values())
 
 
-def test_no_pass_over_the_queue_falls_due_while_nothing_changes(busy, monkeypatch):
+def test_no_pass_over_the_queue_falls_due_while_nothing_changes(backlog, monkeypatch):
     """An idle daemon sleeps however long its queue: the once-a-minute pass over every queued job
     is owed only when something changed since the last one (issue 41)."""
     import math
 
-    s = busy.scheduler
+    s = backlog.scheduler
 
     async def go():
         assert len(s.schedule_pass(complete=True)) == 2000
         assert s.pass_due_in() == math.inf
         monkeypatch.setattr(sched, "COMPLETE_PASS_EVERY", 0.0)  # a minute has passed, many times over
         assert s.schedule_pass() == [] and s.pass_due_in() == math.inf
-        j = busy.table.open[min(busy.table.open)]  # one change: a job's state (here a running one ends)
+        j = backlog.table.open[min(backlog.table.open)]  # one change: a job's state (here a running one ends)
         s.queue_changed(j, j)
         assert s.pass_due_in() == 0.0
         assert len(s.schedule_pass()) > 1000 and s.pass_due_in() == math.inf  # every job looked at again

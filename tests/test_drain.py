@@ -16,32 +16,30 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from colo import profiles
 from colo.client import Client
 from colo.node.fakegpu import FakeNode
-from harness.daemon import DaemonProc, as_user, burn_path, gpu_node, invoke_as, wait_for
+from harness.daemon import DaemonProc, as_user, burn_path, invoke_as, wait_for
+from harness.node import SimNode
 
 HOLDER = Path(__file__).with_name("suspend_holder.py")  # a CUDA program that holds memory (test_suspend's)
 
 
-@pytest.fixture(scope="module")
-def d():
-    root, state, prof = gpu_node("colo-drain-", count=2)
-    # a light job's profile: alone on a GPU it runs as an MPS client (test_drain_now_requeues_an_mps_client)
-    profiles.save(profiles.from_samples("light", {"times": list(range(20)), "sm": [0.3] * 20, "mem": [256 << 20] * 20,
-                                                  "membw": [0.2] * 20}, runtime=600), prof / "light.profile")
+def _daemon(n: SimNode):
+    """The node's daemon, its metrics on a port of its own (d.metrics_port), its GPUs' controls (d.fake)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dp = DaemonProc(root, state, {"metrics_listen": f"127.0.0.1:{port}", "profile_dirs": [str(prof)]}).start()
+    dp = n.daemon({"metrics_listen": f"127.0.0.1:{port}", "profile_dirs": [str(n.prof)]}, home=None)
     dp.metrics_port = port
-    dp.fake = FakeNode(state)
-    os.chmod(dp.socket.parent, 0o755)
+    dp.fake = FakeNode(n.state)
     yield dp
     for go in ("go1", "go2", "go3", "go4", "go5"):
-        (root / go).touch()
-    dp.stop()
-    shutil.rmtree(root, ignore_errors=True)
+        (n.root / go).touch()
+
+
+# light: alone on a GPU it runs as an MPS client (test_drain_now_requeues_an_mps_client)
+pytestmark = pytest.mark.node("colo-drain-", count=2, per="module", then=_daemon,
+                              profiles={"light": dict(sm=0.3, mem=256 << 20, membw=0.2, runtime=600)})
 
 
 def gated(d: DaemonProc, go: str, *extra: str) -> list[str]:
@@ -65,7 +63,8 @@ def drained_metric(d: DaemonProc) -> dict[str, float]:
             if s.name == "colo_gpu_drained"}
 
 
-def test_a_user_may_not_drain_or_undrain(d, users):
+def test_a_user_may_not_drain_or_undrain(node, users):
+    d = node
     alice = users[0]
     for op, args in (("drain", {"gpus": ["0"], "reason": "mine now"}), ("undrain", {"gpus": ["0"]})):
         kind, why = as_user(alice, lambda: Client(d.socket).call(op, **args))
@@ -74,7 +73,8 @@ def test_a_user_may_not_drain_or_undrain(d, users):
     assert drained(d) == {0: None, 1: None}
 
 
-def test_a_drained_gpu_gets_no_new_job_while_the_other_does(d):
+def test_a_drained_gpu_gets_no_new_job_while_the_other_does(node):
+    d = node
     first = d.submit(*gated(d, "go1"))
     on = d.wait_state(first, "running")["gpus"]
     by_uuid = {u: i for i, u in uuids(d).items()}
@@ -101,7 +101,8 @@ def test_a_drained_gpu_gets_no_new_job_while_the_other_does(d):
     assert drained(d) == {0: None, 1: None}
 
 
-def test_drain_now_requeues_the_running_jobs_elsewhere(d):
+def test_drain_now_requeues_the_running_jobs_elsewhere(node):
+    d = node
     j = d.submit(*gated(d, "go2"))
     on = d.wait_state(j, "running")["gpus"]
     by_uuid = {u: i for i, u in uuids(d).items()}
@@ -116,7 +117,8 @@ def test_drain_now_requeues_the_running_jobs_elsewhere(d):
     d.cli("undrain", str(g), check=True)
 
 
-def test_a_drain_outlasts_a_restart_and_undrain_lets_jobs_in(d):
+def test_a_drain_outlasts_a_restart_and_undrain_lets_jobs_in(node):
+    d = node
     u0 = uuids(d)[0]
     d.cli("drain", u0, "--reason", "demo on Friday", check=True)  # by UUID
     d.proc.send_signal(signal.SIGTERM)
@@ -147,7 +149,8 @@ def admin_log(d: DaemonProc) -> list[dict]:
     return json.loads(d.cli("history", "--admin", "--json", check=True).stdout)
 
 
-def test_the_admin_log_shows_drains_newest_first_and_only_to_admins(d, users):
+def test_the_admin_log_shows_drains_newest_first_and_only_to_admins(node, users):
+    d = node
     d.cli("drain", "0", "--reason", "fan swap", check=True)
     d.cli("undrain", "0", check=True)
     u0 = uuids(d)[0]
@@ -174,7 +177,8 @@ def _holder(d: DaemonProc, pw, name: str, *extra: str) -> tuple[int, Path]:
     return job, work
 
 
-def test_drain_now_suspends_what_it_can_and_requeues_a_no_suspend_job(d, users):
+def test_drain_now_suspends_what_it_can_and_requeues_a_no_suspend_job(node, users):
+    d = node
     alice = users[0]
     d.cli("drain", "1", "--reason", "both jobs on GPU 0", check=True)
     held, work = _holder(d, alice, "keep")
@@ -205,8 +209,9 @@ def test_drain_now_suspends_what_it_can_and_requeues_a_no_suspend_job(d, users):
 
 
 
-def test_drain_now_requeues_an_mps_client(d):
+def test_drain_now_requeues_an_mps_client(node):
     """The driver cannot checkpoint an MPS client: --now requeues it, and says why."""
+    d = node
     d.cli("drain", "1", "--reason", "the MPS job on GPU 0", check=True)
     j = d.submit("--process", "--gpu-mem", "1GiB", "--profile", "light", "--workdir", "/tmp", "--", "sh", "-c",
                  f"{burn_path(d)} --mem 256MiB --duty 30 --seconds 600 --quiet & b=$!; "
@@ -225,7 +230,8 @@ def test_drain_now_requeues_an_mps_client(d):
     d.wait_state(j, "succeeded")
     d.cli("undrain", "0", check=True)
 
-def test_a_gpu_that_reports_an_xid_drains_itself_and_its_job_runs_elsewhere(d):
+def test_a_gpu_that_reports_an_xid_drains_itself_and_its_job_runs_elsewhere(node):
+    d = node
     j = d.submit(*gated(d, "go4"))
     on = d.wait_state(j, "running")["gpus"]
     g = {u: i for i, u in uuids(d).items()}[on[0]]

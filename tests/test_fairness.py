@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.daemon import DaemonProc, as_user, local_user, wait_for
+from harness.daemon import DaemonProc, as_user, wait_for
 
 from colo.sched import fairshare
 from colo.client import Client
@@ -45,11 +45,7 @@ def test_limits_say_which_one_in_a_line():
 
 
 # real users, real daemon ------------------------------------------------------------------------
-@pytest.fixture
-def users():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create users")
-    return local_user("colofair1"), local_user("colofair2")
+pytestmark = pytest.mark.users(2, prefix="colofair")
 
 
 @pytest.fixture

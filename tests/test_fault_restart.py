@@ -14,11 +14,8 @@ from harness.daemon import DaemonProc, wait_for
 from harness.node import SimNode
 
 
-@pytest.fixture
-def node():
-    with SimNode("colo-faultrs-") as n:
-        n.profile("light", sm=0.3, mem=512 * 1024**2, membw=0.2, runtime=600, n=30)
-        yield n.root, n.state, n.prof
+pytestmark = pytest.mark.node("colo-faultrs-", profiles={"light": dict(sm=0.3, mem=512 * 1024**2, membw=0.2,
+                                                                         runtime=600, n=30)}, then=SimNode.parts)
 
 
 def _alive(p: psutil.Process) -> bool:

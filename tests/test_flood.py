@@ -24,7 +24,9 @@ CONNS, STREAMS, TASKS = 16, 6, 64  # this daemon's limits: small, so that the at
 
 
 @pytest.fixture(scope="module")
-def d():
+def limited():
+    """The module's root daemon, its per-user limits small (CONNS, STREAMS, TASKS), its socket
+    other users' to reach."""
     if os.geteuid() != 0:
         pytest.skip("needs root: other users, cgroups")
     root = shared_root("colo-flood-")
@@ -64,11 +66,12 @@ def _hold(sock: str, n: int, ready: str, done: str) -> tuple[int, int, int]:
     return told, closed, len(live)
 
 
-def test_a_user_holding_connections_past_the_limit_locks_no_one_out(d, users):
+def test_a_user_holding_connections_past_the_limit_locks_no_one_out(limited, users):
     """Four processes of one user each open 40 connections and hold them: the daemon keeps at most
     CONNS of them open, tells the rest so in one line and closes them at once, and closes the kept
     ones as idle; meanwhile another user submits, lists and cancels, root lists, and the log grows
     by a few lines (logflood: 10 a minute from one place, then counted)."""
+    d = limited
     talk = d.root / "talk-conns"
     talk.mkdir()
     os.chown(talk, users[0].pw_uid, users[0].pw_gid)
@@ -124,10 +127,11 @@ def _slow(sock: str, flag: str) -> bytes:
         s.close()
 
 
-def test_a_client_sending_a_byte_a_second_holds_no_one_up(d, users):
+def test_a_client_sending_a_byte_a_second_holds_no_one_up(limited, users):
     """While one user's request trickles in a byte a second, another user's requests are answered
     (the daemon reads everyone as their bytes come); the slow one is closed after REQUEST_TIMEOUT
     (15 s) unanswered, the whole request not having come."""
+    d = limited
     talk = d.root / "talk-slow"
     talk.mkdir()
     os.chown(talk, users[0].pw_uid, users[0].pw_gid)
@@ -166,10 +170,11 @@ def _half_sent(sock: str, n: int, size: int, done: str) -> tuple[int, list[str]]
     return len(conns), said
 
 
-def test_half_sent_requests_are_bounded_per_user(d, users):
+def test_half_sent_requests_are_bounded_per_user(limited, users):
     """One user's connections each send 1 MiB of a submit and never its end: the daemon keeps at
     most MAX_PENDING (8 MiB) of them for the user and refuses the rest with one line. An `ls`
     longer than a small op's 128 KiB is refused too. (The memory given back: bench/flood_bench.py.)"""
+    d = limited
     from colo.daemon import server
 
     talk = d.root / "talk-half"
@@ -227,7 +232,8 @@ def _streams(sock: str, job: int, n: int) -> tuple[list[str], int]:
     return told, rows
 
 
-def test_streams_per_user_are_bounded_and_end_with_their_client(d, users):
+def test_streams_per_user_are_bounded_and_end_with_their_client(limited, users):
+    d = limited
     gate = d.root / "gate-streams"
     j = run_as(users[0], lambda: Client(d.socket).submit(
         {"argv": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.1; done"], "gpus": 0, "workdir": "/tmp"})["id"])
@@ -255,10 +261,11 @@ def _has_pids(d: DaemonProc) -> bool:
     return False
 
 
-def test_a_fork_bomb_fails_inside_its_own_job(d, users):
+def test_a_fork_bomb_fails_inside_its_own_job(limited, users):
     """A job that forks without end meets its own pids.max (job_tasks, here 64): its forks fail
     there, while another user's job that forks 30 runs to its end; an --on-end command runs in a
     leaf of its own under the job's limits, not in the daemon's cgroup."""
+    d = limited
     import psutil
 
     bomb = "(while :; do sleep 120 & done) 2>/dev/null; echo full; exec sleep 120"
@@ -288,7 +295,8 @@ def test_a_fork_bomb_fails_inside_its_own_job(d, users):
     assert f"onend-{b}-" in text, text
 
 
-def test_tasks_option_is_checked_and_capped(d, users):
+def test_tasks_option_is_checked_and_capped(limited, users):
+    d = limited
     spec = {"argv": ["true"], "gpus": 0, "workdir": "/tmp"}
     from harness.daemon import client_error
 
@@ -302,11 +310,12 @@ def test_tasks_option_is_checked_and_capped(d, users):
     assert r.returncode != 0 and "--tasks must be" in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
-def test_the_daemon_stays_reachable_at_its_descriptor_limit(d, users):
+def test_the_daemon_stays_reachable_at_its_descriptor_limit(limited, users):
     """With the daemon's descriptor limit lowered to 360 (prlimit), four users holding connections
     get at most the limit less the share kept for root and admins, and root is answered; root's
     own flood then meets EMFILE: the daemon says so a few times (not once per attempt) and serves
     everyone again once it ends."""
+    d = limited
     import resource
 
     from colo.daemon import server

@@ -18,10 +18,12 @@ import pytest
 from colo.node import cgroup, devices, fakegpu
 from colo.node.cgroup import Cgroups, CgroupError
 from colo.node.mps import MpsDaemon
-from harness.node import SimNode
-from harness.users import ensure_users
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users and gate files")
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users and gate files"),
+              pytest.mark.users(1, prefix="cologate", root=False),
+              # two simulated GPUs in a folder every user reaches: (root, state file, FakeNode)
+              pytest.mark.node("colo-gate-", count=2, then=lambda n: (n.root, n.state, fakegpu.FakeNode(n.state)))]
 
 GROUP = "cologpu-test"
 
@@ -69,18 +71,6 @@ def group():
     except LookupError:
         subprocess.run(["groupadd", GROUP], check=True, capture_output=True)
         return devices.group_id(GROUP)
-
-
-@pytest.fixture
-def users():
-    return ensure_users(1, prefix="cologate")
-
-
-@pytest.fixture
-def node(native_dir):
-    """Two simulated GPUs in a folder every user reaches: (root, state file, FakeNode)."""
-    with SimNode("colo-gate-", count=2) as n:
-        yield n.root, n.state, fakegpu.FakeNode(n.state)
 
 
 def as_user(pw, groups=(), dirs=()):

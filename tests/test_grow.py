@@ -16,18 +16,18 @@ from harness.node import SimNode
 GiB, MiB = 1024**3, 1024**2
 
 
-@pytest.fixture
-def node(native_dir):
-    """One simulated 4 GiB GPU (reserve 0), a profile whose memory (1 GiB) is ~10 % short of what
-    its jobs use (1100 MiB)."""
-    with SimNode("colo-grow-", mem=4 * GiB) as n:
-        n.profile("under", sm=0.3, mem=GiB, membw=0.2, runtime=2.0, n=10)
+def _starter(n: SimNode):
+    """start(**config): a daemon on the node, in a folder of its own."""
+    def start(**cfg) -> DaemonProc:
+        return n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0, **cfg},
+                        home=f"d{len(n.daemons)}", reachable=False)
+    return start
 
-        def start(**cfg) -> DaemonProc:
-            return n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0, **cfg},
-                            home=f"d{len(n.daemons)}", reachable=False)
 
-        yield start
+# One simulated 4 GiB GPU (reserve 0), a profile whose memory (1 GiB) is ~10 % short of what its jobs
+# use (1100 MiB).
+pytestmark = pytest.mark.node("colo-grow-", mem=4 * GiB,
+                              profiles={"under": dict(sm=0.3, mem=GiB, membw=0.2, runtime=2.0, n=10)}, then=_starter)
 
 
 def explain(d: DaemonProc, job_id: int) -> dict:

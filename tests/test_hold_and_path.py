@@ -19,9 +19,7 @@ from harness.users import run_as
 ROOT_ONLY = "/root/colo-only-bin"  # stands for root's own tool folders in the daemon's PATH
 
 
-@pytest.fixture
-def shared(fakegpu, reachable_daemon):
-    return reachable_daemon("colo-hold-", fakegpu.state, env={"PATH": f"{ROOT_ONLY}:{os.environ['PATH']}"})
+pytestmark = pytest.mark.shared("colo-hold-", env={"PATH": f"{ROOT_ONLY}:{os.environ['PATH']}"})
 
 
 def _submit(d: DaemonProc, pw, argv: list[str], **more) -> int:

@@ -8,7 +8,7 @@ import pytest
 
 from colo.node import native
 from harness.daemon import DaemonProc, gpu_node, local_user
-from test_sessions import SHELL, Term, _session_job
+from harness.terminal import SHELL, Term, session_job
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def test_an_idle_session_is_told_on_its_terminal_then_ended_after_the_grace(idle
     t = Term(d, alice, "shell", "--gpu-mem", "256MiB", *SHELL)
     try:
         t.prompt()
-        job = _session_job(d, alice)
+        job = session_job(d, alice)
         t.send(f"{native.native_dir() / native.BURN} --mem 64MiB --duty 0 --seconds 600")
         t.expect(r"colo: this session holds 64MiB of GPU memory and has not used the GPU for \d+s; "
                  r"it ends in 2s unless the GPU is used", timeout=60)

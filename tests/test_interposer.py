@@ -14,27 +14,11 @@ from pathlib import Path
 import pytest
 
 from colo.node import interposer
-from conftest import JOB_BUDGET as BUDGET
+from harness.interpose import CTYPES_CALLER, MiB, codes, info, run
+from harness.interpose import JOB_BUDGET as BUDGET
 
-MiB = 1 << 20
 HERE = Path(__file__).parent
 NATIVE = HERE.parent / "native"
-
-
-def run(probe, env, *script, via="direct", extra=(), timeout=60):
-    r = subprocess.run([str(probe), "--via", via, *extra, *script], env=env, capture_output=True,
-                       text=True, timeout=timeout)
-    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
-    return r.stdout.splitlines(), r.stderr
-
-
-def codes(lines, cmd):
-    return [int(line.split()[1]) for line in lines if line.split()[0] == cmd]
-
-
-def info(lines):
-    """(free, total) of every `info` line."""
-    return [tuple(map(int, line.split()[2:4])) for line in lines if line.startswith("info ")]
 
 
 # name -> (script under budget, bytes the ledger counts for it, script that passes the budget)
@@ -122,19 +106,6 @@ def test_get_proc_address_wraps_by_name_version_and_flags(probe, job, via):
         ["500", "cuNoSuchFunction", "driver", "?"],
     ]
     assert got[4][3].startswith("cuMemAllocAsync")
-
-
-CTYPES_CALLER = textwrap.dedent("""
-    import ctypes, sys
-    cu = ctypes.CDLL("libcuda.so.1")
-    ctx, p, free, total = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_size_t(), ctypes.c_size_t()
-    assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-    assert cu.cuCtxSetCurrent(ctx) == 0
-    a = cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(48 << 20))
-    b = cu.cuMemAlloc_v2(ctypes.byref(ctypes.c_uint64()), ctypes.c_size_t(32 << 20))
-    cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
-    print(a, b, free.value, total.value)
-""")
 
 
 def test_ctypes_caller_is_enforced(job):

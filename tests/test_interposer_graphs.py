@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from colo.node import interposer
-from test_interposer import BUDGET, MiB, codes, info, run
+from harness.interpose import JOB_BUDGET as BUDGET
+from harness.interpose import MiB, codes, info, run
 
 LOOKUPS = [("direct", []), ("dlsym", []), ("gpa", ["--ver", "12080"]), ("gpa", ["--ver", "12080", "--ptds"])]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from colo.node import interposer
-from conftest import JOB_BUDGET as BUDGET
+from harness.interpose import JOB_BUDGET as BUDGET
 
 MiB = 1 << 20
 HERE = Path(__file__).parent

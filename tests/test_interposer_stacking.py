@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from colo.node import interposer
-from test_interposer import BUDGET, CTYPES_CALLER, MiB, info, run
+from harness.interpose import JOB_BUDGET as BUDGET
+from harness.interpose import CTYPES_CALLER, MiB, info, run
 
 HELPERS = Path(__file__).parent / "native_helpers"
 

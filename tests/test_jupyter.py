@@ -13,7 +13,6 @@ import pytest
 
 from colo.node import native
 from harness.daemon import wait_for
-from harness.node import SimNode
 
 pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
@@ -31,10 +30,8 @@ print("big", cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 30)))
 """
 
 
-@pytest.fixture(scope="module")
-def node():
-    with SimNode("colo-jupyter-", count=1) as n:
-        yield n.daemon(home=None, reachable=False)
+pytestmark = pytest.mark.node("colo-jupyter-", count=1, then=lambda n: n.daemon(home=None, reachable=False),
+                              per="module")
 
 
 @pytest.fixture

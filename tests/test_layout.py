@@ -193,3 +193,46 @@ def test_tests_import_the_harness_not_bench():
             found += [f"{p.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in bench]
     assert [f for f in found if not f.startswith("tests/test_reliability.py:")] == []
     assert any(f.startswith("tests/test_reliability.py:") for f in found)  # the check reads imports
+
+
+def _fixtures(tree: ast.AST) -> list[tuple[str, int]]:
+    """The fixtures a file defines: its functions decorated with pytest's `fixture` (called or not;
+    under the name= it gives, where it gives one), with their lines."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for dec in node.decorator_list:
+            call = dec if isinstance(dec, ast.Call) else None
+            if ast.unparse(call.func if call else dec).split(".")[-1] != "fixture":
+                continue
+            named = [k.value.value for k in (call.keywords if call else ())
+                     if k.arg == "name" and isinstance(k.value, ast.Constant)]
+            out.append(((named or [node.name])[0], node.lineno))
+    return out
+
+
+def test_each_fixture_is_defined_in_one_file():
+    """The test harness is not copied (issue 44): a fixture name is defined in one file under tests/
+    (conftest.py is one). Where modules need it made otherwise, a marker of theirs says how
+    (conftest's `node`, `users`, `shared`), or the fixture is theirs alone under a name of its own."""
+    where: dict[str, set[str]] = {}
+    for p in sorted((REPO / "tests").rglob("*.py")):
+        for name, line in _fixtures(ast.parse(p.read_text())):
+            where.setdefault(name, set()).add(f"{p.relative_to(REPO)}:{line}")
+    twice = {n: sorted(w) for n, w in where.items() if len({x.rpartition(":")[0] for x in w}) > 1}
+    assert twice == {}
+    assert {"node", "users", "shared", "native_dir"} <= set(where)  # the check reads fixtures
+
+
+def test_no_test_module_imports_another_or_conftest():
+    """A test module, or conftest, is no library: what test modules share is in tests/harness/ (or
+    is a fixture of conftest's), and no file under tests/ imports a test_* module or conftest."""
+    found = []
+    for p in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{p.relative_to(REPO)}:{node.lineno}: {n}" for n in names
+                      if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")]
+    assert found == []

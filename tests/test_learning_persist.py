@@ -11,17 +11,14 @@ import pytest
 from colo.jobs import JobSpec, State
 from colo.store import MIGRATIONS, Store
 from harness.daemon import burn, wait_for
-from harness.node import SimNode
 
 GiB, MiB = 1024**3, 1024**2
 
 
-@pytest.fixture
-def node(native_dir):
-    with SimNode("colo-learn-") as n:
-        # light: two of them share the GPU under MPS; 2 s alone
-        n.profile("pair", sm=0.3, mem=256 * MiB, membw=0.2, runtime=2.0)
-        yield n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0}, start=False)
+# pair: two of them share the GPU under MPS; 2 s alone. The test starts the daemon.
+pytestmark = pytest.mark.node(
+    "colo-learn-", profiles={"pair": dict(sm=0.3, mem=256 * MiB, membw=0.2, runtime=2.0)},
+    then=lambda n: n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0}, start=False))
 
 
 def test_what_was_learned_survives_a_sigkill_of_the_daemon(node):

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from colo.node import interposer
-from conftest import JOB_BUDGET as BUDGET
-from conftest import build_native_helper
+from harness.interpose import JOB_BUDGET as BUDGET
+from harness.interpose import build_native_helper
 
 MiB = 1 << 20
 

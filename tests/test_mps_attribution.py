@@ -36,11 +36,8 @@ def nvml_samples(state: Path, env: dict) -> dict[int, int]:
     return {int(k): v for k, v in json.loads(r.stdout).items()}
 
 
-@pytest.fixture
-def node(native_dir):
-    with SimNode("colo-attr-") as n:
-        n.profile("solo", sm=0.3, mem=256 * MiB, membw=0.2, runtime=4.0)
-        yield n.root, n.state, n.prof
+pytestmark = pytest.mark.node("colo-attr-", profiles={"solo": dict(sm=0.3, mem=256 * MiB, membw=0.2, runtime=4.0)},
+                              then=SimNode.parts)
 
 
 @pytest.mark.parametrize("attribution", ["client", "server"])

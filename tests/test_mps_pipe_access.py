@@ -17,25 +17,20 @@ import pytest
 from colo.node import fakegpu, mps
 from harness.daemon import DaemonProc, wait_for
 from harness.node import SimNode
-from harness.users import ensure_users, run_as
+from harness.users import run_as
 
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
+def _daemon_and_gates(n: SimNode):
+    (n.root / "gates").mkdir(mode=0o777)
+    os.chmod(n.root / "gates", 0o777)
+    return n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0}), n.state, n.root / "gates"
 
 
-@pytest.fixture
-def users():
-    return ensure_users(2, prefix="colompsp")  # alice runs MPS jobs, mallory attacks
-
-
-@pytest.fixture
-def node(native_dir):
-    with SimNode("colo-mpsp-") as n:
-        # a light job, known to run under MPS alone (no profile: it would run time-sliced)
-        n.profile("light", sm=0.3, mem=256 << 20, membw=0.2, runtime=4.0)
-        (n.root / "gates").mkdir(mode=0o777)
-        os.chmod(n.root / "gates", 0o777)
-        yield n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0}), n.state, n.root / "gates"
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users"),
+              pytest.mark.users(2, prefix="colompsp", root=False),  # alice runs MPS jobs, mallory attacks
+              # a light job, known to run under MPS alone (no profile: it would run time-sliced)
+              pytest.mark.node("colo-mpsp-", profiles={"light": dict(sm=0.3, mem=256 << 20, membw=0.2, runtime=4.0)},
+                               then=_daemon_and_gates)]
 
 
 def pipe_dir(d: DaemonProc) -> Path:

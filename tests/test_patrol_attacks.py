@@ -21,25 +21,18 @@ import pytest
 from colo.client import Client
 from colo.node import cgroup, fakegpu, native, procs
 from harness.daemon import DaemonProc, wait_for
-from harness.node import SimNode
 from harness.users import run_as
 
 
 GiB = 1024**3
 
 
-@pytest.fixture
-def node():
-    """make(**config): a root daemon on two 16 GiB simulated GPUs that other users can reach."""
-    made: list[SimNode] = []
+def _maker(n):
+    """make(**config): a root daemon on the node's two 16 GiB simulated GPUs that other users can reach."""
+    return lambda **config: n.daemon(config)
 
-    def make(**config) -> DaemonProc:
-        made.append(SimNode("colo-patrol-", count=2))
-        return made[-1].daemon(config)
 
-    yield make
-    for n in made:
-        n.close()
+pytestmark = pytest.mark.node("colo-patrol-", count=2, then=_maker)
 
 
 def _native(d: DaemonProc) -> Path:

@@ -19,20 +19,13 @@ from harness.node import SimNode
 GiB = 1024**3
 
 
-def write_profile(d: Path, name: str, sm: float, membw: float, cache_bound: bool) -> None:
-    n = 30
-    p = profiles.from_samples(name, {"times": list(range(n)), "sm": [sm] * n, "mem": [512 * 1024**2] * n,
-                                     "membw": [membw] * n}, runtime=600, cache_bound=cache_bound)
-    profiles.save(p, d / f"{name}.profile")
+def _profile(sm: float, membw: float, cache_bound: bool) -> dict:
+    return dict(sm=sm, mem=512 * 1024**2, membw=membw, runtime=600, n=30, cache_bound=cache_bound)
 
 
-@pytest.fixture
-def node():
-    """One simulated 16 GiB GPU in a world-traversable dir (MPS servers and other uids reach it)."""
-    with SimNode("colo-place-") as n:
-        write_profile(n.prof, "light", 0.30, 0.20, False)
-        write_profile(n.prof, "heavy", 0.95, 0.90, True)
-        yield n.root, n.state, n.prof
+# One simulated 16 GiB GPU in a world-traversable dir (MPS servers and other uids reach it).
+pytestmark = pytest.mark.node("colo-place-", profiles={"light": _profile(0.30, 0.20, False),
+                                                       "heavy": _profile(0.95, 0.90, True)}, then=SimNode.parts)
 
 
 def start(node, **cfg) -> DaemonProc:

@@ -19,16 +19,13 @@ from colo.node import fakegpu
 from colo import profiles
 from colo.client import Client
 from harness.daemon import as_user, wait_for
-from harness.node import SimNode
 
 GiB = 1024**3
 
 
-@pytest.fixture
-def node(native_dir):
-    with SimNode("colo-prof-") as n:
-        n.profile("rn50", sm=0.95, mem=512 * 1024**2, membw=0.3, runtime=20.0)
-        yield n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0}), n.prof
+pytestmark = pytest.mark.node(
+    "colo-prof-", profiles={"rn50": dict(sm=0.95, mem=512 * 1024**2, membw=0.3, runtime=20.0)},
+    then=lambda n: (n.daemon({"profile_dirs": [str(n.prof)], "mps_idle_stop": 600.0}), n.prof))
 
 
 def test_bobs_run_does_not_change_how_alices_jobs_are_placed(node, other_user):

@@ -24,7 +24,6 @@ from colo.client import ClientError
 from colo.jobs import JobSpec, State
 from colo.store import Store
 from harness.daemon import DaemonProc, wait_for
-from harness.node import SimNode
 from harness.probes import db_ro
 from harness.users import ensure_users, shared_root
 
@@ -35,17 +34,14 @@ import load_bench  # noqa: E402
 MiB, GiB = 1 << 20, 1 << 30
 
 
-@pytest.fixture
-def shared(native_dir):
-    """A daemon on two 1 GiB simulated GPUs in a dir other users can traverse."""
-    with SimNode("colo-rel-", count=2, mem=GiB) as n:
-        yield n.daemon(home=None)
+# `node`: a daemon on two 1 GiB simulated GPUs in a dir other users can traverse
+pytestmark = pytest.mark.node("colo-rel-", count=2, mem=GiB, then=lambda n: n.daemon(home=None))
 
 
 # load ----------------------------------------------------------------------------------------------
-def test_1000_submissions_from_10_users_all_stored_once_and_ls_stays_fast(shared):
+def test_1000_submissions_from_10_users_all_stored_once_and_ls_stays_fast(node):
     users = ensure_users(10)
-    r = load_bench.submit_load(shared, users, 1000)
+    r = load_bench.submit_load(node, users, 1000)
     assert load_bench.check_submissions(r) == []
     assert len(r["stored"]) == 1000 and r["submits"] == 1000
     if os.geteuid() == 0:
@@ -53,12 +49,12 @@ def test_1000_submissions_from_10_users_all_stored_once_and_ls_stays_fast(shared
     # `ls` kept answering during the load (its speed is bench/load_bench.py's figure, not a test)
     assert r["ls_errors"] == [] and r["ls_n"] >= 1
     # the held-back jobs all end (their dependency was cancelled) with a reason
-    wait_for(lambda: all(j["state"] in load_bench.TERMINAL for j in shared.client.ls()), 60, "dependents to fail")
-    assert all("dependency failed" in j["reason"] for j in shared.client.ls() if j["name"] != "holder")
+    wait_for(lambda: all(j["state"] in load_bench.TERMINAL for j in node.client.ls()), 60, "dependents to fail")
+    assert all("dependency failed" in j["reason"] for j in node.client.ls() if j["name"] != "holder")
 
 
-def test_200_short_jobs_never_overcommit_none_stuck_rss_flat(shared):
-    r = load_bench.short_jobs(shared, 200)
+def test_200_short_jobs_never_overcommit_none_stuck_rss_flat(node):
+    r = load_bench.short_jobs(node, 200)
     assert r["states"] == {"succeeded": 200}
     assert r["over_commits"] == []
     assert max(r["peak"].values()) > GiB // 2  # the queue really packed the GPUs
@@ -420,16 +416,16 @@ def test_interposer_randomised_threads_and_processes(tmp_path, fakegpu, seed):
     assert fakegpu.read()["devices"][0]["used"] == 0
 
 
-def test_many_running_jobs_do_not_block_new_starts(shared):
+def test_many_running_jobs_do_not_block_new_starts(node):
     """Every running job holds a worker thread in wait(); with more running jobs than asyncio's
     default pool has threads (cpu + 4), new jobs used to stay `starting` until one ended."""
-    gate = shared.root / "go"
-    held = [shared.client.submit({"argv": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"], "gpus": 0})["id"]
+    gate = node.root / "go"
+    held = [node.client.submit({"argv": ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"], "gpus": 0})["id"]
             for _ in range((os.cpu_count() or 1) + 8)]
     for j in held:
-        shared.wait_state(j, "running")
-    quick = shared.client.submit({"argv": ["true"], "gpus": 0})["id"]
-    assert shared.wait_state(quick, "succeeded", timeout=60)
+        node.wait_state(j, "running")
+    quick = node.client.submit({"argv": ["true"], "gpus": 0})["id"]
+    assert node.wait_state(quick, "succeeded", timeout=60)
     gate.touch()
     for j in held:
-        shared.wait_state(j, "succeeded")
+        node.wait_state(j, "succeeded")

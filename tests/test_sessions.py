@@ -2,45 +2,31 @@
 pty as a person types, by real users, against a real root daemon on a simulated GPU.
 
 The client is the real CLI (colo.cli.app) in a child forked onto a pty of its own that drops to
-the user's uid: this interpreter's files are under /root here, which other uids cannot execute,
-so the child runs the code already loaded rather than exec'ing Python again."""
+the user's uid (harness.terminal's Term)."""
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
-import pty
 import signal
-import struct
-import sys
-import termios
-import traceback
 
 import pytest
 
-import colo.cli.app  # noqa: F401 - loaded here: the forked clients run it without reading /root
-import colo.cli.attach  # noqa: F401
 from colo import protocol
 from colo.client import Client
 from colo.node import native
 from harness.daemon import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
-from harness.node import SimNode
-
-pexpect = pytest.importorskip("pexpect")
-from pexpect import fdpexpect  # noqa: E402
-
-PROMPT = "colo-prompt$ "
-SHELL = ["--env", f"PS1={PROMPT}", "--", "/bin/bash", "--norc", "--noprofile"]
+from harness.terminal import PROMPT, SHELL, Term, session_job
 
 
-@pytest.fixture(scope="module")
-def node():
-    """A root daemon on one simulated 16 GiB GPU, reachable by other users."""
+def _root_daemon(n):
+    """A root daemon on the node's one simulated 16 GiB GPU, reachable by other users."""
     if os.geteuid() != 0:
         pytest.skip("sessions of real users need a root daemon")
-    with SimNode("colo-sessions-", count=1) as n:
-        yield n.daemon(home=None)
+    return n.daemon(home=None)
+
+
+pytestmark = pytest.mark.node("colo-sessions-", count=1, then=_root_daemon, per="module")
 
 
 @pytest.fixture(scope="module")
@@ -51,79 +37,6 @@ def alice():
 @pytest.fixture(scope="module")
 def bob():
     return local_user("colosess2")
-
-
-class Term:
-    """`colo ARGS` on a terminal of its own (rows x cols), as user `pw`, driven with pexpect."""
-
-    def __init__(self, d: DaemonProc, pw, *args: str, rows: int = 24, cols: int = 80, sighup: str = "default"):
-        pid, fd = pty.fork()
-        if pid == 0:  # pragma: no cover - the client
-            code = 99
-            try:
-                if sighup == "ignored":  # as under nohup, or a CI runner that ignores it
-                    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-                elif sighup == "blocked":  # inherited through fork and exec as the signal mask
-                    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-                fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-                os.setgroups([])
-                os.setgid(pw.pw_gid)
-                os.setuid(pw.pw_uid)
-                os.chdir("/tmp")
-                os.environ.clear()
-                os.environ.update(PATH="/usr/bin:/bin", TERM="xterm", HOME="/tmp", COLO_SOCKET=str(d.socket))
-                sys.stdin, sys.stdout, sys.stderr = (os.fdopen(0, "r"), os.fdopen(1, "w", buffering=1),
-                                                     os.fdopen(2, "w", buffering=1))
-                sys.argv = ["colo", *args]
-                try:
-                    colo.cli.app.main()
-                    code = 0
-                except SystemExit as e:
-                    code = e.code if isinstance(e.code, int) else 1
-            except BaseException:  # noqa: BLE001
-                traceback.print_exc()
-            finally:
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code)
-        self.pid, self.fd, self.status = pid, fd, None
-        self.p = fdpexpect.fdspawn(fd, timeout=60, encoding="utf-8", codec_errors="replace")
-
-    def expect(self, pattern, timeout: float = 60):
-        return self.p.expect(pattern, timeout=timeout)
-
-    def prompt(self, timeout: float = 60):
-        return self.p.expect_exact(PROMPT, timeout=timeout)
-
-    def send(self, line: str) -> None:
-        self.p.send(line + "\r")
-
-    def resize(self, rows: int, cols: int) -> None:
-        """As a terminal window does: the kernel sends SIGWINCH to the client."""
-        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-    def wait(self, timeout: float = 60) -> int:
-        """Its exit code."""
-        def ended():
-            pid, st = os.waitpid(self.pid, os.WNOHANG)
-            return (st,) if pid else None
-        (st,) = wait_for(ended, timeout, "the client to exit")
-        self.status = os.waitstatus_to_exitcode(st)
-        return self.status
-
-    def close(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
-        if self.status is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
 
 
 def _in_the_foreground(pw, command: str) -> None:
@@ -147,21 +60,13 @@ def _in_the_foreground(pw, command: str) -> None:
     wait_for(there, 60, f"{command} to run in the foreground")
 
 
-def _session_job(d: DaemonProc, pw) -> dict:
-    """The user's open session job (one at a time in these tests)."""
-    def find():
-        mine = [j for j in d.client.ls(all=False) if j["uid"] == pw.pw_uid]
-        return mine[0] if mine else None
-    return d.job(wait_for(find, 30, "the session's job")["id"])
-
-
 def test_a_shell_is_a_job_of_its_user_on_its_own_terminal(node, alice, bob):
     """Its prompt answers, it runs as the user under its budget, its terminal is the user's alone
     (another user can neither open it nor signal the job), and its exit code is the job's."""
     t = Term(node, alice, "shell", "--gpu-mem", "64MiB", *SHELL)
     try:
         t.prompt()
-        job = _session_job(node, alice)
+        job = session_job(node, alice)
         assert job["state"] == "running" and job["user"] == alice.pw_name and job["budget"] == 64 << 20
         assert job["spec"]["interactive"] is True and job["spec"]["tty"] is True and job["name"] == "shell"
         t.send("echo job=$COLO_JOB_ID uid=$(id -u) tty=$(tty) owner=$(stat -c %U:%a $(tty))")
@@ -251,7 +156,7 @@ def test_ctrl_c_ctrl_z_and_the_window_size_reach_the_job(node, alice):
         t.send("kill -9 %1; while kill -0 %1 2>/dev/null; do sleep 0.1; done; echo killed")
         t.expect("killed")
         t.prompt()
-        job = _session_job(node, alice)
+        job = session_job(node, alice)
         assert job["state"] == "running"
         t.send("exit")
         assert t.wait() == 0
@@ -267,7 +172,7 @@ def test_a_hung_up_client_ends_the_session(node, alice, sighup):
     t = Term(node, alice, "shell", *SHELL, sighup=sighup)
     try:
         t.prompt()
-        job = _session_job(node, alice)
+        job = session_job(node, alice)
         t.send("sleep 600 & echo started")  # a background job too: it goes with the session
         t.expect("started")
         os.close(t.fd)  # the terminal window closes: the client gets SIGHUP
@@ -333,7 +238,7 @@ def test_a_session_outlives_a_daemon_restart(alice):
     t = Term(d, alice, "shell", *SHELL)
     try:
         t.prompt()
-        job = _session_job(d, alice)
+        job = session_job(d, alice)
         d.proc.send_signal(signal.SIGTERM)  # a restart (colo's unit: KillMode=process)
         d.proc.wait(30)
         d.start()
@@ -358,7 +263,7 @@ def test_an_orphaned_session_ends_after_a_daemon_restart(node, alice):
     t = Term(node, alice, "run", "--gpus", "0", "--", "sh", "-c", "trap '' HUP; echo ready; while :; do sleep 1; done")
     try:
         t.expect("ready")
-        job = _session_job(node, alice)
+        job = session_job(node, alice)
         node.proc.send_signal(signal.SIGTERM)  # a restart (colo's unit: KillMode=process)
         node.proc.wait(30)
         node.start()
@@ -391,7 +296,7 @@ def test_a_container_shell_is_the_same_session(node, alice, session_image):
              "--", "/bin/sh", "-i", rows=30, cols=90)
     try:
         t.prompt(timeout=240)  # a container's start: seconds, more on a loaded engine
-        job = _session_job(node, alice)
+        job = session_job(node, alice)
         assert job["spec"]["image"] == session_image and job["spec"]["tty"] is True and job["budget"] == 1 << 30
         t.send("echo uid=$(id -u) size=$(stty size)")
         t.expect(r"uid=(\d+) size=30 90\r")

@@ -115,19 +115,21 @@ def _scrape(port: int) -> dict:
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-@pytest.fixture(scope="module")
-def node():
+def _metered(n: SimNode) -> DaemonProc:
+    """The node's daemon, its metrics on a port of its own (d.metrics_port)."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with SimNode("colo-suspend-", count=1, mem=4 * GiB) as n:
-        # the share of MemAvailable at 1: what a busy CI machine has free must not refuse a test's suspend
-        d = n.daemon({"suspend_host_max": "2560MiB", "suspend_host_share": 1.0,
-                      "metrics_listen": f"127.0.0.1:{port}"}, home=None)
-        d.metrics_port = port
-        yield d
+    # the share of MemAvailable at 1: what a busy CI machine has free must not refuse a test's suspend
+    d = n.daemon({"suspend_host_max": "2560MiB", "suspend_host_share": 1.0,
+                  "metrics_listen": f"127.0.0.1:{port}"}, home=None)
+    d.metrics_port = port
+    return d
+
+
+pytestmark = pytest.mark.node("colo-suspend-", count=1, mem=4 * GiB, then=_metered, per="module")
 
 
 

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from colo.node import interposer
-from conftest import build_native_helper
+from harness.interpose import build_native_helper
 
 MiB = 1 << 20
 BUDGET = 2048 * MiB  # the scans' contexts hold up to 16 x 62 MiB

@@ -1,13 +1,15 @@
 """One place that starts colo daemons on a simulated node: `SimNode(prefix, count, mem)` is a
 folder every user reaches (MPS servers, other users' jobs, their clients) with `count` simulated
 GPUs of `mem` each and a profiles folder; `daemon()` starts a daemon there; `close()` stops them
-all and removes the folder. The test modules' `node` fixtures and conftest's reachable_daemon are
-built on it."""
+all and removes the folder. conftest's `node` fixture (through `shaped`, as each module's `node`
+marker asks) and its reachable_daemon are built on it."""
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from colo import profiles
@@ -26,6 +28,10 @@ class SimNode:
             self.root, self.state, self.prof = Path(tempfile.mkdtemp(prefix=prefix)), Path(state), None
             os.chmod(self.root, 0o755)
         self.daemons: list[DaemonProc] = []
+
+    def parts(self) -> tuple[Path, Path, Path | None]:
+        """(root, fakegpu state, profiles folder), as gpu_node gives them."""
+        return self.root, self.state, self.prof
 
     def profile(self, name: str, sm: float, mem: int, membw: float, runtime: float, n: int = 20,
                 cache_bound: bool = False) -> None:
@@ -65,3 +71,20 @@ class SimNode:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextmanager
+def shaped(prefix: str, count: int = 1, mem: int = 16 * GiB, profiles: dict | None = None, then=None):
+    """A SimNode(prefix, count, mem) with `profiles` saved in its folder ({name: SimNode.profile's
+    keywords}), giving what then(node) returns, or the node itself without `then`. A `then` that is a
+    generator gives its one yielded value, and the rest of it runs before the node closes."""
+    with SimNode(prefix, count=count, mem=mem) as n:
+        for name, kw in (profiles or {}).items():
+            n.profile(name, **kw)
+        got = n if then is None else then(n)
+        if not inspect.isgenerator(got):
+            yield got
+            return
+        yield next(got)
+        for _ in got:
+            raise RuntimeError(f"{then.__name__} yielded more than once")
