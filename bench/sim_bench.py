@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import checkout  # noqa: E402
+checkout.use_colo()
 from colo.sched import policy as pol, sim, truth as simtruth  # noqa: E402
 from colo.profiles import ProfileStore, shipped_dir  # noqa: E402
 

@@ -236,3 +236,27 @@ def test_no_test_module_imports_another_or_conftest():
             found += [f"{p.relative_to(REPO)}:{node.lineno}: {n}" for n in names
                       if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")]
     assert found == []
+
+
+def test_benches_reach_the_harness_through_bench_checkout():
+    """bench/checkout.py is the one bench file that touches sys.path (tests/ for tests/harness/,
+    the checkout for colo itself); a bench that imports the harness imports it through that."""
+    touch, unreached = [], []
+    for p in sorted((REPO / "bench").glob("*.py")):
+        tree = ast.parse(p.read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr == "path"
+                    and isinstance(node.value, ast.Name) and node.value.id == "sys"):
+                touch.append(f"{p.name}:{node.lineno}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "sys" and any(a.name == "path" for a in node.names):
+                touch.append(f"{p.name}:{node.lineno}")
+            elif isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[0])
+        if "harness" in imported and "checkout" not in imported:
+            unreached.append(p.name)
+    assert [t for t in touch if not t.startswith("checkout.py:")] == []
+    assert any(t.startswith("checkout.py:") for t in touch)  # the check reads sys.path
+    assert unreached == []
