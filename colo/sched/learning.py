@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -381,12 +381,16 @@ def _blend(old: tuple | None, x: float, keep: float) -> tuple[int, float]:
 # it held (the alone time it said the job would get done meanwhile); otherwise a job joined late would teach its neighbours' slowdown as the model's error,
 # and the bandwidth bin it started into as the one that cost it.
 
-def turns_level(sm: Sequence[float], mps: Sequence[bool]) -> float:
-    """The level of taking turns of jobs whose SM is `sm` now: each time-sliced job's SM, plus
-    the MPS clients' summed SM up to the whole GPU (one context). What assess calls the summed SM
-    of a share's contexts (details["ts_level"]), here for a running group's watch."""
-    ts = sum(float(x) for x, m in zip(sm, mps) if not m)
-    return ts + min(1.0, sum(float(x) for x, m in zip(sm, mps) if m))
+def turns_level(sm: Sequence, mps: Sequence[bool], newcomer: Any = 0.0) -> Any:
+    """The level of taking turns of jobs whose SM is `sm`: each time-sliced job's SM, plus the MPS
+    clients' summed SM up to the whole GPU (one context), plus `newcomer`, the SM of one more job
+    as a context of its own. Per job a number (now: a running group's watch, in the daemon and in
+    `colo sim`) or an array over grid steps (assess: a share's level per step, the candidate the
+    newcomer in either mode, the cautious reading; its busiest step is details["ts_level"]). Summed
+    in job order, then the MPS context, then the newcomer."""
+    group = sum(x if isinstance(x, np.ndarray) else float(x) for x, m in zip(sm, mps) if m)
+    ts = sum(x if isinstance(x, np.ndarray) else float(x) for x, m in zip(sm, mps) if not m)
+    return ts + (np.minimum(1.0, group) if isinstance(group, np.ndarray) else min(1.0, group)) + newcomer
 
 
 def expectation(details: dict, mode: str, t: float) -> dict:
