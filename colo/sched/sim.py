@@ -11,7 +11,7 @@ without budgets, a job whose allocation passes the device's capacity fails. A jo
 OOM is re-run from the start, at most MAX_TRIES times in all, as the study's baselines were;
 after that it is lost, and a result with lost jobs is a failure, whatever its makespan.
 With `grow`, colo requeues a job refused by its budget once with a larger budget (`colo submit
---grow`): GROW_FACTOR x the budget, at least GROW_FACTOR x the refused use, at most the GPU's.
+--grow`): budgets.GROW x the budget, at least that x the refused use, at most the GPU's.
 
 The simulator's parts, each a module: workloads.py (what it replays), simnode.py (the runs and
 GPUs), simpolicies.py (colo and the baselines), oracle.py (the reference that reads the truth),
@@ -31,6 +31,7 @@ from ..units import format_size
 from . import fairshare, learning
 from . import policy as pol
 from . import truth as simtruth
+from .budgets import GROW, step_up
 from .oracle import oracle_bound
 from .simnode import PolicyFn, SimGpu, SimRun, seen_profile
 from .simpolicies import (FAIR_HALF_LIFE, colo, exclusive_fifo, exclusive_sjf, max_pack, mean_pack, mps_all,
@@ -43,11 +44,8 @@ from .simresult import plot, seeds_table, table  # noqa: F401
 from .workloads import (CLASSES, MIXES, SIZES, Workload, dumps_workload, jobs_from_history,  # noqa: F401
                         load_workload, loads_workload, make_mix, workloads_dir)
 
-MiB = 1024**2
 MAX_TRIES = 3
 REPLAN_EVERY = 10.0  # seconds: the daemon re-plans on events and on a periodic tick
-LIVE_MIN = 20.0  # seconds of a running group's samples from which colo learns from them
-GROW_FACTOR = 1.25
 # colo places as a daemon with the default configuration does (a profile never seen alone here is
 # run alone once only where Config.check_alone is on: Placed.alone is passed as the daemon does)
 DAEMON_CONFIG = pol.config_of(Config())
@@ -147,7 +145,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
 
     def teach_live(g: SimGpu, final: bool = False) -> None:
         acc = live.get(g.index)
-        if acc is None or t - acc[0] < LIVE_MIN:
+        if acc is None or t - acc[0] < learning.LIVE_MIN:
             if final:
                 live.pop(g.index, None)
             return
@@ -178,8 +176,8 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
             name = r.job.profile.name
             learned.max_mem[name] = max(learned.max_mem.get(name, 0), used)
         if grow and used and not r.grown and r.budget is not None and max(r.ask, r.budget) < usable:
-            q = 256 * MiB  # requeued once, with a larger budget (submitted with --grow)
-            r.ask = min(usable, int(math.ceil(max(r.ask, r.budget, used) * GROW_FACTOR / q) * q))
+            # requeued once, with a larger budget (submitted with --grow)
+            r.ask = min(usable, step_up(max(r.ask, r.budget, used) * GROW))
             r.grown, r.tries = True, r.tries - 1  # the grown run is a new attempt, not a retry
             why += f"; requeued with budget {format_size(r.ask)} (--grow)"
         if r.tries >= MAX_TRIES:

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..profiles import Profile, ProfileStore, shipped_dir
 from ..units import parse_size
+from .budgets import STEP, step_up
 
 GiB = 1024**3
 MiB = 1024**2
@@ -46,8 +47,7 @@ class Workload:
 
 def budget_for(p: Profile) -> int:
     """Peak use plus 5 %, rounded up to 256 MiB: the budget a careful user would ask for."""
-    q = 256 * MiB
-    return int(math.ceil(p.peak_mem * 1.05 / q) * q) or q
+    return step_up(p.peak_mem * 1.05) or STEP
 
 
 def dumps_workload(w: Workload) -> str:
