@@ -27,8 +27,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(HERE))
+import checkout  # noqa: E402
+checkout.use_harness()
 
 from benchlib import Report, daemon_log_problems  # noqa: E402
 from harness.daemon import DaemonProc, wait_for  # noqa: E402

@@ -20,7 +20,6 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import Report, daemon_log_problems  # noqa: E402
 
 RUN = uuid.uuid4().hex[:8]
@@ -93,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         rt.cleanup(handle)
 
     # the whole daemon: submit over the socket -> validated, stored, planned, launched, "running"
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import checkout
+    checkout.use_harness()
     from harness.daemon import DaemonProc, wait_for
 
     from colo.node import fakegpu

@@ -14,10 +14,9 @@ import argparse
 import shutil
 import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+import checkout  # noqa: E402
+checkout.use_harness()
 
 from harness.daemon import DaemonProc, gpu_node, wait_for  # noqa: E402
 

@@ -24,9 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE))
+import checkout  # noqa: E402
+checkout.use_harness()
 
 from benchlib import Report, cpu_seconds, daemon_log_problems  # noqa: E402
 from harness.daemon import DaemonProc  # noqa: E402

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import checkout  # noqa: E402
+checkout.use_colo()
 from colo.sched import fitted  # noqa: E402
 
 MiB = 1024**2

@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import checkout  # noqa: E402
+checkout.use_harness()
 from harness.daemon import DaemonProc, wait_for  # noqa: E402
 from harness.probes import rss_kib  # noqa: E402
 from harness.users import Peer, ensure_users, run_as, shared_root  # noqa: E402

@@ -44,7 +44,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(ROOT), str(HERE)]  # colo from this checkout: a lent GPU machine cannot install it
+import checkout  # noqa: E402
+checkout.use_colo()  # colo from this checkout: a lent GPU machine cannot install it
 
 from gpu_partlib import GiB, MiB, Part, kill_group, sh  # noqa: E402
 

@@ -399,7 +399,8 @@ def second_user(part: Part, m, d) -> None:
     one once colo revokes it. Real Unix users, created here."""
     import socket
 
-    sys.path.insert(0, str(ROOT / "tests"))
+    import checkout
+    checkout.use_harness()
     from harness.daemon import as_user
     from harness.users import ensure_users
 
@@ -654,7 +655,8 @@ def colo_run(part: Part, label: str, argv: list[str], n: int, use_mps: bool, pro
              then=None) -> dict:
     """n jobs submitted at once to a fresh colo daemon (the real scheduling defaults; profile_dir:
     a profile of the jobs it may place them from); their wall time, and how colo ran each."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    import checkout
+    checkout.use_harness()
     from harness.daemon import DaemonProc, wait_for
 
     from colo import profiles

@@ -35,9 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+import checkout  # noqa: E402
+checkout.use_harness()
 
 from benchlib import Report, daemon_log_problems  # noqa: E402
 from queue_bench import rss_mb, timed_tty  # noqa: E402

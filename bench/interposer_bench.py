@@ -45,8 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import checkout  # noqa: E402
+checkout.use_colo()
 
 from benchlib import Report  # noqa: E402
 

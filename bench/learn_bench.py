@@ -22,10 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from benchlib import Report  # noqa: E402
+from benchlib import Report
 
 from colo.jobs import TERMINAL, JobSpec, State  # noqa: E402
 from colo.store import Store  # noqa: E402

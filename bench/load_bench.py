@@ -23,14 +23,13 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+import checkout  # noqa: E402
+checkout.use_harness()
 
 from harness.daemon import DaemonProc, wait_for  # noqa: E402
 from harness.probes import LsProbe, db_ro, rss_kib  # noqa: E402
 from harness.users import ensure_users, shared_root, spread  # noqa: E402
 
-sys.path.insert(0, str(HERE))
 from benchlib import Report  # noqa: E402
 
 from colo.node import fakegpu, native  # noqa: E402

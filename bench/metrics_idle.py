@@ -11,13 +11,13 @@ import argparse
 import os
 import resource
 import socket
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import checkout  # noqa: E402
+checkout.use_harness()
 from harness.daemon import DaemonProc, wait_for  # noqa: E402
 
 

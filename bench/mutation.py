@@ -268,7 +268,8 @@ def main() -> int:
         if rel not in TESTS and not args.tests:
             ap.error(f"{rel}: no tests known for it; give --tests")
 
-    sys.path.insert(0, str(ROOT))  # colo from this checkout, whatever is installed
+    import checkout
+    checkout.use_colo()
     import numpy  # noqa: F401  imported once here, not in every child
     import pytest  # noqa: F401
     for plugin in ("hypothesis", "pytest_asyncio", "pytest_timeout", "pytest_textual_snapshot"):

@@ -29,9 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+import checkout  # noqa: E402
+checkout.use_harness()
 
 from benchlib import Report  # noqa: E402
 

@@ -40,9 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+import checkout  # noqa: E402
+checkout.use_harness()
 
 from benchlib import Report, daemon_log_problems  # noqa: E402
 from harness.users import ensure_users, shared_root, spread  # noqa: E402

@@ -21,7 +21,6 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import Report  # noqa: E402
 
 RUN = uuid.uuid4().hex[:8]
@@ -57,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     from colo.node import fakegpu
     from colo.runtimes.image import build_local_image
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import checkout
+    checkout.use_harness()
     from harness.daemon import DaemonProc, wait_for
 
     client = docker.from_env()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import checkout  # noqa: E402
+checkout.use_colo()
 from colo.sched import policy as pol, sim, truth as simtruth  # noqa: E402
 from colo.profiles import ProfileStore, shipped_dir  # noqa: E402
 
@@ -86,7 +87,7 @@ def _plan_inputs(full: bool, pol):
 
 
 BASELINES = ["exclusive-sjf", "tetris", "max-pack", "mean-pack", "naive"]  # naive: plain sharing, what a lab does without colo
-ORACLE = "oracle-bound"  # a reference that reads the truth (colo/sched/sim.py): never a baseline for the aims
+ORACLE = "oracle-bound"  # a reference that reads the truth (colo/sched/oracle.py): never a baseline for the aims
 HEAVY = ("heavy", "memory-heavy")
 BOUND = 1.5  # the aims' p95 slowdown bound (policy.PolicyConfig.slowdown_bound's default)
 EARLIER = 4  # mixes colo+learn learned from before the one it is judged on (5 successive mixes)
@@ -121,8 +122,9 @@ def _sources_digest() -> str:
 
     root = Path(__file__).resolve().parent.parent / "colo"
     h = hashlib.sha256()
-    for f in ("sched/sim.py", "sched/truth.py", "sched/fitted.py", "sched/truth_h200.json", "sched/interference.py",
-              "sched/fairshare.py", "profiles.py"):
+    for f in ("sched/sim.py", "sched/workloads.py", "sched/simnode.py", "sched/simpolicies.py", "sched/oracle.py",
+              "sched/simresult.py", "sched/truth.py", "sched/fitted.py", "sched/truth_h200.json",
+              "sched/interference.py", "sched/fairshare.py", "profiles.py"):
         h.update((root / f).read_bytes())
     return h.hexdigest()[:16]
 

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE))
+import checkout  # noqa: E402
+checkout.use_harness()
 
 from harness.daemon import DaemonProc, wait_for  # noqa: E402
 

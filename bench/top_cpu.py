@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import checkout  # noqa: E402
+checkout.use_harness()
 
 from colo.node import fakegpu, native  # noqa: E402
 from harness.daemon import DaemonProc, wait_for  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "bench"))
 from benchlib import Report, daemon_log_problems  # noqa: E402
 
 GiB = 1024**3

@@ -12,13 +12,10 @@ import argparse
 import os
 import shutil
 import socket
-import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE))
+import checkout  # noqa: E402
+checkout.use_harness()
 from harness.daemon import DaemonProc, wait_for  # noqa: E402
 
 from harness.users import shared_root  # noqa: E402

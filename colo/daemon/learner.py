@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import shutil
 import time
 from pathlib import Path
@@ -63,13 +62,11 @@ from .. import profiles
 from ..config import Config
 from ..jobs import ACTIVE, Job, Mode
 from ..units import format_size
-from ..sched import learning, policy
+from ..sched import budgets, learning, policy
 from .gpus import Gpus
 from .jobtable import JobTable
 
 log = logging.getLogger("colo")
-GROW = 1.25  # --grow: a budget that refused an allocation grows at least this much (as in colo sim)
-LIVE_MIN = 20.0  # seconds of a running MPS group's readings from which it is learned (as colo sim)
 LIVE_EVERY = 30.0  # seconds of readings taught at once
 NEIGHBOURS_MAX = 32  # names kept per running job (any one makes its run contended)
 LEARNED_MAX = 2000  # per user: co-run pairings, and profiles, kept (the most recently changed)
@@ -277,9 +274,8 @@ class Learner:
             def note(mine: policy.Learned) -> None:
                 mine.max_mem[name] = max(mine.max_mem.get(name, 0), int(peak))
             self._learning(job.uid, note)
-        q = 256 * 1024**2
-        want = max(job.spec.gpu_mem * GROW, self.learned_for(job.uid).suggest_budget(name) or 0)
-        want = min(int(math.ceil(want / q) * q), max((v.usable for v in self.gpus.views()), default=0))
+        want = max(job.spec.gpu_mem * budgets.GROW, self.learned_for(job.uid).suggest_budget(name) or 0)
+        want = min(budgets.step_up(want), max((v.usable for v in self.gpus.views()), default=0))
         return want if want > job.spec.gpu_mem else None
 
     def learned_for(self, uid: int) -> policy.Learned:
@@ -468,7 +464,7 @@ class Learner:
 
     def _teach_live(self, jobs: list[Job], acc: list, now: float) -> None:
         seconds = acc[5] - acc[1]
-        if seconds < LIVE_MIN:
+        if seconds < learning.LIVE_MIN:
             return
         for uid in {j.uid for j in jobs}:  # each user's own learning: their jobs were in the group
             self._learning(uid, lambda mine: mine.observe_live(acc[6], acc[4], acc[2] / seconds, acc[3] / seconds,

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import interference
 from .grid import _Arr, _unknown
-from .learning import ALONE_DOUBT, EXPLORE_WORST, MARGIN_CAP, TS_IDLE, Learned
+from .learning import ALONE_DOUBT, EXPLORE_WORST, MARGIN_CAP, TS_IDLE, Learned, turns_level
 from .views import GiB, GpuView, PolicyConfig
 
 # What a job with no profile can do about waiting (its reason says it: `colo explain`)
@@ -180,10 +180,8 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
     else:
         peak_sm = float((r_sm[:, :overlap].sum(axis=0) + c_sm).max())  # everyone, for the reason
         peak_bw = float((r_bw[:, :overlap].sum(axis=0) + c_bw).max())
-    # the level of taking turns were the candidate one more (learning.turns_level): each
-    # time-sliced job's SM, the MPS group's summed SM up to the whole GPU (one context), and the
-    # candidate's (as a context of its own, in either mode: the cautious reading), at the busiest step
-    ts_level = float((r_sm[~r_mps, :overlap].sum(axis=0) + np.minimum(1.0, g_sm[:overlap]) + c_sm).max())
+    # the level of taking turns were the candidate one more, at the busiest step
+    ts_level = float(turns_level(r_sm[:, :overlap], r_mps, c_sm).max())
     per_job = dict(zip(map(str, ids), r_sm[:, :overlap].max(axis=1).tolist()))
     per_job["this"] = float(c_sm.max())
     d = {"gpu": v.index, "overlap_s": overlap * cfg.step, "peak_sm": peak_sm, "peak_membw": peak_bw,

@@ -1,13 +1,23 @@
 """Memory budgets outside the placement pass: free budget per GPU, whether a suspended job can be
 restored, whom to suspend for a waiting job, and the refusals at submission (--gpu-id/--gpu-type,
-a budget no GPU can hold)."""
+a budget no GPU can hold); and the step the budgets colo picks move in, and what --grow grows one by."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 from ..units import format_size
 from .views import GpuView, Placed
+
+STEP = 256 * 1024**2  # a budget colo picks (suggested, grown, lent, a mix's) is a whole number of these
+GROW = 1.25  # --grow: a budget that refused an allocation grows at least this much (the daemon and colo sim)
+
+
+def step_up(n: float, step: int = STEP) -> int:
+    """n bytes rounded up to a whole number of steps."""
+    return int(math.ceil(n / step) * step)
+
 
 def free_budget(gpus: Sequence[GpuView], placed: Sequence[Placed]) -> dict[str, int]:
     free = {g.uuid: g.usable for g in gpus}

@@ -6,11 +6,12 @@ what the daemon does. Pure: the callers gather the facts of the run, this decide
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
+
+from .budgets import STEP, step_up
 
 # ---- learning from what happened (issues 13 and 30) -----------------------------------------
 # The daemon and `colo sim` record, at each start, the slowdown plan() predicted for the job
@@ -54,6 +55,7 @@ TS_IDLE = 0.01
 KEEP_RUNS = 8  # a learned mean counts at most this many runs: newer runs move it
 FADE = 60.0  # observations (job ends) after which unconfirmed evidence counts half as far from 1
 FADE_ERRORS = 60.0  # the same for the errors that size the margins (recency weights)
+LIVE_MIN = 20.0  # seconds of a running group's readings from which it is learned (the daemon's watch and colo sim's)
 LIVE_RUN = 60.0  # seconds of a running group's samples that make a whole warning
 LIVE_ACTIVITY = 0.2  # the least SM activity expected of a group for its readings to say how fast it runs
 LIVE_MAX = 4.0  # the most a group's readings are taken to show (a reading near 0 says "much slower", not how much)
@@ -357,10 +359,10 @@ class Learned:
         q = float(e[order][np.searchsorted(cum, MARGIN_QUANTILE * cum[-1])])
         return float(min(MARGIN_CAP, max(0.05, q)))
 
-    def suggest_budget(self, name: str, quantum: int = 256 * 1024**2) -> int | None:
+    def suggest_budget(self, name: str, quantum: int = STEP) -> int | None:
         """The most memory a run of this profile used, plus 10 %, rounded up to `quantum`."""
         peak = self.max_mem.get(name)
-        return int(math.ceil(peak * 1.10 / quantum) * quantum) if peak else None
+        return step_up(peak * 1.10, quantum) if peak else None
 
 
 def _blend(old: tuple | None, x: float, keep: float) -> tuple[int, float]:
@@ -381,12 +383,16 @@ def _blend(old: tuple | None, x: float, keep: float) -> tuple[int, float]:
 # it held (the alone time it said the job would get done meanwhile); otherwise a job joined late would teach its neighbours' slowdown as the model's error,
 # and the bandwidth bin it started into as the one that cost it.
 
-def turns_level(sm: Sequence[float], mps: Sequence[bool]) -> float:
-    """The level of taking turns of jobs whose SM is `sm` now: each time-sliced job's SM, plus
-    the MPS clients' summed SM up to the whole GPU (one context). What assess calls the summed SM
-    of a share's contexts (details["ts_level"]), here for a running group's watch."""
-    ts = sum(float(x) for x, m in zip(sm, mps) if not m)
-    return ts + min(1.0, sum(float(x) for x, m in zip(sm, mps) if m))
+def turns_level(sm: Sequence, mps: Sequence[bool], newcomer: Any = 0.0) -> Any:
+    """The level of taking turns of jobs whose SM is `sm`: each time-sliced job's SM, plus the MPS
+    clients' summed SM up to the whole GPU (one context), plus `newcomer`, the SM of one more job
+    as a context of its own. Per job a number (now: a running group's watch, in the daemon and in
+    `colo sim`) or an array over grid steps (assess: a share's level per step, the candidate the
+    newcomer in either mode, the cautious reading; its busiest step is details["ts_level"]). Summed
+    in job order, then the MPS context, then the newcomer."""
+    group = sum(x if isinstance(x, np.ndarray) else float(x) for x, m in zip(sm, mps) if m)
+    ts = sum(x if isinstance(x, np.ndarray) else float(x) for x, m in zip(sm, mps) if not m)
+    return ts + (np.minimum(1.0, group) if isinstance(group, np.ndarray) else min(1.0, group)) + newcomer
 
 
 def expectation(details: dict, mode: str, t: float) -> dict:

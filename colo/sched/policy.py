@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
 from operator import attrgetter
 from typing import Any, Sequence
 
 from ..units import format_size
 from .assess import WAYS_OUT, _assess, _duration, _Gpu, _mem_text, _Res
-from .budgets import (Holder, can_ever_fit, free_budget, gpu_allowed, gpu_filter_refusal, _only_text,
-                      resume_refusal, suspend_victims)
+from .budgets import (STEP, Holder, can_ever_fit, free_budget, gpu_allowed, gpu_filter_refusal, _only_text,
+                      resume_refusal, step_up, suspend_victims)
 from .grid import _arrays, thread_pct
 from .learning import (ALONE_DOUBT, FADE, FADE_LIVE, KEEP_RUNS, KNOWN_BW, MARGIN_CAP, NOTHING, Learned,
                        expectation, expected, joined, left, progress, shared, turns_level)
@@ -307,7 +306,6 @@ def _lend(out: list[Decision], candidates: Sequence[Candidate], state: dict[str,
     budgets it raises are what the GPU had free), and nobody waits for it."""
     started = {d.job_id for d in out if d.action == START}
     smallest = min((c.budget for c in candidates if c.gpus and c.job_id not in started), default=None)
-    q = 256 * 1024**2
     for i, d in enumerate(out):
         if d.action != START or len(d.gpus) != 1 or not d.details.get("grow"):
             continue
@@ -315,7 +313,7 @@ def _lend(out: list[Decision], candidates: Sequence[Candidate], state: dict[str,
         if g is None or (smallest is not None and g.free >= smallest):
             continue
         budget = d.details["budget"]
-        extra = min(g.free, int(math.ceil(budget * cfg.lend / q) * q) - budget) // q * q
+        extra = min(g.free, step_up(budget * cfg.lend) - budget) // STEP * STEP
         if extra <= 0:
             continue
         g.free -= extra
