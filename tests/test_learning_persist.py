@@ -138,7 +138,8 @@ def test_schema_4_keeps_an_older_database_and_bounds_neighbours(tmp_path):
     st.save_learned(0, bw={("mps", 7): (3, 1.6)}, now=4.0)
     assert st.learned() == {0: {"corun": {("a", "b", "mps"): (2, 1.3), ("a", "c", "mps"): (1, 1.5)},
                                 "alone": {"a": (1, 1.1)}, "max_mem": {"a": 5}, "errors": [1.2, 1.4],
-                                "errors_seen": [], "bw": {("timesliced", 3): (1, 1.1), ("mps", 7): (3, 1.6)}}}
+                                "errors_seen": [], "bw": {("timesliced", 3): (1, 1.1), ("mps", 7): (3, 1.6)},
+                                "clock": 0, "at": {}, "ts": {}, "ts_slow": {}, "live": {}}}
     st.save_learned(0, errors_add=[1.5], errors_keep=2)  # one more error, the newest 2 kept
     assert st.learned()[0]["errors"] == [1.4, 1.5]
     # the seen pairings' errors are a list of their own (schema 6): kept and trimmed apart
