@@ -20,8 +20,13 @@ The observation is added to the job's stored decision, so `colo explain` shows p
 observed. The stored profile (its series and alone run time) is learned from uncontended runs
 only, or from a first run that has no profile yet: a shared run's wall time is not its alone time.
 
-What was learned is stored (colo/store/, schema 4) in the transaction that learns it, and read
-back at start, so a restarted daemon, SIGKILLed or not, goes on from where it was. So is who
+What was learned is stored (colo/store/, schemas 4, 5, 7 and 14) in the transaction that learns
+it, and read back at start, so a restarted daemon, SIGKILLed or not, goes on from where it was and
+decides as it did: every field of policy.Learned plan() reads, the levels of taking turns running
+groups showed (explored, or slower there) and the count of observations that ages evidence
+included. Each stored value is checked as it is read (stored_learning): one out of its range is
+refused, said once per user in the log, and the rest used. What a restart still loses is said in
+docs/reliability.md ("What a restart forgets"). So is who
 shared a running job's GPU (its neighbours): a job that runs across a restart still knows it was
 contended. Bounds: a job keeps at most NEIGHBOURS_MAX neighbour names (past that it is plainly
 contended; which names matter little) and they are forgotten at its end, whatever the end; each
