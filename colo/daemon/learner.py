@@ -149,8 +149,13 @@ def stored_learning(got: dict) -> tuple[dict, list[str]]:
     alone = keep("learned_profile", got["alone"].items(), lambda k, v: mean(k, v) if isinstance(k, str) else "no name")
     max_mem = keep("learned_profile", got["max_mem"].items(),
                    lambda k, v: "" if isinstance(k, str) and count(v) else "not bytes")
-    errors = {name: [e for e in got[name] if real(e) or refused.append(f"learned_error {e!r} (not > 0)")]
-              for name in ("errors", "errors_seen")}
+    errors: dict[str, list] = {"errors": [], "errors_seen": []}
+    for name, kept in errors.items():
+        for e in got[name]:
+            if real(e):
+                kept.append(e)
+            else:
+                refused.append(f"learned_error {e!r} (not > 0)")
     levels = {name: keep("learned_ts", got[name].items(),
                          lambda k, v: "" if count(k, 40) and count(v) else "not (bin 0..40, clock >= 0)")
               for name in ("ts", "ts_slow")}
@@ -555,14 +560,14 @@ class Learner:
         refused, said in one line per user, and the rest is used."""
         self.learned = {}
         for uid, got in self.store.learned().items():
-            got, refused = stored_learning(got)
-            if refused:
-                log.warning("learned state of uid %s: %d stored value(s) refused, corrupt or out of range "
-                            "(%s%s); the rest is used", uid, len(refused), "; ".join(refused[:3]),
-                            "; ..." if len(refused) > 3 else "")
-            if not isinstance(uid, int) or isinstance(uid, bool) or uid < 0:
+            if not isinstance(uid, int) or uid < 0:
                 log.warning("learned state of uid %r refused: not a uid", uid)
                 continue
+            got, refused = stored_learning(got)
+            if refused:
+                log.warning("learned state of uid %d: %d stored value(s) refused, corrupt or out of range "
+                            "(%s%s); the rest is used", uid, len(refused), "; ".join(refused[:3]),
+                            "; ..." if len(refused) > 3 else "")
             self.learned[uid] = policy.Learned(**got)
         if self.learned:
             log.info("learned from earlier runs: %d user(s), %d co-run pairing(s), %d profile(s), %d level(s) of "
