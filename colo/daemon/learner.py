@@ -20,8 +20,13 @@ The observation is added to the job's stored decision, so `colo explain` shows p
 observed. The stored profile (its series and alone run time) is learned from uncontended runs
 only, or from a first run that has no profile yet: a shared run's wall time is not its alone time.
 
-What was learned is stored (colo/store/, schema 4) in the transaction that learns it, and read
-back at start, so a restarted daemon, SIGKILLed or not, goes on from where it was. So is who
+What was learned is stored (colo/store/, schemas 4, 5, 7 and 14) in the transaction that learns
+it, and read back at start, so a restarted daemon, SIGKILLed or not, goes on from where it was and
+decides as it did: every field of policy.Learned plan() reads, the levels of taking turns running
+groups showed (explored, or slower there) and the count of observations that ages evidence
+included. Each stored value is checked as it is read (stored_learning): one out of its range is
+refused, said once per user in the log, and the rest used. What a restart still loses is said in
+docs/reliability.md ("What a restart forgets"). So is who
 shared a running job's GPU (its neighbours): a job that runs across a restart still knows it was
 contended. Bounds: a job keeps at most NEIGHBOURS_MAX neighbour names (past that it is plainly
 contended; which names matter little) and they are forgotten at its end, whatever the end; each
@@ -52,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import shutil
 import time
 from pathlib import Path
@@ -100,6 +106,77 @@ def _errors_delta(before: list[float], after: list[float]) -> tuple[list[float] 
         if after[:len(before) - k] == before[k:] and len(after) > len(before) - k:
             return None, after[len(before) - k:]
     return after, []
+
+
+def stored_learning(got: dict) -> tuple[dict, list[str]]:
+    """One user's learning as the store read it (Store.learned) as policy.Learned's fields, and
+    what was refused: each value out of the range Learned ever gives it (a damaged or hand-edited
+    row) is left out, the rest kept. A clock refused is the newest any entry was taught at."""
+    refused: list[str] = []
+
+    def count(x, top: float = 1 << 62) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= top
+
+    def real(x, low: float = 0.0, high: float = 1e9) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and low < x <= high
+
+    def keep(table: str, items, ok) -> dict:
+        out = {}
+        for k, v in items:
+            why = ok(k, v)
+            if why:
+                refused.append(f"{table} {k!r}: {v!r} ({why})")
+            else:
+                out[k] = v
+        return out
+
+    def mean(k, v) -> str:
+        return "" if isinstance(v, tuple) and len(v) == 2 and count(v[0]) and v[0] >= 1 and real(v[1]) else \
+            "not (runs >= 1, factor > 0)"
+
+    modes = ("mps", "timesliced")
+
+    def pairing(k, v) -> str:
+        if not (isinstance(k, tuple) and len(k) == 3 and all(isinstance(x, str) for x in k) and k[2] in modes):
+            return "not (profile, neighbour, mode)"
+        return mean(k, v)
+
+    def step(k, v) -> str:  # a bandwidth step's, or an early warning's key
+        return "" if isinstance(k, tuple) and len(k) == 2 and k[0] in modes and count(k[1], 30) else "not (mode, bin 0..30)"
+
+    corun = keep("learned_corun", got["corun"].items(), pairing)
+    bw = keep("learned_bw", got["bw"].items(), lambda k, v: step(k, v) or mean(k, v))
+    alone = keep("learned_profile", got["alone"].items(), lambda k, v: mean(k, v) if isinstance(k, str) else "no name")
+    max_mem = keep("learned_profile", got["max_mem"].items(),
+                   lambda k, v: "" if isinstance(k, str) and count(v) else "not bytes")
+    errors: dict[str, list] = {"errors": [], "errors_seen": []}
+    for name, kept in errors.items():
+        for e in got[name]:
+            if real(e):
+                kept.append(e)
+            else:
+                refused.append(f"learned_error {e!r} (not > 0)")
+    levels = {name: keep("learned_ts", got[name].items(),
+                         lambda k, v: "" if count(k, 40) and count(v) else "not (bin 0..40, clock >= 0)")
+              for name in ("ts", "ts_slow")}
+    live = keep("learned_live", got["live"].items(), lambda k, v: step(k, v) or (
+        "" if isinstance(v, tuple) and len(v) == 2 and real(v[0], 1.0 - 1e-9) and count(v[1])
+        else "not (level >= 1, clock >= 0)"))
+    at = keep("learned clock of", got["at"].items(), lambda k, v: "" if count(v) else "not a clock >= 0")
+    clocks = [*at.values(), *levels["ts"].values(), *levels["ts_slow"].values(), *(c for _, c in live.values())]
+    clock = got["clock"]
+    if not count(clock):
+        refused.append(f"learned_clock {clock!r} (not a count >= 0)")
+        clock = max(clocks, default=0)
+    elif clocks and max(clocks) > clock:  # taught after the count's last step: not this count
+        late = [c for c in clocks if c > clock]
+        refused.append(f"{len(late)} entr{'y' if len(late) == 1 else 'ies'} taught at clock {max(late)} > "
+                       f"learned_clock {clock}")
+        at = {k: c for k, c in at.items() if c <= clock}
+        levels = {n: {k: c for k, c in d.items() if c <= clock} for n, d in levels.items()}
+        live = {k: v for k, v in live.items() if v[1] <= clock}
+    return dict(corun=corun, alone=alone, max_mem=max_mem, bw=bw, clock=clock, at=at, live=live, **errors,
+                **levels), refused
 
 
 class Learner:
@@ -478,26 +555,44 @@ class Learner:
             return {"?"}  # unknown: never read as an uncontended run
 
     def load(self) -> None:
-        """What earlier runs of the daemon learned (at start, once the store is open)."""
-        self.learned = {uid: policy.Learned(corun=got["corun"], alone=got["alone"], errors=got["errors"],
-                                            errors_seen=got["errors_seen"], max_mem=got["max_mem"], bw=got["bw"])
-                        for uid, got in self.store.learned().items()}
+        """What earlier runs of the daemon learned (at start, once the store is open), each stored
+        value checked (stored_learning): one a damaged or hand-edited row holds out of its range is
+        refused, said in one line per user, and the rest is used."""
+        self.learned = {}
+        for uid, got in self.store.learned().items():
+            if not isinstance(uid, int) or uid < 0:
+                log.warning("learned state of uid %r refused: not a uid", uid)
+                continue
+            got, refused = stored_learning(got)
+            if refused:
+                log.warning("learned state of uid %d: %d stored value(s) refused, corrupt or out of range "
+                            "(%s%s); the rest is used", uid, len(refused), "; ".join(refused[:3]),
+                            "; ..." if len(refused) > 3 else "")
+            self.learned[uid] = policy.Learned(**got)
         if self.learned:
-            log.info("learned from earlier runs: %d user(s), %d co-run pairing(s), %d profile(s)", len(self.learned),
-                     sum(len(x.corun) for x in self.learned.values()),
-                     sum(len(set(x.alone) | set(x.max_mem)) for x in self.learned.values()))
+            log.info("learned from earlier runs: %d user(s), %d co-run pairing(s), %d profile(s), %d level(s) of "
+                     "taking turns", len(self.learned), sum(len(x.corun) for x in self.learned.values()),
+                     sum(len(set(x.alone) | set(x.max_mem)) for x in self.learned.values()),
+                     sum(len(x.ts) + len(x.ts_slow) for x in self.learned.values()))
 
     def _learning(self, uid: int, change):
         """Run change(Learned) on `uid`'s learning and store what it changed (most recently changed
         entries last; past LEARNED_MAX the oldest are forgotten, in memory and in the store)."""
         mine = self.learned_for(uid)
         before = (dict(mine.corun), dict(mine.alone), dict(mine.max_mem), list(mine.errors), list(mine.errors_seen))
-        bw_before = dict(mine.bw)
+        bw_before, at_before, clock_before = dict(mine.bw), dict(mine.at), mine.clock
+        ts_before, slow_before, live_before = dict(mine.ts), dict(mine.ts_slow), dict(mine.live)
         out = change(mine)
-        bw = {k: v for k, v in mine.bw.items() if bw_before.get(k) != v}  # a few dozen steps at most: kept whole
+        # an entry whose value or age (Learned.at) moved is stored again, so a restart fades it as now
+        moved = {k for k, c in mine.at.items() if at_before.get(k) != c}
+        bw = {k: v for k, v in mine.bw.items() if bw_before.get(k) != v or k in moved}  # a few dozen steps at most
+        # what running groups showed of taking turns (a few dozen levels at most, kept whole) and the
+        # early warnings: stored as they change (a verdict at most every LIVE_EVERY per GPU), not per tick
+        ts = (dict(mine.ts), dict(mine.ts_slow)) if (mine.ts, mine.ts_slow) != (ts_before, slow_before) else (None, None)
+        live = {k: v for k, v in mine.live.items() if live_before.get(k) != v}
         delta = []
         for now_d, was in zip((mine.corun, mine.alone, mine.max_mem), before[:3]):
-            changed = {k: v for k, v in now_d.items() if was.get(k) != v}
+            changed = {k: v for k, v in now_d.items() if was.get(k) != v or (now_d is mine.corun and k in moved)}
             for k in changed:  # to the end: dicts keep insertion order, so the oldest come first
                 now_d[k] = now_d.pop(k)
             gone = [k for k in was if k not in now_d] + list(now_d)[:max(0, len(now_d) - LEARNED_MAX)]
@@ -507,13 +602,16 @@ class Learner:
         (corun, gone_c), (alone, gone_a), (mem, gone_m) = delta
         errors, added = _errors_delta(before[3], list(mine.errors))
         seen, seen_added = _errors_delta(before[4], list(mine.errors_seen))
+        clock = mine.clock if mine.clock != clock_before else None
         if corun or alone or mem or bw or errors is not None or added or seen is not None or seen_added \
-                or gone_c or gone_a or gone_m:
+                or gone_c or gone_a or gone_m or clock is not None or ts[0] is not None or live:
             try:
                 self.store.save_learned(uid, corun=corun, alone=alone, max_mem=mem, errors=errors,
                                         errors_add=added, errors_keep=len(mine.errors), errors_seen=seen,
                                         errors_seen_add=seen_added, errors_seen_keep=len(mine.errors_seen),
-                                        forget_corun=gone_c, forget_alone=gone_a, forget_mem=gone_m, bw=bw)
+                                        forget_corun=gone_c, forget_alone=gone_a, forget_mem=gone_m, bw=bw,
+                                        clock=clock, at={k: mine.at[k] for k in (*corun, *bw) if k in mine.at},
+                                        ts=ts[0], ts_slow=ts[1], live=live)
             except Exception as e:  # noqa: BLE001 - kept in memory; a later save carries it again
                 log.warning("could not store what was learned for uid %d: %s", uid, e)
         return out

@@ -13,16 +13,22 @@ class Learning(Base):
     def learned(self) -> dict[int, dict]:
         """Everything learned, per uid: {"corun": {(profile, neighbour, mode): (runs, factor)},
         "alone": {profile: (runs, ratio)}, "max_mem": {profile: bytes}, "errors": [oldest..newest],
-        "errors_seen": [oldest..newest], "bw": {(mode, bin): (runs, factor)}};
-        each dict in the order the entries were last changed (oldest first)."""
+        "errors_seen": [oldest..newest], "bw": {(mode, bin): (runs, factor)}, "clock": observations
+        (0: none stored), "at": {corun or bw key: the clock it was last taught at (stored ones)},
+        "ts": {bin: clock}, "ts_slow": {bin: clock}, "live": {(mode, bin): (level, clock)}};
+        each dict in the order the entries were last changed (oldest first). Values are as stored:
+        the caller checks them (a hand-edited or damaged row may hold anything)."""
         out: dict[int, dict] = {}
 
         def of(uid: int) -> dict:
-            return out.setdefault(uid, {"corun": {}, "alone": {}, "max_mem": {}, "errors": [], "errors_seen": [], "bw": {}})
+            return out.setdefault(uid, {"corun": {}, "alone": {}, "max_mem": {}, "errors": [], "errors_seen": [], "bw": {},
+                                        "clock": 0, "at": {}, "ts": {}, "ts_slow": {}, "live": {}})
 
-        for uid, p, nb, m, runs, f in self.db.execute(
-                "SELECT uid, profile, neighbour, mode, runs, factor FROM learned_corun ORDER BY at, rowid"):
+        for uid, p, nb, m, runs, f, c in self.db.execute(
+                "SELECT uid, profile, neighbour, mode, runs, factor, clock FROM learned_corun ORDER BY at, rowid"):
             of(uid)["corun"][(p, nb, m)] = (runs, f)
+            if c is not None:
+                of(uid)["at"][(p, nb, m)] = c
         for uid, p, runs, ratio, mem in self.db.execute(
                 "SELECT uid, profile, alone_runs, alone_ratio, max_mem FROM learned_profile ORDER BY at, rowid"):
             if runs is not None and ratio is not None:
@@ -31,8 +37,17 @@ class Learning(Base):
                 of(uid)["max_mem"][p] = mem
         for uid, e, seen in self.db.execute("SELECT uid, error, seen FROM learned_error ORDER BY id"):
             of(uid)["errors_seen" if seen else "errors"].append(e)
-        for uid, m, b, runs, f in self.db.execute("SELECT uid, mode, bin, runs, factor FROM learned_bw ORDER BY at, rowid"):
+        for uid, m, b, runs, f, c in self.db.execute(
+                "SELECT uid, mode, bin, runs, factor, clock FROM learned_bw ORDER BY at, rowid"):
             of(uid)["bw"][(m, b)] = (runs, f)
+            if c is not None:
+                of(uid)["at"][(m, b)] = c
+        for uid, c in self.db.execute("SELECT uid, clock FROM learned_clock"):
+            of(uid)["clock"] = c
+        for uid, slow, b, c in self.db.execute("SELECT uid, slow, bin, clock FROM learned_ts ORDER BY rowid"):
+            of(uid)["ts_slow" if slow else "ts"][b] = c
+        for uid, m, b, level, c in self.db.execute("SELECT uid, mode, bin, level, clock FROM learned_live ORDER BY rowid"):
+            of(uid)["live"][(m, b)] = (level, c)
         return out
 
     def save_learned(self, uid: int, corun: dict | None = None, alone: dict | None = None,
@@ -40,22 +55,47 @@ class Learning(Base):
                      forget_corun: Iterable[tuple[str, str, str]] = (), forget_alone: Iterable[str] = (),
                      forget_mem: Iterable[str] = (), errors_add: list[float] = (), errors_keep: int = 0,
                      now: float | None = None, bw: dict | None = None, errors_seen: list[float] | None = None,
-                     errors_seen_add: list[float] = (), errors_seen_keep: int = 0) -> None:
+                     errors_seen_add: list[float] = (), errors_seen_keep: int = 0, clock: int | None = None,
+                     at: dict | None = None, ts: dict | None = None, ts_slow: dict | None = None,
+                     live: dict | None = None) -> None:
         """One user's changed entries in one transaction: `corun` {(p, nb, mode): (runs, factor)},
         `alone` {p: (runs, ratio)}, `max_mem` {p: bytes}; `errors` replaces that user's error list,
         or `errors_add` are appended to it and the newest `errors_keep` kept; the `forget_*`
         entries are removed (pruned); `bw` {(mode, bin): (runs, factor)} the bandwidth curve's steps;
-        `errors_seen*` as `errors*`, for the list of seen pairings' errors."""
+        `errors_seen*` as `errors*`, for the list of seen pairings' errors; `clock` the count of
+        observations, `at` {corun or bw key: the clock it was last taught at} (for the `corun` and
+        `bw` entries given); `ts` and `ts_slow` {bin: clock} replace the user's levels of taking
+        turns (explored; slower there); `live` {(mode, bin): (level, clock)} the early warnings changed."""
         now = time.time() if now is None else now
+        at = at or {}
+
+        def taught(key) -> int | None:
+            c = at.get(key)
+            return None if c is None else int(c)
+
         with self.tx():
             self.db.executemany(
-                "INSERT INTO learned_bw(uid, mode, bin, runs, factor, at) VALUES (?,?,?,?,?,?) "
-                "ON CONFLICT(uid, mode, bin) DO UPDATE SET runs=excluded.runs, factor=excluded.factor, at=excluded.at",
-                [(uid, m, int(b), int(r), float(f), now) for (m, b), (r, f) in (bw or {}).items()])
+                "INSERT INTO learned_bw(uid, mode, bin, runs, factor, at, clock) VALUES (?,?,?,?,?,?,?) "
+                "ON CONFLICT(uid, mode, bin) DO UPDATE SET runs=excluded.runs, factor=excluded.factor, at=excluded.at, "
+                "clock=excluded.clock",
+                [(uid, m, int(b), int(r), float(f), now, taught((m, b))) for (m, b), (r, f) in (bw or {}).items()])
             self.db.executemany(
-                "INSERT INTO learned_corun(uid, profile, neighbour, mode, runs, factor, at) VALUES (?,?,?,?,?,?,?) "
-                "ON CONFLICT(uid, profile, neighbour, mode) DO UPDATE SET runs=excluded.runs, factor=excluded.factor, at=excluded.at",
-                [(uid, p, nb, m, int(r), float(f), now) for (p, nb, m), (r, f) in (corun or {}).items()])
+                "INSERT INTO learned_corun(uid, profile, neighbour, mode, runs, factor, at, clock) VALUES (?,?,?,?,?,?,?,?) "
+                "ON CONFLICT(uid, profile, neighbour, mode) DO UPDATE SET runs=excluded.runs, factor=excluded.factor, "
+                "at=excluded.at, clock=excluded.clock",
+                [(uid, p, nb, m, int(r), float(f), now, taught((p, nb, m))) for (p, nb, m), (r, f) in (corun or {}).items()])
+            if clock is not None:
+                self.db.execute("INSERT INTO learned_clock(uid, clock) VALUES (?,?) "
+                                "ON CONFLICT(uid) DO UPDATE SET clock=excluded.clock", (uid, int(clock)))
+            for slow, levels in ((0, ts), (1, ts_slow)):
+                if levels is not None:
+                    self.db.execute("DELETE FROM learned_ts WHERE uid=? AND slow=?", (uid, slow))
+                    self.db.executemany("INSERT INTO learned_ts(uid, slow, bin, clock) VALUES (?,?,?,?)",
+                                        [(uid, slow, int(b), int(c)) for b, c in levels.items()])
+            self.db.executemany(
+                "INSERT INTO learned_live(uid, mode, bin, level, clock) VALUES (?,?,?,?,?) "
+                "ON CONFLICT(uid, mode, bin) DO UPDATE SET level=excluded.level, clock=excluded.clock",
+                [(uid, m, int(b), float(lv), int(c)) for (m, b), (lv, c) in (live or {}).items()])
             self.db.executemany(
                 "INSERT INTO learned_profile(uid, profile, alone_runs, alone_ratio, at) VALUES (?,?,?,?,?) "
                 "ON CONFLICT(uid, profile) DO UPDATE SET alone_runs=excluded.alone_runs, alone_ratio=excluded.alone_ratio, "

@@ -129,6 +129,25 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
         target TEXT NOT NULL, why TEXT NOT NULL DEFAULT ''
     );
     """,
+    # 14: the rest of what the daemon learned (policy.Learned), so a restarted daemon decides as the
+    # one before it: the levels of taking turns running groups and ends showed (learned_ts: `slow`
+    # 0, explored as predicted, Learned.ts; 1, a group ran slower there, Learned.ts_slow), the early
+    # warnings of running MPS groups (learned_live, Learned.live), each user's count of observations
+    # (learned_clock, Learned.clock) and when a co-run pairing or bandwidth step was last taught in
+    # that count (`clock`, Learned.at; NULL: before this schema, as old as the count's start)
+    """
+    CREATE TABLE learned_clock (uid INTEGER PRIMARY KEY, clock INTEGER NOT NULL);
+    CREATE TABLE learned_ts (
+        uid INTEGER NOT NULL, slow INTEGER NOT NULL, bin INTEGER NOT NULL, clock INTEGER NOT NULL,
+        PRIMARY KEY (uid, slow, bin)
+    );
+    CREATE TABLE learned_live (
+        uid INTEGER NOT NULL, mode TEXT NOT NULL, bin INTEGER NOT NULL, level REAL NOT NULL,
+        clock INTEGER NOT NULL, PRIMARY KEY (uid, mode, bin)
+    );
+    ALTER TABLE learned_corun ADD COLUMN clock INTEGER;
+    ALTER TABLE learned_bw ADD COLUMN clock INTEGER;
+    """,
 ]
 
 # Indexes for `colo ls` filters on ended jobs (user, name). Made at every open, not in MIGRATIONS:
