@@ -7,7 +7,9 @@ when it was a task of one). A task `colo requeue` ran again counts as its newest
 """
 from __future__ import annotations
 
-from ..jobs import State
+from typing import Callable
+
+from ..jobs import TERMINAL, Job, State
 from ..store import Store
 from .validate import NAME, Invalid
 
@@ -68,3 +70,19 @@ def resolved(store: Store, raw: dict, user: str) -> dict:
             raise Invalid(f"{flag} takes up to {MAX_REFS} references (ids, ARRAY_INDEX or names)")
         out[key] = list(dict.fromkeys(i for r in refs for i in resolve(store, r, user, flag)))
     return out
+
+
+def unmet(j: Job, state_of: Callable[[int], State | None]) -> tuple[str | None, bool]:
+    """(why it waits, or None; True if it never can): --after needs success, --after-any an
+    end, --after-fail an end without success (Slurm's afterok, afterany, afternotok)."""
+    pending = None
+    for key, want, ok in (("after", "succeed", (State.SUCCEEDED,)), ("after_any", "end", TERMINAL),
+                          ("after_fail", "fail", TERMINAL - {State.SUCCEEDED})):
+        for a in getattr(j.spec, key):
+            st = state_of(a)
+            if st is None or (st in TERMINAL and st not in ok):  # one that never can: said at once
+                what = "failed" if key == "after" else f"not met (--{key.replace('_', '-')})"
+                return f"dependency {what}: job {a} {st or 'does not exist'}", True
+            if st not in ok and pending is None:
+                pending = f"waiting for job {a} to {want}"
+    return pending, False

@@ -2,10 +2,11 @@
 
 The launcher is the one part that acts on jobs' processes (pueue's task handler): others ask it.
 Owns: `live` (active jobs' tasks and stop flags), starts the engine failed and when to try them
-again, stops the engine refused, containers still to be removed, attempts still ending (an MPS
-fault, or a daemon that died while stopping one: the job may not start again before), and what
-the engine last said of each job. Calls: the job table (every state change), the runtimes, the
-GPUs (MPS), the learner (at starts and ends) and `wake` (the scheduler runs again).
+again, stops the engine refused, containers still to be removed (`removals`: removals.py),
+attempts still ending (an MPS fault, or a daemon that died while stopping one: the job may not
+start again before), and what the engine last said of each job. Calls: the job table (every state
+change), the runtimes, the GPUs (MPS), the learner (at starts and ends) and `wake` (the scheduler
+runs again).
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import logging
 import os
 import shutil
 import signal
-import threading
 import time
 from dataclasses import dataclass
 
@@ -31,43 +31,15 @@ from ..sched import policy
 from ..store import StoreError
 from ..units import format_duration, format_size
 from .backoff import Backoff
+from .blocking import blocking
 from .engines import Engines
 from .gpus import Gpus
 from .jobtable import JobTable
 from .launchspec import build_launch
 from .patrol import uid_of
+from .removals import Removals
 
 log = logging.getLogger("colo")
-
-
-async def blocking(fn, *args):
-    """Run a call that blocks for a job's whole life (waiting for its exit) on a thread of its
-    own. The thread is a daemon thread, so stopping colo never waits for it: the job runs on and
-    is found again at the next start. (The shared worker pool would hold shutdown until every
-    job had ended, and cap the number of jobs that can run at once.)"""
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-
-    def settle(result, error) -> None:
-        if fut.done():
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
-
-    def run() -> None:
-        try:
-            result, error = fn(*args), None
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
-            result, error = None, e
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:
-            pass  # the loop is closed: colo stopped while the job ran
-
-    threading.Thread(target=run, name=f"colo-wait-{getattr(fn, '__name__', 'call')}", daemon=True).start()
-    return await fut
 
 
 @dataclass
@@ -100,8 +72,7 @@ class Launcher:
         self._start_retry: dict[int, tuple[Backoff, str]] = {}
         self._cancel_retry = Backoff()  # when to try again stops of cancelled jobs the engine refused
         self._engine_said: dict[int, str] = {}  # job -> what the engine last said of it (logged once)
-        self._removals: dict[str, tuple[int, Backoff]] = {}  # container -> its job, when to try again
-        self._cleanups: set[asyncio.Task] = set()  # removals of ended jobs' containers under way
+        self.removals = Removals(table, engines)  # containers of ended jobs still to be removed
         # sessions' jobs (op `session`) -> the slave end of the pty the daemon made, until the start
         # hands it to the job (colo/daemon/session.py)
         self._terminals: dict[int, int] = {}
@@ -137,11 +108,6 @@ class Launcher:
         if (retry := self._start_retry.get(job_id)) and retry[0].at is not None and retry[0].at > time.monotonic():
             return f"waiting to start again: {retry[1]}"
         return None
-
-    def removing(self) -> set[int]:
-        """Ended jobs whose container the engine has not let colo remove yet: its removal drains
-        the rest of its output into the job's log."""
-        return {job_id for job_id, _ in self._removals.values()}
 
     # starting ---------------------------------------------------------------------------------
     def start(self, d: policy.Decision) -> None:
@@ -358,32 +324,10 @@ class Launcher:
         self.live.pop(job_id, None)
         self.learner.finished(job_id)
         if rt is not None and handle:
-            if rt.cleanup_in_background:
-                task = asyncio.get_running_loop().create_task(self._cleanup(job_id, rt, handle))
-                self._cleanups.add(task)  # held until done (the loop keeps only a weak reference)
-                task.add_done_callback(self._cleanups.discard)
-            else:
-                self._cleanup_now(job_id, rt, handle)
+            self.removals.clean_up(job_id, rt, handle)
         shutil.rmtree(self.config.run_dir(job_id), ignore_errors=True)  # the ledger goes with the job
         self.gpus.revoke_mps_access(self.table.mps_users())  # its uid keeps access only for its other MPS jobs
         self.wake()
-
-    def _cleanup_now(self, job_id: int, rt, handle: str) -> None:
-        try:
-            rt.cleanup(handle)
-        except Exception as e:  # noqa: BLE001
-            self._cleanup_failed(job_id, handle, e)
-
-    async def _cleanup(self, job_id: int, rt, handle: str) -> None:
-        try:
-            await asyncio.to_thread(rt.cleanup, handle)
-        except Exception as e:  # noqa: BLE001
-            self._cleanup_failed(job_id, handle, e)  # back on the loop: _removals is the loop's
-
-    def _cleanup_failed(self, job_id: int, handle: str, e: Exception) -> None:
-        log.warning("cleanup of job %d: %s", job_id, e)
-        if isinstance(e, EngineError):  # e.g. 409: removed on a backoff, not at the next restart
-            self.remove_later(job_id, handle)
 
     def stop_following(self) -> None:
         """The daemon stops: followers end, the jobs run on (found again at the next start)."""
@@ -403,51 +347,6 @@ class Launcher:
         """Jobs followed again, or over: what the engine said of them is forgotten."""
         for job_id in [j for j in self._engine_said if j not in self.table.open or self.followed(j)]:
             del self._engine_said[job_id]
-
-    def remove_later(self, job_id: int, handle: str) -> None:
-        """A container of an ended job whose removal the engine refused: tried again soon."""
-        b = self._removals.setdefault(handle, (job_id, Backoff()))[1]
-        if b.at is None:
-            b.failed(time.monotonic())
-
-    def remove_leftovers(self, found: dict[int, str]) -> None:
-        """Containers of this daemon that no open job owns (ended while colo or the engine was
-        away, or created by a start the engine cut short): removed by retry_removals."""
-        for job_id, handle in found.items():
-            job = self.table.open.get(job_id)
-            if job is not None and (job.handle == handle or job.state == State.STARTING):
-                continue
-            if handle not in self._removals:  # one the engine refused is tried on its own schedule
-                self._removals[handle] = (job_id, Backoff())
-
-    async def retry_removals(self, every: bool = False) -> None:
-        """Remove the containers waiting for it whose time has come (every=True: all of them).
-        Each is one entry, tried at most once a minute however long the engine refuses it."""
-        rt = self.engines.get("docker")
-        if rt is None or rt.down is not None:
-            return
-        now = time.monotonic()
-        for handle, (job_id, b) in list(self._removals.items()):
-            if not (every and b.at is None) and not b.due(now):
-                continue
-            job = self.table.open.get(job_id)
-            if job is not None and job.handle == handle:  # its job runs in it again (not expected)
-                del self._removals[handle]
-                continue
-            try:
-                await asyncio.to_thread(rt.cleanup, handle)
-            except Unavailable:
-                return  # the next sweep, when the engine answers again
-            except Exception as e:  # noqa: BLE001 - e.g. 409 removal already in progress: tried again
-                delay = b.failed(time.monotonic())
-                if b.tries == 1 or delay < b.cap or b.tries % 10 == 0:  # not a line a minute for ever
-                    log.warning("container %s of job %d not removed (refused %d time%s): %s; trying again in %.0f s",
-                                handle[:12], job_id, b.tries, "" if b.tries == 1 else "s", e, delay)
-                continue
-            del self._removals[handle]
-            if b.tries:
-                log.warning("container %s of job %d removed after %d refusal%s", handle[:12], job_id, b.tries,
-                            "" if b.tries == 1 else "s")
 
     # cancelling and stopping ------------------------------------------------------------------
     async def cancel(self, job_id: int, by: str) -> Job:
@@ -643,7 +542,7 @@ class Launcher:
             except (Unavailable, EngineError) as e:  # removed by the sweep, or tried again soon
                 log.warning("cleanup of job %d: %s", job_id, e)
                 if isinstance(e, EngineError):
-                    self.remove_later(job_id, handle)
+                    self.removals.remove_later(job_id, handle)
             if self.table.store.get(job_id).state in TERMINAL:  # a requeued job gets a fresh ledger when it starts
                 shutil.rmtree(self.config.run_dir(job_id), ignore_errors=True)
         finally:

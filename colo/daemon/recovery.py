@@ -80,8 +80,8 @@ class Recovery:
         self.launcher.forget_engine_said()
         if docker is not None and docker.down is None:
             if listed:
-                self.launcher.remove_leftovers(found)
-                await self.launcher.retry_removals(every=True)
+                self.launcher.removals.remove_leftovers(found)
+                await self.launcher.removals.retry_removals(every=True)
             if unsure or not listed:
                 self._engine_retry.failed(time.monotonic())
             else:
@@ -193,7 +193,7 @@ class Recovery:
                 await self._recover(self._unfollowed_docker_jobs())
                 self.wake()
             self.launcher.retry_cancels(now)
-            await self.launcher.retry_removals()
+            await self.launcher.removals.retry_removals()
 
     def _unfollowed_docker_jobs(self) -> list[Job]:
         """Active container jobs no task follows or starts: left by recovery for want of an engine

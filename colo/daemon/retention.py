@@ -61,8 +61,8 @@ class Retention:
         deps: dict[int, dict[int, int]] = {}
         arrays: set[int] = set()
         # an ended job whose container the engine has not let colo remove yet: its removal drains
-        # the rest of its output into its log (Launcher.retry_removals), which would come back
-        containers = self.launcher.removing()
+        # the rest of its output into its log (Removals.retry_removals), which would come back
+        containers = self.launcher.removals.removing()
         for j in self.table.open.values():
             s = j.spec
             if s.after or s.after_any or s.after_fail:

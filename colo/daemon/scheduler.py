@@ -24,78 +24,18 @@ from typing import Callable
 from ..config import Config
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..sched import fairshare, policy
-from . import grow
+from . import deps, grow
 from .decisions import DecisionWriter, KeptWait
 from .engines import Engines
 from .gpus import Gpus
 from .jobtable import JobTable
 from .learner import Learner
+from .passcost import (CANDS_KEPT, COMPLETE_PASS_EVERY, FULL_PASS_SPACING, FULL_PASS_SPACING_MAX, SETTLE_AFTER,
+                       SLICE_GAP, SLICE_S, Rest, cand, settle)
 from .validate import stopped_text
 from .suspend import held_span, releases_budget
 
 log = logging.getLogger("colo")
-
-
-# A full pass (every queued job) runs only when something changed that could let a job that
-# waited start: a job ended, a GPU's view changed, the engine came back, a hold fell due. A
-# submit plans only the new jobs: the ones already waiting met the same GPUs last time, and
-# GPUs only fill up between full passes. Full passes are spaced by a multiple of their own cost,
-# so a stream of job ends cannot keep the daemon busy with them.
-FULL_PASS_SPACING = 3.0  # x the last full pass's time
-FULL_PASS_SPACING_MAX = 1.0  # seconds
-# A full pass walks the queue in fair-share order and stops once no GPU could take the smallest
-# job left; those not looked at keep their last decision. Every so often a pass looks at all of
-# them (their reasons' figures are refreshed; a safety net, should anything change unannounced),
-# if anything changed since the last one: an idle daemon with a long queue does not walk it again.
-COMPLETE_PASS_EVERY = 60.0  # seconds
-# The loop runs such a complete pass in slices of about this long, free for requests in between:
-# at 50,000 queued the whole of it takes over a second, which no request should wait behind.
-# Between two slices the loop is left alone SLICE_GAP: a request takes several turns of the loop
-# (accepted, its line read, answered), and with only a turn between slices (sleep(0)) a `hello`
-# waited behind 4 or 5 of them (~85 ms at 50,000 queued on a loaded 2-core machine).
-SLICE_S = 0.005
-SLICE_GAP = 0.005
-CANDS_KEPT = 10_000  # candidates kept from pass to pass (Scheduler._take)
-SETTLE_AFTER = 5_000  # jobs queued since the heap was settled: settled again after a pass (_settle)
-
-
-def _settle() -> None:
-    """What survived a complete pass (the queued jobs, their decisions, listings' caches) is long-lived:
-    moved out of the cyclic collector's scans. At 50,000 queued a full collection walked a million
-    objects (0.3 to 1 s with every request waiting); frozen, they are still freed by reference counting
-    when dropped. Every generation is collected first, the oldest too: a cycle frozen is never
-    collected (a closed connection's transport, protocol and streams, with what they buffered, were
-    kept for good once a collection had moved them to the oldest generation before a freeze). That
-    collection is short: what it walks is only what was made since the last freeze."""
-    gc.collect()
-    gc.freeze()
-
-
-class _Rest:
-    """What a complete pass has left to look at once its first part (the usual full pass) is done:
-    the rest of the fair walk, in slices (Scheduler.finish_complete)."""
-
-    __slots__ = ("walk", "seen", "loads", "holder", "due", "planned", "busy", "longest", "slices", "plan_ms",
-                 "started")
-
-    def __init__(self, walk, seen: set, loads: dict, holder, planned: int, busy: float, plan_ms: float,
-                 started: int):
-        self.walk, self.seen, self.loads = walk, seen, loads
-        self.holder = holder  # the candidate GPUs are held for (hold_after): each slice plans it first
-        self.due = math.inf  # the next time a job looked at passes hold_after
-        self.planned, self.busy, self.longest, self.slices = planned, busy, busy, 1
-        self.plan_ms, self.started = plan_ms, started
-
-
-def _cand(job_id: int, budget: int, gpus: int, uid: int, priority: int, seq: int, profile, queued_at: float,
-          held: tuple, gpu_ids: tuple = (), gpu_type: str | None = None, grow: bool = False) -> policy.Candidate:
-    """Candidate without the frozen dataclass's per-field __setattr__ (10,000 a full pass)."""
-    c = object.__new__(policy.Candidate)
-    object.__setattr__(c, "__dict__", {"job_id": job_id, "budget": budget, "gpus": gpus, "uid": uid,
-                                       "priority": priority, "seq": seq, "profile": profile,
-                                       "queued_at": queued_at, "held": held, "gpu_ids": gpu_ids,
-                                       "gpu_type": gpu_type, "grow": grow})
-    return c
 
 
 class Scheduler:
@@ -121,7 +61,7 @@ class Scheduler:
         self._hold_due = math.inf  # when the next waiting job passes hold_after
         self._last_complete = -math.inf  # time.monotonic() of the last pass over every queued job
         self._since_complete = True  # anything changed since that pass began (a job, an edit, a GPU, a wake)
-        self._rest: _Rest | None = None  # a complete pass whose slices are still to run (serve)
+        self._rest: Rest | None = None  # a complete pass whose slices are still to run (serve)
         self._details: dict[tuple, dict] = {}  # WAIT decisions' figures, one dict per distinct set (record)
         self._reasons: dict[str, str] = {}  # WAIT decisions' reasons, one copy of each text (record)
         self._next_full = -math.inf  # no full pass before this (spacing)
@@ -133,7 +73,7 @@ class Scheduler:
         self._budgets: Counter = Counter()  # budget -> queued GPU jobs with it (the smallest ends a walk)
         self._always: set[int] = set()  # queued jobs every full pass looks at: CPU-only, with --after
         self._begins: dict[int, float] = {}  # queued jobs not to start before a time (--begin): when
-        self._unsettled = 0  # jobs queued since the heap was last settled (_settle)
+        self._unsettled = 0  # jobs queued since the heap was last settled (passcost.settle)
         self.fair_ledger = fairshare.Ledger(config.fair_share_half_life)
         self.set_limits(config.max_queued_per_user, config.max_running_per_user, config.max_gpu_mem_per_user)
         self.last_pass: dict = {}
@@ -148,7 +88,7 @@ class Scheduler:
         since = time.time() - 20 * config.fair_share_half_life  # older use counts < 1e-6
         for uid, budget, gpus_n, start_at, end, off in table.store.gpu_use(since):
             self.fair_ledger.add(uid, fairshare.weight(budget, gpus_n), *fairshare.held_span(start_at, end, off))
-        gc.collect()  # the open jobs, loaded: long-lived (see _settle); before any request is served
+        gc.collect()  # the open jobs, loaded: long-lived (see passcost.settle); before any request is served
         gc.freeze()
 
     def close(self) -> None:
@@ -391,11 +331,11 @@ class Scheduler:
         started = sum(d.action == policy.START for d in decisions)
         if self._unsettled >= SETTLE_AFTER:  # a queue filling up: its jobs settled a few thousand at a time
             self._unsettled = 0
-            _settle()
+            settle()
         if full and complete and sliced and walk is not None:  # the rest in slices: finish_complete
             held = {d.job_id for d in decisions if "held" in d.details}
             holder = next((c for c in cands if c.job_id in held), None)
-            self._rest = _Rest(walk, seen, loads, holder, len(cands), took, planned_in * 1000, started)
+            self._rest = Rest(walk, seen, loads, holder, len(cands), took, planned_in * 1000, started)
             return decisions
         kind = "full" if full else "new jobs"
         self.last_pass = {"kind": kind, "queued": sum(self._queued_n.values()) + started, "planned": len(cands),
@@ -413,7 +353,7 @@ class Scheduler:
         pass began; should GPUs free up meanwhile, the full pass that follows starts what fits). A
         pass for new jobs, or a full one, runs between slices when one is owed."""
         rest, n = self._rest, 200
-        gc.disable()  # what the slices keep (a decision per job) would set off full collections: _settle
+        gc.disable()  # what the slices keep (a decision per job) would set off full collections: settle
         try:
             while not stopping():
                 t0 = time.monotonic()
@@ -460,7 +400,7 @@ class Scheduler:
         finally:
             self._rest = None
             t = time.monotonic()
-            _settle()
+            settle()
             gc.enable()
             rest.longest = max(rest.longest, time.monotonic() - t)
         self._unsettled = 0
@@ -515,7 +455,7 @@ class Scheduler:
                 waits.append(policy.Decision(j.id, policy.WAIT, reason=f"waiting for its start time, {at} (--begin)"))
                 continue
             if j.spec.deps:
-                why, never = self._deps_wait(j)
+                why, never = deps.unmet(j, self.table.state_of)
                 if never:
                     self.table.transition(j.id, State.FAILED, why)
                     continue
@@ -555,7 +495,7 @@ class Scheduler:
                 budget = grow.budget_of(j, self.learner, self._views, self.limits)
                 self._grow_planned = True
             if c is None or c.seq != seq or c.held != held or c.budget != budget:
-                c = _cand(job_id, budget, j.spec.gpus, j.uid, 0, seq,
+                c = cand(job_id, budget, j.spec.gpus, j.uid, 0, seq,
                           c.profile if c is not None else (self.learner.profile_of(j) if j.spec.gpus else None),
                           j.submitted_at, held, tuple(j.spec.gpu_ids), j.spec.gpu_type, j.spec.grow and j.spec.gpus == 1)
                 # kept for the next passes (not the slices of a complete pass, nor past CANDS_KEPT:
@@ -640,20 +580,6 @@ class Scheduler:
                 f"(their users used less GPU lately; {job.user}: {usage.get(job.uid, 0.0):.2f} GiB-h, "
                 f"half-life {self.config.fair_share_half_life / 3600:g} h)")
 
-    def _deps_wait(self, j: Job) -> tuple[str | None, bool]:
-        """(why it waits, or None; True if it never can): --after needs success, --after-any an
-        end, --after-fail an end without success (Slurm's afterok, afterany, afternotok)."""
-        pending = None
-        for key, want, ok in (("after", "succeed", (State.SUCCEEDED,)), ("after_any", "end", TERMINAL),
-                              ("after_fail", "fail", TERMINAL - {State.SUCCEEDED})):
-            for a in getattr(j.spec, key):
-                st = self.table.state_of(a)
-                if st is None or (st in TERMINAL and st not in ok):  # one that never can: said at once
-                    what = "failed" if key == "after" else f"not met (--{key.replace('_', '-')})"
-                    return f"dependency {what}: job {a} {st or 'does not exist'}", True
-                if st not in ok and pending is None:
-                    pending = f"waiting for job {a} to {want}"
-        return pending, False
 
     def explain(self, job_id: int) -> dict | None:
         """The latest decision about a job, with its reason (`colo explain`)."""

@@ -54,7 +54,7 @@ READ_LIMIT = 16 << 10
 RESERVED_FDS = 256
 HALF_CLOSED_CHECK = 5.0  # seconds between looks at a half-closed stream's client
 # Short blocking calls (Docker, NVML, starts and stops); waits for a job's exit have threads of
-# their own (core.blocking). Threads are made only when needed.
+# their own (blocking.py). Threads are made only when needed.
 WORKER_THREADS = 64
 _OP = re.compile(rb'"op"\s*:\s*"([a-z_]{1,32})"')
 

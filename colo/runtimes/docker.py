@@ -1,6 +1,6 @@
 """The Docker runtime: one container per job, found again after a restart by its labels.
 
-Output goes to the job's log file while it runs (a follower thread per container), so it
+Output goes to the job's log file while it runs (a follower thread per container: dockerlogs.py), so it
 survives the container's removal and `colo logs -f` can read it live. Where the follower got to
 is kept in a sidecar cursor file, so a follower started after a daemon restart continues
 exactly there: no line lost, none written twice.
@@ -8,14 +8,11 @@ exactly there: no line lost, none written twice.
 
 from __future__ import annotations
 
-import calendar
-import json
 import logging
 import math
 import os
 import re
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -29,6 +26,7 @@ from ..node.cgroup import places
 from ..node.devices import GpuNodes
 from . import nvidia, preload, ttyrelay
 from .base import EngineError, Gone, Launch, StartError, Unavailable
+from .dockerlogs import Follower, cursor_path, write_cursor
 
 LABEL_JOB = "colo.job"
 LABEL_MANAGED = "colo.managed"
@@ -36,10 +34,6 @@ LABEL_INSTANCE = "colo.instance"  # which colo daemon (state dir) owns it: never
 LABEL_LOG = "colo.log"  # where the job's output goes; lets a restarted daemon re-attach a follower
 LABEL_KEPT = "colo.kept"  # a detached session's container: a restarted daemon takes its terminal again
 JOIN_TIMEOUT = 30.0  # how long wait() gives the follower to drain what the container wrote last
-RETRIES = 30  # reconnects of a follower (1 s apart) before it gives up
-CURSOR_EVERY = (
-    0.25  # seconds between cursor saves while output flows (a stale cursor only costs a re-read)
-)
 
 # The engine not answering at all (stopped, restarting, socket gone), unlike an API error.
 ENGINE_DOWN = (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError,
@@ -51,167 +45,6 @@ ENGINE_POLL = 1.0  # seconds between pings while the engine is away
 ENGINE_DETACH_KEYS = "ctrl-^,ctrl-@,ctrl-^,ctrl-@,ctrl-^"
 
 log = logging.getLogger(__name__)
-
-
-def cursor_path(log_path: Path) -> Path:
-    return Path(log_path).with_suffix(".cursor")
-
-
-def _since(stamp: str) -> int | None:
-    """Whole seconds (rounded down) of a Docker log timestamp, for the inclusive `since=` filter."""
-    if not stamp:
-        return None
-    return calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))
-
-
-def _write_all(fd: int, data: bytes) -> int:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    return len(data)
-
-
-def _write_cursor(path: Path, ts: str, n: int, offset: int) -> None:
-    tmp = path.with_suffix(".cursor.tmp")
-    tmp.write_text(json.dumps({"ts": ts, "n": n, "offset": offset}))
-    os.replace(tmp, path)  # atomic: a crash leaves the old cursor or the new one, never half of one
-
-
-class _Follower(threading.Thread):
-    """Copies one container's output into its log file, resuming from the cursor file.
-
-    The cursor holds (timestamp of the last written message, how many messages carried exactly
-    that timestamp, byte size of the log at that point). On start the log is cut back to that
-    size and messages up to that position are skipped, so the log matches Docker's exactly.
-    Docker writes log timestamps in a fixed-width UTC form ('2024-05-01T10:00:00.123456789Z'),
-    so comparing them as strings orders them in time.
-    """
-
-    def __init__(self, api, handle: str, log_path: Path, cap: int = 0, reserve: int = 0):
-        super().__init__(name=f"colo-logs-{handle[:12]}", daemon=True)
-        self.api, self.handle, self.log_path = api, handle, Path(log_path)
-        self.cap, self.reserve = cap, reserve  # as the process shim: bytes kept, free bytes kept on the disk
-        self._starved = False
-        self.cursor = cursor_path(self.log_path)
-        self.error: BaseException | None = None
-        self._stream = None
-        self._halt = threading.Event()
-
-    def _load(self) -> tuple[str, int, int]:
-        try:
-            c = json.loads(self.cursor.read_text())
-            return str(c["ts"]), int(c["n"]), int(c["offset"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return "", 0, 0
-
-    def _save(self, ts: str, n: int, offset: int) -> None:
-        _write_cursor(self.cursor, ts, n, offset)
-
-    def run(self) -> None:
-        failures = 0
-        while not self._halt.is_set():
-            try:
-                self._pump()
-                return
-            except docker.errors.NotFound:
-                return  # removed: what was written stays
-            except (
-                docker.errors.APIError,
-                requests.exceptions.RequestException,
-                urllib3.exceptions.HTTPError,
-                OSError,
-            ) as e:
-                # The engine restarted or dropped the stream: go on from the cursor, a few times.
-                failures += 1
-                if failures > RETRIES or self._halt.wait(1.0):
-                    self.error = e
-                    break
-            except Exception as e:  # noqa: BLE001 - a thread must not die silently
-                self.error = e
-                break
-        if self.error is not None and not self._halt.is_set():
-            log.warning(
-                "output of container %s may be incomplete in %s: %s",
-                self.handle[:12],
-                self.log_path,
-                self.error,
-            )
-
-    def _pump(self) -> None:
-        ts, n, offset = self._load()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT, 0o640)
-        try:
-            os.truncate(fd, offset)  # drop what was written after the last cursor save
-            os.lseek(fd, offset, os.SEEK_SET)
-            follow = True
-            while not self._halt.is_set():
-                # since= is inclusive and whole seconds here; the exact resume point is found below.
-                self._stream = self.api.logs(
-                    self.handle,
-                    stdout=True,
-                    stderr=True,
-                    stream=True,
-                    follow=follow,
-                    timestamps=True,
-                    since=_since(ts),
-                )
-                ts0, n0, equal, past = ts, n, 0, not ts
-                last_save = time.monotonic()
-                for frame in self._stream:
-                    stamp, _, msg = frame.partition(b" ")
-                    t = stamp.decode()
-                    if not past:
-                        # Skip up to the cursor: older stamps, then the first n0 at its stamp.
-                        if t < ts0:
-                            continue
-                        if t == ts0:
-                            equal += 1
-                            if equal <= n0:
-                                continue
-                        past = True
-                    ts, n = (ts, n + 1) if t == ts else (t, 1)
-                    offset += self._write(fd, msg, offset)
-                    if time.monotonic() - last_save > CURSOR_EVERY:
-                        self._save(ts, n, offset)
-                        last_save = time.monotonic()
-                self._save(ts, n, offset)
-                if not follow:
-                    return
-                # The follow stream ended: the container stopped (or the connection dropped). A last
-                # plain read from the cursor then catches anything a follow could miss at exit.
-                follow = self.api.inspect_container(self.handle)["State"]["Running"]
-        finally:
-            os.close(fd)
-
-    def _write(self, fd: int, msg: bytes, offset: int) -> int:
-        """Write under the log cap and the disk reserve; the bytes written."""
-        if self.cap and offset >= self.cap:
-            return 0  # capped already (the marker is there)
-        if self.reserve:
-            st = os.fstatvfs(fd)
-            if st.f_bavail * st.f_frsize < self.reserve + len(msg):
-                if self._starved:
-                    return 0
-                self._starved = True
-                return _write_all(fd, f"\n[colo: output dropped: less than {self.reserve >> 20} MiB free on "
-                                      "the state disk]\n".encode())
-            if self._starved:
-                self._starved = False
-                msg = b"[colo: output resumes: the state disk has room again]\n" + msg
-        if self.cap and offset + len(msg) > self.cap:
-            return _write_all(fd, msg[: self.cap - offset] + f"\n[colo: the log reached its cap of {self.cap} "
-                                                            "bytes; further output is dropped]\n".encode())
-        return _write_all(fd, msg)
-
-    def stop(self) -> None:
-        self._halt.set()
-        s = self._stream
-        if s is not None:
-            try:
-                s.close()
-            except Exception:  # noqa: BLE001 - a half-dead stream may fail to close; it is going anyway
-                pass
 
 
 class DockerRuntime:
@@ -231,7 +64,7 @@ class DockerRuntime:
         # off by default because then a missing command is a job exit 127, not a StartError.
         self.init = init
         self.instance = instance
-        self._followers: dict[str, _Follower] = {}
+        self._followers: dict[str, Follower] = {}
         self._relays: dict[str, ttyrelay.Relay] = {}  # container sessions' terminals (handle -> relay)
         self._lock = threading.Lock()
         self.down: str | None = None  # why the engine does not answer now; None while it does
@@ -410,7 +243,7 @@ class DockerRuntime:
         # A fresh cursor: this container's output is appended after what an earlier attempt left.
         log = Path(launch.log_path)
         log.parent.mkdir(parents=True, exist_ok=True)
-        _write_cursor(cursor_path(log), "", 0, log.stat().st_size if log.exists() else 0)
+        write_cursor(cursor_path(log), "", 0, log.stat().st_size if log.exists() else 0)
         sock = None
         try:
             # a session's stream is attached before the start, so nothing it writes first is lost
@@ -493,7 +326,7 @@ class DockerRuntime:
             f = self._followers.get(handle)
             if f is not None and f.is_alive():
                 return
-            f = self._followers[handle] = _Follower(self.api, handle, Path(log_path), self.log_cap, self.log_reserve)
+            f = self._followers[handle] = Follower(self.api, handle, Path(log_path), self.log_cap, self.log_reserve)
             f.start()
 
     def _drain(self, handle: str, timeout: float = JOIN_TIMEOUT) -> None:
@@ -502,7 +335,7 @@ class DockerRuntime:
             if f is not None and f.error is not None and not f.is_alive() and not self._closed.is_set():
                 # it gave up while the engine refused (RETRIES): the engine answers now (the
                 # caller just read the container's end), so one more goes on from its cursor
-                f = self._followers[handle] = _Follower(self.api, handle, f.log_path, self.log_cap, self.log_reserve)
+                f = self._followers[handle] = Follower(self.api, handle, f.log_path, self.log_cap, self.log_reserve)
                 f.start()
         if f is not None:
             f.join(timeout)
