@@ -216,10 +216,15 @@ class Listing:
     async def _queued(self, jobs: list[Job], picked, clock: Clock) -> list[Job]:
         """The queued jobs of the snapshot `jobs` that `picked` keeps, by id."""
         out: list[Job] = []
+        last, ordered = 0, True
         async for part in chunks(jobs, clock, CHEAP):
-            out += picked(part)
-        ids = [j.id for j in out]
-        if ids != sorted(ids):
+            got = picked(part)
+            if got and ordered:
+                ids = [j.id for j in got]
+                ordered = ids[0] > last and ids == sorted(ids)
+                last = ids[-1]
+            out += got
+        if not ordered:  # (the table's order is the ids' but for a job re-filed: rare)
             out.sort(key=attrgetter("id"))
         return out
 
@@ -251,10 +256,10 @@ class Listing:
         still current at the snapshot; else they are made, and kept as of `stamp` (the common
         `colo ls`: no filter but states)."""
         if block is None:
-            block = await self._rows_of(await self._queued(jobs, picked, clock), fields, cut, collapse, decisions,
-                                        clock)
+            block, big = await self._rows_of(await self._queued(jobs, picked, clock), fields, cut, collapse,
+                                             decisions, clock)
             if stamp:
-                self._keep_block((tuple(fields), cut, collapse), stamp, block)
+                self._keep_block((tuple(fields), cut, collapse), stamp, None if big else block)
         rows = _merged(block, act_rows)
         if more:
             if rows and more[0][0] < rows[-1][0]:
@@ -275,13 +280,13 @@ class Listing:
             sep = b","
         yield sep + b"]}" if sep != b"," else b"]}"
 
-    def _keep_block(self, key: tuple, stamp: tuple, rows: list) -> None:
+    def _keep_block(self, key: tuple, stamp: tuple, rows: list | None) -> None:
         """The queue's rows for a kind of listing, as of `stamp` (_queue_version, the scheduler's
         version when the snapshot they were made from was taken): `colo ls` of 50,000 then walks
         none while no queued job and no decision changed. Never changed once kept: a reply being
-        sent may be reading it."""
+        sent may be reading it. None: rows too long to keep (ROW_KEPT_MAX)."""
         self._blocks.pop(key, None)
-        if any(len(r[2]) > ROW_KEPT_MAX for r in rows):
+        if rows is None:
             return
         while len(self._blocks) >= 4:  # the kinds of listing asked for lately
             self._blocks.pop(next(iter(self._blocks)))
@@ -293,9 +298,10 @@ class Listing:
             self._queue_version += 1
 
     async def _rows_of(self, queued: list[Job], fields: list[str], cut: int | None, collapse: bool,
-                       decisions: dict, clock: Clock) -> list[tuple[int, str, bytes]]:
-        """_live_rows of queued jobs, in slices. collapse: the queued tasks of an array as one row, its
-        first's, whose id (and ARRAY_INDEX) says which, as squeue shows them: 12_[3-9,11]."""
+                       decisions: dict, clock: Clock) -> tuple[list[tuple[int, str, bytes]], bool]:
+        """_live_rows of queued jobs, in slices, and whether any is longer than ROW_KEPT_MAX.
+        collapse: the queued tasks of an array as one row, its first's, whose id (and ARRAY_INDEX)
+        says which, as squeue shows them: 12_[3-9,11]."""
         groups: dict[int, list[int]] = {}
         heads: dict[int, Job] = {}
         if collapse:
@@ -313,8 +319,11 @@ class Listing:
                     kept.append(j)
             queued = kept
         out: list[tuple[int, str, bytes]] = []
+        big = False
         async for part in chunks(queued, clock):
-            out += self._live_rows(part, fields, cut, decisions)
+            made = self._live_rows(part, fields, cut, decisions)
+            big = big or any(len(r[2]) > ROW_KEPT_MAX for r in made)
+            out += made
         for k, (i, st, row) in enumerate(out) if heads else ():
             j = heads.get(i)
             g = groups.get(j.spec.array_job) if j is not None else None
@@ -323,7 +332,7 @@ class Listing:
                 why = decisions.get(i)
                 out[k] = (i, st, _encode([text if f in ("id", "array") else v for f, v in
                                           zip(fields, self._row(j, fields, cut, why and why.reason))]))
-        return out
+        return out, big
 
     def _live_rows(self, jobs: list[Job], fields: list[str], cut: int | None,
                    decisions: dict | None = None) -> list[tuple[int, str, bytes]]:
