@@ -64,7 +64,7 @@ def _reply(s: socket.socket) -> dict:
 def _whole_line_waiting(s: socket.socket) -> bool:
     """Whether `s` holds a whole reply line, unread (looked at without waiting or taking it)."""
     try:
-        data = s.recv(1 << 26, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        data = s.recv(1 << 20, socket.MSG_PEEK | socket.MSG_DONTWAIT)
     except BlockingIOError:
         return False
     return data.endswith(b"\n")
