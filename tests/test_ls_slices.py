@@ -19,6 +19,7 @@ from colo import protocol
 from colo.jobs import JobSpec
 from colo.node import fakegpu
 from colo.store import Store
+from colo.client import Client
 from harness.daemon import DaemonProc
 
 N = 50_000
@@ -110,3 +111,13 @@ def test_a_listing_is_the_queue_as_it_was_when_asked_for(big):
     assert rows[-1]["state"] == "queued" and rows[-1]["name"] == f"q{last - 1}"
     after = _reply(_send(big, protocol.request("ls", all=False, names=[f"q{last - 1}"])))["result"]
     assert after == []
+
+
+def test_top_shows_the_front_of_a_long_queue(big):
+    """`colo top`'s reply, made in slices as `ls` is: the first 500 queued jobs in the queue's order
+    (here their ids: one priority, submitted in order), whole summaries."""
+
+    got = Client(big.socket, timeout=120).top()
+    queued = [j for j in got["jobs"] if j["state"] == "queued"]
+    assert [j["id"] for j in queued] == list(range(1, 501))
+    assert all(j["name"] == f"q{j['id'] - 1}" for j in queued)

@@ -377,8 +377,8 @@ class Api:
     async def gpus(self, caller: Caller, args: dict) -> GpusReply:
         return self.listing.gpu_rows()
 
-    async def top(self, caller: Caller, args: dict) -> protocol.Raw:
-        """Everything `colo top` shows, in one snapshot (replies.TopReply)."""
+    async def top(self, caller: Caller, args: dict) -> Pieces:
+        """Everything `colo top` shows, in one snapshot (replies.TopReply), made in slices."""
         return self.listing.top(caller.user)
 
     async def history(self, caller: Caller, args: dict) -> dict:

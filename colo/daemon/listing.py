@@ -17,7 +17,6 @@ from collections import Counter
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
-from .. import protocol
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..replies import GpusReply, JobSummary
 from . import validate
@@ -124,16 +123,6 @@ class Listing:
                     out[j.id] = d.reason
         return out
 
-    def rows(self, jobs: list[Job]) -> protocol.Raw:
-        """The summaries of `jobs` as one JSON array (a few: `top`'s); rows of jobs that are not
-        running are kept."""
-        cache = self._rows
-        out = protocol.Raw(b"[" + b",".join([self._summary_row(j, None, cache) for j in jobs]) + b"]")
-        if len(cache) > 2 * len(self.table.open) + 20000:  # rows of jobs gone from every listing
-            keep = {j.id for j in jobs}
-            self._rows = {k: v for k, v in cache.items() if k in keep}
-        return out
-
     def ls(self, args: dict) -> Pieces:
         """Jobs oldest first: those in `states` (default: every job with `all`, else the queued and
         running ones) of `users` named one of `names` that one of `refs` names (ids, names, arrays'
@@ -197,7 +186,8 @@ class Listing:
                                         decisions, fields, cut, collapse, limit, head, n_ended, clock), clock)
 
     def _summary_row(self, j: Job, decisions: dict | None = None, cache: dict | None = None) -> bytes:
-        """One job's summary as `rows` sends it (`cache`: the kept rows of jobs not running)."""
+        """One job's summary as `ls --json` and `top` send it (`cache`: the kept rows of jobs not
+        running: a queued or ended job's changes only with the job or its reason)."""
         if j.state in ACTIVE:  # live figures: made afresh
             return json.dumps(self.summary(j), separators=(",", ":"), default=str).encode()
         cache = self._rows if cache is None else cache
@@ -435,13 +425,16 @@ class Listing:
                         "over": [j.id for j in placed if j.id in self.patrol.over]})
         return {"gpus": out, "error": self.gpus.error, "fake": self.config.fakegpu_state is not None}
 
-    def top(self, you: str) -> protocol.Raw:
-        """Everything `colo top` shows, in one snapshot (a replies.TopReply, encoded)."""
+    def top(self, you: str) -> Pieces:
+        """Everything `colo top` shows, in one snapshot (a replies.TopReply, encoded): taken in one
+        step as `ls` is (the GPUs, the open jobs and decisions, the active jobs' rows, the newest
+        ended jobs); the front of the queue is picked from it, and its rows made, in slices."""
+        clock = Clock()
         gpus = self.gpu_rows()
-        # the running jobs, and the front of the queue as `colo top` shows it (its total apart)
-        live = sorted(self.table.active(*ACTIVE) + heapq.nsmallest(
-            TOP_QUEUED, (j for j in self.table.open.values() if j.state._value_ == "queued"),
-            key=lambda j: (-j.spec.priority, j.submitted_at, j.id)), key=lambda j: j.id)
+        jobs = list(self.table.open.values())
+        decisions = dict(self.scheduler.decisions)
+        act = self.table.active(*ACTIVE)
+        pre = {j.id: self._summary_row(j) for j in act}  # live figures: as of now
         # ended jobs only briefly, the last few: the panel is for what runs (history: colo history)
         recent = [j for j in self.store.jobs(TERMINAL, limit=TOPENDED, newest_first=True)
                   if (j.ended_at or 0) > time.time() - TOPENDED_FOR]
@@ -451,7 +444,27 @@ class Listing:
         head = json.dumps({"at": time.time(), "gpus": gpus["gpus"], "gpu_error": gpus["error"], "fake": gpus["fake"],
                            "foreign": foreign, "you": you, "queued": self.scheduler.queued_total()},
                           separators=(",", ":"), default=str).encode()
-        return protocol.Raw(head[:-1] + b',"jobs":' + self.rows(live + recent) + b"}")
+        return Pieces(self._top_parts(head, jobs, act, pre, recent, decisions, clock), clock)
+
+    async def _top_parts(self, head: bytes, jobs: list[Job], act: list[Job], pre: dict[int, bytes], recent: list[Job],
+                         decisions: dict, clock: Clock) -> AsyncIterator[bytes]:
+        """`top`'s reply: the running jobs, and the front of the queue as `colo top` shows it (its
+        total apart), by id; then the recent ended ones."""
+        front: list[Job] = []
+        async for part in chunks(jobs, clock, CHEAP):
+            front = heapq.nsmallest(TOP_QUEUED, [*front, *(j for j in part if j.state._value_ == "queued")],
+                                    key=_queue_order)
+        live = sorted(act + front, key=attrgetter("id"))
+        cache, rows = self._rows, []
+        async for part in chunks(live + recent, clock):
+            rows += [pre[j.id] if j.id in pre else self._summary_row(j, decisions, cache) for j in part]
+        yield head[:-1] + b',"jobs":[' + b",".join(rows) + b"]}"
+
+
+def _queue_order(j: Job) -> tuple:
+    """The queue's order as `colo top` shows it: priority, then age."""
+    return (-j.spec.priority, j.submitted_at, j.id)
+
 
 def _as_sent(r: tuple, fields: list[str], cut: int | None, index: dict[str, int]) -> list:
     """A stored job's fields (Store.listing) as ls sends them (see ls); GPUs by `index`."""
