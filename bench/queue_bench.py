@@ -17,22 +17,32 @@ user (colotest1..10; created when run as root). Then, with N queued:
   them), the median of the first 3 passes that start jobs (after the end, then after the ends
   of the jobs they started), with how many jobs it planned before it stopped; and the
   once-a-minute pass over every queued job;
-- the daemon's RSS.
+- the daemon's RSS;
+- with --ls-load: while a client fetches `ls --json` of every open job (3 times), and then the
+  full `colo ls` reply (its fields, every job; 3 times), a second process asks `hello` every 5 ms:
+  its longest and median round trip, and the daemon loop's longest stall (from a select() to the
+  next, bench/loopwatch.py, in wall time and in the loop thread's CPU time), beside the fetch's wall
+  time. --ls-only measures only that (and the fill), for before/after pairs: --before-daemon DIR
+  runs the same on a daemon of another checkout (DIR: its source tree, e.g. from `git archive`),
+  first, on a queue filled alike.
 Every figure is refused unless the work happened: all N submits stored and queued behind the 8
 running jobs, a pass over every queued job was logged, and the pass after the end saw the whole
 queue and started jobs out of it.
 
 Run (as root): python bench/queue_bench.py [--big] [--clients 10] [--before PYTHON]
+                                           [--ls-load] [--ls-only] [--before-daemon DIR]
                                            [--json-out bench/results/queue_bench.json]
 (--before: the python of another checkout's venv, whose `colo ls` is timed beside this one's)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pty
 import re
 import resource
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -68,6 +78,100 @@ def probe(c: Client, stop, out: list[float]) -> None:
         c.hello()
         out.append(time.perf_counter() - t)
         stop.wait(0.02)
+
+
+# `hello` every 5 ms from a process of its own (a thread here would share this process's
+# interpreter with the decoding of a 25 MB `ls --json` reply, and wait on that): "ready" once it
+# is answered, then until its stdin ends; then its round trips (seconds, JSON) on stdout
+PROBER = """
+import json, sys, threading, time
+from colo.client import Client
+c, out, stop = Client(sys.argv[1], timeout=120), [], threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+c.hello()
+print("ready", flush=True)
+while not stop.is_set():
+    t = time.perf_counter()
+    c.hello()
+    out.append(time.perf_counter() - t)
+    stop.wait(0.005)
+print(json.dumps(out))
+"""
+
+
+class Watched(DaemonProc):
+    """A DaemonProc under bench/loopwatch.py; with `checkout`, that source tree's colo (PYTHONPATH)."""
+
+    def __init__(self, *a, checkout: Path | None = None, **kw):
+        super().__init__(*a, **kw)
+        self.checkout, self.watch = checkout, self.root / "loop.json"
+
+    def env(self) -> dict:
+        e = super().env()
+        if self.checkout is not None:
+            e["PYTHONPATH"] = str(self.checkout)
+        return e
+
+    def start(self) -> "Watched":
+        args = [sys.executable, str(HERE / "loopwatch.py"), str(self.watch), "daemon", "-v", "--state-dir",
+                str(self.state_dir), "--socket", str(self.socket), "--config", str(self.config_path),
+                "--fake-gpus", str(self.fake_state)]
+        self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=self.env(),
+                                     cwd=str(self.checkout or "/"))
+
+        def up():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                return self.client.hello()
+            except ClientError:
+                return None
+
+        wait_for(up, 60, "daemon to answer")
+        where = subprocess.run([sys.executable, "-c", "import colo; print(colo.__file__)"], capture_output=True,
+                               text=True, env=self.env(), cwd="/").stdout.strip()
+        if self.checkout is not None and not where.startswith(str(self.checkout)):
+            raise SystemExit(f"--before-daemon: its colo is not the one imported ({where})")
+        return self
+
+    def stalls(self) -> dict:
+        """The loop's figures since the last call (bench/loopwatch.py), and the watch started afresh."""
+        old = self.watch.stat().st_mtime_ns if self.watch.exists() else 0
+        os.kill(self.proc.pid, signal.SIGUSR2)
+        wait_for(lambda: self.watch.exists() and self.watch.stat().st_mtime_ns != old, 60, "the loop's figures")
+        got = json.loads(self.watch.read_text())
+        os.kill(self.proc.pid, signal.SIGUSR1)
+        return got
+
+
+def ls_load(d: Watched, n: int, rounds: int = 3) -> dict:
+    """`ls --json` of every open job, then the full `colo ls` reply, each `rounds` times, while
+    another process asks `hello` every 5 ms: wall times, hello round trips, the loop's stalls."""
+    c = Client(d.socket, timeout=300)
+    fields = ["id", "name", "user", "state", "gpus", "mode", "budget", "submitted_at", "reason"]
+    out = {}
+    for kind, ask, count in (("json", lambda: c.ls(all=False), len),
+                             ("fields", lambda: c.ls_fields(fields, all=False, cut=60), lambda r: len(r["rows"]))):
+        d.stalls()  # (started afresh)
+        p = subprocess.Popen([sys.executable, "-c", PROBER, str(d.socket)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=d.env(), cwd="/")
+        if p.stdout.readline().strip() != "ready":
+            raise SystemExit("the hello prober did not start")
+        walls = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            got = ask()
+            walls.append(time.perf_counter() - t)
+            if count(got) != n + 8:
+                raise SystemExit(f"N={n}: ls ({kind}) returned {count(got)} jobs, not {n + 8}")
+            del got
+        hellos = json.loads(p.communicate("", timeout=120)[0])
+        loop = d.stalls()
+        out[kind] = {"walls": walls, "hello_max_s": max(hellos), "hello_p50_s": statistics.median(hellos),
+                     "hellos": len(hellos), "stall_ms": loop["wall"], "stall_cpu_ms": loop["cpu"],
+                     "over10": loop["over10"], "over50": loop["over50"], "wakes": loop["n"], "loop": loop}
+    out["load"] = os.getloadavg()
+    return out
 
 
 def cpu_s(pid: int) -> float:
@@ -152,13 +256,17 @@ def fill(d: DaemonProc, users: list, n: int) -> tuple[list[float], float]:
     return done, time.time() - t0
 
 
-def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: int = 0) -> dict:
-    state = root / f"fake-{n}-{k}.state"
+def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: int = 0, ls: str = "",
+            checkout: Path | None = None) -> dict:
+    """ls: "" (no ls load), "also" (--ls-load), "only" (--ls-only: the fill and the ls load)."""
+    tag = "before" if checkout else "after"
+    state = root / f"fake-{n}-{k}-{tag}.state"
     fakegpu.create(state, count=8, mem=16 * GiB)
-    (root / f"d{n}-{k}").mkdir()
-    d = DaemonProc(root / f"d{n}-{k}", state, config={"sample_interval": 1.0, "hold_after": 0,
-                                                         "max_queued_per_user": 0}).start()
+    (root / f"d{n}-{k}-{tag}").mkdir()
+    d = Watched(root / f"d{n}-{k}-{tag}", state, config={"sample_interval": 1.0, "hold_after": 0,
+                                                           "max_queued_per_user": 0}, checkout=checkout).start()
     c = d.client
+    hogs: list[int] = []
     try:
         hogs = [c.submit({"argv": ["sleep", "3600"], "gpus": 1, "gpu_mem": 16 * GiB,
                           "workdir": "/tmp", "name": f"hog{i}"})["id"] for i in range(8)]
@@ -168,6 +276,9 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: in
             states = dict(db.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
         if states.get("queued") != n or states.get("running") != 8 or len(states) != 2:
             raise SystemExit(f"N={n}: the fill did not leave {n} queued behind 8 running: {states}")
+        loaded = ls_load(d, n) if ls else None
+        if ls == "only":
+            return {"n": n, "fill_rate": n / wall, "ls_load": loaded, "rss_mb": rss_mb(d.proc.pid)}
         chunk = min(CHUNK, n)
         rates, last = [], 0.0
         for i in range(chunk, n + 1, chunk):
@@ -253,17 +364,27 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: in
                 "planned": int(first[1]), "started": int(first[2]), "complete_ms": statistics.median(complete),
                 "rss_mb": rss, "ls_rt_s": statistics.median(ls_rt), "bare_s": bare,
                 "hello_max_s": max(hellos), "hello_p50_s": statistics.median(hellos), "hellos": len(hellos),
-                "slices": slices[-1][0] if slices else 1, "slice_ms": slices[-1][1] if slices else None}
+                "slices": slices[-1][0] if slices else 1, "slice_ms": slices[-1][1] if slices else None,
+                "ls_load": loaded}
     finally:
-        # only the running jobs are cancelled: cancelling every queued one would be the slow part
-        for j in c.ls(all=False):
-            if j["state"] in ("starting", "running"):
+        if ls == "only":  # the hogs only: once one ends, queued jobs start (and end) for as long as any is left
+            for h in hogs:
                 try:
-                    c.cancel(j["id"])
+                    c.cancel(h)
                 except ClientError:
-                    pass  # it ended meanwhile
-        wait_for(lambda: not [j for j in c.ls(all=False) if j["state"] in ("starting", "running")], 120,
-                 "running jobs to stop")
+                    pass
+            wait_for(lambda: all(c.show(h)["state"] not in ("starting", "running") for h in hogs), 120,
+                     "the hogs to stop")
+        else:
+            # only the running jobs are cancelled: cancelling every queued one would be the slow part
+            for j in c.ls(all=False):
+                if j["state"] in ("starting", "running"):
+                    try:
+                        c.cancel(j["id"])
+                    except ClientError:
+                        pass  # it ended meanwhile
+            wait_for(lambda: not [j for j in c.ls(all=False) if j["state"] in ("starting", "running")], 120,
+                     "running jobs to stop")
         d.proc.terminate()
         d.proc.wait(120)
 
@@ -274,6 +395,45 @@ def before_commit(python: str) -> str:
                            capture_output=True, text=True, cwd="/").stdout.strip()
     return subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip() or "?"
+
+
+def ls_figures(rep: Report, n: int, a: dict, b: dict | None, before: str = "") -> None:
+    """The ls load's figures at n queued (b: the earlier daemon's, on a queue filled alike)."""
+    for kind, what in (("json", "`ls --json` of every open job"), ("fields", "the full `colo ls` reply")):
+        x, y = a[kind], (b or {}).get(kind)
+        rep.figure(f"ls_{kind}_stall_{n}", f"{what} at {n:,} queued: the loop's longest stall, wall",
+                   x["stall_ms"], "ms", y and y["stall_ms"], before,
+                   note=f"CPU {x['stall_cpu_ms']:.1f} ms; stalls > 10 ms: {x['over10']}, > 50 ms: {x['over50']}"
+                   + (f" (before: CPU {y['stall_cpu_ms']:.1f} ms; {y['over10']}, {y['over50']})" if y else ""))
+        rep.figure(f"ls_{kind}_hello_{n}", "  `hello` every 5 ms meanwhile, longest round trip", x["hello_max_s"], "s",
+                   y and y["hello_max_s"], before,
+                   note=f"{x['hellos']} asked, median {x['hello_p50_s'] * 1000:.1f} ms"
+                   + (f" (before: {y['hellos']}, median {y['hello_p50_s'] * 1000:.1f} ms)" if y else ""))
+        rep.figure(f"ls_{kind}_wall_{n}", "  the fetch, wall (median of 3, client decoding included)",
+                   statistics.median(x["walls"]), "s", y and statistics.median(y["walls"]), before)
+    rep.note(f"{n:,} queued, load average during the ls load: after {a['load'][0]:.2f}"
+             + (f", before {b['load'][0]:.2f}" if b else ""))
+
+
+def ls_only(rep: Report, root: Path, sizes: list[int], users: list, args) -> int:
+    """--ls-only: for each size, the earlier daemon (--before-daemon) then this one, each on a queue
+    filled alike; their ls load's figures side by side."""
+    before = ""
+    if args.before_daemon:
+        before = "the daemon of " + (subprocess.run(["git", "-C", str(args.before_daemon), "rev-parse", "--short",
+                                                     "HEAD"], capture_output=True, text=True).stdout.strip()
+                                     or str(args.before_daemon))
+    for k, n in enumerate(sizes):
+        try:
+            b = run_one(root, n, users, None, k, "only", args.before_daemon) if args.before_daemon else None
+            a = run_one(root, n, users, None, k, "only")
+        except SystemExit as e:
+            rep.check(False, str(e))
+            return rep.finish(args.json_out)
+        ls_figures(rep, n, a["ls_load"], b and b["ls_load"], before)
+        rep.figure(f"rss_{n}", f"daemon RSS at {n:,} queued after the ls load", a["rss_mb"] * 2**20, "B",
+                   b and b["rss_mb"] * 2**20, before)
+    return rep.finish(args.json_out)
 
 
 def main() -> int:
@@ -288,7 +448,14 @@ def main() -> int:
     ap.add_argument("--before", type=str, default=None, metavar="PYTHON",
                     help="an interpreter whose `-m colo` is an earlier colo: its `colo ls` and `ls -q` are timed "
                     "beside this one's, on the same daemon and queue")
+    ap.add_argument("--ls-load", action="store_true", help="also `ls --json` and the full `colo ls` of every job "
+                    "under a `hello` probe every 5 ms, with the daemon loop's longest stall")
+    ap.add_argument("--ls-only", action="store_true", help="only the fill and that")
+    ap.add_argument("--before-daemon", type=Path, default=None, metavar="DIR",
+                    help="with --ls-only: a source tree of an earlier colo whose daemon is measured alike, first")
     args = ap.parse_args()
+    if args.before_daemon and not args.ls_only:
+        raise SystemExit("--before-daemon goes with --ls-only")
     if os.geteuid() != 0:
         raise SystemExit("run as root: the clients are real users")
     PASSES = args.passes
@@ -297,9 +464,11 @@ def main() -> int:
     users = ensure_users(args.clients)
     root = shared_root("colo-queue-bench-")
     res: list[dict] = []
+    if args.ls_only:
+        return ls_only(rep, root, sizes, users, args)
     for k, n in enumerate(sizes):  # a size given twice runs twice (the second is then set beside the first)
         try:
-            res.append(run_one(root, n, users, args.before, k))
+            res.append(run_one(root, n, users, args.before, k, "also" if args.ls_load else ""))
             r = res[-1]
             rep.note(f"run {k + 1}, {n:,} queued: pass after a job ends {r['pass_ms']:.1f} ms "
                      f"({r['plan_ms'] or 0:.1f} ms before the starts), {r['planned']} planned, {r['started']} started; "
@@ -345,6 +514,8 @@ def main() -> int:
             rep.figure(f"slice_{n}", f"  the pass over every queued job: its longest slice at {at}", r["slice_ms"],
                        "ms", b["slice_ms"] or b["complete_ms"], bn, note=f"{r['slices']} slices")
     for n, r in zip(sizes, res):
+        if r["ls_load"]:
+            ls_figures(rep, n, r["ls_load"], None)
         rep.note(f"submits/s per {min(CHUNK, n):,} while filling to {n:,}: "
                  + ", ".join(f"{x:.0f}" for x in r["rates"]))
     rep.note(f"python3 -c pass: {res[0]['bare_s'] * 1000:.0f} ms (what the `colo ls` wall time starts from)")

@@ -132,9 +132,15 @@ class Raw(bytes):
     """A result already encoded as JSON (the daemon's cached rows), spliced in as it is."""
 
 
+# A success reply is OK_HEAD, the result's JSON, OK_END (the daemon writes a long listing's result
+# between them a slice at a time: colo/daemon/slices.py)
+OK_HEAD = b'{"v":%d,"ok":true,"result":' % VERSION
+OK_END = b"}\n"
+
+
 def ok(result: Any = None) -> bytes:
     if isinstance(result, Raw):
-        return b'{"v":%d,"ok":true,"result":%s}\n' % (VERSION, result)
+        return OK_HEAD + result + OK_END
     return encode({"v": VERSION, "ok": True, "result": result})
 
 

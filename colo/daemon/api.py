@@ -21,6 +21,7 @@ from . import logread, session, validate
 from .errors import ApiError
 from .external import External, Refused
 from .listing import ENDED
+from .slices import Pieces
 from .suspend import SuspendRefused, held_span
 from .validate import Caller, is_admin
 
@@ -242,8 +243,8 @@ class Api:
         removed, kept = await d.retention.remove_ended(sorted(picked.items()))
         return {"removed": removed, "kept": kept}
 
-    async def ls(self, caller: Caller, args: dict) -> protocol.Raw:
-        """Jobs oldest first, filtered as `args` say (listing.Listing.ls)."""
+    async def ls(self, caller: Caller, args: dict) -> Pieces:
+        """Jobs oldest first, filtered as `args` say (listing.Listing.ls), made and sent in slices."""
         return self.listing.ls(args)
 
     async def show(self, caller: Caller, args: dict) -> dict:
@@ -376,8 +377,8 @@ class Api:
     async def gpus(self, caller: Caller, args: dict) -> GpusReply:
         return self.listing.gpu_rows()
 
-    async def top(self, caller: Caller, args: dict) -> protocol.Raw:
-        """Everything `colo top` shows, in one snapshot (replies.TopReply)."""
+    async def top(self, caller: Caller, args: dict) -> Pieces:
+        """Everything `colo top` shows, in one snapshot (replies.TopReply), made in slices."""
         return self.listing.top(caller.user)
 
     async def history(self, caller: Caller, args: dict) -> dict:

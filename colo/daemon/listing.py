@@ -14,12 +14,13 @@ import os
 import pwd
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable
+from operator import attrgetter, itemgetter
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
-from .. import protocol
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..replies import GpusReply, JobSummary
 from . import validate
+from .slices import CHEAP, Clock, Pieces, chunks, taken
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -122,30 +123,7 @@ class Listing:
                     out[j.id] = d.reason
         return out
 
-    def rows(self, jobs: list[Job]) -> protocol.Raw:
-        """The summaries of `jobs` as one JSON array; rows of jobs that are not running are cached."""
-        cache, decisions, parts = self._rows, self.scheduler.decisions, []
-        dumps = json.dumps
-        for j in jobs:
-            if j.state in ACTIVE:  # live figures: made afresh
-                parts.append(dumps(self.summary(j), separators=(",", ":"), default=str).encode())
-                continue
-            d = decisions.get(j.id) if j.state == State.QUEUED else None
-            reason = d.reason if d is not None else None
-            hit = cache.get(j.id)
-            if hit is None or hit[1] != reason or (hit[0] is not j and (j.state not in TERMINAL or hit[0].state != j.state)):
-                row = dumps(self.summary(j, {j.id: reason} if reason is not None else None),
-                            separators=(",", ":"), default=str).encode()
-                hit = (j, reason, row)
-                if len(row) <= ROW_KEPT_MAX and (len(cache) < ROWS_CACHED or j.id in cache):  # bounded: `ls --json` of 50,000 is rare
-                    cache[j.id] = hit
-            parts.append(hit[2])
-        if len(cache) > 2 * len(self.table.open) + 20000:  # rows of jobs gone from every listing
-            keep = {j.id for j in jobs}
-            self._rows = {k: v for k, v in cache.items() if k in keep}
-        return protocol.Raw(b"[" + b",".join(parts) + b"]")
-
-    def ls(self, args: dict) -> protocol.Raw:
+    def ls(self, args: dict) -> Pieces:
         """Jobs oldest first: those in `states` (default: every job with `all`, else the queued and
         running ones) of `users` named one of `names` that one of `refs` names (ids, names, arrays'
         ids, ARRAY_INDEX); only the newest `limit`. Open jobs are the daemon's own (with live
@@ -155,7 +133,12 @@ class Listing:
         {"fields", "rows": each job's fields in a list, "left": {state: jobs not sent}}, made to be cheap
         to send and read: times in whole seconds, gpus as one comma-separated text, argv as one line,
         texts cut to `cut` characters; with `head` (a terminal's bound; not with `limit`), at most that many jobs:
-        every starting and running one, then queued ones from the front, then the newest ended."""
+        every starting and running one, then queued ones from the front, then the newest ended.
+
+        What it lists is taken here, in one step: the open jobs and the scheduler's decisions (both
+        replaced as they change, never changed in place), the ended jobs the store holds, the active
+        jobs' rows with their live figures. The queued jobs' rows, the rest of the work, are made from
+        that in slices with the loop free between them (slices.py), and sent as they are made."""
         users = set(args["users"]) if args.get("users") is not None else None
         names = set(args["names"]) if args.get("names") is not None else None
         if args.get("states") is not None:
@@ -169,91 +152,183 @@ class Listing:
         # which open jobs refs name: asked of the store, which holds the one rule (Store._where)
         named = None if refs is None else {r[0] for r in self.store.listing(["id"], _OPEN, refs=refs)}
         fields, cut, collapse = args.get("fields"), args.get("cut") or None, args.get("tasks") is False
-        if fields is not None and users is None and names is None and named is None and "queued" in want:
-            # the common `colo ls`: the queue's rows as the last such listing made them, while no
-            # queued job and no decision changed since; the active jobs' rows afresh
-            live = [j for j in self.table.active(*ACTIVE) if j.state._value_ in want]
-            rows = _merged(self._queued_rows(fields, cut, collapse), self._live_rows(live, fields, cut))
-        else:
+        clock = Clock()
+        # the snapshot (no await before it is whole) --------------------------------------------
+        jobs = list(self.table.open.values())
+        decisions = dict(self.scheduler.decisions)
+        act = [j for j in self.table.active(*ACTIVE) if j.state._value_ in want and (users is None or j.user in users)
+               and (names is None or j.spec.name in names) and (named is None or j.id in named)]
+        queued = "queued" in want
+
+        def picked(part) -> list[Job]:  # the queued jobs of `part` that the filters pass
             # State is a str enum whose hash is a Python call: its _value_ (the plain str) is compared
-            live = [j for j in self.table.open.values() if j.state._value_ in want and (users is None or j.user in users)
+            return [j for j in part if j.state._value_ == "queued" and (users is None or j.user in users)
                     and (names is None or j.spec.name in names) and (named is None or j.id in named)]
-            if any(live[i].id > live[i + 1].id for i in range(len(live) - 1)):
-                live.sort(key=lambda j: j.id)
-            rows = None
+
         if fields is None:
-            jobs = live
-            if ended:
-                jobs = sorted([*live, *self._ended_jobs(ended, users, names, limit, refs)], key=lambda j: j.id)
-            return self.rows(jobs[-limit:] if limit else jobs)
-        if rows is None:
-            rows = self._live_rows(live, fields, cut, collapse)
-        n_ended: dict[str, int] = {}
+            pre = {j.id: self._summary_row(j) for j in act}  # live figures: as of now
+            past = self._ended_jobs(ended, users, names, limit, refs) if ended else []
+            return Pieces(self._json_parts(jobs if queued else [], picked, act, pre, past, decisions, limit, clock),
+                          clock)
+        common = users is None and names is None and named is None and queued
+        stamp = (self._queue_version, self.scheduler.version)
+        key = (tuple(fields), cut, collapse)
+        hit = self._blocks.get(key) if common else None
+        block = hit[1] if hit is not None and hit[0] == stamp else None
+        act_rows = self._live_rows(act, fields, cut)
+        past, more, n_ended = [], [], {}
         if ended:
             past = self.store.listing(["id", "state"], ended, users, names, limit or head, refs)
             more = self._ended_rows(past, fields, cut)
-            rows = sorted([*rows, *more]) if rows and past and past[0][0] < rows[-1][0] else [*rows, *more]
             if head and len(past) == head:  # more may be stored: how many, for `left`
                 n_ended = self.store.listing_counts(ended, users, names, refs)
+        return Pieces(self._field_parts(jobs if queued else [], picked, block, common and stamp, act_rows, more,
+                                        decisions, fields, cut, collapse, limit, head, n_ended, clock), clock)
+
+    def _summary_row(self, j: Job, decisions: dict | None = None, cache: dict | None = None) -> bytes:
+        """One job's summary as `ls --json` and `top` send it (`cache`: the kept rows of jobs not
+        running: a queued or ended job's changes only with the job or its reason)."""
+        if j.state in ACTIVE:  # live figures: made afresh
+            return json.dumps(self.summary(j), separators=(",", ":"), default=str).encode()
+        cache = self._rows if cache is None else cache
+        d = (self.scheduler.decisions if decisions is None else decisions).get(j.id) \
+            if j.state == State.QUEUED else None
+        reason = d.reason if d is not None else None
+        hit = cache.get(j.id)
+        if hit is None or hit[1] != reason or (hit[0] is not j and (j.state not in TERMINAL or hit[0].state != j.state)):
+            row = json.dumps(self.summary(j, {j.id: reason} if reason is not None else None),
+                             separators=(",", ":"), default=str).encode()
+            hit = (j, reason, row)
+            if len(row) <= ROW_KEPT_MAX and (len(cache) < ROWS_CACHED or j.id in cache):  # bounded: `ls --json` of 50,000 is rare
+                cache[j.id] = hit
+        return hit[2]
+
+    async def _queued(self, jobs: list[Job], picked, clock: Clock) -> list[Job]:
+        """The queued jobs of the snapshot `jobs` that `picked` keeps, by id."""
+        out: list[Job] = []
+        last, ordered = 0, True
+        async for part in chunks(jobs, clock, CHEAP):
+            got = picked(part)
+            if got and ordered:
+                ids = [j.id for j in got]
+                ordered = ids[0] > last and ids == sorted(ids)
+                last = ids[-1]
+            out += got
+        if not ordered:  # (the table's order is the ids' but for a job re-filed: rare)
+            out.sort(key=attrgetter("id"))
+        return out
+
+    async def _json_parts(self, jobs: list[Job], picked, act: list[Job], pre: dict[int, bytes], past: list[Job],
+                          decisions: dict, limit: int | None, clock: Clock) -> AsyncIterator[bytes]:
+        """`ls --json`'s array, a slice at a time: the queued jobs' summaries (kept ones as kept)
+        between the active ones made at the snapshot (`pre`) and the ended ones read then (`past`)."""
+        live = _merged_by_id(await self._queued(jobs, picked, clock), act)
+        if past:
+            merged: list[Job] = []
+            async for part in taken(heapq.merge(live, past, key=attrgetter("id")), clock, CHEAP):
+                merged += part
+            live = merged
+        if limit:
+            live = live[-limit:]
+        cache, sep = self._rows, b"["
+        async for part in chunks(live, clock):
+            yield sep + b",".join([pre[j.id] if j.id in pre else self._summary_row(j, decisions, cache) for j in part])
+            sep = b","
+        yield b"[]" if sep == b"[" else b"]"
+        if len(cache) > 2 * len(self.table.open) + 20000:  # rows of jobs gone from every listing
+            keep = {j.id for j in live}
+            self._rows = {k: v for k, v in cache.items() if k in keep}
+
+    async def _field_parts(self, jobs: list[Job], picked, block: list | None, stamp, act_rows: list, more: list,
+                           decisions: dict, fields: list[str], cut: int | None, collapse: bool, limit: int | None,
+                           head: int | None, n_ended: dict[str, int], clock: Clock) -> AsyncIterator[bytes]:
+        """ls's {"fields", "left", "rows"}, a slice at a time. `block`: the queue's rows as kept,
+        still current at the snapshot; else they are made, and kept as of `stamp` (the common
+        `colo ls`: no filter but states)."""
+        if block is None:
+            block, big = await self._rows_of(await self._queued(jobs, picked, clock), fields, cut, collapse,
+                                             decisions, clock)
+            if stamp:
+                self._keep_block((tuple(fields), cut, collapse), stamp, None if big else block)
+        rows = _merged(block, act_rows)
+        if more:
+            if rows and more[0][0] < rows[-1][0]:
+                merged: list[tuple] = []
+                async for part in taken(heapq.merge(rows, more, key=itemgetter(0)), clock, CHEAP):
+                    merged += part
+                rows = merged
+            else:
+                rows = [*rows, *more]
         if limit:
             rows = rows[-limit:]
         left: dict[str, int] = {}
         if head and (len(rows) > head or n_ended):
-            rows, left = _bounded(rows, head, n_ended)
-        return protocol.Raw(_encode({"fields": fields, "left": left})[:-1] + b',"rows":['
-                            + b",".join([r[2] for r in rows]) + b"]}")
+            rows, left = await _bounded(rows, head, n_ended, clock)
+        sep = _encode({"fields": fields, "left": left})[:-1] + b',"rows":['
+        async for part in chunks(rows, clock, CHEAP):
+            yield sep + b",".join([r[2] for r in part])
+            sep = b","
+        yield sep + b"]}" if sep != b"," else b"]}"
 
-    def _queued_rows(self, fields: list[str], cut: int | None, collapse: bool) -> list[tuple[int, str, bytes]]:
-        """_live_rows of every queued job, kept while no queued job and no decision changed (the
-        table's watchers and the scheduler's `version` say): `colo ls` of 50,000 then walks none."""
-        key = (tuple(fields), cut, collapse)
-        stamp = (self._queue_version, self.scheduler.version)
-        hit = self._blocks.get(key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        queued = [j for j in self.table.open.values() if j.state._value_ == "queued"]
-        if any(queued[i].id > queued[i + 1].id for i in range(len(queued) - 1)):
-            queued.sort(key=lambda j: j.id)
-        rows = self._live_rows(queued, fields, cut, collapse)
+    def _keep_block(self, key: tuple, stamp: tuple, rows: list | None) -> None:
+        """The queue's rows for a kind of listing, as of `stamp` (_queue_version, the scheduler's
+        version when the snapshot they were made from was taken): `colo ls` of 50,000 then walks
+        none while no queued job and no decision changed. Never changed once kept: a reply being
+        sent may be reading it. None: rows too long to keep (ROW_KEPT_MAX)."""
         self._blocks.pop(key, None)
-        if any(len(r[2]) > ROW_KEPT_MAX for r in rows):
-            return rows
+        if rows is None:
+            return
         while len(self._blocks) >= 4:  # the kinds of listing asked for lately
             self._blocks.pop(next(iter(self._blocks)))
         self._blocks[key] = (stamp, rows)
-        return rows
 
     def queue_changed(self, prev: Job | None, job: Job) -> None:
         """The table's on_change and on_edit (wired in core.open())."""
         if job.state == State.QUEUED or (prev is not None and prev.state == State.QUEUED):
             self._queue_version += 1
 
-    def _live_rows(self, jobs: list[Job], fields: list[str], cut: int | None,
-                   collapse: bool = False) -> list[tuple[int, str, bytes]]:
-        """(id, state, the row ls sends, encoded) of open jobs. A queued job's row changes only with
-        the job (a new Job) or the reason it waits: kept, so that `ls` of 10,000 encodes few.
+    async def _rows_of(self, queued: list[Job], fields: list[str], cut: int | None, collapse: bool,
+                       decisions: dict, clock: Clock) -> tuple[list[tuple[int, str, bytes]], bool]:
+        """_live_rows of queued jobs, in slices, and whether any is longer than ROW_KEPT_MAX.
         collapse: the queued tasks of an array as one row, its first's, whose id (and ARRAY_INDEX)
         says which, as squeue shows them: 12_[3-9,11]."""
+        groups: dict[int, list[int]] = {}
+        heads: dict[int, Job] = {}
         if collapse:
-            rows, groups = [], {}
-            for j in jobs:
-                if j.state._value_ == "queued" and j.spec.array_job is not None:
-                    g = groups.get(j.spec.array_job)
-                    if g is not None:
-                        g.append(j.spec.array_index)
-                        continue
-                    groups[j.spec.array_job] = [j.spec.array_index]
-                rows.append(j)
-            out = self._live_rows(rows, fields, cut)
-            for k, (i, st, row) in enumerate(out):
-                j = self.table.open.get(i)
-                g = groups.get(j.spec.array_job) if j is not None and st == "queued" else None
-                if g is not None and len(g) > 1:
-                    text = f"{j.spec.array_job}_[{_ranges(sorted(g))}]"
-                    why = self.scheduler.decisions.get(i)
-                    out[k] = (i, st, _encode([text if f in ("id", "array") else v for f, v in
-                                              zip(fields, self._row(j, fields, cut, why and why.reason))]))
-            return out
+            kept: list[Job] = []
+            async for part in chunks(queued, clock, CHEAP):
+                for j in part:
+                    a = j.spec.array_job
+                    if a is not None:
+                        g = groups.get(a)
+                        if g is not None:
+                            g.append(j.spec.array_index)
+                            continue
+                        groups[a] = [j.spec.array_index]
+                        heads[j.id] = j
+                    kept.append(j)
+            queued = kept
+        out: list[tuple[int, str, bytes]] = []
+        big = False
+        async for part in chunks(queued, clock):
+            made = self._live_rows(part, fields, cut, decisions)
+            big = big or any(len(r[2]) > ROW_KEPT_MAX for r in made)
+            out += made
+        for k, (i, st, row) in enumerate(out) if heads else ():
+            j = heads.get(i)
+            g = groups.get(j.spec.array_job) if j is not None else None
+            if g is not None and len(g) > 1:
+                text = f"{j.spec.array_job}_[{_ranges(sorted(g))}]"
+                why = decisions.get(i)
+                out[k] = (i, st, _encode([text if f in ("id", "array") else v for f, v in
+                                          zip(fields, self._row(j, fields, cut, why and why.reason))]))
+        return out, big
+
+    def _live_rows(self, jobs: list[Job], fields: list[str], cut: int | None,
+                   decisions: dict | None = None) -> list[tuple[int, str, bytes]]:
+        """(id, state, the row ls sends, encoded) of open jobs. A queued job's row changes only with
+        the job (a new Job) or the reason it waits (in `decisions`, the scheduler's by default): kept,
+        so that `ls` of 10,000 encodes few."""
         if fields == ["id"]:  # `colo ls -q`: nothing to keep
             return [(j.id, j.state._value_, b"[%d]" % j.id) for j in jobs]
         key = (tuple(fields), cut)
@@ -263,7 +338,9 @@ class Listing:
             while len(self._ls_rows) >= 4:  # each kind of listing asked for lately (-q, the default, ...)
                 self._ls_rows.pop(next(iter(self._ls_rows)))
         self._ls_rows[key] = cache  # the newest last
-        decisions, out = self.scheduler.decisions, []
+        out = []
+        if decisions is None:
+            decisions = self.scheduler.decisions
         for j in jobs:
             st = j.state._value_  # State is a str enum whose hash and value are Python calls
             if st != "queued":
@@ -273,7 +350,7 @@ class Listing:
             why = None if dec is None else dec.reason
             hit = cache.get(j.id)
             if hit is None or hit[0] is not j or hit[1] != why:
-                # the row as sent, kept as the very tuple listed: the queue's block (_queued_rows)
+                # the row as sent, kept as the very tuple listed: the queue's block (_keep_block)
                 # holds the same tuples, not a copy of each (50,000 queued: ~4 MiB a kind of listing)
                 hit = (j, why, (j.id, st, _encode(self._row(j, fields, cut, why))))
                 if len(hit[2][2]) <= ROW_KEPT_MAX:
@@ -348,13 +425,16 @@ class Listing:
                         "over": [j.id for j in placed if j.id in self.patrol.over]})
         return {"gpus": out, "error": self.gpus.error, "fake": self.config.fakegpu_state is not None}
 
-    def top(self, you: str) -> protocol.Raw:
-        """Everything `colo top` shows, in one snapshot (a replies.TopReply, encoded)."""
+    def top(self, you: str) -> Pieces:
+        """Everything `colo top` shows, in one snapshot (a replies.TopReply, encoded): taken in one
+        step as `ls` is (the GPUs, the open jobs and decisions, the active jobs' rows, the newest
+        ended jobs); the front of the queue is picked from it, and its rows made, in slices."""
+        clock = Clock()
         gpus = self.gpu_rows()
-        # the running jobs, and the front of the queue as `colo top` shows it (its total apart)
-        live = sorted(self.table.active(*ACTIVE) + heapq.nsmallest(
-            TOP_QUEUED, (j for j in self.table.open.values() if j.state._value_ == "queued"),
-            key=lambda j: (-j.spec.priority, j.submitted_at, j.id)), key=lambda j: j.id)
+        jobs = list(self.table.open.values())
+        decisions = dict(self.scheduler.decisions)
+        act = self.table.active(*ACTIVE)
+        pre = {j.id: self._summary_row(j) for j in act}  # live figures: as of now
         # ended jobs only briefly, the last few: the panel is for what runs (history: colo history)
         recent = [j for j in self.store.jobs(TERMINAL, limit=TOPENDED, newest_first=True)
                   if (j.ended_at or 0) > time.time() - TOPENDED_FOR]
@@ -364,7 +444,27 @@ class Listing:
         head = json.dumps({"at": time.time(), "gpus": gpus["gpus"], "gpu_error": gpus["error"], "fake": gpus["fake"],
                            "foreign": foreign, "you": you, "queued": self.scheduler.queued_total()},
                           separators=(",", ":"), default=str).encode()
-        return protocol.Raw(head[:-1] + b',"jobs":' + self.rows(live + recent) + b"}")
+        return Pieces(self._top_parts(head, jobs, act, pre, recent, decisions, clock), clock)
+
+    async def _top_parts(self, head: bytes, jobs: list[Job], act: list[Job], pre: dict[int, bytes], recent: list[Job],
+                         decisions: dict, clock: Clock) -> AsyncIterator[bytes]:
+        """`top`'s reply: the running jobs, and the front of the queue as `colo top` shows it (its
+        total apart), by id; then the recent ended ones."""
+        front: list[Job] = []
+        async for part in chunks(jobs, clock, CHEAP):
+            front = heapq.nsmallest(TOP_QUEUED, [*front, *(j for j in part if j.state._value_ == "queued")],
+                                    key=_queue_order)
+        live = sorted(act + front, key=attrgetter("id"))
+        cache, rows = self._rows, []
+        async for part in chunks(live + recent, clock):
+            rows += [pre[j.id] if j.id in pre else self._summary_row(j, decisions, cache) for j in part]
+        yield head[:-1] + b',"jobs":[' + b",".join(rows) + b"]}"
+
+
+def _queue_order(j: Job) -> tuple:
+    """The queue's order as `colo top` shows it: priority, then age."""
+    return (-j.spec.priority, j.submitted_at, j.id)
+
 
 def _as_sent(r: tuple, fields: list[str], cut: int | None, index: dict[str, int]) -> list:
     """A stored job's fields (Store.listing) as ls sends them (see ls); GPUs by `index`."""
@@ -379,6 +479,16 @@ def _as_sent(r: tuple, fields: list[str], cut: int | None, index: dict[str, int]
             out[k] = v[:cut]
         elif f.endswith("_at") and v is not None:
             out[k] = int(v)
+    return out
+
+
+def _merged_by_id(a: list[Job], b: list[Job]) -> list[Job]:
+    """Two lists of jobs sorted by id, as one (b is short: the active jobs)."""
+    if not b:
+        return a
+    out = list(a)
+    for j in b:
+        bisect.insort(out, j, key=attrgetter("id"))
     return out
 
 
@@ -406,15 +516,25 @@ def _encode(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def _bounded(rows: list[tuple[int, str, bytes]], head: int, n_ended: dict[str, int]) -> tuple[list, dict[str, int]]:
+async def _bounded(rows: list[tuple[int, str, bytes]], head: int, n_ended: dict[str, int],
+                   clock: Clock) -> tuple[list, dict[str, int]]:
     """At most `head` of ls's (id, state, row) rows: the starting and running ones, then queued
     ones from the front, then the newest ended ones; and how many of each state were left out
-    (`n_ended`: how many ended jobs matched, where more did than were read)."""
-    keep = [r for r in rows if r[1] == "starting" or r[1] == "running"][:head]
-    keep += [r for r in rows if r[1] == "queued"][:head - len(keep)]
+    (`n_ended`: how many ended jobs matched, where more did than were read). In slices."""
+    active: list[tuple] = []
+    front: list[tuple] = []
+    last: list[tuple] = []
+    left: Counter = Counter()
+    async for part in chunks(rows, clock, CHEAP):
+        left.update(map(itemgetter(1), part))
+        active += [r for r in part if r[1] == "starting" or r[1] == "running"]
+        if len(front) < head:
+            front += [r for r in part if r[1] == "queued"][:head - len(front)]
+        last = [*last, *[r for r in part if r[1] in ENDED]][-head:]
+    keep = active[:head]
+    keep += front[:head - len(keep)]
     room = head - len(keep)
-    keep += [r for r in rows if r[1] in ENDED][-room:] if room else []
-    left = Counter(r[1] for r in rows)
+    keep += last[-room:] if room else []
     for st, n in n_ended.items():
         left[st] = n
     left.subtract(r[1] for r in keep)
