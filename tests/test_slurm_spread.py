@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from colo.daemon.slurmgpu import devices_constrained, for_whole, least_loaded
 from colo.node import fakegpu, native
+from colo.sched import policy
 from harness.daemon import DaemonProc, wait_for
 from slurm_util import SlurmCluster, munge_up
 
@@ -160,6 +162,9 @@ def test_shard_jobs_spread_and_a_gpu_job_gets_the_gpu_kept_free_for_it(spread, o
     b = _shard_job(node, other_user, "b", 2048)
     jb = _running_in_colo(node, b)
     assert ja["gpus"] != jb["gpus"] and ja["budget"] == jb["budget"] == 2 * GiB, (ja, jb)
+    assert _slurm_gpu(node, a, "shard") == _slurm_gpu(node, b, "shard") == 0  # Slurm's own: both on GPU0
+    moved = next(j for j in (ja, jb) if j["gpus"] == [_uuid(node, 1)])
+    assert "(colo's choice, the least loaded GPU; Slurm bound GPU0)" in d.cli("explain", str(moved["id"])).stdout
     for name, j in (("a", ja), ("b", jb)):
         assert wait_for(lambda name=name: (node.shared / f"{name}.result").exists(), LONG, f"job {name}'s program",
                         0.5) and (node.shared / f"{name}.result").read_text().split() == ["alloc", "0"]
@@ -199,7 +204,6 @@ def test_shard_jobs_spread_and_a_gpu_job_gets_the_gpu_kept_free_for_it(spread, o
 
 def test_with_constrained_devices_the_gpu_stays_slurms():
     """colo never moves a job off Slurm's GPU where Slurm lets the job open that device only."""
-    from colo.daemon.external import devices_constrained
     with tempfile.TemporaryDirectory() as t:
         env = {"SLURM_CONF": f"{t}/slurm.conf"}
         assert not devices_constrained(env)  # no cgroup.conf: Slurm's default, no constraint
@@ -207,3 +211,27 @@ def test_with_constrained_devices_the_gpu_stays_slurms():
         assert not devices_constrained(env)
         Path(t, "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n  constrainDevices = YES # jobs see their GPUs\n")
         assert devices_constrained(env)
+
+
+def test_the_least_loaded_gpu_and_a_whole_gpu_are_chosen_from_colos_view():
+    g = [policy.GpuView(f"u{i}", i, 16 * GiB) for i in range(3)]
+    placed = [policy.Placed(1, ("u0",), 4 * GiB), policy.Placed(2, ("u1",), 2 * GiB)]
+    cand = policy.Candidate(0, GiB, 1, 1000, 0, 0, None)
+    cfg = policy.PolicyConfig()
+    dec, _ = least_loaded(cand, 0, g, placed, set(), {}, cfg, {})
+    assert dec.gpus == ("u2",) and "Slurm bound GPU0" in dec.reason  # the empty one
+    dec, _ = least_loaded(cand, 0, g, placed, {2}, {}, cfg, {})  # GPU2 held whole by a gpu job
+    assert dec.gpus == ("u1",)
+    dec, why = least_loaded(cand, 0, g, placed, {2}, {1: 77}, cfg, {})  # GPU1 kept free for gpu job 77
+    assert dec.gpus == ("u0",) and not why
+    big = policy.Candidate(0, 14 * GiB, 1, 1000, 0, 0, None)
+    dec, why = least_loaded(big, 0, g, placed, {2}, {1: 77}, cfg, {})
+    assert dec is None and "GPU0 cannot hold its 14GiB now: 12GiB free" in why and "kept free for Slurm job 77" in why \
+        and "GPU2 is held whole" in why, why
+    # A gpu job: a GPU none of colo's jobs is on, Slurm's first among free ones; else the least loaded kept.
+    load = {"u0": 4 * GiB, "u1": 2 * GiB}
+    assert for_whole(1, [0], g, load, set(), {}, set()) == ([2], set())
+    assert for_whole(1, [0], g, load, {2}, {}, set()) == ([], {1})
+    assert for_whole(1, [0], g, load, {2}, {}, {0}) == ([], {0})  # kept for it already: kept on
+    assert for_whole(1, [2], g, {}, set(), {}, set()) == ([2], set())
+    assert for_whole(1, [0], g, load, {2}, {1: 5}, set()) == ([], {0})  # GPU1 is another job's

@@ -24,7 +24,6 @@ the user's own choice as with `colo submit --profile`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -44,6 +43,7 @@ from ..runtimes.base import Gone, StartError
 from ..sched import policy
 from ..units import format_size_exact as exact
 from .jobtable import JobTable
+from .slurmgpu import WANT_KEEP, devices_constrained, for_whole, least_loaded, no_room
 from .validate import NAME
 
 log = logging.getLogger("colo")
@@ -57,9 +57,6 @@ NOTE_MAX = 1000  # characters of colo's notes kept on a job's admin comment (the
 MIN_BUDGET = 64 << 20  # bytes: the least budget a Slurm job gets (a bare `--gres=shard` asks 1 MiB)
 RUNNING_NOTE = "running under Slurm"  # the event of a start that got as far as the job's env (_cut_short)
 SETTLE = 5.0  # seconds a start that finds its GPU full waits for it to free before the job is requeued
-# seconds a GPU is kept free of new jobs for a gres/gpu job colo requeued for want of a whole GPU
-# (it comes back after Slurm's credential delay, cred_expire: 120 s by default)
-WANT_KEEP = 300.0
 
 
 class Refused(Exception):
@@ -364,19 +361,6 @@ def held_gpus(config: Config, slurm_job: int) -> list[int] | None:
     return g
 
 
-def devices_constrained(env=os.environ) -> bool:
-    """Whether Slurm's cgroup.conf (beside its slurm.conf) says ConstrainDevices=yes: then a job may
-    open only the GPU device files Slurm bound it, and colo must not place it on another GPU."""
-    conf = os.path.join(os.path.dirname(env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"), "cgroup.conf")
-    try:
-        with open(conf) as f:
-            text = f.read(1 << 20)
-    except OSError:
-        return False  # no cgroup.conf: Slurm's default, ConstrainDevices=no
-    return any(re.fullmatch(r"\s*constraindevices\s*=\s*yes\s*", line.split("#", 1)[0], re.I)
-               for line in text.splitlines())
-
-
 def find(table: JobTable, slurm_job: int) -> Job | None:
     for j in table.open.values():
         if j.spec.slurm_job == slurm_job:
@@ -547,13 +531,15 @@ class External:
         placed = d.scheduler.placed(now)
         cand = policy.Candidate(0, per_gpu, len(views), uid, 0, 0, d.learner.profile_of(Job(0, spec, uid, gid, user)))
         if chooses:
-            dec, why = self._choose(cand, bound[0], placed)
+            dec, why = least_loaded(cand, bound[0], d.gpus.views(in_use=True), placed,
+                                    {i for idx in self._holds.values() for i in idx}, self._kept(), d.cfg_policy,
+                                    d.gpus.unbudgeted)
             if dec is None:
                 return self._wait(ref, why) if last else None
         else:
             dec = policy.place_now(cand, views, placed, d.cfg_policy)
             if dec.action != policy.START:
-                return self._wait(ref, self._no_room(views, placed, per_gpu, dec.reason)) if last else None
+                return self._wait(ref, no_room(views, placed, per_gpu, dec.reason, d.gpus.unbudgeted)) if last else None
         fut = self._starting[sj] = asyncio.get_running_loop().create_future()
         try:
             env = await self._start(spec, uid, gid, user, dec, node)
@@ -566,47 +552,6 @@ class External:
         finally:
             self._starting.pop(sj, None)
         return {"job": env.get("COLO_JOB_ID"), "env": env}
-
-    def _choose(self, cand: policy.Candidate, bound: int, placed: list[policy.Placed]) -> tuple[policy.Decision | None, str]:
-        """colo's GPU for a one-GPU shard job Slurm bound to GPU `bound`: the least loaded (budget
-        in colo's jobs, then their number; Slurm's own first among equals) of the GPUs in service
-        that no gres/gpu job holds and none is kept free for, on which place_now starts it.
-        (decision, "") or (None, why none can hold it now)."""
-        held = {i for idx in self._holds.values() for i in idx}
-        kept = self._kept()
-        views = [v for v in self.d.gpus.views(in_use=True) if v.in_service and v.index not in held]
-
-        def load(v: policy.GpuView) -> tuple:
-            on = [p for p in placed if v.uuid in p.gpus]
-            return sum(p.budget for p in on), len(on), v.index != bound, v.index
-
-        for v in sorted((v for v in views if v.index not in kept), key=load):
-            dec = policy.place_now(cand, [v], placed, self.d.cfg_policy)
-            if dec.action == policy.START:
-                if v.index != bound:
-                    dec = dataclasses.replace(dec, reason=f"{dec.reason} (colo's choice, the least loaded GPU; "
-                                                          f"Slurm bound GPU{bound})")
-                return dec, ""
-        why = self._no_room([v for v in views if v.index not in kept], placed, cand.budget, "colo does not place it there now")
-        for i, sj in sorted(kept.items()):
-            why += f"{'; ' if why else ''}GPU{i} is kept free for Slurm job {sj} (gres/gpu), which waits for a whole GPU"
-        for i in sorted(held):
-            why += f"{'; ' if why else ''}GPU{i} is held whole by a gres/gpu job"
-        return None, why or "no GPU of this node is in service"
-
-    def _no_room(self, views: list[policy.GpuView], placed: list[policy.Placed], budget: int, why: str) -> str:
-        """Why the GPU Slurm chose cannot hold the job now, in exact sizes (15.75GiB, not 16GiB)."""
-        out = []
-        for v in views:
-            mine = sum(p.budget for p in placed if v.uuid in p.gpus)
-            outside = self.d.gpus.unbudgeted.get(v.uuid, 0)
-            if mine + budget <= v.usable:  # the memory is there: something else keeps it off
-                out.append(f"GPU{v.index}: {why}")
-                continue
-            out.append(f"GPU{v.index} cannot hold its {exact(budget)} now: {exact(max(0, v.usable - mine))} free of "
-                       f"{exact(v.usable + outside)} usable ({exact(mine)} in colo's budgets, "
-                       f"{exact(outside)} held outside any budget)")
-        return "; ".join(out)
 
     def _wait(self, ref: str, reason: str) -> dict:
         log.info("Slurm job %s cannot run here now: %s", ref, reason)
@@ -638,18 +583,12 @@ class External:
                   f"colo gave GPU {','.join(map(str, mine))} to another gres/gpu job"))
         if not self.colo_chooses():
             return self._wait(ref, f"{why}; it waits for them to end")
-        kept = self._kept(but=sj)
-        own = self._wants.get(sj, (0.0, set()))[1]
-        free = sorted((v for v in views if v.in_service and v.uuid not in busy and v.index not in others
-                       and v.index not in kept), key=lambda v: (v.index not in own, v.index not in bound, v.index))
-        if len(free) >= len(bound):
-            return await self._take(sj, [v.index for v in free[:len(bound)]], bound, views)
-        # None free: keep the GPUs with the least of colo's budgets on them free of new jobs until it comes back.
-        load = {v.index: sum(j.spec.gpu_mem for j in self.d.table.jobs_in(*ACTIVE) if v.uuid in j.gpus) for v in views}
-        can = sorted((v for v in views if v.in_service and v.index not in others and v.index not in kept),
-                     key=lambda v: (v.index not in own, load[v.index], v.index))
-        keep = {v.index for v in can[:len(bound)]}
-        if len(keep) == len(bound):
+        load = {u: sum(j.spec.gpu_mem for j in self.d.table.jobs_in(*ACTIVE) if u in j.gpus) for u in busy}
+        take, keep = for_whole(len(bound), bound, views, load, others, self._kept(but=sj),
+                               self._wants.get(sj, (0.0, set()))[1])
+        if take:
+            return await self._take(sj, take, bound, views)
+        if keep:  # none free: these are kept free of new jobs (its jobs end) until it comes back
             self._wants[sj] = (time.monotonic() + WANT_KEEP, keep)
             why += (f"; no GPU here is free of colo's jobs: colo places no new job on GPU "
                     f"{','.join(map(str, sorted(keep)))} until it comes back")
