@@ -440,6 +440,7 @@ class External:
         sj = _int(args, "job", 1, 1 << 32)
         uid, gid = _int(args, "uid", 0, 1 << 32), _int(args, "gid", 0, 1 << 32)
         settle = time.monotonic() + SETTLE
+        chooses = await asyncio.to_thread(self.colo_chooses)  # reads Slurm's cgroup.conf
         while True:  # a GPU full for a moment (a neighbour's memory still being released): wait a little
             if sj in self._starting:
                 return {"job": None, "env": await asyncio.shield(self._starting[sj])}
@@ -453,7 +454,7 @@ class External:
                                              if sj in self._holds else None)
             if known is not None or args.get("known_only"):
                 return known or {"job": None, "env": None}
-            res = await self._place(args, sj, uid, gid, time.monotonic() >= settle)
+            res = await self._place(args, sj, uid, gid, time.monotonic() >= settle, chooses)
             if res is not None:
                 return res
             await asyncio.sleep(0.5)
@@ -494,9 +495,9 @@ class External:
                  job.spec.argv[1])
         return {"job": job.id, "env": env}
 
-    async def _place(self, args: dict, sj: int, uid: int, gid: int, last: bool) -> dict | None:
+    async def _place(self, args: dict, sj: int, uid: int, gid: int, last: bool, chooses: bool) -> dict | None:
         """attach's placement of a job colo does not know yet; None when the GPU cannot hold it
-        now and this is not the `last` try (then attach tries again)."""
+        now and this is not the `last` try (then attach tries again). `chooses`: colo picks the GPU."""
         d = self.d
         ref = _text(args, "ref", REF, str(sj))
         node = _text(args, "node", NODE)
@@ -517,7 +518,7 @@ class External:
         if per_gpu < MIN_BUDGET:  # `--gres=shard` with no count is one shard: 1 MiB, no CUDA context fits
             raise Refused(f"its shards are {exact(per_gpu)} of GPU memory, less than colo's least budget of "
                           f"{exact(MIN_BUDGET)}: one shard is one MiB, ask e.g. --gres=shard:4096 for 4GiB")
-        chooses = len(views) == 1 and self.colo_chooses()
+        chooses = chooses and len(views) == 1
         held = sorted(j for j, idx in self._holds.items() if idx & set(bound))
         if held and not chooses:
             return self._wait(ref, f"GPU{bound[0]} is bound to Slurm job {held[0]} (gres/gpu), which shares it with nobody")
@@ -566,10 +567,11 @@ class External:
         _int(args, "uid", 0, 1 << 32)
         ref = _text(args, "ref", REF, str(sj))
         bound = _indices(args)
+        # a later step after colo's restart: the GPUs its first step got; whether colo picks
+        before, chooses = await asyncio.to_thread(lambda: (held_gpus(self.d.config, sj), self.colo_chooses()))
         if sj in self._holds:
             return {"env": self._hold_env.get(sj, {})}
         views = self.d.gpus.views()
-        before = held_gpus(self.d.config, sj)  # a later step after colo's restart: the GPUs its first step got
         if before is not None and len(before) == len(bound) and {v.index for v in views} >= set(before):
             return await self._take(sj, before, bound, views)
         busy = {u: j.id for j in self.d.table.jobs_in(*ACTIVE) for u in j.gpus}
@@ -581,7 +583,7 @@ class External:
         why = (f"Slurm gave it GPU {','.join(map(str, bound))} whole, but "
                + (f"colo's jobs run there ({', '.join(f'{i} on GPU{g}' for g, i in on)})" if on else
                   f"colo gave GPU {','.join(map(str, mine))} to another gres/gpu job"))
-        if not self.colo_chooses():
+        if not chooses:
             return self._wait(ref, f"{why}; it waits for them to end")
         load = {u: sum(j.spec.gpu_mem for j in self.d.table.jobs_in(*ACTIVE) if u in j.gpus) for u in busy}
         take, keep = for_whole(len(bound), bound, views, load, others, self._kept(but=sj),
