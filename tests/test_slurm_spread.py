@@ -91,7 +91,7 @@ def spread(other_user, native_dir):
                              capture_output=True, text=True, check=True).stdout.splitlines()
         gres = re.search(r"\bGres=(\S+)", out[0]).group(1)
         node = SlurmCluster(
-            root / "slurm", {"s1": f"CPUs=4 Gres={gres}"},
+            root / "slurm", {"s1": f"CPUs=8 Gres={gres}"},
             cluster="colospread", gres="\n".join(out[1:]) + "\n", gres_types="gpu,shard",
             users=("root", other_user.pw_name),
             plugstack=f"required {plugin} python={sys.executable} socket={root}/colo-%n/run/colo.sock "
@@ -174,7 +174,10 @@ def test_shard_jobs_spread_and_a_gpu_job_gets_the_gpu_kept_free_for_it(spread, o
 
     # A whole-GPU job: both GPUs hold colo's jobs, so it is requeued, and colo keeps one GPU (the
     # least loaded) free of new jobs until it comes back.
+    # (its second step starts once the test says so, after a colo restart)
     gsh = _script(node, "gpujob", f'echo "cvd=$CUDA_VISIBLE_DEVICES" > {node.shared}/$SLURM_JOB_ID.cvd\n'
+                                  f"while [ ! -e {node.shared}/$SLURM_JOB_ID.go ]; do sleep 0.2; done\n"
+                                  f"srun -n1 sh -c 'echo cvd=$CUDA_VISIBLE_DEVICES' > {node.shared}/$SLURM_JOB_ID.step\n"
                                   f"exec sleep 600")
     g = node.sbatch(gsh, "--gres=gpu:1", "-o", "/dev/null", user=other_user)
     note = wait_for(lambda: (s := node.show(g)).get("Restarts") == "1" and "colo places no new job on GPU"
@@ -199,7 +202,36 @@ def test_shard_jobs_spread_and_a_gpu_job_gets_the_gpu_kept_free_for_it(spread, o
     e = _shard_job(node, other_user, "e", 1024)
     je = _running_in_colo(node, e)
     assert je["gpus"] == [_uuid(node, 1 - kept)], (kept, je)
-    _end(node, g, c, e, *(j["slurm_job"] for j in (ja, jb) if j is not on_kept))
+    # colo killed and started again: the gpu job's next step gets the GPU its first step got (the
+    # job's mark keeps it), and from then on colo keeps shard jobs off it again.
+    d.kill9()
+    d.start()
+    (node.shared / f"{g}.go").touch()
+    step = wait_for(lambda: (p := node.shared / f"{g}.step").exists() and p.read_text().strip(), LONG,
+                    "the gpu job's second step", 0.5)
+    assert step == cvd, (step, cvd)
+    f = _shard_job(node, other_user, "f", 1024)
+    jf = _running_in_colo(node, f)
+    assert jf["gpus"] == [_uuid(node, 1 - kept)], (kept, jf)
+    _end(node, g, c, e, f, *(j["slurm_job"] for j in (ja, jb) if j is not on_kept))
+
+
+def test_a_gpu_job_slurm_gives_a_shard_jobs_gpu_runs_on_the_free_one(spread, other_user):
+    """Slurm 22.05 hands out GPU0 whole while a shard job runs there and GPU1 is idle: colo runs the
+    gpu job on GPU1 at once (no requeue), and keeps shard jobs off it while it runs."""
+    node = spread
+    h = _shard_job(node, other_user, "h", 2048)
+    assert _running_in_colo(node, h)["gpus"] == [_uuid(node, 0)]
+    gsh = _script(node, "gpu2", f'echo "cvd=$CUDA_VISIBLE_DEVICES" > {node.shared}/$SLURM_JOB_ID.cvd\nexec sleep 600')
+    g = node.sbatch(gsh, "--gres=gpu:1", "-o", "/dev/null", user=other_user)
+    cvd = wait_for(lambda: (p := node.shared / f"{g}.cvd").exists() and p.read_text().strip(), LONG,
+                   "the gpu job to run", 0.5)
+    bound = _slurm_gpu(node, g, "gpu")
+    assert node.show(g).get("Restarts") == "0"
+    assert cvd == (f"cvd={_uuid(node, 1)}" if bound == 0 else f"cvd={bound}"), (cvd, bound)
+    i = _shard_job(node, other_user, "i", 1024)
+    assert _running_in_colo(node, i)["gpus"] == [_uuid(node, 0)]
+    _end(node, g, h, i)
 
 
 def test_with_constrained_devices_the_gpu_stays_slurms():
