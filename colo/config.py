@@ -30,6 +30,7 @@ _SIZES = ("reserve", "max_gpu_mem_per_user", "log_cap", "log_reserve", "suspend_
 
 IDLE_SESSIONS = ("off", "notify", "end", "suspend")
 SUSPEND_POLICIES = ("off", "suspend")  # idle_jobs, preempt
+SLURM_GPU_CHOICE = ("colo", "slurm")  # slurm_gpu_choice
 
 
 @dataclass
@@ -137,6 +138,11 @@ class Config:
     # priority. Never a job submitted with --no-suspend, never an MPS client. Both off by default.
     idle_jobs: str = "off"
     preempt: str = "off"
+    # Under Slurm (docs/slurm.md): who picks the physical GPU of a shard job on this node. "colo":
+    # the least loaded GPU by colo's own budgets, never one a gres/gpu job holds (and gres/gpu jobs
+    # a GPU none of colo's jobs is on), unless Slurm's cgroup.conf has ConstrainDevices=yes (a job
+    # may open only the device Slurm bound: then Slurm's choice). "slurm": always Slurm's choice.
+    slurm_gpu_choice: str = "colo"
 
     @property
     def kill_foreign(self) -> bool:
@@ -233,6 +239,8 @@ class Config:
         for k in ("idle_jobs", "preempt"):
             if values.get(k, "off") not in SUSPEND_POLICIES:
                 raise ConfigError(f"{k}: {values[k]!r} is not one of {', '.join(SUSPEND_POLICIES)}")
+        if values.get("slurm_gpu_choice", "colo") not in SLURM_GPU_CHOICE:
+            raise ConfigError(f"slurm_gpu_choice: {values['slurm_gpu_choice']!r} is not one of {', '.join(SLURM_GPU_CHOICE)}")
         if values.get("idle_sessions", "notify") not in IDLE_SESSIONS:
             raise ConfigError(f"idle_sessions: {values['idle_sessions']!r} is not one of {', '.join(IDLE_SESSIONS)}")
         for k in ("max_connections_per_user", "max_streams_per_user", "job_tasks", "max_job_tasks"):

@@ -43,6 +43,7 @@ from ..runtimes.base import Gone, StartError
 from ..sched import policy
 from ..units import format_size_exact as exact
 from .jobtable import JobTable
+from .slurmgpu import WANT_KEEP, devices_constrained, for_whole, least_loaded, no_room
 from .validate import NAME
 
 log = logging.getLogger("colo")
@@ -316,19 +317,48 @@ def _indices(args: dict) -> list[int]:
     return sorted(set(v))
 
 
-def mark(config: Config, slurm_job: int, on: bool) -> None:
+def _mark_path(config: Config, slurm_job: int):
+    return config.socket.parent / "slurm-jobs" / str(slurm_job)
+
+
+def mark(config: Config, slurm_job: int, on: bool, gpus: list[int] | None = None) -> None:
     """The plugin's sign that colo follows Slurm job `slurm_job` (native/slurm/colo_spank.c
     colo_knows): a root-only file beside the socket, so that its epilog reaches colo even when
-    slurmd runs it with SLURM_JOB_GPUS empty (after a slurmctld restart)."""
-    p = config.socket.parent / "slurm-jobs" / str(slurm_job)
+    slurmd runs it with SLURM_JOB_GPUS empty (after a slurmctld restart). `gpus`: the GPUs a
+    gres/gpu job holds here, written in it, so that its later steps get the same GPUs after a
+    restart of colo (held_gpus)."""
+    p = _mark_path(config, slurm_job)
     try:
         if on:
             p.parent.mkdir(mode=0o700, exist_ok=True)
-            os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                if gpus is not None:
+                    os.write(fd, json.dumps({"gpus": sorted(gpus)}).encode())
+            finally:
+                os.close(fd)
         else:
             p.unlink(missing_ok=True)
     except OSError as e:
         log.warning("Slurm job %d: colo's mark for its epilog: %s", slurm_job, e)
+
+
+def held_gpus(config: Config, slurm_job: int) -> list[int] | None:
+    """The GPUs colo gave gres/gpu job `slurm_job` here, from its mark (None: none written)."""
+    try:
+        fd = os.open(_mark_path(config, slurm_job), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        v = json.loads(os.read(fd, 4096) or b"null")
+    except ValueError:
+        return None
+    finally:
+        os.close(fd)
+    g = v.get("gpus") if isinstance(v, dict) else None
+    if not isinstance(g, list) or not g or not all(isinstance(i, int) and 0 <= i < 1024 for i in g):
+        return None
+    return g
 
 
 def find(table: JobTable, slurm_job: int) -> Job | None:
@@ -347,15 +377,36 @@ class External:
     a request handler does: the job table, the GPUs, the scheduler (placement now, its
     decisions), the learner (profiles) and the launcher (what to start it with, following it).
 
-    Owns `_holds`: the GPUs Slurm bound to `gres/gpu` jobs running here (slurm job -> GPU
-    indices), which no colo job may share; kept until their epilog, not across a restart (Slurm
-    itself keeps shards off a GPU a gpu job holds; this covers a shard job and a gpu job that
-    Slurm 22.05 put on one GPU in the same pass)."""
+    Owns `_holds`: the GPUs `gres/gpu` jobs running here hold (slurm job -> GPU indices, the
+    GPUs the job runs on), which no colo job may share, kept until their epilog (in memory; the
+    mark keeps the GPUs for the job's later steps across a restart), and each one's env;
+    `_wants`: the GPUs kept free for gres/gpu jobs colo requeued for want of a whole GPU (slurm
+    job -> (until, GPU indices)).
+
+    Which GPU (slurm_gpu_choice, docs/slurm.md): where colo chooses, a shard job goes to the least
+    loaded GPU by colo's budgets among those no gpu job holds and none is kept free for (Slurm
+    22.05 puts shards on the first GPU that has them), and a gpu job to GPUs none of colo's jobs
+    is on (Slurm 22.05 hands out a GPU whole while its shards are in use). Where Slurm chooses
+    (ConstrainDevices=yes: the job may open only Slurm's device), the job runs on Slurm's GPU or
+    is requeued."""
 
     def __init__(self, daemon):
         self.d = daemon
         self._starting: dict[int, asyncio.Future] = {}  # slurm job -> its env, while it is placed
         self._holds: dict[int, set[int]] = {}
+        self._hold_env: dict[int, dict] = {}
+        self._wants: dict[int, tuple[float, set[int]]] = {}
+
+    def colo_chooses(self) -> bool:
+        """Whether colo picks the GPU of a Slurm job on this node (else it is Slurm's)."""
+        return self.d.config.slurm_gpu_choice == "colo" and not devices_constrained()
+
+    def _kept(self, but: int | None = None) -> dict[int, int]:
+        """GPU index -> the gres/gpu job it is kept free for (wants past their time dropped)."""
+        now = time.monotonic()
+        for sj in [sj for sj, (until, _) in self._wants.items() if until < now]:
+            del self._wants[sj]
+        return {i: sj for sj, (_, idx) in self._wants.items() if sj != but for i in idx}
 
     @property
     def rt(self) -> SlurmRuntime:
@@ -389,6 +440,7 @@ class External:
         sj = _int(args, "job", 1, 1 << 32)
         uid, gid = _int(args, "uid", 0, 1 << 32), _int(args, "gid", 0, 1 << 32)
         settle = time.monotonic() + SETTLE
+        chooses = await asyncio.to_thread(self.colo_chooses)  # reads Slurm's cgroup.conf
         while True:  # a GPU full for a moment (a neighbour's memory still being released): wait a little
             if sj in self._starting:
                 return {"job": None, "env": await asyncio.shield(self._starting[sj])}
@@ -398,10 +450,11 @@ class External:
                     await asyncio.sleep(0.5)
                     continue
                 return await self._finish_start(cut)
-            known = self._known(sj, uid) or ({"job": None, "env": {}} if sj in self._holds else None)
+            known = self._known(sj, uid) or ({"job": None, "env": self._hold_env.get(sj, {})}
+                                             if sj in self._holds else None)
             if known is not None or args.get("known_only"):
                 return known or {"job": None, "env": None}
-            res = await self._place(args, sj, uid, gid, time.monotonic() >= settle)
+            res = await self._place(args, sj, uid, gid, time.monotonic() >= settle, chooses)
             if res is not None:
                 return res
             await asyncio.sleep(0.5)
@@ -442,9 +495,9 @@ class External:
                  job.spec.argv[1])
         return {"job": job.id, "env": env}
 
-    async def _place(self, args: dict, sj: int, uid: int, gid: int, last: bool) -> dict | None:
+    async def _place(self, args: dict, sj: int, uid: int, gid: int, last: bool, chooses: bool) -> dict | None:
         """attach's placement of a job colo does not know yet; None when the GPU cannot hold it
-        now and this is not the `last` try (then attach tries again)."""
+        now and this is not the `last` try (then attach tries again). `chooses`: colo picks the GPU."""
         d = self.d
         ref = _text(args, "ref", REF, str(sj))
         node = _text(args, "node", NODE)
@@ -465,8 +518,9 @@ class External:
         if per_gpu < MIN_BUDGET:  # `--gres=shard` with no count is one shard: 1 MiB, no CUDA context fits
             raise Refused(f"its shards are {exact(per_gpu)} of GPU memory, less than colo's least budget of "
                           f"{exact(MIN_BUDGET)}: one shard is one MiB, ask e.g. --gres=shard:4096 for 4GiB")
+        chooses = chooses and len(views) == 1
         held = sorted(j for j, idx in self._holds.items() if idx & set(bound))
-        if held:
+        if held and not chooses:
             return self._wait(ref, f"GPU{bound[0]} is bound to Slurm job {held[0]} (gres/gpu), which shares it with nobody")
         try:
             user = pwd.getpwuid(uid).pw_name
@@ -477,9 +531,16 @@ class External:
         now = time.time()
         placed = d.scheduler.placed(now)
         cand = policy.Candidate(0, per_gpu, len(views), uid, 0, 0, d.learner.profile_of(Job(0, spec, uid, gid, user)))
-        dec = policy.place_now(cand, views, placed, d.cfg_policy)
-        if dec.action != policy.START:
-            return self._wait(ref, self._no_room(views, placed, per_gpu, dec.reason)) if last else None
+        if chooses:
+            dec, why = least_loaded(cand, bound[0], d.gpus.views(in_use=True), placed,
+                                    {i for idx in self._holds.values() for i in idx}, self._kept(), d.cfg_policy,
+                                    d.gpus.unbudgeted)
+            if dec is None:
+                return self._wait(ref, why) if last else None
+        else:
+            dec = policy.place_now(cand, views, placed, d.cfg_policy)
+            if dec.action != policy.START:
+                return self._wait(ref, no_room(views, placed, per_gpu, dec.reason, d.gpus.unbudgeted)) if last else None
         fut = self._starting[sj] = asyncio.get_running_loop().create_future()
         try:
             env = await self._start(spec, uid, gid, user, dec, node)
@@ -492,20 +553,6 @@ class External:
         finally:
             self._starting.pop(sj, None)
         return {"job": env.get("COLO_JOB_ID"), "env": env}
-
-    def _no_room(self, views: list[policy.GpuView], placed: list[policy.Placed], budget: int, why: str) -> str:
-        """Why the GPU Slurm chose cannot hold the job now, in exact sizes (15.75GiB, not 16GiB)."""
-        out = []
-        for v in views:
-            mine = sum(p.budget for p in placed if v.uuid in p.gpus)
-            outside = self.d.gpus.unbudgeted.get(v.uuid, 0)
-            if mine + budget <= v.usable:  # the memory is there: something else keeps it off
-                out.append(f"GPU{v.index}: {why}")
-                continue
-            out.append(f"GPU{v.index} cannot hold its {exact(budget)} now: {exact(max(0, v.usable - mine))} free of "
-                       f"{exact(v.usable + outside)} usable ({exact(mine)} in colo's budgets, "
-                       f"{exact(outside)} held outside any budget)")
-        return "; ".join(out)
 
     def _wait(self, ref: str, reason: str) -> dict:
         log.info("Slurm job %s cannot run here now: %s", ref, reason)
@@ -520,17 +567,47 @@ class External:
         _int(args, "uid", 0, 1 << 32)
         ref = _text(args, "ref", REF, str(sj))
         bound = _indices(args)
+        # a later step after colo's restart: the GPUs its first step got; whether colo picks
+        before, chooses = await asyncio.to_thread(lambda: (held_gpus(self.d.config, sj), self.colo_chooses()))
         if sj in self._holds:
-            return {"env": {}}
-        uuids = {v.uuid: v.index for v in self.d.gpus.views() if v.index in bound}
-        on = sorted({(uuids[u], j.id) for j in self.d.table.jobs_in(*ACTIVE) for u in j.gpus if u in uuids})
-        if on:
-            jobs = ", ".join(f"{i} on GPU{g}" for g, i in on)
-            return self._wait(ref, f"Slurm gave it GPU {','.join(map(str, bound))} whole, but colo's jobs run "
-                                   f"there ({jobs}); it waits for them to end")
-        self._holds[sj] = set(bound)
-        await asyncio.to_thread(mark, self.d.config, sj, True)
-        return {"env": {}}
+            return {"env": self._hold_env.get(sj, {})}
+        views = self.d.gpus.views()
+        if before is not None and len(before) == len(bound) and {v.index for v in views} >= set(before):
+            return await self._take(sj, before, bound, views)
+        busy = {u: j.id for j in self.d.table.jobs_in(*ACTIVE) for u in j.gpus}
+        others = {i for j, idx in self._holds.items() for i in idx}
+        on = sorted((v.index, busy[v.uuid]) for v in views if v.index in bound and v.uuid in busy)
+        mine = [i for i in bound if i in others]
+        if not on and not mine:
+            return await self._take(sj, bound, bound, views)
+        why = (f"Slurm gave it GPU {','.join(map(str, bound))} whole, but "
+               + (f"colo's jobs run there ({', '.join(f'{i} on GPU{g}' for g, i in on)})" if on else
+                  f"colo gave GPU {','.join(map(str, mine))} to another gres/gpu job"))
+        if not chooses:
+            return self._wait(ref, f"{why}; it waits for them to end")
+        load = {u: sum(j.spec.gpu_mem for j in self.d.table.jobs_in(*ACTIVE) if u in j.gpus) for u in busy}
+        take, keep = for_whole(len(bound), bound, views, load, others, self._kept(but=sj),
+                               self._wants.get(sj, (0.0, set()))[1])
+        if take:
+            return await self._take(sj, take, bound, views)
+        if keep:  # none free: these are kept free of new jobs (its jobs end) until it comes back
+            self._wants[sj] = (time.monotonic() + WANT_KEEP, keep)
+            why += (f"; no GPU here is free of colo's jobs: colo places no new job on GPU "
+                    f"{','.join(map(str, sorted(keep)))} until it comes back")
+        return self._wait(ref, f"{why}; it waits for them to end")
+
+    async def _take(self, sj: int, gpus: list[int], bound: list[int], views: list[policy.GpuView]) -> dict:
+        """gres/gpu job `sj` holds `gpus` here (not Slurm's `bound`: its env names them by UUID)."""
+        env = {}
+        if sorted(gpus) != sorted(bound):
+            uuid = {v.index: v.uuid for v in views}
+            env = {"CUDA_VISIBLE_DEVICES": ",".join(uuid[i] for i in gpus)}
+            log.info("Slurm job %d (gres/gpu): on GPU %s, not Slurm's GPU %s (colo's jobs or another gpu job there)",
+                     sj, ",".join(map(str, gpus)), ",".join(map(str, bound)))
+        self._holds[sj], self._hold_env[sj] = set(gpus), env
+        self._wants.pop(sj, None)
+        await asyncio.to_thread(mark, self.d.config, sj, True, list(gpus))
+        return {"env": env}
 
     async def _start(self, spec: JobSpec, uid: int, gid: int, user: str, dec: policy.Decision, node: str | None) -> dict:
         d = self.d
@@ -602,6 +679,7 @@ class External:
         sj = _int(args, "job", 1, 1 << 32)
         code = _int(args, "exit_code", 0, 255)
         sig = _int(args, "signal", 0, 64)
+        self._hold_env.pop(sj, None)  # not its want: a requeued gpu job's epilog runs too, and it comes back
         if self._holds.pop(sj, None) is not None:
             await asyncio.to_thread(mark, self.d.config, sj, False)
         job = find(self.d.table, sj)
