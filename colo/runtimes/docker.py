@@ -233,6 +233,7 @@ class DockerRuntime:
         self.instance = instance
         self._followers: dict[str, _Follower] = {}
         self._relays: dict[str, ttyrelay.Relay] = {}  # container sessions' terminals (handle -> relay)
+        self.tty_rate = ttyrelay.RATE  # bytes a second of a container session's output (detach_read_rate)
         self._lock = threading.Lock()
         self.down: str | None = None  # why the engine does not answer now; None while it does
         self._notes: dict[str, str] = {}  # handle -> what wait() saw happen to the engine
@@ -438,7 +439,8 @@ class DockerRuntime:
         return handle
 
     def _relay(self, handle: str, name: str, tty_fd: int, sock) -> None:
-        relay = ttyrelay.Relay(name, tty_fd, sock, lambda rows, cols: self.api.resize(handle, rows, cols))
+        relay = ttyrelay.Relay(name, tty_fd, sock, lambda rows, cols: self.api.resize(handle, rows, cols),
+                               self.tty_rate)
         with self._lock:
             self._relays[handle] = relay
         relay.start()
