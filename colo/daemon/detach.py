@@ -299,8 +299,9 @@ class Terminals:
         k = self.kept.pop(job_id, None)
         if k is None:
             return
-        while not k.ended and k.peer is not None and self._from_job(k):
-            pass  # its last words, to the client attached (what it takes now)
+        for _ in range(PENDING >> 12):  # its last words, to the client attached (what it takes now), at
+            if k.ended or k.peer is None or not self._from_job(k):  # most a few reads: a process the job
+                break                                                # left may write on
         self._let_go(k)
         loop = asyncio.get_running_loop()
         if not k.ended:
