@@ -185,6 +185,35 @@ def test_a_held_session_whose_holder_is_killed_ends_saying_so(node, alice):
     wait_for(lambda: not _sock(node, job).exists(), 60, "the holder's socket to go")
 
 
+def test_after_a_restart_a_gone_holder_ends_its_session_and_an_ended_sessions_holder_goes(node, alice):
+    """While no daemon runs: one session's holder is killed, another session's shell exits. The
+    restarted daemon cancels the first, saying why, and tells the second's holder to end (the job
+    ended with its own code, found by recovery); neither holder nor socket is left."""
+    gate = Path(tempfile.mkdtemp(prefix="colo-held-"))
+    os.chown(gate, alice.pw_uid, alice.pw_gid)
+    try:
+        lost = _detached(node, alice, "shell", "--detach", *SHELL)
+        ends = _detached(node, alice, "run", "--detach", "--", "sh", "-c",
+                         f"while [ ! -e {gate}/go ]; do sleep 0.1; done; exit 3")
+        node.wait_state(lost, "running")
+        node.wait_state(ends, "running")
+        lost_holder, ends_holder = _holder(node, lost), _holder(node, ends)
+        node.kill9()
+        lost_holder.kill()
+        (gate / "go").touch()
+        wait_for(lambda: not psutil.pid_exists(lost_holder.pid) or lost_holder.status() == psutil.STATUS_ZOMBIE,
+                 60, "the holder to be gone")
+        node.start()
+        os.chmod(node.socket.parent, 0o755)
+    finally:
+        shutil.rmtree(gate, ignore_errors=True)
+    ended = node.wait_state(lost, "cancelled")
+    assert "terminal holder went away while colo was restarting" in ended["reason"], ended["reason"]
+    assert node.wait_state(ends, "failed")["exit_code"] == 3
+    wait_for(lambda: not ends_holder.is_running(), 60, "the ended session's holder to end")
+    wait_for(lambda: not _sock(node, lost).exists() and not _sock(node, ends).exists(), 60, "their sockets to go")
+
+
 def _replay(d, pw, job: int) -> bytes:
     """The scrollback an attach gets first (op attach, as the client sends it), as user `pw`."""
     from colo.cli.attach import _Conn
