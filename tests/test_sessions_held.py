@@ -176,8 +176,14 @@ def _refused(fn):
     return None
 
 
+# A session that outlives its terminal's hang-up (a shell would end on it, with its own code): what
+# colo must end itself when its holder is gone.
+DEAF = ["run", "--detach", "--", "sh", "-c", "trap '' HUP; echo deaf; exec sleep 600"]
+
+
 def test_a_held_session_whose_holder_is_killed_ends_saying_so(node, alice):
-    job = _detached(node, alice, "shell", "--detach", *SHELL)
+    """A session whose terminal's holder is killed is cancelled, and the reason names the holder."""
+    job = _detached(node, alice, *DEAF)
     node.wait_state(job, "running")
     _holder(node, job).kill()
     ended = node.wait_state(job, "cancelled")
@@ -192,7 +198,7 @@ def test_after_a_restart_a_gone_holder_ends_its_session_and_an_ended_sessions_ho
     gate = Path(tempfile.mkdtemp(prefix="colo-held-"))
     os.chown(gate, alice.pw_uid, alice.pw_gid)
     try:
-        lost = _detached(node, alice, "shell", "--detach", *SHELL)
+        lost = _detached(node, alice, *DEAF)
         ends = _detached(node, alice, "run", "--detach", "--", "sh", "-c",
                          f"while [ ! -e {gate}/go ]; do sleep 0.1; done; exit 3")
         node.wait_state(lost, "running")
