@@ -62,7 +62,11 @@ def _holder(d, job: int) -> psutil.Process:
             except psutil.Error:
                 continue
         return None
-    return wait_for(find, 60, "the session's holder")
+    try:
+        return wait_for(find, 60, "the session's holder")
+    except AssertionError as e:  # what the daemon said of it
+        said = [ln for ln in d.log.read_text(errors="replace").splitlines() if "holder" in ln or f"job {job}" in ln]
+        raise AssertionError(f"{e}; the daemon said: {said[-10:]}; in holders/: {os.listdir(_sock(d, job).parent)}")
 
 
 def _end(d, job: int) -> None:
