@@ -25,8 +25,9 @@ record: a restarted daemon connects to every one there (`recover`), takes only a
 own user (SO_PEERCRED) that says it holds that job's terminal, and the holder takes only a
 connection of its own user. Between the two go small messages (SOCK_SEQPACKET, JSON): `take`
 (answered by the client's master end and the scrollback in a memfd, SCM_RIGHTS), `leave`,
-`end`, and the holder's `free` (its attached client went). Nothing a user sends reaches that
-connection; the holder copies the job's bytes as the daemon would, never blocking on them. A
+`end`, and the holder's `free` (its attached client went). No byte of a job's is parsed on that
+connection (keys and output flow between the holder and the client's terminal; the scrollback is
+a memfd, read up to its size); the holder copies them as the daemon would, never blocking. A
 holder that goes away (killed) ends its session: the job is cancelled, saying so. The shell runs
 as before: the shim holds its end, as the user, in the job's cgroup.
 
