@@ -233,13 +233,12 @@ class DockerRuntime:
         self.instance = instance
         self._followers: dict[str, _Follower] = {}
         self._relays: dict[str, ttyrelay.Relay] = {}  # container sessions' terminals (handle -> relay)
-        self.tty_rate = ttyrelay.RATE  # bytes a second of a container session's output (detach_read_rate)
         self._lock = threading.Lock()
         self.down: str | None = None  # why the engine does not answer now; None while it does
         self._notes: dict[str, str] = {}  # handle -> what wait() saw happen to the engine
         self._loader: dict[str, str] = {}  # handle -> what the loader said of the interposer (preload.py)
         self._closed = threading.Event()
-        self.log_cap, self.log_reserve = 0, 0  # set by the daemon from its config
+        self.log_cap, self.log_reserve, self.tty_rate = 0, 0, ttyrelay.RATE  # set by the daemon from its config
         self.gpu_gid: int | None = None  # gpu_group's gid (a gated node), set by the daemon
         self.gpu_nodes: GpuNodes | None = None  # the GPUs' device files (the simulation's: given as devices)
 
@@ -439,8 +438,7 @@ class DockerRuntime:
         return handle
 
     def _relay(self, handle: str, name: str, tty_fd: int, sock) -> None:
-        relay = ttyrelay.Relay(name, tty_fd, sock, lambda rows, cols: self.api.resize(handle, rows, cols),
-                               self.tty_rate)
+        relay = ttyrelay.Relay(name, tty_fd, sock, lambda r, c: self.api.resize(handle, r, c), self.tty_rate)
         with self._lock:
             self._relays[handle] = relay
         relay.start()
