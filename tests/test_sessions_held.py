@@ -18,31 +18,23 @@ import pytest
 
 from colo import protocol
 from colo.client import Client
-from harness.daemon import as_user, local_user, wait_for
-from harness.node import SimNode
-from test_sessions import SHELL, Term, _detached, _reason
+from harness.daemon import as_user, wait_for
+from harness.terminal import SHELL, Term, detached_job, job_reason
 
 SCROLLBACK = 4 << 10  # this daemon's detach_scrollback (the default is 128 KiB)
 MOST = 3  # its max_detached_per_user
 
 
-@pytest.fixture(scope="module")
-def node():
+def _held_daemon(n):
     """A root daemon on one simulated GPU, reachable by other users, with a small scrollback."""
     if os.geteuid() != 0:
         pytest.skip("sessions of real users need a root daemon")
-    with SimNode("colo-held-", count=1) as n:
-        yield n.daemon({"detach_scrollback": "4KiB", "max_detached_per_user": MOST}, home=None)
+    return n.daemon({"detach_scrollback": "4KiB", "max_detached_per_user": MOST}, home=None)
 
 
-@pytest.fixture(scope="module")
-def alice():
-    return local_user("colosess1")
-
-
-@pytest.fixture(scope="module")
-def bob():
-    return local_user("colosess2")
+# alice and bob: colosess1 and colosess2, test_sessions.py's users
+pytestmark = [pytest.mark.node("colo-held-", count=1, then=_held_daemon, per="module"),
+              pytest.mark.users(2, prefix="colosess")]
 
 
 def _sock(d, job: int) -> Path:
@@ -75,13 +67,14 @@ def _end(d, job: int) -> None:
     wait_for(lambda: not _sock(d, job).exists(), 60, "the holder's socket to go with its job")
 
 
-def test_a_detached_host_session_outlives_a_kill_9_of_its_daemon(node, alice):
+def test_a_detached_host_session_outlives_a_kill_9_of_its_daemon(node, users):
     """Detach, attach, type; kill -9 the daemon; what the shell writes meanwhile is kept; the
     restarted daemon holds the terminal again; attaching shows the screen from before, and a
     command typed now runs; its exit code ends the job, and the holder goes with it."""
-    job = _detached(node, alice, "shell", "--detach", *SHELL)
+    alice, _ = users
+    job = detached_job(node, alice, "shell", "--detach", *SHELL)
     node.wait_state(job, "running")
-    wait_for(lambda: _reason(node, job).endswith("; detached"), 60, "ls to say detached")
+    wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "ls to say detached")
     holder = _holder(node, job)
     gate = Path(tempfile.mkdtemp(prefix="colo-held-"))
     os.chown(gate, alice.pw_uid, alice.pw_gid)
@@ -106,7 +99,7 @@ def test_a_detached_host_session_outlives_a_kill_9_of_its_daemon(node, alice):
         assert holder.is_running()
         node.start()
         os.chmod(node.socket.parent, 0o755)
-        wait_for(lambda: _reason(node, job).endswith("; detached"), 60, "the restarted daemon to hold its terminal")
+        wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "the restarted daemon to hold its terminal")
         assert _holder(node, job).pid == holder.pid  # the same holder: found again, not a new one
         t = Term(node, alice, "attach", str(job))
         try:
@@ -125,11 +118,12 @@ def test_a_detached_host_session_outlives_a_kill_9_of_its_daemon(node, alice):
     assert not _sock(node, job).exists()
 
 
-def test_no_one_but_the_owner_reaches_a_held_session(node, alice, bob):
+def test_no_one_but_the_owner_reaches_a_held_session(node, users):
     """Bob cannot attach; neither he nor alice can reach the holder's socket (a root-only folder,
     0600) or signal the holder (root's, in a session of its own, with no controlling terminal);
     and the holder takes no connection of another user's even where the folder lets one in."""
-    job = _detached(node, alice, "shell", "--detach", *SHELL)
+    alice, bob = users
+    job = detached_job(node, alice, "shell", "--detach", *SHELL)
     node.wait_state(job, "running")
     holder = _holder(node, job)
     t = Term(node, bob, "attach", str(job))
@@ -167,7 +161,7 @@ def test_no_one_but_the_owner_reaches_a_held_session(node, alice, bob):
     finally:
         os.chmod(path, 0o600)
         os.chmod(path.parent, 0o700)
-    assert _reason(node, job).endswith("; detached")  # the daemon's own connection is untouched
+    assert job_reason(node, job).endswith("; detached")  # the daemon's own connection is untouched
     _end(node, job)
     wait_for(lambda: not holder.is_running(), 60, "the holder to end with its job")
 
@@ -185,9 +179,10 @@ def _refused(fn):
 DEAF = ["run", "--detach", "--", "sh", "-c", "trap '' HUP; echo deaf; exec sleep 600"]
 
 
-def test_a_held_session_whose_holder_is_killed_ends_saying_so(node, alice):
+def test_a_held_session_whose_holder_is_killed_ends_saying_so(node, users):
     """A session whose terminal's holder is killed is cancelled, and the reason names the holder."""
-    job = _detached(node, alice, *DEAF)
+    alice, _ = users
+    job = detached_job(node, alice, *DEAF)
     node.wait_state(job, "running")
     _holder(node, job).kill()
     ended = node.wait_state(job, "cancelled")
@@ -195,16 +190,17 @@ def test_a_held_session_whose_holder_is_killed_ends_saying_so(node, alice):
     wait_for(lambda: not _sock(node, job).exists(), 60, "the holder's socket to go")
 
 
-def test_after_a_restart_a_gone_holder_ends_its_session_and_an_ended_sessions_holder_goes(node, alice):
+def test_after_a_restart_a_gone_holder_ends_its_session_and_an_ended_sessions_holder_goes(node, users):
     """While no daemon runs: one session's holder is killed, another session's shell exits. The
     restarted daemon cancels the first, saying why, and tells the second's holder to end (the job
     ended with its own code, found by recovery); neither holder nor socket is left."""
+    alice, _ = users
     gate = Path(tempfile.mkdtemp(prefix="colo-held-"))
     os.chown(gate, alice.pw_uid, alice.pw_gid)
     try:
-        lost = _detached(node, alice, *DEAF)
-        ends = _detached(node, alice, "run", "--detach", "--", "sh", "-c",
-                         f"while [ ! -e {gate}/go ]; do sleep 0.1; done; exit 3")
+        lost = detached_job(node, alice, *DEAF)
+        ends = detached_job(node, alice, "run", "--detach", "--", "sh", "-c",
+                            f"while [ ! -e {gate}/go ]; do sleep 0.1; done; exit 3")
         node.wait_state(lost, "running")
         node.wait_state(ends, "running")
         lost_holder, ends_holder = _holder(node, lost), _holder(node, ends)
@@ -246,12 +242,13 @@ def _replay(d, pw, job: int) -> bytes:
     return back
 
 
-def test_the_detach_keys_of_the_config_take_effect(node, alice):
+def test_the_detach_keys_of_the_config_take_effect(node, users):
     """detach_scrollback = 4KiB: a held session's scrollback is its last 4 KiB (its holder's);
     max_detached_per_user = 3: a fourth detached session is refused in one line."""
-    job = _detached(node, alice, "run", "--detach", "--", "sh", "-c",
-                    "i=0; while [ $i -lt 300 ]; do echo line-$i-of-an-output-longer-than-the-scrollback; "
-                    "i=$((i+1)); done; echo END; sleep 600")
+    alice, _ = users
+    job = detached_job(node, alice, "run", "--detach", "--", "sh", "-c",
+                       "i=0; while [ $i -lt 300 ]; do echo line-$i-of-an-output-longer-than-the-scrollback; "
+                       "i=$((i+1)); done; echo END; sleep 600")
     def whole():
         back = _replay(node, alice, job)
         return back if b"END" in back else None
@@ -259,7 +256,7 @@ def test_the_detach_keys_of_the_config_take_effect(node, alice):
     back = wait_for(whole, 120, "the whole output in the scrollback")
     assert len(back) <= SCROLLBACK and back.endswith(b"END\r\n")
     assert b"line-299-" in back and b"line-0-" not in back  # 300 lines are ~15 KiB: the first are gone
-    more = [_detached(node, alice, "shell", "--detach", *SHELL) for _ in range(MOST - 1)]
+    more = [detached_job(node, alice, "shell", "--detach", *SHELL) for _ in range(MOST - 1)]
     t = Term(node, alice, "shell", "--detach", *SHELL)
     try:
         t.expect(f"you have {MOST} detached sessions, the most allowed")
