@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,8 +43,15 @@ def _sock(d, job: int) -> Path:
 
 
 def _holder(d, job: int) -> psutil.Process:
-    """The process listening on the job's holder socket."""
+    """The process listening on the job's holder socket. That none will is a failure at once, in
+    the daemon's words: it said it keeps the terminal itself (no holder could be started) or that
+    the holder went away, or the job is no longer running."""
     path = str(_sock(d, job))
+    none = re.compile(rf"job {job}: its (terminal's holder could not be started|detached session's terminal holder"
+                      r" .*went away)")
+
+    def said() -> list[str]:
+        return [ln for ln in d.log.read_text(errors="replace").splitlines() if "holder" in ln or f"job {job}" in ln]
 
     def find():
         for p in psutil.process_iter(["cmdline"]):
@@ -53,12 +61,14 @@ def _holder(d, job: int) -> psutil.Process:
                     return p
             except psutil.Error:
                 continue
+        state = d.job(job)["state"]
+        if state != "running" or any(none.search(ln) for ln in said()):
+            pytest.fail(f"job {job} ({state}) has no holder; the daemon said: {said()[-10:]}")
         return None
     try:
         return wait_for(find, 60, "the session's holder")
-    except AssertionError as e:  # what the daemon said of it
-        said = [ln for ln in d.log.read_text(errors="replace").splitlines() if "holder" in ln or f"job {job}" in ln]
-        raise AssertionError(f"{e}; the daemon said: {said[-10:]}; in holders/: {os.listdir(_sock(d, job).parent)}")
+    except AssertionError as e:  # (timed out)
+        raise AssertionError(f"{e}; the daemon said: {said()[-10:]}; in holders/: {os.listdir(_sock(d, job).parent)}")
 
 
 def _end(d, job: int) -> None:
