@@ -4,6 +4,7 @@ users, real ptys, a real root daemon (killed with SIGKILL and started again) on 
 each test waits on what it means (output seen, a state reached), never on the clock."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import re
@@ -275,3 +276,27 @@ def test_the_detach_keys_of_the_config_take_effect(node, users):
         t.close()
     for j in (job, *more):
         _end(node, j)
+
+
+def test_a_session_detached_before_the_look_for_earlier_holders_keeps_its_own(tmp_path, caplog):
+    """The daemon serves requests before it looks for the holders an earlier daemon left: a
+    session detached in between has a holder of its own (in `held`), which refuses a second
+    connection. The look leaves it be; it took it for a lost holder, cancelled the job and removed
+    its socket (seen under load, as the first session of a fresh daemon)."""
+    from colo.daemon.detach import Held, Terminals
+
+    async def cancel(job_id: int, by: str) -> None:
+        pass
+
+    t = Terminals(holders=tmp_path, cancel=cancel)
+    own = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    own.bind(str(tmp_path / "1.sock"))  # (not listening: refuses any connection, as a busy holder does)
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        t.held[1] = Held(1, 1000, mine, 0, None)
+        asyncio.run(t.recover({1: 1000}))
+        assert (tmp_path / "1.sock").exists()
+        assert "went away" not in caplog.text
+    finally:
+        for s in (own, mine, theirs):
+            s.close()

@@ -355,10 +355,20 @@ class Terminals:
     async def recover(self, open_jobs: dict[int, int]) -> None:
         """At the daemon's start, after recovery: the holders a daemon before it started, found
         again by their sockets (`open_jobs`: job -> uid). A holder of a job that ended meanwhile
-        is told to end; an open job whose holder is gone is cancelled, saying so."""
+        is told to end; an open job whose holder is gone is cancelled, saying so. The daemon
+        serves requests already: a session detached since it started has a holder of its own
+        (in `held`, its socket among the others), which is no earlier daemon's."""
         if self.holders is None:
             return
-        found, lost = await asyncio.to_thread(self._find, set(open_jobs))
+        try:
+            names = os.listdir(self.holders)
+        except OSError as e:
+            log.warning("the holders of detached sessions' terminals cannot be looked for: %s", e)
+            return
+        # (taken with `held`, no await between: hold() binds a socket and enters it there in one step)
+        theirs = {int(m.group(1)): name for name in names if (m := re.fullmatch(r"([0-9]{1,18})\.sock", name))}
+        theirs = {job_id: name for job_id, name in theirs.items() if job_id not in self.held}
+        found, lost = await asyncio.to_thread(self._find, theirs, set(open_jobs))
         loop = asyncio.get_running_loop()
         for job_id, sock, pid, holder in found:
             h = self.held[job_id] = Held(job_id, open_jobs[job_id], sock, pid, None, holder)
@@ -369,20 +379,11 @@ class Terminals:
                         "cancelled", job_id)
             self._cancel(job_id, "colo (the detached session's terminal holder went away while colo was restarting)")
 
-    def _find(self, open_ids: set[int]) -> tuple[list, list[int]]:
-        """(blocking) The holders that answer, as (job, connection, pid, attach holding it), and
-        the open jobs whose holder does not."""
+    def _find(self, theirs: dict[int, str], open_ids: set[int]) -> tuple[list, list[int]]:
+        """(blocking) Of the holders of `theirs` (job -> socket name), those that answer, as (job,
+        connection, pid, attach holding it), and the open jobs whose holder does not."""
         found, lost = [], []
-        try:
-            names = os.listdir(self.holders)
-        except OSError as e:
-            log.warning("the holders of detached sessions' terminals cannot be looked for: %s", e)
-            return found, lost
-        for name in names:
-            m = re.fullmatch(r"([0-9]{1,18})\.sock", name)
-            if m is None:
-                continue
-            job_id = int(m.group(1))
+        for job_id, name in theirs.items():
             got = _connect(self.holders / name, job_id)
             if got is None or job_id not in open_ids:
                 if got is not None:  # its job ended while no daemon ran: so does its holder
