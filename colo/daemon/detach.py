@@ -21,15 +21,16 @@ as the daemon; in a session of its own, with no controlling terminal; started wi
 descriptors: the master end, its listening socket and its first connection), which runs the same
 Terminals for that one session (the scrollback, the rate, the attached client's terminal). Its
 socket, `holders/JOB.sock` in the daemon's state folder (root's, 0700; the socket 0600), is its
-record: a restarted daemon connects to every one there (`recover`), takes only a listener of its
-own user (SO_PEERCRED) that says it holds that job's terminal, and the holder takes only a
-connection of its own user. Between the two go small messages (SOCK_SEQPACKET, JSON): `take`
-(answered by the client's master end and the scrollback in a memfd, SCM_RIGHTS), `leave`,
-`end`, and the holder's `free` (its attached client went). No byte of a job's is parsed on that
-connection (keys and output flow between the holder and the client's terminal; the scrollback is
-a memfd, read up to its size); the holder copies them as the daemon would, never blocking. A
-holder that goes away (killed) ends its session: the job is cancelled, saying so. The shell runs
-as before: the shim holds its end, as the user, in the job's cgroup.
+record: a restarted daemon connects to every one there (`recover`; not to its own, of sessions
+detached since it started), takes only a listener of its own user (SO_PEERCRED) that says it
+holds that job's terminal, and the holder takes only a connection of its own user. Between the
+two go small messages (SOCK_SEQPACKET, JSON): `take` (answered by the client's master end and
+the scrollback in a memfd, SCM_RIGHTS), `leave`, `end`, and the holder's `free` (its attached
+client went). No byte of a job's is parsed on that connection (keys and output flow between the
+holder and the client's terminal; the scrollback is a memfd, read up to its size); the holder
+copies them as the daemon would, never blocking. A holder that goes away (killed) ends its
+session: the job is cancelled, saying so. The shell runs as before: the shim holds its end, as
+the user, in the job's cgroup.
 
 Owns, per detached session: the job's master end, the scrollback, the attached client's
 terminal (the slave end of its pair) and what is on its way to either; or its holder's
