@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .paths import default_socket, default_state_dir  # noqa: F401 - re-exported: colo.config is their old home
-from .units import parse_size
+from .units import format_size_exact, parse_size
 
 
 class ConfigError(ValueError):
@@ -25,7 +25,11 @@ _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
 _TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "text"}
 # keys checked below with a message of their own (what the number means)
 _OWN_CHECK = {"history_keep_days", "idle_after", "idle_grace", "suspend_lock_timeout", "suspend_host_share"}
-_SIZES = ("reserve", "max_gpu_mem_per_user", "log_cap", "log_reserve", "suspend_host_max")
+_SIZES = ("reserve", "max_gpu_mem_per_user", "log_cap", "log_reserve", "suspend_host_max", "detach_scrollback",
+          "detach_read_rate")
+# detached sessions (docs/sessions.md): the scrollback's and the read rate's bounds, in bytes
+DETACH_SCROLLBACK = (1 << 10, 64 << 20)
+DETACH_READ_RATE = (4 << 10, 1 << 30)
 
 
 IDLE_SESSIONS = ("off", "notify", "end", "suspend")
@@ -143,6 +147,13 @@ class Config:
     # a GPU none of colo's jobs is on), unless Slurm's cgroup.conf has ConstrainDevices=yes (a job
     # may open only the device Slurm bound: then Slurm's choice). "slurm": always Slurm's choice.
     slurm_gpu_choice: str = "colo"
+    # Detached sessions (`colo shell --detach`, docs/sessions.md): the bytes of each one's last
+    # output kept for the next `colo attach` (1KiB to 64MiB), the bytes a second read of one (4KiB to
+    # 1GiB: a job that writes faster waits on its terminal), and how many one user may have, queued
+    # or running (each holds descriptors, and a host session a holder process; 0: no limit).
+    detach_scrollback: int = 128 << 10
+    detach_read_rate: int = 4 << 20
+    max_detached_per_user: int = 16
 
     @property
     def kill_foreign(self) -> bool:
@@ -243,7 +254,13 @@ class Config:
             raise ConfigError(f"slurm_gpu_choice: {values['slurm_gpu_choice']!r} is not one of {', '.join(SLURM_GPU_CHOICE)}")
         if values.get("idle_sessions", "notify") not in IDLE_SESSIONS:
             raise ConfigError(f"idle_sessions: {values['idle_sessions']!r} is not one of {', '.join(IDLE_SESSIONS)}")
-        for k in ("max_connections_per_user", "max_streams_per_user", "job_tasks", "max_job_tasks"):
+        for k, (low, high), what in (("detach_scrollback", DETACH_SCROLLBACK, "a size"),
+                                     ("detach_read_rate", DETACH_READ_RATE, "bytes a second")):
+            if k in values and not low <= values[k] <= high:
+                raise ConfigError(f"{k}: {format_size_exact(values[k])} is not {what} from {format_size_exact(low)} "
+                                  f"to {format_size_exact(high)}")
+        for k in ("max_connections_per_user", "max_streams_per_user", "job_tasks", "max_job_tasks",
+                  "max_detached_per_user"):
             v = values.get(k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 31):
                 raise ConfigError(f"{k}: {v!r} is not a whole number from 0 (0: no limit)")

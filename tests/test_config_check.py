@@ -28,6 +28,9 @@ BAD = [
     (['gpu_group = " wheel"'], 1),
     (['gpu_gate_at = ["../x"]'], 1),
     (["bogus_key = 1"], 1),
+    (['detach_scrollback = "100"'], 1),
+    (['detach_read_rate = "2GiB"'], 1),
+    (["max_detached_per_user = -1"], 1),
 ]
 
 
@@ -79,3 +82,20 @@ def test_the_command_exits_1_on_errors_and_the_unit_runs_it_on_reload(tmp_path):
     assert ("ExecReload=/opt/colo/bin/colo config check /etc/colo/colo.toml\n"
             "ExecReload=/bin/kill -HUP $MAINPID\n") in unit
     assert "ExecStart=/opt/colo/bin/colo daemon --config /etc/colo/colo.toml\n" in unit
+
+
+def test_the_detach_keys_are_sizes_in_bounds_and_say_so_in_one_line(tmp_path):
+    """Issue 43: detached sessions' scrollback, read rate and count per user."""
+    c = Config.load(None, state_dir=tmp_path, detach_scrollback="8KiB", detach_read_rate="1MiB",
+                    max_detached_per_user=0)
+    assert (c.detach_scrollback, c.detach_read_rate, c.max_detached_per_user) == (8 << 10, 1 << 20, 0)
+    assert (Config().detach_scrollback, Config().detach_read_rate, Config().max_detached_per_user) == (
+        128 << 10, 4 << 20, 16)
+    for key, value, said in (("detach_scrollback", "100", "detach_scrollback: 100B is not a size from 1KiB to 64MiB"),
+                             ("detach_scrollback", 0, "detach_scrollback: 0B is not a size from 1KiB to 64MiB"),
+                             ("detach_read_rate", "2GiB", "detach_read_rate: 2GiB is not bytes a second from 4KiB "
+                                                          "to 1GiB"),
+                             ("max_detached_per_user", 1.5, "max_detached_per_user: 1.5 is not a whole number")):
+        with pytest.raises(ConfigError) as refused:
+            Config.load(None, **{key: value})
+        assert str(refused.value) == said and "\n" not in said

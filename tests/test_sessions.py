@@ -16,7 +16,7 @@ from colo import protocol
 from colo.client import Client
 from colo.node import native
 from harness.daemon import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
-from harness.terminal import PROMPT, SHELL, Term, session_job
+from harness.terminal import PROMPT, SHELL, Term, detached_job, job_reason, session_job
 
 
 def _root_daemon(n):
@@ -338,28 +338,13 @@ def test_a_container_shell_is_the_same_session(node, alice, session_image):
     assert ended["exit_code"] == 7
 
 
-def _detached(d: DaemonProc, pw, *args: str) -> int:
-    """`colo ARGS --detach ...` as user `pw`: the detached session's job id."""
-    t = Term(d, pw, *args)
-    try:
-        t.expect(r"job (\d+): a detached session")
-        assert t.wait() == 0
-        return int(t.p.match.group(1))
-    finally:
-        t.close()
-
-
-def _reason(d: DaemonProc, job_id: int) -> str:
-    return d.job(job_id)["reason"]
-
-
 def test_a_detached_session_is_attached_left_and_taken_over_by_its_owner_only(node, alice, bob):
     """colo shell --detach runs on with no client; bob cannot attach; alice attaches (ls says so),
     leaves it with the detach keys, attaches again and sees what it wrote; a second attach takes
     the terminal from the first; the exit code comes to the client attached at the end."""
-    job = _detached(node, alice, "shell", "--detach", *SHELL)
+    job = detached_job(node, alice, "shell", "--detach", *SHELL)
     assert node.wait_state(job, "running")
-    wait_for(lambda: _reason(node, job).endswith("; detached"), 60, "ls to say detached")
+    wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "ls to say detached")
     t = Term(node, bob, "attach", str(job))
     try:
         t.expect("only its owner may attach")
@@ -369,7 +354,7 @@ def test_a_detached_session_is_attached_left_and_taken_over_by_its_owner_only(no
     t = Term(node, alice, "attach", str(job), rows=30, cols=90)
     try:
         t.prompt()
-        assert _reason(node, job).endswith("; attached")
+        assert job_reason(node, job).endswith("; attached")
         t.send("echo marker-$((6*7)) size=$(stty size)")
         t.expect("marker-42 size=30 90")
         t.prompt()
@@ -378,7 +363,7 @@ def test_a_detached_session_is_attached_left_and_taken_over_by_its_owner_only(no
         assert t.wait() == 0
     finally:
         t.close()
-    wait_for(lambda: _reason(node, job).endswith("; detached"), 60, "ls to say detached again")
+    wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "ls to say detached again")
     first = Term(node, alice, "attach", str(job))
     try:
         first.expect("marker-42")  # the scrollback
@@ -405,9 +390,9 @@ def test_a_detached_container_sessions_scrollback_is_bounded(node, alice, sessio
     from colo.cli.attach import _Conn
     from colo.daemon.detach import SCROLLBACK
 
-    job = _detached(node, alice, "run", "--detach", "--image", session_image, "--", "sh", "-c",
-                    "i=0; while [ $i -lt 3000 ]; do echo line-$i-of-a-long-output-that-fills-the-scrollback; "
-                    "i=$((i+1)); done; echo END; sleep 600")
+    job = detached_job(node, alice, "run", "--detach", "--image", session_image, "--", "sh", "-c",
+                       "i=0; while [ $i -lt 3000 ]; do echo line-$i-of-a-long-output-that-fills-the-scrollback; "
+                       "i=$((i+1)); done; echo END; sleep 600")
 
     def replay() -> bytes:
         import base64
@@ -440,8 +425,8 @@ def test_a_detached_container_session_outlives_a_daemon_restart(node, alice, ses
     """Its container runs on through a restart (the engine keeps its terminal); the restarted
     daemon takes that terminal again, with what it showed last (the engine's log of it), and its
     owner attaches to it as before."""
-    job = _detached(node, alice, "shell", "--detach", "--image", session_image, "--env", f"PS1={PROMPT}",
-                    "--", "/bin/sh", "-i")
+    job = detached_job(node, alice, "shell", "--detach", "--image", session_image, "--env", f"PS1={PROMPT}",
+                       "--", "/bin/sh", "-i")
     t = Term(node, alice, "attach", str(job))
     try:
         t.prompt()
@@ -456,7 +441,7 @@ def test_a_detached_container_session_outlives_a_daemon_restart(node, alice, ses
     node.proc.wait(30)
     node.start()
     os.chmod(node.socket.parent, 0o755)
-    wait_for(lambda: _reason(node, job).endswith("; detached"), 60, "the restarted daemon to keep its terminal")
+    wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "the restarted daemon to keep its terminal")
     t = Term(node, alice, "attach", str(job))
     try:
         t.expect("before-2")  # its last screen, from the engine

@@ -16,7 +16,8 @@ wired below, never through each other's fields:
   sampler    sampler.Sampler     each tick's readings (GPUs, usage, MPS health, the patrol's look)
   recovery   recovery.Recovery   finding jobs again (restart, the engine coming back)
   sessions   session.Watch       session jobs whose client it cannot see (after a restart)
-  terminals  detach.Terminals    detached sessions' terminals and scrollback (colo attach)
+  terminals  detach.Terminals    detached sessions' terminals and scrollback (colo attach); a host
+                                 session's through a holder process of its own (outlives a restart)
   retention  retention.Retention removing ended jobs (colo clean, history_keep_days)
   metrics    metrics.Metrics     Prometheus figures, a snapshot of the others' state (opt-in)
   onend      onend.OnEnd         what a job asked to run as its owner when it ends (--on-end, mail)
@@ -37,7 +38,7 @@ import os
 import time
 
 from ..config import Config
-from ..jobs import State
+from ..jobs import ACTIVE, State
 from ..node import gate, native
 from ..node.cgroup import Cgroups
 from ..sched import policy
@@ -92,7 +93,7 @@ class Daemon:
             raise AlreadyRunning(f"another colo daemon (pid {pid}) is using {c.state_dir}")
         os.ftruncate(self._lock_fd, 0)
         os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
-        for d in (c.jobs_dir, c.state_dir / "logs", c.state_dir / "profiles"):
+        for d in (c.jobs_dir, c.state_dir / "logs", c.state_dir / "profiles", c.state_dir / "holders"):
             d.mkdir(exist_ok=True)
             os.chmod(d, 0o711 if d == c.jobs_dir else 0o700)
         pin.sweep(c.state_dir / "mounts")  # staging left by a start cut short
@@ -135,7 +136,8 @@ class Daemon:
                                wake=self.scheduler.wake, faulted=self.drains.faults)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
                                  wake=self.scheduler.wake)
-        self.terminals = Terminals()
+        self.terminals = Terminals(c.detach_scrollback, c.detach_read_rate, c.max_detached_per_user,
+                                   holders=c.state_dir / "holders", cancel=self.launcher.cancel)
         self.sessions = Watch(self.table, self.engines, cancel=self.launcher.cancel, terminals=self.terminals)
         self.retention = Retention(c, self.table, self.launcher, wake=self.scheduler.wake)
         self.suspender = Suspender(c, self.table, self.gpus, native_dir, self.engines.runtime_for,
@@ -170,6 +172,8 @@ class Daemon:
 
     async def run(self) -> None:
         await self.recovery.recover()
+        # detached host sessions' terminal holders (detach.py), once recovery knows which jobs run on
+        await self.terminals.recover({j.id: j.uid for j in self.table.jobs_in(*ACTIVE, State.QUEUED)})
         await self.suspender.recover()  # no job left locked by a suspend or resume cut short
         ticker = asyncio.create_task(self._tick())
         purge = asyncio.create_task(self.retention.purge())  # history_keep_days

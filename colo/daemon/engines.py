@@ -62,6 +62,7 @@ class Engines:
             rt = DockerRuntime.from_env(instance=self.instance)
             rt.client.ping()
             rt.log_cap, rt.log_reserve = self.config.log_cap, self.config.log_reserve
+            rt.tty_rate = self.config.detach_read_rate  # container sessions' relays (ttyrelay.py)
             rt.gpu_gid, rt.gpu_nodes = self.gpu_gid, self.gpu_nodes
             self.runtimes["docker"] = rt
         except Exception as e:  # noqa: BLE001 - any failure: container jobs are refused with this reason

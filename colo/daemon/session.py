@@ -59,8 +59,8 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
     detached = raw.pop("detach", False)
     if detached not in (True, False):
         raise Refused("detach must be true or false")
-    if detached and d.terminals.count(caller.uid) >= detach.MAX_PER_USER:
-        raise Refused(f"you have {detach.MAX_PER_USER} detached sessions, the most allowed: end or attach to "
+    if detached and d.terminals.full(caller.uid):
+        raise Refused(f"you have {d.terminals.most} detached sessions, the most allowed: end or attach to "
                       "one (colo ls, colo attach JOB)")
     master, slave = os.openpty()  # (non-inheritable: no other child of the daemon gets them)
     if raw.get("image") is not None:  # the engine's terminal does what a terminal does: this one is a wire
@@ -75,7 +75,14 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
     # No await since the job was stored: the scheduler has not seen it without its terminal.
     d.launcher.give_terminal(job_id, slave, kept=detached)
     if detached:  # the daemon holds it from now on: the client goes, the session stays
-        d.terminals.keep(job_id, job["uid"], master)
+        if raw.get("image") is None and d.terminals.holders is not None:
+            try:  # a host session's: its holder's (detach.py), so that it outlives a restart
+                d.terminals.hold(job_id, job["uid"], master)
+                master = None
+            except detach.HolderError as e:  # it runs on in the daemon's hands, as a container session's
+                log.warning("%s: the daemon keeps it (it will not outlive a restart)", e)
+        if master is not None:
+            d.terminals.keep(job_id, job["uid"], master)
         yield {"final": job}
         return
     d.sessions.attached.add(job_id)
@@ -112,7 +119,10 @@ async def reattach(api, caller: Caller, job) -> AsyncIterator[dict[str, Any]]:
     if not d.terminals.holds(job.id):
         raise Refused(f"job {job.id} is not a detached session: only a session started with --detach (colo shell "
                       "--detach, colo run --detach) can be attached to")
-    holder, back, mine, taken = d.terminals.take(job.id)
+    try:
+        holder, back, mine, taken = await d.terminals.take(job.id)
+    except detach.HolderError as e:
+        raise Refused(str(e)) from None
     try:
         yield {"job": api.summary(job)}
         ev, mine = {"tty": True, protocol.PASS_FD: mine, "relay": True, "detachable": True,
@@ -198,7 +208,7 @@ class Watch:
             try:
                 rt = self.engines.runtime_for(j)
                 if getattr(rt, "lost_terminal", None) and rt.lost_terminal(j.handle):
-                    again = rt.reattach(j.handle, detach.SCROLLBACK) if hasattr(rt, "reattach") else None
+                    again = rt.reattach(j.handle, self.terminals.scrollback) if hasattr(rt, "reattach") else None
                     if again is not None:
                         found[j.id] = again
                     else:

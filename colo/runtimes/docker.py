@@ -71,7 +71,7 @@ class DockerRuntime:
         self._notes: dict[str, str] = {}  # handle -> what wait() saw happen to the engine
         self._loader: dict[str, str] = {}  # handle -> what the loader said of the interposer (preload.py)
         self._closed = threading.Event()
-        self.log_cap, self.log_reserve = 0, 0  # set by the daemon from its config
+        self.log_cap, self.log_reserve, self.tty_rate = 0, 0, ttyrelay.RATE  # set by the daemon from its config
         self.gpu_gid: int | None = None  # gpu_group's gid (a gated node), set by the daemon
         self.gpu_nodes: GpuNodes | None = None  # the GPUs' device files (the simulation's: given as devices)
 
@@ -271,7 +271,7 @@ class DockerRuntime:
         return handle
 
     def _relay(self, handle: str, name: str, tty_fd: int, sock) -> None:
-        relay = ttyrelay.Relay(name, tty_fd, sock, lambda rows, cols: self.api.resize(handle, rows, cols))
+        relay = ttyrelay.Relay(name, tty_fd, sock, lambda r, c: self.api.resize(handle, r, c), self.tty_rate)
         with self._lock:
             self._relays[handle] = relay
         relay.start()

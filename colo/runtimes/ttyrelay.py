@@ -29,7 +29,7 @@ from typing import Callable
 log = logging.getLogger(__name__)
 SIZE_LOOK = 0.5  # seconds between looks at the window size while nothing flows
 BUFFER = 1 << 16  # bytes held for a side that does not take them yet, before reading the other stops
-RATE = 4 << 20  # bytes a second of the container's output: faster, it waits (as on a slow terminal)
+RATE = 4 << 20  # bytes a second of the container's output (detach_read_rate): faster, it waits (as on a slow terminal)
 
 
 def window(fd: int) -> tuple[int, int]:
@@ -41,9 +41,10 @@ def window(fd: int) -> tuple[int, int]:
 class Relay(threading.Thread):
     """Owns `tty` (the pty's slave end) and `sock` (the container's attach socket); closes both."""
 
-    def __init__(self, name: str, tty_fd: int, sock: socket.socket, resize: Callable[[int, int], None]):
+    def __init__(self, name: str, tty_fd: int, sock: socket.socket, resize: Callable[[int, int], None],
+                 rate: int = RATE):
         super().__init__(name=f"colo-tty-{name}", daemon=True)
-        self.tty, self.sock, self.resize = tty_fd, sock, resize
+        self.tty, self.sock, self.resize, self.rate = tty_fd, sock, resize, rate
         self.size: tuple[int, int] | None = None
         tty.setraw(tty_fd, termios.TCSANOW)
         os.set_blocking(tty_fd, False)
@@ -80,10 +81,10 @@ class Relay(threading.Thread):
                 rl = [self._halt_r]
                 if len(to_sock) < BUFFER:
                     rl.append(self.tty)
-                if len(to_tty) < BUFFER and read <= RATE:
+                if len(to_tty) < BUFFER and read <= self.rate:
                     rl.append(self.sock)
                 wl = ([self.sock] if to_sock else []) + ([self.tty] if to_tty else [])
-                wait = SIZE_LOOK if read <= RATE else max(0.0, min(SIZE_LOOK, second + 1.0 - now))
+                wait = SIZE_LOOK if read <= self.rate else max(0.0, min(SIZE_LOOK, second + 1.0 - now))
                 r, w, _ = select.select(rl, wl, [], wait)
                 if self._halt_r in r:
                     return

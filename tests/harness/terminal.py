@@ -1,6 +1,7 @@
 """A person at a terminal: `colo ARGS` run by the real CLI (colo.cli.app) in a child forked onto a
 pty of its own that drops to the user's uid, driven with pexpect (Term); SHELL, the arguments of a
-shell whose prompt Term knows; session_job, a user's open session job.
+shell whose prompt Term knows; session_job, a user's open session job; detached_job, a detached
+session started as a user, and job_reason, what `colo ls` says of a job.
 
 This interpreter's files may be under /root, which other uids cannot execute, so the child runs the
 code already loaded rather than exec'ing Python again (test_sessions.py, test_idle_sessions.py)."""
@@ -107,3 +108,18 @@ def session_job(d: DaemonProc, pw) -> dict:
         mine = [j for j in d.client.ls(all=False) if j["uid"] == pw.pw_uid]
         return mine[0] if mine else None
     return d.job(wait_for(find, 30, "the session's job")["id"])
+
+
+def detached_job(d: DaemonProc, pw, *args: str) -> int:
+    """`colo ARGS --detach ...` as user `pw`: the detached session's job id."""
+    t = Term(d, pw, *args)
+    try:
+        t.expect(r"job (\d+): a detached session")
+        assert t.wait() == 0
+        return int(t.p.match.group(1))
+    finally:
+        t.close()
+
+
+def job_reason(d: DaemonProc, job_id: int) -> str:
+    return d.job(job_id)["reason"]

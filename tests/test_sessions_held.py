@@ -1,0 +1,302 @@
+"""Detached host sessions that outlive their daemon (issue 43): each one's terminal is held by a
+holder process of its own (colo/daemon/detach.py), which a restarted daemon finds again. Real
+users, real ptys, a real root daemon (killed with SIGKILL and started again) on a simulated GPU;
+each test waits on what it means (output seen, a state reached), never on the clock."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+
+from colo import protocol
+from colo.client import Client
+from harness.daemon import as_user, wait_for
+from harness.terminal import SHELL, Term, detached_job, job_reason
+
+SCROLLBACK = 4 << 10  # this daemon's detach_scrollback (the default is 128 KiB)
+MOST = 3  # its max_detached_per_user
+
+
+def _held_daemon(n):
+    """A root daemon on one simulated GPU, reachable by other users, with a small scrollback."""
+    if os.geteuid() != 0:
+        pytest.skip("sessions of real users need a root daemon")
+    return n.daemon({"detach_scrollback": "4KiB", "max_detached_per_user": MOST}, home=None)
+
+
+# alice and bob: colosess1 and colosess2, test_sessions.py's users
+pytestmark = [pytest.mark.node("colo-held-", count=1, then=_held_daemon, per="module"),
+              pytest.mark.users(2, prefix="colosess")]
+
+
+def _sock(d, job: int) -> Path:
+    return d.state_dir / "holders" / f"{job}.sock"
+
+
+def _holder(d, job: int) -> psutil.Process:
+    """The process listening on the job's holder socket. That none will is a failure at once, in
+    the daemon's words: it said it keeps the terminal itself (no holder could be started) or that
+    the holder went away, or the job is no longer running."""
+    path = str(_sock(d, job))
+    none = re.compile(rf"job {job}: its (terminal's holder could not be started|detached session's terminal holder"
+                      r" .*went away)")
+
+    def said() -> list[str]:
+        return [ln for ln in d.log.read_text(errors="replace").splitlines() if "holder" in ln or f"job {job}" in ln]
+
+    def find():
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if "holder_main" in " ".join(p.info["cmdline"] or ()) and any(
+                        c.laddr == path for c in p.net_connections("unix")):
+                    return p
+            except psutil.Error:
+                continue
+        state = d.job(job)["state"]
+        if state != "running" or any(none.search(ln) for ln in said()):
+            pytest.fail(f"job {job} ({state}) has no holder; the daemon said: {said()[-10:]}")
+        return None
+    try:
+        return wait_for(find, 60, "the session's holder")
+    except AssertionError as e:  # (timed out)
+        raise AssertionError(f"{e}; the daemon said: {said()[-10:]}; in holders/: {os.listdir(_sock(d, job).parent)}")
+
+
+def _end(d, job: int) -> None:
+    d.client.cancel(job)
+    d.wait_state(job, "cancelled")
+    wait_for(lambda: not _sock(d, job).exists(), 60, "the holder's socket to go with its job")
+
+
+def test_a_detached_host_session_outlives_a_kill_9_of_its_daemon(node, users):
+    """Detach, attach, type; kill -9 the daemon; what the shell writes meanwhile is kept; the
+    restarted daemon holds the terminal again; attaching shows the screen from before, and a
+    command typed now runs; its exit code ends the job, and the holder goes with it."""
+    alice, _ = users
+    job = detached_job(node, alice, "shell", "--detach", *SHELL)
+    node.wait_state(job, "running")
+    wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "ls to say detached")
+    holder = _holder(node, job)
+    gate = Path(tempfile.mkdtemp(prefix="colo-held-"))
+    os.chown(gate, alice.pw_uid, alice.pw_gid)
+    try:
+        t = Term(node, alice, "attach", str(job))
+        try:
+            t.prompt()
+            t.send("echo before-$((1+1))")
+            t.expect("before-2")
+            t.prompt()
+            # a line written while no daemon runs: once the test says go, then marked done
+            t.send(f"(while [ ! -e {gate}/go ]; do sleep 0.1; done; echo while-down-$((3*3)); touch {gate}/done) &")
+            t.prompt()
+            t.p.send("\x1cd")  # Ctrl-\ d
+            t.expect("detached from job")
+            assert t.wait() == 0
+        finally:
+            t.close()
+        node.kill9()
+        (gate / "go").touch()
+        wait_for(lambda: (gate / "done").exists(), 60, "the shell to write while no daemon runs")
+        assert holder.is_running()
+        node.start()
+        os.chmod(node.socket.parent, 0o755)
+        wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "the restarted daemon to hold its terminal")
+        assert _holder(node, job).pid == holder.pid  # the same holder: found again, not a new one
+        t = Term(node, alice, "attach", str(job))
+        try:
+            t.expect("before-2")  # the screen from before the restart
+            t.expect("while-down-9")  # and what the shell wrote while no daemon ran
+            t.send("echo after-$((2+2))")
+            t.expect("after-4")
+            t.send("exit 6")
+            assert t.wait() == 6
+        finally:
+            t.close()
+    finally:
+        shutil.rmtree(gate, ignore_errors=True)
+    assert node.wait_state(job, "failed")["exit_code"] == 6
+    wait_for(lambda: not holder.is_running(), 60, "the holder to end with its job")
+    assert not _sock(node, job).exists()
+
+
+def test_no_one_but_the_owner_reaches_a_held_session(node, users):
+    """Bob cannot attach; neither he nor alice can reach the holder's socket (a root-only folder,
+    0600) or signal the holder (root's, in a session of its own, with no controlling terminal);
+    and the holder takes no connection of another user's even where the folder lets one in."""
+    alice, bob = users
+    job = detached_job(node, alice, "shell", "--detach", *SHELL)
+    node.wait_state(job, "running")
+    holder = _holder(node, job)
+    t = Term(node, bob, "attach", str(job))
+    try:
+        t.expect("only its owner may attach")
+        assert t.wait() == 1
+    finally:
+        t.close()
+    path = _sock(node, job)
+    folder = os.stat(path.parent)
+    assert (folder.st_uid, stat.S_IMODE(folder.st_mode)) == (0, 0o700)
+    st = os.lstat(path)
+    assert stat.S_ISSOCK(st.st_mode) and (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o600)
+    assert holder.uids().real == 0 and holder.uids().effective == 0
+    assert os.getsid(holder.pid) == holder.pid and holder.terminal() is None
+
+    def reach():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.connect(str(path))
+            return s.recv(4096)
+        finally:
+            s.close()
+
+    for pw in (alice, bob):
+        kind, err = as_user(pw, lambda: _refused(reach))
+        assert kind == "ok" and err == "PermissionError", (pw.pw_name, kind, err)
+        kind, err = as_user(pw, lambda: _refused(lambda: os.kill(holder.pid, signal.SIGKILL)))
+        assert kind == "ok" and err == "PermissionError", (pw.pw_name, kind, err)
+    os.chmod(path.parent, 0o711)  # the holder's own check, with the folder's taken away
+    os.chmod(path, 0o666)
+    try:
+        kind, said = as_user(alice, reach)
+        assert kind == "ok" and said == b"", said  # closed at once, nothing said
+    finally:
+        os.chmod(path, 0o600)
+        os.chmod(path.parent, 0o700)
+    assert job_reason(node, job).endswith("; detached")  # the daemon's own connection is untouched
+    _end(node, job)
+    wait_for(lambda: not holder.is_running(), 60, "the holder to end with its job")
+
+
+def _refused(fn):
+    try:
+        fn()
+    except OSError as e:
+        return type(e).__name__
+    return None
+
+
+# A session that outlives its terminal's hang-up (a shell would end on it, with its own code): what
+# colo must end itself when its holder is gone.
+DEAF = ["run", "--detach", "--", "sh", "-c", "trap '' HUP; echo deaf; exec sleep 600"]
+
+
+def test_a_held_session_whose_holder_is_killed_ends_saying_so(node, users):
+    """A session whose terminal's holder is killed is cancelled, and the reason names the holder."""
+    alice, _ = users
+    job = detached_job(node, alice, *DEAF)
+    node.wait_state(job, "running")
+    _holder(node, job).kill()
+    ended = node.wait_state(job, "cancelled")
+    assert "terminal holder went away" in ended["reason"], ended["reason"]
+    wait_for(lambda: not _sock(node, job).exists(), 60, "the holder's socket to go")
+
+
+def test_after_a_restart_a_gone_holder_ends_its_session_and_an_ended_sessions_holder_goes(node, users):
+    """While no daemon runs: one session's holder is killed, another session's shell exits. The
+    restarted daemon cancels the first, saying why, and tells the second's holder to end (the job
+    ended with its own code, found by recovery); neither holder nor socket is left."""
+    alice, _ = users
+    gate = Path(tempfile.mkdtemp(prefix="colo-held-"))
+    os.chown(gate, alice.pw_uid, alice.pw_gid)
+    try:
+        lost = detached_job(node, alice, *DEAF)
+        ends = detached_job(node, alice, "run", "--detach", "--", "sh", "-c",
+                            f"while [ ! -e {gate}/go ]; do sleep 0.1; done; exit 3")
+        node.wait_state(lost, "running")
+        node.wait_state(ends, "running")
+        lost_holder, ends_holder = _holder(node, lost), _holder(node, ends)
+        node.kill9()
+        lost_holder.kill()
+        (gate / "go").touch()
+        wait_for(lambda: not psutil.pid_exists(lost_holder.pid) or lost_holder.status() == psutil.STATUS_ZOMBIE,
+                 60, "the holder to be gone")
+        node.start()
+        os.chmod(node.socket.parent, 0o755)
+    finally:
+        shutil.rmtree(gate, ignore_errors=True)
+    ended = node.wait_state(lost, "cancelled")
+    assert "terminal holder went away while colo was restarting" in ended["reason"], ended["reason"]
+    assert node.wait_state(ends, "failed")["exit_code"] == 3
+    wait_for(lambda: not ends_holder.is_running(), 60, "the ended session's holder to end")
+    wait_for(lambda: not _sock(node, lost).exists() and not _sock(node, ends).exists(), 60, "their sockets to go")
+
+
+def _replay(d, pw, job: int) -> bytes:
+    """The scrollback an attach gets first (op attach, as the client sends it), as user `pw`."""
+    from colo.cli.attach import _Conn
+
+    def replay() -> bytes:
+        sock = Client(d.socket).connect(None)
+        try:
+            sock.sendall(protocol.request("attach", id=job))
+            conn = _Conn(sock)
+            conn.next()  # the job
+            ev = conn.next()["event"]
+            for fd in conn.fds:
+                os.close(fd)
+            return base64.b64decode(ev["replay"])
+        finally:
+            sock.close()
+
+    kind, back = as_user(pw, replay)
+    assert kind == "ok", back
+    return back
+
+
+def test_the_detach_keys_of_the_config_take_effect(node, users):
+    """detach_scrollback = 4KiB: a held session's scrollback is its last 4 KiB (its holder's);
+    max_detached_per_user = 3: a fourth detached session is refused in one line."""
+    alice, _ = users
+    job = detached_job(node, alice, "run", "--detach", "--", "sh", "-c",
+                       "i=0; while [ $i -lt 300 ]; do echo line-$i-of-an-output-longer-than-the-scrollback; "
+                       "i=$((i+1)); done; echo END; sleep 600")
+    def whole():
+        back = _replay(node, alice, job)
+        return back if b"END" in back else None
+
+    back = wait_for(whole, 120, "the whole output in the scrollback")
+    assert len(back) <= SCROLLBACK and back.endswith(b"END\r\n")
+    assert b"line-299-" in back and b"line-0-" not in back  # 300 lines are ~15 KiB: the first are gone
+    more = [detached_job(node, alice, "shell", "--detach", *SHELL) for _ in range(MOST - 1)]
+    t = Term(node, alice, "shell", "--detach", *SHELL)
+    try:
+        t.expect(f"you have {MOST} detached sessions, the most allowed")
+        assert t.wait() == 1
+    finally:
+        t.close()
+    for j in (job, *more):
+        _end(node, j)
+
+
+def test_a_session_detached_before_the_look_for_earlier_holders_keeps_its_own(tmp_path, caplog):
+    """The daemon serves requests before it looks for the holders an earlier daemon left: a
+    session detached in between has a holder of its own (in `held`), which refuses a second
+    connection. The look leaves it be; it took it for a lost holder, cancelled the job and removed
+    its socket (seen under load, as the first session of a fresh daemon)."""
+    from colo.daemon.detach import Held, Terminals
+
+    async def cancel(job_id: int, by: str) -> None:
+        pass
+
+    t = Terminals(holders=tmp_path, cancel=cancel)
+    own = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    own.bind(str(tmp_path / "1.sock"))  # (not listening: refuses any connection, as a busy holder does)
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        t.held[1] = Held(1, 1000, mine, 0, None)
+        asyncio.run(t.recover({1: 1000}))
+        assert (tmp_path / "1.sock").exists()
+        assert "went away" not in caplog.text
+    finally:
+        for s in (own, mine, theirs):
+            s.close()
