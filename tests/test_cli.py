@@ -80,6 +80,21 @@ def test_doctor_describes_the_daemon_it_reaches_not_only_this_machine(daemon):
     assert r.returncode == 0, out
 
 
+def test_the_session_commands_path_imports_no_heavy_module(tmp_path):
+    """`colo run --image IMG -- CMD` and `colo shell` (the client until it would connect) take the
+    short path: no typer, rich, textual, docker or numpy, whose imports a person would wait for
+    before a session's first line (bench/session_bench.py)."""
+    probe = ("import sys\nsys.argv = ['colo', 'run', '--image', 'img:1', '--gpus', '0', '--', 'true']\n"
+             "from colo.cli.entry import main\ntry:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+             "import colo.cli.attach\n"
+             "heavy = ('typer', 'click', 'rich', 'textual', 'numpy', 'docker', 'pynvml', 'colo.cli.app', "
+             "'colo.daemon', 'colo.store', 'colo.runtimes')\n"
+             "print('loaded:' + ','.join(m for m in heavy if m in sys.modules), code)")
+    env = {**os.environ, "COLO_SOCKET": str(tmp_path / "none" / "colo.sock")}  # (nothing answers: it fails there)
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "loaded: 1", r.stdout + r.stderr
+
+
 def test_the_submit_short_path_imports_no_slow_module_and_its_codec_is_json():
     """`colo submit` skips typer, and json, re, pathlib, typing and socket too (bench/cli_bench.py
     times it); the client's codec writes and reads what json does."""

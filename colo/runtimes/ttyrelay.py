@@ -6,7 +6,11 @@ The engine's terminal does what a terminal does (echo, line editing, Ctrl-C and 
 to the container's foreground process group), so the daemon's pty is raw: a byte typed is a byte
 sent. A window size set on the master reaches no process here (no one has this pty as its
 controlling terminal, so nothing gets SIGWINCH): the relay looks at it whenever it wakes, and at
-least every SIZE_LOOK seconds, and passes a change to the engine (`resize`).
+least every SIZE_LOOK seconds, and passes a change to the engine (`resize`) through a thread of its
+own: an engine call takes a while (over 200 ms on a busy node, each session's first one included),
+and the container's bytes do not wait for it (its first line would: bench/session_bench.py). Keys
+typed after a size change do: they reach the container once the engine has the size, as on a
+terminal (`stty size` typed after a resize says the new one).
 
 One thread per running container session. It ends when either side ends: the container's stream
 (the container exited, or was stopped), or the pty (every master holder closed it: the client
@@ -45,11 +49,16 @@ class Relay(threading.Thread):
                  rate: int = RATE):
         super().__init__(name=f"colo-tty-{name}", daemon=True)
         self.tty, self.sock, self.resize, self.rate = tty_fd, sock, resize, rate
-        self.size: tuple[int, int] | None = None
+        self.size: tuple[int, int] | None = None  # the size last asked of the engine (None: none, or refused)
+        self._sizing = threading.Condition()  # guards _want, _pending and _done, the sizer's
+        self._want: tuple[int, int] | None = None  # the size the sizer passes to the engine next
+        self._pending = False  # a size the engine does not have yet: keys wait for it
+        self._done = False
         tty.setraw(tty_fd, termios.TCSANOW)
         os.set_blocking(tty_fd, False)
         sock.setblocking(False)
         self._halt_r, self._halt_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._sized_r, self._sized_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # the sizer's word: done
 
     def stop(self) -> None:
         try:
@@ -63,13 +72,49 @@ class Relay(threading.Thread):
         except OSError:
             return
         if size != self.size and size[0] and size[1]:
+            with self._sizing:
+                self.size = self._want = size
+                self._pending = True
+                self._sizing.notify()
+
+    def _sizer(self) -> None:
+        """Passes each size the relay saw to the engine, the latest only, until the relay ends
+        (then it closes its pipe: it is the last to write there)."""
+        while True:
+            with self._sizing:
+                while self._want is None and not self._done:
+                    self._sizing.wait()
+                if self._done:
+                    os.close(self._sized_r)
+                    os.close(self._sized_w)
+                    return
+                size, self._want = self._want, None
             try:
                 self.resize(*size)
-                self.size = size
             except Exception as e:  # noqa: BLE001 - an engine that refuses one resize: tried at the next look
                 log.debug("%s: resize refused: %s", self.name, e)
+                with self._sizing:
+                    if self._want is None and self.size == size:
+                        self.size = None
+            with self._sizing:
+                if self._want is None:
+                    self._pending = False
+            try:
+                os.write(self._sized_w, b"s")
+            except OSError:  # (full: the relay wakes all the same)
+                pass
 
     def run(self) -> None:
+        sizer = threading.Thread(target=self._sizer, name=f"{self.name}-size", daemon=True)
+        sizer.start()
+        try:
+            self._run()
+        finally:
+            with self._sizing:
+                self._done = True
+                self._sizing.notify()
+
+    def _run(self) -> None:
         to_sock, to_tty = b"", b""
         second, read = 0.0, 0  # this second's start, the container's bytes read in it (RATE)
         try:
@@ -78,16 +123,19 @@ class Relay(threading.Thread):
                 now = time.monotonic()
                 if now - second >= 1.0:
                     second, read = now, 0
-                rl = [self._halt_r]
-                if len(to_sock) < BUFFER:
+                keys = not self._pending  # (keys read before a size change was seen wait for it too)
+                rl = [self._halt_r, self._sized_r]
+                if len(to_sock) < BUFFER and keys:
                     rl.append(self.tty)
                 if len(to_tty) < BUFFER and read <= self.rate:
                     rl.append(self.sock)
-                wl = ([self.sock] if to_sock else []) + ([self.tty] if to_tty else [])
+                wl = ([self.sock] if to_sock and keys else []) + ([self.tty] if to_tty else [])
                 wait = SIZE_LOOK if read <= self.rate else max(0.0, min(SIZE_LOOK, second + 1.0 - now))
                 r, w, _ = select.select(rl, wl, [], wait)
                 if self._halt_r in r:
                     return
+                if self._sized_r in r:
+                    os.read(self._sized_r, 512)
                 if self.tty in r:
                     try:
                         data = os.read(self.tty, BUFFER)
@@ -110,7 +158,7 @@ class Relay(threading.Thread):
                         return
                     to_tty += data or b""
                     read += len(data or b"")
-                if self.sock in w and to_sock:
+                if self.sock in w and to_sock and keys:
                     try:
                         to_sock = to_sock[self.sock.send(to_sock):]
                     except BlockingIOError:
