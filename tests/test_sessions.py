@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -303,7 +304,7 @@ def test_a_container_shell_is_the_same_session(node, alice, session_image):
         assert t.p.match.group(1) == str(alice.pw_uid)
         t.prompt()
         t.resize(40, 100)
-        wait_for(lambda: (t.send("stty size"), t.expect(["40 100", PROMPT]) == 0)[1], 60, "the new size inside")
+        wait_for(lambda: (t.send("stty size"), t.expect(["40 100", re.escape(PROMPT)]) == 0)[1], 60, "the new size inside")
         t.send("/opt/colo/native/colo-burn --mem 768MiB --over 512MiB --seconds 0 --quiet; echo burn=$?")
         t.expect(r"burn=(\d+)\r")
         assert t.p.match.group(1) == "0"  # colo-burn: --mem held, --over refused, as it expected
