@@ -2,6 +2,7 @@
 that nothing imports upward, that no import circle exists, and that the daemon's parts use each
 other's public interfaces, not each other's private fields."""
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -195,16 +196,28 @@ def test_daemon_parts_write_only_their_own_state():
     assert wrote == []
 
 
+@functools.cache
+def _test_file(p: Path) -> tuple[list[tuple[int, str]], list[tuple[str, int]]]:
+    """A file under tests/ as the checks below read it, parsed once a session (three checks read
+    every file, and parsing was most of their time): the modules it imports by absolute name, with
+    their lines, and the fixtures it defines (_fixtures). Only these are kept, not the tree: a
+    session that held the trees made the garbage collector slower for every later test."""
+    tree = ast.parse(p.read_text())
+    imports = []
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        imports += [(node.lineno, n) for n in names]
+    return imports, _fixtures(tree)
+
+
 def test_tests_import_the_harness_not_bench():
     """What tests and benches share is tests/harness/: a test imports no bench/ module, but
     test_reliability.py, which runs load_bench's and crash_trials' scenarios themselves."""
     bench = {p.stem for p in (REPO / "bench").glob("*.py")}
     found = []
     for p in (REPO / "tests").rglob("*.py"):
-        for node in ast.walk(ast.parse(p.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            found += [f"{p.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in bench]
+        found += [f"{p.relative_to(REPO)}: {n}" for _, n in _test_file(p)[0] if n.split(".")[0] in bench]
     assert [f for f in found if not f.startswith("tests/test_reliability.py:")] == []
     assert any(f.startswith("tests/test_reliability.py:") for f in found)  # the check reads imports
 
@@ -232,7 +245,7 @@ def test_each_fixture_is_defined_in_one_file():
     (conftest's `node`, `users`, `shared`), or the fixture is theirs alone under a name of its own."""
     where: dict[str, set[str]] = {}
     for p in sorted((REPO / "tests").rglob("*.py")):
-        for name, line in _fixtures(ast.parse(p.read_text())):
+        for name, line in _test_file(p)[1]:
             where.setdefault(name, set()).add(f"{p.relative_to(REPO)}:{line}")
     twice = {n: sorted(w) for n, w in where.items() if len({x.rpartition(":")[0] for x in w}) > 1}
     assert twice == {}
@@ -244,11 +257,8 @@ def test_no_test_module_imports_another_or_conftest():
     is a fixture of conftest's), and no file under tests/ imports a test_* module or conftest."""
     found = []
     for p in sorted((REPO / "tests").rglob("*.py")):
-        for node in ast.walk(ast.parse(p.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            found += [f"{p.relative_to(REPO)}:{node.lineno}: {n}" for n in names
-                      if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")]
+        found += [f"{p.relative_to(REPO)}:{line}: {n}" for line, n in _test_file(p)[0]
+                  if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")]
     assert found == []
 
 
