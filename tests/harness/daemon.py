@@ -193,14 +193,16 @@ def as_user(pw, fn):
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         try:
-            os.setgroups([])
-            os.setgid(pw.pw_gid)
-            os.setuid(pw.pw_uid)
-            res = ("ok", fn())
-        except Exception as e:  # noqa: BLE001
-            res = ("err", (type(e).__name__, str(e), getattr(e, "code", None)))
-        os.write(w, pickle.dumps(res))
-        os._exit(0)
+            try:
+                os.setgroups([])
+                os.setgid(pw.pw_gid)
+                os.setuid(pw.pw_uid)
+                res = ("ok", fn())
+            except Exception as e:  # noqa: BLE001
+                res = ("err", (type(e).__name__, str(e), getattr(e, "code", None)))
+            os.write(w, pickle.dumps(res))
+        finally:  # a Ctrl-C of the suite included: the child never goes on to run pytest's session
+            os._exit(0)
     os.close(w)
     with os.fdopen(r, "rb") as f:
         kind, value = pickle.loads(f.read())
