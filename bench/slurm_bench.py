@@ -293,6 +293,7 @@ def main() -> int:
             shutil.rmtree(top, ignore_errors=True)
     c, p = res["colo"], res["plain"]
     failed = {t: sum(1 for j in r["jobs"].values() if not j["ok"]) for t, r in res.items()}
+    silent = {t: sum(1 for j in r["jobs"].values() if "gpu" not in j) for t, r in res.items()}
     greedy_failed = {t: sum(1 for j in r["jobs"].values() if not j["ok"] and j["greedy"]) for t, r in res.items()}
     req = c["requeues"]
     false = false_requeues(req, c["jobs"], 16 * 1024 - 256)
@@ -304,7 +305,8 @@ def main() -> int:
     greedy = sum(1 for j in c["jobs"].values() if j["greedy"])
     rep.figure("drain", "drain, first submit to an empty queue", c["drain"], "s", p["drain"], "plain gres/shard")
     rep.figure("failed", f"failed jobs (of {args.jobs}, {greedy} greedy)", failed["colo"], "", failed["plain"],
-               "plain gres/shard", note=f"greedy among them: colo {greedy_failed['colo']}, plain {greedy_failed['plain']}")
+               "plain gres/shard", note=f"greedy among them: colo {greedy_failed['colo']}, plain {greedy_failed['plain']}; "
+               f"no result at all: colo {silent['colo']}, plain {silent['plain']} (the others: an allocation refused)")
     rep.figure("requeues", "requeues under colo", len(req), "", note=f"false {len(false)}; restarts seen by jobs {restarts}")
     rep.figure("spread", "samples with 2+ jobs, all on one GPU, other idle", 100 * spread["colo"], "%",
                100 * spread["plain"],
