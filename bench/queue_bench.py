@@ -113,7 +113,7 @@ class Watched(DaemonProc):
         return e
 
     def start(self) -> "Watched":
-        args = [sys.executable, str(HERE / "loopwatch.py"), str(self.watch), "daemon", "-v", "--state-dir",
+        args = [sys.executable, str(checkout.BENCH / "loopwatch.py"), str(self.watch), "daemon", "-v", "--state-dir",
                 str(self.state_dir), "--socket", str(self.socket), "--config", str(self.config_path),
                 "--fake-gpus", str(self.fake_state)]
         self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=self.env(),
