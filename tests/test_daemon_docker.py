@@ -167,3 +167,21 @@ def test_daemon_stops_at_once_with_jobs_running_and_finds_them_again(ddaemon, tm
     go.touch()
     assert d.wait_state(c, "failed")["exit_code"] == 5
     assert d.wait_state(p, "succeeded")["exit_code"] == 0
+
+
+def test_a_child_started_late_in_a_container_with_a_mount_is_held_to_its_budget(ddaemon, tmp_path):
+    # The user's mount is staged and its staging removed once the container has started: colo's own
+    # mounts (the interposer, the run folder) must stay for every process the job starts later.
+    d = ddaemon
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    os.chmod(gate, 0o777)
+    go = gate / "go"
+    j = d.submit("--image", d.image, "--gpu-mem", "1GiB", "--mount", f"{gate}:/gate:ro", "--", "sh", "-c",
+                 "while [ ! -e /gate/go ]; do sleep 0.05; done; /opt/colo/native/colo-burn --mem 768MiB --over 512MiB")
+    d.wait_state(j, "running")
+    go.touch()
+    assert d.cli("wait", str(j)).returncode == 0, d.cli("logs", str(j)).stdout
+    out = d.cli("logs", str(j), check=True).stdout
+    assert "cannot be preloaded" not in out and "colo: allocation of" in out, out
+    assert "1 allocation(s) refused" in d.job(j)["reason"]
