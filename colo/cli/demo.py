@@ -302,7 +302,10 @@ class Story:
         h1 = self.submit("heavy-1", "4GiB", heavy[:-1], "demo-heavy", held=True)
         job = self.until("heavy-1 to start", lambda: self.state(h1, "running", *ENDED))
         _say(f"   job {h1} heavy-1  {self.told(h1)}")
-        h2 = self.kept_off = self.submit("heavy-2", "4GiB", [*heavy, "5"], "demo-heavy")
+        # heavy-2 may go only where heavy-1 runs: once the story's other jobs leave the other GPU it
+        # would start there, and the moment step 5 shows (heavy-2 kept off) would end by timing
+        h1_gpu = [self.gpu_index[g] for g in job.get("gpus") or []]
+        h2 = self.kept_off = self.submit("heavy-2", "4GiB", [*heavy, "5"], "demo-heavy", h1_gpu)
         self.until("heavy-2's decision", lambda: self.waits_because(h2, "predicted") or self.state(h2, "running", *ENDED))
         _say(f"   job {h2} heavy-2  kept off: {self.told(h2).removeprefix('waiting: ')}")
 
