@@ -75,10 +75,11 @@ def run_demo(keep: bool = False, screenshot: Path | None = None) -> int:
         where = f"containers of the local image {image}" if image else "host processes (no Docker engine here)"
         _say(f"colo demo: a private daemon on 2 simulated 16 GiB GPUs; jobs run colo-burn as {where}.")
         recorder = Recorder(Client(sock, timeout=30)) if screenshot else None
-        story = Story(client, image, root)
+        story = Story(client, image, root, recorder)
         try:
             ok = story.run()
         finally:
+            shutil.rmtree(story.release, ignore_errors=True)
             if recorder:
                 recorder.stop()
         if recorder and ok:
@@ -130,6 +131,22 @@ def _end_leftovers(root: Path) -> None:
             pass
 
 
+def _job(snap: dict, i: int | None) -> dict:
+    return next((j for j in snap["jobs"] if j["id"] == i), {})
+
+
+def _kept_off(snap: dict, i: int | None) -> bool:
+    """In `colo top`'s `snap`, job `i` waits, kept off by a prediction."""
+    j = _job(snap, i)
+    return j.get("state") == "queued" and "predicted" in (j.get("reason") or "")
+
+
+def _refused(snap: dict, i: int | None) -> bool:
+    """In `snap`, job `i` runs with a refusal by its budget counted."""
+    j = _job(snap, i)
+    return j.get("state") == "running" and bool(j.get("refused"))
+
+
 class Recorder:
     """`colo top`'s snapshots through the demo, one per daemon sample, so that a picture
     of one moment can be drawn afterwards: live jobs would not hold still while the app renders."""
@@ -156,16 +173,11 @@ class Recorder:
         one where `greedy` runs with its refusal counted, then the one with the most jobs running."""
         from ..tui.app import screenshot
 
-        def job(snap: dict, i: int | None) -> dict:
-            return next((j for j in snap["jobs"] if j["id"] == i), {})
-
         def kept(snap: dict) -> bool:
-            j = job(snap, kept_off)
-            return j.get("state") == "queued" and "predicted" in (j.get("reason") or "")
+            return _kept_off(snap, kept_off)
 
         def refused(snap: dict) -> bool:
-            j = job(snap, greedy)
-            return j.get("state") == "running" and bool(j.get("refused"))
+            return _refused(snap, greedy)
 
         def score(i: int) -> tuple:
             return refused(self.frames[i]), sum(j["state"] == "running" for j in self.frames[i]["jobs"]), i
@@ -183,8 +195,13 @@ class Recorder:
 
 
 class Story:
-    def __init__(self, client: Client, image: str | None, root: Path):
-        self.c, self.image, self.root = client, image, root
+    def __init__(self, client: Client, image: str | None, root: Path, recorder: Recorder | None = None):
+        self.c, self.image, self.root, self.recorder = client, image, root, recorder
+        # Step 4-5's jobs run until the story lets them go (a file in a folder of their own: none
+        # under the daemon's may be mounted), so that the moment it shows holds however busy the
+        # machine is: a fixed run time raced the engine's start.
+        self.release = Path(tempfile.mkdtemp(prefix="colo-demo-go-"))
+        os.chmod(self.release, 0o755)
         self.burn = "/opt/colo/native/colo-burn" if image else str(native.path(native.BURN))
         self.ids: dict[int, str] = {}
         self.kept_off: int | None = None  # heavy-2, once submitted
@@ -192,9 +209,17 @@ class Story:
         self.gpu_index = {g["uuid"]: g["index"] for g in client.gpus()["gpus"]}
 
     def submit(self, name: str, budget: str, burn_args: list[str], profile: str | None = None,
-               gpu_ids: list[int] | None = None, argv: list[str] | None = None) -> int:
+               gpu_ids: list[int] | None = None, argv: list[str] | None = None, held: bool = False) -> int:
         spec = {"argv": argv or [self.burn, *burn_args], "image": self.image, "name": name, "gpu_mem": budget, "gpus": 1,
                 "workdir": None if self.image else str(self.root), "profile": profile}
+        if held:
+            seen = "/release" if self.image else str(self.release)
+            # burn until let go (then exit 0), or until it ends on its own (with its own code)
+            script = (f"{self.burn} {' '.join(burn_args)} --seconds 600 & b=$!; while kill -0 $b 2>/dev/null; do "
+                      f"if [ -e {seen}/{name} ]; then kill $b; wait $b; exit 0; fi; sleep 0.2; done; wait $b")
+            spec["argv"] = ["sh", "-c", script]
+            if self.image:
+                spec["mounts"] = [{"source": str(self.release), "target": "/release", "read_only": True}]
         if gpu_ids:
             spec["gpu_ids"] = gpu_ids
         job = self.c.submit(spec)
@@ -218,6 +243,14 @@ class Story:
     def waits_because(self, j: int, words: str) -> dict | None:
         job = self.c.show(j)
         return job if job["state"] == "queued" and words in (job["reason"] or "") else None
+
+    def moment(self, kept_off: int, greedy: int) -> bool:
+        """`kept_off` waits and `greedy`'s refusal is counted, in `colo top` (and in a snapshot the
+        recorder took, when one records: the picture is drawn from those)."""
+        if self.recorder is not None:
+            return any(_kept_off(f, kept_off) and _refused(f, greedy) for f in list(self.recorder.frames))
+        top = self.c.top()
+        return _kept_off(top, kept_off) and _refused(top, greedy)
 
     def where(self, job: dict) -> str:
         return f"GPU{self.gpu_index.get(job['gpus'][0], '?')}" if job.get("gpus") else "-"
@@ -265,20 +298,26 @@ class Story:
 
         _say("\n4. Heavy jobs (95 % SM, cache-bound) saturate a GPU by themselves:")
         heavy = ["--mem", "2GiB", "--duty", "95", "--seconds"]
-        # heavy-1 outlasts greedy (5.) by far, so that heavy-2 still waits while greedy runs
-        h1 = self.submit("heavy-1", "4GiB", [*heavy, "10"], "demo-heavy")
+        # heavy-1 runs until greedy (5.) has ended, so that heavy-2 still waits while greedy runs
+        h1 = self.submit("heavy-1", "4GiB", heavy[:-1], "demo-heavy", held=True)
         job = self.until("heavy-1 to start", lambda: self.state(h1, "running", *ENDED))
         _say(f"   job {h1} heavy-1  {self.told(h1)}")
-        h2 = self.kept_off = self.submit("heavy-2", "4GiB", [*heavy, "5"], "demo-heavy")
+        # heavy-2 may go only where heavy-1 runs: once the story's other jobs leave the other GPU it
+        # would start there, and the moment step 5 shows (heavy-2 kept off) would end by timing
+        h1_gpu = [self.gpu_index[g] for g in job.get("gpus") or []]
+        h2 = self.kept_off = self.submit("heavy-2", "4GiB", [*heavy, "5"], "demo-heavy", h1_gpu)
         self.until("heavy-2's decision", lambda: self.waits_because(h2, "predicted") or self.state(h2, "running", *ENDED))
         _say(f"   job {h2} heavy-2  kept off: {self.told(h2).removeprefix('waiting: ')}")
 
         # While heavy-2 waits, so that one moment shows the whole story (`colo demo --screenshot`).
         _say("\n5. A budget holds: a job asks for 2 GiB more than its 1 GiB budget; only that allocation is refused:")
-        greedy = ["--mem", "512MiB", "--over", "2GiB", "--seconds", "4"]
-        g = self.greedy = self.submit("greedy", "1GiB", greedy, "demo-tiny")
+        greedy = ["--mem", "512MiB", "--over", "2GiB"]
+        g = self.greedy = self.submit("greedy", "1GiB", greedy, "demo-tiny", held=True)
+        self.until("greedy's refusal to be counted", lambda: self.moment(h2, g) or self.state(g, *ENDED), timeout=120)
+        (self.release / "greedy").touch()
         job = self.until("greedy to end", lambda: self.state(g, *ENDED))
         _say(f"   job {g} greedy   {job['state']} ({job['mode']} on {self.where(job)}): {job['reason']}")
+        (self.release / "heavy-1").touch()
 
         self.until("every job to end", lambda: all(self.state(j, *ENDED) for j in self.ids), timeout=120)
         self.first_minute(there)
