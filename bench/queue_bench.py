@@ -112,22 +112,11 @@ class Watched(DaemonProc):
             e["PYTHONPATH"] = str(self.checkout)
         return e
 
+    def argv(self) -> list[str]:
+        return [sys.executable, str(checkout.BENCH / "loopwatch.py"), str(self.watch), *super().argv()[3:]]
+
     def start(self) -> "Watched":
-        args = [sys.executable, str(checkout.BENCH / "loopwatch.py"), str(self.watch), "daemon", "-v", "--state-dir",
-                str(self.state_dir), "--socket", str(self.socket), "--config", str(self.config_path),
-                "--fake-gpus", str(self.fake_state)]
-        self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=self.env(),
-                                     cwd=str(self.checkout or "/"))
-
-        def up():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            try:
-                return self.client.hello()
-            except ClientError:
-                return None
-
-        wait_for(up, 60, "daemon to answer")
+        super().start(cwd=str(self.checkout or "/"))
         where = subprocess.run([sys.executable, "-c", "import colo; print(colo.__file__)"], capture_output=True,
                                text=True, env=self.env(), cwd="/").stdout.strip()
         if self.checkout is not None and not where.startswith(str(self.checkout)):

@@ -86,12 +86,17 @@ class DaemonProc:
         e.update(self.extra_env)
         return e
 
-    def start(self) -> "DaemonProc":
+    def argv(self) -> list[str]:
+        """How the daemon is started: `colo daemon` by this interpreter (a bench may run it under a watcher)."""
         args = [sys.executable, "-m", "colo", "daemon", "-v", "--state-dir", str(self.state_dir),
                 "--socket", str(self.socket), "--config", str(self.config_path)]
         if self.fake_state:
             args += ["--fake-gpus", str(self.fake_state)]
-        self.proc = subprocess.Popen(args, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=self.env())
+        return args
+
+    def start(self, cwd: str | None = None) -> "DaemonProc":
+        self.proc = subprocess.Popen(self.argv(), stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=self.env(),
+                                     cwd=cwd)
 
         def up():
             if self.proc.poll() is not None:
