@@ -120,6 +120,7 @@ def test_from_samples_bins_peak_memory_and_mean_sm():
     assert list(p.mem) == [9, 3] and np.allclose(p.sm, [0.5, 0.5])
 
 
+@pytest.mark.slow  # a real child process, sampled until it ends
 def test_record_runs_a_real_command_and_samples_it(tmp_path):
     """The child writes its 'usage' to a file; the sampler reads it, as NVML would be read. The
     child replaces the file whole (a reader never sees it half written) and goes on only once the

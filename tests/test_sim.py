@@ -183,6 +183,7 @@ def cli(tmp_path, monkeypatch):
     return lambda *args: CliRunner().invoke(app, list(args))
 
 
+@pytest.mark.slow  # three whole mixes through the CLI
 def test_cli_sim_json_and_table(cli):
     r = cli("sim", "light", "--json", "-p", "colo", "-p", "exclusive-sjf")
     assert r.exit_code == 0, r.output

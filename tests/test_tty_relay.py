@@ -10,6 +10,8 @@ import struct
 import termios
 import threading
 
+import pytest
+
 from colo.runtimes import ttyrelay
 
 
@@ -23,6 +25,7 @@ def _read_until(fd: int, want: bytes, timeout: float) -> bytes:
     return got
 
 
+@pytest.mark.slow  # two 1 s looks that nothing crossed
 def test_the_containers_bytes_do_not_wait_for_a_slow_resize_and_keys_do():
     """The engine's resize can take long on a busy node (a session's first one included): the
     container's first line reaches its terminal meanwhile; keys typed wait for the size, as on a
