@@ -224,6 +224,8 @@ def test_what_a_session_may_not_be(node):
         assert err is not None and words in err[0] and err[1] == "invalid"
     err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "tty": True}))
     assert err is not None and err[1] == "forbidden"  # a terminal is the daemon's to give
+    err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "detached": True}))
+    assert err is not None and err[1] == "forbidden"  # and to keep
     err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "interactive": 1}))
     assert err == ("interactive must be true or false", "invalid")
 
@@ -453,6 +455,36 @@ def test_a_detached_container_session_outlives_a_daemon_restart(node, alice, ses
     finally:
         t.close()
     assert node.wait_state(job, "failed")["exit_code"] == 6
+
+
+@pytest.mark.docker
+def test_a_detached_container_session_queued_through_a_kill_9_starts_when_placed(node, alice, session_image):
+    """A detached container shell waits in the queue (root's job holds the GPU) while the daemon is
+    killed with SIGKILL, the terminal it made with it; the restarted daemon places it once the GPU
+    is free, on a terminal made again, and its owner attaches to it and ends it."""
+    blocker = node.client.submit({"argv": ["sleep", "600"], "gpu_mem": "16GiB", "workdir": "/tmp"})["id"]
+    try:
+        node.wait_state(blocker, "running")
+        job = detached_job(node, alice, "shell", "--detach", "--image", session_image, "--gpu-mem", "1GiB",
+                           "--env", f"PS1={PROMPT}", "--", "/bin/sh", "-i")
+        assert node.job(job)["state"] == "queued" and node.job(job)["spec"]["detached"] is True
+        node.kill9()
+        node.start()
+        os.chmod(node.socket.parent, 0o755)
+    finally:
+        node.client.cancel(blocker)
+    started = node.wait_state(job, "running", "failed", "cancelled", timeout=240)
+    assert started["state"] == "running", started["reason"]
+    wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "ls to say detached")
+    t = Term(node, alice, "attach", str(job))
+    try:
+        t.send("echo placed-$((5*5))")
+        t.expect("placed-25")
+        t.send("exit 8")
+        assert t.wait() == 8
+    finally:
+        t.close()
+    assert node.wait_state(job, "failed")["exit_code"] == 8
 
 
 def test_signal_takes_a_running_jobs_own_signals_only(node):

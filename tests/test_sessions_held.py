@@ -129,6 +129,38 @@ def test_a_detached_host_session_outlives_a_kill_9_of_its_daemon(node, users):
     assert not _sock(node, job).exists()
 
 
+def test_a_detached_host_session_queued_through_a_kill_9_starts_when_placed(node, users):
+    """A detached shell waits in the queue (root's job holds the GPU) while the daemon is killed
+    with SIGKILL, its terminal's slave end with it; the restarted daemon places it once the GPU is
+    free, on a terminal made again and held, and its owner attaches to it and ends it."""
+    alice, _ = users
+    blocker = node.client.submit({"argv": ["sleep", "600"], "gpu_mem": "16GiB", "workdir": "/tmp"})["id"]
+    try:
+        node.wait_state(blocker, "running")
+        job = detached_job(node, alice, "shell", "--detach", "--gpu-mem", "1GiB", *SHELL)
+        assert node.job(job)["state"] == "queued" and node.job(job)["spec"]["detached"] is True
+        node.kill9()
+        node.start()
+        os.chmod(node.socket.parent, 0o755)
+    finally:
+        node.client.cancel(blocker)
+    started = node.wait_state(job, "running", "failed", "cancelled")
+    assert started["state"] == "running", started["reason"]
+    wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "ls to say detached")
+    holder = _holder(node, job)
+    t = Term(node, alice, "attach", str(job))
+    try:
+        t.prompt()
+        t.send("echo placed-$((5*5))")
+        t.expect("placed-25")
+        t.send("exit 8")
+        assert t.wait() == 8
+    finally:
+        t.close()
+    assert node.wait_state(job, "failed")["exit_code"] == 8
+    wait_for(lambda: not holder.is_running(), 60, "the holder to end with its job")
+
+
 def test_no_one_but_the_owner_reaches_a_held_session(node, users):
     """Bob cannot attach; neither he nor alice can reach the holder's socket (a root-only folder,
     0600) or signal the holder (root's, in a session of its own, with no controlling terminal);

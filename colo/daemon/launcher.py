@@ -55,7 +55,7 @@ START_RETRIES = 3  # starts of a job the engine failed (500...) tried again, aft
 
 class Launcher:
     def __init__(self, config: Config, table: JobTable, engines: Engines, gpus: Gpus, native_dir: Path,
-                 learner, wake: Callable[..., None]):
+                 learner, wake: Callable[..., None], renew: Callable[[Job], int] | None = None):
         self.config = config
         self.table = table
         self.engines = engines
@@ -77,6 +77,9 @@ class Launcher:
         # hands it to the job (colo/daemon/session.py)
         self._terminals: dict[int, int] = {}
         self._kept: set[int] = set()  # of those, detached sessions' (detach.py)
+        # a detached session's terminal made again (its master kept), for one that lost its own
+        # in a restart while queued: its slave end (session.renew)
+        self.renew = renew
 
     def job_changed(self, prev: Job | None, job: Job) -> None:
         """The table's on_change (wired in core.open())."""
@@ -138,6 +141,8 @@ class Launcher:
             if job.spec.tty:  # the runtime closes it once the job has it
                 launch.tty, launch.kept = self._terminals.pop(job.id, None), job.id in self._kept
                 self._kept.discard(job.id)
+                if launch.tty is None and job.spec.detached and self.renew is not None:  # lost in a restart
+                    launch.tty, launch.kept = self.renew(job), True
                 if launch.tty is None:
                     raise StartError("its terminal is gone (the session's client hung up, or colo restarted, "
                                      "before it started)")
