@@ -18,6 +18,7 @@ from colo.client import Client
 from colo.node import native
 from harness.daemon import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
 from harness.terminal import PROMPT, SHELL, Term, detached_job, job_reason, session_job
+from harness.users import Cli
 
 
 def _root_daemon(n):
@@ -219,7 +220,8 @@ def test_a_session_waits_in_the_queue_with_its_reason_then_starts(node, alice, b
 def test_what_a_session_may_not_be(node):
     c = node.client
     for spec, words in (({"argv": ["sh"], "gpus": 0, "array": "0-3"}, "--array"),
-                        ({"argv": ["sh"], "gpu_mem": "1GiB", "grow": True}, "--grow")):
+                        ({"argv": ["sh"], "gpu_mem": "1GiB", "grow": True}, "--grow"),
+                        ({"argv": ["sh"], "gpus": 0, "pipe": True}, "container session")):
         err = client_error(lambda: list(c.stream("session", spec=spec)))
         assert err is not None and words in err[0] and err[1] == "invalid"
     err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "tty": True}))
@@ -339,6 +341,38 @@ def test_a_container_shell_is_the_same_session(node, alice, session_image):
         t.close()
     ended = node.wait_state(job["id"], "failed")
     assert ended["exit_code"] == 7
+
+
+@pytest.mark.docker
+def test_a_container_run_fed_from_a_pipe_has_no_terminal(node, alice, session_image):
+    """`printf 'a\nb\n' | colo run --image IMG -- sh -c '...'`, as `docker run -i`: the input
+    reaches the container and ends there, stdout comes back exactly (no echo of the input, no \r),
+    stderr apart, and the exit code is the client's."""
+    c = Cli(node.socket, alice, "run", "--image", session_image, "--", "sh", "-c", "cat; echo err >&2; exit 3")
+    try:
+        c.feed(b"a\nb\n")
+        out, err, code = c.output()
+    finally:
+        c.close()
+    assert (out, code) == (b"a\nb\n", 3), (out, err, code)
+    assert b"err\n" in err and b"a" not in err, err
+
+
+@pytest.mark.docker
+def test_ctrl_c_cancels_a_container_run_fed_from_a_pipe(node, alice, session_image):
+    """SIGINT to the client of a piped container session ends it, and its job is cancelled."""
+    c = Cli(node.socket, alice, "run", "--image", session_image, "--", "sh", "-c", "echo ready; exec sleep 600")
+    try:
+        c.feed(b"", end=False)
+        c.read_until(c.stdout, b"ready\n")
+        job = session_job(node, alice)
+        assert job["state"] == "running" and job["spec"]["tty"] is True
+        os.kill(c.pid, signal.SIGINT)
+        _, err, code = c.output()
+    finally:
+        c.close()
+    assert code == 130 and b"cancelled" in err, (code, err)
+    assert node.wait_state(job["id"], "cancelled")["reason"].startswith("cancelled by")
 
 
 def test_a_detached_session_is_attached_left_and_taken_over_by_its_owner_only(node, alice, bob):

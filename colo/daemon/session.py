@@ -25,6 +25,7 @@ import asyncio
 import base64
 import logging
 import os
+import socket
 import termios
 import time
 import tty
@@ -56,13 +57,15 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
     `detach` in `raw`, the daemon keeps the terminal (detach.py) and the stream ends at once."""
     d = api.d
     raw = dict(raw)
-    detached = raw.pop("detach", False)
-    if detached not in (True, False):
-        raise Refused("detach must be true or false")
+    detached, pipe = raw.pop("detach", False), raw.pop("pipe", False)
+    if detached not in (True, False) or pipe not in (True, False):
+        raise Refused("detach and pipe must be true or false")
+    if pipe and (raw.get("image") is None or detached):  # (a host session's terminal is set for a pipe)
+        raise Refused("pipe is for a container session fed from a pipe, with its client: colo run --image")
     if detached and d.terminals.full(caller.uid):
         raise Refused(f"you have {d.terminals.most} detached sessions, the most allowed: end or attach to "
                       "one (colo ls, colo attach JOB)")
-    master, slave = _pair(raw.get("image") is not None)
+    master, slave = _wire() if pipe else _pair(raw.get("image") is not None)
     try:
         job = await api.submit(caller, {"spec": {**raw, "interactive": True}}, tty=True, detached=detached)
     except BaseException:
@@ -71,7 +74,7 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
         raise
     job_id = job["id"]
     # No await since the job was stored: the scheduler has not seen it without its terminal.
-    d.launcher.give_terminal(job_id, slave, kept=detached)
+    d.launcher.give_terminal(job_id, slave, kept=detached, pipe=pipe)
     if detached:  # the daemon holds it from now on: the client goes, the session stays
         _keep(d.terminals, job_id, job["uid"], master, raw.get("image") is not None)
         yield {"final": job}
@@ -84,6 +87,8 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
         ev = {"tty": True, protocol.PASS_FD: master}
         if raw.get("image") is not None:
             ev["relay"] = True  # (the client copies its window size to it, not its modes)
+        if pipe:
+            ev["pipe"] = True  # a socket: the container's input, and its stdout and stderr in the engine's frames
         master = None  # the server sends it and closes it
         yield ev
         async for ev in _follow(api, job_id):
@@ -105,6 +110,13 @@ def _pair(container: bool) -> tuple[int, int]:
     if container:
         tty.setraw(slave, termios.TCSANOW)
     return master, slave
+
+
+def _wire() -> tuple[int, int]:
+    """A container session's ends without a terminal (fed from a pipe, as `docker run -i`): a
+    socket pair (the client's, the job's), non-inheritable."""
+    client, job = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    return client.detach(), job.detach()
 
 
 def _keep(terminals: detach.Terminals, job_id: int, uid: int, master: int, container: bool) -> None:

@@ -12,15 +12,14 @@ import os
 import pty
 import signal
 import struct
-import sys
 import termios
-import traceback
 
 import pytest
 
 import colo.cli.app  # noqa: F401 - loaded here: the forked clients run it without reading /root
 import colo.cli.attach  # noqa: F401
 from harness.daemon import DaemonProc, wait_for
+from harness.users import cli_main
 
 pexpect = pytest.importorskip("pexpect")
 from pexpect import fdpexpect  # noqa: E402
@@ -35,35 +34,14 @@ class Term:
     def __init__(self, d: DaemonProc, pw, *args: str, rows: int = 24, cols: int = 80, sighup: str = "default"):
         pid, fd = pty.fork()
         if pid == 0:  # pragma: no cover - the client
-            code = 99
             try:
                 if sighup == "ignored":  # as under nohup, or a CI runner that ignores it
                     signal.signal(signal.SIGHUP, signal.SIG_IGN)
                 elif sighup == "blocked":  # inherited through fork and exec as the signal mask
                     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
                 fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-                os.setgroups([])
-                os.setgid(pw.pw_gid)
-                os.setuid(pw.pw_uid)
-                os.chdir("/tmp")
-                os.environ.clear()
-                os.environ.update(PATH="/usr/bin:/bin", TERM="xterm", HOME="/tmp", COLO_SOCKET=str(d.socket))
-                sys.stdin, sys.stdout, sys.stderr = (os.fdopen(0, "r"), os.fdopen(1, "w", buffering=1),
-                                                     os.fdopen(2, "w", buffering=1))
-                sys.argv = ["colo", *args]
-                try:
-                    colo.cli.app.main()
-                    code = 0
-                except SystemExit as e:
-                    code = e.code if isinstance(e.code, int) else 1
-            except BaseException:  # noqa: BLE001
-                traceback.print_exc()
             finally:
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code)
+                cli_main(d.socket, pw, args, env={"TERM": "xterm"})
         self.pid, self.fd, self.status = pid, fd, None
         self.p = fdpexpect.fdspawn(fd, timeout=60, encoding="utf-8", codec_errors="replace")
 
