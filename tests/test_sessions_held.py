@@ -310,6 +310,88 @@ def test_the_detach_keys_of_the_config_take_effect(node, users):
         _end(node, j)
 
 
+def _lines(tag: str, n: int) -> str:
+    """A shell loop writing n numbered lines of about 50 bytes."""
+    return f"i=0; while [ $i -lt {n} ]; do echo {tag}-$i-of-an-output-longer-than-the-scrollback; i=$((i+1)); done"
+
+
+def test_a_reload_gives_running_sessions_the_new_detach_keys(node, users):
+    """SIGHUP with detach_scrollback 4KiB -> 16KiB and max_detached_per_user 3 -> 4: a held session
+    that runs already keeps up to 16 KiB of what it writes from then on (its holder was told), and
+    a fourth detached session is let in, a fifth refused."""
+    alice, _ = users
+    gate = Path(tempfile.mkdtemp(prefix="colo-held-"))
+    os.chown(gate, alice.pw_uid, alice.pw_gid)
+    base = node.config_path.read_text()
+    jobs, applied = [], node.log.read_text().count("config reloaded: applied detach_scrollback")
+    try:
+        jobs.append(detached_job(node, alice, "run", "--detach", "--", "sh", "-c",
+                                 f"{_lines('first', 300)}; echo MID; while [ ! -e {gate}/go ]; do sleep 0.1; done; "
+                                 f"{_lines('second', 300)}; echo END; exec sleep 600"))
+        back = wait_for(lambda: b"MID" in (b := _replay(node, alice, jobs[0])) and b, 120, "the first lines")
+        assert len(back) <= SCROLLBACK
+        node.config_path.write_text(base.replace('detach_scrollback = "4KiB"', 'detach_scrollback = "16KiB"')
+                                    .replace("max_detached_per_user = 3", "max_detached_per_user = 4"))
+        node.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "config reloaded: applied detach_scrollback, max_detached_per_user" in node.log.read_text(),
+                 120, "the daemon to apply the new keys")
+        (gate / "go").touch()
+        back = wait_for(lambda: b"END" in (b := _replay(node, alice, jobs[0])) and b, 120, "the last lines")
+        assert SCROLLBACK < len(back) <= 16 << 10 and back.endswith(b"END\r\n"), len(back)
+        assert b"second-0-" in back and b"second-299-" in back
+        jobs += [detached_job(node, alice, "shell", "--detach", *SHELL) for _ in range(3)]  # four in all
+        t = Term(node, alice, "shell", "--detach", *SHELL)
+        try:
+            t.expect("you have 4 detached sessions, the most allowed")
+            assert t.wait() == 1
+        finally:
+            t.close()
+    finally:
+        shutil.rmtree(gate, ignore_errors=True)
+        if node.config_path.read_text() != base:
+            node.config_path.write_text(base)
+            node.proc.send_signal(signal.SIGHUP)
+            wait_for(lambda: node.log.read_text().count("config reloaded: applied detach_scrollback") == applied + 2,
+                     120, "the daemon to apply the module's keys again")
+        for j in jobs:
+            _end(node, j)
+
+
+def test_an_attach_replays_the_last_bytes_of_a_holders_larger_scrollback(tmp_path):
+    """A holder that keeps more than the daemon's bound (one whose bound was not made smaller with
+    the daemon's): the replay is the last detach_scrollback bytes of what it sent, not the first.
+    A real holder process, on a real pty written with more than either bound."""
+    from colo.daemon.detach import Terminals
+
+    data = "".join(f"line-{i}-of-an-output-longer-than-the-scrollback\n" for i in range(1000)).encode() + b"END\n"
+
+    def write(fd: int) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+
+    async def replay() -> bytes:
+        t = Terminals(scrollback=64 << 10, holders=tmp_path)
+        master, slave = os.openpty()
+        try:
+            t.hold(1, os.getuid(), master)
+            await asyncio.to_thread(write, slave)  # (the holder reads it as it comes)
+            t.scrollback = 4 << 10  # the daemon's bound now: smaller than its holder's
+            for _ in range(1200):  # until the holder has read it all (a take each time: the last one's is let go)
+                _, screen, mine, _ = await t.take(1)
+                os.close(mine)
+                if screen.endswith(b"END\r\n"):
+                    break
+                await asyncio.sleep(0.05)  # (60 s in all: a backstop only)
+            return screen
+        finally:
+            t.drop(1)
+            os.close(slave)
+
+    screen = asyncio.run(replay())
+    assert len(screen) == 4 << 10 and b"line-999-" in screen and b"line-0-" not in screen
+
+
 def test_a_session_detached_before_the_look_for_earlier_holders_keeps_its_own(tmp_path, caplog):
     """The daemon serves requests before it looks for the holders an earlier daemon left: a
     session detached in between has a holder of its own (in `held`), which refuses a second

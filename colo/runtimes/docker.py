@@ -279,6 +279,14 @@ class DockerRuntime:
             self._relays[handle] = relay
         relay.start()
 
+    def set_tty_rate(self, rate: int) -> None:
+        """Container sessions' output rate (detach_read_rate), for the relays running too (each
+        reads its own at each turn)."""
+        self.tty_rate = rate
+        with self._lock:
+            for relay in self._relays.values():
+                relay.rate = rate
+
     def reattach(self, handle: str, limit: int) -> tuple[int, bytes] | None:
         """A detached session's container that no relay serves (after a restart): its terminal
         relayed again to a new pty, whose master is returned with the last `limit` bytes the
