@@ -88,10 +88,24 @@ def spread(users: list, total: int, client_fn) -> list[Peer]:
     return [Peer(pw, client_fn(k, n)) for k, (pw, n) in enumerate(zip(users, per))]
 
 
-def cli_main(socket_path, pw, args, env: dict | None = None) -> None:
-    """In a forked child: `colo ARGS` as user `pw` on this process's descriptors 0-2, by the CLI
-    already loaded (this interpreter's files may be under /root, which other uids cannot execute);
-    exits with its code, never returns (a Ctrl-C of the suite included)."""
+def become(pw, cwd: str) -> None:
+    """This (forked) process as user `pw` (its groups none, its gid and uid), in folder `cwd`."""
+    os.setgroups([])
+    os.setgid(pw.pw_gid)
+    os.setuid(pw.pw_uid)
+    os.chdir(cwd)
+
+
+def user_env(socket_path, **more: str) -> dict:
+    """What a user's `colo` runs with in these tests: a plain PATH and HOME, the daemon's socket."""
+    return {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "COLO_SOCKET": str(socket_path), **more}
+
+
+def cli_main(pw, args, env: dict, cwd: str = "/tmp", main=None) -> None:
+    """In a forked child: `colo ARGS` as user `pw` with environment `env` on this process's
+    descriptors 0-2, by the CLI already loaded (`main`: colo.cli.app's by default; this
+    interpreter's files may be under /root, which other uids cannot execute); exits with its code,
+    never returns (a Ctrl-C of the suite included)."""
     import sys
     import traceback
 
@@ -99,17 +113,17 @@ def cli_main(socket_path, pw, args, env: dict | None = None) -> None:
 
     code = 99
     try:
-        os.setgroups([])
-        os.setgid(pw.pw_gid)
-        os.setuid(pw.pw_uid)
-        os.chdir("/tmp")
+        become(pw, cwd)
         os.environ.clear()
-        os.environ.update(PATH="/usr/bin:/bin", HOME="/tmp", COLO_SOCKET=str(socket_path), **(env or {}))
-        sys.stdin, sys.stdout, sys.stderr = (os.fdopen(0, "r"), os.fdopen(1, "w", buffering=1),
-                                             os.fdopen(2, "w", buffering=1))
+        os.environ.update(env)
+        sys.stdout, sys.stderr = os.fdopen(1, "w", buffering=1), os.fdopen(2, "w", buffering=1)  # (not pytest's)
+        try:
+            sys.stdin = os.fdopen(0, "r")
+        except OSError:  # (none: the CLI reads none)
+            pass
         sys.argv = ["colo", *args]
         try:
-            colo.cli.app.main()
+            (main or colo.cli.app.main)()
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 1
@@ -138,7 +152,7 @@ class Cli:
             for fd in {fd for pair in ends for fd in pair}:
                 if fd > 2:
                     os.close(fd)
-            cli_main(socket_path, pw, args)
+            cli_main(pw, args, user_env(socket_path))
         self.stdin, self.stdout, self.stderr = ends[0][1], ends[1][0], ends[2][0]
         for fd in (ends[0][0], ends[1][1], ends[2][1]):
             os.close(fd)
