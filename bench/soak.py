@@ -35,7 +35,7 @@ checkout.use_harness()
 
 from benchlib import Report  # noqa: E402
 from harness.probes import db_ro, rss_kib  # noqa: E402
-from harness.users import ensure_users, run_as, shared_root  # noqa: E402
+from harness.users import become, ensure_users, run_as, shared_root  # noqa: E402
 from load_bench import TERMINAL  # noqa: E402
 
 from harness.daemon import DaemonProc, wait_for  # noqa: E402
@@ -120,10 +120,7 @@ class Soak:
         if pid == 0:  # pragma: no cover - the client
             code = 99
             try:
-                os.setgroups([])
-                os.setgid(pw.pw_gid)
-                os.setuid(pw.pw_uid)
-                os.chdir("/tmp")
+                become(pw, "/tmp")
                 code = colo.cli.attach.run(Client(sock), {"argv": argv, "gpus": 0, "workdir": "/tmp", "name": name})
             except BaseException:  # noqa: BLE001
                 pass

@@ -108,10 +108,13 @@ class JobSpec:
     copy_of: int | None = None  # `colo requeue`: the ended job this one runs again (colo wait follows it)
     # A person's session (colo shell, colo run, a notebook's kernel), not a batch job: what the idle
     # policy may end. A submitter may say so; `tty` only the daemon sets (op `session`): the job runs
-    # on a terminal colo made for it, whose other end went to the submitter's client.
+    # on a terminal colo made for it, whose other end went to the submitter's client; `detached`
+    # (the daemon's too): a session started with --detach, whose terminal colo keeps (daemon/detach.py),
+    # made again at its start when a restart lost it while it was queued.
     interactive: bool = False
     no_suspend: bool = False  # --no-suspend: colo's policies never suspend it (colo suspend still may)
     tty: bool = False
+    detached: bool = False
     begin: float | None = None  # --begin/--delay: not started before this (epoch seconds)
     # --output/--error: files the job's stdout (and stderr, or its stderr apart) also go to, opened
     # as its user (never by root: colo-shim's writer, native/shim); %j and the like expanded at start

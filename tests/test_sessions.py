@@ -13,11 +13,12 @@ import signal
 
 import pytest
 
-from colo import protocol
 from colo.client import Client
 from colo.node import native
 from harness.daemon import DaemonProc, as_user, client_error, gpu_node, local_user, wait_for
-from harness.terminal import PROMPT, SHELL, Term, detached_job, job_reason, session_job
+from harness.terminal import (PROMPT, SHELL, Term, detached_job, ends_with, job_reason, kept_tail, queued_through_a_kill_9,
+                              says, session_job, visit)
+from harness.users import Cli
 
 
 def _root_daemon(n):
@@ -59,6 +60,23 @@ def _in_the_foreground(pw, command: str) -> None:
                 return True
         return False
     wait_for(there, 60, f"{command} to run in the foreground")
+
+
+def _interrupt_then_stop(t: Term, pw) -> None:
+    """Ctrl-C at a shell's foreground job (a sleep, not the session: the shell says 130), then
+    Ctrl-Z at the next (stopped, by the shell's job control: it answers)."""
+    t.send("sleep 301")
+    _in_the_foreground(pw, "sleep 301")
+    t.p.send("\x03")
+    t.prompt()
+    t.send("echo status=$?")
+    t.expect("status=130")
+    t.prompt()
+    t.send("sleep 302")
+    _in_the_foreground(pw, "sleep 302")
+    t.p.send("\x1a")
+    t.expect("Stopped")
+    t.prompt()
 
 
 def test_a_shell_is_a_job_of_its_user_on_its_own_terminal(node, alice, bob):
@@ -141,18 +159,7 @@ def test_ctrl_c_ctrl_z_and_the_window_size_reach_the_job(node, alice):
         t.send("stty size")
         t.expect("40 100")
         t.prompt()
-        t.send("sleep 301")
-        _in_the_foreground(alice, "sleep 301")
-        t.p.send("\x03")  # to the shell's foreground job: the sleep, not the session
-        t.prompt()
-        t.send("echo status=$?")
-        t.expect("status=130")
-        t.prompt()
-        t.send("sleep 302")
-        _in_the_foreground(alice, "sleep 302")
-        t.p.send("\x1a")  # the shell's job control: the sleep is stopped, the shell answers
-        t.expect("Stopped")
-        t.prompt()
+        _interrupt_then_stop(t, alice)
         # until bash has reaped it: `exit` with a job it still counts as stopped only warns
         t.send("kill -9 %1; while kill -0 %1 2>/dev/null; do sleep 0.1; done; echo killed")
         t.expect("killed")
@@ -219,11 +226,14 @@ def test_a_session_waits_in_the_queue_with_its_reason_then_starts(node, alice, b
 def test_what_a_session_may_not_be(node):
     c = node.client
     for spec, words in (({"argv": ["sh"], "gpus": 0, "array": "0-3"}, "--array"),
-                        ({"argv": ["sh"], "gpu_mem": "1GiB", "grow": True}, "--grow")):
+                        ({"argv": ["sh"], "gpu_mem": "1GiB", "grow": True}, "--grow"),
+                        ({"argv": ["sh"], "gpus": 0, "pipe": True}, "container session")):
         err = client_error(lambda: list(c.stream("session", spec=spec)))
         assert err is not None and words in err[0] and err[1] == "invalid"
     err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "tty": True}))
     assert err is not None and err[1] == "forbidden"  # a terminal is the daemon's to give
+    err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "detached": True}))
+    assert err is not None and err[1] == "forbidden"  # and to keep
     err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "interactive": 1}))
     assert err == ("interactive must be true or false", "invalid")
 
@@ -310,18 +320,7 @@ def test_a_container_shell_is_the_same_session(node, alice, session_image):
         assert t.p.match.group(1) == "0"  # colo-burn: --mem held, --over refused, as it expected
         t.prompt()
         wait_for(lambda: (node.job(job["id"]).get("refused") or 0) >= 1, 60, "the refusal in the session's ledger")
-        t.send("sleep 301")
-        _in_the_foreground(alice, "sleep 301")
-        t.p.send("\x03")
-        t.prompt()
-        t.send("echo status=$?")
-        t.expect("status=130")
-        t.prompt()
-        t.send("sleep 302")
-        _in_the_foreground(alice, "sleep 302")
-        t.p.send("\x1a")  # the container's shell's job control
-        t.expect("Stopped")
-        t.prompt()
+        _interrupt_then_stop(t, alice)  # (the container's shell's job control)
         # until dash has reaped it (`wait` returns at once for a stopped job): `exit` while dash
         # still counts a stopped job only says "You have stopped jobs." and the shell lives on (a
         # loaded machine may not have run the killed sleep's exit by the next prompt, or by `jobs`)
@@ -339,6 +338,38 @@ def test_a_container_shell_is_the_same_session(node, alice, session_image):
     assert ended["exit_code"] == 7
 
 
+@pytest.mark.docker
+def test_a_container_run_fed_from_a_pipe_has_no_terminal(node, alice, session_image):
+    """`printf 'a\nb\n' | colo run --image IMG -- sh -c '...'`, as `docker run -i`: the input
+    reaches the container and ends there, stdout comes back exactly (no echo of the input, no \r),
+    stderr apart, and the exit code is the client's."""
+    c = Cli(node.socket, alice, "run", "--image", session_image, "--", "sh", "-c", "cat; echo err >&2; exit 3")
+    try:
+        c.feed(b"a\nb\n")
+        out, err, code = c.output()
+    finally:
+        c.close()
+    assert (out, code) == (b"a\nb\n", 3), (out, err, code)
+    assert b"err\n" in err and b"a" not in err, err
+
+
+@pytest.mark.docker
+def test_ctrl_c_cancels_a_container_run_fed_from_a_pipe(node, alice, session_image):
+    """SIGINT to the client of a piped container session ends it, and its job is cancelled."""
+    c = Cli(node.socket, alice, "run", "--image", session_image, "--", "sh", "-c", "echo ready; exec sleep 600")
+    try:
+        c.feed(b"", end=False)
+        c.read_until(c.stdout, b"ready\n")
+        job = session_job(node, alice)
+        assert job["state"] == "running" and job["spec"]["tty"] is True
+        os.kill(c.pid, signal.SIGINT)
+        _, err, code = c.output()
+    finally:
+        c.close()
+    assert code == 130 and b"cancelled" in err, (code, err)
+    assert node.wait_state(job["id"], "cancelled")["reason"].startswith("cancelled by")
+
+
 def test_a_detached_session_is_attached_left_and_taken_over_by_its_owner_only(node, alice, bob):
     """colo shell --detach runs on with no client; bob cannot attach; alice attaches (ls says so),
     leaves it with the detach keys, attaches again and sees what it wrote; a second attach takes
@@ -346,24 +377,11 @@ def test_a_detached_session_is_attached_left_and_taken_over_by_its_owner_only(no
     job = detached_job(node, alice, "shell", "--detach", *SHELL)
     assert node.wait_state(job, "running")
     wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "ls to say detached")
-    t = Term(node, bob, "attach", str(job))
-    try:
-        t.expect("only its owner may attach")
-        assert t.wait() == 1
-    finally:
-        t.close()
-    t = Term(node, alice, "attach", str(job), rows=30, cols=90)
-    try:
-        t.prompt()
+    says(node, bob, "only its owner may attach", 1, "attach", str(job))
+    def attached():
         assert job_reason(node, job).endswith("; attached")
-        t.send("echo marker-$((6*7)) size=$(stty size)")
-        t.expect("marker-42 size=30 90")
-        t.prompt()
-        t.p.send("\x1cd")  # Ctrl-\ d
-        t.expect("detached from job")
-        assert t.wait() == 0
-    finally:
-        t.close()
+    visit(node, alice, job, ("echo marker-$((6*7)) size=$(stty size)", "marker-42 size=30 90"), rows=30, cols=90,
+          attached=attached)
     wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "ls to say detached again")
     first = Term(node, alice, "attach", str(job))
     try:
@@ -388,35 +406,9 @@ def test_a_detached_session_is_attached_left_and_taken_over_by_its_owner_only(no
 @pytest.mark.docker
 def test_a_detached_container_sessions_scrollback_is_bounded(node, alice, session_image):
     """Its output while no client is attached is kept, the last SCROLLBACK bytes of it only."""
-    from colo.cli.attach import _Conn
     from colo.daemon.detach import SCROLLBACK
 
-    job = detached_job(node, alice, "run", "--detach", "--image", session_image, "--", "sh", "-c",
-                       "i=0; while [ $i -lt 3000 ]; do echo line-$i-of-a-long-output-that-fills-the-scrollback; "
-                       "i=$((i+1)); done; echo END; sleep 600")
-
-    def replay() -> bytes:
-        import base64
-        sock = Client(node.socket).connect(None)
-        try:
-            sock.sendall(protocol.request("attach", id=job))
-            conn = _Conn(sock)
-            conn.next()  # the job
-            ev = conn.next()["event"]
-            for fd in conn.fds:
-                os.close(fd)
-            return base64.b64decode(ev["replay"])
-        finally:
-            sock.close()
-
-    def whole():
-        kind, back = as_user(alice, replay)
-        assert kind == "ok", back
-        return back if b"END" in back else None
-
-    back = wait_for(whole, 120, "the whole output in the scrollback")
-    assert len(back) <= SCROLLBACK and back.endswith(b"END\r\n")
-    assert b"line-2999-" in back and b"line-0-" not in back  # 3000 lines are ~170 KiB: the first are gone
+    job = kept_tail(node, alice, SCROLLBACK, 3000, "run", "--detach", "--image", session_image)  # ~170 KiB
     node.client.cancel(job)
     node.wait_state(job, "cancelled")
 
@@ -428,31 +420,23 @@ def test_a_detached_container_session_outlives_a_daemon_restart(node, alice, ses
     owner attaches to it as before."""
     job = detached_job(node, alice, "shell", "--detach", "--image", session_image, "--env", f"PS1={PROMPT}",
                        "--", "/bin/sh", "-i")
-    t = Term(node, alice, "attach", str(job))
-    try:
-        t.prompt()
-        t.send("echo before-$((1+1))")
-        t.expect("before-2")
-        t.prompt()
-        t.p.send("\x1cd")
-        assert t.wait() == 0
-    finally:
-        t.close()
+    visit(node, alice, job, ("echo before-$((1+1))", "before-2"))
     node.proc.send_signal(signal.SIGTERM)  # a restart (colo's unit: KillMode=process)
     node.proc.wait(30)
     node.start()
     os.chmod(node.socket.parent, 0o755)
     wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "the restarted daemon to keep its terminal")
-    t = Term(node, alice, "attach", str(job))
-    try:
-        t.expect("before-2")  # its last screen, from the engine
-        t.send("echo after-$((2+2))")
-        t.expect("after-4")
-        t.send("exit 6")
-        assert t.wait() == 6
-    finally:
-        t.close()
-    assert node.wait_state(job, "failed")["exit_code"] == 6
+    ends_with(node, alice, job, 6, "before-2")  # its last screen, from the engine
+
+
+@pytest.mark.docker
+def test_a_detached_container_session_queued_through_a_kill_9_starts_when_placed(node, alice, session_image):
+    """A detached container shell waits in the queue (root's job holds the GPU) while the daemon is
+    killed with SIGKILL, the terminal it made with it; the restarted daemon places it once the GPU
+    is free, on a terminal made again, and its owner attaches to it and ends it."""
+    job = queued_through_a_kill_9(node, alice, "shell", "--detach", "--image", session_image, "--gpu-mem", "1GiB",
+                                  "--env", f"PS1={PROMPT}", "--", "/bin/sh", "-i")
+    ends_with(node, alice, job, 8)
 
 
 def test_signal_takes_a_running_jobs_own_signals_only(node):

@@ -5,7 +5,6 @@ each test waits on what it means (output seen, a state reached), never on the cl
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import re
 import shutil
@@ -18,10 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from colo import protocol
-from colo.client import Client
 from harness.daemon import as_user, wait_for
-from harness.terminal import SHELL, Term, detached_job, job_reason
+from harness.terminal import (SHELL, detached_job, ends_with, job_reason, kept_tail, lines, queued_through_a_kill_9, replay,
+                              says, visit)
 
 SCROLLBACK = 4 << 10  # this daemon's detach_scrollback (the default is 128 KiB)
 MOST = 3  # its max_detached_per_user
@@ -90,20 +88,9 @@ def test_a_detached_host_session_outlives_a_kill_9_of_its_daemon(node, users):
     gate = Path(tempfile.mkdtemp(prefix="colo-held-"))
     os.chown(gate, alice.pw_uid, alice.pw_gid)
     try:
-        t = Term(node, alice, "attach", str(job))
-        try:
-            t.prompt()
-            t.send("echo before-$((1+1))")
-            t.expect("before-2")
-            t.prompt()
-            # a line written while no daemon runs: once the test says go, then marked done
-            t.send(f"(while [ ! -e {gate}/go ]; do sleep 0.1; done; echo while-down-$((3*3)); touch {gate}/done) &")
-            t.prompt()
-            t.p.send("\x1cd")  # Ctrl-\ d
-            t.expect("detached from job")
-            assert t.wait() == 0
-        finally:
-            t.close()
+        # and a line written while no daemon runs: once the test says go, then marked done
+        visit(node, alice, job, ("echo before-$((1+1))", "before-2"),
+              (f"(while [ ! -e {gate}/go ]; do sleep 0.1; done; echo while-down-$((3*3)); touch {gate}/done) &", None))
         node.kill9()
         (gate / "go").touch()
         wait_for(lambda: (gate / "done").exists(), 60, "the shell to write while no daemon runs")
@@ -112,21 +99,23 @@ def test_a_detached_host_session_outlives_a_kill_9_of_its_daemon(node, users):
         os.chmod(node.socket.parent, 0o755)
         wait_for(lambda: job_reason(node, job).endswith("; detached"), 60, "the restarted daemon to hold its terminal")
         assert _holder(node, job).pid == holder.pid  # the same holder: found again, not a new one
-        t = Term(node, alice, "attach", str(job))
-        try:
-            t.expect("before-2")  # the screen from before the restart
-            t.expect("while-down-9")  # and what the shell wrote while no daemon ran
-            t.send("echo after-$((2+2))")
-            t.expect("after-4")
-            t.send("exit 6")
-            assert t.wait() == 6
-        finally:
-            t.close()
+        # the screen from before the restart, and what the shell wrote while no daemon ran
+        ends_with(node, alice, job, 6, "before-2", "while-down-9")
     finally:
         shutil.rmtree(gate, ignore_errors=True)
-    assert node.wait_state(job, "failed")["exit_code"] == 6
     wait_for(lambda: not holder.is_running(), 60, "the holder to end with its job")
     assert not _sock(node, job).exists()
+
+
+def test_a_detached_host_session_queued_through_a_kill_9_starts_when_placed(node, users):
+    """A detached shell waits in the queue (root's job holds the GPU) while the daemon is killed
+    with SIGKILL, its terminal's slave end with it; the restarted daemon places it once the GPU is
+    free, on a terminal made again and held, and its owner attaches to it and ends it."""
+    alice, _ = users
+    job = queued_through_a_kill_9(node, alice, "shell", "--detach", "--gpu-mem", "1GiB", *SHELL)
+    holder = _holder(node, job)
+    ends_with(node, alice, job, 8)
+    wait_for(lambda: not holder.is_running(), 60, "the holder to end with its job")
 
 
 def test_no_one_but_the_owner_reaches_a_held_session(node, users):
@@ -137,12 +126,7 @@ def test_no_one_but_the_owner_reaches_a_held_session(node, users):
     job = detached_job(node, alice, "shell", "--detach", *SHELL)
     node.wait_state(job, "running")
     holder = _holder(node, job)
-    t = Term(node, bob, "attach", str(job))
-    try:
-        t.expect("only its owner may attach")
-        assert t.wait() == 1
-    finally:
-        t.close()
+    says(node, bob, "only its owner may attach", 1, "attach", str(job))
     path = _sock(node, job)
     folder = os.stat(path.parent)
     assert (folder.st_uid, stat.S_IMODE(folder.st_mode)) == (0, 0o700)
@@ -231,51 +215,87 @@ def test_after_a_restart_a_gone_holder_ends_its_session_and_an_ended_sessions_ho
     wait_for(lambda: not _sock(node, lost).exists() and not _sock(node, ends).exists(), 60, "their sockets to go")
 
 
-def _replay(d, pw, job: int) -> bytes:
-    """The scrollback an attach gets first (op attach, as the client sends it), as user `pw`."""
-    from colo.cli.attach import _Conn
-
-    def replay() -> bytes:
-        sock = Client(d.socket).connect(None)
-        try:
-            sock.sendall(protocol.request("attach", id=job))
-            conn = _Conn(sock)
-            conn.next()  # the job
-            ev = conn.next()["event"]
-            for fd in conn.fds:
-                os.close(fd)
-            return base64.b64decode(ev["replay"])
-        finally:
-            sock.close()
-
-    kind, back = as_user(pw, replay)
-    assert kind == "ok", back
-    return back
-
-
 def test_the_detach_keys_of_the_config_take_effect(node, users):
     """detach_scrollback = 4KiB: a held session's scrollback is its last 4 KiB (its holder's);
     max_detached_per_user = 3: a fourth detached session is refused in one line."""
     alice, _ = users
-    job = detached_job(node, alice, "run", "--detach", "--", "sh", "-c",
-                       "i=0; while [ $i -lt 300 ]; do echo line-$i-of-an-output-longer-than-the-scrollback; "
-                       "i=$((i+1)); done; echo END; sleep 600")
-    def whole():
-        back = _replay(node, alice, job)
-        return back if b"END" in back else None
-
-    back = wait_for(whole, 120, "the whole output in the scrollback")
-    assert len(back) <= SCROLLBACK and back.endswith(b"END\r\n")
-    assert b"line-299-" in back and b"line-0-" not in back  # 300 lines are ~15 KiB: the first are gone
+    job = kept_tail(node, alice, SCROLLBACK, 300, "run", "--detach")  # ~15 KiB
     more = [detached_job(node, alice, "shell", "--detach", *SHELL) for _ in range(MOST - 1)]
-    t = Term(node, alice, "shell", "--detach", *SHELL)
-    try:
-        t.expect(f"you have {MOST} detached sessions, the most allowed")
-        assert t.wait() == 1
-    finally:
-        t.close()
+    says(node, alice, f"you have {MOST} detached sessions, the most allowed", 1, "shell", "--detach", *SHELL)
     for j in (job, *more):
         _end(node, j)
+
+
+def test_a_reload_gives_running_sessions_the_new_detach_keys(node, users):
+    """SIGHUP with detach_scrollback 4KiB -> 16KiB and max_detached_per_user 3 -> 4: a held session
+    that runs already keeps up to 16 KiB of what it writes from then on (its holder was told), and
+    a fourth detached session is let in, a fifth refused."""
+    alice, _ = users
+    gate = Path(tempfile.mkdtemp(prefix="colo-held-"))
+    os.chown(gate, alice.pw_uid, alice.pw_gid)
+    base = node.config_path.read_text()
+    jobs, applied = [], node.log.read_text().count("config reloaded: applied detach_scrollback")
+    try:
+        jobs.append(detached_job(node, alice, "run", "--detach", "--", "sh", "-c",
+                                 f"{lines('first', 300)}; echo MID; while [ ! -e {gate}/go ]; do sleep 0.1; done; "
+                                 f"{lines('second', 300)}; echo END; exec sleep 600"))
+        back = wait_for(lambda: b"MID" in (b := replay(node, alice, jobs[0])) and b, 120, "the first lines")
+        assert len(back) <= SCROLLBACK
+        node.config_path.write_text(base.replace('detach_scrollback = "4KiB"', 'detach_scrollback = "16KiB"')
+                                    .replace("max_detached_per_user = 3", "max_detached_per_user = 4"))
+        node.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "config reloaded: applied detach_scrollback, max_detached_per_user" in node.log.read_text(),
+                 120, "the daemon to apply the new keys")
+        (gate / "go").touch()
+        back = wait_for(lambda: b"END" in (b := replay(node, alice, jobs[0])) and b, 120, "the last lines")
+        assert SCROLLBACK < len(back) <= 16 << 10 and back.endswith(b"END\r\n"), len(back)
+        assert b"second-0-" in back and b"second-299-" in back
+        jobs += [detached_job(node, alice, "shell", "--detach", *SHELL) for _ in range(3)]  # four in all
+        says(node, alice, "you have 4 detached sessions, the most allowed", 1, "shell", "--detach", *SHELL)
+    finally:
+        shutil.rmtree(gate, ignore_errors=True)
+        if node.config_path.read_text() != base:
+            node.config_path.write_text(base)
+            node.proc.send_signal(signal.SIGHUP)
+            wait_for(lambda: node.log.read_text().count("config reloaded: applied detach_scrollback") == applied + 2,
+                     120, "the daemon to apply the module's keys again")
+        for j in jobs:
+            _end(node, j)
+
+
+def test_an_attach_replays_the_last_bytes_of_a_holders_larger_scrollback(tmp_path):
+    """A holder that keeps more than the daemon's bound (one whose bound was not made smaller with
+    the daemon's): the replay is the last detach_scrollback bytes of what it sent, not the first.
+    A real holder process, on a real pty written with more than either bound."""
+    from colo.daemon.detach import Terminals
+
+    data = "".join(f"line-{i}-of-an-output-longer-than-the-scrollback\n" for i in range(1000)).encode() + b"END\n"
+
+    def write(fd: int) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+
+    async def replay() -> bytes:
+        t = Terminals(scrollback=64 << 10, holders=tmp_path)
+        master, slave = os.openpty()
+        try:
+            t.hold(1, os.getuid(), master)
+            await asyncio.to_thread(write, slave)  # (the holder reads it as it comes)
+            t.scrollback = 4 << 10  # the daemon's bound now: smaller than its holder's
+            for _ in range(1200):  # until the holder has read it all (a take each time: the last one's is let go)
+                _, screen, mine, _ = await t.take(1)
+                os.close(mine)
+                if screen.endswith(b"END\r\n"):
+                    break
+                await asyncio.sleep(0.05)  # (60 s in all: a backstop only)
+            return screen
+        finally:
+            t.drop(1)
+            os.close(slave)
+
+    screen = asyncio.run(replay())
+    assert len(screen) == 4 << 10 and b"line-999-" in screen and b"line-0-" not in screen
 
 
 def test_a_session_detached_before_the_look_for_earlier_holders_keeps_its_own(tmp_path, caplog):

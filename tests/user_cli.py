@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
+
+from harness.users import cli_main
 
 
 class Ran:
@@ -21,32 +22,9 @@ def colo_as(pw, args: list[str], env: dict) -> Ran:
     files = [tempfile.TemporaryFile() for _ in range(2)]
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
-        code = 70
-        try:
-            os.dup2(files[0].fileno(), 1)
-            os.dup2(files[1].fileno(), 2)
-            sys.stdout = open(1, "w", closefd=False)  # not pytest's capture
-            sys.stderr = open(2, "w", closefd=False)
-            os.environ.clear()
-            os.environ.update(env)
-            os.chdir("/")
-            os.setgroups([])
-            os.setgid(pw.pw_gid)
-            os.setuid(pw.pw_uid)
-            sys.argv = ["colo", *args]
-            try:
-                colo.cli.entry.main()
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-        except BaseException:  # noqa: BLE001
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+        os.dup2(files[0].fileno(), 1)
+        os.dup2(files[1].fileno(), 2)
+        cli_main(pw, args, env, cwd="/", main=colo.cli.entry.main)
     _, status = os.waitpid(pid, 0)
     got = []
     for f in files:

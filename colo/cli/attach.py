@@ -9,6 +9,11 @@ on, as a window size change is (copied to it on SIGWINCH). The job's terminal re
 job has ended; its end (state, exit code) comes as the stream's final reply, and this terminal is
 put back as it was.
 
+`colo run --image` fed from a pipe gets no terminal, as `docker run -i`: the daemon sends a socket
+instead, on which this client's input goes to the container's (its end: the input's end), and the
+container's stdout and stderr come back in the engine's frames, each written to its own here.
+Ctrl-C ends the client, and so the job (cancelled).
+
 When this terminal hangs up, the kernel's SIGHUP ends this client, and so the session (the
 daemon cancels the job of a connection that closed). A client that was started with SIGHUP
 ignored or blocked (inherited from whatever started it) would wait on: so a hang-up seen on the
@@ -108,6 +113,19 @@ def _terminal(fds: list[int]) -> int:
     return master
 
 
+def _wire(fds: list[int]) -> int:
+    """A container session's socket without a terminal (fed from a pipe), from what the daemon
+    sent: a socket, nothing else."""
+    sock = fds.pop(0)
+    for extra in fds:
+        os.close(extra)
+    fds.clear()
+    if not stat.S_ISSOCK(os.fstat(sock).st_mode):
+        os.close(sock)
+        raise ClientError("the daemon sent a descriptor that is not a socket: refused")
+    return sock
+
+
 def _copy_size(src: int, dst: int) -> None:
     try:
         fcntl.ioctl(dst, termios.TIOCSWINSZ, fcntl.ioctl(src, termios.TIOCGWINSZ, b"\0" * 8))
@@ -152,14 +170,16 @@ def run(client: Client, spec: dict | None = None, job: int | None = None, keys: 
     stdin_tty, stdout_tty = os.isatty(0), os.isatty(1)
     sock = client.connect(None)
     conn = _Conn(sock)
-    master, job_id, replay, detachable = None, job, b"", False
+    master, job_id, replay, detachable, piped = None, job, b"", False, False
     try:
         sock.sendall(protocol.request("session", spec=spec) if job is None else protocol.request("attach", id=job))
         waited = False
         while True:  # until it starts (or ends first)
             msg = conn.next(0 if stdin_tty else None)
             if "ok" in msg:  # it ended before the stream said it started: what it wrote is still there
-                if master is not None:
+                if master is not None and piped:
+                    _piped(master, conn, msg["result"])
+                elif master is not None:
                     _relay(master, conn, stdin_tty, stdout_tty, msg["result"], replay)
                 return _ended(msg["result"])
             ev = msg.get("event") or {}
@@ -168,11 +188,12 @@ def run(client: Client, spec: dict | None = None, job: int | None = None, keys: 
             elif ev.get("tty"):
                 if not conn.fds:
                     raise ClientError("the daemon sent no terminal")
-                master = _terminal(conn.fds)
+                piped = bool(ev.get("pipe"))
+                master = _wire(conn.fds) if piped else _terminal(conn.fds)
                 replay, detachable = base64.b64decode(ev.get("replay") or ""), bool(ev.get("detachable"))
                 if not ev.get("relay"):
                     _prepare(master, stdin_tty, stdout_tty)
-                elif stdin_tty:  # a container's: its terminal (the engine's) has the modes, this one the size
+                elif stdin_tty and not piped:  # a container's: its terminal (the engine's) has the modes, this one the size
                     _copy_size(0, master)
             elif "waiting" in ev:
                 say(f"job {job_id} waits: {ev['waiting']}")
@@ -183,7 +204,10 @@ def run(client: Client, spec: dict | None = None, job: int | None = None, keys: 
                 break
         if master is None:
             raise ClientError("the daemon sent no terminal")
-        end = _relay(master, conn, stdin_tty, stdout_tty, None, replay, keys if detachable else b"")
+        if piped:
+            end = _piped(master, conn)
+        else:
+            end = _relay(master, conn, stdin_tty, stdout_tty, None, replay, keys if detachable else b"")
         if end is not None and end.get("detached"):  # the session runs on
             say(f"detached from job {job_id} ({end['detached']}): colo attach {job_id} takes it again")
             return 0
@@ -321,6 +345,70 @@ def _relay(master: int, conn: _Conn, stdin_tty: bool, stdout_tty: bool, end: dic
             except termios.error:  # it hung up: nothing to put back
                 pass
             _raw = False
+    return end
+
+
+def _piped(wire: int, conn: _Conn, end: dict | None = None) -> dict | None:
+    """Copy this client's input to the container's over `wire`, its end as the end of it, and the
+    container's output from the engine's frames (8 bytes: 1 stdout, 2 stderr, then the length, big
+    endian) to this client's stdout and stderr, until that output ends and the job's end is known
+    (as _relay)."""
+    sock = socket.socket(fileno=os.dup(wire))
+    sock.setblocking(False)
+    pending, frames = b"", b""  # input not yet sent; output not yet a whole frame
+    out_open, in_open, daemon_open = True, True, True
+    broken: set[int] = set()  # this client's outputs that were closed (a reader that went): not written
+    try:
+        while out_open or (end is None and daemon_open):
+            rl = ([sock] if out_open else []) + ([0] if in_open and len(pending) < 1 << 16 else [])
+            if end is None and daemon_open:
+                rl.append(conn.sock)
+            r, w, _ = select.select(rl, [sock] if pending else [], [], 1.0 if end is not None else None)
+            if end is not None and not r and not w:
+                break
+            if 0 in r:
+                data = os.read(0, 1 << 16)
+                pending += data
+                in_open = bool(data)
+            if sock in w:
+                try:
+                    pending = pending[sock.send(pending):]
+                except BlockingIOError:
+                    pass
+                except OSError:  # the job's input is gone (its container ended): the rest is dropped
+                    pending, in_open = b"", False
+            if not in_open and not pending and in_open is not None:
+                in_open = None  # (sent once)
+                try:
+                    sock.shutdown(socket.SHUT_WR)  # end-of-file on the container's input
+                except OSError:
+                    pass
+            if sock in r:
+                try:
+                    data = sock.recv(1 << 16)
+                except BlockingIOError:
+                    data = None
+                except OSError:
+                    data = b""
+                out_open = data != b""
+                frames += data or b""
+                while len(frames) >= 8 and len(frames) >= 8 + (size := int.from_bytes(frames[4:8], "big")):
+                    fd = 2 if frames[0] == 2 else 1
+                    if fd not in broken:
+                        try:
+                            _write_all(fd, frames[8:8 + size])
+                        except BrokenPipeError:
+                            broken.add(fd)
+                    frames = frames[8 + size:]
+            if conn.sock in r:
+                daemon_open = conn.fill()
+                for msg in conn.messages():
+                    if "ok" in msg:
+                        end = msg["result"]
+                    elif "notice" in (msg.get("event") or {}):
+                        say(msg["event"]["notice"])
+    finally:
+        sock.close()
     return end
 
 

@@ -34,6 +34,8 @@ def _attached(command: list[str], sock: Optional[str], gpu_mem: Optional[str], g
         env.insert(0, f"TERM={os.environ['TERM']}")
     spec = build_spec(command, image=image, process=not image, gpu_mem=gpu_mem,
                       gpus=(1 if gpu_mem else 0) if gpus is None else gpus, env=env, **opts)
+    if image and not detach and not sys.stdin.isatty():  # as `docker run -i`: no terminal, stdout and stderr apart
+        spec = {**spec, "pipe": True}
     if detach:
         job = Client(sock and Path(sock)).call("session", spec={**spec, "detach": True})
         echo(f"job {job['id']}: a detached session (colo attach {job['id']} takes its terminal)")

@@ -61,7 +61,7 @@ from .retention import Retention
 from .sampler import Sampler
 from .scheduler import Scheduler
 from .detach import Terminals
-from .session import Watch
+from .session import Watch, renew
 from .suspend import Suspender
 
 log = logging.getLogger("colo")
@@ -123,7 +123,8 @@ class Daemon:
         self.learner.load()
         # the launcher and the scheduler call each other: through `wake` and `start`, wired here
         self.launcher = Launcher(c, self.table, self.engines, self.gpus, native_dir, self.learner,
-                                 wake=lambda full=True: self.scheduler.wake(full))
+                                 wake=lambda full=True: self.scheduler.wake(full),
+                                 renew=lambda job: renew(self.terminals, job))
         self.scheduler = Scheduler(c, self.cfg_policy, self.table, self.gpus, self.engines, self.learner,
                                    start=self.launcher.start, start_wait=self.launcher.start_wait)
         self.engines.add("slurm", SlurmRuntime(c, self.table))  # jobs Slurm started here (external.py)

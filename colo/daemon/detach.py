@@ -25,8 +25,8 @@ record: a restarted daemon connects to every one there (`recover`; not to its ow
 detached since it started), takes only a listener of its own user (SO_PEERCRED) that says it
 holds that job's terminal, and the holder takes only a connection of its own user. Between the
 two go small messages (SOCK_SEQPACKET, JSON): `take` (answered by the client's master end and
-the scrollback in a memfd, SCM_RIGHTS), `leave`, `end`, and the holder's `free` (its attached
-client went). No byte of a job's is parsed on that connection (keys and output flow between the
+the scrollback in a memfd, SCM_RIGHTS, of which the daemon reads the last bytes), `leave`, `end`,
+`set` (a reload's scrollback and rate), and the holder's `free` (its attached client went). No byte of a job's is parsed on that connection (keys and output flow between the
 holder and the client's terminal; the scrollback is a memfd, read up to its size); the holder
 copies them as the daemon would, never blocking. A holder that goes away (killed) ends its
 session: the job is cancelled, saying so. The shell runs as before: the shim holds its end, as
@@ -126,6 +126,13 @@ class Terminals:
         self.held: dict[int, Held] = {}
         self._attaches = 0
         self._tasks: set[asyncio.Task] = set()  # cancels and reaps under way (kept referenced)
+
+    def configure(self, scrollback: int, rate: int, most: int) -> None:
+        """New detach keys (a reload): for the sessions to come and those running, their holders
+        told (`set`) as the daemon's own terminals read them at each use."""
+        self.scrollback, self.rate, self.most = scrollback, rate, most
+        for h in self.held.values():
+            self._tell(h, {"op": "set", "scrollback": scrollback, "rate": rate})
 
     def note(self, job_id: int) -> str | None:
         """What listings say of it: attached or detached (None: not a detached session's job)."""
@@ -374,6 +381,7 @@ class Terminals:
         for job_id, sock, pid, holder in found:
             h = self.held[job_id] = Held(job_id, open_jobs[job_id], sock, pid, None, holder)
             loop.add_reader(sock.fileno(), self._from_holder, h)
+            self._tell(h, {"op": "set", "scrollback": self.scrollback, "rate": self.rate})  # (this daemon's keys)
             log.info("job %d: its detached session's terminal is held again (holder pid %d)", job_id, pid)
         for job_id in lost:
             log.warning("job %d: its detached session's terminal holder went away while colo was restarting: "
@@ -442,8 +450,8 @@ class Terminals:
                 raise HolderError(f"job {h.job_id}: its terminal's holder does not answer") from None
             finally:
                 h.reply = None
-        try:
-            screen = os.pread(back, self.scrollback, 0)
+        try:  # its last bytes: the holder's bound may be larger than this daemon's
+            screen = os.pread(back, self.scrollback, max(0, os.fstat(back).st_size - self.scrollback))
         finally:
             os.close(back)
         if h.taken is not None:  # the attach before it is let go (the holder did so)
@@ -654,6 +662,8 @@ class _Holder:
             task.add_done_callback(self.tasks.discard)
         elif op == "leave" and isinstance(ev.get("n"), int):
             self.terms.leave(self.job_id, ev["n"])
+        elif op == "set" and all(isinstance(ev.get(k), int) and ev[k] > 0 for k in ("scrollback", "rate")):
+            self.terms.scrollback, self.terms.rate = ev["scrollback"], ev["rate"]  # a reload's (read at each use)
         elif op == "end":  # the job ended: its last words to the client attached, and this holder goes
             self.terms.drop(self.job_id)
             self.done.set()

@@ -71,6 +71,12 @@ class Engines:
             if first:
                 log.warning("%s; container jobs are refused until it answers", self.docker_error)
 
+    def set_tty_rate(self, rate: int) -> None:
+        """detach_read_rate changed (a reload): container sessions' relays, running ones too."""
+        rt = self.runtimes.get("docker")
+        if rt is not None:
+            rt.set_tty_rate(rate)
+
     def docker_due(self) -> bool:
         """No engine, and time to look for one again (every DOCKER_RETRY seconds)."""
         return "docker" not in self.runtimes and time.monotonic() >= self._docker_retry_at

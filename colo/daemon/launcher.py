@@ -55,7 +55,7 @@ START_RETRIES = 3  # starts of a job the engine failed (500...) tried again, aft
 
 class Launcher:
     def __init__(self, config: Config, table: JobTable, engines: Engines, gpus: Gpus, native_dir: Path,
-                 learner, wake: Callable[..., None]):
+                 learner, wake: Callable[..., None], renew: Callable[[Job], int] | None = None):
         self.config = config
         self.table = table
         self.engines = engines
@@ -77,6 +77,10 @@ class Launcher:
         # hands it to the job (colo/daemon/session.py)
         self._terminals: dict[int, int] = {}
         self._kept: set[int] = set()  # of those, detached sessions' (detach.py)
+        self._wires: set[int] = set()  # of those, a socket, not a terminal (colo run --image from a pipe)
+        # a detached session's terminal made again (its master kept), for one that lost its own
+        # in a restart while queued: its slave end (session.renew)
+        self.renew = renew
 
     def job_changed(self, prev: Job | None, job: Job) -> None:
         """The table's on_change (wired in core.open())."""
@@ -85,18 +89,22 @@ class Launcher:
             self.drop_terminal(job.id)
 
     # sessions' terminals ----------------------------------------------------------------------
-    def give_terminal(self, job_id: int, fd: int, kept: bool = False) -> None:
+    def give_terminal(self, job_id: int, fd: int, kept: bool = False, pipe: bool = False) -> None:
         """The terminal a session's job starts on (the launcher closes it); `kept`: a detached
-        session's (the runtime marks it so, to find it again after a restart)."""
+        session's (the runtime marks it so, to find it again after a restart); `pipe`: `fd` is a
+        socket, the container's input and output without a terminal (runtimes/ttyrelay.py)."""
         self.drop_terminal(job_id)
         self._terminals[job_id] = fd
         if kept:
             self._kept.add(job_id)
+        if pipe:
+            self._wires.add(job_id)
 
     def drop_terminal(self, job_id: int) -> None:
         """The session ended before its job started, or its client went away: the slave end goes."""
         fd = self._terminals.pop(job_id, None)
         self._kept.discard(job_id)
+        self._wires.discard(job_id)
         if fd is not None:
             os.close(fd)
 
@@ -136,8 +144,12 @@ class Launcher:
             rt = self.engines.runtime_for(job)
             launch = await asyncio.to_thread(self.build_launch, job, d)
             if job.spec.tty:  # the runtime closes it once the job has it
-                launch.tty, launch.kept = self._terminals.pop(job.id, None), job.id in self._kept
+                launch.tty, launch.kept, launch.pipe = (self._terminals.pop(job.id, None), job.id in self._kept,
+                                                        job.id in self._wires)
                 self._kept.discard(job.id)
+                self._wires.discard(job.id)
+                if launch.tty is None and job.spec.detached and self.renew is not None:  # lost in a restart
+                    launch.tty, launch.kept = self.renew(job), True
                 if launch.tty is None:
                     raise StartError("its terminal is gone (the session's client hung up, or colo restarted, "
                                      "before it started)")

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("colo")
 
 # What a running daemon takes from a reload: limits, the idle and suspend policies, the patrol,
-# retention, who is an admin. Not here (a restart applies them): paths and the socket, the GPUs'
+# retention, who is an admin, the detach keys (for sessions running too: detach.Terminals.configure). Not here (a restart applies them): paths and the socket, the GPUs'
 # and MPS' set-up, the placement model (saturation, slowdown_bound...: plan()'s config is built
 # once), metrics_listen (its server is bound at start), the gate, log_cap (the runtimes hold it).
 LIVE = frozenset({
@@ -30,8 +30,10 @@ LIVE = frozenset({
     "max_connections_per_user", "max_streams_per_user", "job_tasks", "max_job_tasks", "stop_grace",
     "patrol_grace", "patrol_window", "patrol_kill", "history_keep_days", "idle_after", "idle_sessions",
     "idle_grace", "idle_jobs", "preempt", "suspend_host_share", "suspend_host_max", "suspend_lock_timeout",
+    "detach_scrollback", "detach_read_rate", "max_detached_per_user",
 })
 LIMITS = {"max_queued_per_user", "max_running_per_user", "max_gpu_mem_per_user"}
+DETACH = {"detach_scrollback", "detach_read_rate", "max_detached_per_user"}  # running sessions' holders and relays too
 
 
 def _me() -> str:
@@ -62,6 +64,9 @@ def reload(daemon: "Daemon", load: Callable[[], Config]) -> tuple[list[str], lis
         setattr(daemon.config, k, getattr(new, k))
     if LIMITS & set(live):
         daemon.scheduler.set_limits(new.max_queued_per_user, new.max_running_per_user, new.max_gpu_mem_per_user)
+    if DETACH & set(live):
+        daemon.terminals.configure(new.detach_scrollback, new.detach_read_rate, new.max_detached_per_user)
+        daemon.engines.set_tty_rate(new.detach_read_rate)
     if live:
         daemon.wake()  # a limit or policy that changed may start or stop something now
     said = (f"applied {', '.join(live)}" if live else "nothing to apply") + (

@@ -25,6 +25,7 @@ import asyncio
 import base64
 import logging
 import os
+import socket
 import termios
 import time
 import tty
@@ -56,33 +57,26 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
     `detach` in `raw`, the daemon keeps the terminal (detach.py) and the stream ends at once."""
     d = api.d
     raw = dict(raw)
-    detached = raw.pop("detach", False)
-    if detached not in (True, False):
-        raise Refused("detach must be true or false")
+    detached, pipe = raw.pop("detach", False), raw.pop("pipe", False)
+    if detached not in (True, False) or pipe not in (True, False):
+        raise Refused("detach and pipe must be true or false")
+    if pipe and (raw.get("image") is None or detached):  # (a host session's terminal is set for a pipe)
+        raise Refused("pipe is for a container session fed from a pipe, with its client: colo run --image")
     if detached and d.terminals.full(caller.uid):
         raise Refused(f"you have {d.terminals.most} detached sessions, the most allowed: end or attach to "
                       "one (colo ls, colo attach JOB)")
-    master, slave = os.openpty()  # (non-inheritable: no other child of the daemon gets them)
-    if raw.get("image") is not None:  # the engine's terminal does what a terminal does: this one is a wire
-        tty.setraw(slave, termios.TCSANOW)
+    master, slave = _wire() if pipe else _pair(raw.get("image") is not None)
     try:
-        job = await api.submit(caller, {"spec": {**raw, "interactive": True}}, tty=True)
+        job = await api.submit(caller, {"spec": {**raw, "interactive": True}}, tty=True, detached=detached)
     except BaseException:
         os.close(master)
         os.close(slave)
         raise
     job_id = job["id"]
     # No await since the job was stored: the scheduler has not seen it without its terminal.
-    d.launcher.give_terminal(job_id, slave, kept=detached)
+    d.launcher.give_terminal(job_id, slave, kept=detached, pipe=pipe)
     if detached:  # the daemon holds it from now on: the client goes, the session stays
-        if raw.get("image") is None and d.terminals.holders is not None:
-            try:  # a host session's: its holder's (detach.py), so that it outlives a restart
-                d.terminals.hold(job_id, job["uid"], master)
-                master = None
-            except detach.HolderError as e:  # it runs on in the daemon's hands, as a container session's
-                log.warning("%s: the daemon keeps it (it will not outlive a restart)", e)
-        if master is not None:
-            d.terminals.keep(job_id, job["uid"], master)
+        _keep(d.terminals, job_id, job["uid"], master, raw.get("image") is not None)
         yield {"final": job}
         return
     d.sessions.attached.add(job_id)
@@ -93,6 +87,8 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
         ev = {"tty": True, protocol.PASS_FD: master}
         if raw.get("image") is not None:
             ev["relay"] = True  # (the client copies its window size to it, not its modes)
+        if pipe:
+            ev["pipe"] = True  # a socket: the container's input, and its stdout and stderr in the engine's frames
         master = None  # the server sends it and closes it
         yield ev
         async for ev in _follow(api, job_id):
@@ -105,6 +101,49 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
         # the client went away: so does its session (not the daemon stopping: the session runs on)
         if not d.stopping and d.table.job(job_id).state not in TERMINAL:
             api.stop_later(d.launcher.cancel(job_id, f"{caller.user} (the session's client hung up)"))
+
+
+def _pair(container: bool) -> tuple[int, int]:
+    """A session's pty pair (master, slave): non-inheritable, so no other child of the daemon gets
+    them; a container session's raw (the engine's terminal does what a terminal does: this one is a wire)."""
+    master, slave = os.openpty()
+    if container:
+        tty.setraw(slave, termios.TCSANOW)
+    return master, slave
+
+
+def _wire() -> tuple[int, int]:
+    """A container session's ends without a terminal (fed from a pipe, as `docker run -i`): a
+    socket pair (the client's, the job's), non-inheritable."""
+    client, job = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    return client.detach(), job.detach()
+
+
+def _keep(terminals: detach.Terminals, job_id: int, uid: int, master: int, container: bool) -> None:
+    """A detached session's master end, to `terminals` (closed by them)."""
+    if not container and terminals.holders is not None:
+        try:  # a host session's: its holder's (detach.py), so that it outlives a restart
+            terminals.hold(job_id, uid, master)
+            return
+        except detach.HolderError as e:  # it runs on in the daemon's hands, as a container session's
+            log.warning("%s: the daemon keeps it (it will not outlive a restart)", e)
+    terminals.keep(job_id, uid, master)
+
+
+def renew(terminals: detach.Terminals, job) -> int:
+    """The launcher's, as a detached session's job starts without the terminal op `session` made
+    (a daemon that stopped while it was queued took that one's slave end with it): a new pty pair,
+    its master kept as at a detached session's start, its slave end returned (the job's). A holder a
+    restarted daemon found again for it goes: no job can start on the terminal it holds."""
+    terminals.drop(job.id)
+    master, slave = _pair(job.spec.image is not None)
+    try:
+        _keep(terminals, job.id, job.uid, master, job.spec.image is not None)
+    except BaseException:
+        os.close(master)
+        os.close(slave)
+        raise
+    return slave
 
 
 async def reattach(api, caller: Caller, job) -> AsyncIterator[dict[str, Any]]:

@@ -49,6 +49,9 @@ class Launch:
     # A session's terminal (the slave end of a pty the daemon made): the job's stdin, stdout,
     # stderr and controlling terminal. The runtime owns it: it closes it once the job has it.
     tty: int | None = None
+    # `tty` is a wire instead (a socket: `colo run --image` fed from a pipe, as `docker run -i`):
+    # the container gets no terminal; its input, stdout and stderr go over it (runtimes/ttyrelay.py)
+    pipe: bool = False
     kept: bool = False  # a detached session's (colo/daemon/detach.py): found again after a restart, attachable
 
     @property

@@ -224,8 +224,10 @@ class DockerRuntime:
                 labels=labels,
                 name=f"colo-{launch.job_id}-{uuid.uuid4().hex[:6]}",
                 host_config=self._host_config(launch),
-                # a session: a terminal the engine allocates, its input open (ttyrelay.py)
-                tty=launch.tty is not None,
+                # a session: a terminal the engine allocates, its input open (ttyrelay.py); fed
+                # from a pipe, no terminal (docker run -i). (docker-py sets StdinOnce with it: the
+                # input closes at the end of the attach stream's.)
+                tty=launch.tty is not None and not launch.pipe,
                 stdin_open=launch.tty is not None,
             )
         except docker.errors.ImageNotFound:
@@ -264,17 +266,26 @@ class DockerRuntime:
             # It may or may not have started: the daemon's sweep removes it once the engine is back.
             raise self._engine_down(e) from None
         if sock is not None:
-            self._relay(handle, f"{launch.job_id}", launch.tty, sock)
+            self._relay(handle, f"{launch.job_id}", launch.tty, sock, launch.pipe)
             launch.tty = None  # the relay's now
         else:  # (a session's output is its terminal's, as a host session's is: not colo's log)
             self.follow_logs(handle, launch.log_path)
         return handle
 
-    def _relay(self, handle: str, name: str, tty_fd: int, sock) -> None:
-        relay = ttyrelay.Relay(name, tty_fd, sock, lambda r, c: self.api.resize(handle, r, c), self.tty_rate)
+    def _relay(self, handle: str, name: str, tty_fd: int, sock, pipe: bool = False) -> None:
+        resize = None if pipe else lambda r, c: self.api.resize(handle, r, c)
+        relay = ttyrelay.Relay(name, tty_fd, sock, resize, self.tty_rate)
         with self._lock:
             self._relays[handle] = relay
         relay.start()
+
+    def set_tty_rate(self, rate: int) -> None:
+        """Container sessions' output rate (detach_read_rate), for the relays running too (each
+        reads its own at each turn)."""
+        self.tty_rate = rate
+        with self._lock:
+            for relay in self._relays.values():
+                relay.rate = rate
 
     def reattach(self, handle: str, limit: int) -> tuple[int, bytes] | None:
         """A detached session's container that no relay serves (after a restart): its terminal

@@ -12,6 +12,11 @@ and the container's bytes do not wait for it (its first line would: bench/sessio
 typed after a size change do: they reach the container once the engine has the size, as on a
 terminal (`stty size` typed after a resize says the new one).
 
+`colo run --image` fed from a pipe (`docker run -i`) has no terminal: the container's is none
+(`tty=False`), the daemon's end is a socket (`resize` None), whose bytes go to the container's input
+as they come, its end closing that input once they are sent; the engine's multiplexed stream (its
+frames say stdout or stderr) goes back as it is, for the client to take apart (colo/cli/attach.py).
+
 One thread per running container session. It ends when either side ends: the container's stream
 (the container exited, or was stopped), or the pty (every master holder closed it: the client
 went, and the daemon cancels the job); then it closes both.
@@ -45,7 +50,7 @@ def window(fd: int) -> tuple[int, int]:
 class Relay(threading.Thread):
     """Owns `tty` (the pty's slave end) and `sock` (the container's attach socket); closes both."""
 
-    def __init__(self, name: str, tty_fd: int, sock: socket.socket, resize: Callable[[int, int], None],
+    def __init__(self, name: str, tty_fd: int, sock: socket.socket, resize: Callable[[int, int], None] | None,
                  rate: int = RATE):
         super().__init__(name=f"colo-tty-{name}", daemon=True)
         self.tty, self.sock, self.resize, self.rate = tty_fd, sock, resize, rate
@@ -54,7 +59,10 @@ class Relay(threading.Thread):
         self._want: tuple[int, int] | None = None  # the size the sizer passes to the engine next
         self._pending = False  # a size the engine does not have yet: keys wait for it
         self._done = False
-        tty.setraw(tty_fd, termios.TCSANOW)
+        # the client's input: open (True), ended with bytes still to send (False), closed (None)
+        self._input: bool | None = True
+        if resize is not None:
+            tty.setraw(tty_fd, termios.TCSANOW)
         os.set_blocking(tty_fd, False)
         sock.setblocking(False)
         self._halt_r, self._halt_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -67,6 +75,8 @@ class Relay(threading.Thread):
             pass
 
     def _look_at_size(self) -> None:
+        if self.resize is None:  # a wire: no window
+            return
         try:
             size = window(self.tty)
         except OSError:
@@ -105,6 +115,13 @@ class Relay(threading.Thread):
                 pass
 
     def run(self) -> None:
+        if self.resize is None:
+            try:
+                self._run()
+            finally:
+                os.close(self._sized_r)
+                os.close(self._sized_w)
+            return
         sizer = threading.Thread(target=self._sizer, name=f"{self.name}-size", daemon=True)
         sizer.start()
         try:
@@ -125,7 +142,7 @@ class Relay(threading.Thread):
                     second, read = now, 0
                 keys = not self._pending  # (keys read before a size change was seen wait for it too)
                 rl = [self._halt_r, self._sized_r]
-                if len(to_sock) < BUFFER and keys:
+                if len(to_sock) < BUFFER and keys and self._input:
                     rl.append(self.tty)
                 if len(to_tty) < BUFFER and read <= self.rate:
                     rl.append(self.sock)
@@ -145,8 +162,10 @@ class Relay(threading.Thread):
                         if e.errno != errno.EIO:
                             raise
                         return
-                    if data == b"":
+                    if data == b"" and self.resize is not None:
                         return
+                    if data == b"":  # a wire's input ended: the container's ends once what came is sent
+                        self._input = False
                     to_sock += data or b""
                 if self.sock in r:
                     try:
@@ -163,6 +182,9 @@ class Relay(threading.Thread):
                         to_sock = to_sock[self.sock.send(to_sock):]
                     except BlockingIOError:
                         pass
+                if self._input is False and not to_sock:
+                    self.sock.shutdown(socket.SHUT_WR)  # end-of-file on the container's input (stdin_once)
+                    self._input = None
                 if self.tty in w and to_tty:
                     try:
                         to_tty = to_tty[os.write(self.tty, to_tty):]
