@@ -549,7 +549,7 @@ def test_array_tasks_het_components_and_nodes_each_have_their_own_record(cluster
     assert all(node.state(f"{arr}_{t}")[0] == "RUNNING" and node.show(f"{arr}_{t}")["Restarts"] == "0" for t in range(3))
     assert "drain" not in node.run("sinfo", "-h", "-n", "n1", "-o", "%T").stdout
     calls = [c for c in log.read_text().splitlines()[len(before):] if c.startswith("n1 ")]
-    assert calls == ["n1 -h -o %A %T -w n1"], calls
+    assert calls == ["n1 --local -h -o %A %T -w n1"], calls
     # `colo cancel` of one task cancels that task in Slurm, not the array.
     d1.cli("cancel", str(jobs[1]["id"]), check=True)
     wait_for(lambda: d1.job(jobs[1]["id"])["state"] == "cancelled", 60, "task 1 to end in colo")

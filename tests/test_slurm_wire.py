@@ -53,6 +53,19 @@ int main(int argc, char **argv)
 """
 
 
+# Another user's listener: `up` once it listens, then how many bytes its one caller sent.
+LISTENER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(1)
+print("up", flush=True)
+c, _ = s.accept()
+c.settimeout(5)
+print("got", len(c.recv(100)))
+"""
+
+
 @pytest.fixture(scope="module")
 def caller(tmp_path_factory):
     if not Path("/usr/include/slurm/spank.h").exists() or shutil.which("cc") is None:
@@ -132,35 +145,14 @@ def test_the_plugin_tells_only_a_root_peer_in_a_folder_only_root_writes(caller, 
         assert kind == "UNREACHED" and "not a folder of root's" in why, why
         assert got == []
         # a socket that another user listens on, though root's folder holds it and root owns its file
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - child, as the other user
-            try:
-                os.setgroups([])
-                os.setgid(other_user.pw_gid)
-                os.setuid(other_user.pw_uid)
-                s = socket.socket(socket.AF_UNIX)
-                s.bind(str(loose / "theirs.sock"))
-                s.listen(1)
-                os.write(w, b"up\n")
-                c, _ = s.accept()
-                c.settimeout(5)
-                try:
-                    data = c.recv(100)
-                except OSError:
-                    data = b""
-                os.write(w, b"got %d\n" % len(data))
-            finally:
-                os._exit(0)
-        os.close(w)
-        f = os.fdopen(r, "rb")
-        assert f.readline() == b"up\n"
+        theirs = subprocess.Popen(["/usr/bin/python3", "-I", "-c", LISTENER, str(loose / "theirs.sock")], stdout=subprocess.PIPE,
+                                  user=other_user.pw_uid, group=other_user.pw_gid, extra_groups=[])
+        assert theirs.stdout.readline() == b"up\n"
         os.rename(loose / "theirs.sock", ok / "theirs.sock")
         os.chown(ok / "theirs.sock", 0, 0)
         kind, why = tell(caller, ok / "theirs.sock")
         assert kind == "UNREACHED" and "is not answered by root" in why, why
-        assert f.readline() == b"got 0\n"  # it was sent nothing
-        os.waitpid(pid, 0)
+        assert theirs.communicate(timeout=60)[0] == b"got 0\n"  # it was sent nothing
         # a root peer that goes away in the middle, one that refuses, one that never answers
         got = []
         _serve(ok / "gone.sock", None, got)
