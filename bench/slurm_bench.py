@@ -125,7 +125,7 @@ def cluster(root: Path, name: str, fk: Path, dev: Path, colo: bool) -> tuple[Slu
         d.fake = fk
         _wrapper(root / "python", root / "helper.log", sys.executable)
         plug = (f"required {native.path('colo_spank.so')} python={root}/python "
-                f"socket={root}/colo-%n/run/colo.sock slurm_conf={conf} timeout=120")
+                f"socket={root}/colo-%n/run/colo.sock slurm_conf={conf} timeout=120 timing={root}/hooks.log")
         sock = ["--socket", str(d.socket)]
     else:  # the same gres.conf lines, from a daemon of the same GPUs
         sock = None
@@ -164,6 +164,20 @@ def run_queue(s: SlurmCluster, shared: Path, tag: str, args, fk: Path) -> dict:
     reg.mkdir(mode=0o777)
     lib = native.path(native.FAKEGPU_DIR)
     jobs = {}
+    polls = [0]
+
+    def empty() -> bool:
+        polls[0] += 1  # the bench's own RPCs, left out below
+        return not s.run("squeue", "--local", "-h", "-o", "%i").stdout.strip()
+
+    tries = []
+    for _ in range(3):  # what one poll costs slurmctld (the least of three: colo's own squeue may fall in one)
+        s.run("sdiag", "-r")
+        empty()
+        tries.append(sdiag_rpcs(s.run("sdiag").stdout))
+    poll = {k: min(t.get(k, 0) for t in tries) for k in tries[0]}
+    polls[0] = 0
+    s.run("sdiag", "-r")
     t0 = time.time()
     for i, mib in enumerate(sizes(args.jobs)):
         name = f"{tag}{i}"
@@ -174,8 +188,11 @@ def run_queue(s: SlurmCluster, shared: Path, tag: str, args, fk: Path) -> dict:
                       f"{shared}/{name}.result {int(is_greedy(i, args.greedy))}\n")
         sc.chmod(0o755)
         jobs[s.sbatch(sc, f"--gres=shard:{mib}", "-o", f"{shared}/{name}.out")] = (name, mib, is_greedy(i, args.greedy))
-    wait_for(lambda: not s.run("squeue", "-h", "-o", "%i").stdout.strip(), LONG * 4, f"the {tag} queue to drain", 0.5)
+    wait_for(empty, LONG * 4, f"the {tag} queue to drain", 0.5)
     drained = time.time()
+    rpcs = sdiag_rpcs(s.run("sdiag").stdout)
+    for k, n in poll.items():
+        rpcs[k] = rpcs.get(k, 0) - n * polls[0]
     out = {}
     for j, (name, mib, greedy) in jobs.items():
         r = shared / f"{name}.result"
@@ -185,7 +202,17 @@ def run_queue(s: SlurmCluster, shared: Path, tag: str, args, fk: Path) -> dict:
             rec.update(ok=st == "ok", gpu=gpu, start=float(a), run=float(b), end=float(c), restarts=int(restarts),
                        extra=int(extra))
         out[j] = rec
-    return {"t0": t0, "drain": drained - t0, "jobs": out}
+    return {"t0": t0, "drain": drained - t0, "jobs": out, "rpcs": rpcs}
+
+
+def sdiag_rpcs(text: str) -> dict[str, int]:
+    """slurmctld's RPCs by message type since `sdiag -r` (sdiag's own left out)."""
+    out = {}
+    part = text.partition("by message type")[2].partition("by user")[0]
+    for m in re.finditer(r"^\s*(\w+)\s+\(\s*\d+\)\s+count:(\d+)", part, re.M):
+        if m.group(1) != "REQUEST_STATS_INFO":
+            out[m.group(1)] = int(m.group(2))
+    return out
 
 
 def samples(jobs: dict, every: float = 0.25) -> list[dict[str, int]]:
@@ -282,6 +309,7 @@ def main() -> int:
                             j["gpu"] = uuid.get(j["gpu"], j["gpu"])
                     res[tag]["requeues"] = requeues(d.log)
                     res[tag]["helper"] = helper_times(root / "helper.log")
+                    res[tag]["hooks"] = hook_times(root / "hooks.log")
                     probs = daemon_log_problems(d.log)
                     rep.check(not probs, f"colo's daemon logged an error: {probs[:3]}")
             finally:
@@ -320,15 +348,42 @@ def main() -> int:
     if per_job:
         rep.figure("helper", "colo's helper time per job (median)", statistics.median(per_job), "s",
                    note=f"max {max(per_job):.2f} s, {statistics.mean(len(v) for v in h.values()):.1f} helper runs per job")
+    hooks = c.get("hooks", {})
+    if hooks:
+        starts = statistics.mean(sum(py for _, _, py in v) for v in hooks.values())
+        each = [sec for v in hooks.values() for _, sec, _ in v]
+        rep.figure("python_starts", "Python starts per job (the plugin's hooks)", starts, "",
+                   note=f"{len(hooks)} jobs; hooks per job {statistics.mean(len(v) for v in hooks.values()):.1f}")
+        rep.figure("hook_time", "plugin hook time (median)", statistics.median(each), "s", note=f"max {max(each):.2f} s; "
+                   + ", ".join(f"{k} median {statistics.median(x):.3f} s" for k in ("attach", "batch_exit", "end")
+                               if (x := [sec for v in hooks.values() for n, sec, _ in v if n == k])))
+    rpc = {t: sum(r["rpcs"].values()) / args.jobs for t, r in res.items()}
+    diff = {k: c["rpcs"].get(k, 0) - p["rpcs"].get(k, 0) for k in set(c["rpcs"]) | set(p["rpcs"])}
+    rep.figure("rpcs", "slurmctld RPCs per job (sdiag)", rpc["colo"], "", rpc["plain"], "plain gres/shard",
+               note=f"extra per job {rpc['colo'] - rpc['plain']:.1f}: " + ", ".join(
+                   f"{k} {v / args.jobs:+.2f}" for k, v in sorted(diff.items(), key=lambda kv: -abs(kv[1])) if v))
     for t, sj, why in req:
         rep.note(f"requeue of Slurm job {sj}{' (false)' if (t, sj, why) in false else ''}: {why}")
     rep.extra = {"per_gpu": per_gpu, "drain": {t: r["drain"] for t, r in res.items()}, "failed": failed,
                  "requeues": len(req), "false_requeues": len(false), "spread": spread,
-                 "load": os.getloadavg()}
+                 "rpcs": {t: r["rpcs"] for t, r in res.items()}, "load": os.getloadavg()}
     code = rep.finish(args.json_out)
     print(f"slurm_bench: drain {ratio:.2f} x plain gres/shard, requeues {len(req)} (false {len(false)}), "
           f"failed colo {failed['colo']} plain {failed['plain']}, spread {spread['colo']:.2f}")
     return code
+
+
+def hook_times(log: Path) -> dict[str, list[tuple[str, float, int]]]:
+    """Slurm job id -> (hook, seconds, whether it started Python) of each plugin hook that did
+    colo's work for it (the plugin's timing=FILE)."""
+    out: dict[str, list[tuple[str, float, int]]] = {}
+    if not log.exists():
+        return out
+    for line in log.read_text().splitlines():
+        m = re.match(r"(\w+) job=(\d+) seconds=(\S+) python=(\d)$", line)
+        if m:
+            out.setdefault(m.group(2), []).append((m.group(1), float(m.group(3)), int(m.group(4))))
+    return out
 
 
 def helper_times(log: Path) -> dict[str, list[float]]:

@@ -282,6 +282,34 @@ def _spec(v: Any) -> None:
     # its fields: colo/daemon/validate.py, which knows what a job may ask for
 
 
+# The `slurm` op: colo's SPANK plugin (native/slurm/colo_spank.c) and its helper (colo/cli/slurm.py),
+# as root. The batch script's end and the job's end the plugin sends itself, one line each in the
+# text below (its C format strings are these; tests/test_slurm_wire.py holds them equal), so a job
+# costs one Python start (its first step's attach), not three; the helper sends the same lines
+# where the plugin cannot. `status`: the batch script's wait status (SPANK's task_exit), from which
+# the daemon takes the job's exit (slurmjob.status_exit); without it, from Slurm's record.
+SLURM_ATTACH, SLURM_HOLD, SLURM_BATCH_EXIT, SLURM_END = "attach", "hold", "batch_exit", "end"
+SLURM_WIRE = {SLURM_BATCH_EXIT: ("job", "status"), SLURM_END: ("job",)}  # what the plugin sends, in order
+SLURM_ARGS = frozenset({"action", "job", "uid", "gid", "ref", "node", "gpu_mem", "gpu_index", "profile",
+                        "known_only", "comment", "status", "exit_code", "signal"})
+
+
+def slurm_request(action: str, **fields: int) -> bytes:
+    """The line the plugin sends for `action` (SLURM_WIRE's fields, in its order)."""
+    if set(fields) != set(SLURM_WIRE[action]):
+        raise ValueError(f"{action} takes {', '.join(SLURM_WIRE[action])}")
+    return request("slurm", action=action, **{k: fields[k] for k in SLURM_WIRE[action]})
+
+
+def _slurm_action(v: Any) -> None:
+    if v not in (SLURM_ATTACH, SLURM_HOLD, SLURM_BATCH_EXIT, SLURM_END):
+        raise ProtocolError(f"unknown slurm action {short(v)}", INVALID)
+
+
+def _checked_by_handler(v: Any) -> None:
+    """Its value: colo/daemon/external.py, which knows what each action takes."""
+
+
 # Every argument of every op, with its check (None is "not given" for each); anything else is refused.
 ARGS: dict[str, dict[str, Any]] = {
     "hello": {"detail": _flag("detail")}, "gpus": {}, "top": {}, "shutdown": {},
@@ -311,6 +339,7 @@ ARGS: dict[str, dict[str, Any]] = {
     "undrain": {"gpus": _texts("undrain GPU", most=64)},
     "clean": {"refs": _texts("clean job", most=MAX_CLEAN_REFS), "before": _time("clean --before"), "users": _texts("clean user"),
               "states": _texts("clean state", ENDED_STATES)},
+    "slurm": {name: _checked_by_handler for name in SLURM_ARGS} | {"action": _slurm_action},
 }
 
 

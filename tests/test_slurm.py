@@ -254,6 +254,28 @@ def test_parsing_slurms_records():
     assert profile_key("JobId=3 JobName=my train (v2).sh\n   UserId=a") == "slurm-my-train-v2-.sh"
 
 
+def test_a_shard_job_starts_python_once_and_its_end_needs_none(cluster, other_user):
+    """A job's cost (issue 49 item 5): its first step starts colo's helper (attach); the batch
+    script's end and the epilog are sent to the daemon by the plugin itself, the job's exit taken
+    from the batch script's status (no Python, no scontrol)."""
+    node, d = cluster, cluster.daemons["n2"]
+    jobs = {}
+    for name, code in (("once0", 0), ("once3", 3)):
+        s = cuda(node, name, 256, 0, 1)
+        s.write_text(s.read_text() + f"exit {code}\n")
+        jobs[name] = node.sbatch(s, "-w", "n2", "--gres=shard:1024", "--colo-profile=light",
+                                 "-o", f"{node.shared}/{name}.out", user=other_user)
+    for name, code in (("once0", 0), ("once3", 3)):
+        j = jobs[name]
+        c = wait_for(lambda: (c := colo_job(d, j)) and c["state"] in ("succeeded", "failed") and c, 120,
+                     f"job {j}'s end in colo")
+        assert (c["state"], d.job(c["id"])["exit_code"]) == (("succeeded", 0) if code == 0 else ("failed", 3)), c
+        assert result(node, name).startswith("alloc 0"), (result(node, name), out(node, name))
+        runs = [r for r in (node.root / "helper.log").read_text().splitlines() if f"--job={j} " in r + " "]
+        assert len(runs) == 1 and " attach " in runs[0], runs
+        assert node.show(j)["AdminComment"].startswith(f"colo: job {c['id']} on GPU0"), node.show(j)
+
+
 def test_a_request_no_gpu_can_hold_and_a_bad_profile_are_refused_at_submit(cluster, other_user):
     node = cluster
     s = script(node, "nothing", "true")
@@ -527,7 +549,7 @@ def test_array_tasks_het_components_and_nodes_each_have_their_own_record(cluster
     assert all(node.state(f"{arr}_{t}")[0] == "RUNNING" and node.show(f"{arr}_{t}")["Restarts"] == "0" for t in range(3))
     assert "drain" not in node.run("sinfo", "-h", "-n", "n1", "-o", "%T").stdout
     calls = [c for c in log.read_text().splitlines()[len(before):] if c.startswith("n1 ")]
-    assert calls == ["n1 -h -o %A %T -w n1"], calls
+    assert calls == ["n1 --local -h -o %A %T -w n1"], calls
     # `colo cancel` of one task cancels that task in Slurm, not the array.
     d1.cli("cancel", str(jobs[1]["id"]), check=True)
     wait_for(lambda: d1.job(jobs[1]["id"])["state"] == "cancelled", 60, "task 1 to end in colo")

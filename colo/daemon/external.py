@@ -31,7 +31,6 @@ import pwd
 import re
 import signal
 import stat
-import subprocess
 import threading
 import time
 
@@ -40,9 +39,11 @@ from ..jobs import ACTIVE, Job, JobSpec, Mode, State
 from ..node import interposer
 from ..node.cgroup import places
 from ..runtimes.base import Gone, StartError
+from ..slurmjob import NOTE_MAX, SlurmError, job_exit, job_record, status_exit
 from ..sched import policy
 from ..units import format_size_exact as exact
 from .jobtable import JobTable
+from .slurmcmd import admin_note, run, scontrol
 from .slurmgpu import WANT_KEEP, devices_constrained, for_whole, least_loaded, no_room
 from .validate import NAME
 
@@ -53,7 +54,7 @@ _ALIVE = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "PENDI
 # heterogeneous job's component "12+1" (a bare "12" would name every task, or every component).
 REF = re.compile(r"^\d{1,10}(?:_\d{1,10}|\+\d{1,5})?$")
 NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-NOTE_MAX = 1000  # characters of colo's notes kept on a job's admin comment (the newest)
+COMMENT = re.compile(rf"[^\n\0]{{0,{4 * NOTE_MAX}}}\Z")  # an admin comment as `scontrol show job` prints it
 MIN_BUDGET = 64 << 20  # bytes: the least budget a Slurm job gets (a bare `--gres=shard` asks 1 MiB)
 RUNNING_NOTE = "running under Slurm"  # the event of a start that got as far as the job's env (_cut_short)
 SETTLE = 5.0  # seconds a start that finds its GPU full waits for it to free before the job is requeued
@@ -75,19 +76,12 @@ def _parse(handle: str) -> tuple[int, int, str, str | None]:
     return sj, jid, (parts[3] if len(parts) > 3 else str(sj)), (parts[4] or None) if len(parts) > 4 else None
 
 
-def _slurm(*args: str, timeout: float = 20) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
 def node_jobs(node: str | None, slurm_job: int) -> dict[int, str] | None:
     """Slurm's jobs on `node` as slurmctld tells them, by their own job id ({} when it knows
     none); None when Slurm cannot be asked (then nothing is concluded). Without a node (a job
     followed before colo kept it), the jobs of that job id: an array's or a heterogeneous job's
     every task, told apart by their own ids."""
-    r = _slurm("squeue", "-h", "-o", "%A %T", *(["-w", node] if node else ["-j", str(slurm_job)]))
+    r = run("squeue", "-h", "-o", "%A %T", *(["-w", node] if node else ["-j", str(slurm_job)]))
     if r is None:
         return None
     if r.returncode != 0:
@@ -98,20 +92,6 @@ def node_jobs(node: str | None, slurm_job: int) -> dict[int, str] | None:
         if own.isdigit():
             out[int(own)] = st.strip().upper()
     return out
-
-
-def admin_note(ref: str, text: str) -> None:
-    """`text` added to the Slurm job's admin comment, after what is there (an admin's own words
-    are kept): slurmctld shows it (`scontrol show job`) and slurmdbd stores it (`sacct -o
-    AdminComment`). Only root and Slurm's operators may set it, so users cannot forge it."""
-    r = _slurm("scontrol", "show", "job", ref)
-    m = re.search(r"^\s*AdminComment=(.*?)\s*$", r.stdout, re.M) if r and r.returncode == 0 else None
-    old = m.group(1) if m and m.group(1) != "(null)" else ""
-    new = f"{old}; {text}" if old else text
-    r = _slurm("scontrol", "update", f"job={ref}", f"admincomment={new[-NOTE_MAX:]}")
-    if r is None or r.returncode != 0:
-        log.warning("Slurm job %s: cannot write colo's note on it (%s): %s", ref,
-                    (r.stderr.strip() if r else "scontrol did not answer"), text)
 
 
 def _wait_exited(pids: list[int], seconds: float) -> None:
@@ -227,7 +207,7 @@ class SlurmRuntime:
         one job (an array task or a component by its own name, never the whole array)."""
         _, _, ref, _ = _parse(handle)
         self.say_stop(handle)
-        r = _slurm("scancel", ref, timeout=30)
+        r = run("scancel", ref, timeout=30)
         if r is None or r.returncode != 0:
             raise StartError(f"scancel {ref}: {(r.stderr.strip() or r.returncode) if r else 'did not answer'}")
 
@@ -266,7 +246,7 @@ class SlurmRuntime:
             uid = self.table.job(jid).uid
         except KeyError:
             return {}
-        r = _slurm("scontrol", "listpids", str(sj), *([node] if node else []))
+        r = run("scontrol", "listpids", str(sj), *([node] if node else []))
         pids = [int(w[0]) for w in (line.split() for line in (r.stdout.splitlines()[1:] if r else [])) if w and w[0].isdigit()]
         job = re.compile(rf"^(.*/(?:uid_{uid}|[^/]*slurmstepd\.scope)/job_{sj})(?:/|$)")
         out = {}
@@ -361,6 +341,16 @@ def held_gpus(config: Config, slurm_job: int) -> list[int] | None:
     return g
 
 
+def _exit_from_slurm(slurm_job: int) -> tuple[int, int]:
+    """(exit code, signal) of a job whose batch exit colo did not see (no batch script on this node,
+    or colo restarted since), from Slurm's record; (0, 0) when Slurm forgot it: the end is what
+    matters."""
+    try:
+        return job_exit(job_record(scontrol("show", "job", str(slurm_job)), slurm_job))
+    except SlurmError:
+        return 0, 0
+
+
 def find(table: JobTable, slurm_job: int) -> Job | None:
     for j in table.open.values():
         if j.spec.slurm_job == slurm_job:
@@ -396,6 +386,7 @@ class External:
         self._holds: dict[int, set[int]] = {}
         self._hold_env: dict[int, dict] = {}
         self._wants: dict[int, tuple[float, set[int]]] = {}
+        self._exits: dict[int, int] = {}  # slurm job -> its batch script's wait status, until its end
 
     def colo_chooses(self) -> bool:
         """Whether colo picks the GPU of a Slurm job on this node (else it is Slurm's)."""
@@ -502,6 +493,7 @@ class External:
         ref = _text(args, "ref", REF, str(sj))
         node = _text(args, "node", NODE)
         gpu_mem = _int(args, "gpu_mem", 1)
+        comment = _text(args, "comment", COMMENT)  # the job's admin comment, as the helper read it from Slurm
         profile = args.get("profile")
         if profile is not None and (not isinstance(profile, str) or not NAME.match(profile)):
             raise Refused(f"malformed profile name {profile!r}: letters, digits, . _ - (at most 64)")
@@ -543,7 +535,7 @@ class External:
                 return self._wait(ref, no_room(views, placed, per_gpu, dec.reason, d.gpus.unbudgeted)) if last else None
         fut = self._starting[sj] = asyncio.get_running_loop().create_future()
         try:
-            env = await self._start(spec, uid, gid, user, dec, node)
+            env = await self._start(spec, uid, gid, user, dec, node, comment)
         except BaseException as e:
             fut.set_exception(Refused(str(e)))
             fut.exception()  # retrieved: no "never retrieved" warning when nobody else waits
@@ -609,7 +601,8 @@ class External:
         await asyncio.to_thread(mark, self.d.config, sj, True, list(gpus))
         return {"env": env}
 
-    async def _start(self, spec: JobSpec, uid: int, gid: int, user: str, dec: policy.Decision, node: str | None) -> dict:
+    async def _start(self, spec: JobSpec, uid: int, gid: int, user: str, dec: policy.Decision, node: str | None,
+                     comment: str | None) -> dict:
         d = self.d
         job = d.table.add(spec, uid, gid, user)  # then at once STARTING: the scheduler never sees it queued
         dec = policy.Decision(job.id, dec.action, dec.gpus, dec.mode, dec.reason, dec.details, dec.thread_pct)
@@ -631,7 +624,8 @@ class External:
         d.launcher.adopt(job.id, handle)
         gpus = ", ".join(f"{d.gpus.name_of(u)} ({u})" for u in dec.gpus)
         note = f"colo: job {job.id} on {gpus}, {dec.mode or 'timesliced'}, budget {exact(spec.gpu_mem)}"
-        asyncio.get_running_loop().run_in_executor(None, admin_note, spec.argv[1], note)  # not waited for
+        # the job's one note (one `scontrol update`: the comment before it came with the request), not waited for
+        asyncio.get_running_loop().run_in_executor(None, admin_note, spec.argv[1], note, comment)
         return env
 
     def _save_env(self, job_id: int, env: dict) -> None:
@@ -665,11 +659,15 @@ class External:
 
     async def batch_exit(self, args: dict) -> dict:
         """The batch script ended (by itself, scancel or a time limit): whatever the job still runs
-        is killed by Slurm next, so its MPS clients are terminated first (invariant 6)."""
+        is killed by Slurm next, so its MPS clients are terminated first (invariant 6). Its wait
+        status is the job's exit at its end (no need to ask Slurm then)."""
         sj = _int(args, "job", 1, 1 << 32)
+        status = _int(args, "status", 0, (1 << 32) - 1) if args.get("status") is not None else None
         job = find(self.d.table, sj)
         if job is None:
             return {"job": None}
+        if status is not None:
+            self._exits[sj] = status
         ok = await self._terminate_clients(job)
         return {"job": job.id, "terminated": ok}
 
@@ -677,8 +675,9 @@ class External:
         """Every process of the job is gone (Slurm's epilog): record its end, learn its profile;
         a gres/gpu job's GPUs are free for colo again."""
         sj = _int(args, "job", 1, 1 << 32)
-        code = _int(args, "exit_code", 0, 255)
-        sig = _int(args, "signal", 0, 64)
+        given = args.get("exit_code") is not None  # a helper of before the plugin sent it (it read Slurm)
+        code, sig = (_int(args, "exit_code", 0, 255), _int(args, "signal", 0, 64)) if given else (0, 0)
+        status = self._exits.pop(sj, None)
         self._hold_env.pop(sj, None)  # not its want: a requeued gpu job's epilog runs too, and it comes back
         if self._holds.pop(sj, None) is not None:
             await asyncio.to_thread(mark, self.d.config, sj, False)
@@ -686,6 +685,8 @@ class External:
         if job is None or job.state not in ACTIVE:
             mark(self.d.config, sj, False)
             return {"job": None}
+        if not given:
+            code, sig = status_exit(status) if status is not None else await asyncio.to_thread(_exit_from_slurm, sj)
         await self._terminate_clients(job)  # normally none is left; if one is, it goes cleanly
         if sig in (signal.SIGTERM, signal.SIGKILL) and not job.cancel_by:
             self.d.table.set_fields(job.id, cancel_by=f"Slurm (signal {sig}: scancel, time limit or preemption)")

@@ -25,10 +25,19 @@
  * fails in task_init, before exec, with colo's reason on the job's stderr (failing init_post_opt
  * instead would make Slurm drain the node).
  *
- * The plugin itself decides nothing: each hook runs colo's helper (`python -I -m colo.cli.slurm`) with
- * an empty environment and explicit arguments taken from Slurm (never from the job's environment,
- * which the user controls), reads `env NAME=VALUE` / `error TEXT` lines from it, and gives up after
- * `timeout` seconds. The helper talks to the node's colo daemon as root. */
+ * The plugin itself decides nothing. A job's first step on a node runs colo's helper (`python -I -m
+ * colo.cli.slurm attach`) with an empty environment and explicit arguments taken from Slurm (never
+ * from the job's environment, which the user controls), reads `env NAME=VALUE` / `error TEXT` lines
+ * from it, and gives up after `timeout` seconds; the helper asks slurmctld for the job's allocation
+ * and talks to the node's colo daemon as root. The batch script's end and the job's end carry only
+ * Slurm's ids and the script's wait status, so the plugin sends them to the daemon itself (one line
+ * each, colo/protocol.py SLURM_WIRE): one Python start per job, not three. It does so only to a
+ * socket in a root-owned folder no one else may write, answered by a root peer, within bounded
+ * times; where it cannot reach the daemon it runs the helper as before (with --lost when the
+ * daemon went away in the middle of the request, so the helper waits for it to be back).
+ *
+ * timing=FILE (for bench/slurm_bench.py): each hook that did colo's work appends
+ * `HOOK job=J seconds=S python=0|1` to FILE (root's; never followed if a symlink). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -41,7 +50,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,6 +70,7 @@ static char g_python[512] = "/usr/bin/python3";
 static char g_socket[512] = ""; /* may hold %n: the node's name */
 static char g_slurm_conf[512] = ""; /* for scontrol in the helper; Slurm's default when empty */
 static int g_timeout = 60;
+static char g_timing[512] = ""; /* timing=FILE: a line per hook (bench/slurm_bench.py) */
 static char g_profile[128] = "";
 /* Why colo could not place this step, kept from init_post_opt (in slurmstepd) to task_init (in each
  * forked task): failing init_post_opt itself would make Slurm drain the node ("batch job complete
@@ -105,6 +118,8 @@ static void parse_args(int ac, char **av)
             snprintf(g_socket, sizeof g_socket, "%s", av[i] + 7);
         else if (!strncmp(av[i], "slurm_conf=", 11))
             snprintf(g_slurm_conf, sizeof g_slurm_conf, "%s", av[i] + 11);
+        else if (!strncmp(av[i], "timing=", 7))
+            snprintf(g_timing, sizeof g_timing, "%s", av[i] + 7);
         else if (!strncmp(av[i], "timeout=", 8) && atoi(av[i] + 8) > 0)
             g_timeout = atoi(av[i] + 8);
         else
@@ -258,6 +273,180 @@ static void report(const char *what, int rc, char *out)
         slurm_error("colo: %s: helper exited with status %d", what, rc);
 }
 
+/* The lines sent to colo's daemon itself: colo/protocol.py slurm_request(SLURM_BATCH_EXIT, job, status)
+ * and slurm_request(SLURM_END, job), byte for byte (tests/test_slurm_wire.py holds them equal). */
+#define COLO_BATCH_EXIT_FMT "{\"v\":1,\"op\":\"slurm\",\"args\":{\"action\":\"batch_exit\",\"job\":%u,\"status\":%u}}\n"
+#define COLO_END_FMT "{\"v\":1,\"op\":\"slurm\",\"args\":{\"action\":\"end\",\"job\":%u}}\n"
+#define COLO_OK_HEAD "{\"v\":1,\"ok\":true,"
+#define CONNECT_TIMEOUT 5 /* seconds to connect and send: the daemon's accept is quick or it is hung */
+
+enum tell { TOLD, UNREACHED, LOST, REFUSED, HUNG };
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* The daemon's answer may take this long (it terminates a job's MPS clients first): as the helper's. */
+static int answer_timeout(void)
+{
+    return g_timeout > 15 ? g_timeout - 10 : (g_timeout + 1) / 2;
+}
+
+/* Whether `sock` may be trusted with root's requests: it lies in a folder (not a symlink) of root's
+ * that no one else may write, and is a socket of root's. Else another user could put their own in
+ * its place and read what root sends, or answer it. */
+static int socket_trusted(const char *sock, char *why, size_t whysz)
+{
+    char dir[600];
+    struct stat st;
+    snprintf(dir, sizeof dir, "%s", sock);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) {
+        snprintf(why, whysz, "socket %s: not in a folder of its own", sock);
+        return 0;
+    }
+    *slash = 0;
+    if (lstat(dir, &st) != 0) {
+        snprintf(why, whysz, "cannot check %s: %s", dir, strerror(errno));
+        return 0;
+    }
+    if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+        snprintf(why, whysz, "%s is not a folder of root's that only root may write", dir);
+        return 0;
+    }
+    if (lstat(sock, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != 0) {
+        snprintf(why, whysz, "%s is not root's socket", sock);
+        return 0;
+    }
+    return 1;
+}
+
+/* `line` to the node's colo daemon, its one-line answer awaited within answer_timeout() seconds.
+ * TOLD: it answered ok; UNREACHED: not connected, nothing sent (the helper may try); LOST: it went
+ * away in the middle (the request may have been acted on); REFUSED: it answered no (in `why`);
+ * HUNG: no answer in time. */
+static enum tell tell_daemon(const char *line, char *why, size_t whysz)
+{
+    char sock[600];
+    socket_of_node(sock, sizeof sock);
+    if (!sock[0])
+        snprintf(sock, sizeof sock, "/run/colo/colo.sock");
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(sock) >= sizeof addr.sun_path) {
+        snprintf(why, whysz, "socket path too long: %s", sock);
+        return UNREACHED;
+    }
+    if (!socket_trusted(sock, why, whysz))
+        return UNREACHED;
+    memcpy(addr.sun_path, sock, strlen(sock) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(why, whysz, "socket: %s", strerror(errno));
+        return UNREACHED;
+    }
+    struct timeval tv = {.tv_sec = CONNECT_TIMEOUT};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds connect and send */
+    enum tell res = UNREACHED;
+    struct ucred peer;
+    socklen_t plen = sizeof peer;
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        snprintf(why, whysz, "cannot connect to %s: %s", sock, strerror(errno));
+        goto out;
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0 || peer.uid != 0) {
+        snprintf(why, whysz, "%s is not answered by root", sock);
+        goto out;
+    }
+    size_t len = strlen(line), sent = 0;
+    while (sent < len) {
+        ssize_t k = send(fd, line + sent, len - sent, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            snprintf(why, whysz, "sending to %s: %s", sock, k < 0 ? strerror(errno) : "closed");
+            res = sent ? LOST : UNREACHED;
+            goto out;
+        }
+        sent += (size_t)k;
+    }
+    char ans[2048];
+    size_t got = 0;
+    double end = now_s() + answer_timeout();
+    res = LOST;
+    while (got < sizeof ans - 1 && !memchr(ans, '\n', got)) {
+        int left = (int)((end - now_s()) * 1000);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int r = left > 0 ? poll(&p, 1, left) : 0;
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r == 0) {
+            snprintf(why, whysz, "colo's daemon did not answer within %d s", answer_timeout());
+            res = HUNG;
+            goto out;
+        }
+        ssize_t k = r > 0 ? recv(fd, ans + got, sizeof ans - 1 - got, 0) : -1;
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            snprintf(why, whysz, "colo's daemon went away while answering");
+            goto out;
+        }
+        got += (size_t)k;
+    }
+    ans[got] = 0;
+    if (!strncmp(ans, COLO_OK_HEAD, strlen(COLO_OK_HEAD))) {
+        res = TOLD;
+    } else {
+        ans[strcspn(ans, "\n")] = 0;
+        snprintf(why, whysz, "colo's daemon refused it: %.400s", ans);
+        res = REFUSED;
+    }
+out:
+    close(fd);
+    return res;
+}
+
+/* timing=FILE: `hook job=J seconds=S python=0|1` appended (root's file; a symlink is not followed). */
+static void note_time(const char *hook, uint32_t job, double t0, int python)
+{
+    if (!g_timing[0])
+        return;
+    int fd = open(g_timing, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    dprintf(fd, "%s job=%u seconds=%.4f python=%d\n", hook, job, now_s() - t0, python);
+    close(fd);
+}
+
+/* `line` told the daemon; where it cannot be, the helper runs `action` with `args` as before (with
+ * --lost when the daemon went away in the middle). Whether the helper ran. */
+static int tell_or_run(const char *what, const char *line, const char *action, char **args)
+{
+    char why[1400] = "";
+    enum tell t = tell_daemon(line, why, sizeof why);
+    if (t == TOLD)
+        return 0;
+    if (t == REFUSED || t == HUNG) { /* the helper would be refused or wait the same */
+        slurm_error("colo: %s: %s", what, why);
+        return 0;
+    }
+    char *argv[8];
+    int n = 0;
+    for (; args[n] && n < 6; n++)
+        argv[n] = args[n];
+    if (t == LOST)
+        argv[n++] = "--lost";
+    argv[n] = NULL;
+    static char out[OUT_MAX];
+    int rc = run_helper(action, argv, out, sizeof out);
+    if (rc != 0)
+        report(what, rc, out);
+    return 1;
+}
+
 static int get_ids(spank_t sp, uint32_t *job, uint32_t *step, uid_t *uid, gid_t *gid)
 {
     if (spank_get_item(sp, S_JOB_ID, job) != ESPANK_SUCCESS)
@@ -330,7 +519,9 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
         args[4] = a_prof;
     }
     static char out[OUT_MAX];
+    double t0 = now_s();
     int rc = run_helper("attach", args, out, sizeof out);
+    note_time("attach", job, t0, 1);
     if (rc != 0) {
         char *e = strstr(out, "error ");
         snprintf(g_refused, sizeof g_refused, "%s", e ? e + 6 : "colo's helper failed");
@@ -390,15 +581,15 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
     int status = 0;
     if (!g_placed || get_ids(sp, &job, &step, NULL, NULL) != 0 || step != SLURM_BATCH_SCRIPT)
         return 0;
+    double t0 = now_s();
     spank_get_item(sp, S_TASK_EXIT_STATUS, &status);
-    char a_job[32], a_st[32];
+    char line[256], a_job[32], a_st[32];
+    snprintf(line, sizeof line, COLO_BATCH_EXIT_FMT, job, (unsigned)status);
     snprintf(a_job, sizeof a_job, "--job=%u", job);
-    snprintf(a_st, sizeof a_st, "--status=%d", status);
+    snprintf(a_st, sizeof a_st, "--status=%u", (unsigned)status);
     char *args[] = {a_job, a_st, NULL};
-    static char out[OUT_MAX];
-    int rc = run_helper("batch-exit", args, out, sizeof out);
-    if (rc != 0)
-        report("batch script ended", rc, out);
+    int python = tell_or_run("batch script ended", line, "batch-exit", args);
+    note_time("batch_exit", job, t0, python);
     return 0;
 }
 
@@ -437,12 +628,12 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
     const char *gpus = getenv("SLURM_JOB_GPUS");
     if ((!gpus || !*gpus) && !colo_knows(job))
         return 0;
-    char a_job[32];
+    double t0 = now_s();
+    char line[256], a_job[32];
+    snprintf(line, sizeof line, COLO_END_FMT, job);
     snprintf(a_job, sizeof a_job, "--job=%u", job);
     char *args[] = {a_job, NULL};
-    static char out[OUT_MAX];
-    int rc = run_helper("end", args, out, sizeof out);
-    if (rc != 0)
-        report("job end", rc, out);
+    int python = tell_or_run("job end", line, "end", args);
+    note_time("end", job, t0, python);
     return 0;
 }
