@@ -1,3 +1,3 @@
-from .cli.entry import main
+from .cli.entry import command
 
-main()
+command()

@@ -47,6 +47,10 @@ VPY=$ROOT$PREFIX/bin/python3
 "$VPY" -m pip wheel -q --no-deps -w "$WORK/wheel" "$WORK/src"
 WHEEL=$(ls "$WORK"/wheel/colo_gpu-*.whl)
 "$VPY" -m pip install -q --no-compile "$WHEEL"
+# setuptools came with the venv (python3.11's ensurepip), not with colo, and nothing colo runs needs
+# it; its distutils-precedence.pth ran at every start of every colo command (~0.5-1 ms of a ~20 ms
+# `colo ls`: bench/peers_bench.py; issue 41)
+"$VPY" -m pip uninstall -q -y setuptools
 [ -e "$ROOT$PREFIX/lib/python$PYVER/site-packages/colo/_native/colo_spank.so" ] ||
   echo "build-deb: warning: no SPANK plugin (Slurm's headers are missing: apt-get install libslurm-dev)" >&2
 

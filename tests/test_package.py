@@ -86,6 +86,9 @@ for p in /usr/bin/colo /usr/bin/colo-fakegpu /opt/colo/bin/python3 /usr/lib/colo
   test -e "$p" || { echo "missing $p"; exit 1; }
 done
 test -x /usr/lib/colo/slurm-healthcheck || { echo "the health check is not executable"; exit 1; }
+# no .pth hook (setuptools' came with the venv) runs at every colo command's start
+pth=$(ls /opt/colo/lib/python3*/site-packages/*.pth 2>/dev/null || true)
+test -z "$pth" || { echo "a .pth runs at every start: $pth"; exit 1; }
 say layout ok
 # simulated GPUs, set in the conffile as an admin would (it holds only what the admin changes)
 colo-fakegpu create /var/lib/colo-fake/gpus --count 1 --mem 4GiB >/dev/null
