@@ -288,15 +288,6 @@ def test_an_orphaned_session_ends_after_a_daemon_restart(node, alice):
     assert ended["state"] == "cancelled" and "the session's client went away" in ended["reason"], ended
 
 
-@pytest.fixture(scope="module")
-def session_image(docker_client):
-    """The test image (dash, coreutils) with stty: a window size to read."""
-    from pathlib import Path
-
-    from colo.runtimes.image import build_local_image
-    return build_local_image(docker_client, "colo-test/session:1", extra_files={"/usr/bin/stty": Path("/usr/bin/stty")})
-
-
 @pytest.mark.docker
 def test_a_container_shell_is_the_same_session(node, alice, session_image):
     """colo shell --image: the job is a container of alice's uid on the terminal the engine

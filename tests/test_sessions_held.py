@@ -226,6 +226,32 @@ def test_the_detach_keys_of_the_config_take_effect(node, users):
         _end(node, j)
 
 
+@pytest.mark.docker
+def test_queued_detached_sessions_count_toward_the_limit_through_a_kill_9(node, users, session_image):
+    """max_detached_per_user = 3, three detached container sessions queued behind root's job that
+    holds the GPU: a fourth is refused in one line (exit 1), and still so once the daemon was
+    killed with SIGKILL and started again (their terminals went with it: they count as the queued
+    jobs they are); the three stay queued, none lost."""
+    alice, _ = users
+    refused = f"you have {MOST} detached sessions, the most allowed"
+    blocker = node.client.submit({"argv": ["sleep", "600"], "gpu_mem": "16GiB", "workdir": "/tmp"})["id"]
+    jobs = []
+    try:
+        node.wait_state(blocker, "running")
+        jobs += [detached_job(node, alice, "run", "--detach", "--image", session_image, "--gpu-mem", "1GiB", "--",
+                              "sleep", "600") for _ in range(MOST)]
+        says(node, alice, refused, 1, "run", "--detach", "--", "true")
+        node.kill9()
+        node.start()
+        os.chmod(node.socket.parent, 0o755)
+        says(node, alice, refused, 1, "run", "--detach", "--", "true")
+        assert [node.job(j)["state"] for j in jobs] == ["queued"] * MOST
+    finally:
+        for j in (blocker, *jobs):
+            node.client.cancel(j)
+            node.wait_state(j, "cancelled")
+
+
 def test_a_reload_gives_running_sessions_the_new_detach_keys(node, users):
     """SIGHUP with detach_scrollback 4KiB -> 16KiB and max_detached_per_user 3 -> 4: a held session
     that runs already keeps up to 16 KiB of what it writes from then on (its holder was told), and
