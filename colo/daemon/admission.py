@@ -56,17 +56,18 @@ class Admission:
         """What no job may mount or write: colo's state and its socket's folder."""
         return [self.config.state_dir, self.config.socket.parent]
 
-    async def submission(self, caller: Caller, raw: dict, tty: bool = False, detached: bool = False) -> Submission:
+    async def submission(self, caller: Caller, raw: dict, tty: bool = False, detached: bool = False,
+                         pipe: bool = False) -> Submission:
         """`raw` (a submit's spec) checked whole for `caller`; with no await after the last check,
         so the caller stores the job before anything else runs (see admit).
         tty: a session's job (op `session`), which starts on the terminal the daemon made for it;
-        detached: one started with --detach (the daemon keeps its terminal)."""
+        detached: one started with --detach (the daemon keeps its terminal); pipe: one without a terminal."""
         protected = self.protected()
         try:
             # --after 12_3, --after prep: made job ids here (deps.py), before the spec is checked
             spec = check_spec(deps.resolved(self.store, raw, caller.user) if isinstance(raw, dict) else raw,
                               caller, protected)
-            spec.tty, spec.detached = tty, tty and detached
+            spec.tty, spec.detached, spec.pipe = tty, tty and detached, tty and pipe
             array = raw.get("array")
             indices, limit = parse_array(array) if array is not None else (None, None)
             if spec.mail_type and not mail.transfer_agent():
