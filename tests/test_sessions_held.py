@@ -289,6 +289,37 @@ def test_a_reload_gives_running_sessions_the_new_detach_keys(node, users):
             _end(node, j)
 
 
+@pytest.mark.docker
+def test_a_reload_gives_running_container_relays_the_new_read_rate(node, users, session_image):
+    """detach_read_rate 4KiB, then the default (4MiB) by SIGHUP, while a detached container session
+    writes 16 MiB: at the first rate its relay reads a buffer (64 KiB at most) a second, four
+    minutes for it all; the reload gives the running relay the new rate, and its last line is in
+    the scrollback well within the backstop (two minutes)."""
+    alice, _ = users
+    base = node.config_path.read_text()
+
+    def reloaded(text: str, n: int) -> None:
+        node.config_path.write_text(text)
+        node.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: node.log.read_text().count("config reloaded: applied detach_read_rate") == n, 120,
+                 "the daemon to apply detach_read_rate")
+
+    applied, job = node.log.read_text().count("config reloaded: applied detach_read_rate"), None
+    try:
+        reloaded(base + 'detach_read_rate = "4KiB"\n', applied + 1)
+        job = detached_job(node, alice, "run", "--detach", "--image", session_image, "--", "sh", "-c",
+                           "head -c 16777216 /dev/zero; echo; echo END; exec sleep 600")
+        wait_for(lambda: b"\0" in replay(node, alice, job), 120, "the relay to read its first bytes")
+        reloaded(base, applied + 2)
+        wait_for(lambda: b"END" in replay(node, alice, job), 120, "its last line, at the new rate")
+    finally:
+        if node.config_path.read_text() != base:
+            reloaded(base, applied + 2)
+        if job is not None:
+            node.client.cancel(job)
+            node.wait_state(job, "cancelled")
+
+
 def test_an_attach_replays_the_last_bytes_of_a_holders_larger_scrollback(tmp_path):
     """A holder that keeps more than the daemon's bound (one whose bound was not made smaller with
     the daemon's): the replay is the last detach_scrollback bytes of what it sent, not the first.
