@@ -110,11 +110,13 @@ class JobSpec:
     # policy may end. A submitter may say so; `tty` only the daemon sets (op `session`): the job runs
     # on a terminal colo made for it, whose other end went to the submitter's client; `detached`
     # (the daemon's too): a session started with --detach, whose terminal colo keeps (daemon/detach.py),
-    # made again at its start when a restart lost it while it was queued.
+    # made again at its start when a restart lost it while it was queued; `pipe` (the daemon's too):
+    # one without a terminal (colo run fed from a pipe): pipes (a host job's) or a socket (a container's).
     interactive: bool = False
     no_suspend: bool = False  # --no-suspend: colo's policies never suspend it (colo suspend still may)
     tty: bool = False
     detached: bool = False
+    pipe: bool = False
     begin: float | None = None  # --begin/--delay: not started before this (epoch seconds)
     # --output/--error: files the job's stdout (and stderr, or its stderr apart) also go to, opened
     # as its user (never by root: colo-shim's writer, native/shim); %j and the like expanded at start

@@ -29,8 +29,8 @@ OPS = frozenset({
     "drain", "undrain",  # a GPU taken out of service by an admin, and put back (issue 42)
     "admin_log",  # what admins (and colo's fault drains) did: colo history --admin (issue 42)
 })
-# An event that carries a file descriptor (a session's terminal): sent with SCM_RIGHTS on its line's
-# first byte. The daemon's streams name it with this key; the JSON sent says {"tty": true}.
+# An event that carries a file descriptor (a session's terminal), or three (the pipes of a host
+# session without one): sent with SCM_RIGHTS on its line's first byte. The daemon's streams name it with this key; the JSON sent says {"tty": true}.
 PASS_FD = "_fd"
 SIGNALS = (1, 2, 3, 10, 12, 15)  # HUP INT QUIT USR1 USR2 TERM: what a job's shim passes on to it
 SIGNAL_NAMES = {"HUP": 1, "INT": 2, "QUIT": 3, "USR1": 10, "USR2": 12, "TERM": 15}  # (Linux's numbers)

@@ -12,6 +12,7 @@ import random
 import shutil
 import signal
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,14 @@ def docker_client():
             pytest.fail(f"COLO_REQUIRE_DOCKER=1 but no Docker engine answers: {c}")
         pytest.skip(f"no Docker engine: {c}")
     return c
+
+
+@pytest.fixture(scope="session")
+def session_image(docker_client):
+    """The sessions' test image (dash, coreutils) with stty: a window size to read
+    (test_sessions.py, test_sessions_held.py)."""
+    from colo.runtimes.image import build_local_image
+    return build_local_image(docker_client, "colo-test/session:1", extra_files={"/usr/bin/stty": Path("/usr/bin/stty")})
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import threading
 
 import pytest
 
@@ -227,13 +228,15 @@ def test_what_a_session_may_not_be(node):
     c = node.client
     for spec, words in (({"argv": ["sh"], "gpus": 0, "array": "0-3"}, "--array"),
                         ({"argv": ["sh"], "gpu_mem": "1GiB", "grow": True}, "--grow"),
-                        ({"argv": ["sh"], "gpus": 0, "pipe": True}, "container session")):
+                        ({"argv": ["sh"], "gpus": 0, "pipe": True, "detach": True}, "with its client")):
         err = client_error(lambda: list(c.stream("session", spec=spec)))
         assert err is not None and words in err[0] and err[1] == "invalid"
     err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "tty": True}))
     assert err is not None and err[1] == "forbidden"  # a terminal is the daemon's to give
     err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "detached": True}))
     assert err is not None and err[1] == "forbidden"  # and to keep
+    err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "pipe": True}))
+    assert err is not None and err[1] == "forbidden"  # and to leave out
     err = client_error(lambda: c.submit({"argv": ["sh"], "gpus": 0, "interactive": 1}))
     assert err == ("interactive must be true or false", "invalid")
 
@@ -288,15 +291,6 @@ def test_an_orphaned_session_ends_after_a_daemon_restart(node, alice):
     assert ended["state"] == "cancelled" and "the session's client went away" in ended["reason"], ended
 
 
-@pytest.fixture(scope="module")
-def session_image(docker_client):
-    """The test image (dash, coreutils) with stty: a window size to read."""
-    from pathlib import Path
-
-    from colo.runtimes.image import build_local_image
-    return build_local_image(docker_client, "colo-test/session:1", extra_files={"/usr/bin/stty": Path("/usr/bin/stty")})
-
-
 @pytest.mark.docker
 def test_a_container_shell_is_the_same_session(node, alice, session_image):
     """colo shell --image: the job is a container of alice's uid on the terminal the engine
@@ -338,17 +332,40 @@ def test_a_container_shell_is_the_same_session(node, alice, session_image):
     assert ended["exit_code"] == 7
 
 
+def _fed(node, pw, data: bytes, *args: str) -> tuple[bytes, bytes, int]:
+    """`colo ARGS` as user `pw` fed `data` from a pipe (written as it is taken): its (stdout, stderr, exit code)."""
+    c = Cli(node.socket, pw, *args)
+    feeder = threading.Thread(target=c.feed, args=(data,))
+    try:
+        feeder.start()
+        return c.output()
+    finally:
+        feeder.join()
+        c.close()
+
+
+def test_a_run_fed_from_a_pipe_has_no_terminal(node, alice):
+    """`printf 'a\nb\n' | colo run -- sh -c '...'`, as ssh without a terminal: the input reaches
+    the job and ends there, stdout comes back exactly (no echo, no \r), stderr apart, and the exit
+    code is the client's; the job's stdin, stdout and stderr are pipes of its user's (it opens
+    /dev/stdin) and it has no controlling terminal."""
+    script = ("cat; echo err >&2; test -p /dev/stdout && test -p /dev/stderr && echo pipes; "
+              "tty >/dev/null 2>&1 || echo no-tty; exit 3")
+    out, err, code = _fed(node, alice, b"a\nb\n", "run", "--gpus", "0", "--", "sh", "-c", script)
+    assert (out, code) == (b"a\nb\npipes\nno-tty\n", 3), (out, err, code)
+    assert [ln for ln in err.splitlines() if not ln.startswith(b"colo: ")] == [b"err"], err
+    # past the pipes' buffers: it flows as it is taken, to its end
+    out, err, code = _fed(node, alice, b"x" * 300_000, "run", "--gpus", "0", "--", "sh", "-c", "cat /dev/stdin")
+    assert (len(out), out.strip(b"x"), code) == (300_000, b"", 0), (len(out), err, code)
+
+
 @pytest.mark.docker
 def test_a_container_run_fed_from_a_pipe_has_no_terminal(node, alice, session_image):
     """`printf 'a\nb\n' | colo run --image IMG -- sh -c '...'`, as `docker run -i`: the input
     reaches the container and ends there, stdout comes back exactly (no echo of the input, no \r),
     stderr apart, and the exit code is the client's."""
-    c = Cli(node.socket, alice, "run", "--image", session_image, "--", "sh", "-c", "cat; echo err >&2; exit 3")
-    try:
-        c.feed(b"a\nb\n")
-        out, err, code = c.output()
-    finally:
-        c.close()
+    out, err, code = _fed(node, alice, b"a\nb\n", "run", "--image", session_image, "--", "sh", "-c",
+                          "cat; echo err >&2; exit 3")
     assert (out, code) == (b"a\nb\n", 3), (out, err, code)
     assert b"err\n" in err and b"a" not in err, err
 

@@ -226,6 +226,32 @@ def test_the_detach_keys_of_the_config_take_effect(node, users):
         _end(node, j)
 
 
+@pytest.mark.docker
+def test_queued_detached_sessions_count_toward_the_limit_through_a_kill_9(node, users, session_image):
+    """max_detached_per_user = 3, three detached container sessions queued behind root's job that
+    holds the GPU: a fourth is refused in one line (exit 1), and still so once the daemon was
+    killed with SIGKILL and started again (their terminals went with it: they count as the queued
+    jobs they are); the three stay queued, none lost."""
+    alice, _ = users
+    refused = f"you have {MOST} detached sessions, the most allowed"
+    blocker = node.client.submit({"argv": ["sleep", "600"], "gpu_mem": "16GiB", "workdir": "/tmp"})["id"]
+    jobs = []
+    try:
+        node.wait_state(blocker, "running")
+        jobs += [detached_job(node, alice, "run", "--detach", "--image", session_image, "--gpu-mem", "1GiB", "--",
+                              "sleep", "600") for _ in range(MOST)]
+        says(node, alice, refused, 1, "run", "--detach", "--", "true")
+        node.kill9()
+        node.start()
+        os.chmod(node.socket.parent, 0o755)
+        says(node, alice, refused, 1, "run", "--detach", "--", "true")
+        assert [node.job(j)["state"] for j in jobs] == ["queued"] * MOST
+    finally:
+        for j in (blocker, *jobs):
+            node.client.cancel(j)
+            node.wait_state(j, "cancelled")
+
+
 def test_a_reload_gives_running_sessions_the_new_detach_keys(node, users):
     """SIGHUP with detach_scrollback 4KiB -> 16KiB and max_detached_per_user 3 -> 4: a held session
     that runs already keeps up to 16 KiB of what it writes from then on (its holder was told), and
@@ -261,6 +287,37 @@ def test_a_reload_gives_running_sessions_the_new_detach_keys(node, users):
                      120, "the daemon to apply the module's keys again")
         for j in jobs:
             _end(node, j)
+
+
+@pytest.mark.docker
+def test_a_reload_gives_running_container_relays_the_new_read_rate(node, users, session_image):
+    """detach_read_rate 4KiB, then the default (4MiB) by SIGHUP, while a detached container session
+    writes 16 MiB: at the first rate its relay reads a buffer (64 KiB at most) a second, four
+    minutes for it all; the reload gives the running relay the new rate, and its last line is in
+    the scrollback well within the backstop (two minutes)."""
+    alice, _ = users
+    base = node.config_path.read_text()
+
+    def reloaded(text: str, n: int) -> None:
+        node.config_path.write_text(text)
+        node.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: node.log.read_text().count("config reloaded: applied detach_read_rate") == n, 120,
+                 "the daemon to apply detach_read_rate")
+
+    applied, job = node.log.read_text().count("config reloaded: applied detach_read_rate"), None
+    try:
+        reloaded(base + 'detach_read_rate = "4KiB"\n', applied + 1)
+        job = detached_job(node, alice, "run", "--detach", "--image", session_image, "--", "sh", "-c",
+                           "head -c 16777216 /dev/zero; echo; echo END; exec sleep 600")
+        wait_for(lambda: b"\0" in replay(node, alice, job), 120, "the relay to read its first bytes")
+        reloaded(base, applied + 2)
+        wait_for(lambda: b"END" in replay(node, alice, job), 120, "its last line, at the new rate")
+    finally:
+        if node.config_path.read_text() != base:
+            reloaded(base, applied + 2)
+        if job is not None:
+            node.client.cancel(job)
+            node.wait_state(job, "cancelled")
 
 
 def test_an_attach_replays_the_last_bytes_of_a_holders_larger_scrollback(tmp_path):

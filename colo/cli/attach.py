@@ -9,10 +9,12 @@ on, as a window size change is (copied to it on SIGWINCH). The job's terminal re
 job has ended; its end (state, exit code) comes as the stream's final reply, and this terminal is
 put back as it was.
 
-`colo run --image` fed from a pipe gets no terminal, as `docker run -i`: the daemon sends a socket
-instead, on which this client's input goes to the container's (its end: the input's end), and the
-container's stdout and stderr come back in the engine's frames, each written to its own here.
-Ctrl-C ends the client, and so the job (cancelled).
+`colo run` fed from a pipe (this client's stdin or stdout no terminal) gets no terminal, as
+`docker run -i` and ssh without one: the daemon sends pipes instead (a host job's stdin, stdout
+and stderr: three), or a socket (a container's input, and its stdout and stderr in the engine's
+frames). This client's input goes to the job's as it comes, its end the input's end, and the job's
+stdout and stderr come back apart, each written to its own here, byte for byte. Ctrl-C ends the
+client, and so the job (cancelled).
 
 When this terminal hangs up, the kernel's SIGHUP ends this client, and so the session (the
 daemon cancels the job of a connection that closed). A client that was started with SIGHUP
@@ -113,17 +115,22 @@ def _terminal(fds: list[int]) -> int:
     return master
 
 
-def _wire(fds: list[int]) -> int:
-    """A container session's socket without a terminal (fed from a pipe), from what the daemon
-    sent: a socket, nothing else."""
-    sock = fds.pop(0)
-    for extra in fds:
+def _wire(fds: list[int]) -> list[int]:
+    """A session's ends without a terminal (fed from a pipe), from what the daemon sent: a
+    container's socket, or a host job's three pipes (the end that writes its stdin, those that read
+    its stdout and stderr); nothing else."""
+    ends = fds[:3] if len(fds) >= 3 else fds[:1]
+    for extra in fds[len(ends):]:
         os.close(extra)
     fds.clear()
-    if not stat.S_ISSOCK(os.fstat(sock).st_mode):
-        os.close(sock)
-        raise ClientError("the daemon sent a descriptor that is not a socket: refused")
-    return sock
+    modes = [(os.fstat(fd).st_mode, fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE) for fd in ends]
+    if not (len(ends) == 1 and stat.S_ISSOCK(modes[0][0])
+            or len(ends) == 3 and all(stat.S_ISFIFO(m) for m, _ in modes)
+            and [a for _, a in modes] == [os.O_WRONLY, os.O_RDONLY, os.O_RDONLY]):
+        for fd in ends:
+            os.close(fd)
+        raise ClientError("the daemon sent descriptors that are neither a socket nor a session's pipes: refused")
+    return ends
 
 
 def _copy_size(src: int, dst: int) -> None:
@@ -133,14 +140,12 @@ def _copy_size(src: int, dst: int) -> None:
         pass
 
 
-def _prepare(master: int, stdin_tty: bool, stdout_tty: bool) -> None:
-    """The job's terminal as this one is: its modes and size (a pipe's bytes stay data)."""
-    attrs = termios.tcgetattr(0 if stdin_tty else master)
-    if stdin_tty:
-        _copy_size(0, master)
-    else:  # no keys to act on: ^C in piped data is a byte, and input is not echoed back
-        attrs[3] &= ~(termios.ECHO | termios.ISIG)
-    if not stdout_tty:  # a file gets the job's lines as written, without \r
+def _prepare(master: int, stdout_tty: bool) -> None:
+    """The job's terminal as this one (stdin: a session fed from a pipe has none) is: its modes
+    and size."""
+    attrs = termios.tcgetattr(0)
+    _copy_size(0, master)
+    if not stdout_tty:  # (colo shell > file) a file gets the job's lines as written, without \r
         attrs[1] &= ~termios.OPOST
     termios.tcsetattr(master, termios.TCSANOW, attrs)
 
@@ -170,15 +175,15 @@ def run(client: Client, spec: dict | None = None, job: int | None = None, keys: 
     stdin_tty, stdout_tty = os.isatty(0), os.isatty(1)
     sock = client.connect(None)
     conn = _Conn(sock)
-    master, job_id, replay, detachable, piped = None, job, b"", False, False
+    master, wire, job_id, replay, detachable = None, None, job, b"", False
     try:
         sock.sendall(protocol.request("session", spec=spec) if job is None else protocol.request("attach", id=job))
         waited = False
         while True:  # until it starts (or ends first)
             msg = conn.next(0 if stdin_tty else None)
             if "ok" in msg:  # it ended before the stream said it started: what it wrote is still there
-                if master is not None and piped:
-                    _piped(master, conn, msg["result"])
+                if wire is not None:
+                    _piped(wire, conn, msg["result"])
                 elif master is not None:
                     _relay(master, conn, stdin_tty, stdout_tty, msg["result"], replay)
                 return _ended(msg["result"])
@@ -188,12 +193,14 @@ def run(client: Client, spec: dict | None = None, job: int | None = None, keys: 
             elif ev.get("tty"):
                 if not conn.fds:
                     raise ClientError("the daemon sent no terminal")
-                piped = bool(ev.get("pipe"))
-                master = _wire(conn.fds) if piped else _terminal(conn.fds)
+                if ev.get("pipe"):
+                    wire = _wire(conn.fds)
+                    continue
+                master = _terminal(conn.fds)
                 replay, detachable = base64.b64decode(ev.get("replay") or ""), bool(ev.get("detachable"))
                 if not ev.get("relay"):
-                    _prepare(master, stdin_tty, stdout_tty)
-                elif stdin_tty and not piped:  # a container's: its terminal (the engine's) has the modes, this one the size
+                    _prepare(master, stdout_tty)
+                elif stdin_tty:  # a container's: its terminal (the engine's) has the modes, this one the size
                     _copy_size(0, master)
             elif "waiting" in ev:
                 say(f"job {job_id} waits: {ev['waiting']}")
@@ -202,10 +209,10 @@ def run(client: Client, spec: dict | None = None, job: int | None = None, keys: 
                 if waited:
                     say(f"job {job_id} started")
                 break
-        if master is None:
+        if wire is not None:
+            end = _piped(wire, conn)
+        elif master is None:
             raise ClientError("the daemon sent no terminal")
-        if piped:
-            end = _piped(master, conn)
         else:
             end = _relay(master, conn, stdin_tty, stdout_tty, None, replay, keys if detachable else b"")
         if end is not None and end.get("detached"):  # the session runs on
@@ -223,8 +230,9 @@ def run(client: Client, spec: dict | None = None, job: int | None = None, keys: 
         pass
     finally:
         sock.close()
-        if master is not None:
-            os.close(master)
+        for fd in [master, *(wire or ())]:
+            if fd is not None and fd >= 0:
+                os.close(fd)
         for fd in conn.fds:
             os.close(fd)
     _hang_up()  # (only a hang-up gets here: every other way out returns above)
@@ -348,68 +356,87 @@ def _relay(master: int, conn: _Conn, stdin_tty: bool, stdout_tty: bool, end: dic
     return end
 
 
-def _piped(wire: int, conn: _Conn, end: dict | None = None) -> dict | None:
-    """Copy this client's input to the container's over `wire`, its end as the end of it, and the
-    container's output from the engine's frames (8 bytes: 1 stdout, 2 stderr, then the length, big
-    endian) to this client's stdout and stderr, until that output ends and the job's end is known
-    (as _relay)."""
-    sock = socket.socket(fileno=os.dup(wire))
-    sock.setblocking(False)
+def _piped(wire: list[int], conn: _Conn, end: dict | None = None) -> dict | None:
+    """Copy this client's input to the job's, its end as the end of it, and the job's stdout and
+    stderr to this client's, until that output ends and the job's end is known (as _relay).
+    `wire`: a host job's three pipes (its stdin's writer, its stdout's and stderr's readers), or a
+    container's socket, both ways, its output in the engine's frames (8 bytes: 1 stdout, 2 stderr,
+    then the length, big endian)."""
+    to_job, framed = wire[0], len(wire) == 1
+    outs = dict(zip(wire[1:], (1, 2))) if not framed else {wire[0]: 0}  # job's output -> this client's fd (0: framed)
+    for fd in wire:
+        os.set_blocking(fd, False)
     pending, frames = b"", b""  # input not yet sent; output not yet a whole frame
-    out_open, in_open, daemon_open = True, True, True
+    in_open, daemon_open = True, True
     broken: set[int] = set()  # this client's outputs that were closed (a reader that went): not written
-    try:
-        while out_open or (end is None and daemon_open):
-            rl = ([sock] if out_open else []) + ([0] if in_open and len(pending) < 1 << 16 else [])
-            if end is None and daemon_open:
-                rl.append(conn.sock)
-            r, w, _ = select.select(rl, [sock] if pending else [], [], 1.0 if end is not None else None)
-            if end is not None and not r and not w:
-                break
-            if 0 in r:
-                data = os.read(0, 1 << 16)
-                pending += data
-                in_open = bool(data)
-            if sock in w:
-                try:
-                    pending = pending[sock.send(pending):]
-                except BlockingIOError:
-                    pass
-                except OSError:  # the job's input is gone (its container ended): the rest is dropped
-                    pending, in_open = b"", False
-            if not in_open and not pending and in_open is not None:
-                in_open = None  # (sent once)
-                try:
-                    sock.shutdown(socket.SHUT_WR)  # end-of-file on the container's input
-                except OSError:
-                    pass
-            if sock in r:
-                try:
-                    data = sock.recv(1 << 16)
-                except BlockingIOError:
-                    data = None
-                except OSError:
-                    data = b""
-                out_open = data != b""
-                frames += data or b""
+
+    def write(fd: int, data: bytes) -> None:
+        if fd not in broken:
+            try:
+                _write_all(fd, data)
+            except BrokenPipeError:
+                broken.add(fd)
+
+    while outs or (end is None and daemon_open):
+        rl = list(outs) + ([0] if in_open and len(pending) < 1 << 16 else [])
+        if end is None and daemon_open:
+            rl.append(conn.sock)
+        r, w, _ = select.select(rl, [to_job] if pending else [], [], 1.0 if end is not None else None)
+        if end is not None and not r and not w:
+            break
+        if 0 in r:
+            data = os.read(0, 1 << 16)
+            pending += data
+            in_open = bool(data)
+        if to_job in w:
+            try:
+                pending = pending[os.write(to_job, pending):]
+            except BlockingIOError:
+                pass
+            except OSError:  # the job's input is gone (it ended, or closed it): the rest is dropped
+                pending, in_open = b"", False
+        if not in_open and not pending and in_open is not None:
+            in_open = None  # (sent once)
+            _end_input(wire)
+        for fd in [fd for fd in outs if fd in r]:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                del outs[fd]
+            elif not framed:
+                write(outs[fd], data)
+            else:
+                frames += data
                 while len(frames) >= 8 and len(frames) >= 8 + (size := int.from_bytes(frames[4:8], "big")):
-                    fd = 2 if frames[0] == 2 else 1
-                    if fd not in broken:
-                        try:
-                            _write_all(fd, frames[8:8 + size])
-                        except BrokenPipeError:
-                            broken.add(fd)
+                    write(2 if frames[0] == 2 else 1, frames[8:8 + size])
                     frames = frames[8 + size:]
-            if conn.sock in r:
-                daemon_open = conn.fill()
-                for msg in conn.messages():
-                    if "ok" in msg:
-                        end = msg["result"]
-                    elif "notice" in (msg.get("event") or {}):
-                        say(msg["event"]["notice"])
+        if conn.sock in r:
+            daemon_open = conn.fill()
+            for msg in conn.messages():
+                if "ok" in msg:
+                    end = msg["result"]
+                elif "notice" in (msg.get("event") or {}):
+                    say(msg["event"]["notice"])
+    return end
+
+
+def _end_input(wire: list[int]) -> None:
+    """End-of-file on the job's input: a container's socket shut for writing, a host job's pipe closed."""
+    if len(wire) == 3:
+        os.close(wire[0])
+        wire[0] = -1  # (closed: not closed again)
+        return
+    sock = socket.socket(fileno=os.dup(wire[0]))
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
     finally:
         sock.close()
-    return end
 
 
 def _write_all(fd: int, data: bytes) -> None:

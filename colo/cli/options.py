@@ -364,8 +364,10 @@ SHELL = Cmd(
 RUN = Cmd(
     "run", "colo.cli.sessions:run", "Run a command as a colo job attached to this terminal, as srun --pty does.",
     "It waits in the queue, then runs on a terminal of its own (Ctrl-C, Ctrl-Z and window size reach it); "
-    "exits with its exit code.\n\n"
-    "Example: colo run --gpu-mem 4GiB -- python train.py   ·   colo run --image pytorch:24.05 -- nvidia-smi",
+    "exits with its exit code. Fed from a pipe or written to one, it gets no terminal (as ssh without one): "
+    "your stdin is its, and its stdout and stderr come back apart.\n\n"
+    "Example: colo run --gpu-mem 4GiB -- python train.py   ·   colo run --image pytorch:24.05 -- nvidia-smi   ·   "
+    "printf 'a\\n' | colo run -- sort",
     _session(Arg("command", "the command, after --", many=True, required=False)), interspersed=False)
 ATTACH = Cmd(
     "attach", "colo.cli.sessions:attach", "Take over the terminal of a session started with --detach (yours).",

@@ -24,9 +24,10 @@ def _keys(given: Optional[str]) -> bytes:
 
 
 def _attached(command: list[str], sock: Optional[str], gpu_mem: Optional[str], gpus: Optional[int],
-              image: Optional[str] = None, detach: bool = False, **opts) -> int:
+              image: Optional[str] = None, detach: bool = False, pipe: bool = False, **opts) -> int:
     """Queue `command` as a session (a host process, or in a container of `image`) and be its
-    terminal until it ends (its exit code); with `detach`, leave it to the daemon (0)."""
+    terminal until it ends (its exit code); with `detach`, leave it to the daemon (0); with `pipe`,
+    run it without a terminal, its stdin, stdout and stderr this client's (as `docker run -i`)."""
     from . import attach
 
     env = list(opts.pop("env"))
@@ -34,7 +35,7 @@ def _attached(command: list[str], sock: Optional[str], gpu_mem: Optional[str], g
         env.insert(0, f"TERM={os.environ['TERM']}")
     spec = build_spec(command, image=image, process=not image, gpu_mem=gpu_mem,
                       gpus=(1 if gpu_mem else 0) if gpus is None else gpus, env=env, **opts)
-    if image and not detach and not sys.stdin.isatty():  # as `docker run -i`: no terminal, stdout and stderr apart
+    if pipe and not detach:
         spec = {**spec, "pipe": True}
     if detach:
         job = Client(sock and Path(sock)).call("session", spec={**spec, "detach": True})
@@ -66,7 +67,9 @@ def run(command: list[str], sock: Optional[str] = None, gpu_mem: Optional[str] =
     """`colo run` (colo/cli/options.py)."""
     if not command:
         raise Fail("missing command: give it after `--`, e.g. colo run --gpu-mem 4GiB -- python train.py")
-    return _attached(list(command), sock, gpu_mem, gpus, image, detach, **opts)
+    # fed from a pipe or written to one: no terminal, stdout and stderr apart (docker run -i, ssh without -t)
+    pipe = not (os.isatty(0) and os.isatty(1))
+    return _attached(list(command), sock, gpu_mem, gpus, image, detach, pipe, **opts)
 
 
 def attach(job: str, keys: Optional[str] = None, sock: Optional[str] = None) -> int:

@@ -12,7 +12,7 @@ import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .. import protocol
 from ..jobs import JobSpec
@@ -47,25 +47,27 @@ class Admission:
     """Owns nothing that lasts: each check asks the parts as they are now."""
 
     def __init__(self, config: "Config", store: "Store", gpus: "Gpus", engines: "Engines", scheduler: "Scheduler",
-                 native: Path):
+                 native: Path, detached_count: Callable[[int], int]):
         self.config, self.store, self.gpus, self.engines, self.scheduler = config, store, gpus, engines, scheduler
         self.native = native  # colo's compiled helpers (pin's)
+        self.detached_count = detached_count  # the table's: a user's open detached sessions, queued or running
 
     def protected(self) -> list[Path]:
         """What no job may mount or write: colo's state and its socket's folder."""
         return [self.config.state_dir, self.config.socket.parent]
 
-    async def submission(self, caller: Caller, raw: dict, tty: bool = False, detached: bool = False) -> Submission:
+    async def submission(self, caller: Caller, raw: dict, tty: bool = False, detached: bool = False,
+                         pipe: bool = False) -> Submission:
         """`raw` (a submit's spec) checked whole for `caller`; with no await after the last check,
         so the caller stores the job before anything else runs (see admit).
         tty: a session's job (op `session`), which starts on the terminal the daemon made for it;
-        detached: one started with --detach (the daemon keeps its terminal)."""
+        detached: one started with --detach (the daemon keeps its terminal); pipe: one without a terminal."""
         protected = self.protected()
         try:
             # --after 12_3, --after prep: made job ids here (deps.py), before the spec is checked
             spec = check_spec(deps.resolved(self.store, raw, caller.user) if isinstance(raw, dict) else raw,
                               caller, protected)
-            spec.tty, spec.detached = tty, tty and detached
+            spec.tty, spec.detached, spec.pipe = tty, tty and detached, tty and pipe
             array = raw.get("array")
             indices, limit = parse_array(array) if array is not None else (None, None)
             if spec.mail_type and not mail.transfer_agent():
@@ -83,7 +85,17 @@ class Admission:
             except Forbidden as e:
                 raise ApiError(str(e), protocol.FORBIDDEN) from None
         await self.admit(spec, caller, caller.user, caller.uid, tasks=len(indices) if indices else 1)
+        if spec.detached:  # after the last await: two sessions asked for at once cannot both pass
+            self._detach_check(caller.uid)
         return Submission(spec, indices, limit, caller.user if raw.get("hold") else None)
+
+    def _detach_check(self, uid: int) -> None:
+        """max_detached_per_user (0: no limit): queued detached sessions count as running ones do."""
+        most, n = self.config.max_detached_per_user, self.detached_count(uid)
+        if most and n >= most:
+            raise ApiError(f"you have {n} detached sessions, the most allowed (max_detached_per_user = {most}; queued "
+                           "ones count): end or attach to one (colo ls, colo cancel JOB, colo attach JOB)",
+                           protocol.FORBIDDEN)
 
     def edited(self, caller: Caller, raw: dict) -> JobSpec:
         """An edited queued job's spec (`raw`: the stored one with the changes) in its form."""

@@ -120,10 +120,11 @@ class Api:
                            "open_files": resource.getrlimit(resource.RLIMIT_NOFILE)[0]},  # (RLIM_INFINITY: -1)
                 "metrics": c.metrics_listen}
 
-    async def submit(self, caller: Caller, args: dict, tty: bool = False, detached: bool = False) -> dict:
+    async def submit(self, caller: Caller, args: dict, tty: bool = False, detached: bool = False,
+                     pipe: bool = False) -> dict:
         """tty: a session's job (op `session`), which starts on the terminal the daemon made for it;
-        detached: one started with --detach."""
-        s = await self.admission.submission(caller, args.get("spec"), tty, detached)
+        detached: one started with --detach; pipe: one on pipes instead (colo run fed from a pipe)."""
+        s = await self.admission.submission(caller, args.get("spec"), tty, detached, pipe)
         if s.indices is None:
             return self.summary(self.d.table.add(s.spec, caller.uid, caller.gid, caller.user, held_by=s.held_by))
         jobs = self.d.table.add_array(s.spec, s.indices, s.limit, caller.uid, caller.gid, caller.user,
@@ -167,7 +168,7 @@ class Api:
         raw.pop("mounts")  # checked as the owner at submit; unchanged, and not re-read as whoever edits
         raw.pop("slurm_job", None)
         raw.pop("asked_mem", None)  # the daemon's (None while queued)
-        kept = {k: raw.pop(k, None) for k in (*ARRAY_FIELDS, "copy_of", "tty", "detached")}  # the daemon's, not the submitter's
+        kept = {k: raw.pop(k, None) for k in (*ARRAY_FIELDS, "copy_of", "tty", "detached", "pipe")}  # the daemon's, not the submitter's
         spec = self.admission.edited(caller, raw)
         spec.mounts = job.spec.mounts
         for k, v in kept.items():

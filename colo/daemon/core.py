@@ -137,7 +137,7 @@ class Daemon:
                                wake=self.scheduler.wake, faulted=self.drains.faults)
         self.recovery = Recovery(c, self.table, self.engines, self.gpus, self.launcher, self.cgroups,
                                  wake=self.scheduler.wake)
-        self.terminals = Terminals(c.detach_scrollback, c.detach_read_rate, c.max_detached_per_user,
+        self.terminals = Terminals(c.detach_scrollback, c.detach_read_rate,
                                    holders=c.state_dir / "holders", cancel=self.launcher.cancel)
         self.sessions = Watch(self.table, self.engines, cancel=self.launcher.cancel, terminals=self.terminals)
         self.retention = Retention(c, self.table, self.launcher, wake=self.scheduler.wake)
@@ -153,7 +153,8 @@ class Daemon:
         self.onend = OnEnd(c, native_dir, self.cgroups, (lambda: nodes.deny_rules([])) if nodes is not None else None)
         self.listing = Listing(c, self.table, self.store, self.scheduler, self.gpus, self.patrol, self.sampler,
                                self.suspender, self.terminals.note)
-        self.admission = Admission(c, self.store, self.gpus, self.engines, self.scheduler, native_dir)
+        self.admission = Admission(c, self.store, self.gpus, self.engines, self.scheduler, native_dir,
+                                   self.table.detached_count)
         # who hears of what, in this order: the table's watchers run after each change
         self.table.on_change.extend([self.launcher.job_changed, self.scheduler.queue_changed,
                                      *([self.metrics.job_changed] if self.metrics is not None else []),

@@ -60,7 +60,6 @@ from ..jobs import TERMINAL, Job
 
 log = logging.getLogger("colo")
 SCROLLBACK = 128 << 10  # bytes of a detached session's output kept for the next attach
-MAX_PER_USER = 16  # detached sessions (queued or running) one user may have: each holds descriptors
 SIZE = (24, 80)  # a detached session's window until a client attaches with its own
 SIZE_LOOK = 0.5  # seconds between looks at an attached client's window size
 PENDING = 1 << 16  # bytes on their way to a side that does not take them, before the other is not read
@@ -118,19 +117,18 @@ class Terminals:
     holders' sockets (None: host sessions are kept here, as container sessions are, and end with
     the daemon); `cancel`: the launcher's, for a session whose holder went away."""
 
-    def __init__(self, scrollback: int = SCROLLBACK, rate: int = RATE, most: int = MAX_PER_USER,
-                 holders: Path | None = None, cancel=None):
-        self.scrollback, self.rate, self.most = scrollback, rate, most
+    def __init__(self, scrollback: int = SCROLLBACK, rate: int = RATE, holders: Path | None = None, cancel=None):
+        self.scrollback, self.rate = scrollback, rate
         self.holders, self.cancel = holders, cancel
         self.kept: dict[int, Kept] = {}
         self.held: dict[int, Held] = {}
         self._attaches = 0
         self._tasks: set[asyncio.Task] = set()  # cancels and reaps under way (kept referenced)
 
-    def configure(self, scrollback: int, rate: int, most: int) -> None:
+    def configure(self, scrollback: int, rate: int) -> None:
         """New detach keys (a reload): for the sessions to come and those running, their holders
         told (`set`) as the daemon's own terminals read them at each use."""
-        self.scrollback, self.rate, self.most = scrollback, rate, most
+        self.scrollback, self.rate = scrollback, rate
         for h in self.held.values():
             self._tell(h, {"op": "set", "scrollback": scrollback, "rate": rate})
 
@@ -141,14 +139,6 @@ class Terminals:
 
     def holds(self, job_id: int) -> bool:
         return job_id in self.kept or job_id in self.held
-
-    def count(self, uid: int) -> int:
-        return (sum(1 for k in self.kept.values() if k.uid == uid)
-                + sum(1 for h in self.held.values() if h.uid == uid))
-
-    def full(self, uid: int) -> bool:
-        """Has `uid` as many detached sessions as it may (max_detached_per_user; 0: no limit)?"""
-        return bool(self.most) and self.count(uid) >= self.most
 
     # keeping -------------------------------------------------------------------------------------
     def keep(self, job_id: int, uid: int, master: int, screen: bytes = b"") -> None:

@@ -1,7 +1,9 @@
 """The open jobs: the store's queued and active rows mirrored in memory, and the one way a job
 changes state.
 
-Owns: `open` (id -> Job, queued and active), the index of active jobs, and `changed` (wakes
+Owns: `open` (id -> Job, queued and active), the index of active jobs, each user's open detached
+sessions (max_detached_per_user counts them, queued ones too: a restart leaves those no
+terminal until they start), and `changed` (wakes
 whoever waits for any job to change: `colo wait`, `logs -f`). Every change goes to the store
 first (checked there, colo/jobs.py's state machine), then here, then to the watchers the daemon
 registered (`on_change(prev, job)`, `on_edit(prev, job)`): the scheduler files queued jobs, the
@@ -48,6 +50,9 @@ class JobTable:
         # walking 10,000 queued jobs for them made that most of a pass
         self._active: dict[int, None] = {j.id: None for j in sorted(self.open.values(), key=lambda j: j.id)
                                          if j.state in ACTIVE}
+        self._detached: dict[int, set[int]] = {}  # uid -> ids of its open detached sessions' jobs
+        for j in self.open.values():
+            self._file_detached(j)
         self.changed = Changes()
         self.on_change: list[Callable[[Job | None, Job], None]] = []
         self.on_edit: list[Callable[[Job, Job], None]] = []
@@ -95,6 +100,10 @@ class JobTable:
             if not mine & foreign_gpus and not any(mine & set(j.gpus) for j in self.active(*ACTIVE) if j.id != job.id):
                 return "exclusive"
         return job.mode.value
+
+    def detached_count(self, uid: int) -> int:
+        """How many detached sessions `uid` has open, queued or running."""
+        return len(self._detached.get(uid, ()))
 
     def state_of(self, job_id: int) -> State | None:
         try:
@@ -157,8 +166,20 @@ class JobTable:
             self._active[job.id] = None
         else:
             self._active.pop(job.id, None)
+        self._file_detached(job)
         for fn in self.on_change:
             fn(prev, job)
+
+    def _file_detached(self, job: Job) -> None:
+        if not job.spec.detached:
+            return
+        mine = self._detached.setdefault(job.uid, set())
+        if job.state in TERMINAL:
+            mine.discard(job.id)
+            if not mine:
+                del self._detached[job.uid]
+        else:
+            mine.add(job.id)
 
     def _notify(self) -> None:
         asyncio.get_running_loop().call_soon(self.changed.notify_all)

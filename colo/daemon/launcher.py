@@ -73,11 +73,11 @@ class Launcher:
         self._cancel_retry = Backoff()  # when to try again stops of cancelled jobs the engine refused
         self._engine_said: dict[int, str] = {}  # job -> what the engine last said of it (logged once)
         self.removals = Removals(table, engines)  # containers of ended jobs still to be removed
-        # sessions' jobs (op `session`) -> the slave end of the pty the daemon made, until the start
-        # hands it to the job (colo/daemon/session.py)
-        self._terminals: dict[int, int] = {}
+        # sessions' jobs (op `session`) -> the slave end of the pty the daemon made (or the socket, or
+        # the three pipes, of one without a terminal), until the start hands it to the job
+        # (colo/daemon/session.py)
+        self._terminals: dict[int, int | tuple[int, int, int]] = {}
         self._kept: set[int] = set()  # of those, detached sessions' (detach.py)
-        self._wires: set[int] = set()  # of those, a socket, not a terminal (colo run --image from a pipe)
         # a detached session's terminal made again (its master kept), for one that lost its own
         # in a restart while queued: its slave end (session.renew)
         self.renew = renew
@@ -89,24 +89,21 @@ class Launcher:
             self.drop_terminal(job.id)
 
     # sessions' terminals ----------------------------------------------------------------------
-    def give_terminal(self, job_id: int, fd: int, kept: bool = False, pipe: bool = False) -> None:
+    def give_terminal(self, job_id: int, fd: int | tuple[int, int, int], kept: bool = False) -> None:
         """The terminal a session's job starts on (the launcher closes it); `kept`: a detached
-        session's (the runtime marks it so, to find it again after a restart); `pipe`: `fd` is a
-        socket, the container's input and output without a terminal (runtimes/ttyrelay.py)."""
+        session's (the runtime marks it so, to find it again after a restart). Without a terminal
+        (its spec's `pipe`): a container's socket (runtimes/ttyrelay.py), a host job's three pipes."""
         self.drop_terminal(job_id)
         self._terminals[job_id] = fd
         if kept:
             self._kept.add(job_id)
-        if pipe:
-            self._wires.add(job_id)
 
     def drop_terminal(self, job_id: int) -> None:
         """The session ended before its job started, or its client went away: the slave end goes."""
         fd = self._terminals.pop(job_id, None)
         self._kept.discard(job_id)
-        self._wires.discard(job_id)
-        if fd is not None:
-            os.close(fd)
+        for end in fd if isinstance(fd, tuple) else () if fd is None else (fd,):
+            os.close(end)
 
     # what the scheduler asks ------------------------------------------------------------------
     def start_wait(self, job_id: int) -> str | None:
@@ -144,13 +141,16 @@ class Launcher:
             rt = self.engines.runtime_for(job)
             launch = await asyncio.to_thread(self.build_launch, job, d)
             if job.spec.tty:  # the runtime closes it once the job has it
-                launch.tty, launch.kept, launch.pipe = (self._terminals.pop(job.id, None), job.id in self._kept,
-                                                        job.id in self._wires)
+                ends = self._terminals.pop(job.id, None)
+                if isinstance(ends, tuple):  # a host session's pipes (the shim's --stdio-fds)
+                    launch.stdio = ends
+                else:
+                    launch.tty = ends
+                launch.kept, launch.pipe = job.id in self._kept, job.spec.pipe
                 self._kept.discard(job.id)
-                self._wires.discard(job.id)
                 if launch.tty is None and job.spec.detached and self.renew is not None:  # lost in a restart
                     launch.tty, launch.kept = self.renew(job), True
-                if launch.tty is None:
+                if launch.tty is None and launch.stdio is None:
                     raise StartError("its terminal is gone (the session's client hung up, or colo restarted, "
                                      "before it started)")
             handle = await asyncio.to_thread(rt.start, launch)

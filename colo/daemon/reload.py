@@ -65,7 +65,7 @@ def reload(daemon: "Daemon", load: Callable[[], Config]) -> tuple[list[str], lis
     if LIMITS & set(live):
         daemon.scheduler.set_limits(new.max_queued_per_user, new.max_running_per_user, new.max_gpu_mem_per_user)
     if DETACH & set(live):
-        daemon.terminals.configure(new.detach_scrollback, new.detach_read_rate, new.max_detached_per_user)
+        daemon.terminals.configure(new.detach_scrollback, new.detach_read_rate)  # (the limit: admission reads the config)
         daemon.engines.set_tty_rate(new.detach_read_rate)
     if live:
         daemon.wake()  # a limit or policy that changed may start or stop something now

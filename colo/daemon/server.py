@@ -388,11 +388,13 @@ class Server:
                     writer.write(protocol.event(ev))
                     await writer.drain()
                     continue
+                fds = fd if isinstance(fd, tuple) else (fd,)  # (a session's pipes: three)
                 try:
                     await writer.drain()  # what went before it, in order
-                    await _send_fd(writer, protocol.event(ev), fd)
+                    await _send_fd(writer, protocol.event(ev), fds)
                 finally:
-                    os.close(fd)  # the daemon keeps no copy: the client's is the only one
+                    for fd in fds:
+                        os.close(fd)  # the daemon keeps no copy: the client's is the only one
         finally:
             if hangup.done() and not hangup.cancelled():
                 hangup.exception()  # (a reset connection: a hang-up like any other)
@@ -418,14 +420,14 @@ async def _gone(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         await asyncio.sleep(HALF_CLOSED_CHECK)
 
 
-async def _send_fd(writer: asyncio.StreamWriter, data: bytes, fd: int) -> None:
-    """`data` with `fd` on its first byte (SCM_RIGHTS). Through a duplicate of the connection's
+async def _send_fd(writer: asyncio.StreamWriter, data: bytes, fds: tuple[int, ...]) -> None:
+    """`data` with `fds` on its first byte (SCM_RIGHTS). Through a duplicate of the connection's
     socket (asyncio's own does not send ancillary data); it shares the non-blocking file."""
     s = socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno()))
     try:
         for _ in range(6000):  # a client that reads nothing for a minute is dropped (REPLY_TIMEOUT)
             try:
-                sent = socket.send_fds(s, [data], [fd])
+                sent = socket.send_fds(s, [data], list(fds))
                 break
             except BlockingIOError:
                 await asyncio.sleep(0.01)

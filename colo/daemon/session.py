@@ -9,6 +9,11 @@ no copy: the client, the job's owner by construction (its SO_PEERCRED uid submit
 only holder. The daemon never relays a byte; Ctrl-C, Ctrl-Z and window sizes act on the pty
 itself. The stream then says why the job waits and when it started, and ends with the job.
 
+Fed from a pipe (`colo run` whose client has no terminal, as ssh without one and `docker run -i`;
+op `session` with `pipe`), the job gets none: a host job runs on three pipes (its stdin, stdout,
+stderr), whose other ends go to the client as the master would; a container's input and output
+go over a socket (runtimes/ttyrelay.py). Nothing of a host job's bytes passes the daemon either.
+
 The session ends with its client: when the connection closes (the client hung up or was killed)
 the job is cancelled, queued or running; and closing the master hangs the terminal up, which
 sends SIGHUP to the job's session. When the job ends, its terminal closes (the client reads EIO).
@@ -60,21 +65,18 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
     detached, pipe = raw.pop("detach", False), raw.pop("pipe", False)
     if detached not in (True, False) or pipe not in (True, False):
         raise Refused("detach and pipe must be true or false")
-    if pipe and (raw.get("image") is None or detached):  # (a host session's terminal is set for a pipe)
-        raise Refused("pipe is for a container session fed from a pipe, with its client: colo run --image")
-    if detached and d.terminals.full(caller.uid):
-        raise Refused(f"you have {d.terminals.most} detached sessions, the most allowed: end or attach to "
-                      "one (colo ls, colo attach JOB)")
-    master, slave = _wire() if pipe else _pair(raw.get("image") is not None)
+    if pipe and detached:
+        raise Refused("pipe is for a session fed from a pipe, with its client: colo run")
+    container = raw.get("image") is not None
+    master, slave = (_wire() if container else _pipes()) if pipe else _pair(container)
     try:
-        job = await api.submit(caller, {"spec": {**raw, "interactive": True}}, tty=True, detached=detached)
+        job = await api.submit(caller, {"spec": {**raw, "interactive": True}}, tty=True, detached=detached, pipe=pipe)
     except BaseException:
-        os.close(master)
-        os.close(slave)
+        _close(master, slave)
         raise
     job_id = job["id"]
     # No await since the job was stored: the scheduler has not seen it without its terminal.
-    d.launcher.give_terminal(job_id, slave, kept=detached, pipe=pipe)
+    d.launcher.give_terminal(job_id, slave, kept=detached)
     if detached:  # the daemon holds it from now on: the client goes, the session stays
         _keep(d.terminals, job_id, job["uid"], master, raw.get("image") is not None)
         yield {"final": job}
@@ -87,8 +89,8 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
         ev = {"tty": True, protocol.PASS_FD: master}
         if raw.get("image") is not None:
             ev["relay"] = True  # (the client copies its window size to it, not its modes)
-        if pipe:
-            ev["pipe"] = True  # a socket: the container's input, and its stdout and stderr in the engine's frames
+        if pipe:  # a container's socket (its input; its stdout and stderr in the engine's frames), or a
+            ev["pipe"] = True  # host job's pipes (its stdin, stdout, stderr)
         master = None  # the server sends it and closes it
         yield ev
         async for ev in _follow(api, job_id):
@@ -96,7 +98,7 @@ async def attach(api, caller: Caller, raw: dict) -> AsyncIterator[dict[str, Any]
     finally:
         d.sessions.attached.discard(job_id)
         if master is not None:
-            os.close(master)
+            _close(master)
         d.launcher.drop_terminal(job_id)
         # the client went away: so does its session (not the daemon stopping: the session runs on)
         if not d.stopping and d.table.job(job_id).state not in TERMINAL:
@@ -117,6 +119,20 @@ def _wire() -> tuple[int, int]:
     socket pair (the client's, the job's), non-inheritable."""
     client, job = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     return client.detach(), job.detach()
+
+
+def _pipes() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """A host session's ends without a terminal (fed from a pipe, as ssh without one): three pipes,
+    (the client's ends: stdin's writer, stdout's and stderr's readers; the job's: the others),
+    non-inheritable. Pipes, not sockets: a job may open /dev/stdin."""
+    ends = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]
+    return (ends[0][1], ends[1][0], ends[2][0]), (ends[0][0], ends[1][1], ends[2][1])
+
+
+def _close(*ends: int | tuple[int, ...]) -> None:
+    for end in ends:
+        for fd in end if isinstance(end, tuple) else (end,):
+            os.close(fd)
 
 
 def _keep(terminals: detach.Terminals, job_id: int, uid: int, master: int, container: bool) -> None:
@@ -219,8 +235,9 @@ class Watch:
     async def sweep(self, now: float | None = None) -> None:
         """Cancel the unattached session jobs whose terminal hung up HANGUP_GRACE ago or more."""
         now = time.monotonic() if now is None else now
+        # (not a host session on pipes: they are its client's, whose going the job sees as a pipe's end)
         jobs = [j for j in self.table.jobs_in(State.RUNNING) if j.spec.tty and j.handle and j.id not in self.attached
-                and not j.cancel_by and not self.terminals.holds(j.id)]
+                and not j.cancel_by and not self.terminals.holds(j.id) and not (j.spec.pipe and j.spec.image is None)]
         hung, found = await asyncio.to_thread(self._hung_up, jobs) if jobs else (set(), {})
         for i, (master, screen) in found.items():  # detached container sessions, after a restart
             log.info("job %d: its detached session's terminal is kept again", i)

@@ -52,6 +52,9 @@ class Launch:
     # `tty` is a wire instead (a socket: `colo run --image` fed from a pipe, as `docker run -i`):
     # the container gets no terminal; its input, stdout and stderr go over it (runtimes/ttyrelay.py)
     pipe: bool = False
+    # A host session without a terminal (`colo run` fed from a pipe, as ssh without one): the job's
+    # stdin, stdout and stderr, pipes whose other ends went to the client. Owned as `tty` is.
+    stdio: tuple[int, int, int] | None = None
     kept: bool = False  # a detached session's (colo/daemon/detach.py): found again after a restart, attachable
 
     @property

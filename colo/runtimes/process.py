@@ -75,18 +75,21 @@ def user_setup(uid: int, gid: int, base: dict[str, str]) -> tuple[dict[str, str]
 
 def spawn(shim: str, exit_file: Path, argv: list[str], uid: int | None, gid: int, groups: list[int], workdir: str,
           env: dict[str, str], out: int, extra: list[str] = (), stdin=subprocess.DEVNULL,
-          tty: int | None = None) -> subprocess.Popen:
+          tty: int | None = None, stdio: tuple[int, int, int] | None = None) -> subprocess.Popen:
     """colo-shim running `argv` as uid:gid (None: as the daemon's own user) in `workdir`, its output
     on the descriptor `out`, its exit status to `exit_file`; `extra`: more of the shim's options;
-    `tty`: a session's terminal, which the shim makes the job's controlling terminal."""
+    `tty`: a session's terminal, which the shim makes the job's controlling terminal; `stdio`: a
+    session's pipes instead, which the shim makes the job's stdin, stdout and stderr."""
     args = [shim, str(exit_file), "--workdir", workdir, *extra]
     if uid is not None:
         args += ["--user", f"{uid}:{gid}:{','.join(map(str, groups))}".rstrip(":")]
     # The environment goes through a memfd, not argv (which every user can read in /proc).
     envfd = os.memfd_create("colo-env", os.MFD_CLOEXEC)
-    fds = (envfd,) if tty is None else (envfd, tty)
+    fds = (envfd, *([] if tty is None else [tty]), *(stdio or ()))
     if tty is not None:
         args += ["--tty-fd", str(tty)]
+    if stdio is not None:
+        args += ["--stdio-fds", ",".join(map(str, stdio))]
     try:
         os.write(envfd, b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
         os.lseek(envfd, 0, os.SEEK_SET)
@@ -135,8 +138,8 @@ class ProcessRuntime:
         try:
             return self._start_attempt(launch)
         finally:
-            if launch.tty is not None:  # the shim's child has it now (or the start failed)
-                os.close(launch.tty)
+            for fd in ([launch.tty] if launch.tty is not None else []) + list(launch.stdio or ()):
+                os.close(fd)  # the shim's child has it now (or the start failed)
 
     def _start_attempt(self, launch: Launch) -> str:
         shim = str(self.shim or native.path("colo-shim"))
@@ -192,7 +195,8 @@ class ProcessRuntime:
         log = os.open(launch.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             p = spawn(shim, exit_file, launch.argv, launch.uid if root else None, launch.gid, groups,
-                      launch.workdir or home, env, log, extra, tty=launch.tty)
+                      launch.workdir or home, env, log, extra, tty=launch.tty,
+                      stdio=launch.stdio)
         except (OSError, subprocess.SubprocessError) as e:
             if self.cgroups is not None:
                 self.cgroups.remove(launch.job_id)

@@ -1,7 +1,8 @@
 /* colo-shim: the small root helper of one process job (as slurmstepd is for a Slurm step).
  *
  *   colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G1,G2...]] [--gpu-group GID] [--workdir DIR]
- *             [--env-fd N] [--tty-fd N] [--log-cap BYTES] [--reserve BYTES] [--out FILE] [--err FILE]
+ *             [--env-fd N] [--tty-fd N | --stdio-fds IN,OUT,ERR] [--log-cap BYTES] [--reserve BYTES]
+ *             [--out FILE] [--err FILE]
  *             -- CMD [ARGS...]
  *
  * Started by the daemon with stdout and stderr on the job's log (a root-owned file in a root-only
@@ -27,6 +28,11 @@
  * its controlling terminal (TIOCSCTTY: it leads a session of its own) and its stdin, stdout and
  * stderr; so Ctrl-C, Ctrl-Z and window sizes reach the job's foreground process group. The job's
  * output then goes to the terminal, not the log; failures before the switch still go to the log.
+ *
+ * --stdio-fds IN,OUT,ERR: a session without a terminal (colo run fed from a pipe, as ssh without
+ * one): three pipes the daemon made, whose other ends went to the client. The child gives them to
+ * the user (fchown: /dev/stdin opens as for any pipe of theirs), drops privileges, then makes them
+ * its stdin, stdout and stderr; it has no controlling terminal (a session of its own, as ever).
  *
  * --out and --err (sbatch -o, -e): the job's stdout (and stderr, unless --err) and its stderr also
  * go to these files, besides the log. Root never opens them: a writer process, forked before the
@@ -511,7 +517,7 @@ static void child_fail(int code, const char *fmt, ...)
 }
 
 static void run_child(int out_w, int err_w, int have_user, uid_t uid, gid_t gid, gid_t *groups, int ngroups,
-                      const char *workdir, char **envp, char **argv, int ttyfd, gid_t ttygid)
+                      const char *workdir, char **envp, char **argv, int ttyfd, gid_t ttygid, const int *stdio)
 {
     setsid();
     for (int i = 0; i < ncgroups; i++) {
@@ -538,6 +544,9 @@ static void run_child(int out_w, int err_w, int have_user, uid_t uid, gid_t gid,
     if (ttyfd >= 0 && have_user &&
         (fchown(ttyfd, uid, ttygid) != 0 || fchmod(ttyfd, ttygid == gid ? 0600 : 0620) != 0))
         child_fail(126, "cannot give the session's terminal to uid %d: %s", (int)uid, strerror(errno));
+    for (int k = 0; stdio[0] >= 0 && have_user && k < 3; k++)
+        if (fchown(stdio[k], uid, gid) != 0)
+            child_fail(126, "cannot give the session's pipes to uid %d: %s", (int)uid, strerror(errno));
     if (have_user) {
         const char *why = drop_to(uid, gid, groups, ngroups);
         if (why)
@@ -550,6 +559,14 @@ static void run_child(int out_w, int err_w, int have_user, uid_t uid, gid_t gid,
             child_fail(126, "cannot put the session's terminal on its stdin and stdout: %s", strerror(errno));
         if (ttyfd > 2)
             close(ttyfd);
+    }
+    if (stdio[0] >= 0) { /* as the user: the session's pipes become its stdin, stdout and stderr */
+        for (int k = 0; k < 3; k++)
+            if (dup2(stdio[k], k) < 0)
+                child_fail(126, "cannot put the session's pipes on its stdin and stdout: %s", strerror(errno));
+        for (int k = 0; k < 3; k++)
+            if (stdio[k] > 2)
+                close(stdio[k]);
     }
     /* As the user: a folder the user cannot enter is refused by the kernel, as for them. */
     if (workdir && chdir(workdir) != 0)
@@ -603,12 +620,12 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: colo-shim EXITFILE [--cgroup DIR]... [--user UID:GID[:G,...]] [--gpu-group GID] "
-                        "[--workdir DIR] [--env-fd N] [--tty-fd N] [--log-cap BYTES] [--reserve BYTES] [--out FILE] "
+                        "[--workdir DIR] [--env-fd N] [--tty-fd N | --stdio-fds IN,OUT,ERR] [--log-cap BYTES] [--reserve BYTES] [--out FILE] "
                         "[--err FILE] -- CMD [ARGS...]\n");
         return 2;
     }
     const char *exitfile = argv[1], *workdir = NULL, *out_path = NULL, *err_path = NULL;
-    int have_user = 0, have_gpu_group = 0, ngroups = 0, envfd = -1, ttyfd = -1, i;
+    int have_user = 0, have_gpu_group = 0, ngroups = 0, envfd = -1, ttyfd = -1, stdio[3] = {-1, -1, -1}, i;
     gid_t gpu_group = 0;
     uid_t uid = 0;
     gid_t gid = 0;
@@ -645,6 +662,17 @@ int main(int argc, char **argv)
             ttyfd = (int)parse_num(val, "--tty-fd");
             if (!isatty(ttyfd))
                 die("--tty-fd %d is not a terminal", ttyfd);
+        } else if (!strcmp(opt, "--stdio-fds")) {
+            char *copy = strdup(val), *save = NULL, *t = strtok_r(copy, ",", &save);
+            for (int k = 0; k < 3; k++, t = strtok_r(NULL, ",", &save)) {
+                struct stat pst;
+                if (!t)
+                    die("malformed --stdio-fds %s: IN,OUT,ERR", val);
+                stdio[k] = (int)parse_num(t, "--stdio-fds");
+                if (fstat(stdio[k], &pst) != 0 || !S_ISFIFO(pst.st_mode))
+                    die("--stdio-fds: %d is not a pipe", stdio[k]);
+            }
+            free(copy);
         } else if (!strcmp(opt, "--log-cap")) {
             log_cap = parse_num(val, "--log-cap");
         } else if (!strcmp(opt, "--reserve")) {
@@ -657,6 +685,8 @@ int main(int argc, char **argv)
             die("unknown option %s", opt);
         }
     }
+    if (ttyfd >= 0 && stdio[0] >= 0)
+        die("--tty-fd and --stdio-fds: one or the other");
     if (i >= argc - 1)
         die("missing command after --");
     int user_ngroups = ngroups; /* the writer of --out/--err gets the user's own groups, not the GPUs' */
@@ -713,10 +743,13 @@ int main(int argc, char **argv)
         close(err[0]);
         errfd = err[1];
         run_child(out[1], se[1] >= 0 ? se[1] : out[1], have_user, uid, gid, groups, ngroups, workdir, envp, cmd,
-                  ttyfd, ttygid);
+                  ttyfd, ttygid, stdio);
     }
     if (ttyfd >= 0)
         close(ttyfd); /* the job's alone: its client reads EIO once the job's last holder has gone */
+    for (int k = 0; k < 3; k++)
+        if (stdio[k] >= 0)
+            close(stdio[k]); /* the job's alone: its client reads the end of its output once the job's have gone */
     close(out[1]);
     if (se[1] >= 0)
         close(se[1]);
