@@ -216,6 +216,7 @@ def colo_side(rep: Report, root: Path, q: int, n: int, colo: list[str], python: 
                                  "array": f"0-{ARRAY - 1}"})
 
         yield {"env": env, "submit_s": sub, "ls": [*colo, "ls"], "all": [*colo, "ls", "-r"], "fill": fill,
+               "python": python,
                "settle": lambda: settle(d)}
     finally:
         if hold is not None:  # the daemon leaves running jobs running when it stops: end the holder first
@@ -302,7 +303,14 @@ def measure(rep: Report, sides: dict, a: argparse.Namespace) -> None:
         for s in sides.values():
             if "settle" in s:
                 s["settle"]()
-        big, outs = rounds({k: (s["ls"], s["env"]) for k, s in sides.items()}, a.rounds)
+        # what colo's time is made of, in the same rounds: its interpreter's start-up (`python -c
+        # pass`), that and the short path's imports, and a listing of one row (the request's fixed cost)
+        c = sides["colo"]
+        parts = {"py": ([c["python"], "-c", "pass"], c["env"]),
+                 "imports": ([c["python"], "-c", "import colo.cli.entry, colo.cli.argv, colo.cli.lsview"], c["env"]),
+                 "one": ([*c["ls"], "-s", "running"], c["env"])}
+        big, outs = rounds({**{k: (s["ls"], s["env"]) for k, s in sides.items()}, **parts}, a.rounds)
+        rep.extra["colo"]["parts"] = {k: statistics.median(big[k]) for k in parts}
         every, alls = rounds({k: (s["all"], s["env"]) for k, s in sides.items()}, a.rounds)
         for k in sides:
             rep.check(rows_of(alls[k]) == total, f"{k}: {' '.join(sides[k]['all'])} listed {rows_of(alls[k])} rows, "
@@ -329,6 +337,13 @@ def measure(rep: Report, sides: dict, a: argparse.Namespace) -> None:
         rep.figure("big_all_vs_slurm", f"`colo ls -r` vs `squeue -r`, {total:,} rows", c["big_all_s"], "s",
                    p["big_all_s"], "`squeue -r`", f"median of {r} interleaved rounds; {c['big_all_spread']}; "
                    f"squeue -r {p['big_all_spread']}; a row per task")
+    if a.big and p:
+        parts = c["parts"]
+        for k, what in (("py", "`python -c pass` (colo's interpreter)"),
+                        ("imports", "colo's interpreter importing the short path of `colo ls`"),
+                        ("one", f"`colo ls -s running` (one row), {total:,} jobs")):
+            rep.figure(f"big_part_{k}", f"{what} vs `squeue`", parts[k], "s", p["big_ls_s"], "`squeue`",
+                       f"median of {r} interleaved rounds: what `colo ls` is made of")
     b = rep.extra.get("before")
     if b:
         rep.figure("ls_vs_before", f"`colo ls`, {a.queue + a.n:,} waiting, vs --before", c["ls_s"], "s", b["ls_s"],
