@@ -62,15 +62,18 @@ def timed(argv: list[str], n: int, env: dict, cwd: str = "/tmp") -> tuple[float,
     return statistics.median(ts), outs
 
 
-def rounds(cmds: dict[str, tuple[list[str], dict]], n: int) -> tuple[dict[str, list[float]], dict[str, str]]:
-    """Each command (name: argv, env) once a round for n rounds, the order turned by one each round
-    (none always first, or always right after another); each one's wall times, and its last output."""
+def rounds(cmds: dict[str, tuple], n: int) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Each command (name: argv, env[, what to do first, untimed]) once a round for n rounds, the
+    order turned by one each round (none always first, or always right after another); each one's
+    wall times, and its last output."""
     names = list(cmds)
     ts: dict[str, list[float]] = {k: [] for k in names}
     outs: dict[str, str] = {}
     for r in range(n):
         for k in names[r % len(names):] + names[:r % len(names)]:
-            argv, env = cmds[k]
+            argv, env, *first = cmds[k]
+            for fn in first:
+                fn()
             t = time.perf_counter()
             p = subprocess.run(argv, env=env, capture_output=True, text=True, cwd="/tmp", timeout=120)
             ts[k].append(time.perf_counter() - t)
@@ -215,8 +218,15 @@ def colo_side(rep: Report, root: Path, q: int, n: int, colo: list[str], python: 
                 d.client.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 1 * GiB, "workdir": "/tmp",
                                  "array": f"0-{ARRAY - 1}"})
 
+        last = d.client.ls_fields(["id"], all=False, states=["queued"])["rows"][-1][0]  # a single job
+
+        def change() -> None:
+            """A queued job changed (held, then released): the listing's kept rows no longer stand."""
+            d.client.hold(last)
+            d.client.release(last)
+
         yield {"env": env, "submit_s": sub, "ls": [*colo, "ls"], "all": [*colo, "ls", "-r"], "fill": fill,
-               "python": python,
+               "python": python, "change": change,
                "settle": lambda: settle(d)}
     finally:
         if hold is not None:  # the daemon leaves running jobs running when it stops: end the holder first
@@ -311,13 +321,17 @@ def measure(rep: Report, sides: dict, a: argparse.Namespace) -> None:
                  "one": ([*c["ls"], "-s", "running"], c["env"])}
         big, outs = rounds({**{k: (s["ls"], s["env"]) for k, s in sides.items()}, **parts}, a.rounds)
         rep.extra["colo"]["parts"] = {k: statistics.median(big[k]) for k in parts}
+        # each listing just after a queued job changed (colo's; squeue keeps nothing between two)
+        moved, _ = rounds({k: (s["ls"], s["env"], *([s["change"]] if "change" in s else [])) for k, s in sides.items()},
+                          a.rounds)
         every, alls = rounds({k: (s["all"], s["env"]) for k, s in sides.items()}, a.rounds)
         for k in sides:
             rep.check(rows_of(alls[k]) == total, f"{k}: {' '.join(sides[k]['all'])} listed {rows_of(alls[k])} rows, "
                       f"not {total}")
             rep.extra[k].update(big_ls_s=statistics.median(big[k]), big_ls_spread=spread(big[k]),
                                 big_ls_rows=rows_of(outs[k]), big_all_s=statistics.median(every[k]),
-                                big_all_spread=spread(every[k]))
+                                big_all_spread=spread(every[k]), big_moved_s=statistics.median(moved[k]),
+                                big_moved_spread=spread(moved[k]))
     c = rep.extra["colo"]
     r = a.rounds
     for peer, label in (("tsp", "task-spooler"), ("slurm", "Slurm")):
@@ -334,6 +348,9 @@ def measure(rep: Report, sides: dict, a: argparse.Namespace) -> None:
                    c["big_ls_s"], "s", p["big_ls_s"], "`squeue`",
                    f"median of {r} interleaved rounds; {c['big_ls_spread']}; squeue {p['big_ls_spread']}; "
                    f"{c['big_ls_rows']:,} rows vs {p['big_ls_rows']:,}: an array's waiting tasks in one")
+        rep.figure("big_moved_vs_slurm", f"`colo ls` just after a queued job changed vs `squeue`, {total:,} jobs",
+                   c["big_moved_s"], "s", p["big_ls_s"], "`squeue`",
+                   f"median of {r} interleaved rounds, a hold and release untimed before each; {c['big_moved_spread']}")
         rep.figure("big_all_vs_slurm", f"`colo ls -r` vs `squeue -r`, {total:,} rows", c["big_all_s"], "s",
                    p["big_all_s"], "`squeue -r`", f"median of {r} interleaved rounds; {c['big_all_spread']}; "
                    f"squeue -r {p['big_all_spread']}; a row per task")
@@ -352,6 +369,9 @@ def measure(rep: Report, sides: dict, a: argparse.Namespace) -> None:
             rep.figure("big_ls_vs_before", f"`colo ls`, {total:,} jobs, vs --before", c["big_ls_s"], "s",
                        b["big_ls_s"], "`colo ls` (--before)", f"median of {r} interleaved rounds; before "
                        f"{b['big_ls_spread']}")
+            rep.figure("big_moved_vs_before", f"`colo ls` just after a queued job changed, {total:,} jobs, vs --before",
+                       c["big_moved_s"], "s", b["big_moved_s"], "`colo ls` (--before)",
+                       f"median of {r} interleaved rounds; before {b['big_moved_spread']}")
             rep.figure("big_all_vs_before", f"`colo ls -r`, {total:,} rows, vs --before", c["big_all_s"], "s",
                        b["big_all_s"], "`colo ls -r` (--before)", f"median of {r} interleaved rounds; before "
                        f"{b['big_all_spread']}")
