@@ -342,42 +342,28 @@ def measure(rep: Report, sides: dict, a: argparse.Namespace) -> None:
             rep.figure(f"ls_vs_{peer}", f"`colo ls` vs {label} list, {a.queue + a.n:,} waiting", c["ls_s"], "s",
                        p["ls_s"], "`tsp -l`" if peer == "tsp" else "`squeue`",
                        f"median of {r} rounds" + ("" if peer == "tsp" else f"; {c['ls_spread']}; squeue {p['ls_spread']}"))
-    p = rep.extra.get("slurm")
+    p, b = rep.extra.get("slurm"), rep.extra.get("before")
+    # (key, what, its squeue's key): each --big listing beside squeue and beside --before
+    big = (("big_ls", f"`colo ls`, {total:,} jobs ({a.big:,} in arrays of {ARRAY:,})", "big_ls", "`squeue`"),
+           ("big_moved", f"`colo ls` just after a queued job changed (a hold and release, untimed), {total:,} jobs",
+            "big_ls", "`squeue`"),
+           ("big_all", f"`colo ls -r`, {total:,} rows", "big_all", "`squeue -r`")) if a.big else ()
+    for key, what, theirs, peer in big:
+        if p:
+            rep.figure(f"{key}_vs_slurm", f"{what} vs {peer}", c[f"{key}_s"], "s", p[f"{theirs}_s"], peer,
+                       f"median of {r} interleaved rounds; {c[f'{key}_spread']}; {peer} {p[f'{theirs}_spread']}")
+        if b:
+            rep.figure(f"{key}_vs_before", f"{what} vs --before", c[f"{key}_s"], "s", b[f"{key}_s"],
+                       "the same (--before)", f"median of {r} interleaved rounds; before {b[f'{key}_spread']}")
     if a.big and p:
-        rep.figure("big_ls_vs_slurm", f"`colo ls` vs `squeue`, {total:,} jobs ({a.big:,} in arrays of {ARRAY:,})",
-                   c["big_ls_s"], "s", p["big_ls_s"], "`squeue`",
-                   f"median of {r} interleaved rounds; {c['big_ls_spread']}; squeue {p['big_ls_spread']}; "
-                   f"{c['big_ls_rows']:,} rows vs {p['big_ls_rows']:,}: an array's waiting tasks in one")
-        rep.figure("big_moved_vs_slurm", f"`colo ls` just after a queued job changed vs `squeue`, {total:,} jobs",
-                   c["big_moved_s"], "s", p["big_ls_s"], "`squeue`",
-                   f"median of {r} interleaved rounds, a hold and release untimed before each; {c['big_moved_spread']}")
-        rep.figure("big_all_vs_slurm", f"`colo ls -r` vs `squeue -r`, {total:,} rows", c["big_all_s"], "s",
-                   p["big_all_s"], "`squeue -r`", f"median of {r} interleaved rounds; {c['big_all_spread']}; "
-                   f"squeue -r {p['big_all_spread']}; a row per task")
-    if a.big and p:
-        parts = c["parts"]
         for k, what in (("py", "`python -c pass` (colo's interpreter)"),
                         ("imports", "colo's interpreter importing the short path of `colo ls`"),
                         ("one", f"`colo ls -s running` (one row), {total:,} jobs")):
-            rep.figure(f"big_part_{k}", f"{what} vs `squeue`", parts[k], "s", p["big_ls_s"], "`squeue`",
+            rep.figure(f"big_part_{k}", f"{what} vs `squeue`", c["parts"][k], "s", p["big_ls_s"], "`squeue`",
                        f"median of {r} interleaved rounds: what `colo ls` is made of")
-    b = rep.extra.get("before")
     if b:
         rep.figure("ls_vs_before", f"`colo ls`, {a.queue + a.n:,} waiting, vs --before", c["ls_s"], "s", b["ls_s"],
                    "`colo ls` (--before)", f"median of {r} interleaved rounds; before {b['ls_spread']}")
-        if a.big:
-            rep.figure("big_ls_vs_before", f"`colo ls`, {total:,} jobs, vs --before", c["big_ls_s"], "s",
-                       b["big_ls_s"], "`colo ls` (--before)", f"median of {r} interleaved rounds; before "
-                       f"{b['big_ls_spread']}")
-            rep.figure("big_moved_vs_before", f"`colo ls` just after a queued job changed, {total:,} jobs, vs --before",
-                       c["big_moved_s"], "s", b["big_moved_s"], "`colo ls` (--before)",
-                       f"median of {r} interleaved rounds; before {b['big_moved_spread']}")
-            rep.figure("big_all_vs_before", f"`colo ls -r`, {total:,} rows, vs --before", c["big_all_s"], "s",
-                       b["big_all_s"], "`colo ls -r` (--before)", f"median of {r} interleaved rounds; before "
-                       f"{b['big_all_spread']}")
-            if p:
-                rep.figure("big_ls_before_vs_slurm", f"`colo ls` (--before) vs `squeue`, {total:,} jobs", b["big_ls_s"],
-                           "s", p["big_ls_s"], "`squeue`", f"median of {r} interleaved rounds")
     if p:
         rep.note(f"{p['version']}: slurmctld + slurmd on localhost, started by this bench")
     if "tsp" in rep.extra:
