@@ -5,8 +5,11 @@ a temporary folder) and colo (`colo submit`, `colo ls`), in one run on one machi
 Each tool gets one running job that holds what the others need (tsp: its one slot; Slurm: every
 CPU of the node; colo: every byte of a simulated GPU), then Q jobs that must wait behind it. The
 submit figure is the wall time of the command-line client (median of -n), the list figure that of
-the listing command with the Q jobs queued (median of 5). Refused unless each tool then holds
-exactly its Q + n waiting jobs behind one running job.
+the listing command with the Q jobs queued. The listings are timed in interleaved rounds (each
+tool's list once a round, in an order that turns from round to round, every tool's daemon up and
+filled at once), so that the load of a shared machine falls on each alike; each figure is the
+median of --rounds, printed with its spread (quartiles, min-max). Refused unless each tool then
+holds exactly its Q + n waiting jobs behind one running job.
 
 With --big N (50,000): Slurm and colo each also hold N waiting jobs, submitted as arrays of 1,000
 tasks (`sbatch --array`, `colo submit --array`), and their lists are timed at that length: `colo
@@ -15,14 +18,18 @@ ls` beside `squeue` (each shows an array's waiting tasks as one row), and `colo 
 
 colo's commands are `python -m colo` of this interpreter unless --colo names a `colo` console
 script (a regular install's, as bench/cli_bench.py makes one: an editable install adds its path
-finder to every start, about as long as the interpreter's own start-up).
+finder to every start, about as long as the interpreter's own start-up); its daemon is that
+script's interpreter's `colo daemon`. --before names a second one (another version's venv, its own
+daemon filled alike), timed in the same rounds: before and after in one run.
 
 Run (as root; apt-get install task-spooler slurm-wlm munge):
-    python bench/peers_bench.py [--queue 500] [-n 10] [--big 50000] [--colo VENV/bin/colo] [--json-out FILE]
+    python bench/peers_bench.py [--queue 500] [-n 10] [--big 50000] [--rounds 15] [--colo VENV/bin/colo]
+                                [--before OLDVENV/bin/colo] [--json-out FILE]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -53,6 +60,33 @@ def timed(argv: list[str], n: int, env: dict, cwd: str = "/tmp") -> tuple[float,
         ts.append(time.perf_counter() - t)
         outs.append(r)
     return statistics.median(ts), outs
+
+
+def rounds(cmds: dict[str, tuple], n: int) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Each command (name: argv, env[, what to do first, untimed]) once a round for n rounds, the
+    order turned by one each round (none always first, or always right after another); each one's
+    wall times, and its last output."""
+    names = list(cmds)
+    ts: dict[str, list[float]] = {k: [] for k in names}
+    outs: dict[str, str] = {}
+    for r in range(n):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            argv, env, *first = cmds[k]
+            for fn in first:
+                fn()
+            t = time.perf_counter()
+            p = subprocess.run(argv, env=env, capture_output=True, text=True, cwd="/tmp", timeout=120)
+            ts[k].append(time.perf_counter() - t)
+            if p.returncode:
+                raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()[:200]}")
+            outs[k] = p.stdout
+    return ts, outs
+
+
+def spread(ts: list[float]) -> str:
+    """How the rounds' times spread around their median, in ms."""
+    q = statistics.quantiles(ts, n=4) if len(ts) > 1 else ts * 3
+    return f"quartiles {q[0] * 1e3:.1f}-{q[2] * 1e3:.1f} ms, min-max {min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f}"
 
 
 def sh_out(argv: list[str], env: dict | None = None) -> str:
@@ -95,7 +129,7 @@ def bench_tsp(rep: Report, root: Path, q: int, n: int) -> None:
         subprocess.run([tsp, "-K"], env=env, capture_output=True)  # kills its server and the jobs
 
 
-# --- Slurm --------------------------------------------------------------------------------------
+# --- Slurm ---------------------------------------------------------------------------------------
 
 ARRAY = 1000  # tasks per array of the --big queue (Slurm's default MaxArraySize is 1001)
 
@@ -104,11 +138,15 @@ def rows_of(out: str) -> int:
     return len(out.splitlines()) - 1  # less the header
 
 
-def bench_slurm(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
+@contextlib.contextmanager
+def slurm_side(rep: Report, root: Path, q: int, n: int):
+    """slurmctld + slurmd holding one running job and Q + n waiting: yields its env and figures, and
+    `fill(big)` (big more waiting, in arrays). None where Slurm cannot run here."""
     missing = [e for e in ("slurmctld", "slurmd", "sbatch", "squeue", "munged") if shutil.which(e) is None]
     if missing or os.geteuid() != 0:
         rep.note(f"Slurm: left out ({'missing ' + ', '.join(missing) if missing else 'slurmd needs root'}; "
                  "apt-get install slurm-wlm munge)")
+        yield None
         return
     munge_up()
     s = SlurmNode(root / "slurm", cluster="colobench", cpus=2, extra=("MaxJobCount=200000",)).start()
@@ -123,21 +161,17 @@ def bench_slurm(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
             subprocess.run([*sb, "-c", "1", "--wrap", "true"], env=env, check=True, capture_output=True, cwd="/tmp")
         sub, outs = timed([*sb, "-c", "1", "--wrap", "true"], n, env)
         rep.check(all(r.returncode == 0 for r in outs), f"an sbatch failed: {[r.stderr for r in outs if r.returncode][:1]}")
-        ls, outs = timed(["squeue"], 5, env)
         st = subprocess.run(["squeue", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout.split()
         counts = {x: st.count(x) for x in set(st)}
         rep.check(counts == {"RUNNING": 1, "PENDING": q + n}, f"Slurm should hold 1 running, {q + n} pending: {counts}")
-        ver = " ".join(sh_out(["sbatch", "--version"], env).split())
-        rep.extra["slurm"] = {"submit_s": sub, "ls_s": ls, "version": ver}
-        if big:
+
+        def fill(big: int) -> None:
             for _ in range(big // ARRAY):
                 subprocess.run([*sb, "-c", "1", f"--array=0-{ARRAY - 1}", "--wrap", "true"], env=env, check=True,
                                capture_output=True, cwd="/tmp")
-            ls_big, outs = timed(["squeue"], 5, env)
-            ls_all, alls = timed(["squeue", "-r"], 5, env)
-            rep.check(rows_of(alls[-1].stdout) == 1 + q + n + big, f"squeue -r listed {rows_of(alls[-1].stdout)} rows, "
-                      f"not {1 + q + n + big}")
-            rep.extra["slurm"].update(big_ls_s=ls_big, big_ls_rows=rows_of(outs[-1].stdout), big_all_s=ls_all)
+
+        yield {"env": env, "submit_s": sub, "version": " ".join(sh_out(["sbatch", "--version"], env).split()),
+               "ls": ["squeue"], "all": ["squeue", "-r"], "fill": fill}
     finally:
         s.stop()
 
@@ -147,10 +181,24 @@ def bench_slurm(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
 COLO = [sys.executable, "-m", "colo"]  # (--colo)
 
 
-def bench_colo(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
+class VenvDaemon(DaemonProc):
+    """A colo daemon run by `python` (the timed console script's own interpreter: its colo)."""
+
+    def __init__(self, python: str, *a, **kw):
+        super().__init__(*a, **kw)
+        self.python = python
+
+    def argv(self) -> list[str]:
+        return [self.python, *super().argv()[1:]]
+
+
+@contextlib.contextmanager
+def colo_side(rep: Report, root: Path, q: int, n: int, colo: list[str], python: str, label: str):
+    """A colo daemon holding one running job and Q + n waiting (its own fake GPU): yields its env and
+    figures, and `fill(big)`."""
     fakegpu.create(root / "gpus", count=1, mem=16 * GiB)
     (root / "colo").mkdir()
-    d = DaemonProc(root / "colo", root / "gpus", {"sample_interval": 1.0, "max_queued_per_user": 0}).start()
+    d = VenvDaemon(python, root / "colo", root / "gpus", {"sample_interval": 1.0, "max_queued_per_user": 0}).start()
     hold = None
     try:
         env = d.env()
@@ -158,32 +206,50 @@ def bench_colo(rep: Report, root: Path, q: int, n: int, big: int = 0) -> None:
         d.wait_state(hold, "running", timeout=60)
         for _ in range(q):
             d.client.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 1 * GiB, "workdir": "/tmp"})
-        sub, outs = timed([*COLO, "submit", "--process", "--gpu-mem", "1GiB", "--", "true"],
-                          n, env)
-        rep.check(all(r.returncode == 0 for r in outs), f"a colo submit failed: {[r.stderr for r in outs][:1]}")
-        ls, outs = timed([*COLO, "ls"], 5, env)
+        sub, outs = timed([*colo, "submit", "--process", "--gpu-mem", "1GiB", "--", "true"], n, env)
+        rep.check(all(r.returncode == 0 for r in outs), f"a {label} submit failed: {[r.stderr for r in outs][:1]}")
         st = {}
         for j in d.client.ls():
             st[j["state"]] = st.get(j["state"], 0) + 1
-        rep.check(st == {"running": 1, "queued": q + n}, f"colo should hold 1 running, {q + n} queued: {st}")
-        rep.extra["colo"] = {"submit_s": sub, "ls_s": ls}
-        if big:
+        rep.check(st == {"running": 1, "queued": q + n}, f"{label} should hold 1 running, {q + n} queued: {st}")
+
+        def fill(big: int) -> None:
             for _ in range(big // ARRAY):
                 d.client.submit({"argv": ["true"], "gpus": 1, "gpu_mem": 1 * GiB, "workdir": "/tmp",
                                  "array": f"0-{ARRAY - 1}"})
-            time.sleep(5)  # the passes for the new jobs are over
-            ls_big, outs = timed([*COLO, "ls"], 5, env)
-            ls_all, alls = timed([*COLO, "ls", "-r"], 5, env)
-            rep.check(rows_of(alls[-1].stdout) == 1 + q + n + big, f"colo ls -r listed {rows_of(alls[-1].stdout)} rows, "
-                      f"not {1 + q + n + big}")
-            rep.extra["colo"].update(big_ls_s=ls_big, big_ls_rows=rows_of(outs[-1].stdout), big_all_s=ls_all)
+
+        last = d.client.ls_fields(["id"], all=False, states=["queued"])["rows"][-1][0]  # a single job
+
+        def change() -> None:
+            """A queued job changed (held, then released): the listing's kept rows no longer stand."""
+            d.client.hold(last)
+            d.client.release(last)
+
+        yield {"env": env, "submit_s": sub, "ls": [*colo, "ls"], "all": [*colo, "ls", "-r"], "fill": fill,
+               "python": python, "change": change,
+               "settle": lambda: settle(d)}
     finally:
         if hold is not None:  # the daemon leaves running jobs running when it stops: end the holder first
             d.client.cancel(hold)
             d.wait_state(hold, "cancelled", "failed", "succeeded", timeout=60)
         d.proc.send_signal(signal.SIGTERM)  # not DaemonProc.stop: it would cancel Q jobs one by one
         d.proc.wait(60)
-    rep.check(not (p := daemon_log_problems(d.log)), f"colo daemon log: {p[:3]}")
+        rep.check(not (p := daemon_log_problems(d.log)), f"{label} daemon log: {p[:3]}")
+
+
+def settle(d: DaemonProc) -> None:
+    """Until the scheduler's passes over the new jobs are done: the waiting jobs' reasons (the
+    listing `colo ls` sends) the same twice, 2 s apart."""
+    def seen() -> list:
+        return d.client.ls_fields(["id", "reason"], all=False, tasks=False)["rows"]
+
+    last = seen()
+    while True:
+        time.sleep(2)
+        now = seen()
+        if now == last:
+            return
+        last = now
 
 
 def main() -> int:
@@ -191,50 +257,117 @@ def main() -> int:
     ap.add_argument("--queue", type=int, default=500, help="jobs waiting while the list commands are timed")
     ap.add_argument("-n", type=int, default=10, help="submits timed per tool")
     ap.add_argument("--big", type=int, default=0, help="also list this many more waiting jobs (arrays of 1,000)")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the list commands")
     ap.add_argument("--colo", type=Path, help="the colo console script to time (default: python -m colo)")
+    ap.add_argument("--before", type=Path, help="another colo console script (and its daemon), timed beside it")
     ap.add_argument("--json-out", type=Path)
     a = ap.parse_args()
     rep = Report("peers_bench")
-    if a.colo:
-        COLO[:] = [str(a.colo)]
-        where = subprocess.run([str(a.colo.parent / "python"), "-c", "import colo; print(colo.__file__)"],
-                               capture_output=True, text=True, cwd="/").stdout
-        rep.conditions["install"] = "regular" if "site-packages" in where else "?"  # what was timed: its colo
-        rep.note(f"colo timed: {a.colo} ({where.strip()})")
+    colos = {"colo": (COLO, sys.executable)}
+    for key, script in (("colo", a.colo), ("before", a.before)):
+        if script is None:
+            continue
+        where = subprocess.run([str(script.parent / "python"), "-c", "import colo; print(colo.__file__)"],
+                               capture_output=True, text=True, cwd="/").stdout.strip()
+        if key == "colo":
+            rep.conditions["install"] = "regular" if "site-packages" in where else "?"  # what was timed: its colo
+        colos[key] = ([str(script)], str(script.parent / "python"))
+        rep.note(f"{'colo' if key == 'colo' else 'before'} timed: {script} ({where})")
     root = Path(tempfile.mkdtemp(prefix="colo-peers-"))
     os.chmod(root, 0o755)
     try:
-        for fn in (bench_colo, bench_tsp, bench_slurm):
-            try:
-                fn(rep, root, a.queue, a.n, *((a.big,) if fn is not bench_tsp else ()))
-            except Exception as e:  # noqa: BLE001 - one tool failing refuses the figures, the others still run
-                rep.check(False, f"{fn.__name__}: {type(e).__name__}: {e}")
+        try:
+            bench_tsp(rep, root, a.queue, a.n)
+        except Exception as e:  # noqa: BLE001 - one tool failing refuses the figures, the others still run
+            rep.check(False, f"bench_tsp: {type(e).__name__}: {e}")
+        try:
+            with contextlib.ExitStack() as stack:
+                sides = {}
+                for key, (argv, py) in colos.items():
+                    (root / key).mkdir()
+                    sides[key] = stack.enter_context(colo_side(rep, root / key, a.queue, a.n, argv, py, key))
+                slurm = stack.enter_context(slurm_side(rep, root, a.queue, a.n))
+                if slurm is not None:
+                    sides["slurm"] = slurm
+                measure(rep, sides, a)
+        except Exception as e:  # noqa: BLE001 - refused, with what failed
+            rep.check(False, f"{type(e).__name__}: {e}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    c = rep.extra.get("colo")
-    if c:
-        for peer, label in (("tsp", "task-spooler"), ("slurm", "Slurm")):
-            p = rep.extra.get(peer)
-            if p:
-                rep.figure(f"submit_vs_{peer}", f"`colo submit` vs {label} submit", c["submit_s"], "s", p["submit_s"],
-                           "`tsp CMD`" if peer == "tsp" else "`sbatch --wrap CMD`", f"median of {a.n}")
-                rep.figure(f"ls_vs_{peer}", f"`colo ls` vs {label} list, {a.queue + a.n:,} waiting", c["ls_s"], "s",
-                           p["ls_s"], "`tsp -l`" if peer == "tsp" else "`squeue`", "median of 5")
-        p = rep.extra.get("slurm")
-        if a.big and p and "big_ls_s" in c and "big_ls_s" in p:
-            total = 1 + a.queue + a.n + a.big
-            rep.figure("big_ls_vs_slurm", f"`colo ls` vs `squeue`, {total:,} jobs ({a.big:,} in arrays of {ARRAY:,})",
-                       c["big_ls_s"], "s", p["big_ls_s"], "`squeue`",
-                       f"median of 5; {c['big_ls_rows']:,} rows vs {p['big_ls_rows']:,}: an array's waiting tasks in one")
-            rep.figure("big_all_vs_slurm", f"`colo ls -r` vs `squeue -r`, {total:,} rows", c["big_all_s"], "s",
-                       p["big_all_s"], "`squeue -r`", "median of 5; a row per task")
-        if "slurm" in rep.extra:
-            rep.note(f"{rep.extra['slurm']['version']}: slurmctld + slurmd on localhost, started by this bench")
-        if "tsp" in rep.extra:
-            rep.note(f"task-spooler: {rep.extra['tsp']['version']}")
-    else:
+    if "colo" not in rep.extra:
         rep.check(False, "colo's part did not run")
     return rep.finish(a.json_out)
+
+
+def measure(rep: Report, sides: dict, a: argparse.Namespace) -> None:
+    """The list commands in interleaved rounds at Q waiting, then at Q + big; the figures."""
+    for key, s in sides.items():
+        rep.extra[key] = {"submit_s": s["submit_s"], **({"version": s["version"]} if "version" in s else {})}
+    small, _ = rounds({k: (s["ls"], s["env"]) for k, s in sides.items()}, a.rounds)
+    for k, ts in small.items():
+        rep.extra[k].update(ls_s=statistics.median(ts), ls_spread=spread(ts))
+    total = 1 + a.queue + a.n + a.big
+    if a.big:
+        for s in sides.values():
+            s["fill"](a.big)
+        for s in sides.values():
+            if "settle" in s:
+                s["settle"]()
+        # what colo's time is made of, in the same rounds: its interpreter's start-up (`python -c
+        # pass`), that and the short path's imports, and a listing of one row (the request's fixed cost)
+        c = sides["colo"]
+        parts = {"py": ([c["python"], "-c", "pass"], c["env"]),
+                 "imports": ([c["python"], "-c", "import colo.cli.entry, colo.cli.argv, colo.cli.lsview"], c["env"]),
+                 "one": ([*c["ls"], "-s", "running"], c["env"])}
+        big, outs = rounds({**{k: (s["ls"], s["env"]) for k, s in sides.items()}, **parts}, a.rounds)
+        rep.extra["colo"]["parts"] = {k: statistics.median(big[k]) for k in parts}
+        # each listing just after a queued job changed (colo's; squeue keeps nothing between two)
+        moved, _ = rounds({k: (s["ls"], s["env"], *([s["change"]] if "change" in s else [])) for k, s in sides.items()},
+                          a.rounds)
+        every, alls = rounds({k: (s["all"], s["env"]) for k, s in sides.items()}, a.rounds)
+        for k in sides:
+            rep.check(rows_of(alls[k]) == total, f"{k}: {' '.join(sides[k]['all'])} listed {rows_of(alls[k])} rows, "
+                      f"not {total}")
+            rep.extra[k].update(big_ls_s=statistics.median(big[k]), big_ls_spread=spread(big[k]),
+                                big_ls_rows=rows_of(outs[k]), big_all_s=statistics.median(every[k]),
+                                big_all_spread=spread(every[k]), big_moved_s=statistics.median(moved[k]),
+                                big_moved_spread=spread(moved[k]))
+    c = rep.extra["colo"]
+    r = a.rounds
+    for peer, label in (("tsp", "task-spooler"), ("slurm", "Slurm")):
+        p = rep.extra.get(peer)
+        if p:
+            rep.figure(f"submit_vs_{peer}", f"`colo submit` vs {label} submit", c["submit_s"], "s", p["submit_s"],
+                       "`tsp CMD`" if peer == "tsp" else "`sbatch --wrap CMD`", f"median of {a.n}")
+            rep.figure(f"ls_vs_{peer}", f"`colo ls` vs {label} list, {a.queue + a.n:,} waiting", c["ls_s"], "s",
+                       p["ls_s"], "`tsp -l`" if peer == "tsp" else "`squeue`",
+                       f"median of {r} rounds" + ("" if peer == "tsp" else f"; {c['ls_spread']}; squeue {p['ls_spread']}"))
+    p, b = rep.extra.get("slurm"), rep.extra.get("before")
+    # (key, what, its squeue's key): each --big listing beside squeue and beside --before
+    big = (("big_ls", f"`colo ls`, {total:,} jobs ({a.big:,} in arrays of {ARRAY:,})", "big_ls", "`squeue`"),
+           ("big_moved", f"`colo ls` just after a queued job changed (a hold and release, untimed), {total:,} jobs",
+            "big_ls", "`squeue`"),
+           ("big_all", f"`colo ls -r`, {total:,} rows", "big_all", "`squeue -r`")) if a.big else ()
+    for key, what, theirs, peer in big:
+        if p:
+            rep.figure(f"{key}_vs_slurm", f"{what} vs {peer}", c[f"{key}_s"], "s", p[f"{theirs}_s"], peer,
+                       f"median of {r} interleaved rounds; {c[f'{key}_spread']}; {peer} {p[f'{theirs}_spread']}")
+        if b:
+            rep.figure(f"{key}_vs_before", f"{what} vs --before", c[f"{key}_s"], "s", b[f"{key}_s"],
+                       "the same (--before)", f"median of {r} interleaved rounds; before {b[f'{key}_spread']}")
+    if a.big and p:
+        for k, what in (("py", "`python -c pass` (colo's interpreter)"),
+                        ("imports", "colo's interpreter importing the short path of `colo ls`"),
+                        ("one", f"`colo ls -s running` (one row), {total:,} jobs")):
+            rep.figure(f"big_part_{k}", f"{what} vs `squeue`", c["parts"][k], "s", p["big_ls_s"], "`squeue`",
+                       f"median of {r} interleaved rounds: what `colo ls` is made of")
+    if b:
+        rep.figure("ls_vs_before", f"`colo ls`, {a.queue + a.n:,} waiting, vs --before", c["ls_s"], "s", b["ls_s"],
+                   "`colo ls` (--before)", f"median of {r} interleaved rounds; before {b['ls_spread']}")
+    if p:
+        rep.note(f"{p['version']}: slurmctld + slurmd on localhost, started by this bench")
+    if "tsp" in rep.extra:
+        rep.note(f"task-spooler: {rep.extra['tsp']['version']}")
 
 
 if __name__ == "__main__":

@@ -130,3 +130,39 @@ def test_store_listing_filters_in_sql_with_indexes(tmp_path):
     plan = " ".join(r[-1] for r in db.execute(
         "EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE user IN ('ada') AND json_extract(spec, '$.name') IN ('a')"))
     assert "jobs_user" in plan or "jobs_name" in plan, plan
+
+
+def test_the_collapsed_queue_from_its_index_is_the_walked_one(daemon):
+    """`colo ls` (an array's queued tasks in one row) without a filter is made from the queue's
+    index of arrays, kept as jobs come and go (listing.Listing._collapsed); with a filter, by
+    walking the queue. Both give the same rows while tasks leave (the first, one in the middle),
+    are held and released, come back (requeue), and single jobs come and go."""
+    c = daemon.client
+    fields = ["id", "name", "user", "state", "gpus", "mode", "budget", "submitted_at", "reason", "array"]
+    held = {"argv": ["true"], "gpus": 0, "workdir": "/tmp", "hold": True}
+
+    def both() -> list:
+        indexed = c.ls_fields(fields, all=False, tasks=False)["rows"]
+        walked = c.ls_fields(fields, all=False, tasks=False, users=["root"])["rows"]
+        assert indexed == walked
+        return indexed
+
+    a = c.submit({**held, "array": "0-9", "name": "a"})["id"]
+    single = c.submit({**held, "name": "one"})["id"]
+    b = c.submit({**held, "array": "3,5,8-9", "name": "b"})["id"]
+    assert [r[0] for r in both()] == [f"{a}_[0-9]", single, f"{b}_[3,5,8-9]"]
+    c.cancel(a)  # the array's first task: the row is the next one's
+    c.cancel(a + 4)
+    assert [r[0] for r in both()] == [f"{a}_[1-3,5-9]", single, f"{b}_[3,5,8-9]"]
+    c.release(a + 1)
+    c.hold(a + 1)
+    c.requeue(a)  # back in the queue, as a new job of the array
+    rows = both()
+    assert rows[0][0] == f"{a}_[0-3,5-9]" or rows[0][0].startswith(f"{a}_["), rows
+    for t in range(b, b + 4):
+        c.cancel(t)
+    c.cancel(single)
+    other = c.submit({**held, "name": "two"})["id"]
+    rows = both()
+    assert [r[0] for r in rows][-1] == other and all(not str(r[0]).startswith(f"{b}_") for r in rows), rows
+    assert "index" not in daemon.log.read_text()  # the index was right throughout: never made again

@@ -121,3 +121,21 @@ def test_top_shows_the_front_of_a_long_queue(big):
     queued = [j for j in got["jobs"] if j["state"] == "queued"]
     assert [j["id"] for j in queued] == list(range(1, 501))
     assert all(j["name"] == f"q{j['id'] - 1}" for j in queued)
+
+
+def test_a_kept_listing_follows_the_queue(big):
+    """`colo ls` asked again with nothing changed is sent from the rows kept at the first (the
+    queue and its decisions are then not copied: listing.Listing.ls), and is the same listing; a
+    job cancelled after it is gone from the next one, the others as before."""
+    fields = ["id", "name", "user", "state", "gpus", "mode", "budget", "submitted_at", "reason"]
+    ask = protocol.request("ls", fields=fields, all=False, cut=60, tasks=False)
+    first = _reply(_send(big, ask))["result"]
+    again = _reply(_send(big, ask))["result"]
+    assert again == first and len(first["rows"]) >= N - 1
+    gone = first["rows"][-2][0]
+    assert _reply(_send(big, protocol.request("cancel", id=gone)))["ok"]
+    after = _reply(_send(big, ask))["result"]
+    assert [r for r in first["rows"] if r[0] != gone] == after["rows"]
+    only = _reply(_send(big, protocol.request("ls", fields=fields, all=False, cut=60, states=["queued"],
+                                              refs=[str(gone)])))["result"]
+    assert only["rows"] == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import json
+import logging
 import os
 import pwd
 import time
@@ -38,6 +39,7 @@ ROWS_CACHED = 20000  # job summaries (`ls --json`, top) kept encoded
 # A row longer than this (a long command, uncut) is made afresh at each listing, never kept: kept,
 # one user's 1,000-task array of a 60 KiB command held 70 MB of rows after one `ls --json`.
 ROW_KEPT_MAX = 4096
+log = logging.getLogger("colo")
 
 
 class Listing:
@@ -59,6 +61,15 @@ class Listing:
         # the queue's ls rows per kind of listing, as of (_queue_version, the scheduler's version)
         self._blocks: dict[tuple, tuple[tuple, list]] = {}
         self._queue_version = 0  # any queued job added, changed or gone (queue_changed)
+        # The queued jobs as the collapsed `colo ls` lists them, kept as the queue changes
+        # (queue_changed): the ids of those in no array, and each array's queued tasks (job id ->
+        # array index). Its rows are made from these when the queue changed since they were last
+        # made: 50 arrays of 1,000 tasks are 50 looks, not a walk over 50,000 jobs (~30 ms).
+        self._singles: dict[int, None] = {}
+        self._tasks: dict[int, dict[int, int]] = {}
+        for j in table.open.values():
+            if j.state == State.QUEUED:
+                self._file(j)
 
     def summary(self, job: Job, reasons: dict[int, str] | None = None) -> JobSummary:
         out: JobSummary = {
@@ -153,12 +164,28 @@ class Listing:
         named = None if refs is None else {r[0] for r in self.store.listing(["id"], _OPEN, refs=refs)}
         fields, cut, collapse = args.get("fields"), args.get("cut") or None, args.get("tasks") is False
         clock = Clock()
+        queued = "queued" in want
+        common = fields is not None and users is None and names is None and named is None and queued
+        stamp = (self._queue_version, self.scheduler.version)
+        key = (tuple(fields or ()), cut, collapse)
+        hit = self._blocks.get(key) if common else None
+        block = hit[1] if hit is not None and hit[0] == stamp else None
         # the snapshot (no await before it is whole) --------------------------------------------
-        jobs = list(self.table.open.values())
-        decisions = dict(self.scheduler.decisions)
+        # The queue and its decisions are copied only where they are walked: not for the queue's
+        # rows kept as of now (`block`), nor where no queued job is asked for (copying 50,000 of
+        # each was most of a `colo ls` that sends 600 rows: ~4 ms of the loop's time).
+        walk = queued and block is None
+        # the common collapsed listing made afresh: its few rows' jobs from the index, only their
+        # decisions copied
+        few = self._collapsed() if walk and common and collapse else None
+        if few is not None:
+            jobs, decided = few[0], self.scheduler.decisions
+            decisions = {j.id: d for j in jobs if (d := decided.get(j.id)) is not None}
+        else:
+            jobs = list(self.table.open.values()) if walk else []
+            decisions = dict(self.scheduler.decisions) if walk else {}
         act = [j for j in self.table.active(*ACTIVE) if j.state._value_ in want and (users is None or j.user in users)
                and (names is None or j.spec.name in names) and (named is None or j.id in named)]
-        queued = "queued" in want
 
         def picked(part) -> list[Job]:  # the queued jobs of `part` that the filters pass
             # State is a str enum whose hash is a Python call: its _value_ (the plain str) is compared
@@ -168,13 +195,7 @@ class Listing:
         if fields is None:
             pre = {j.id: self._summary_row(j) for j in act}  # live figures: as of now
             past = self._ended_jobs(ended, users, names, limit, refs) if ended else []
-            return Pieces(self._json_parts(jobs if queued else [], picked, act, pre, past, decisions, limit, clock),
-                          clock)
-        common = users is None and names is None and named is None and queued
-        stamp = (self._queue_version, self.scheduler.version)
-        key = (tuple(fields), cut, collapse)
-        hit = self._blocks.get(key) if common else None
-        block = hit[1] if hit is not None and hit[0] == stamp else None
+            return Pieces(self._json_parts(jobs, picked, act, pre, past, decisions, limit, clock), clock)
         act_rows = self._live_rows(act, fields, cut)
         past, more, n_ended = [], [], {}
         if ended:
@@ -182,8 +203,9 @@ class Listing:
             more = self._ended_rows(past, fields, cut)
             if head and len(past) == head:  # more may be stored: how many, for `left`
                 n_ended = self.store.listing_counts(ended, users, names, refs)
-        return Pieces(self._field_parts(jobs if queued else [], picked, block, common and stamp, act_rows, more,
-                                        decisions, fields, cut, collapse, limit, head, n_ended, clock), clock)
+        return Pieces(self._field_parts(jobs, picked, block, common and stamp, act_rows, more,
+                                        decisions, fields, cut, collapse, limit, head, n_ended, clock,
+                                        few and few[1]), clock)
 
     def _summary_row(self, j: Job, decisions: dict | None = None, cache: dict | None = None) -> bytes:
         """One job's summary as `ls --json` and `top` send it (`cache`: the kept rows of jobs not
@@ -241,13 +263,17 @@ class Listing:
 
     async def _field_parts(self, jobs: list[Job], picked, block: list | None, stamp, act_rows: list, more: list,
                            decisions: dict, fields: list[str], cut: int | None, collapse: bool, limit: int | None,
-                           head: int | None, n_ended: dict[str, int], clock: Clock) -> AsyncIterator[bytes]:
+                           head: int | None, n_ended: dict[str, int], clock: Clock,
+                           spans: dict[int, list[int]] | None = None) -> AsyncIterator[bytes]:
         """ls's {"fields", "left", "rows"}, a slice at a time. `block`: the queue's rows as kept,
         still current at the snapshot; else they are made, and kept as of `stamp` (the common
-        `colo ls`: no filter but states)."""
+        `colo ls`: no filter but states). `spans`: `jobs` are the collapsed queue already (_collapsed)."""
         if block is None:
-            block, big = await self._rows_of(await self._queued(jobs, picked, clock), fields, cut, collapse,
-                                             decisions, clock)
+            if spans is None:
+                jobs, spans = await self._queued(jobs, picked, clock), None
+                if collapse:
+                    jobs, spans = await _collapse(jobs, clock)
+            block, big = await self._rows_of(jobs, fields, cut, spans, decisions, clock)
             if stamp:
                 self._keep_block((tuple(fields), cut, collapse), stamp, None if big else block)
         rows = _merged(block, act_rows)
@@ -284,41 +310,79 @@ class Listing:
 
     def queue_changed(self, prev: Job | None, job: Job) -> None:
         """The table's on_change and on_edit (wired in core.open())."""
-        if job.state == State.QUEUED or (prev is not None and prev.state == State.QUEUED):
+        was, now = prev is not None and prev.state == State.QUEUED, job.state == State.QUEUED
+        if was or now:
             self._queue_version += 1
+        if was:
+            self._unfile(prev)
+        if now:
+            self._file(job)
 
-    async def _rows_of(self, queued: list[Job], fields: list[str], cut: int | None, collapse: bool,
+    def _file(self, job: Job) -> None:
+        a = job.spec.array_job
+        if a is None:
+            self._singles[job.id] = None
+        else:
+            self._tasks.setdefault(a, {})[job.id] = job.spec.array_index
+
+    def _unfile(self, job: Job) -> None:
+        a = job.spec.array_job
+        if a is None:
+            self._singles.pop(job.id, None)
+        elif (tasks := self._tasks.get(a)) is not None:
+            tasks.pop(job.id, None)
+            if not tasks:
+                del self._tasks[a]
+
+    def _collapsed(self) -> tuple[list[Job], dict[int, list[int]]] | None:
+        """The queue as the collapsed listing shows it, from the index (no walk): the queued jobs in
+        no array and each array's first queued task, by id; each such task's id -> its array's
+        queued indices, sorted. None where the index and the table disagree (never expected: the
+        listing then walks the queue, as every filtered one does)."""
+        open_jobs = self.table.open
+        out, spans = [], {}
+        for i in self._singles:
+            j = open_jobs.get(i)
+            if j is None or j.state._value_ != "queued":
+                return self._astray(i)
+            out.append(j)
+        for tasks in self._tasks.values():
+            head = min(tasks)
+            j = open_jobs.get(head)
+            if j is None or j.state._value_ != "queued":
+                return self._astray(head)
+            out.append(j)
+            spans[head] = sorted(tasks.values())
+        out.sort(key=attrgetter("id"))
+        return out, spans
+
+    def _astray(self, job_id: int) -> None:
+        log.warning("listing: job %d is in the queue's index but not queued; the index is made again", job_id)
+        self._singles, self._tasks = {}, {}
+        for j in self.table.open.values():
+            if j.state == State.QUEUED:
+                self._file(j)
+        return None
+
+    async def _rows_of(self, queued: list[Job], fields: list[str], cut: int | None, spans: dict[int, list[int]] | None,
                        decisions: dict, clock: Clock) -> tuple[list[tuple[int, str, bytes]], bool]:
         """_live_rows of queued jobs, in slices, and whether any is longer than ROW_KEPT_MAX.
-        collapse: the queued tasks of an array as one row, its first's, whose id (and ARRAY_INDEX)
-        says which, as squeue shows them: 12_[3-9,11]."""
-        groups: dict[int, list[int]] = {}
-        heads: dict[int, Job] = {}
-        if collapse:
-            kept: list[Job] = []
-            async for part in chunks(queued, clock, CHEAP):
-                for j in part:
-                    a = j.spec.array_job
-                    if a is not None:
-                        g = groups.get(a)
-                        if g is not None:
-                            g.append(j.spec.array_index)
-                            continue
-                        groups[a] = [j.spec.array_index]
-                        heads[j.id] = j
-                    kept.append(j)
-            queued = kept
+        spans: the queued tasks of an array as one row, its first's (job id -> the array's queued
+        indices, sorted), whose id (and ARRAY_INDEX) says which, as squeue shows them: 12_[3-9,11]."""
         out: list[tuple[int, str, bytes]] = []
         big = False
         async for part in chunks(queued, clock):
             made = self._live_rows(part, fields, cut, decisions)
             big = big or any(len(r[2]) > ROW_KEPT_MAX for r in made)
             out += made
-        for k, (i, st, row) in enumerate(out) if heads else ():
-            j = heads.get(i)
-            g = groups.get(j.spec.array_job) if j is not None else None
+        if not spans:
+            return out, big
+        jobs = {j.id: j for j in queued if j.id in spans}
+        for k, (i, st, row) in enumerate(out):
+            g = spans.get(i)
             if g is not None and len(g) > 1:
-                text = f"{j.spec.array_job}_[{_ranges(sorted(g))}]"
+                j = jobs[i]
+                text = f"{j.spec.array_job}_[{_ranges(g)}]"
                 why = decisions.get(i)
                 out[k] = (i, st, _encode([text if f in ("id", "array") else v for f, v in
                                           zip(fields, self._row(j, fields, cut, why and why.reason))]))
@@ -502,8 +566,31 @@ def _merged(a: list[tuple], b: list[tuple]) -> list[tuple]:
     return out
 
 
+async def _collapse(queued: list[Job], clock: Clock) -> tuple[list[Job], dict[int, list[int]]]:
+    """Queued jobs (by id) as the collapsed listing shows them, walked: those in no array and each
+    array's first task; that task's id -> its array's indices, sorted (Listing._collapsed, from
+    the index, is the same without the walk)."""
+    groups: dict[int, list[int]] = {}
+    heads: dict[int, int] = {}
+    kept: list[Job] = []
+    async for part in chunks(queued, clock, CHEAP):
+        for j in part:
+            a = j.spec.array_job
+            if a is not None:
+                g = groups.get(a)
+                if g is not None:
+                    g.append(j.spec.array_index)
+                    continue
+                groups[a] = [j.spec.array_index]
+                heads[j.id] = a
+            kept.append(j)
+    return kept, {i: sorted(groups[a]) for i, a in heads.items()}
+
+
 def _ranges(ix: list[int]) -> str:
-    """3,4,5,7 as Slurm writes a set of array indices: 3-5,7."""
+    """3,4,5,7 (sorted) as Slurm writes a set of array indices: 3-5,7."""
+    if len(ix) > 1 and ix[-1] - ix[0] == len(ix) - 1:  # (distinct) one run, as most arrays are
+        return f"{ix[0]}-{ix[-1]}"
     out, start = [], 0
     for k in range(1, len(ix) + 1):
         if k == len(ix) or ix[k] != ix[k - 1] + 1:
