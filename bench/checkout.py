@@ -28,7 +28,8 @@ def use_harness() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
 
 
-def use_colo() -> None:
-    """This checkout first on the path: colo as it is here, whatever is installed (a lent GPU
-    machine cannot install it; a bench of the simulator or the interposer measures this tree)."""
-    sys.path.insert(0, str(ROOT))
+def use_colo(root: str | Path | None = None) -> None:
+    """This checkout (or the one at `root`: a policy before and after, side by side) first on the
+    path: colo as it is there, whatever is installed (a lent GPU machine cannot install it; a bench
+    of the simulator or the interposer measures that tree)."""
+    sys.path.insert(0, str(root or ROOT))
