@@ -471,8 +471,11 @@ class Launcher:
             return False
         self.table.set_fields(job_id, cancel_by=by)  # stored first: a crash from here on still ends it
         await self._say_stop(job, job.handle)  # the kills below may end a Slurm job at once
-        # MPS clients are left to the stop, which sends terminate_client first (invariant 6)
-        for pid in (pids if job.mode != Mode.MPS and not job.spec.image else ()):
+        # MPS clients are left to the stop, which sends terminate_client first (invariant 6); so is
+        # every process where the stop reaches them all (a container, a Slurm job)
+        rt = self.engines.get(job.spec.runtime)
+        reaches = rt.stop_reaches_all if rt is not None else bool(job.spec.image)
+        for pid in (pids if job.mode != Mode.MPS and not reaches else ()):
             if uid_of(pid) == job.uid:
                 try:
                     os.kill(pid, signal.SIGKILL)

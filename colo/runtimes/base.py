@@ -73,6 +73,10 @@ class Runtime(Protocol):
     # that removal, not every request. False: it may end leftovers that still hold GPU memory,
     # done before the job's GPUs are given to anyone else.
     cleanup_in_background: bool
+    # True: stop() reaches every process of the job, those that left its process group too (the
+    # patrol then kills none itself first). A container's engine and Slurm (proctrack) do; a
+    # host job's stop signals its process group.
+    stop_reaches_all: bool
 
     def start(self, launch: Launch) -> str:
         """Start the job; return a handle that survives a daemon restart. Raises StartError (the

@@ -52,6 +52,7 @@ class DockerRuntime:
 
     name = "docker"
     cleanup_in_background = True  # an ended job's container has exited: only its remains are removed
+    stop_reaches_all = True  # the engine stops the container, every process in it
 
     def __init__(self, client=None, gpu_access: nvidia.GpuAccess | None = None, init: bool = False,
                  instance: str = "default"):

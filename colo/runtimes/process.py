@@ -113,6 +113,7 @@ def _parse(handle: str) -> tuple[int, float]:
 class ProcessRuntime:
     name = "process"
     cleanup_in_background = False  # its cleanup kills leftovers (setsid children) that may hold GPU memory
+    stop_reaches_all = False  # its stop signals the process group; a setsid child is not in it
 
     def __init__(self, shim: Path | None = None, base_env: dict[str, str] | None = None,
                  cgroups: Cgroups | None = None, log_cap: int = 0, reserve: int = 0,
