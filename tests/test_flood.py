@@ -271,7 +271,10 @@ def test_a_fork_bomb_fails_inside_its_own_job(limited, users):
     bomb = "(while :; do sleep 120 & done) 2>/dev/null; echo full; exec sleep 120"
     b = run_as(users[0], lambda: Client(d.socket).submit(
         {"argv": ["sh", "-c", bomb], "gpus": 0, "workdir": "/tmp",
-         "on_end": "cat /proc/self/cgroup > /tmp/colo-flood-onend-$COLO_JOB_ID"})["id"])
+         # written aside, then renamed: the name appears only once its text is whole (the shell
+         # creates a redirect's file before cat writes it; a busy machine showed the gap)
+         "on_end": "cat /proc/self/cgroup > /tmp/colo-flood-onend-$COLO_JOB_ID.part && "
+                   "mv /tmp/colo-flood-onend-$COLO_JOB_ID.part /tmp/colo-flood-onend-$COLO_JOB_ID"})["id"])
     d.wait_state(b, "running")
     if not _has_pids(d):
         d.client.cancel(b)
