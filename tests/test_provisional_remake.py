@@ -5,6 +5,9 @@ changes what plan() reads still owes one."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+
+import pytest
 
 from colo import profiles
 from colo.config import Config
@@ -14,6 +17,7 @@ from colo.daemon.learner import Learner
 from colo.jobs import JobSpec, State
 from colo.sched import policy
 from colo.store import Store
+from harness.daemon import DaemonProc, wait_for
 
 GiB = 1 << 30
 
@@ -52,3 +56,30 @@ def test_a_remade_provisional_profile_owes_a_pass_only_when_its_figures_changed(
         assert learner.profile_of(job).peak_sm == 0.9 and not profiles.same_figures(learner.profile_of(job), first)
 
     asyncio.run(run())
+
+
+@pytest.mark.slow  # a job's provisional profile is first made after 30 s of its run, remade every 30 s
+def test_a_daemon_with_a_steady_job_running_makes_no_pass_while_nothing_changes(tmp_path, fakegpu):
+    """Counted across the daemon's own sample ticks (the samples it stores), not the clock: from
+    its first provisional profile on, a steady job (sleep, nothing on the GPU) owes no pass at each
+    remake; before, each remake logged a full pass."""
+    d = DaemonProc(tmp_path, fakegpu.state, {"sample_interval": 1.0}).start()
+    try:
+        j = d.client.submit({"argv": ["sleep", "600"], "gpus": 1, "gpu_mem": GiB, "workdir": "/tmp"})["id"]
+        d.client.submit({"argv": ["true"], "gpus": 1, "gpu_mem": GiB, "workdir": "/tmp", "hold": True})
+        started = d.wait_state(j, "running")["started_at"]
+
+        def sampled_for() -> float:  # how long the daemon's ticks have sampled the job
+            with sqlite3.connect(f"file:{d.state_dir / 'colo.db'}?mode=ro", uri=True) as db:
+                return (db.execute("SELECT max(at) FROM samples WHERE job_id=?", (j,)).fetchone()[0] or 0) - started
+
+        wait_for(lambda: f"job {j}: a provisional profile from its first" in d.log.read_text(), 120,
+                 "the job's first provisional profile")
+        wait_for(lambda: sampled_for() >= 45, 120, "45 s of samples (the pass the first one owed is over)")
+        passes = d.log.read_text().count("scheduler pass (full)")
+        wait_for(lambda: sampled_for() >= 100, 180, "100 s of samples (remade at 60 and 90 s)")
+        log = d.log.read_text()
+        assert log.count("scheduler pass (full)") == passes, log[-3000:]
+        assert log.count(f"job {j}: a provisional profile from its first") == 1
+    finally:
+        d.stop()
