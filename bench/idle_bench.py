@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -75,8 +76,8 @@ def measure(root: Path, case: str, n: int, seconds: float, settle: float, before
     cwd = os.getcwd()
     os.chdir("/")
     try:
-        (root / "d").mkdir()
-        d = DaemonProc(root / "d", state, config={"sample_interval": 1.0}, env=env).start()
+        (root / "d").mkdir()  # one user queues them all: past the default max_queued_per_user (10,000)
+        d = DaemonProc(root / "d", state, config={"sample_interval": 1.0, "max_queued_per_user": max(10000, n)}, env=env).start()
     finally:
         os.chdir(cwd)
     c = d.client
@@ -105,9 +106,16 @@ def measure(root: Path, case: str, n: int, seconds: float, settle: float, before
             raise SystemExit(f"{case}-{n}: the jobs changed while idle: {counts(d)}")
         return out
     finally:
-        for j in c.ls(all=False, states=["running"]) if case == "running" else []:
-            c.cancel(j["id"])
-        d.stop()
+        # The queue stays queued: drained GPUs start nothing as the 8 end (else up to 50,000 `true`
+        # jobs would run), and the daemon is stopped with its queue in place (the harness's stop
+        # cancels every open job, a request each).
+        if case == "running":
+            c.drain([str(i) for i in range(8)], "idle_bench: the measure is over")
+            for j in c.ls(all=False, states=["running"]):
+                c.cancel(j["id"])
+            wait_for(lambda: not c.ls(all=False, states=["running", "starting"]), 120, "the 8 jobs to end")
+        d.proc.send_signal(signal.SIGTERM)
+        d.proc.wait(60)
         if p := daemon_log_problems(d.log):
             raise SystemExit(f"{case}-{n}: daemon log: {p[:3]}")
 

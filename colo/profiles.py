@@ -304,6 +304,16 @@ def provisional(name: str, samples: Any, elapsed: float | None = None, hold: flo
                    note=f"provisional: {seen:.0f} s of a run still going", provisional=True)
 
 
+def same_figures(a: Profile, b: Profile) -> bool:
+    """Whether two profiles say the same to plan() (every field but the name and the note): a
+    provisional profile remade from more samples of a steady run changes nothing to place."""
+    def same(x, y) -> bool:
+        return (x is None and y is None) or (x is not None and y is not None and np.array_equal(x, y))
+    return (a.step, a.runtime, a.cache_bound, a.runs, a.gpu, a.provisional) == \
+        (b.step, b.runtime, b.cache_bound, b.runs, b.gpu, b.provisional) and \
+        all(same(getattr(a, k), getattr(b, k)) for k in ("sm", "mem", "membw", "pcie"))
+
+
 def _stretch(v: np.ndarray, n: int) -> np.ndarray:
     """Resample a series to n points over the same run (aligned on progress, start to end)."""
     if len(v) == n:

@@ -479,15 +479,21 @@ class Learner:
                                     elapsed=elapsed, gpu=gpu)
         if made is None:
             return False
-        made = dataclasses.replace(made, note=f"provisional, from the first {elapsed:.0f} s of job {job.id}")
+        note = f"provisional, from the first {elapsed:.0f} s of job {job.id}"
         self._provisioned[job.id] = elapsed
+        changed = False
         for name in names:
             held = self._provisional.get((job.uid, name))
-            if held is None or held[0] == job.id:  # the first running job of a name or family speaks for it
-                self._provisional[(job.uid, name)] = (job.id, made)
-        log.info("job %d: a provisional profile from its first %.0f s (peak SM %.0f %%, %s): jobs of its family "
-                 "may be placed beside it", job.id, elapsed, made.sm.max() * 100, format_size(int(made.mem.max())))
-        return True
+            if held is not None and held[0] == job.id and profiles.same_figures(held[1], made):
+                held[1].note = note  # a steady run: nothing plan() reads changed, no pass is owed (issue 41)
+            elif held is None or held[0] == job.id:  # the first running job of a name or family speaks for it
+                self._provisional[(job.uid, name)] = (job.id, dataclasses.replace(made, note=note))
+                changed = True
+        if changed:
+            log.info("job %d: a provisional profile from its first %.0f s (peak SM %.0f %%, %s): jobs of its "
+                     "family may be placed beside it", job.id, elapsed, made.sm.max() * 100,
+                     format_size(int(made.mem.max())))
+        return changed
 
     def _watch_groups(self, running: list[Job], now: float) -> None:
         """Per GPU whose running jobs (two or more) all have a stored profile: the GPU's SM
