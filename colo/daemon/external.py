@@ -133,10 +133,7 @@ class SlurmRuntime:
     for all of them (`squeue -w NODE`), never once per job: slurmctld serves every node."""
 
     cleanup_in_background = False  # a dict entry and a file: nothing to wait for
-    # scancel: Slurm signals every process of the job (proctrack). A kill of ours first would end
-    # the batch script before the cancel reached Slurm, which then recorded the job FAILED, not
-    # CANCELLED (sacct), as often as not on a busy node.
-    stop_reaches_all = True
+    stop_reaches_all = True  # scancel reaches every process (proctrack); a kill of ours first: sacct FAILED
 
     def __init__(self, config: Config, table: JobTable):
         self.config = config
@@ -147,9 +144,7 @@ class SlurmRuntime:
         self._seen: dict[str | None, tuple[float, dict[int, str] | None]] = {}  # node -> (when, jobs)
         self._cgroups: dict[str, tuple[float, dict[str, str]]] = {}  # handle -> (when, Slurm's cgroup of the job)
         self._said: set[str] = set()  # handles whose cancel is written on the Slurm job (say_stop)
-        # slurm job -> its batch script's wait status, until its end or its record's cleanup (a job
-        # whose end never comes, Slurm's epilog lost, leaves nothing behind)
-        self._exits: dict[int, int] = {}
+        self.exits: dict[int, int] = {}  # slurm job -> its batch script's wait status, until its end or cleanup
 
     def _slot(self, slurm_job: int) -> tuple[threading.Event, list]:
         with self._lock:
@@ -159,15 +154,6 @@ class SlurmRuntime:
         ev, box = self._slot(slurm_job)
         box[:] = [code]
         ev.set()
-
-    def batch_exited(self, slurm_job: int, status: int) -> None:
-        with self._lock:
-            self._exits[slurm_job] = status
-
-    def batch_status(self, slurm_job: int) -> int | None:
-        """The wait status its batch script ended with, once (None: not told)."""
-        with self._lock:
-            return self._exits.pop(slurm_job, None)
 
     def _state(self, sj: int, node: str | None, fresh: float) -> str | None:
         """Job `sj`'s state on `node` from an answer at most `fresh` seconds old: "" when Slurm
@@ -281,7 +267,7 @@ class SlurmRuntime:
         sj, jid, _, _ = _parse(handle)
         with self._lock:
             self._ends.pop(sj, None)
-            self._exits.pop(sj, None)
+            self.exits.pop(sj, None)
             self._cgroups.pop(handle, None)
             self._said.discard(handle)
         mark(self.config, sj, False)
@@ -683,7 +669,7 @@ class External:
         if job is None:
             return {"job": None}
         if status is not None:
-            self.rt.batch_exited(sj, status)
+            self.rt.exits[sj] = status
         ok = await self._terminate_clients(job)
         return {"job": job.id, "terminated": ok}
 
@@ -693,7 +679,7 @@ class External:
         sj = _int(args, "job", 1, 1 << 32)
         given = args.get("exit_code") is not None  # a helper of before the plugin sent it (it read Slurm)
         code, sig = (_int(args, "exit_code", 0, 255), _int(args, "signal", 0, 64)) if given else (0, 0)
-        status = self.rt.batch_status(sj)
+        status = self.rt.exits.pop(sj, None)
         self._hold_env.pop(sj, None)  # not its want: a requeued gpu job's epilog runs too, and it comes back
         if self._holds.pop(sj, None) is not None:
             await asyncio.to_thread(mark, self.d.config, sj, False)
