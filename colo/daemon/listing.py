@@ -67,9 +67,7 @@ class Listing:
         # made: 50 arrays of 1,000 tasks are 50 looks, not a walk over 50,000 jobs (~30 ms).
         self._singles: dict[int, None] = {}
         self._tasks: dict[int, dict[int, int]] = {}
-        for j in table.open.values():
-            if j.state == State.QUEUED:
-                self._file(j)
+        self._index()
 
     def summary(self, job: Job, reasons: dict[int, str] | None = None) -> JobSummary:
         out: JobSummary = {
@@ -356,12 +354,16 @@ class Listing:
         out.sort(key=attrgetter("id"))
         return out, spans
 
-    def _astray(self, job_id: int) -> None:
-        log.warning("listing: job %d is in the queue's index but not queued; the index is made again", job_id)
+    def _index(self) -> None:
+        """The queue's index made from the table, whole."""
         self._singles, self._tasks = {}, {}
         for j in self.table.open.values():
             if j.state == State.QUEUED:
                 self._file(j)
+
+    def _astray(self, job_id: int) -> None:
+        log.warning("listing: job %d is in the queue's index but not queued; the index is made again", job_id)
+        self._index()
         return None
 
     async def _rows_of(self, queued: list[Job], fields: list[str], cut: int | None, spans: dict[int, list[int]] | None,
