@@ -17,13 +17,19 @@ import time
 import checkout  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parser(doc: str, mixes: str = "every mix") -> argparse.ArgumentParser:
+    """The options of a bench of colo cold in the simulator (this one's, bench/sim_refusals.py's)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--truth", default="h200")
-    ap.add_argument("--mix", action="append", help="default: every mix")
-    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--mix", action="append", help=f"default: {mixes}")
     ap.add_argument("--colo", help="a checkout whose colo/ is used instead of this one's")
+    return ap
+
+
+def main() -> None:
+    ap = parser(__doc__)
+    ap.add_argument("--gpus", type=int, default=1)
     a = ap.parse_args()
     checkout.use_colo(a.colo)
     from colo.sched import sim, truth as simtruth

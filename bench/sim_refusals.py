@@ -14,19 +14,15 @@ Run it on two checkouts (`--colo DIR`) to see what a policy change moved.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 
 import checkout  # noqa: E402
+from sim_cold import parser
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, default=8)
-    ap.add_argument("--truth", default="h200")
-    ap.add_argument("--mix", action="append", help="default: fits")
+    ap = parser(__doc__, "fits")
     ap.add_argument("--below", type=float, default=0.95, help="an SM reading under this is an underused GPU")
-    ap.add_argument("--colo", help="a checkout whose colo/ is used instead of this one's")
     a = ap.parse_args()
     checkout.use_colo(a.colo)
     from colo.sched import policy as pol, sim, truth as simtruth
