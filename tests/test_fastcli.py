@@ -360,3 +360,25 @@ def test_colo_fast_0_and_other_commands_take_the_script(native_dir, tmp_path):
         assert not _servers(str(inst.root))
     finally:
         inst.close()
+
+
+def test_the_server_holds_nothing_of_its_first_caller(native_dir, tmp_path):
+    """The call that starts the server leaves it none of its descriptors: a pipe it was given is at
+    its end once that call is (`x=$(colo ls)` returns)."""
+    inst = Install(native_dir / "colo-client", str(tmp_path / "none.sock"))
+    try:
+        r, w = os.pipe()
+        p = subprocess.run(inst.argv("ls"), stdout=w, stderr=w, pass_fds=(w,), env=inst.env(), timeout=120)
+        os.close(w)
+        out = b""
+        while True:
+            assert select.select([r], [], [], 60)[0], "the pipe is held open"
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            out += chunk
+        os.close(r)
+        assert p.returncode == 1 and out.startswith(b"colo: "), out
+        assert wait_for(lambda: _answering(inst.sockets(os.getuid())), 60, "the command server")  # (it started)
+    finally:
+        inst.close()

@@ -136,7 +136,7 @@ def serve(script: str, sock_path: str) -> None:
     listener.listen(64)
     listener.setblocking(False)
     server = Server(listener, me, script, added, snap)
-    server.path, server.ino = sock_path, os.stat(sock_path).st_ino
+    server.path, server.ino, server.lock = sock_path, os.stat(sock_path).st_ino, lock
     server.run()
     server.retire()
 
@@ -147,7 +147,7 @@ class Server:
         self.sel = selectors.DefaultSelector()
         self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
         self.children: dict[socket.socket, tuple[int, int]] = {}  # connection: (pid, pidfd)
-        self.path, self.ino = "", 0
+        self.path, self.ino, self.lock = "", 0, -1
         self.retired = False
 
     def retire(self) -> None:
@@ -257,6 +257,7 @@ class Server:
     def close_in_child(self) -> None:
         """What a child must not keep: the listener, the selector, other clients and children."""
         self.sel.close()
+        os.close(self.lock)  # (a long command must not keep the next server from its socket)
         if not self.retired:
             self.listener.close()
         for c, (_pid, pidfd) in self.children.items():

@@ -12,6 +12,7 @@
  * owner, mode), and the server's SO_PEERCRED uid must be ours before anything is sent.
  * Plain C and libc only.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -25,6 +26,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -149,6 +151,20 @@ static int sock_dir(char *out, size_t cap) {
     return own_dir(out);
 }
 
+static void close_from(int low) {
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, low, ~0U, 0) == 0) return;
+#endif
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return;
+    int dfd = dirfd(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        int fd = atoi(e->d_name);
+        if (fd >= low && fd != dfd) close(fd);
+    }
+    closedir(d);
+}
+
 /* The server, detached (its own session, no terminal, in /), started with our environment, so
  * that its identity is ours; this call goes on by the Python path meanwhile. */
 static void spawn(const char *sock) {
@@ -159,7 +175,7 @@ static void spawn(const char *sock) {
         int fd = open("/dev/null", O_RDWR);
         if (fd < 0) _exit(0);
         dup2(fd, 0), dup2(fd, 1), dup2(fd, 2);
-        if (fd > 2) close(fd);
+        close_from(3);  /* nothing of our caller's (a pipe someone waits on) held for minutes */
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
@@ -190,13 +206,25 @@ static int forward(int fd, int sig) {
     return send_all(fd, (const char *)rec, sizeof rec);
 }
 
-static void die_by(int sig) {
+/* sig with its default action, now (a stop returns once continued, with sig blocked again) */
+static void raise_default(int sig) {
     signal(sig, SIG_DFL);
     sigset_t s;
     sigemptyset(&s);
     sigaddset(&s, sig);
     sigprocmask(SIG_UNBLOCK, &s, NULL);
     raise(sig);
+    sigprocmask(SIG_BLOCK, &s, NULL);
+}
+
+static void catch(int sig) {
+    struct sigaction act = {.sa_handler = on_signal};
+    sigemptyset(&act.sa_mask);
+    sigaction(sig, &act, NULL);
+}
+
+static void die_by(int sig) {
+    raise_default(sig);
     exit(128 + sig);
 }
 
@@ -275,10 +303,9 @@ int main(int argc, char **argv) {
     for (int i = 0; FORWARDED[i]; i++) sigaddset(&block, FORWARDED[i]);
     sigprocmask(SIG_BLOCK, &block, &old);
     for (int i = 0; FORWARDED[i]; i++) {
-        struct sigaction cur, act = {.sa_handler = on_signal};
-        sigemptyset(&act.sa_mask);
+        struct sigaction cur;
         /* one we ignore stays ignored (as the Python path would have it) */
-        if (!sigaction(FORWARDED[i], NULL, &cur) && cur.sa_handler != SIG_IGN) sigaction(FORWARDED[i], &act, NULL);
+        if (!sigaction(FORWARDED[i], NULL, &cur) && cur.sa_handler != SIG_IGN) catch(FORWARDED[i]);
     }
 
     int fds[4] = {0, 1, 2, cwd};
@@ -304,16 +331,8 @@ int main(int argc, char **argv) {
             /* a stop: the child's group is orphaned (TSTP would be dropped), so it gets STOP; then us */
             if (forward(s, sig == SIGTSTP ? SIGSTOP : sig) == 0 && sig != SIGCONT) sent_sig = sig;
             if (sig == SIGTSTP) {
-                signal(SIGTSTP, SIG_DFL);
-                sigset_t t;
-                sigemptyset(&t);
-                sigaddset(&t, SIGTSTP);
-                sigprocmask(SIG_UNBLOCK, &t, NULL);
-                raise(SIGTSTP);
-                sigprocmask(SIG_BLOCK, &t, NULL);
-                struct sigaction act = {.sa_handler = on_signal};
-                sigemptyset(&act.sa_mask);
-                sigaction(SIGTSTP, &act, NULL);
+                raise_default(SIGTSTP);
+                catch(SIGTSTP);
                 sent_sig = 0;
             }
         }
