@@ -80,11 +80,14 @@ class Install:
     def sockets(self, uid: int) -> list[Path]:
         return sorted((self.run_dir(uid) / "colo-fast").glob("*.sock"))
 
-    def server(self, uid: int | None = None, user=None) -> int:
-        """Start the user's server (a first call starts it) and wait until it answers: its pid."""
+    def server(self, uid: int | None = None, user=None, env: dict | None = None) -> int:
+        """Start a server of the user's (a first call starts it; env: the caller's) and wait until it
+        answers at a socket that was not there before: its pid."""
         uid = os.getuid() if uid is None else uid
-        self.run("ls", user=user)
-        return wait_for(lambda: _answering(self.sockets(uid)), 60, "the command server to listen")
+        before = set(self.sockets(uid))
+        self.run("ls", user=user, env=env)
+        return wait_for(lambda: _answering([p for p in self.sockets(uid) if p not in before]), 60,
+                        "the command server to listen")
 
     def close(self):
         for pid in _servers(str(self.root)):
@@ -254,12 +257,15 @@ def test_a_terminal_is_the_commands_terminal(install, daemon):
 
 def test_the_server_runs_the_command_and_its_end_is_the_clients(install, daemon):
     """A `colo wait` is a child of the server holding the client's stdout; the client's SIGINT is
-    its; a client killed with -9 takes its command with it."""
+    its; a client killed with -9 takes its command with it. In the caller's locale, and in the C
+    locale (no LANG, no LC_*: Python's start coerces it), a server of its own for each."""
     held = daemon.submit("--hold", "--process", "--gpus", "0", "--name", "held", "--", "true")
-    server = install.server()
-    for how in ("sigint", "kill"):
+    c_locale = {k: v for k, v in install.env().items() if not k.startswith(("LANG", "LC_"))}
+    for env, how in ((install.env(), "sigint"), (install.env(), "kill"), (c_locale, "sigint"), (c_locale, "kill")):
+        if how == "sigint":
+            server = install.server(env=env)
         p = subprocess.Popen(install.argv("wait", str(held)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env=install.env())
+                             env=env)
         child = wait_for(lambda: _children(server), 60, "the server's child")[0]
         assert os.readlink(f"/proc/{child}/fd/1") == os.readlink(f"/proc/{p.pid}/fd/1")  # the client's pipe
         if how == "sigint":
