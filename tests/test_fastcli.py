@@ -191,6 +191,15 @@ def test_the_client_and_the_server_know_the_same_hot_commands():
     assert tuple(re.findall(r'"(\w+)"', listed)) == HOT
 
 
+def test_this_install_has_the_compiled_colo():
+    """pip install -e . (CI's, the README's) puts the compiled client at bin/colo, the script beside."""
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "colo-py").exists():
+        pytest.skip(f"colo is not installed in {bin_dir}")
+    assert (bin_dir / "colo").read_bytes()[:4] == b"\x7fELF"
+    assert (bin_dir / "colo-py").read_text().startswith("#!")
+
+
 def test_the_fast_path_answers_as_the_script_does(install, daemon, tmp_path):
     done = daemon.submit("--process", "--gpus", "0", "--name", "done", "--", "sh", "-c", "echo hi; exit 3")
     daemon.wait_state(done, "failed")
