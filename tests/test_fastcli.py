@@ -85,9 +85,12 @@ class Install:
         answers at a socket that was not there before: its pid."""
         uid = os.getuid() if uid is None else uid
         before = set(self.sockets(uid))
-        self.run("ls", user=user, env=env)
-        return wait_for(lambda: _answering([p for p in self.sockets(uid) if p not in before]), 60,
-                        "the command server to listen")
+
+        def started() -> int | None:  # (a server that saw its files change as it started gives up)
+            self.run("ls", user=user, env=env)
+            return _answering([p for p in self.sockets(uid) if p not in before])
+
+        return wait_for(started, 60, "the command server to listen")
 
     def close(self):
         for pid in _servers(str(self.root)):
@@ -130,6 +133,13 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+
+
+def _fd1(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return None
 
 
 def _gone(pid: int, timeout: float = 60) -> bool:
@@ -275,8 +285,9 @@ def test_the_server_runs_the_command_and_its_end_is_the_clients(install, daemon)
             server = install.server(env=env)
         p = subprocess.Popen(install.argv("wait", str(held)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env=env)
-        child = wait_for(lambda: _children(server), 60, "the server's child")[0]
-        assert os.readlink(f"/proc/{child}/fd/1") == os.readlink(f"/proc/{p.pid}/fd/1")  # the client's pipe
+        pipe = os.readlink(f"/proc/{p.pid}/fd/1")
+        child = wait_for(lambda: [c for c in _children(server) if _fd1(c) == pipe], 60,
+                         "a child of the server writing to the client's pipe")[0]
         if how == "sigint":
             p.send_signal(signal.SIGINT)
             out, err = p.communicate(timeout=60)
@@ -382,6 +393,11 @@ def test_the_server_holds_nothing_of_its_first_caller(native_dir, tmp_path):
     its end once that call is (`x=$(colo ls)` returns)."""
     inst = Install(native_dir / "colo-client", str(tmp_path / "none.sock"))
     try:
+        first = inst.server()  # (once the install's files are older than a server's start: it stays)
+        os.kill(first, signal.SIGKILL)
+        assert _gone(first)
+        for sock in inst.sockets(os.getuid()):
+            sock.unlink()
         r, w = os.pipe()
         p = subprocess.run(inst.argv("ls"), stdout=w, stderr=w, pass_fds=(w,), env=inst.env(), timeout=120)
         os.close(w)

@@ -22,6 +22,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 
 from .fastrun import EXITED, FORWARD, REC, REFUSED, SIGNALLED, STALE, child
 
@@ -86,6 +87,12 @@ class Snapshot:
     def stale(self) -> bool:
         return self._look() != self.seen
 
+    def touched_since(self, t_ns: int) -> bool:
+        """Whether a file changed after t_ns (and not in the future: a skewed clock's): while this
+        process imported it, so which version it holds is unknown."""
+        now = time.time_ns()
+        return any(s is not None and t_ns <= s[3] <= now for s in self.seen)
+
 
 def _own_dir(path: str) -> bool:
     try:
@@ -117,11 +124,14 @@ def serve(script: str, sock_path: str) -> None:
         return  # a relative sys.path entry is read from each caller's directory; no pidfd: no watch
     if not _own_dir(os.path.dirname(sock_path)):
         return
+    t0 = time.time_ns() - 2_000_000_000  # (a coarse file system's mtime granularity)
     env0 = start_environ()
     added = {k: v for k, v in os.environb.items() if env0.get(k) != v}
     me = identity(script, env0)
     preload()
     snap = Snapshot(script)
+    if snap.touched_since(t0):
+        return  # an edit while we loaded: the next call starts a server on the new code
     lock = os.open(sock_path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -165,8 +175,6 @@ class Server:
 
     def run(self) -> None:
         """Until idle (or stale) with no command running."""
-        import time
-
         last = time.monotonic()
         while not (self.retired and not self.children):
             events = self.sel.select(None if self.children else max(0.0, last + IDLE - time.monotonic()))
