@@ -12,6 +12,7 @@ from pathlib import Path
 
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
+from distutils.command.build_scripts import build_scripts  # (setuptools has no module of its own for it)
 
 try:
     from setuptools.command.bdist_wheel import bdist_wheel  # setuptools >= 70.1
@@ -97,7 +98,21 @@ def platform_tag(folder: Path) -> str:
     return f"linux_{arch}"
 
 
-commands = {"build_py": BuildWithNative}
+class ScriptsWithClient(build_scripts):
+    """bin/colo-py as setuptools copies any script (its `#!python` made the installing interpreter),
+    and beside it, as `colo`, the compiled client (native/client/colo.c) that runs it or its
+    command server: in every install, editable or not, and in wheels (docs/fastcli.md). Not a
+    script-files entry: setuptools reads each one's first line as text, which an ELF file is not."""
+
+    def run(self):
+        super().run()
+        _build_native()  # (build_py built it already; make only checks)
+        out = Path(self.build_dir) / "colo"
+        shutil.copyfile(NATIVE_BUILD / "colo-client", out)
+        out.chmod(0o755)
+
+
+commands = {"build_py": BuildWithNative, "build_scripts": ScriptsWithClient}
 if bdist_wheel is not None:
     class PlatformWheel(bdist_wheel):
         """py3-none-<platform>: the Python is any Python 3's; the binaries are this platform's."""

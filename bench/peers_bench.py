@@ -20,7 +20,9 @@ colo's commands are `python -m colo` of this interpreter unless --colo names a `
 script (a regular install's, as bench/cli_bench.py makes one: an editable install adds its path
 finder to every start, about as long as the interpreter's own start-up); its daemon is that
 script's interpreter's `colo daemon`. --before names a second one (another version's venv, its own
-daemon filled alike), timed in the same rounds: before and after in one run.
+daemon filled alike), timed in the same rounds: before and after in one run. Where --colo is the
+compiled client (native/client/colo.c), its command server is started and awaited before the --big
+rounds, and its Python path (`COLO_FAST=0 colo ls`) is timed in the same rounds.
 
 Run (as root; apt-get install task-spooler slurm-wlm munge):
     python bench/peers_bench.py [--queue 500] [-n 10] [--big 50000] [--rounds 15] [--colo VENV/bin/colo]
@@ -237,6 +239,48 @@ def colo_side(rep: Report, root: Path, q: int, n: int, colo: list[str], python: 
         rep.check(not (p := daemon_log_problems(d.log)), f"{label} daemon log: {p[:3]}")
 
 
+def compiled(argv: list[str]) -> bool:
+    """Whether `colo` is the compiled client (native/client/colo.c: its command server for `ls`)."""
+    try:
+        with open(argv[0], "rb") as f:
+            return len(argv) == 1 and f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def fast_server(argv: list[str], env: dict) -> int | None:
+    """The pid of the command server that `colo ls` of this install (argv) reaches: a first call
+    starts it (docs/fastcli.md); wait until it answers at its socket, so the rounds time the fast path."""
+    import glob
+    import socket
+    import struct
+
+    subprocess.run([*argv, "ls", "-q", "-s", "running"], env=env, capture_output=True, timeout=120)
+    where = os.path.dirname(argv[0]).encode()
+    dirs = [f"{env['XDG_RUNTIME_DIR']}/colo-fast"] if env.get("XDG_RUNTIME_DIR") else []
+    dirs.append(f"/tmp/colo-fast-{os.getuid()}")
+
+    def answering() -> int | None:
+        for path in (p for d in dirs for p in glob.glob(f"{d}/*.sock")):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(path)
+                pid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if where in f.read():
+                        return pid
+            except OSError:
+                continue
+            finally:
+                s.close()
+        return None
+
+    try:
+        return wait_for(answering, 60, "colo's command server")
+    except AssertionError:
+        return None
+
+
 def settle(d: DaemonProc) -> None:
     """Until the scheduler's passes over the new jobs are done: the waiting jobs' reasons (the
     listing `colo ls` sends) the same twice, 2 s apart."""
@@ -319,7 +363,14 @@ def measure(rep: Report, sides: dict, a: argparse.Namespace) -> None:
         parts = {"py": ([c["python"], "-c", "pass"], c["env"]),
                  "imports": ([c["python"], "-c", "import colo.cli.entry, colo.cli.argv, colo.cli.lsview"], c["env"]),
                  "one": ([*c["ls"], "-s", "running"], c["env"])}
+        server = None
+        if compiled(c["ls"][:-1]):  # the compiled `colo`: its Python path (COLO_FAST=0) in the same rounds
+            parts["python_path"] = (c["ls"], {**c["env"], "COLO_FAST": "0"})
+            server = fast_server(c["ls"][:-1], c["env"])
+            rep.check(server is not None, "colo's command server did not answer")
         big, outs = rounds({**{k: (s["ls"], s["env"]) for k, s in sides.items()}, **parts}, a.rounds)
+        if server is not None:
+            rep.check(fast_server(c["ls"][:-1], c["env"]) == server, "colo's command server changed during the rounds")
         rep.extra["colo"]["parts"] = {k: statistics.median(big[k]) for k in parts}
         # each listing just after a queued job changed (colo's; squeue keeps nothing between two)
         moved, _ = rounds({k: (s["ls"], s["env"], *([s["change"]] if "change" in s else [])) for k, s in sides.items()},
@@ -358,9 +409,16 @@ def measure(rep: Report, sides: dict, a: argparse.Namespace) -> None:
     if a.big and p:
         for k, what in (("py", "`python -c pass` (colo's interpreter)"),
                         ("imports", "colo's interpreter importing the short path of `colo ls`"),
-                        ("one", f"`colo ls -s running` (one row), {total:,} jobs")):
+                        ("one", f"`colo ls -s running` (one row), {total:,} jobs"),
+                        ("python_path", f"`COLO_FAST=0 colo ls` (the Python path), {total:,} jobs")):
+            if k not in c["parts"]:
+                continue
             rep.figure(f"big_part_{k}", f"{what} vs `squeue`", c["parts"][k], "s", p["big_ls_s"], "`squeue`",
                        f"median of {r} interleaved rounds: what `colo ls` is made of")
+    if a.big and "python_path" in c.get("parts", {}):
+        rep.figure("big_ls_vs_python_path", f"`colo ls` (its command server), {total:,} jobs, vs its Python path",
+                   c["big_ls_s"], "s", c["parts"]["python_path"], "`COLO_FAST=0 colo ls`",
+                   f"median of {r} interleaved rounds")
     if b:
         rep.figure("ls_vs_before", f"`colo ls`, {a.queue + a.n:,} waiting, vs --before", c["ls_s"], "s", b["ls_s"],
                    "`colo ls` (--before)", f"median of {r} interleaved rounds; before {b['ls_spread']}")

@@ -29,7 +29,7 @@ PICK = {
     "load_bench": ["submit_p50", "submit_rate"],
     "top_cpu": ["top", "daemon_serving"],
     "peers_bench": ["submit_vs_slurm", "ls_vs_slurm", "big_ls_vs_slurm", "big_part_py", "big_part_imports",
-                    "big_moved_vs_slurm", "big_all_vs_slurm", "big_ls_vs_before", "big_moved_vs_before",
+                    "big_part_python_path", "big_ls_vs_python_path", "big_moved_vs_slurm", "big_all_vs_slurm", "big_ls_vs_before", "big_moved_vs_before",
                     "big_all_vs_before"],
     "clean_bench": ["clean_wall", "clean_max", "purge_wall", "purge_max"],
     "interposer_bench": ["pair_cpu_stub_1p_1t", "pair_cpu_stub_1p_8t", "pair_cpu_stub_4p_1t", "pair_cpu_stub_4p_8t",

@@ -63,6 +63,7 @@ find "$ROOT$PREFIX" -name __pycache__ -prune -exec rm -rf {} +
 # colo's own binaries stripped (debug symbols are for a build tree); the dependencies' wheels are
 # left as PyPI ships them: some are patched by auditwheel, which strip can break
 find "$ROOT$PREFIX" -type f -name '*.so*' -exec chmod a-x {} +  # libraries are loaded, not run
+strip --strip-unneeded --remove-section=.comment --remove-section=.note "$ROOT$PREFIX/bin/colo"  # (compiled: native/client)
 find "$ROOT$PREFIX" -path '*/colo/_native/*' -type f | while read -r f; do
   if head -c 4 "$f" | grep -q 'ELF'; then strip --strip-unneeded --remove-section=.comment --remove-section=.note "$f"; fi
 done

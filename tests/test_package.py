@@ -64,7 +64,10 @@ def test_the_wheel_is_tagged_for_the_glibc_its_binaries_need(built, tmp_path):
     with zipfile.ZipFile(whl) as z:
         names = z.namelist()
         assert "Root-Is-Purelib: false" in z.read(next(n for n in names if n.endswith(".dist-info/WHEEL"))).decode()
+        scripts = {n.rsplit("/", 1)[1]: z.read(n)[:9] for n in names if ".data/scripts/" in n}
     assert "colo/_native/libcolo-interpose.so" in names and not any("/purelib/" in n for n in names)
+    # `colo` is the compiled client, beside the Python script it runs (docs/fastcli.md)
+    assert scripts["colo"][:4] == b"\x7fELF" and scripts["colo-py"] == b"#!python\n", scripts
     # auditwheel (PyPI's tool for manylinux tags) reads the same binaries and agrees
     venv.create(tmp_path / "aw", with_pip=True)
     subprocess.run([str(tmp_path / "aw" / "bin" / "pip"), "install", "-q", "auditwheel"], check=True, timeout=300,

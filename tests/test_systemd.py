@@ -193,7 +193,7 @@ def test_under_a_booted_systemd_the_unit_serves_restarts_reloads_upgrades_and_pu
     assert said and said[-1] == "exit 0", f"{out}\n--- console (nspawn exited {rc} after {took:.0f} s):\n{tail}"
     assert said[:-1] == [
         "booted",
-        "unit active notify TasksMax=infinity /opt/colo/bin/python3 /opt/colo/bin/colo daemon --config /etc/colo/colo.toml",
+        "unit active notify TasksMax=infinity /opt/colo/bin/python3 /opt/colo/bin/colo-py daemon --config /etc/colo/colo.toml",  # (colo execs colo-py)
         "plain ls: ok",
         f"plain submit: exited with code 0 / alice 1 {memlock}",  # its user, its own cgroup under the unit's
         "restart then ls: 20 of 20",
