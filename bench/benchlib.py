@@ -249,6 +249,53 @@ def record(argv: list[str]) -> int:
     return r.returncode
 
 
+def compiled(argv: list[str]) -> bool:
+    """Whether `colo` is the compiled client (native/client/colo.c: its command server for `ls`)."""
+    try:
+        with open(argv[0], "rb") as f:
+            return len(argv) == 1 and f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def fast_server(argv: list[str], env: dict) -> int | None:
+    """The pid of the command server that `colo ls` of this install (argv) reaches: a first call
+    starts it (docs/fastcli.md); wait until it answers at its socket, so the rounds time the fast path."""
+    import glob
+    import socket
+    import struct
+
+    import checkout
+
+    checkout.use_harness()
+    from harness.daemon import wait_for
+
+    subprocess.run([*argv, "ls", "-q", "-s", "running"], env=env, capture_output=True, timeout=120)
+    where = os.path.dirname(argv[0]).encode()
+    dirs = [f"{env['XDG_RUNTIME_DIR']}/colo-fast"] if env.get("XDG_RUNTIME_DIR") else []
+    dirs.append(f"/tmp/colo-fast-{os.getuid()}")
+
+    def answering() -> int | None:
+        for path in (p for d in dirs for p in glob.glob(f"{d}/*.sock")):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(path)
+                pid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if where in f.read():
+                        return pid
+            except OSError:
+                continue
+            finally:
+                s.close()
+        return None
+
+    try:
+        return wait_for(answering, 60, "colo's command server")
+    except AssertionError:
+        return None
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["record"]:
         sys.exit(record(sys.argv[2:]))

@@ -6,7 +6,10 @@ Times, interleaved round by round so that load on the machine hits all alike:
 - the console script as users run it (each command's short path, colo/cli/entry.py): submit, ls,
   show, explain, logs, history, gpus, cancel, wait, top --once, and a completion key press
   (`colo show <TAB>` in bash: what the shell runs);
-- the same submit through the full typer command (`python -m colo.cli.app submit ...`), for scale;
+- the same submit and `ls` by the Python path (`colo-py`, what the compiled `colo` runs when its
+  command server is off: docs/fastcli.md), and submit through the full typer command (`python -m
+  colo.cli.app submit ...`), for scale; the compiled client's command server is started and awaited
+  before the rounds, and must be the same one after them;
 - the short path's start-up and imports alone (no round trip to the daemon).
 
 An editable install (`pip install -e`) adds a .pth finder to every interpreter start, so the
@@ -30,7 +33,7 @@ ROOT = HERE.parent
 import checkout  # noqa: E402
 checkout.use_harness()
 
-from benchlib import Report, daemon_log_problems  # noqa: E402
+from benchlib import Report, compiled, daemon_log_problems, fast_server  # noqa: E402
 from harness.daemon import DaemonProc, wait_for  # noqa: E402
 
 from colo.node import fakegpu  # noqa: E402
@@ -57,7 +60,8 @@ def main() -> int:
     rep = Report("cli_bench")
     venv = args.venv or Path(tempfile.mkdtemp(prefix="colo-cli-bench-")) / "venv"
     py = venv_with_colo(venv)
-    colo = str(venv / "bin" / "colo")
+    colo = str(venv / "bin" / "colo")  # the compiled client (native/client/colo.c; docs/fastcli.md)
+    script = str(venv / "bin" / "colo-py")  # the Python script it runs for everything not hot
     editable = subprocess.run([str(py), "-c", "import colo, sys; print(colo.__file__)"], capture_output=True,
                               text=True, check=True, cwd="/tmp").stdout.strip()  # not the checkout's colo
     rep.check(editable.startswith(str(venv)), f"colo in the bench venv comes from {editable}, not the venv")
@@ -88,13 +92,21 @@ def main() -> int:
         "wait": [colo, "wait", str(ended)],
         "cancel": [colo, "cancel"],  # + a queued job made for each round
         "complete": [colo],
+        "py_submit": [script, "submit", "--process", "--gpus", "0", "--", "true"],  # the Python path
+        "py_ls": [script, "ls"],
         "typer": [str(py), "-m", "colo.cli.app", "submit", "--process", "--gpus", "0", "--", "true"],
         "imports": [str(py), "-c", "import colo.cli.entry, colo.cli.submitspec, colo.client"],  # no daemon in it
     }
     tab = {**env, "_COLO_COMPLETE": "complete_bash", "COMP_WORDS": "colo show ", "COMP_CWORD": "2"}
     times: dict[str, list[float]] = {k: [] for k in cmds}
     cancelled = []
+    server = None
     try:
+        if compiled([colo]):  # its command server started and answering, so the rounds time the fast path
+            server = fast_server([colo], env)
+            rep.check(server is not None, "colo's command server did not answer")
+        else:
+            rep.note("bin/colo is not the compiled client: the fast rows time the Python script")
         for _ in range(args.n):
             for k, cmd in cmds.items():
                 if k == "cancel":
@@ -109,20 +121,22 @@ def main() -> int:
                               f"completion offered {r.stdout[:200]!r}, not the running job")
         # what the short path imports (it must not load what only top, sim or the daemon need):
         # every module the console script loads, as -X importtime lists them
-        r = subprocess.run([str(py), "-X", "importtime", colo, "submit", "--process", "--gpus", "0", "--", "true"],
+        r = subprocess.run([str(py), "-X", "importtime", script, "submit", "--process", "--gpus", "0", "--", "true"],
                            capture_output=True, text=True, env=env, cwd="/tmp")
         rep.check(r.returncode == 0, f"importtime submit: exit {r.returncode}")
         loaded = {ln.rsplit("|", 1)[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
         heavy = [m for m in HEAVY if m in loaded]
         rep.check(not heavy, f"the submit short path imported {heavy} of {HEAVY}")
         # pip's console-script wrapper imports re itself (to tidy argv[0]): not colo's to drop
-        wrapper_re = "\nimport re\n" in Path(colo).read_text()
+        wrapper_re = "\nimport re\n" in Path(script).read_text()
         light = [m for m in LIGHT if m in loaded and not (m in ("re", "enum") and wrapper_re)]
         rep.check(not light, f"the submit short path imported {light} of {LIGHT}")
         rep.note(f"modules of {', '.join(HEAVY + LIGHT)} the short path loaded: "
                  f"{', '.join(m for m in HEAVY + LIGHT if m in loaded) or 'none'}"
                  + (" (re and enum: by pip's console-script wrapper)" if wrapper_re else ""))
-        want = 2 * args.n + 1
+        if server is not None:
+            rep.check(fast_server([colo], env) == server, "colo's command server changed during the rounds")
+        want = 3 * args.n + 1
         rep.check(all(c.show(i)["state"] == "cancelled" for i in cancelled), "a timed cancel did not cancel")
         gate.touch()
         jobs = wait_for(lambda: (js := [j for j in d.client.ls(all=True) if j["id"] not in cancelled
@@ -143,6 +157,12 @@ def main() -> int:
     rep.figure("submit_imports", "start-up + imports of the short path (no daemon)", imports, "s", bare,
                "`python -c pass`", f"median of {args.n}, interleaved")
     rep.figure("short_vs_typer", "short path", fast, "s", full, "typer command", "same run")
+    for k, what in (("submit", "py_submit"), ("ls", "py_ls")):
+        rep.figure(f"{k}_python_path_wall", f"`colo {k}` by the Python path (colo-py)", statistics.median(times[what]),
+                   "s", bare, "`python -c pass`", f"median of {args.n}, interleaved")
+    if server is not None:
+        rep.figure("submit_fast_vs_python_path", "`colo submit` (its command server)", fast, "s",
+                   statistics.median(times["py_submit"]), "the Python path (colo-py)", "same run")
     for k, what in (("ls", "`colo ls` (2 jobs)"), ("show", "`colo show`"), ("explain", "`colo explain`"),
                     ("logs", "`colo logs`"), ("history", "`colo history`"), ("gpus", "`colo gpus`"),
                     ("top", "`colo top --once`"), ("wait", "`colo wait` (an ended job)"),

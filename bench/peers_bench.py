@@ -45,7 +45,7 @@ from pathlib import Path
 import checkout  # noqa: E402
 checkout.use_harness()
 
-from benchlib import Report, daemon_log_problems  # noqa: E402
+from benchlib import Report, compiled, daemon_log_problems, fast_server  # noqa: E402
 from harness.daemon import DaemonProc, wait_for  # noqa: E402
 from slurm_util import SlurmNode, munge_up  # noqa: E402
 
@@ -237,48 +237,6 @@ def colo_side(rep: Report, root: Path, q: int, n: int, colo: list[str], python: 
         d.proc.send_signal(signal.SIGTERM)  # not DaemonProc.stop: it would cancel Q jobs one by one
         d.proc.wait(60)
         rep.check(not (p := daemon_log_problems(d.log)), f"{label} daemon log: {p[:3]}")
-
-
-def compiled(argv: list[str]) -> bool:
-    """Whether `colo` is the compiled client (native/client/colo.c: its command server for `ls`)."""
-    try:
-        with open(argv[0], "rb") as f:
-            return len(argv) == 1 and f.read(4) == b"\x7fELF"
-    except OSError:
-        return False
-
-
-def fast_server(argv: list[str], env: dict) -> int | None:
-    """The pid of the command server that `colo ls` of this install (argv) reaches: a first call
-    starts it (docs/fastcli.md); wait until it answers at its socket, so the rounds time the fast path."""
-    import glob
-    import socket
-    import struct
-
-    subprocess.run([*argv, "ls", "-q", "-s", "running"], env=env, capture_output=True, timeout=120)
-    where = os.path.dirname(argv[0]).encode()
-    dirs = [f"{env['XDG_RUNTIME_DIR']}/colo-fast"] if env.get("XDG_RUNTIME_DIR") else []
-    dirs.append(f"/tmp/colo-fast-{os.getuid()}")
-
-    def answering() -> int | None:
-        for path in (p for d in dirs for p in glob.glob(f"{d}/*.sock")):
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(path)
-                pid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if where in f.read():
-                        return pid
-            except OSError:
-                continue
-            finally:
-                s.close()
-        return None
-
-    try:
-        return wait_for(answering, 60, "colo's command server")
-    except AssertionError:
-        return None
 
 
 def settle(d: DaemonProc) -> None:
