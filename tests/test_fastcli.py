@@ -225,10 +225,13 @@ def test_the_fast_path_answers_as_the_script_does(install, daemon, tmp_path):
         ["logs", str(done)], ["wait", str(done)],
         ["cancel", "99999"],
         ["submit", "--process", "--gpu-mem", "12XB", "--", "true"],  # a malformed size
+        ["explain", "held"], ["explain", str(done), "--json"], ["gpus"], ["gpus", "--json"],
+        ["history"], ["history", "--json"], ["history", "--since", "bogus"],
     ]
     got = [_alike(install, args) for args in cases]
     assert got[12].returncode == 3 and got[11].stdout == b"hi\n"  # wait: the job's exit; logs: its output
     assert all(r.stdout for r in got[:5]) and [r.returncode for r in got[5:8]] == [1, 2, 0]
+    assert all(r.returncode == 0 and r.stdout for r in got[15:21]) and got[21].returncode != 0
     assert _answering(install.sockets(os.getuid())) == server  # one server answered all along
     # what changes state: a job submitted and cancelled each way, from a folder of our own
     work = tmp_path / "work"
@@ -382,7 +385,7 @@ def test_colo_fast_0_and_other_commands_take_the_script(native_dir, tmp_path):
     """Without a server (COLO_FAST=0, or a command not in HOT) nothing starts one."""
     inst = Install(native_dir / "colo-client", str(tmp_path / "none.sock"))
     try:
-        for args, env in ((["ls"], inst.env(fast=False)), (["--version"], inst.env()), (["gpus"], inst.env()),
+        for args, env in ((["ls"], inst.env(fast=False)), (["--version"], inst.env()), (["hold"], inst.env()),
                           ([], inst.env())):
             r = inst.run(*args, env=env)
             assert b"Traceback" not in r.stderr and (r.stdout or r.stderr), r

@@ -29,7 +29,7 @@ from .fastrun import EXITED, FORWARD, REC, REFUSED, SIGNALLED, STALE, child
 # Five minutes: a person's bursts of commands (and a `watch colo ls`) keep it, a day's idle hours do
 # not hold ~11 MiB of RSS per user; a restart costs one call at the Python path's speed.
 IDLE = 300.0
-HOT = ("ls", "show", "cancel", "submit", "logs", "wait")  # the client's list (native/client/colo.c)
+HOT = ("ls", "show", "cancel", "submit", "logs", "wait", "explain", "history", "gpus")  # the client's list (native/client/colo.c)
 MAGIC = b"COLOFAST1"
 MAX_REQUEST = 8 << 20  # argv and environment together stay under the kernel's (ARG_MAX) by far
 

@@ -37,7 +37,7 @@ extern char **environ;
 enum { STARTED = 1, EXITED = 2, SIGNALLED = 3, REFUSED = 4, STALE = 5, FORWARD = 6 };
 #define MAGIC "COLOFAST1"
 #define SCRIPT "colo-py"
-static const char *const HOT[] = {"ls", "show", "cancel", "submit", "logs", "wait", NULL};
+static const char *const HOT[] = {"ls", "show", "cancel", "submit", "logs", "wait", "explain", "history", "gpus", NULL};
 static const int FORWARDED[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP, SIGCONT, 0};
 
 static char script[PATH_MAX];
