@@ -365,7 +365,9 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: in
             wait_for(lambda: all(c.show(h)["state"] not in ("starting", "running") for h in hogs), 120,
                      "the hogs to stop")
         else:
-            # only the running jobs are cancelled: cancelling every queued one would be the slow part
+            # only the running jobs are cancelled (cancelling every queued one would be the slow part),
+            # the GPUs drained first: else each cancel lets a queued job start, 50,000 of them in turn
+            c.drain([str(i) for i in range(8)], "queue_bench: the end of a run")
             for j in c.ls(all=False):
                 if j["state"] in ("starting", "running"):
                     try:
