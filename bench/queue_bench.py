@@ -395,7 +395,9 @@ def ls_figures(rep: Report, n: int, a: dict, b: dict | None, before: str = "") -
         rep.figure(f"ls_{kind}_stall_{n}", f"{what} at {n:,} queued: the loop's longest stall, wall",
                    x["stall_ms"], "ms", y and y["stall_ms"], before,
                    note=f"CPU {x['stall_cpu_ms']:.1f} ms; stalls > 10 ms: {x['over10']}, > 50 ms: {x['over50']}"
-                   + (f" (before: CPU {y['stall_cpu_ms']:.1f} ms; {y['over10']}, {y['over50']})" if y else ""))
+                   + (f" (before: CPU {y['stall_cpu_ms']:.1f} ms; {y['over10']}, {y['over50']})" if y else "")
+                   + f"; the longest callback {x['loop']['callback']:.1f} ms: {x['loop']['which'][:90]}"
+                   + f"; the longest collection {x['loop']['gc']:.1f} ms (generation {x['loop']['gc_gen']})")
         rep.figure(f"ls_{kind}_hello_{n}", "  `hello` every 5 ms meanwhile, longest round trip", x["hello_max_s"], "s",
                    y and y["hello_max_s"], before,
                    note=f"{x['hellos']} asked, median {x['hello_p50_s'] * 1000:.1f} ms"
