@@ -592,27 +592,6 @@ def test_the_bandwidth_curve_bins_and_the_explored_frontier():
     assert lrn.curve("mps", 0.2) == pytest.approx(1.5)  # on the line from (0, 1) to (4, 2)
 
 
-def test_own_speed_tells_a_runs_own_pace_from_what_sharing_cost():
-    """A profile of 100 s (an idle first tenth, then busy at 0.5): its run ran 1.2x slower alone and
-    twice slower again once shared. Its own SM-seconds say where in its profile it was, so its
-    stretch alone reads 1.2, not the wall time's 1.2 x sharing (invariant 15: ends teach)."""
-    from colo.sched import learning
-    sm = [0.0] * 10 + [0.5] * 90
-    # alone for the first 60 s of wall time (the idle 12 s, then 48 s busy: 40 s of the profile),
-    # then shared: the other 50 busy profile seconds take 2 x 1.2 x 50 = 120 s at half the SM
-    samples = [(t, t + 1.0, 0.0) for t in range(12)] + [(t, t + 1.0, 0.5) for t in range(12, 60)] + \
-        [(t, t + 1.0, 0.25) for t in range(60, 180)]
-    own = learning.own_speed(samples, sm, 100.0, [[1000.0, 1060.0]], 1000.0, 1180.0)
-    assert own == pytest.approx(1.2, rel=0.02)
-    assert learning.own_speed(samples, sm, 100.0, [[1000.0, 1010.0]], 1000.0, 1180.0) is None  # too little alone
-    lrn = pol.Learned()
-    # predicted free beside x: without its own pace the run's 1.2 is sharing's error; with it, none
-    assert lrn.observe("a", ["x"], "timesliced", 1.0, 180.0 / 1.5, 100.0, own=1.2) == pytest.approx(1.0)
-    assert lrn.corun[("a", "x", "timesliced")][1] == pytest.approx(1.0)
-    rows = [(1000.0 + b, x, 0, 0.0) for a, b, x in samples]  # the daemon's stored samples
-    assert learning.readings(rows, 1000.0) == [(float(a), float(b), x) for a, b, x in samples]
-
-
 def test_expectation_and_shared_time():
     e = pol.expectation({"predicted_slowdown": 1.5, "learned_factor": {"mps": 1.2}, "unseen": {"mps": 2},
                          "peak_membw": 0.7, "residents": {"mps": {"9": (1.1, 1.0, 0.0)}}}, "mps", 100.0)
@@ -625,8 +604,6 @@ def test_expectation_and_shared_time():
     later = pol.left(e, 160.0)
     assert later["slowdown"] == 1.0 and later["sharing"] is False and later["shared"] == 60.0
     assert pol.left(later, 170.0) is later
-    assert e["solo"] == [] and later["solo"] == [[160.0, None]] and alone["solo"] == [[5.0, None]]
-    assert pol.joined(later, 180.0, {}, "mps", 1)["solo"] == [[160.0, 180.0]]
     assert pol.shared(later, 100.0, 200.0) == pytest.approx(0.6)
     assert pol.shared(e, 100.0, 200.0) == 1.0 and pol.shared({}, 0.0, 1.0) == 1.0
     # its wall time over the alone time each prediction said it would get done

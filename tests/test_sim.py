@@ -559,10 +559,8 @@ def test_the_daemon_and_the_simulator_learn_the_same_from_the_same_runs(monkeypa
         if kind == "profile":
             profile_learned(daemon, *args)
             continue
-        name, nb, mode, decision, start, end, runtime, peak, samples, profile_sm = args
+        name, nb, mode, decision, start, end, runtime, peak = args
         stored = json.loads(json.dumps(decision))  # as store.decision() gives it back
-        rows = [(start + b, x, 0, 0.0) for a, b, x in samples]  # as store.samples() gives them back
-        end_of_job(daemon, name, sorted(set(nb)), Mode(mode), stored, start, end, runtime, peak,
-                   learning.readings(rows, start), profile_sm)
+        end_of_job(daemon, name, sorted(set(nb)), Mode(mode), stored, start, end, runtime, peak)
     for f in ("corun", "alone", "errors", "errors_seen", "bw", "max_mem", "clock"):
         assert getattr(daemon, f) == getattr(learned, f), f

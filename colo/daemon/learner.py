@@ -653,8 +653,7 @@ class Learner:
         # what its start predicted, and the starts beside it later (policy.joined): the one rule
         # colo sim applies too (learning.end_of_job)
         residual = self._learning(job.uid, lambda mine: learning.end_of_job(
-            mine, self.profile_name(job), neighbours, job.mode, dec, job.started_at, job.ended_at, prof.runtime, peak,
-            learning.readings(rows, job.started_at), prof.sm))
+            mine, self.profile_name(job), neighbours, job.mode, dec, job.started_at, job.ended_at, prof.runtime, peak))
         mine = self.learned_for(job.uid)
         details.update(observed_slowdown=wall / prof.runtime, profile_runtime=prof.runtime, shared_with=neighbours,
                        observed_vs_predicted=residual, suggested_budget=mine.suggest_budget(self.profile_name(job)))

@@ -91,13 +91,12 @@ class Learned:
     def observe(self, name: str, neighbours: Sequence[str], mode: str, predicted: float, wall: float,
                 stored_runtime: float, peak_mem: int | None = None, factor: float = 1.0,
                 group_bw: float | None = None, unseen: float | None = None, shared: float = 1.0,
-                group_sm: float | None = None, own: float | None = None) -> float | None:
+                group_sm: float | None = None) -> float | None:
         """One job's end: `wall` seconds against its stored alone run time, predicted `predicted`x
         (of which `factor` came from what was learned before), started into a GPU whose jobs'
         summed peak bandwidth was predicted `group_bw`, with `unseen` of its pairings not shown by
         any run then (the decision's details["unseen"]; None: not known), beside others for
-        `shared` of its wall time (policy.shared), its own speed `own` (its alone time over the
-        stored one, as its samples showed it: own_speed; None: not known). Returns observed / predicted slowdown (None
+        `shared` of its wall time (policy.shared). Returns observed / predicted slowdown (None
         when it cannot say, or it shared less than MIN_SHARED of its run)."""
         if peak_mem:
             self.max_mem[name] = max(self.max_mem.get(name, 0), int(peak_mem))
@@ -116,10 +115,8 @@ class Learned:
         # the profile's own error and sharing's cannot be told apart in goes to its pairings (its
         # own), and only what passes the most a profile is plausibly off (ALONE_DOUBT) to the
         # bandwidth curve, which every pairing reads.
-        # A run whose own samples showed its own speed (own_speed) is measured against that: what
-        # it ran slower alone is not what sharing cost, and neither the margins nor its pairings learn it.
-        known = bool(own) or name in self.alone
-        residual = ratio / (own or (self.alone[name][1] if known else 1.0)) / max(predicted, 1e-9)
+        known = name in self.alone
+        residual = ratio / (self.alone[name][1] if known else 1.0) / max(predicted, 1e-9)
         self.errors = (self.errors + [residual])[-_KEEP:]
         if unseen == 0:
             self.errors_seen = (self.errors_seen + [residual])[-_KEEP:]
@@ -407,19 +404,8 @@ def expectation(details: dict, mode: str, t: float) -> dict:
     return {"slowdown": float(pred) if isinstance(pred, (int, float)) else of("slowdown_this", 1.0),
             "factor": of("learned_factor", 1.0), "unseen": of("unseen", 0.0),
             "group_bw": float(details.get("peak_membw") or 0.0), "group_sm": float(details.get("ts_level") or 0.0),
-            "since": t, "acc": [0.0, 0.0], "solo": [] if (details.get("residents") or {}).get(mode) else [[t, None]],
+            "since": t, "acc": [0.0, 0.0],
             "sharing": bool((details.get("residents") or {}).get(mode)), "shared": 0.0}
-
-
-def _solo(e: dict, t: float, alone: bool) -> list:
-    """e's stretches alone (wall times [from, to], to None while it lasts) once it is, or is no
-    longer, alone at `t`."""
-    solo = [list(x) for x in e.get("solo") or []]
-    if solo and solo[-1][1] is None and not alone:
-        solo[-1][1] = t
-    elif alone and not (solo and solo[-1][1] is None):
-        solo.append([t, None])
-    return solo
 
 
 def _fold(e: dict, t: float) -> dict:
@@ -436,8 +422,7 @@ def joined(e: dict, t: float, details: dict, mode: str, job_id: int) -> dict:
     into. A start that predicted nothing for it leaves its prediction stale (unseen: None)."""
     pred = ((details.get("residents") or {}).get(mode) or {}).get(str(job_id))
     out = dict(e, group_bw=max(float(e.get("group_bw") or 0.0), float(details.get("peak_membw") or 0.0)),
-               group_sm=max(float(e.get("group_sm") or 0.0), float(details.get("ts_level") or 0.0)),
-               solo=_solo(e, t, False))
+               group_sm=max(float(e.get("group_sm") or 0.0), float(details.get("ts_level") or 0.0)))
     if pred is None:
         out["unseen"] = None
         return out
@@ -450,9 +435,9 @@ def joined(e: dict, t: float, details: dict, mode: str, job_id: int) -> dict:
 def left(e: dict, t: float) -> dict:
     """`e` once the job's last neighbour ended at `t`: from then on it runs alone, as predicted
     by nobody but its profile (1x), and its end is compared with that for the rest of its run."""
-    if not e.get("sharing", True):  # alone already (its stretch alone open, unless a start beside it predicted nothing)
-        return e if "solo" not in e or (e["solo"] and e["solo"][-1][1] is None) else dict(e, solo=_solo(e, t, True))
-    return dict(_fold(e, t), slowdown=1.0, factor=1.0, sharing=False, solo=_solo(e, t, True))
+    if not e.get("sharing", True):
+        return e
+    return dict(_fold(e, t), slowdown=1.0, factor=1.0, sharing=False)
 
 
 def progress(e: dict, t: float) -> float:
@@ -484,81 +469,23 @@ NOTHING = Learned()  # what a node that has learned nothing yet knows (never cha
 
 # ---- the end-of-job rule ---------------------------------------------------------------------
 
-OWN_MIN = 0.2  # the least part of its profile a run must have got through alone for its own speed to be read
-OWN_RANGE = (0.5, 2.0)  # own speeds past these are read as a misread (a profile that does not match its run)
-
-
-def readings(rows: Sequence, start: float) -> list[tuple[float, float, float]]:
-    """The daemon's stored samples of a job ((at, SM, ...) rows, oldest first) as own_speed reads
-    them: (from, to, SM) seconds since its start, each reading over the time since the one before."""
-    out, last = [], 0.0
-    for row in rows:
-        at = float(row[0]) - start
-        if at > last:
-            out.append((last, at, float(row[1] or 0.0)))
-            last = at
-    return out
-
-
-def own_speed(samples: Sequence, profile_sm: Sequence, stored_runtime: float, solo: Sequence,
-              start: float, end: float) -> float | None:
-    """How much slower than its profile's alone time a run ran on its own (its real alone time over
-    the stored one), from what NVML showed of it: `samples`, its own per-process SM readings as
-    (from, to, SM) seconds since its start, and `solo`, its stretches alone (wall times: expect's
-    "solo"). Its SM-seconds so far over those of its whole run say how far through its profile's
-    busy stretches it is, whatever sharing did to its speed (a job slowed by taking turns runs its
-    kernels for as long, only later); where it ran alone and busy, the profile's busy seconds it
-    got through in that time are its own speed (idle stretches show no progress, and are left
-    out). None when it ran alone for less than OWN_MIN of its profile's busy time, or its readings
-    are empty. (Per-process readings only: an MPS client's are its server's, split.)"""
-    sm_p = np.asarray(profile_sm, dtype=float)
-    if not len(samples) or not len(sm_p) or stored_runtime <= 0:
-        return None
-    x = np.asarray(samples, dtype=float)
-    area = np.cumsum(np.maximum(0.0, x[:, 2]) * np.maximum(0.0, x[:, 1] - x[:, 0]))
-    busy = sm_p > TS_IDLE
-    if area[-1] <= 1e-9 or not busy.any():
-        return None
-    step = stored_runtime / len(sm_p)
-    p_area = np.concatenate([[0.0], np.cumsum(np.where(busy, sm_p, 0.0))])
-    p_busy = np.concatenate([[0.0], np.cumsum(busy) * step])  # flat where p_area is: one answer
-
-    def where(t: float) -> float:  # the profile's busy seconds done by wall time t (from its start)
-        f = np.interp(t, np.concatenate([[0.0], x[:, 1]]), np.concatenate([[0.0], area])) / area[-1]
-        return float(np.interp(f * p_area[-1], p_area, p_busy))
-    done = took = 0.0
-    for a, b in solo:
-        a, b = max(0.0, float(a) - start), min(end, float(end if b is None else b)) - start
-        if b > a:
-            done += where(b) - where(a)
-            over = np.minimum(b, x[:, 1]) - np.maximum(a, x[:, 0])  # its busy readings in [a, b]
-            took += float(np.sum(np.where((over > 0) & (x[:, 2] > TS_IDLE), over, 0.0)))
-    if done < OWN_MIN * p_busy[-1]:
-        return None
-    own = took / done
-    return own if OWN_RANGE[0] <= own <= OWN_RANGE[1] else None
-
-
 def end_of_job(learned: Learned, name: str, neighbours: Sequence[str], mode: str | None,
                decision: dict, started_at: float, ended_at: float, stored_runtime: float,
-               peak_mem: int | None, samples: Sequence = (), profile_sm: Sequence = ()) -> float | None:
+               peak_mem: int | None) -> float | None:
     """A run of profile `name` from `started_at` to `ended_at`, beside `neighbours` (their profile
     names) in `mode`, placed by `decision` (its start decision as stored: "mode", and "details"
     with the "expect" its neighbours' starts and ends kept up to date; built from the details when
     missing), against the profile's stored alone time. Returns observed / predicted slowdown
     (Learned.observe). The GPU's summed bandwidth is learned from only when the start recorded
-    one; `shared` counts only when it had neighbours. A time-sliced run's own `samples` (from, to,
-    SM) against its profile's SM series say how fast it ran on its own (own_speed)."""
+    one; `shared` counts only when it had neighbours."""
     details = decision.get("details") or {}
     e = details.get("expect") or expectation(details, decision.get("mode") or "", started_at)
     predicted, factor = expected(e, started_at, ended_at)
     group_bw = float(e["group_bw"]) if isinstance(details.get("peak_membw"), (int, float)) else None
     group_sm = float(e["group_sm"]) if "group_sm" in e and isinstance(details.get("ts_level"), (int, float)) else None
-    own = own_speed(samples, profile_sm, stored_runtime, _solo(e, ended_at, False), started_at, ended_at) \
-        if neighbours and mode == "timesliced" else None
     return learned.observe(name, sorted(neighbours), str(mode or "timesliced"), predicted, ended_at - started_at,
                            stored_runtime, peak_mem, factor, group_bw, e.get("unseen"),
-                           shared(e, started_at, ended_at) if neighbours else 1.0, group_sm, own)
+                           shared(e, started_at, ended_at) if neighbours else 1.0, group_sm)
 
 
 def profile_learned(learned: Learned, name: str, old_runtime: float | None, new_runtime: float,

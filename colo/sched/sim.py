@@ -320,8 +320,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                         learning.end_of_job(learned, r.job.profile.name, r.neighbours, r.mode,
                                             {"action": pol.START, "mode": r.mode,
                                              "details": dict(r.decision[0], expect=r.expect)},
-                                            r.start, t, seen.runtime, r.peak,
-                                            [(a, b, x) for a, b, x, _, _ in r.trace], seen.sm)
+                                            r.start, t, seen.runtime, r.peak)
                     if profiles is not None and (is_colo or seen is None):
                         learn_profile(profiles, r, seen, t - r.start, learned)
                 elif r.segment() != before and r.alloc[r.segment()] > r.alloc[before]:
