@@ -56,7 +56,7 @@ class Listing:
         # job's row changes only with the job or its reason, so `ls` of 10,000 re-encodes none
         self._rows: dict[int, tuple[Job, str | None, bytes]] = {}
         # the same for ls's compact rows, per (fields, cut) asked for (_live_rows, _ended_rows)
-        self._ls_rows: dict[tuple, dict[int, tuple[Job, str | None, bytes]]] = {}
+        self._ls_rows: dict[tuple, dict[int, tuple[int, str, bytes, Job, str | None]]] = {}
         self._ls_ended: dict[tuple, dict[int, bytes]] = {}
         # the queue's ls rows per kind of listing, as of (_queue_version, the scheduler's version)
         self._blocks: dict[tuple, tuple[tuple, list]] = {}
@@ -380,7 +380,7 @@ class Listing:
         if not spans:
             return out, big
         jobs = {j.id: j for j in queued if j.id in spans}
-        for k, (i, st, row) in enumerate(out):
+        for k, (i, st, *_) in enumerate(out):
             g = spans.get(i)
             if g is not None and len(g) > 1:
                 j = jobs[i]
@@ -415,13 +415,15 @@ class Listing:
             dec = decisions.get(j.id)
             why = None if dec is None else dec.reason
             hit = cache.get(j.id)
-            if hit is None or hit[0] is not j or hit[1] != why:
-                # the row as sent, kept as the very tuple listed: the queue's block (_keep_block)
-                # holds the same tuples, not a copy of each (50,000 queued: ~4 MiB a kind of listing)
-                hit = (j, why, (j.id, st, _encode(self._row(j, fields, cut, why))))
-                if len(hit[2][2]) <= ROW_KEPT_MAX:
+            if hit is None or hit[3] is not j or hit[4] != why:
+                # the row as sent and listed, (id, state, row), with the Job and reason it was made
+                # from after them: one tuple a job, kept and in the queue's block (_keep_block) alike
+                # (50,000 queued: ~4 MiB a kind of listing less, and half the objects that the first
+                # collection after a listing walks: passcost.held)
+                hit = (j.id, st, _encode(self._row(j, fields, cut, why)), j, why)
+                if len(hit[2]) <= ROW_KEPT_MAX:
                     cache[j.id] = hit
-            out.append(hit[2])
+            out.append(hit)
         if len(cache) > len(self.table.open) + 1000:  # rows of jobs no longer queued
             self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.table.open}
         return out
@@ -627,7 +629,7 @@ async def _bounded(rows: list[tuple[int, str, bytes]], head: int, n_ended: dict[
     for st, n in n_ended.items():
         left[st] = n
     left.subtract(r[1] for r in keep)
-    keep.sort()
+    keep.sort(key=itemgetter(0))
     return keep, {k: v for k, v in left.items() if v > 0}
 
 

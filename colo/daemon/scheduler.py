@@ -31,7 +31,7 @@ from .gpus import Gpus
 from .jobtable import JobTable
 from .learner import Learner
 from .passcost import (CANDS_KEPT, COMPLETE_PASS_EVERY, FULL_PASS_SPACING, FULL_PASS_SPACING_MAX, SETTLE_AFTER,
-                       SLICE_GAP, SLICE_S, Rest, cand, settle)
+                       SLICE_GAP, SLICE_S, Rest, cand, held, settle)
 from .validate import stopped_text
 from .suspend import held_span, releases_budget
 
@@ -353,56 +353,55 @@ class Scheduler:
         pass began; should GPUs free up meanwhile, the full pass that follows starts what fits). A
         pass for new jobs, or a full one, runs between slices when one is owed."""
         rest, n = self._rest, 200
-        gc.disable()  # what the slices keep (a decision per job) would set off full collections: settle
-        try:
-            while not stopping():
-                t0 = time.monotonic()
-                now = time.time()
-                active = self.table.active(*ACTIVE)
-                views, placed = self.gpus.views(in_use=True), self.placed(now, active)
-                self._views = views
-                cands: list[policy.Candidate] = []
-                if rest.holder is not None:
-                    cands.append(dataclasses.replace(rest.holder, seq=0))
-                first, waits = len(cands), []
-                for j in rest.walk:
-                    self._take((j.id,), rest.seen, cands, waits, rest.loads, job=j, keep=False)
-                    if len(cands) - first >= n:
-                        break
-                else:
-                    rest.walk = None
-                decisions = policy.plan(cands, views, placed, self.cfg, now=now,
-                                        learned=self.learner.learned)[first:]
-                decisions = [d for d in decisions if d.action != policy.START]
-                self.record(waits)
-                self.record(decisions)
-                for d in decisions:
-                    if "held" in d.details:
-                        self._holders.add(d.job_id)
-                        rest.holder = next(c for c in cands if c.job_id == d.job_id)
+        with held():  # what the slices keep (a decision per job) would set off full collections: settle
+            try:
+                while not stopping():
+                    t0 = time.monotonic()
+                    now = time.time()
+                    active = self.table.active(*ACTIVE)
+                    views, placed = self.gpus.views(in_use=True), self.placed(now, active)
+                    self._views = views
+                    cands: list[policy.Candidate] = []
+                    if rest.holder is not None:
+                        cands.append(dataclasses.replace(rest.holder, seq=0))
+                    first, waits = len(cands), []
+                    for j in rest.walk:
+                        self._take((j.id,), rest.seen, cands, waits, rest.loads, job=j, keep=False)
+                        if len(cands) - first >= n:
+                            break
                     else:
-                        self._holders.discard(d.job_id)
-                ha = self.cfg.hold_after
-                if ha > 0:
-                    rest.due = min(rest.due, min((c.queued_at + ha for c in cands[first:]
-                                                  if c.gpus and c.queued_at + ha > now), default=math.inf))
-                took = time.monotonic() - t0
-                rest.busy += took
-                rest.longest = max(rest.longest, took)
-                rest.slices += 1
-                rest.planned += len(cands) - first
-                if rest.walk is None:
-                    break
-                n = max(20, min(5000, 2 * n, int(n * SLICE_S / max(took, 1e-4))))  # about SLICE_S a slice
-                await asyncio.sleep(SLICE_GAP)  # requests, exits, samples
-                if self._fresh or self._full:
-                    self.schedule_pass(sliced=True)
-        finally:
-            self._rest = None
-            t = time.monotonic()
-            settle()
-            gc.enable()
-            rest.longest = max(rest.longest, time.monotonic() - t)
+                        rest.walk = None
+                    decisions = policy.plan(cands, views, placed, self.cfg, now=now,
+                                            learned=self.learner.learned)[first:]
+                    decisions = [d for d in decisions if d.action != policy.START]
+                    self.record(waits)
+                    self.record(decisions)
+                    for d in decisions:
+                        if "held" in d.details:
+                            self._holders.add(d.job_id)
+                            rest.holder = next(c for c in cands if c.job_id == d.job_id)
+                        else:
+                            self._holders.discard(d.job_id)
+                    ha = self.cfg.hold_after
+                    if ha > 0:
+                        rest.due = min(rest.due, min((c.queued_at + ha for c in cands[first:]
+                                                      if c.gpus and c.queued_at + ha > now), default=math.inf))
+                    took = time.monotonic() - t0
+                    rest.busy += took
+                    rest.longest = max(rest.longest, took)
+                    rest.slices += 1
+                    rest.planned += len(cands) - first
+                    if rest.walk is None:
+                        break
+                    n = max(20, min(5000, 2 * n, int(n * SLICE_S / max(took, 1e-4))))  # about SLICE_S a slice
+                    await asyncio.sleep(SLICE_GAP)  # requests, exits, samples
+                    if self._fresh or self._full:
+                        self.schedule_pass(sliced=True)
+            finally:
+                self._rest = None
+                t = time.monotonic()
+                settle()
+                rest.longest = max(rest.longest, time.monotonic() - t)
         self._unsettled = 0
         if rest.walk is not None:
             return  # the daemon stops

@@ -24,6 +24,7 @@ from .accept import Acceptor
 from .api import ATTACHED, STREAMS, Api, ApiError
 from . import reload, systemd
 from .core import Daemon
+from .passcost import held
 from .slices import Pieces
 from .validate import Caller, is_admin
 
@@ -330,25 +331,26 @@ class Server:
         as any other; after it, the reply is cut off (the client sees the connection end
         mid-reply) and the failure logged. Returns the bytes written."""
         parts, size = result.parts, 0
-        try:
-            async for piece in parts:
-                if not size:
-                    writer.write(protocol.OK_HEAD)
-                    size = len(protocol.OK_HEAD)
-                if writer.transport.is_closing():
-                    raise ConnectionError("the client went away mid-reply")
-                writer.write(piece)
-                size += len(piece)
-        except (ConnectionError, asyncio.CancelledError):
-            raise
-        except Exception as e:  # noqa: BLE001 - the reply is cut off; the daemon goes on
-            if not size:
+        with held():  # (the snapshot and the rows made are walked by no collection meanwhile)
+            try:
+                async for piece in parts:
+                    if not size:
+                        writer.write(protocol.OK_HEAD)
+                        size = len(protocol.OK_HEAD)
+                    if writer.transport.is_closing():
+                        raise ConnectionError("the client went away mid-reply")
+                    writer.write(piece)
+                    size += len(piece)
+            except (ConnectionError, asyncio.CancelledError):
                 raise
-            log.error("op %s failed mid-reply: %s", op, e, exc_info=True)
-            writer.transport.abort()
-            return size
-        finally:
-            await parts.aclose()  # (its snapshot is let go at once, whatever ended it)
+            except Exception as e:  # noqa: BLE001 - the reply is cut off; the daemon goes on
+                if not size:
+                    raise
+                log.error("op %s failed mid-reply: %s", op, e, exc_info=True)
+                writer.transport.abort()
+                return size
+            finally:
+                await parts.aclose()  # (its snapshot is let go at once, whatever ended it)
         if not size:
             writer.write(protocol.OK_HEAD)
             size = len(protocol.OK_HEAD)
