@@ -62,6 +62,7 @@ from colo.node import fakegpu  # noqa: E402
 from colo.client import Client, ClientError  # noqa: E402
 
 GiB = 1 << 30
+GPUS = 8  # simulated 16 GiB GPUs, each held by one running job while the queue fills
 CHUNK = 5000
 IDLE_S = 65.0
 # the pass's whole time (the starts of the jobs it chose included), and its part before the starts
@@ -250,7 +251,7 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: in
     """ls: "" (no ls load), "also" (--ls-load), "only" (--ls-only: the fill and the ls load)."""
     tag = "before" if checkout else "after"
     state = root / f"fake-{n}-{k}-{tag}.state"
-    fakegpu.create(state, count=8, mem=16 * GiB)
+    fakegpu.create(state, count=GPUS, mem=16 * GiB)
     (root / f"d{n}-{k}-{tag}").mkdir()
     d = Watched(root / f"d{n}-{k}-{tag}", state, config={"sample_interval": 1.0, "hold_after": 0,
                                                            "max_queued_per_user": 0}, checkout=checkout).start()
@@ -258,7 +259,7 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: in
     hogs: list[int] = []
     try:
         hogs = [c.submit({"argv": ["sleep", "3600"], "gpus": 1, "gpu_mem": 16 * GiB,
-                          "workdir": "/tmp", "name": f"hog{i}"})["id"] for i in range(8)]
+                          "workdir": "/tmp", "name": f"hog{i}"})["id"] for i in range(GPUS)]
         wait_for(lambda: all(c.show(h)["state"] == "running" for h in hogs), 60, "the hogs to run")
         done, wall = fill(d, users, n)
         with sqlite3.connect(f"file:{d.state_dir / 'colo.db'}?mode=ro", uri=True) as db:
@@ -367,7 +368,7 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: in
         else:
             # only the running jobs are cancelled (cancelling every queued one would be the slow part),
             # the GPUs drained first: else each cancel lets a queued job start, 50,000 of them in turn
-            c.drain([str(i) for i in range(8)], "queue_bench: the end of a run")
+            c.drain([str(i) for i in range(GPUS)], "queue_bench: the end of a run")
             for j in c.ls(all=False):
                 if j["state"] in ("starting", "running"):
                     try:

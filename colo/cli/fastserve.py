@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import resource
 import selectors
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -39,8 +41,6 @@ def identity(script: str, environ: dict[bytes, bytes]) -> bytes:
     was started with)."""
     rl = []
     for r in range(16):  # Linux's RLIMIT_CPU (0) to RLIMIT_RTTIME (15)
-        import resource
-
         soft, hard = resource.getrlimit(r)
         rl.append(f"{'inf' if soft == resource.RLIM_INFINITY else soft}:{'inf' if hard == resource.RLIM_INFINITY else hard},")
     text = (f"script={script}\nuid={os.getuid()}\ngid={os.getgid()}\ngroups={','.join(map(str, sorted(os.getgroups())))}"
@@ -99,8 +99,6 @@ def _own_dir(path: str) -> bool:
         st = os.lstat(path)
     except OSError:
         return False
-    import stat
-
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
