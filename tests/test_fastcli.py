@@ -228,10 +228,13 @@ def test_the_fast_path_answers_as_the_script_does(install, daemon, tmp_path):
         ["explain", "held"], ["explain", str(done), "--json"], ["gpus"], ["gpus", "--json"],
         ["history"], ["history", "--json"], ["history", "--since", "bogus"],
     ]
-    got = [_alike(install, args) for args in cases]
-    assert got[12].returncode == 3 and got[11].stdout == b"hi\n"  # wait: the job's exit; logs: its output
-    assert all(r.stdout for r in got[:5]) and [r.returncode for r in got[5:8]] == [1, 2, 0]
-    assert all(r.returncode == 0 and r.stdout for r in got[15:21]) and got[21].returncode != 0
+    got = {" ".join(args): _alike(install, args) for args in cases}  # each alike on both paths
+    assert got[f"wait {done}"].returncode == 3 and got[f"logs {done}"].stdout == b"hi\n"  # the job's exit, its output
+    assert all(got[c].stdout for c in ("ls", "ls --json", "ls -a", "ls -r -n sweep", "ls -q"))
+    assert [got[c].returncode for c in ("ls -s bogus", "ls --bogus", "ls --help")] == [1, 2, 0]
+    assert all(got[c].returncode == 0 and got[c].stdout for c in
+               ("explain held", f"explain {done} --json", "gpus", "gpus --json", "history", "history --json"))
+    assert got["history --since bogus"].returncode != 0
     assert _answering(install.sockets(os.getuid())) == server  # one server answered all along
     # what changes state: a job submitted and cancelled each way, from a folder of our own
     work = tmp_path / "work"
