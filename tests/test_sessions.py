@@ -359,6 +359,32 @@ def test_a_run_fed_from_a_pipe_has_no_terminal(node, alice):
     assert (len(out), out.strip(b"x"), code) == (300_000, b"", 0), (len(out), err, code)
 
 
+def test_a_run_fed_from_a_pipe_outlives_a_daemon_restart(node, alice):
+    """The pipes are the client's, not the daemon's: after a restart what alice feeds still reaches
+    the job and its answers still come back; the end of her input ends the job, with its own code
+    on its record (the client, whose connection went with the old daemon, cannot tell it)."""
+    c = Cli(node.socket, alice, "run", "--gpus", "0", "--", "sh", "-c",
+            'echo ready; while read l; do echo "got $l"; done; exit 5')
+    try:
+        c.feed(b"", end=False)
+        c.read_until(c.stdout, b"ready\n")
+        job = session_job(node, alice)
+        node.proc.send_signal(signal.SIGTERM)  # a restart (colo's unit: KillMode=process)
+        node.proc.wait(30)
+        node.start()
+        os.chmod(node.socket.parent, 0o755)
+        assert node.job(job["id"])["state"] == "running"
+        c.feed(b"after\n", end=False)
+        c.read_until(c.stdout, b"got after\n")
+        c.feed(b"", end=True)
+        out, err, code = c.output()
+    finally:
+        c.close()
+    assert code != 0, (out, err)  # the client cannot say the job's code: not a success it did not see
+    ended = node.wait_state(job["id"], "cancelled", "failed", "succeeded", timeout=60)
+    assert (ended["state"], ended["exit_code"]) == ("failed", 5), ended
+
+
 @pytest.mark.docker
 def test_a_container_run_fed_from_a_pipe_has_no_terminal(node, alice, session_image):
     """`printf 'a\nb\n' | colo run --image IMG -- sh -c '...'`, as `docker run -i`: the input
