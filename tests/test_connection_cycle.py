@@ -1,5 +1,5 @@
 """A connection that ends is freed by reference counting alone (issue 41). The daemon moves what
-lives long out of the cyclic collector's sight (gc.freeze after a pass, scheduler._settle), and the
+lives long out of the cyclic collector's sight (gc.freeze after a pass, passcost.settle), and the
 connections open at that moment with it: before Python 3.12 asyncio's socket transport holds a
 bound method of itself, so each such transport, once its connection ended, was kept for good (86
 after a queue of 50,000 filled by 10 clients). server.Connection breaks that cycle when the

@@ -74,7 +74,7 @@ class Connection(asyncio.StreamReaderProtocol):
     3.12 asyncio's socket transport keeps a bound method of itself (`_read_ready_cb`; CPython
     gh-100348, fixed in 3.12): once the connection ends, the transport is garbage only the cyclic
     collector frees. The daemon moves what lives long out of the collector's sight (gc.freeze,
-    scheduler._settle), and with it the transports of the connections open at that moment
+    passcost.settle), and with it the transports of the connections open at that moment
     (88 kept for good after 12,000 submits from 10 clients; and each `wait` or `logs -f` stream
     opened before a freeze). The cycle is broken here when the connection is
     lost: the transport has stopped reading by then, and reference counting frees it."""
