@@ -7,7 +7,6 @@ and of `top`'s reply is declared in colo/replies.py, which the client reads too.
 """
 from __future__ import annotations
 
-import bisect
 import heapq
 import json
 import logging
@@ -20,7 +19,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from ..jobs import ACTIVE, TERMINAL, Job, State
 from ..replies import GpusReply, JobSummary
-from . import validate
+from . import lsrows, validate
+from .lsrows import Kept
 from .slices import CHEAP, Clock, Pieces, chunks, taken
 
 if TYPE_CHECKING:
@@ -52,14 +52,16 @@ class Listing:
         self.config, self.table, self.store, self.scheduler = config, table, store, scheduler
         self.gpus, self.patrol, self.sampler, self.suspender = gpus, patrol, sampler, suspender
         self.session_note = session_note  # a detached session's "attached" or "detached" (detach.py)
-        # job id -> (the Job it was made from, its reason, its summary as JSON): a queued or ended
+        # each job's summary as JSON with the Job and reason it was made from: a queued or ended
         # job's row changes only with the job or its reason, so `ls` of 10,000 re-encodes none
-        self._rows: dict[int, tuple[Job, str | None, bytes]] = {}
-        # the same for ls's compact rows, per (fields, cut) asked for (_live_rows, _ended_rows)
-        self._ls_rows: dict[tuple, dict[int, tuple[int, str, bytes, Job, str | None]]] = {}
+        self._rows = Kept()
+        # the same for ls's compact rows of queued jobs, per (fields, cut) asked for (_queued_rows);
+        # an ended job's never changes (_ended_rows)
+        self._ls_rows: dict[tuple, Kept] = {}
         self._ls_ended: dict[tuple, dict[int, bytes]] = {}
-        # the queue's ls rows per kind of listing, as of (_queue_version, the scheduler's version)
-        self._blocks: dict[tuple, tuple[tuple, list]] = {}
+        # the queue's ls rows per kind of listing, as of (_queue_version, the scheduler's version):
+        # (the ids, the rows), by id
+        self._blocks: dict[tuple, tuple[tuple, tuple[list[int], list[bytes]]]] = {}
         self._queue_version = 0  # any queued job added, changed or gone (queue_changed)
         # The queued jobs as the collapsed `colo ls` lists them, kept as the queue changes
         # (queue_changed): the ids of those in no array, and each array's queued tasks (job id ->
@@ -205,7 +207,7 @@ class Listing:
                                         decisions, fields, cut, collapse, limit, head, n_ended, clock,
                                         few and few[1]), clock)
 
-    def _summary_row(self, j: Job, decisions: dict | None = None, cache: dict | None = None) -> bytes:
+    def _summary_row(self, j: Job, decisions: dict | None = None, cache: Kept | None = None) -> bytes:
         """One job's summary as `ls --json` and `top` send it (`cache`: the kept rows of jobs not
         running: a queued or ended job's changes only with the job or its reason)."""
         if j.state in ACTIVE:  # live figures: made afresh
@@ -214,14 +216,14 @@ class Listing:
         d = (self.scheduler.decisions if decisions is None else decisions).get(j.id) \
             if j.state == State.QUEUED else None
         reason = d.reason if d is not None else None
-        hit = cache.get(j.id)
-        if hit is None or hit[1] != reason or (hit[0] is not j and (j.state not in TERMINAL or hit[0].state != j.state)):
+        row = cache.row.get(j.id)
+        if row is None or cache.why[j.id] != reason or ((was := cache.job[j.id]) is not j
+                                                         and (j.state not in TERMINAL or was.state != j.state)):
             row = json.dumps(self.summary(j, {j.id: reason} if reason is not None else None),
                              separators=(",", ":"), default=str).encode()
-            hit = (j, reason, row)
-            if len(row) <= ROW_KEPT_MAX and (len(cache) < ROWS_CACHED or j.id in cache):  # bounded: `ls --json` of 50,000 is rare
-                cache[j.id] = hit
-        return hit[2]
+            if len(row) <= ROW_KEPT_MAX and (len(cache.row) < ROWS_CACHED or j.id in cache.row):  # bounded: `ls --json` of 50,000 is rare
+                cache.put(j, reason, row)
+        return row
 
     async def _queued(self, jobs: list[Job], picked, clock: Clock) -> list[Job]:
         """The queued jobs of the snapshot `jobs` that `picked` keeps, by id."""
@@ -242,7 +244,7 @@ class Listing:
                           decisions: dict, limit: int | None, clock: Clock) -> AsyncIterator[bytes]:
         """`ls --json`'s array, a slice at a time: the queued jobs' summaries (kept ones as kept)
         between the active ones made at the snapshot (`pre`) and the ended ones read then (`past`)."""
-        live = _merged_by_id(await self._queued(jobs, picked, clock), act)
+        live = lsrows.merged(await self._queued(jobs, picked, clock), act, attrgetter("id"))
         if past:
             merged: list[Job] = []
             async for part in taken(heapq.merge(live, past, key=attrgetter("id")), clock, CHEAP):
@@ -255,11 +257,10 @@ class Listing:
             yield sep + b",".join([pre[j.id] if j.id in pre else self._summary_row(j, decisions, cache) for j in part])
             sep = b","
         yield b"[]" if sep == b"[" else b"]"
-        if len(cache) > 2 * len(self.table.open) + 20000:  # rows of jobs gone from every listing
-            keep = {j.id for j in live}
-            self._rows = {k: v for k, v in cache.items() if k in keep}
+        if len(cache.row) > 2 * len(self.table.open) + 20000:  # rows of jobs gone from every listing
+            self._rows = cache.only({j.id for j in live})
 
-    async def _field_parts(self, jobs: list[Job], picked, block: list | None, stamp, act_rows: list, more: list,
+    async def _field_parts(self, jobs: list[Job], picked, block: tuple | None, stamp, act_rows: list, more: list,
                            decisions: dict, fields: list[str], cut: int | None, collapse: bool, limit: int | None,
                            head: int | None, n_ended: dict[str, int], clock: Clock,
                            spans: dict[int, list[int]] | None = None) -> AsyncIterator[bytes]:
@@ -274,7 +275,19 @@ class Listing:
             block, big = await self._rows_of(jobs, fields, cut, spans, decisions, clock)
             if stamp:
                 self._keep_block((tuple(fields), cut, collapse), stamp, None if big else block)
-        rows = _merged(block, act_rows)
+        ids, queue = block
+        sep = _encode({"fields": fields, "left": {}})[:-1] + b',"rows":['
+        if not (more or limit or head):  # the common `colo ls`: the queue's rows as they are, the active ones put in
+            async for part in chunks(lsrows.spliced(ids, queue, act_rows), clock, CHEAP):
+                yield sep + b",".join(part)
+                sep = b","
+            yield sep + b"]}" if sep != b"," else b"]}"
+            return
+        # (id, state, row) a job, made for this reply only: let go when it ends (Kept's docstring)
+        rows: list[tuple] = []
+        async for part in chunks(range(len(ids)), clock, CHEAP):
+            rows += [(ids[k], "queued", queue[k]) for k in part]
+        rows = lsrows.merged(rows, act_rows)
         if more:
             if rows and more[0][0] < rows[-1][0]:
                 merged: list[tuple] = []
@@ -294,7 +307,7 @@ class Listing:
             sep = b","
         yield sep + b"]}" if sep != b"," else b"]}"
 
-    def _keep_block(self, key: tuple, stamp: tuple, rows: list | None) -> None:
+    def _keep_block(self, key: tuple, stamp: tuple, rows: tuple | None) -> None:
         """The queue's rows for a kind of listing, as of `stamp` (_queue_version, the scheduler's
         version when the snapshot they were made from was taken): `colo ls` of 50,000 then walks
         none while no queued job and no decision changed. Never changed once kept: a reply being
@@ -367,75 +380,71 @@ class Listing:
         return None
 
     async def _rows_of(self, queued: list[Job], fields: list[str], cut: int | None, spans: dict[int, list[int]] | None,
-                       decisions: dict, clock: Clock) -> tuple[list[tuple[int, str, bytes]], bool]:
-        """_live_rows of queued jobs, in slices, and whether any is longer than ROW_KEPT_MAX.
-        spans: the queued tasks of an array as one row, its first's (job id -> the array's queued
-        indices, sorted), whose id (and ARRAY_INDEX) says which, as squeue shows them: 12_[3-9,11]."""
-        out: list[tuple[int, str, bytes]] = []
+                       decisions: dict, clock: Clock) -> tuple[tuple[list[int], list[bytes]], bool]:
+        """_queued_rows of queued jobs, in slices, as (their ids, their rows), and whether any row is
+        longer than ROW_KEPT_MAX. spans: the queued tasks of an array as one row, its first's (job id
+        -> the array's queued indices, sorted), whose id (and ARRAY_INDEX) says which, as squeue shows
+        them: 12_[3-9,11]."""
+        ids: list[int] = []
+        out: list[bytes] = []
         big = False
         async for part in chunks(queued, clock):
-            made = self._live_rows(part, fields, cut, decisions)
-            big = big or any(len(r[2]) > ROW_KEPT_MAX for r in made)
+            made = self._queued_rows(part, fields, cut, decisions)
+            big = big or any(len(r) > ROW_KEPT_MAX for r in made)
+            ids += [j.id for j in part]
             out += made
         if not spans:
-            return out, big
+            return (ids, out), big
         jobs = {j.id: j for j in queued if j.id in spans}
-        for k, (i, st, *_) in enumerate(out):
+        for k, i in enumerate(ids):
             g = spans.get(i)
             if g is not None and len(g) > 1:
                 j = jobs[i]
-                text = f"{j.spec.array_job}_[{_ranges(g)}]"
+                text = f"{j.spec.array_job}_[{lsrows.ranges(g)}]"
                 why = decisions.get(i)
-                out[k] = (i, st, _encode([text if f in ("id", "array") else v for f, v in
-                                          zip(fields, self._row(j, fields, cut, why and why.reason))]))
-        return out, big
+                out[k] = _encode([text if f in ("id", "array") else v for f, v in
+                                  zip(fields, self._row(j, fields, cut, why and why.reason))])
+        return (ids, out), big
 
-    def _live_rows(self, jobs: list[Job], fields: list[str], cut: int | None,
-                   decisions: dict | None = None) -> list[tuple[int, str, bytes]]:
-        """(id, state, the row ls sends, encoded) of open jobs. A queued job's row changes only with
-        the job (a new Job) or the reason it waits (in `decisions`, the scheduler's by default): kept,
-        so that `ls` of 10,000 encodes few."""
+    def _live_rows(self, jobs: list[Job], fields: list[str], cut: int | None) -> list[tuple[int, str, bytes]]:
+        """(id, state, the row ls sends, encoded) of active jobs: made afresh (live figures)."""
+        return [(j.id, j.state._value_, _encode(self._row(j, fields, cut))) for j in jobs]
+
+    def _queued_rows(self, jobs: list[Job], fields: list[str], cut: int | None, decisions: dict) -> list[bytes]:
+        """The rows ls sends of queued jobs, encoded. A queued job's row changes only with the job (a
+        new Job) or the reason it waits (in `decisions`): kept, so that `ls` of 10,000 encodes few."""
         if fields == ["id"]:  # `colo ls -q`: nothing to keep
-            return [(j.id, j.state._value_, b"[%d]" % j.id) for j in jobs]
+            return [b"[%d]" % j.id for j in jobs]
         key = (tuple(fields), cut)
         cache = self._ls_rows.pop(key, None)
         if cache is None:
-            cache = {}
+            cache = Kept()
             while len(self._ls_rows) >= 4:  # each kind of listing asked for lately (-q, the default, ...)
                 self._ls_rows.pop(next(iter(self._ls_rows)))
         self._ls_rows[key] = cache  # the newest last
         out = []
-        if decisions is None:
-            decisions = self.scheduler.decisions
+        rows, made, whys = cache.row, cache.job, cache.why
         for j in jobs:
-            st = j.state._value_  # State is a str enum whose hash and value are Python calls
-            if st != "queued":
-                out.append((j.id, st, _encode(self._row(j, fields, cut))))
-                continue
             dec = decisions.get(j.id)
             why = None if dec is None else dec.reason
-            hit = cache.get(j.id)
-            if hit is None or hit[3] is not j or hit[4] != why:
-                # the row as sent and listed, (id, state, row), with the Job and reason it was made
-                # from after them: one tuple a job, kept and in the queue's block (_keep_block) alike
-                # (50,000 queued: ~4 MiB a kind of listing less, and half the objects that the first
-                # collection after a listing walks: passcost.held)
-                hit = (j.id, st, _encode(self._row(j, fields, cut, why)), j, why)
-                if len(hit[2]) <= ROW_KEPT_MAX:
-                    cache[j.id] = hit
-            out.append(hit)
-        if len(cache) > len(self.table.open) + 1000:  # rows of jobs no longer queued
-            self._ls_rows[key] = {k: v for k, v in cache.items() if k in self.table.open}
+            row = rows.get(j.id)
+            if row is None or made[j.id] is not j or whys[j.id] != why:
+                row = _encode(self._row(j, fields, cut, why))
+                if len(row) <= ROW_KEPT_MAX:
+                    cache.put(j, why, row)
+            out.append(row)
+        if len(rows) > len(self.table.open) + 1000:  # rows of jobs no longer queued
+            self._ls_rows[key] = cache.only(self.table.open)
         return out
 
     def _ended_jobs(self, ended: list[State], users, names, limit: int | None, refs) -> list[Job]:
         """Stored ended jobs for ls's filters. An ended job never changes: those whose summary rows()
         holds are not read again."""
         ids = [r[0] for r in self.store.listing(["id"], ended, users, names, limit, refs)]
-        cache = self._rows
-        miss = [i for i in ids if (h := cache.get(i)) is None or h[0].state not in TERMINAL]
+        kept = self._rows.job
+        miss = [i for i in ids if (j := kept.get(i)) is None or j.state not in TERMINAL]
         got = {j.id: j for j in self.store.jobs_by_id(miss)} if miss else {}
-        return [got[i] if i in got else cache[i][0] for i in ids]
+        return [got[i] if i in got else kept[i] for i in ids]
 
     def _ended_rows(self, past: list[tuple[int, str]], fields: list[str], cut: int | None) -> list[tuple]:
         """(id, state, the row ls sends, encoded) of the stored ended jobs `past` (id, state); an ended
@@ -550,26 +559,6 @@ def _as_sent(r: tuple, fields: list[str], cut: int | None, index: dict[str, int]
     return out
 
 
-def _merged_by_id(a: list[Job], b: list[Job]) -> list[Job]:
-    """Two lists of jobs sorted by id, as one (b is short: the active jobs)."""
-    if not b:
-        return a
-    out = list(a)
-    for j in b:
-        bisect.insort(out, j, key=attrgetter("id"))
-    return out
-
-
-def _merged(a: list[tuple], b: list[tuple]) -> list[tuple]:
-    """Two lists of rows sorted by id, as one (b is short: the active jobs)."""
-    if not b:
-        return a
-    out = list(a)
-    for r in b:
-        bisect.insort(out, r, key=lambda x: x[0])
-    return out
-
-
 async def _collapse(queued: list[Job], clock: Clock) -> tuple[list[Job], dict[int, list[int]]]:
     """Queued jobs (by id) as the collapsed listing shows them, walked: those in no array and each
     array's first task; that task's id -> its array's indices, sorted (Listing._collapsed, from
@@ -589,18 +578,6 @@ async def _collapse(queued: list[Job], clock: Clock) -> tuple[list[Job], dict[in
                 heads[j.id] = a
             kept.append(j)
     return kept, {i: sorted(groups[a]) for i, a in heads.items()}
-
-
-def _ranges(ix: list[int]) -> str:
-    """3,4,5,7 (sorted) as Slurm writes a set of array indices: 3-5,7."""
-    if len(ix) > 1 and ix[-1] - ix[0] == len(ix) - 1:  # (distinct) one run, as most arrays are
-        return f"{ix[0]}-{ix[-1]}"
-    out, start = [], 0
-    for k in range(1, len(ix) + 1):
-        if k == len(ix) or ix[k] != ix[k - 1] + 1:
-            out.append(str(ix[start]) if start == k - 1 else f"{ix[start]}-{ix[k - 1]}")
-            start = k
-    return ",".join(out)
 
 
 def _encode(obj: Any) -> bytes:
