@@ -69,7 +69,7 @@ IDLE_S = 65.0
 PASS_RE = re.compile(r"scheduler pass \(full\): (\d+) queued, (\d+) planned, (\d+) started, ([\d.]+) ms"
                      r"(?: \(([\d.]+) ms before the starts\))?")
 PASSES = 3  # after one running job ends: the first passes that start jobs (the jobs they start end at once)
-SLICES_RE = re.compile(r"complete in (\d+) slices, the longest ([\d.]+) ms")
+SLICES_RE = re.compile(r"complete in (\d+) slices, the longest ([\d.]+) ms(?: \(its settle ([\d.]+) ms\))?")
 
 
 def probe(c: Client, stop, out: list[float]) -> None:
@@ -292,7 +292,7 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: in
         stop.set()
         prober.join()
         idle = 100 * (cpu_s(pid) - c0) / (time.monotonic() - t0)
-        slices = [(int(a), float(b)) for a, b in SLICES_RE.findall(d.log.read_text())]
+        slices = [(int(a), float(b), float(c) if c else None) for a, b, c in SLICES_RE.findall(d.log.read_text())]
         ls_cmd = [sys.executable, "-m", "colo", "ls"]
         if "--active" in subprocess.run([*ls_cmd, "--help"], capture_output=True, text=True, env=d.env()).stdout:
             ls_cmd.append("--active")  # else queued and running jobs are what it lists by default
@@ -355,6 +355,7 @@ def run_one(root: Path, n: int, users: list, before_py: str | None = None, k: in
                 "rss_mb": rss, "ls_rt_s": statistics.median(ls_rt), "bare_s": bare,
                 "hello_max_s": max(hellos), "hello_p50_s": statistics.median(hellos), "hellos": len(hellos),
                 "slices": slices[-1][0] if slices else 1, "slice_ms": slices[-1][1] if slices else None,
+                "settle_ms": slices[-1][2] if slices else None,
                 "ls_load": loaded}
     finally:
         if ls == "only":  # the hogs only: once one ends, queued jobs start (and end) for as long as any is left
@@ -506,7 +507,8 @@ def main() -> int:
                    note=f"{r['hellos']} asked, median {r['hello_p50_s'] * 1000:.1f} ms")
         if r["slice_ms"] is not None:
             rep.figure(f"slice_{n}", f"  the pass over every queued job: its longest slice at {at}", r["slice_ms"],
-                       "ms", b["slice_ms"] or b["complete_ms"], bn, note=f"{r['slices']} slices")
+                       "ms", b["slice_ms"] or b["complete_ms"], bn,
+                       note=f"{r['slices']} slices" + (f", its settle {r['settle_ms']:.1f} ms" if r.get("settle_ms") is not None else ""))
     for n, r in zip(sizes, res):
         if r["ls_load"]:
             ls_figures(rep, n, r["ls_load"], None)

@@ -104,7 +104,7 @@ class Rest:
     the rest of the fair walk, in slices (Scheduler.finish_complete)."""
 
     __slots__ = ("walk", "seen", "loads", "holder", "due", "planned", "busy", "longest", "slices", "plan_ms",
-                 "started")
+                 "started", "settle")
 
     def __init__(self, walk, seen: set, loads: dict, holder, planned: int, busy: float, plan_ms: float,
                  started: int):
@@ -113,6 +113,7 @@ class Rest:
         self.due = math.inf  # the next time a job looked at passes hold_after
         self.planned, self.busy, self.longest, self.slices = planned, busy, busy, 1
         self.plan_ms, self.started = plan_ms, started
+        self.settle = 0.0  # the collection at its end (passcost.settle), counted in `longest` too
 
 
 def cand(job_id: int, budget: int, gpus: int, uid: int, priority: int, seq: int, profile, queued_at: float,

@@ -401,7 +401,8 @@ class Scheduler:
                 self._rest = None
                 t = time.monotonic()
                 settle()
-                rest.longest = max(rest.longest, time.monotonic() - t)
+                rest.settle = time.monotonic() - t
+                rest.longest = max(rest.longest, rest.settle)
         self._unsettled = 0
         if rest.walk is not None:
             return  # the daemon stops
@@ -412,8 +413,8 @@ class Scheduler:
                           "planned": rest.planned, "started": rest.started, "ms": rest.busy * 1000,
                           "plan_ms": rest.plan_ms, "slices": rest.slices, "longest_ms": rest.longest * 1000}
         log.info("scheduler pass (full): %d queued, %d planned, %d started, %.1f ms (%.1f ms before the starts); "
-                 "complete in %d slices, the longest %.1f ms", self.last_pass["queued"], rest.planned, rest.started,
-                 rest.busy * 1000, rest.plan_ms, rest.slices, rest.longest * 1000)
+                 "complete in %d slices, the longest %.1f ms (its settle %.1f ms)", self.last_pass["queued"], rest.planned,
+                 rest.started, rest.busy * 1000, rest.plan_ms, rest.slices, rest.longest * 1000, rest.settle * 1000)
 
     def placed(self, now: float, active: list[Job] | None = None) -> list[policy.Placed]:
         """The active jobs on GPUs as plan() sees them (colo's own and Slurm's alike)."""
