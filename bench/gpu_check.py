@@ -19,8 +19,12 @@ Parts, in the order they run (budget in seconds):
   mps_faults (30)   terminate_client and a fault in one client
   suspend (60)      the driver's checkpoint (colo suspend): 8 GiB of known tensors released, used by
                     another process, restored bit-identical; seconds per GiB (bench/gpu_suspend.py)
-  groups (120)      only when named in --parts: 2-16 light and 2-4 medium jobs at once, time-sliced
-                    and under MPS, against one alone (what bench/fit_truth.py refits from)
+  groups (150)      only when named in --parts: 2-16 light and 2-4 medium jobs at once, a compute-
+                    bound and a bandwidth-bound heavy pair, time-sliced and under MPS, against one
+                    alone (what bench/fit_truth.py refits from)
+  queues (150)      only when named in --parts: two queues of mixed PyTorch jobs, one that fits in
+                    memory and one that does not, one after another, all at once without colo, and
+                    under colo cold and learned (bench/gpu_queues.py)
 
 Figures from --simulated describe the simulated driver, not a GPU: they check that this command
 works, and never go into docs/gpu.md.
@@ -48,10 +52,11 @@ import checkout  # noqa: E402
 checkout.use_colo()  # colo from this checkout: a lent GPU machine cannot install it
 
 from gpu_partlib import GiB, MiB, Part, kill_group, sh  # noqa: E402
+from gpu_queues import queues_md  # noqa: E402
 
 DEPS_DIR = ROOT / ".gpu-deps"  # colo's dependencies for Python 3.12 (--prepare); the image's own copies win
 PARTS = {"machine": 40, "frameworks": 90, "mps": 40, "colocation": 160, "cost": 40, "mps_faults": 30,
-         "suspend": 60, "groups": 120}
+         "suspend": 60, "groups": 150, "queues": 150}
 # run unless --parts says otherwise; `groups` (what bench/fit_truth.py refits the h200 truth from) is
 # asked for by name: docs/gpu.md gives the call
 DEFAULT_PARTS = ("machine", "frameworks", "mps", "colocation", "cost", "mps_faults", "suspend")
@@ -68,12 +73,13 @@ CARRY_LIMIT = 64 * MiB  # what travels to the lent machine: the tree and the car
 def part_fn(name: str):
     import gpu_facts
     import gpu_parts
+    import gpu_queues
     import gpu_suspend
 
     return {"machine": gpu_facts.part_machine, "frameworks": gpu_parts.part_frameworks, "mps": gpu_parts.part_mps,
             "colocation": gpu_parts.part_colocation, "cost": gpu_parts.part_cost,
             "mps_faults": gpu_parts.part_mps_faults, "suspend": gpu_suspend.part_suspend,
-            "groups": gpu_parts.part_groups}[name]
+            "groups": gpu_parts.part_groups, "queues": gpu_queues.part_queues}[name]
 
 
 # --- what travels: native/build and .gpu-deps ------------------------------------------------------
@@ -432,7 +438,8 @@ def markdown(r: dict, passed: bool = True) -> str:
         probs += [f"- {name}: skipped: {s[:200]}" for s in p.get("skipped", [])]
     if probs:
         L += ["", "## Failed, skipped or cut", ""] + probs
-    L += frameworks_md(parts) + colocation_md(parts) + mps_md(parts) + procaddr_md(mach) + gating_md(mach)
+    L += frameworks_md(parts) + colocation_md(parts) + groups_md(parts) + queues_md(parts) + mps_md(parts)
+    L += procaddr_md(mach) + gating_md(mach)
     if passed:
         L += ["", "## Checks passed", ""]
         for name, p in parts.items():
@@ -480,6 +487,18 @@ def colocation_md(parts: dict) -> list[str]:
               f"bandwidth {sp['mean_membw']:.0%}, {_mib(sp['peak_mem'])}, {sp['runtime_s']} s, {sp['samples']} samples"
               + (f"; learned by colo in the cold run: {res['colo_cold']['learned']}"
                  if (res.get("colo_cold") or {}).get("learned") else "")]
+    return L
+
+
+def groups_md(parts: dict) -> list[str]:
+    gs = parts.get("groups", {}).get("results", {}).get("groups", [])
+    if not gs:
+        return []
+    L = ["", "## Groups of like jobs at once (the fit's observations)", "",
+         "| jobs | mode | one alone | together | throughput vs one after another | SM, bandwidth alone |",
+         "|---|---|---|---|---|---|"]
+    L += [f"| {g['n']} {g['kind']} | {g['mode']} | {g['alone_s']:.1f} s | {g['together_s']:.1f} s | "
+          f"{g['throughput']:.2f}x | {g['mean_sm']:.0%}, {g.get('mean_membw', 0):.0%} |" for g in gs]
     return L
 
 

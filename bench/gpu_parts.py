@@ -11,6 +11,8 @@ process under a time limit; docs/gpu.md says what each checks.
                budget beside others; a saturating pair time-sliced and (if MPS works here) under MPS
   cost         cuMemAlloc/cuMemFree pairs natively and under the interposer; PyTorch allocator churn
   mps_faults   terminate_client, and a fault in one client: what the others and colo see
+  groups       n like jobs at once (2-16 light, 2-4 medium, a compute-bound and a bandwidth-bound
+               heavy pair), time-sliced and under MPS, against one alone: what fit_truth.py reads
 """
 from __future__ import annotations
 
@@ -566,22 +568,40 @@ for _ in range(int(sys.argv[1])):
     torch.cuda.synchronize()  # a kernel, then the host: busy part of the time, as a medium job
 say(event="done", rc=0)
 """
+STREAM_TORCH = """
+import torch
+a = torch.ones(128 << 20, device="cuda")  # 512 MiB: every pass streams through memory, far past L2
+for _ in range(int(sys.argv[1])):
+    a.mul_(1.0000001)
+torch.cuda.synchronize()
+say(event="done", rc=0)
+"""
+HOLD_TORCH = """
+import torch
+held = torch.empty(int(sys.argv[2]), dtype=torch.uint8, device="cuda")  # out of memory: exit 1, a lost job
+""" + LIGHT_TORCH
+SCRIPTS = {"light": LIGHT_TORCH, "medium": MEDIUM_TORCH, "heavy": HEAVY_TORCH, "stream": STREAM_TORCH,
+           "hold": HOLD_TORCH}
+SIM_WORK = {"light": 50, "medium": 100, "heavy": 200, "stream": 200}  # memset passes on the simulated driver
 SEEDED = "gpucheck-light"  # the profile the seeded run's jobs name
 ENDED = ("succeeded", "failed", "cancelled", "lost")
 
 
-def job_argv(part: Part, kind: str) -> list[str]:
-    """A fixed amount of work: light (a small training loop) or heavy (big matmuls) on a real GPU;
-    on the simulated driver, synchronised memsets (they take no time there)."""
+def job_argv(part: Part, kind: str, steps: int | None = None, hold: int = 0) -> list[str]:
+    """A fixed amount of work on a real GPU: light (a small training loop), medium (synchronised
+    2048² matmuls), heavy (4096² matmuls), stream (a 512 MiB tensor scaled in place: bound by
+    memory bandwidth, not compute), hold (a light loop holding `hold` bytes); `steps` of it (part
+    colocation's counts if None). On the simulated driver, synchronised memsets (they take no time
+    there); a hold job keeps its bytes for a second there, so that jobs started at once meet."""
     if part.simulated or importlib.util.find_spec("torch") is None:
-        return [sys.executable, str(PROBE), "--mem", str(64 * MiB), "--work", "50" if kind == "light" else "200"]
+        return [sys.executable, str(PROBE), "--mem", str(hold or 64 * MiB),
+                *(["--busy", "1"] if kind == "hold" else ["--work", str(SIM_WORK[kind])])]
     script = part.tmp / f"{kind}.py"
-    script.write_text(PRELUDE.replace('B = int(os.environ["COLO_GPU_BUDGET"])', "") + textwrap.dedent(
-        {"light": LIGHT_TORCH, "medium": MEDIUM_TORCH}.get(kind, HEAVY_TORCH)))
+    script.write_text(PRELUDE.replace('B = int(os.environ["COLO_GPU_BUDGET"])', "") + textwrap.dedent(SCRIPTS[kind]))
     os.chmod(script, 0o644)
-    steps = {"light": part.ctx["light_steps"] // 2, "medium": 3000}.get(kind, part.ctx["heavy_iters"]) \
-        if part.ctx.get("group_sizes") else (part.ctx["light_steps"] if kind == "light" else part.ctx["heavy_iters"])
-    return [sys.executable, str(script), str(steps)]
+    if steps is None:
+        steps = part.ctx["heavy_iters"] if kind == "heavy" else part.ctx["light_steps"]
+    return [sys.executable, str(script), str(steps), *([str(hold)] if kind == "hold" else [])]
 
 
 def run_one(argv: list[str], env: dict, timeout: float) -> int:
@@ -652,12 +672,13 @@ def seed_profile(part: Part, samples: list, spans: list[tuple[float, float]], wh
 
 
 def colo_run(part: Part, label: str, argv: list[str], n: int, use_mps: bool, profile_dir: Path | None = None,
-             then=None) -> dict:
+             then=None, jobs: list[dict] | None = None) -> dict:
     """n jobs submitted at once to a fresh colo daemon (the real scheduling defaults; profile_dir:
-    a profile of the jobs it may place them from); their wall time, and how colo ran each."""
+    a profile of the jobs it may place them from), or `jobs` (each job's argv, gpu_mem and name);
+    their wall time, and how colo ran each. then(d, out): more on the same daemon, before it stops."""
     import checkout
     checkout.use_harness()
-    from harness.daemon import DaemonProc, wait_for
+    from harness.daemon import DaemonProc
 
     from colo import profiles
 
@@ -668,20 +689,13 @@ def colo_run(part: Part, label: str, argv: list[str], n: int, use_mps: bool, pro
     if profile_dir:
         cfg["profile_dirs"] = [str(profile_dir)]
     d = DaemonProc(root, Path(part.ctx["fake_state"]) if part.simulated else None, cfg)
-    out: dict = {"jobs": n}
+    out: dict = {"jobs": len(jobs) if jobs else n}
     try:
         d.start()
         os.chmod(d.socket.parent, 0o755)
-        spec = {"gpus": 1, "gpu_mem": 1 * GiB, "workdir": str(part.tmp), "argv": argv,
-                **({"profile": SEEDED} if profile_dir else {})}
-        t0 = time.perf_counter()
-        ids = [d.client.submit({**spec, "name": f"{label}{i}"})["id"] for i in range(n)]
-        rows = wait_for(lambda: (js := [d.client.show(i) for i in ids]) and all(j["state"] in ENDED for j in js)
-                        and js, part.left(15), f"the {label} jobs")
-        out["wall_s"] = time.perf_counter() - t0
-        out["rows"] = [{k: j.get(k) for k in ("id", "state", "mode", "exit_code", "reason", "started_at", "ended_at")}
-                       for j in rows]
-        out["modes"] = {m: sum(1 for j in rows if j.get("mode") == m) for m in {j.get("mode") for j in rows}}
+        jobs = jobs or [{"argv": argv, "gpu_mem": 1 * GiB, "name": f"{label}{i}",
+                         **({"profile": SEEDED} if profile_dir else {})} for i in range(n)]
+        out.update(run_queue(part, d, jobs, label))
         learned = root / "state" / "profiles" / "users" / str(os.getuid()) / f"{profiles.key_for(None, argv)}.profile"
         if learned.exists():
             p = profiles.load(learned)
@@ -705,6 +719,21 @@ def colo_run(part: Part, label: str, argv: list[str], n: int, use_mps: bool, pro
     return out
 
 
+def run_queue(part: Part, d, jobs: list[dict], label: str) -> dict:
+    """`jobs` submitted at once to daemon d, waited on until every one ended: the wall time, each
+    job's row, and how many colo ran in each mode."""
+    from harness.daemon import wait_for
+
+    t0 = time.perf_counter()
+    ids = [d.client.submit({"gpus": 1, "workdir": str(part.tmp), **j})["id"] for j in jobs]
+    rows = wait_for(lambda: (js := [d.client.show(i) for i in ids]) and all(j["state"] in ENDED for j in js)
+                    and js, part.left(15), f"the {label} jobs")
+    return {"wall_s": time.perf_counter() - t0,
+            "rows": [{k: j.get(k) for k in ("id", "name", "state", "mode", "exit_code", "reason", "started_at",
+                                            "ended_at")} for j in rows],
+            "modes": {m: sum(1 for j in rows if j.get("mode") == m) for m in {j.get("mode") for j in rows}}}
+
+
 def end_mps(part: Part, root: Path) -> None:
     """colo leaves an MPS control daemon with clients up when it stops (to adopt it at a restart):
     the check's daemons end with their run."""
@@ -724,17 +753,19 @@ def end_mps(part: Part, root: Path) -> None:
         pass
 
 
-GROUPS = (("light", (2, 4, 8, 16)), ("medium", (2, 4)))
+# kind, group sizes, steps of one job (from the check's context): light jobs at half part
+# colocation's steps, medium ones 3,000 synchronised 2048² matmuls; the two heavy pairs, one bound
+# by compute (4096² matmuls, half part colocation's) and one by memory bandwidth (a 512 MiB stream)
+GROUPS = (("light", (2, 4, 8, 16), lambda c: c["light_steps"] // 2), ("medium", (2, 4), lambda c: 3000),
+          ("heavy", (2,), lambda c: c["heavy_iters"] // 2), ("stream", (2,), lambda c: 6000))
 
 
 def part_groups(part: Part) -> None:
     """What the h200 truth's fit needs (bench/fit_truth.py reads results["groups"]): n like jobs at
-    once, time-sliced and under MPS (where part mps passed), against one of them alone times n;
-    light jobs (half part colocation's steps) in groups of 2 to 16, medium ones (2048² matmuls,
-    synchronised each step) in 2 and 4. Each group is recorded as it ends: a cut part keeps them."""
+    once, time-sliced and under MPS (where part mps passed), against one of them alone times n
+    (GROUPS). Each group is recorded as it ends: a cut part keeps them."""
     from colo.node import mps
 
-    part.ctx["group_sizes"] = True
     null = mps.timesliced_env(part.tmp / "ts")
     m = md = None
     if part.ctx.get("mps_ok"):
@@ -744,14 +775,15 @@ def part_groups(part: Part) -> None:
     try:
         if m is not None:
             md = m.ensure(gpu0(part.ctx)["uuid"], 0)
-        for kind, sizes in GROUPS:
-            argv = job_argv(part, kind)
+        for kind, sizes, steps in GROUPS:
+            argv = job_argv(part, kind, steps(part.ctx))
             sampler = Sampler(part.ctx)
             t0 = time.monotonic()
             rc = run_one(argv, part.env, part.left())
             alone = time.monotonic() - t0
             sampler.close()
-            sms = [x[1] for x in sampler.samples if t0 <= x[0] <= t0 + alone] or [0.0]
+            seen = [x for x in sampler.samples if t0 <= x[0] <= t0 + alone] or [(t0, 0.0, 0.0, 0)]
+            sm, bw = (round(sum(x[i] for x in seen) / len(seen), 4) for i in (1, 2))
             part.check(f"one {kind} job alone: succeeds", rc == 0, rc)
             modes = [("timesliced", {**part.env, **null})] + ([("mps", {**part.env, **md.client_env(2 * GiB, None)})]
                                                                if md is not None else [])
@@ -763,7 +795,7 @@ def part_groups(part: Part) -> None:
                     wall, rcs, errs = run_together([argv] * n, [env] * n, part.left())
                     groups.append({"kind": kind, "n": n, "mode": mode, "serial_s": round(alone * n, 3),
                                    "together_s": round(wall, 3), "alone_s": round(alone, 3),
-                                   "mean_sm": round(sum(sms) / len(sms), 4), "throughput": round(alone * n / wall, 3)})
+                                   "mean_sm": sm, "mean_membw": bw, "throughput": round(alone * n / wall, 3)})
                     part.check(f"{n} {kind} jobs at once, {mode}: all succeed", rcs == [0] * n, [rcs, errs[:1]])
     finally:
         if m is not None:

@@ -144,3 +144,36 @@ def test_a_failing_part_is_recorded_and_the_next_still_runs(tmp_path):
     assert parts["cost"]["status"] == "ok" and parts["cost"]["results"]["pairs"]
     assert parts["nosuch"]["status"] == "error"
     assert "mps: **error**" in md and "failure injected" in md
+
+
+def overlapping(rows: list[dict]) -> int:
+    """The most jobs that ran at once, from their start and end times."""
+    edges = sorted([(r["started_at"], 1) for r in rows] + [(r["ended_at"], -1) for r in rows])
+    most = now = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_the_fit_s_groups_and_the_two_queues_record_every_group_and_every_way(tmp_path):
+    """Issue 39's measurements: like jobs in groups (both heavy pairs included) and colo beside plain
+    sharing on a queue that fits and one that does not; colo loses no job of either, and never runs
+    more of the memory-holding jobs at once than the GPU holds."""
+    r, report, md = run(tmp_path, "--parts", "groups,queues")  # (MPS too where part mps ran first: as above)
+    assert r.returncode == 0 and not failing(report), (failing(report), r.stdout[-2000:], r.stderr[-2000:])
+    groups = report["parts"]["groups"]["results"]["groups"]
+    want = [(k, n) for k, sizes in (("light", (2, 4, 8, 16)), ("medium", (2, 4)), ("heavy", (2,)), ("stream", (2,)))
+            for n in sizes]
+    assert [(g["kind"], g["n"], g["mode"]) for g in groups] == [(k, n, "timesliced") for k, n in want]
+    assert all(g["together_s"] > 0 and g["alone_s"] > 0 for g in groups)
+    q = report["parts"]["queues"]["results"]
+    for name in ("fits", "over"):
+        assert all(q[name][way]["wall_s"] > 0 for way in ("serial", "plain", "cold", "learned"))
+        for way in ("cold", "learned"):
+            rows = q[name][way]["rows"]
+            assert len(rows) == 6 and {r["state"] for r in rows} == {"succeeded"} and q[name][way]["lost"] == 0
+    # 6 jobs of 30 % of the GPU each, budgeted past it: at most 3 at once
+    assert max(overlapping(q["over"][way]["rows"]) for way in ("cold", "learned")) <= 3
+    assert "## Queues of mixed jobs" in md and "| over | all at once, no colo (plain sharing) |" in md
+    assert "| 2 stream | timesliced |" in md
