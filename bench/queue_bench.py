@@ -24,13 +24,14 @@ user (colotest1..10; created when run as root). Then, with N queued:
   next, bench/loopwatch.py, in wall time and in the loop thread's CPU time), beside the fetch's wall
   time. --ls-only measures only that (and the fill), for before/after pairs: --before-daemon DIR
   runs the same on a daemon of another checkout (DIR: its source tree, e.g. from `git archive`),
-  first, on a queue filled alike.
+  on a queue filled alike, first at the first size, second at the next and so on (--after-first:
+  the other way), and says which ran first: the second of a pair was the slower in every fetch.
 Every figure is refused unless the work happened: all N submits stored and queued behind the 8
 running jobs, a pass over every queued job was logged, and the pass after the end saw the whole
 queue and started jobs out of it.
 
 Run (as root): python bench/queue_bench.py [--big] [--clients 10] [--before PYTHON]
-                                           [--ls-load] [--ls-only] [--before-daemon DIR]
+                                           [--ls-load] [--ls-only] [--before-daemon DIR [--after-first]]
                                            [--json-out bench/results/queue_bench.json]
 (--before: the python of another checkout's venv, whose `colo ls` is timed beside this one's)
 """
@@ -419,13 +420,19 @@ def ls_only(rep: Report, root: Path, sizes: list[int], users: list, args) -> int
                                                      "HEAD"], capture_output=True, text=True).stdout.strip()
                                      or str(args.before_daemon))
     for k, n in enumerate(sizes):
+        # the second daemon of a pair was the slower in every fetch of the runs so far (the machine's
+        # caches, the first's leftovers): the order turns from size to size, --after-first flips it
+        after_first = bool(args.before_daemon) and (k % 2 == 1) != args.after_first
         try:
+            a = run_one(root, n, users, None, k, "only") if after_first else None
             b = run_one(root, n, users, None, k, "only", args.before_daemon) if args.before_daemon else None
-            a = run_one(root, n, users, None, k, "only")
+            a = a or run_one(root, n, users, None, k, "only")
         except SystemExit as e:
             rep.check(False, str(e))
             return rep.finish(args.json_out)
         ls_figures(rep, n, a["ls_load"], b and b["ls_load"], before)
+        if b:
+            rep.note(f"{n:,} queued: {'this daemon' if after_first else before} ran first")
         rep.figure(f"rss_{n}", f"daemon RSS at {n:,} queued after the ls load", a["rss_mb"] * 2**20, "B",
                    b and b["rss_mb"] * 2**20, before)
     return rep.finish(args.json_out)
@@ -447,7 +454,10 @@ def main() -> int:
                     "under a `hello` probe every 5 ms, with the daemon loop's longest stall")
     ap.add_argument("--ls-only", action="store_true", help="only the fill and that")
     ap.add_argument("--before-daemon", type=Path, default=None, metavar="DIR",
-                    help="with --ls-only: a source tree of an earlier colo whose daemon is measured alike, first")
+                    help="with --ls-only: a source tree of an earlier colo whose daemon is measured alike, first "
+                    "at the first size, second at the next, and so on")
+    ap.add_argument("--after-first", action="store_true", help="with --before-daemon: this daemon first at the "
+                    "first size (a size measured both ways: run twice, with and without)")
     args = ap.parse_args()
     if args.before_daemon and not args.ls_only:
         raise SystemExit("--before-daemon goes with --ls-only")
