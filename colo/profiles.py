@@ -276,19 +276,23 @@ def from_samples(name: str, samples: Any, runtime: float | None = None, step: fl
 
 PROVISIONAL_AFTER = 30.0  # seconds of a run's samples from which a provisional profile is made
 PROVISIONAL_HOLD = 3600.0  # how long a job with a provisional profile is taken to run on
+# SM a run must have shown before it speaks for its family: one that has launched no kernels yet
+# (loading its data: qmcpack reads 0 % for its first 94 s, then 100 %) says nothing of what it will do
+PROVISIONAL_BUSY = 0.01
 
 
 def provisional(name: str, samples: Any, elapsed: float | None = None, hold: float = PROVISIONAL_HOLD,
                 gpu: str = "") -> Profile | None:
     """What a running job that has no profile is taken to do, from its samples so far (None
-    before PROVISIONAL_AFTER seconds of them): the series as sampled, then, since how long it runs
-    on is unknown, the highest SM, bandwidth and memory it showed held to `hold` seconds in all.
-    Neighbours can then be placed beside it within its first minute instead of after its end; what
-    its run really was replaces it at its end (ProfileStore.learn)."""
+    before PROVISIONAL_AFTER seconds of them, and while it has shown no SM past PROVISIONAL_BUSY):
+    the series as sampled, then, since how long it runs on is unknown, the highest SM, bandwidth
+    and memory it showed held to `hold` seconds in all. Neighbours can then be placed beside it
+    within its first minute instead of after its end; what its run really was replaces it at its
+    end (ProfileStore.learn)."""
     c = _columns(samples)
     t = c["times"] - c["times"].min()
     seen = float(elapsed if elapsed is not None else t.max())
-    if seen < PROVISIONAL_AFTER:
+    if seen < PROVISIONAL_AFTER or not (c["sm"] > PROVISIONAL_BUSY).any():
         return None
     runtime = max(hold, seen)
     step = pick_step(runtime)

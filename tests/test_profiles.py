@@ -114,6 +114,16 @@ def test_a_running_job_gets_a_provisional_profile_from_its_first_samples():
     assert not P.loads(P.dumps(p)).provisional  # never stored as one
 
 
+def test_a_run_that_has_launched_no_kernels_yet_speaks_for_nobody():
+    """A job loading its data reads 0 % SM: a minute of that says nothing of what it will do (qmcpack
+    is idle 94 s, then saturates), so it makes no provisional profile until it computes."""
+    t = np.arange(0, 120, 1.0)
+    samples = {"times": t, "sm": np.where(t < 90, 0.0, 1.0), "mem": np.full(len(t), 5 * GiB), "membw": np.zeros(len(t))}
+    assert P.provisional("x", {k: v[:60] for k, v in samples.items()}) is None
+    p = P.provisional("x", samples)
+    assert p.provisional and p.peak_sm == pytest.approx(1.0) and p.sm[-1] == pytest.approx(1.0)
+
+
 def test_from_samples_bins_peak_memory_and_mean_sm():
     p = P.from_samples("s", {"times": [0, 0.4, 0.8, 1.2], "sm": [0, 1, 0.5, 0.5], "mem": [1, 9, 2, 3],
                              "membw": [0, 0, 0, 0]}, runtime=2.0, step=1.0)

@@ -61,11 +61,14 @@ def test_a_remade_provisional_profile_owes_a_pass_only_when_its_figures_changed(
 @pytest.mark.slow  # a job's provisional profile is first made after 30 s of its run, remade every 30 s
 def test_a_daemon_with_a_steady_job_running_makes_no_pass_while_nothing_changes(tmp_path, fakegpu):
     """Counted across the daemon's own sample ticks (the samples it stores), not the clock: from
-    its first provisional profile on, a steady job (sleep, nothing on the GPU) owes no pass at each
-    remake; before, each remake logged a full pass."""
+    its first provisional profile on, a steady job (colo-burn at 10 % of the SMs) owes no pass at
+    each remake; before, each remake logged a full pass. (A job that computes nothing, a sleep,
+    makes no provisional profile: it has not shown what it does.)"""
     d = DaemonProc(tmp_path, fakegpu.state, {"sample_interval": 1.0}).start()
     try:
-        j = d.client.submit({"argv": ["sleep", "600"], "gpus": 1, "gpu_mem": GiB, "workdir": "/tmp"})["id"]
+        burn = str(next(d.state_dir.glob("native-*")) / "colo-burn")
+        j = d.client.submit({"argv": [burn, "--mem", "64MiB", "--duty", "10", "--seconds", "600"], "gpus": 1,
+                             "gpu_mem": GiB, "workdir": "/tmp"})["id"]
         d.client.submit({"argv": ["true"], "gpus": 1, "gpu_mem": GiB, "workdir": "/tmp", "hold": True})
         started = d.wait_state(j, "running")["started_at"]
 

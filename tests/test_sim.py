@@ -500,6 +500,19 @@ def test_a_job_without_a_profile_gets_a_provisional_one_within_its_first_minute(
     assert r.lost == 0 and r.max_slowdown <= 1.5 + 1e-9  # as predicted (the first is time-sliced beside them)
 
 
+def test_a_job_loading_its_data_does_not_speak_for_its_family_until_it_computes():
+    """A first run idle for 90 s (loading), then saturating: the provisional profile of its idle
+    minute said it costs nothing, and its family joined it, all slowed past the bound once they
+    computed (the h200 truth's fits mix with every profile unknown: p95 1.82x). Now they wait
+    until it has shown what it does."""
+    loads = Profile(name="loads", step=10.0, sm=np.where(np.arange(30) < 9, 0.0, 1.0), mem=np.full(30, GiB),
+                    membw=np.where(np.arange(30) < 9, 0.0, 0.5), runtime=300.0)
+    jobs = [sim.SimJob(i, loads, budget=2 * GiB, known=False) for i in (1, 2, 3)]
+    r = sim.simulate(jobs, "colo", truth=simtruth.Truth("exact"))
+    assert r.lost == 0 and r.max_slowdown <= 1.5 + 1e-9, sorted((j["start"], j["end"]) for j in r.jobs)
+    assert min(j["start"] for j in r.jobs if j["id"] != 1) >= 90.0  # none joined it while it loaded
+
+
 def test_contexts_take_device_memory_outside_the_budgets():
     """A time-sliced job's own context (CTX_MEM, which a profile sampled alone holds) against an
     MPS client's smaller one beside its server's: two jobs whose profiles sum to just past the GPU
