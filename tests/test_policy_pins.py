@@ -727,3 +727,21 @@ def test_a_newcomer_that_launches_no_kernels_takes_no_turns():
     d = plan([Candidate(1, GiB, profile=late)], [g], [Placed(9, ("a",), GiB, profile=flat("short", 1.0, runtime=20.0))], cfg,
              learned=pol.Learned())[0]
     assert d.action == WAIT and "contexts taking turns" in d.reason, d.reason
+
+
+def test_at_most_three_jobs_placed_on_provisional_profiles_share_a_gpu():
+    """A provisional profile is a run's first minute: no run of it has ended and no watch reads its
+    group. Under `study`, a family joined its first member a job every 30 s, twelve at once, each
+    then 200x slower than alone. Three may share (a sweep's first setting and two more, as the
+    demo shows); a fourth waits for an end, whatever the model says."""
+    g, cfg = GpuView("a", 0, 80 * GiB), PolicyConfig()
+    first = dataclasses.replace(flat("fam", 0.1, bw=0.05, runs=1), provisional=True)
+    placed = [Placed(9, ("a",), GiB, profile=first, elapsed=40.0)]
+    for k in (1, 2):
+        d = plan([Candidate(k, GiB, profile=first)], [g], placed, cfg, learned=pol.Learned())[0]
+        assert d.action == START, d.reason
+        placed.append(Placed(k, ("a",), GiB, mode=d.mode, profile=first, elapsed=10.0))
+    d = plan([Candidate(3, GiB, profile=first)], [g], placed, cfg, learned=pol.Learned())[0]
+    assert d.action == WAIT and "3 jobs placed on provisional profiles" in d.reason, d.reason
+    d = plan([Candidate(3, GiB, profile=TINY)], [g], placed, cfg, learned=pol.Learned())[0]
+    assert "provisional" not in d.reason  # a job on a stored profile is judged as before

@@ -23,6 +23,9 @@ WAYS_OUT = ("ways out: --profile NAME (a profile you recorded with `colo profile
 
 # ---- the GPU as the pass sees it ---------------------------------------------------------------
 
+PROVISIONAL_GROUP = 3  # jobs placed on provisional profiles on one GPU at once
+
+
 @dataclass
 class _Res:
     job_id: int
@@ -155,6 +158,12 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
         arr = arr if arr is not None else _unknown(cfg)
         prefix = f"{stranger}, and beside job {g.res[0].job_id} "
 
+    if arr.provisional and sum(r.arr is not None and r.arr.provisional for r in g.res) >= PROVISIONAL_GROUP:
+        # no run of theirs has ended and no watch looks at them (their expectations are guesses): a
+        # crowd of a family on its first minute's levels ran 200x slow under `study` before anything
+        # could tell (docs/sim.md, issue 39, seventh round)
+        return None, (f"{name} runs {PROVISIONAL_GROUP} jobs placed on provisional profiles, the most at once until "
+                      "a run of theirs ends"), {"gpu": v.index}, False
     if not g.res:
         sat = arr.peak_sm >= cfg.saturation or arr.peak_membw >= cfg.bw_saturation
         d = {"gpu": v.index, "peak_sm": arr.peak_sm, "peak_membw": arr.peak_membw}

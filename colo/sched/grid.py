@@ -20,6 +20,7 @@ class _Arr:
     peak_membw: float
     runs: int = 1
     name: str = ""
+    provisional: bool = False  # made from the first samples of a run still going (profiles.provisional)
 
 
 _CACHE: dict[tuple[int, float], tuple[Any, _Arr]] = {}
@@ -39,7 +40,8 @@ def _arrays(profile: Any, step: float, horizon: float) -> _Arr:
     starts = np.minimum((np.arange(n) * step / pstep).astype(int), len(sm) - 1)
     arr = _Arr(_smear(np.maximum.reduceat(sm, starts)), _smear(np.maximum.reduceat(bw, starts)),
                bool(getattr(profile, "cache_bound", False)), float(sm.max()), float(bw.max()),
-               int(getattr(profile, "runs", 1) or 1), str(getattr(profile, "name", "")))
+               int(getattr(profile, "runs", 1) or 1), str(getattr(profile, "name", "")),
+               bool(getattr(profile, "provisional", False)))
     if len(_CACHE) > 4096:
         _CACHE.clear()
     _CACHE[key] = (profile, arr)
