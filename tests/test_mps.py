@@ -225,11 +225,26 @@ def test_client_env_and_sizes(root):
     d = MpsDaemon(root, "GPU-x", 3)
     e = d.client_env(3 * GiB, 30)
     assert e == {"CUDA_MPS_PIPE_DIRECTORY": str(root / "x" / "pipe"),
-                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=3G",
+                 "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=3690M",  # (3 GiB + 64 MiB) / 0.85: below
                  "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in d.client_env(GiB, None)
     assert mps.mps_size(GiB + 1) == "1025M"  # rounded up: never below the budget
     assert mps.mps_size(512 * 1024**2) == "512M"
+
+
+@pytest.mark.parametrize("limit_mib, free_at_init", [(1024, 922_041_328), (2048, 1_863_633_840)])
+def test_a_job_under_mps_can_allocate_its_whole_budget(limit_mib, free_at_init):
+    """What an H200's MPS kept of a client's pinned limit (docs/gpu.md, bench/results/gpu-2026-11-28:
+    free at init under a limit of 1 GiB and 2 GiB) fits in colo's allowance, so that a client given
+    pinned_limit(budget) has at least its budget to allocate at every size; before, the limit was
+    the budget, and a job under MPS got 86-87 % of what it got time-sliced."""
+    MiB = 1024**2
+    kept = limit_mib * MiB - free_at_init  # 145 and 271 MiB
+    share, fixed = mps.daemon.MPS_KEPT_SHARE, mps.daemon.MPS_KEPT_MIB * MiB
+    assert kept <= share * limit_mib * MiB + fixed
+    for budget in (256 * MiB, GiB, 24 * GiB, 80 * GiB):
+        lim = mps.pinned_limit(budget)
+        assert lim - (share * lim + fixed) >= budget - 1 and lim - budget < 0.2 * budget + 128 * MiB
 
 
 # --- users (invariant 5) --------------------------------------------------------------------------

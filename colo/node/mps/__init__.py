@@ -11,11 +11,11 @@ pid file in its pipe directory and its running clients keep their server (invari
 from __future__ import annotations
 
 from .access import CLIENT_PERM, NULL_PIPE_DIR, acl_problem, acl_users, null_pipe_dir, set_pipe_access, timesliced_env
-from .daemon import FAKE_MULTIUSER_ENV, PID_FILE, MpsDaemon, MpsError, gpu_dir_name, mps_size
+from .daemon import FAKE_MULTIUSER_ENV, PID_FILE, MpsDaemon, MpsError, gpu_dir_name, mps_size, pinned_limit
 from .manager import FAULT_REASON, CheckReport, MpsManager
 from .modes import compute_mode_ok, ensure_default_mode, mode_plan
 
 __all__ = ["CLIENT_PERM", "NULL_PIPE_DIR", "acl_problem", "acl_users", "null_pipe_dir", "set_pipe_access",
            "timesliced_env", "FAKE_MULTIUSER_ENV", "PID_FILE", "MpsDaemon", "MpsError", "gpu_dir_name",
-           "mps_size", "FAULT_REASON", "CheckReport", "MpsManager", "compute_mode_ok", "ensure_default_mode",
-           "mode_plan"]
+           "mps_size", "pinned_limit", "FAULT_REASON", "CheckReport", "MpsManager", "compute_mode_ok",
+           "ensure_default_mode", "mode_plan"]

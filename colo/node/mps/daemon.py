@@ -35,6 +35,22 @@ def _one_line(text: str) -> str:
     return " / ".join(lines)[:300]
 
 
+# What MPS keeps of a client's pinned limit for the client itself. On an H200 (driver 580, docs/gpu.md)
+# a client's free memory at init was 879 MiB of a 1 GiB limit and 1,777 MiB of a 2 GiB one: about
+# 12.3 % of the limit plus 19 MiB. A job whose pinned limit were its budget could allocate only
+# ~87 % of it under MPS, where time-sliced it gets all of it (and sees all of it: the interposer
+# answers the budget as the card's size). The allowance is above both figures; bench/gpu_check.py's
+# part mps measures what a client can allocate under colo's limit, so the next GPU checks it.
+MPS_KEPT_SHARE = 0.15
+MPS_KEPT_MIB = 64
+
+
+def pinned_limit(budget: int) -> int:
+    """The pinned limit of an MPS client with this budget: the budget, plus what MPS keeps of the
+    limit (MPS_KEPT_*). The interposer holds the job to the exact budget; MPS is the second line."""
+    return math.ceil((budget + MPS_KEPT_MIB * _MiB) / (1 - MPS_KEPT_SHARE))
+
+
 def mps_size(size_bytes: int) -> str:
     """Size as MPS reads it ("4G", "1536M"), rounded up to whole MiB so the MPS limit never cuts
     below the budget: the interposer enforces the exact budget, MPS is the second line."""
@@ -359,10 +375,11 @@ class MpsDaemon:
         return "active"
 
     def client_env(self, budget: int, thread_pct: int | None) -> dict[str, str]:
-        """Environment of an MPS client job. The pinned limit names device 0 because the job sees
-        only its own GPU. A client can only lower the daemon's limits, never raise them."""
+        """Environment of an MPS client job. The pinned limit (pinned_limit: the budget and what MPS
+        keeps of it) names device 0 because the job sees only its own GPU. A client can only lower
+        the daemon's limits, never raise them."""
         env = {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
-               "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mps_size(budget)}"}
+               "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={mps_size(pinned_limit(budget))}"}
         if thread_pct is not None:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(_pct(thread_pct))
         return env
