@@ -313,8 +313,8 @@ def part_mps(part: Part) -> None:
                    d.pid is not None and d.pipe_dir.stat().st_mode & 0o077 == 0, part.results["daemon"])
         replies = {}
         for cmd, call in (("set_default_active_thread_percentage 50", lambda: d.set_default_thread_pct(50)),
-                          ("set_default_device_pinned_mem_limit 0 2G",
-                           lambda: d.set_default_pinned_mem_limit(0, 2 * GiB))):
+                          ("set_default_device_pinned_mem_limit 0 4G",  # above both clients' own limits
+                           lambda: d.set_default_pinned_mem_limit(0, 4 * GiB))):
             try:
                 call()
                 replies[cmd] = "accepted"
@@ -328,24 +328,30 @@ def part_mps(part: Part) -> None:
         part.put("control_replies", replies)
         part.check("the daemon accepts colo's default limits",
                    all(v == "accepted" for k, v in replies.items() if k.startswith("set_")), replies)
-        # two clients: different thread % and pinned limits (the client env colo gives an MPS job)
+        # two clients: different thread % and budgets (the client env colo gives an MPS job: its
+        # pinned limit is the budget and what MPS keeps of it); each then finds the most it can have
         specs = [("A", 1 * GiB, 25, 512 * MiB), ("B", 2 * GiB, 50, 1 * GiB)]
         for name, limit, pct, mem in specs:
             env = {**part.env, **d.client_env(limit, pct)}
             clients.append(Proc([sys.executable, str(PROBE), "--mem", str(mem), "--over", str(limit),
-                                 "--busy", "3", "--hold", "--after"], env))
+                                 "--most", str(limit), "--busy", "3", "--hold", "--after"], env))
         attach_by = time.monotonic() + min(30.0, part.left(12))
         for c in clients:
-            c.wait_event("over", max(0.1, attach_by - time.monotonic()))
+            c.wait_event("most", max(0.1, attach_by - time.monotonic()))  # (after "over")
         if refused_attach(part, d, clients):
             return
         part.check("both clients attach and allocate", all(c.event("mem").get("rc") == 0 for c in clients),
                    [c.events[:3] for c in clients])
         for c, (name, limit, pct, mem) in zip(clients, specs):
-            over = c.event("over")
-            part.results[f"client_{name}"] = {"limit": limit, "thread_pct": pct, "init": c.event("init"), "over": over}
-            part.check(f"client {name}: the pinned limit {mps.mps_size(limit)} refuses {mps.mps_size(mem + limit)}",
-                       over.get("refused") is True, over)
+            over, most = c.event("over"), c.event("most")
+            part.results[f"client_{name}"] = {"limit": limit, "pinned": mps.pinned_limit(limit), "thread_pct": pct,
+                                              "init": c.event("init"), "over": over, "most": most}
+            part.check(f"client {name}: its pinned limit refuses {mps.mps_size(mem + limit)} (budget "
+                       f"{mps.mps_size(limit)})", over.get("refused") is True, over)
+            # what MPS keeps of the limit for the client itself is within colo's allowance (4 MiB: the
+            # bisection's step and the driver's 2 MiB granularity)
+            part.check(f"client {name}: it can allocate its whole budget ({mps.mps_size(limit)}) under MPS",
+                       mem + (most.get("bytes") or 0) + 4 * MiB >= limit, {"init": c.event("init"), "most": most})
         time.sleep(1.5)  # into the clients' busy loops, so NVML has utilisation samples of them
         servers = d.server_list()
         listed = {s: d.client_list(s) for s in servers}

@@ -1,13 +1,14 @@
 """A small CUDA process through the driver API (ctypes, dlopen libcuda.so.1: no CUDA headers, no
 framework), for bench/gpu_check.py. Runs alike on a real driver and on native/fakegpu.
 
-    python bench/gpu_probe.py [--mem SIZE] [--over SIZE] [--busy S] [--work N] [--hold] [--fault]
+    python bench/gpu_probe.py [--mem SIZE] [--over SIZE] [--most SIZE] [--busy S] [--work N] [--hold] [--fault]
     python bench/gpu_probe.py --procaddr cuMemAlloc,cuMemFree --versions 12000,13020
 
 Steps, in this order, each reported as one JSON line on stdout:
   init     cuInit, device name, total memory, cuMemGetInfo (what the process is told it has)
   mem      allocate SIZE in one piece                      (exit 3 if refused)
   over     try SIZE more: a budget should refuse it       (exit 4 if not refused)
+  most     the largest piece up to SIZE that can be had beside the first, to 1 MiB (bisection)
   busy     keep the GPU busy for S seconds (memset + synchronize loops; the fake declares activity)
   work     N synchronised memset passes over the buffer: a fixed amount of work
   hold     print {"event": "hold"} and wait for a line on stdin (the caller looks meanwhile)
@@ -95,6 +96,7 @@ def main() -> int:
     ap.add_argument("--mem", type=size, default=64 << 20)
     ap.add_argument("--over", type=size)
     ap.add_argument("--busy", type=float, default=0.0)
+    ap.add_argument("--most", type=size, default=0, help="after --over: the largest piece up to SIZE that can be had")
     ap.add_argument("--work", type=int, default=0)
     ap.add_argument("--hold", action="store_true")
     ap.add_argument("--fault", action="store_true")
@@ -138,6 +140,16 @@ def main() -> int:
             return 4
         if rc != 2:
             return 1
+    if a.most:  # the largest one piece that can be had now, to 1 MiB (bisection: allocated and freed)
+        lo, hi, extra = 0, a.most, u64()
+        while hi - lo > 1 << 20:
+            mid = (lo + hi) // 2
+            if cu.cuMemAlloc_v2(ctypes.byref(extra), sz(mid)) == 0:
+                cu.cuMemFree_v2(extra)
+                lo = mid
+            else:
+                hi = mid
+        say(event="most", rc=0, bytes=lo, held=a.mem)
     words = a.mem // 4
     set_activity = getattr(cu, "fakegpuSetActivity", None)  # only the simulated driver has it
     if a.busy:
