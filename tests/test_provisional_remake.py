@@ -58,6 +58,33 @@ def test_a_remade_provisional_profile_owes_a_pass_only_when_its_figures_changed(
     asyncio.run(run())
 
 
+def test_a_job_that_computes_nothing_yet_is_looked_at_every_half_minute_not_every_tick(tmp_path, fakegpu, native_dir):
+    """A job loading its data (0 % SM) makes no provisional profile: it has not shown what it does
+    (issue 39). Its samples are then read again half a minute later, not at every tick of the hour
+    it may idle (a notebook kernel); once it computes, the next look makes one."""
+    cfg = Config(state_dir=tmp_path / "state", fakegpu_state=fakegpu.state)
+    gpus = Gpus(cfg, native_dir)
+    gpus.open()
+    table = JobTable(Store(tmp_path / "colo.db"))
+    learner = Learner(cfg, table, gpus, policy.PolicyConfig())
+
+    async def run() -> None:
+        j = table.add(JobSpec(argv=["loads"], gpu_mem=4 * GiB), 1000, 1000, "u").id
+        table.transition(j, State.STARTING, "placed", gpus=[gpus.devices[0].uuid])
+        table.transition(j, State.RUNNING, "running")
+        job = table.open[j]
+        t0 = job.started_at
+        for t in range(1, 60):  # a sample and a tick a second: a look at 30 s, the next at 60 s
+            table.store.add_samples([(j, t0 + t - 1, 0.0 if t < 45 else 0.8, 2 * GiB, 0.0)])
+            assert not learner.tick([job], t0 + t)  # (from 46 s on, a look would have made one)
+        assert learner.profile_of(job) is None
+        table.store.add_samples([(j, t0 + 59, 0.8, 2 * GiB, 0.0)])
+        assert learner.tick([job], t0 + 60)  # it computed since 45 s: a provisional profile now
+        assert learner.profile_of(job).provisional and learner.profile_of(job).peak_sm == pytest.approx(0.8)
+
+    asyncio.run(run())
+
+
 @pytest.mark.slow  # a job's provisional profile is first made after 30 s of its run, remade every 30 s
 def test_a_daemon_with_a_steady_job_running_makes_no_pass_while_nothing_changes(tmp_path, fakegpu):
     """Counted across the daemon's own sample ticks (the samples it stores), not the clock: from

@@ -201,7 +201,7 @@ class Learner:
         # family's, so queued jobs of its family are placed beside it within its first minute.
         # Never stored: its run replaces it at its end.
         self._provisional: dict[tuple[int, str], tuple[int, profiles.Profile]] = {}
-        self._provisioned: dict[int, float] = {}  # job -> its elapsed seconds at its last provisional
+        self._provisioned: dict[int, float] = {}  # job -> elapsed seconds at its last provisional (or last look for one)
         # What each active job's start predicted for it (policy.expectation, then joined/left),
         # and whether it runs alone to be checked: mirrored from its stored decision
         self._expect: dict[int, tuple[dict, bool]] = {}
@@ -477,10 +477,10 @@ class Learner:
         made = profiles.provisional(names[0], {"times": [r[0] - t0 for r in rows], "sm": [r[1] or 0.0 for r in rows],
                                                "mem": [r[2] or 0 for r in rows], "membw": [r[3] or 0.0 for r in rows]},
                                     elapsed=elapsed, gpu=gpu)
-        if made is None:
+        self._provisioned[job.id] = elapsed
+        if made is None:  # it has computed nothing yet: looked at again in half a minute, not every tick
             return False
         note = f"provisional, from the first {elapsed:.0f} s of job {job.id}"
-        self._provisioned[job.id] = elapsed
         changed = False
         for name in names:
             held = self._provisional.get((job.uid, name))

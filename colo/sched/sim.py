@@ -221,9 +221,9 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                 made = profs.provisional(r.job.profile.name, {
                     "times": times, "sm": [x[2] for x in r.trace], "mem": [x[3] for x in r.trace],
                     "membw": [x[4] for x in r.trace]}, elapsed=elapsed)
+                r.provisioned = elapsed  # (none yet: it has computed nothing) looked at again in half a minute
                 if made is not None:
                     profiles[made.name] = made
-                    r.provisioned = elapsed
 
     while True:
         while pending and pending[0].job.arrival <= t + 1e-9:

@@ -27,7 +27,7 @@ class SimRun:
         self.seen: Profile | None = None  # the profile the policy places it with now
         self.ran = 0.0  # wall seconds of all its attempts: what its slowdown counts
         self.noise = np.random.default_rng([truth.seed, job.id, 17])  # its NVML readings' noise
-        self.provisioned = 0.0  # how much of this attempt a provisional profile was made from
+        self.provisioned = 0.0  # how much of this attempt a provisional profile was made (or looked for) from
         self.step, self.runtime, self.n = real.step, real.runtime, len(real.sm)
         self.cache_bound, self.corun = real.cache_bound, real.corun
         self.ask = job.budget or budget_for(job.profile)  # the budget colo places it with
