@@ -21,6 +21,13 @@ def burn(*args: str) -> list[str]:
     return ["--", "/opt/colo/native/colo-burn", *args]
 
 
+def ours(d, j: int) -> list[str]:
+    """`docker ps` filters for job J's container of this daemon: job ids repeat across daemons on
+    one engine (an earlier run's container left behind matched `colo.job=J` alone)."""
+    instance = (d.state_dir / "instance").read_text().strip()
+    return ["--filter", f"label=colo.job={j}", "--filter", f"label=colo.instance={instance}"]
+
+
 def gated_container(d, tmp_path, before: str, after: str):
     """A container job that runs the shell text BEFORE, waits until the test creates the path it
     returns (/gate/go inside), then runs AFTER. Returns (job id, that path)."""
@@ -93,15 +100,15 @@ def test_container_that_ends_while_daemon_is_down_keeps_its_exit_code_and_output
     wait_for(lambda: "start" in d.cli("logs", str(j)).stdout, what="container output")
     d.kill9()
     go.touch()  # it writes its last line and ends while no daemon follows it
-    cid = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=colo.job={j}"], capture_output=True,
-                         text=True, check=True).stdout.split()
+    cid = subprocess.run(["docker", "ps", "-aq", *ours(d, j)], capture_output=True, text=True,
+                         check=True).stdout.split()
     subprocess.run(["docker", "wait", *cid], check=True, capture_output=True)
     d.start()
     job = d.wait_state(j, "failed")
     assert job["exit_code"] == 3
     assert d.cli("logs", str(j), check=True).stdout == "start\nend\n"  # copied before the container went
-    wait_for(lambda: not subprocess.run(["docker", "ps", "-aq", "--filter", f"label=colo.job={j}"],
-                                        capture_output=True, text=True).stdout.strip(),
+    wait_for(lambda: not subprocess.run(["docker", "ps", "-aq", *ours(d, j)], capture_output=True,
+                                        text=True).stdout.strip(),
              what="the ended container to be removed")
 
 
@@ -110,8 +117,9 @@ def test_container_removed_behind_colos_back_is_lost(ddaemon):
     j = d.submit("--image", d.image, "--gpus", "0", "--", "sh", "-c", "echo up; sleep 60")
     wait_for(lambda: "up" in d.cli("logs", str(j)).stdout, what="container output")
     d.kill9()
-    subprocess.run(f"docker rm -f $(docker ps -aq --filter label=colo.job={j})", shell=True, check=True,
-                   capture_output=True)
+    cid = subprocess.run(["docker", "ps", "-aq", *ours(d, j)], capture_output=True, text=True,
+                         check=True).stdout.split()
+    subprocess.run(["docker", "rm", "-f", *cid], check=True, capture_output=True)
     d.start()
     job = d.wait_state(j, "lost")
     assert "lost" in job["reason"]
@@ -128,8 +136,7 @@ def test_another_daemon_on_the_same_engine_leaves_our_containers_alone(ddaemon, 
     try:
         assert other.client.ls() == []
         assert d.job(j)["state"] == "running"
-        assert subprocess.run(["docker", "ps", "-q", "--filter", f"label=colo.job={j}"], capture_output=True,
-                              text=True).stdout.strip()
+        assert subprocess.run(["docker", "ps", "-q", *ours(d, j)], capture_output=True, text=True).stdout.strip()
     finally:
         other.stop()
 
