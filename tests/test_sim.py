@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from colo.cli import sim as cli_sim
-from colo.sched import interference as simmodel, policy, sim, truth as simtruth
+from colo.sched import interference as simmodel, learning, policy, sim, truth as simtruth
 from colo.profiles import Profile, ProfileStore, shipped_dir
 
 GiB = 1024**3
@@ -511,6 +511,20 @@ def test_a_job_loading_its_data_does_not_speak_for_its_family_until_it_computes(
     r = sim.simulate(jobs, "colo", truth=simtruth.Truth("exact"))
     assert r.lost == 0 and r.max_slowdown <= 1.5 + 1e-9, sorted((j["start"], j["end"]) for j in r.jobs)
     assert min(j["start"] for j in r.jobs if j["id"] != 1) >= 90.0  # none joined it while it loaded
+
+
+def test_a_family_on_its_first_minute_is_watched_and_a_level_it_runs_at_opens_the_next():
+    """Three jobs of a family nobody profiled, 0.35 SM each. The second joins the first on the
+    provisional profile its first half minute made, at the one step past the levels known to cost
+    nothing (0.7); the third (1.05) is one step past that. The watch sees the pair take turns at
+    0.7 as predicted within LIVE_MIN and the third joins then, not at the first end 10 minutes later
+    (issue 39: provisional groups were not watched, and a family's first run was its only teacher)."""
+    steady = flat("steady", 0.35, 0.1, 600)
+    jobs = [sim.SimJob(i, steady, budget=2 * GiB, known=False) for i in (1, 2, 3)]
+    r = sim.simulate(jobs, "colo", truth=simtruth.Truth("exact"))
+    starts = sorted(j["start"] for j in r.jobs)
+    assert starts[:2] == [0.0, 30.0] and starts[2] <= 30.0 + 2 * learning.LIVE_MIN, starts
+    assert r.lost == 0 and r.max_slowdown <= 1.0 + 1e-9
 
 
 def test_contexts_take_device_memory_outside_the_budgets():

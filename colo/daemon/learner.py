@@ -496,7 +496,10 @@ class Learner:
         return changed
 
     def _watch_groups(self, running: list[Job], now: float) -> None:
-        """Per GPU whose running jobs (two or more) all have a stored profile: the GPU's SM
+        """Per GPU whose running jobs (two or more) all have a profile (stored, or the provisional
+        one they were placed with: a crowd of a family on its first minute is seen within
+        LIVE_MIN, not only at an end minutes later, and a level that runs as predicted opens the
+        next step at once; docs/sim.md, issue 39, eighth round): the GPU's SM
         activity NVML gives (under MPS no client's own exists) against what their profiles say
         they should show where their predictions put them; taught every LIVE_EVERY seconds once
         LIVE_MIN of it was seen, afresh whenever a job starts or ends there. A group of MPS
@@ -522,7 +525,7 @@ class Learner:
                 continue
             expected, group_bw, now_sm = 0.0, 0.0, []
             for j in jobs:
-                prof, (e, _) = self.stored_profile(j), self.expect_of(j)
+                prof, (e, _) = self.profile_of(j), self.expect_of(j)
                 if prof is None or e is None:
                     self._live.pop(uuid, None)
                     break

@@ -159,9 +159,10 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
         prefix = f"{stranger}, and beside job {g.res[0].job_id} "
 
     if arr.provisional and sum(r.arr is not None and r.arr.provisional for r in g.res) >= PROVISIONAL_GROUP:
-        # no run of theirs has ended and no watch looks at them (their expectations are guesses): a
-        # crowd of a family on its first minute's levels ran 200x slow under `study` before anything
-        # could tell (docs/sim.md, issue 39, seventh round)
+        # no run of theirs has ended (their expectations are guesses, and the watch needs LIVE_MIN
+        # to tell): a crowd of a family on its first minute's levels ran 200x slow under `study`
+        # before anything could tell (docs/sim.md, issue 39, seventh round); with the watch, 4 gains
+        # light queues on 4 GPUs (0.396 -> 0.367 of SJF) and costs `study` (fits 0.996 -> 1.057)
         return None, (f"{name} runs {PROVISIONAL_GROUP} jobs placed on provisional profiles, the most at once until "
                       "a run of theirs ends"), {"gpu": v.index}, False
     if not g.res:

@@ -125,10 +125,10 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
         gives it (its device figure, noisy) against what their profiles and the predictions of
         their starts expect, accumulated here and taught every re-plan tick; with it, the level
         of taking turns their profiles put them at (learning.turns_level), its mean over the
-        stretch: what a group with time-sliced jobs shows costs what it showed."""
+        stretch: what a group with time-sliced jobs shows costs what it showed. Provisional
+        profiles count as the pass placed them: a family's first minute is watched too."""
         rs = g.runs
-        if not (is_colo and learned is not None) or len(rs) < 2 or any(
-                r.expect is None or r.seen is None or r.seen.provisional for r in rs):
+        if not (is_colo and learned is not None) or len(rs) < 2 or any(r.expect is None or r.seen is None for r in rs):
             live.pop(g.index, None)
             return
         acc = live.setdefault(g.index, [t, 0.0, 0.0, 0.0, "mps" if all(r.mode == "mps" for r in rs) else "timesliced", 0.0])
