@@ -527,6 +527,18 @@ def test_a_family_on_its_first_minute_is_watched_and_a_level_it_runs_at_opens_th
     assert r.lost == 0 and r.max_slowdown <= 1.0 + 1e-9
 
 
+def test_the_first_running_job_of_a_family_speaks_for_it_while_it_runs():
+    """As in the daemon: the second of a family, started beside the first, samples only its share
+    of the GPU. Under `study` (taking turns costs 2x) it read 0.2 SM where the first read 0.43,
+    its provisional profile replaced the first's, and a third joined at 60 s into a pair already
+    running 2x slow."""
+    steady = flat("steady", 0.35, 0.1, 600)
+    jobs = [sim.SimJob(i, steady, budget=2 * GiB, known=False) for i in (1, 2, 3)]
+    r = sim.simulate(jobs, "colo", truth=simtruth.Truth("study", 0))
+    by = {j["id"]: j for j in r.jobs}
+    assert by[2]["start"] == 30.0 and by[3]["start"] >= by[1]["end"], by
+
+
 def test_contexts_take_device_memory_outside_the_budgets():
     """A time-sliced job's own context (CTX_MEM, which a profile sampled alone holds) against an
     MPS client's smaller one beside its server's: two jobs whose profiles sum to just past the GPU

@@ -205,25 +205,30 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
         have no profile for."""
         return (is_colo and profiles is not None) or r.seen is None or r.seen.provisional
 
+    speaker: dict[str, int] = {}  # profile name -> the job whose samples made its provisional profile
+
     def provision(now: float) -> None:
         """A running job placed with no profile (or a provisional one) gets one made from its
-        samples so far (profiles.provisional), so that queued jobs can be placed beside it."""
+        samples so far (profiles.provisional), so that queued jobs can be placed beside it. The
+        first running job of a name speaks for it while it runs, as in the daemon (a second one,
+        started beside it, samples only its share of the GPU)."""
+        running = {r.job.id for g in node for r in g.runs}
         for g in node:
             for r in g.runs:
                 elapsed = now - r.start
                 if profiles is None or not r.trace or elapsed < max(profs.PROVISIONAL_AFTER, r.provisioned + 30.0) \
                         or elapsed > profs.PROVISIONAL_HOLD or (r.seen is not None and not r.seen.provisional):
                     continue
-                got = profiles.get(r.job.profile.name)
-                if got is not None and not got.provisional:
-                    continue  # an earlier run of it was learned meanwhile
+                got, who = profiles.get(r.job.profile.name), speaker.get(r.job.profile.name)
+                if got is not None and (not got.provisional or who not in (None, r.job.id) and who in running):
+                    continue  # an earlier run of it was learned meanwhile, or another speaks for it
                 times = [x[0] for x in r.trace]
                 made = profs.provisional(r.job.profile.name, {
                     "times": times, "sm": [x[2] for x in r.trace], "mem": [x[3] for x in r.trace],
                     "membw": [x[4] for x in r.trace]}, elapsed=elapsed)
                 r.provisioned = elapsed  # (none yet: it has computed nothing) looked at again in half a minute
                 if made is not None:
-                    profiles[made.name] = made
+                    profiles[made.name], speaker[made.name] = made, r.job.id
 
     while True:
         while pending and pending[0].job.arrival <= t + 1e-9:
