@@ -162,8 +162,8 @@ def _assess(arr: _Arr | None, uid: int, g: _Gpu, cfg: PolicyConfig,
         # no run of theirs has ended (their expectations are guesses, and the watch needs LIVE_MIN
         # to tell): a crowd of a family on its first minute's levels ran 200x slow under `study`
         # before anything could tell (docs/sim.md, issue 39, seventh round); with the watch, 4 gains
-        # light queues on 4 GPUs (0.401 -> 0.369 of SJF) and costs memory-light there (0.609 -> 0.625)
-        # and `study` light (0.602 -> 0.626): kept at 3 (eighth round)
+        # light queues on 4 GPUs (0.401 -> 0.369 of SJF) and costs memory-light there (0.609 -> 0.625,
+        # 4 seeds) and `study` light (0.602 -> 0.626): kept at 3 (docs/sim.md, eighth round)
         return None, (f"{name} runs {PROVISIONAL_GROUP} jobs placed on provisional profiles, the most at once until "
                       "a run of theirs ends"), {"gpu": v.index}, False
     if not g.res:
