@@ -495,10 +495,13 @@ def groups_md(parts: dict) -> list[str]:
     if not gs:
         return []
     L = ["", "## Groups of like jobs at once (the fit's observations)", "",
-         "| jobs | mode | one alone | together | throughput vs one after another | SM, bandwidth alone |",
-         "|---|---|---|---|---|---|"]
+         "| jobs | mode | one alone | together | throughput vs one after another | SM, bandwidth alone "
+         "| device SM together: read, as colo's watch expects (SM alone x throughput) |",
+         "|---|---|---|---|---|---|---|"]
     L += [f"| {g['n']} {g['kind']} | {g['mode']} | {g['alone_s']:.1f} s | {g['together_s']:.1f} s | "
-          f"{g['throughput']:.2f}x | {g['mean_sm']:.0%}, {g.get('mean_membw', 0):.0%} |" for g in gs]
+          f"{g['throughput']:.2f}x | {g['mean_sm']:.0%}, {g.get('mean_membw', 0):.0%} | "
+          + (f"{g['together_sm']:.0%}, {min(1.0, g['mean_sm'] * g['throughput']):.0%} |" if "together_sm" in g else "— |")
+          for g in gs]
     return L
 
 

@@ -798,10 +798,18 @@ def part_groups(part: Part) -> None:
                     if part.left() < alone * 1.5 + 3:
                         part.put("cut", f"no time left for {n} {kind} {mode}")
                         return
+                    sampler, t1 = Sampler(part.ctx), time.monotonic()
                     wall, rcs, errs = run_together([argv] * n, [env] * n, part.left())
+                    sampler.close()
+                    both = [x for x in sampler.samples if t1 <= x[0] <= t1 + wall] or [(t1, 0.0, 0.0, 0)]
+                    # the device's SM activity while together: colo's live watch reads it as the sum of
+                    # each job's SM alone times its rate (sm x throughput here); a GPU whose slowed
+                    # kernels still count as busy would read higher, and the watch would not see it
                     groups.append({"kind": kind, "n": n, "mode": mode, "serial_s": round(alone * n, 3),
                                    "together_s": round(wall, 3), "alone_s": round(alone, 3),
-                                   "mean_sm": sm, "mean_membw": bw, "throughput": round(alone * n / wall, 3)})
+                                   "mean_sm": sm, "mean_membw": bw, "throughput": round(alone * n / wall, 3),
+                                   "together_sm": round(sum(x[1] for x in both) / len(both), 4),
+                                   "together_membw": round(sum(x[2] for x in both) / len(both), 4)})
                     part.check(f"{n} {kind} jobs at once, {mode}: all succeed", rcs == [0] * n, [rcs, errs[:1]])
     finally:
         if m is not None:

@@ -166,7 +166,7 @@ def test_the_fit_s_groups_and_the_two_queues_record_every_group_and_every_way(tm
     want = [(k, n) for k, sizes in (("light", (2, 4, 8, 16)), ("medium", (2, 4)), ("heavy", (2,)), ("stream", (2,)))
             for n in sizes]
     assert [(g["kind"], g["n"], g["mode"]) for g in groups] == [(k, n, "timesliced") for k, n in want]
-    assert all(g["together_s"] > 0 and g["alone_s"] > 0 for g in groups)
+    assert all(g["together_s"] > 0 and g["alone_s"] > 0 and 0.0 <= g["together_sm"] <= 1.0 for g in groups)
     q = report["parts"]["queues"]["results"]
     for name in ("fits", "over"):
         assert all(q[name][way]["wall_s"] > 0 for way in ("serial", "plain", "cold", "learned"))
@@ -176,4 +176,4 @@ def test_the_fit_s_groups_and_the_two_queues_record_every_group_and_every_way(tm
     # 6 jobs of 30 % of the GPU each, budgeted past it: at most 3 at once
     assert max(overlapping(q["over"][way]["rows"]) for way in ("cold", "learned")) <= 3
     assert "## Queues of mixed jobs" in md and "| over | all at once, no colo (plain sharing) |" in md
-    assert "| 2 stream | timesliced |" in md
+    assert "| 2 stream | timesliced |" in md and "as colo's watch expects" in md
