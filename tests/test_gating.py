@@ -441,7 +441,9 @@ def test_a_container_job_gets_its_gpus_files_from_the_engine_and_no_other(gated_
     its device rules refuse the rest; the job's user gets the group through the engine."""
     d, state, fn, _ = gated_daemon
     files = f"/opt/colo/fakegpu/{state.name}.dev"
-    j = submit_as(d, users[0], ["sh", "-c", f"id -G; /opt/colo/native/colo-burn --mem 64MiB; "
+    # one stream: the engine copies a container's stdout and stderr apart, and under load the shell's
+    # error was logged before the lines printed ahead of it
+    j = submit_as(d, users[0], ["sh", "-c", f"exec 2>&1; id -G; /opt/colo/native/colo-burn --mem 64MiB; "
                                             f"exec 3<>{files}/nvidia1"], image=test_image, gpu_ids=[0])
     job, out = ended(d, j)
     assert str(group) in out.splitlines()[0].split()
