@@ -172,7 +172,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
         node[r.gpu].runs.remove(r)
         left_alone(node[r.gpu])
         r.gpu, replan = None, True
-        if learned is not None and used and r.job.known:  # the refused allocation shows what it needs
+        if learned is not None and used:  # what was refused shows what its name needs (Learner.grown_budget)
             name = r.job.profile.name
             learned.max_mem[name] = max(learned.max_mem.get(name, 0), used)
         if grow and used and not r.grown and r.budget is not None and max(r.ask, r.budget) < usable:

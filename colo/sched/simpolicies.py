@@ -33,7 +33,7 @@ def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None,
     for seq, job_id in enumerate(fair):
         r = by_id[job_id]
         seen = seen_profile(r, profiles)
-        if grow and learned is not None and seen is not None:  # --grow: start with what earlier runs needed
+        if grow and learned is not None:  # --grow: start with what earlier runs of its name needed (grow.budget_of)
             got = learned.suggest_budget(r.job.profile.name)
             if got and got > r.ask:
                 r.ask = min(got, max(g.usable for g in node))
