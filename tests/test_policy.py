@@ -198,6 +198,33 @@ def test_unprofiled_job_runs_alone_or_beside_one_well_known_job():
                )[0].action == WAIT
 
 
+def test_an_empty_gpu_goes_to_a_family_with_none_running_before_a_second_of_one_that_runs():
+    g1 = GpuView("gpu-1", 1, int(79.6 * GiB), mps="active")
+    a1, a2, b1 = Candidate(1, GiB, family="a"), Candidate(2, GiB, family="a"), Candidate(3, GiB, family="b")
+    # in one pass: the first of each family takes an empty GPU; the second of "a" waits
+    d = {x.job_id: x for x in one([a1, a2, b1], gpus=(G0, g1))}
+    assert d[1].action == d[3].action == START and d[1].gpus != d[3].gpus
+    assert d[2].action == WAIT and "job 1 of its family runs now without a profile" in d[2].reason, d[2].reason
+    # across passes: "a" runs one with no profile yet, so the empty GPU goes to "b"
+    running = [Placed(1, ("gpu-0",), GiB, family="a")]
+    d = {x.job_id: x for x in one([a2, b1], gpus=(G0, g1), placed=running)}
+    assert (d[2].action, d[3].action, d[3].gpus) == (WAIT, START, ("gpu-1",))
+    # the empty GPUs go one to each family with none running: more than that, and the second may take one
+    g2 = GpuView("gpu-2", 2, int(79.6 * GiB), mps="active")
+    d = {x.job_id: x for x in one([a2, b1], gpus=(G0, g1, g2), placed=running)}
+    assert d[2].action == d[3].action == START and {d[2].gpus, d[3].gpus} == {("gpu-1",), ("gpu-2",)}
+    # a GPU no other family waits for is not left idle; another user's job of that name is no kin
+    assert one([a2], gpus=(G0, g1), placed=running)[0].gpus == ("gpu-1",)
+    other = dataclasses.replace(a2, uid=1000)
+    assert {x.job_id: x.action for x in one([other, b1], gpus=(G0, g1), placed=running)}[2] == START
+    # nor is it for a family whose job waits for memory no GPU has free
+    big = Candidate(3, int(80 * GiB), family="b")
+    assert {x.job_id: x.action for x in one([a2, big], gpus=(G0, g1), placed=running)}[2] == START
+    # once the family's first has a (provisional) profile, its second is placed with it
+    assert one([dataclasses.replace(a2, profile=LIGHT), b1], gpus=(G0, g1), placed=[
+        Placed(1, ("gpu-0",), GiB, profile=LIGHT)])[0].action == START
+
+
 def test_no_job_is_knowingly_slowed_past_the_bound():
     """MPS included: a pairing that fits under saturation still goes through the slowdown check."""
     bw_heavy = flat("bw", 0.40, bw=0.8, cache_bound=True)

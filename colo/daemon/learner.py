@@ -237,6 +237,11 @@ class Learner:
         """The name a job's runs are learned under (its own key, or --profile)."""
         return self.profile_names(job)[0]
 
+    def family_of(self, job: Job) -> str:
+        """The name a running job's provisional profile serves its owner's others under (its
+        family's, or --profile): plan() gives a GPU to a family with none running first."""
+        return self.profile_names(job)[-1]
+
     def stored_profile(self, job: Job) -> "profiles.Profile | None":
         """The stored profile a job runs under (its own key's, else its family's); files are read
         again at most every 60 s."""

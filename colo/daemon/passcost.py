@@ -117,11 +117,12 @@ class Rest:
 
 
 def cand(job_id: int, budget: int, gpus: int, uid: int, priority: int, seq: int, profile, queued_at: float,
-          held: tuple, gpu_ids: tuple = (), gpu_type: str | None = None, grow: bool = False) -> policy.Candidate:
+          held: tuple, gpu_ids: tuple = (), gpu_type: str | None = None, grow: bool = False,
+          family: str = "") -> policy.Candidate:
     """Candidate without the frozen dataclass's per-field __setattr__ (10,000 a full pass)."""
     c = object.__new__(policy.Candidate)
     object.__setattr__(c, "__dict__", {"job_id": job_id, "budget": budget, "gpus": gpus, "uid": uid,
                                        "priority": priority, "seq": seq, "profile": profile,
                                        "queued_at": queued_at, "held": held, "gpu_ids": gpu_ids,
-                                       "gpu_type": gpu_type, "grow": grow})
+                                       "gpu_type": gpu_type, "grow": grow, "family": family})
     return c

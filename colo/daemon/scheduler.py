@@ -429,9 +429,11 @@ class Scheduler:
             if not j.gpus or releases_budget(j):  # suspended: its GPU memory is in host memory
                 continue
             e, alone = self.learner.expect_of(j)  # where its predictions put it in its profile
+            prof = self.learner.profile_of(j)
             out.append(policy.Placed(j.id, tuple(j.gpus), j.spec.gpu_mem, j.uid, str(j.mode or "timesliced"),
-                                     self.learner.profile_of(j), now - (j.started_at or now),
-                                     done=policy.progress(e, now) if e is not None else None, alone=alone))
+                                     prof, now - (j.started_at or now),
+                                     done=policy.progress(e, now) if e is not None else None, alone=alone,
+                                     family=self.learner.family_of(j) if prof is None else ""))
         return out
 
     def _take(self, ids, seen: set[int], cands: list, waits: list, loads: dict, job: Job | None = None,
@@ -499,9 +501,10 @@ class Scheduler:
                 budget = grow.budget_of(j, self.learner, self._views, self.limits)
                 self._grow_planned = True
             if c is None or c.seq != seq or c.held != held or c.budget != budget:
-                c = cand(job_id, budget, j.spec.gpus, j.uid, 0, seq,
-                          c.profile if c is not None else (self.learner.profile_of(j) if j.spec.gpus else None),
-                          j.submitted_at, held, tuple(j.spec.gpu_ids), j.spec.gpu_type, j.spec.grow and j.spec.gpus == 1)
+                prof = c.profile if c is not None else (self.learner.profile_of(j) if j.spec.gpus else None)
+                c = cand(job_id, budget, j.spec.gpus, j.uid, 0, seq, prof, j.submitted_at, held, tuple(j.spec.gpu_ids),
+                         j.spec.gpu_type, j.spec.grow and j.spec.gpus == 1,
+                         self.learner.family_of(j) if prof is None and j.spec.gpus else "")
                 # kept for the next passes (not the slices of a complete pass, nor past CANDS_KEPT:
                 # 50,000 candidates kept were ~25 MiB; a full pass looks at a queue's front)
                 if keep and (len(self._cands) < CANDS_KEPT or job_id in self._cands):

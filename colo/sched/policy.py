@@ -10,7 +10,10 @@ waiting one may start: backfill):
 2. A job with no profile runs alone, or beside at most one well-known job (a profile learned
    from `well_known_runs` runs) that it is not predicted to slow past the bound, time-sliced: its
    first profile is then clean, and nobody shares a GPU with a stranger. A job already running
-   without a profile takes at most one such neighbour.
+   without a profile takes at most one such neighbour. While a family (Candidate.family: its
+   owner's name for it) runs one with no profile yet, its others wait for the provisional profile
+   that one's first half minute makes where the empty GPUs are no more than the families with
+   none running whose jobs wait and could fit: those get them first, one each.
 3. Every co-location, MPS included, passes one check. From the profiles of the jobs already on
    the GPU (aligned on their elapsed time) and the candidate's, the co-run model
    (colo/interference.py) predicts each job's rate over the overlap in each mode allowed there,
@@ -166,6 +169,12 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
     stranger_text = (f"waiting: this job has no profile: it runs alone or beside one well-known job (a profile "
                      f"of {cfg.well_known_runs}+ runs), so that its profile is clean, and no GPU with its budget "
                      f"free is empty or runs just one such job; {WAYS_OUT}")
+    # Families (owner, name) whose job running now has no profile yet: its first half minute makes
+    # the family one (a provisional profile) that its others are placed with; until then the
+    # empty GPUs go first to the families with none running whose jobs wait (one each).
+    sampled = {(p.uid, p.family): p.job_id for p in placed if p.profile is None and p.family}
+    unsampled = {(c.uid, c.family) for c in candidates
+                 if c.profile is None and c.family and c.gpus and c.budget <= most_free} - sampled.keys()
     prev_c: Candidate | None = None
     for c in [*order(candidates), None]:  # None: a last turn, to look at the last one's decision
         if may_hold and prev_c is not None and out[-1].action == WAIT and now - prev_c.queued_at >= cfg.hold_after:
@@ -204,6 +213,13 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
         prev = refused_like.get(same)
         if prev is not None and c.budget >= prev[0]:
             append(_decision(c.job_id, WAIT, reason=prev[1], details=dict(prev[2])))
+            continue
+        if c.profile is None and strangers_wait and (c.uid, c.family) in sampled and (
+                waiting := len(unsampled - sampled.keys())) and waiting >= sum(
+                1 for g in state.values() if not g.res and g.free >= c.budget):
+            append(_decision(c.job_id, WAIT, reason=f"waiting: job {sampled[(c.uid, c.family)]} of its family "
+                             f"runs now without a profile; one is made from its first half minute, and the empty "
+                             f"GPUs go first to families with none running, one each{down}", details={"need": c.budget}))
             continue
         if c.profile is None and strangers_wait and not any(
                 g.free >= c.budget and (not g.res or (len(g.res) == 1 and g.res[0].arr is not None
@@ -276,6 +292,8 @@ def _plan(candidates: Sequence[Candidate], gpus: Sequence[GpuView], placed: Sequ
                  and arr.name not in for_uid(c.uid)[0].alone and not _measured_on(c.profile, chosen[0][0].view))
         if check:
             checking.add(arr.name)
+        if c.profile is None and c.family:
+            sampled.setdefault((c.uid, c.family), c.job_id)
         for g, _ in chosen:
             g.free -= c.budget
             g.res.append(_Res(c.job_id, arr, 0, mode, c.uid, bool(check)))

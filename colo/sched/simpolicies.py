@@ -24,7 +24,7 @@ def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None,
     placed = [pol.Placed(r.job.id, (f"sim-gpu{r.gpu}",), r.budget or 0, r.job.uid, r.mode,
                          seen_profile(r, profiles), now - r.start,
                          None if r.expect is None else pol.progress(r.expect, now),
-                         bool(r.decision[0].get("check_alone"))) for r in running]
+                         bool(r.decision[0].get("check_alone")), r.job.profile.name) for r in running]
     by_id = {r.job.id: r for r in queue}
     usage = (ledger or fairshare.Ledger(FAIR_HALF_LIFE)).usage(
         now, [(r.job.uid, fairshare.weight(r.budget or 0, 1), r.start) for r in running])
@@ -37,7 +37,8 @@ def colo(now, queue, running, node, cfg, learned: pol.Learned | None = None,
             got = learned.suggest_budget(r.job.profile.name)
             if got and got > r.ask:
                 r.ask = min(got, max(g.usable for g in node))
-        cands.append(pol.Candidate(r.job.id, r.ask, 1, r.job.uid, 0, seq, seen, r.job.arrival, r.held, grow))
+        cands.append(pol.Candidate(r.job.id, r.ask, 1, r.job.uid, 0, seq, seen, r.job.arrival, r.held, grow,
+                                   family=r.job.profile.name))
     out = []
     for d in pol.plan(cands, views, placed, cfg, now=now, learned=learned):
         by_id[d.job_id].held = tuple(d.details.get("held", ()))  # as the daemon keeps its last decision

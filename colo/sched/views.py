@@ -44,6 +44,7 @@ class Placed:
     # it runs alone this once so that its alone time here is learned (its start's
     # details["check_alone"]): nothing starts beside it
     alone: bool = False
+    family: str = ""  # what its runs are learned under (a name): see Candidate.family
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class Candidate:
     grow: bool = False  # submitted with --grow: its budget may be larger than asked (see `lend`)
     gpu_ids: tuple[int, ...] = ()  # --gpu-id: only these GPU indices (empty: any)
     gpu_type: str | None = None  # --gpu-type: only GPUs whose name holds this
+    # the name its runs are learned under (a provisional profile made from one job of it serves its
+    # owner's others); "": none known
+    family: str = ""
 
 
 @dataclass(frozen=True)
