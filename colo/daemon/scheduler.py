@@ -501,10 +501,13 @@ class Scheduler:
                 budget = grow.budget_of(j, self.learner, self._views, self.limits)
                 self._grow_planned = True
             if c is None or c.seq != seq or c.held != held or c.budget != budget:
-                prof = c.profile if c is not None else (self.learner.profile_of(j) if j.spec.gpus else None)
+                if c is not None:  # what it is placed with, and its family, stand until forgotten (on_forget)
+                    prof, family = c.profile, c.family
+                else:
+                    prof = self.learner.profile_of(j) if j.spec.gpus else None
+                    family = self.learner.family_of(j) if prof is None and j.spec.gpus else ""
                 c = cand(job_id, budget, j.spec.gpus, j.uid, 0, seq, prof, j.submitted_at, held, tuple(j.spec.gpu_ids),
-                         j.spec.gpu_type, j.spec.grow and j.spec.gpus == 1,
-                         self.learner.family_of(j) if prof is None and j.spec.gpus else "")
+                         j.spec.gpu_type, j.spec.grow and j.spec.gpus == 1, family)
                 # kept for the next passes (not the slices of a complete pass, nor past CANDS_KEPT:
                 # 50,000 candidates kept were ~25 MiB; a full pass looks at a queue's front)
                 if keep and (len(self._cands) < CANDS_KEPT or job_id in self._cands):
