@@ -109,6 +109,19 @@ def test_a_grow_job_starts_with_what_its_users_earlier_runs_used(node, other_use
                for e in j["events"]), j["events"]
 
 
+def test_a_refused_grow_job_teaches_its_name_its_budget_though_it_had_no_profile(node):
+    """A job of no profile refused by its budget needed more than that budget, whatever its
+    samples show (the refused allocation never showed): the next of its name starts with that
+    budget + 10 %, not with the budget that was refused."""
+    d = node(lend=1.0)  # no lending: the learned budget alone
+    job = ["--process", "--grow", "--gpu-mem", "1GiB", "--", burn_path(d), "--mem", "1100MiB", "--seconds", "1"]
+    j = d.wait_state(d.submit(*job), "succeeded", timeout=60)
+    assert any("refused by its budget of 1.0GiB; requeued with budget 1.2GiB (--grow)" in e["reason"]
+               for e in j["events"]), j["events"]
+    j = d.wait_state(d.submit(*job), "succeeded", timeout=60)
+    assert j["budget"] == 1280 * MiB and not any("refused" in e["reason"] for e in j["events"]), j["events"]
+
+
 def test_nothing_is_lent_out_of_memory_a_waiting_job_fits_in(node):
     """plan() is given only the jobs a pass plans: one waiting for a dependency is not among
     them, and the memory it fits in is not lent to a --grow job all the same."""

@@ -21,7 +21,6 @@ def _watch(sm_util: float, prof=None) -> policy.Learned:
     expect = {"slowdown": 1.0, "since": 0.0, "acc": [0.0, 0.0], "group_bw": 0.3, "factor": 1.0,
               "unseen": 0.0, "sharing": True, "shared": 0.0}
     fake = types.SimpleNamespace(gpus=types.SimpleNamespace(devices=[dev]), _live={},
-                                 stored_profile=lambda j: None if prof.provisional else prof,
                                  profile_of=lambda j: prof, expect_of=lambda j: (expect, False),
                                  _learning=lambda uid, fn: fn(lrn))
     fake._teach_live = lambda jobs, acc, now: L.Learner._teach_live(fake, jobs, acc, now)

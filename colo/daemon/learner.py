@@ -351,11 +351,13 @@ class Learner:
         or the most its profile's runs used + 10 % when more, at most the largest usable GPU memory.
         None when that is no more than it had."""
         name = self.profile_name(job)
-        peak = max((r[2] or 0 for r in self.store.samples(job.id)), default=0)
-        if peak:
-            def note(mine: policy.Learned) -> None:
-                mine.max_mem[name] = max(mine.max_mem.get(name, 0), int(peak))
-            self._learning(job.uid, note)
+        # what its samples showed, and at least the budget that refused it (how much more it
+        # asked for no reading shows): the next of its name starts with that + 10 % (grow.budget_of)
+        peak = max(max((r[2] or 0 for r in self.store.samples(job.id)), default=0), job.spec.gpu_mem)
+
+        def note(mine: policy.Learned) -> None:
+            mine.max_mem[name] = max(mine.max_mem.get(name, 0), int(peak))
+        self._learning(job.uid, note)
         want = max(job.spec.gpu_mem * budgets.GROW, self.learned_for(job.uid).suggest_budget(name) or 0)
         want = min(budgets.step_up(want), max((v.usable for v in self.gpus.views()), default=0))
         return want if want > job.spec.gpu_mem else None

@@ -172,9 +172,10 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
         node[r.gpu].runs.remove(r)
         left_alone(node[r.gpu])
         r.gpu, replan = None, True
-        if learned is not None and used:  # what was refused shows what its name needs (Learner.grown_budget)
-            name = r.job.profile.name
-            learned.max_mem[name] = max(learned.max_mem.get(name, 0), used)
+        if learned is not None and used:  # as Learner.grown_budget: its samples' peak, and its budget
+            name = r.job.profile.name     # (too small); not what was asked, which no reading shows
+            need = max(r.peak, used if r.budget is None else min(used, r.budget))
+            learned.max_mem[name] = max(learned.max_mem.get(name, 0), need)
         if grow and used and not r.grown and r.budget is not None and max(r.ask, r.budget) < usable:
             # requeued once, with a larger budget (submitted with --grow)
             r.ask = min(usable, step_up(max(r.ask, r.budget, used) * GROW))
@@ -220,7 +221,7 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                         or elapsed > profs.PROVISIONAL_HOLD or (r.seen is not None and not r.seen.provisional):
                     continue
                 got, who = profiles.get(r.job.profile.name), speaker.get(r.job.profile.name)
-                if got is not None and (not got.provisional or who not in (None, r.job.id) and who in running):
+                if got is not None and (not got.provisional or who != r.job.id and who in running):
                     continue  # an earlier run of it was learned meanwhile, or another speaks for it
                 times = [x[0] for x in r.trace]
                 made = profs.provisional(r.job.profile.name, {
@@ -330,9 +331,11 @@ def simulate(jobs: Sequence[SimJob], policy: str | PolicyFn = "colo", gpus: int 
                         learn_profile(profiles, r, seen, t - r.start, learned)
                 elif r.segment() != before and r.alloc[r.segment()] > r.alloc[before]:
                     grown.append(r)
-                    r.peak = max(r.peak, holds(r))
             if grown:
                 check_memory(g, grown)
+                for r in grown:  # an allocation refused never shows in its samples
+                    if r in g.runs:
+                        r.peak = max(r.peak, holds(r))
     res = result_of(label, runs, t, sm_area, mem_area, oom, gpus, timeline, config.slowdown_bound)
     res.seed, res.truth = truth.seed if truth.kind != "exact" else None, truth.kind
     return res
